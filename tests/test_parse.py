@@ -1,0 +1,670 @@
+"""Tests for low_level.parse: every field checked against dpkt's and scapy's view of crafted frames.
+
+Frames are built offline with scapy (``bytes(pkt)``; nothing is sent). Truncation is exercised at every
+cut length of several base frames, with the expected reason derived from the frame's layer layout.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import dpkt
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
+from scapy.layers.inet6 import (
+    ICMPv6EchoRequest,
+    IPv6,
+    IPv6ExtHdrDestOpt,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+    IPv6ExtHdrRouting,
+    RouterAlert,
+)
+from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
+from scapy.packet import NoPayload, Padding, Raw
+
+from contract.fields import (
+    DPORT,
+    DST_HI,
+    DST_LO,
+    IFACE,
+    IPVER,
+    LEN,
+    NFIELDS,
+    PROTO,
+    SPORT,
+    SRC_HI,
+    SRC_LO,
+    TCP_FLAGS,
+    TOS,
+    TS,
+    TTL,
+    VLAN,
+    ip_to_words,
+    to_int64,
+    words_to_ip,
+)
+from low_level.parse import (
+    ERR_BAD_IP_VERSION,
+    ERR_BAD_IPV4_HEADER,
+    ERR_NON_IP,
+    ERR_TRUNCATED_ETHERNET,
+    ERR_TRUNCATED_IPV4,
+    ERR_TRUNCATED_IPV6,
+    ERR_TRUNCATED_IPV6_EXT,
+    ERR_TRUNCATED_L4,
+    ERR_TRUNCATED_VLAN,
+    NERR,
+    PARSE_ERROR_NAMES,
+    PARSE_OK,
+    empty_outputs,
+    frames_to_arrays,
+    parse_batch,
+)
+
+MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
+V4A, V4B = "10.1.2.3", "192.168.200.17"
+V6A, V6B = "2001:db8:dead:beef::1", "fe80::8000:0:0:ff"  # high bits set in both words -> negative int64
+AH_TCP = bytes([6, 4, 0, 0]) + struct.pack("!II", 0x1234, 7) + b"\xaa" * 12  # AH: nh=TCP, (4+2)*4 = 24 bytes
+
+
+def eth() -> Ether:
+    return Ether(**MAC)
+
+
+def _ah_frame() -> bytes:
+    return bytes(
+        eth() / IPv6(src=V6A, dst=V6B, nh=51) / Raw(AH_TCP + bytes(TCP(sport=7000, dport=22, flags="A")))
+    )
+
+
+# name -> frame bytes; every one of these is a complete, valid IP frame (status OK).
+BASE: dict[str, bytes] = {
+    "v4_tcp_syn": bytes(
+        eth() / IP(src=V4A, dst=V4B, ttl=17, tos=0xB8) / TCP(sport=40000, dport=443, flags="S")
+    ),
+    "v4_tcp_allflags": bytes(eth() / IP(src=V4B, dst=V4A) / TCP(sport=1, dport=65535, flags="FSRPAUEC")),
+    "v4_tcp_payload": bytes(
+        eth() / IP(src=V4A, dst=V4B) / TCP(sport=5, dport=6, flags="PA") / Raw(b"x" * 300)
+    ),
+    "v4_udp": bytes(eth() / IP(src=V4A, dst=V4B, ttl=1) / UDP(sport=5353, dport=53) / Raw(b"q" * 12)),
+    "v4_icmp": bytes(eth() / IP(src=V4A, dst=V4B) / ICMP(type=8, code=0) / Raw(b"ping")),
+    "v4_options": bytes(
+        eth()
+        / IP(src=V4A, dst=V4B, options=[IPOption_RR(routers=["1.2.3.4", "5.6.7.8"])])
+        / UDP(sport=9, dport=10)
+    ),
+    "v4_options_max": bytes(
+        eth()
+        / IP(src=V4A, dst=V4B, options=[IPOption_RR(routers=[f"9.9.9.{i}" for i in range(9)])])
+        / TCP(sport=11, dport=12, flags="R")
+    ),
+    "v4_frag_first": bytes(
+        eth() / IP(src=V4A, dst=V4B, flags="MF", frag=0, id=99) / UDP(sport=4000, dport=4001) / Raw(b"a" * 40)
+    ),
+    "v4_frag_nonfirst": bytes(eth() / IP(src=V4A, dst=V4B, frag=6, id=99, proto=17) / Raw(b"a" * 40)),
+    "v4_frag_nonfirst_tiny": bytes(
+        eth() / IP(src=V4A, dst=V4B, frag=1, proto=6)
+    ),  # no payload at all, still OK
+    "v4_df_tcp": bytes(eth() / IP(src=V4A, dst=V4B, flags="DF") / TCP(sport=22, dport=50022, flags="PA")),
+    "v4_gre": bytes(eth() / IP(src=V4A, dst=V4B, proto=47) / Raw(b"\x00\x00\x08\x00")),
+    "v4_dot1q": bytes(
+        eth() / Dot1Q(vlan=100, prio=5) / IP(src=V4A, dst=V4B) / TCP(sport=80, dport=1025, flags="SA")
+    ),
+    "v4_qinq_ad": bytes(
+        eth() / Dot1AD(vlan=200) / Dot1Q(vlan=300) / IP(src=V4A, dst=V4B) / UDP(sport=67, dport=68)
+    ),
+    "v4_qinq_8100": bytes(
+        eth() / Dot1Q(vlan=4095) / Dot1Q(vlan=7) / IP(src=V4B, dst=V4A) / TCP(sport=2, dport=3, flags="F")
+    ),
+    "v6_tcp": bytes(
+        eth() / IPv6(src=V6A, dst=V6B, tc=0xB8, hlim=33) / TCP(sport=50000, dport=443, flags="SE")
+    ),
+    "v6_udp": bytes(
+        eth() / IPv6(src=V6B, dst=V6A, hlim=255, tc=1) / UDP(sport=546, dport=547) / Raw(b"d" * 20)
+    ),
+    "v6_icmp": bytes(eth() / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=1, seq=2)),
+    "v6_dot1q_tcp": bytes(
+        eth() / Dot1Q(vlan=42) / IPv6(src=V6A, dst=V6B) / TCP(sport=1234, dport=5678, flags="A")
+    ),
+    "v6_ext_chain_first": bytes(
+        eth()
+        / IPv6(src=V6A, dst=V6B, hlim=9)
+        / IPv6ExtHdrHopByHop(options=[RouterAlert()])
+        / IPv6ExtHdrRouting(addresses=["2001:db8::1", "2001:db8::2"])
+        / IPv6ExtHdrDestOpt()
+        / IPv6ExtHdrFragment(offset=0, m=1, id=77)
+        / TCP(sport=8080, dport=9090, flags="PA")
+        / Raw(b"z" * 16)
+    ),
+    "v6_ext_chain_nonfirst": bytes(
+        eth()
+        / IPv6(src=V6A, dst=V6B)
+        / IPv6ExtHdrHopByHop()
+        / IPv6ExtHdrRouting(addresses=["2001:db8::1"])
+        / IPv6ExtHdrDestOpt()
+        / IPv6ExtHdrFragment(offset=100, m=0, id=77, nh=6)
+        / Raw(b"\x01\x02\x03\x04" * 8)  # would look like ports if wrongly parsed
+    ),
+    "v6_frag_nonfirst_off1": bytes(
+        eth() / IPv6(src=V6A, dst=V6B) / IPv6ExtHdrFragment(offset=1, m=1, nh=17) / Raw(b"\x00\x35" * 8)
+    ),
+    "v6_frag_udp_first": bytes(
+        eth()
+        / IPv6(src=V6A, dst=V6B)
+        / IPv6ExtHdrFragment(offset=0, m=1)
+        / UDP(sport=1111, dport=2222)
+        / Raw(b"u" * 32)
+    ),
+    "v6_ah_tcp": _ah_frame(),
+    "v6_no_next": bytes(eth() / IPv6(src=V6A, dst=V6B, nh=59) / Raw(b"\x00" * 8)),
+    "v6_dstopt_udp": bytes(eth() / IPv6(src=V6A, dst=V6B) / IPv6ExtHdrDestOpt() / UDP(sport=3, dport=4)),
+}
+
+
+# ---------------------------------------------------------------- reference views
+
+
+def dpkt_view(frame: bytes) -> dict[int, int]:
+    """The fields as dpkt decodes them (the ground truth for complete frames)."""
+    e = dpkt.ethernet.Ethernet(frame)
+    tags = getattr(e, "vlan_tags", None)
+    v: dict[int, int] = {VLAN: tags[0].id if tags else 0, SPORT: 0, DPORT: 0, TCP_FLAGS: 0}
+    ip = e.data
+    if isinstance(ip, dpkt.ip.IP):
+        v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.p
+        src, dst = socket.inet_ntop(socket.AF_INET, ip.src), socket.inet_ntop(socket.AF_INET, ip.dst)
+        # dpkt leaves every fragment undecoded; decode the first fragment's L4 header ourselves.
+        l4 = ip.data
+        if ip.offset != 0:
+            l4 = b""
+        elif isinstance(l4, bytes) and ip.p in (6, 17):
+            l4 = (dpkt.tcp.TCP if ip.p == 6 else dpkt.udp.UDP)(l4)
+    elif isinstance(ip, dpkt.ip6.IP6):
+        v[IPVER], v[TOS], v[TTL], v[PROTO] = 6, ip.fc, ip.hlim, ip.p
+        src, dst = socket.inet_ntop(socket.AF_INET6, ip.src), socket.inet_ntop(socket.AF_INET6, ip.dst)
+        l4 = ip.data
+    else:
+        raise AssertionError("not an IP frame")
+    if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
+        v[SPORT], v[DPORT] = l4.sport, l4.dport
+    if isinstance(l4, dpkt.tcp.TCP):
+        v[TCP_FLAGS] = l4.flags
+    v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(src))
+    v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(dst))
+    return v
+
+
+_V6_EXT = (IPv6ExtHdrHopByHop, IPv6ExtHdrRouting, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment)
+
+
+def scapy_view(frame: bytes) -> dict[int, int]:
+    """The same fields as scapy dissects them (an independent second opinion)."""
+    p = Ether(frame)
+    first = p.payload
+    v: dict[int, int] = {
+        VLAN: first.vlan if isinstance(first, Dot1Q) else 0,
+        SPORT: 0,
+        DPORT: 0,
+        TCP_FLAGS: 0,
+    }
+    if IP in p:
+        ip = p[IP]
+        v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
+    else:
+        ip = p[IPv6]
+        v[IPVER], v[TOS], v[TTL] = 6, ip.tc, ip.hlim
+        nh, layer = ip.nh, ip.payload
+        while isinstance(layer, _V6_EXT):
+            nh = layer.nh
+            if isinstance(layer, IPv6ExtHdrFragment) and layer.offset != 0:
+                break
+            layer = layer.payload
+        v[PROTO] = nh
+    for cls in (TCP, UDP):
+        if cls in p:
+            v[SPORT], v[DPORT] = p[cls].sport, p[cls].dport
+    if TCP in p:
+        v[TCP_FLAGS] = int(p[TCP].flags)
+    v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(ip.src))
+    v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(ip.dst))
+    return v
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def run(
+    frames: list[bytes], wirelens: list[int] | None = None, ifaces: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """parse_batch over frames (caplen = len(frame)); returns (out, status, err_counts, ok)."""
+    wl = wirelens or [len(f) for f in frames]
+    data, offs, caps, wls, ts = frames_to_arrays(
+        [(f, 1_000 + i, w) for i, (f, w) in enumerate(zip(frames, wl, strict=True))]
+    )
+    n = len(frames)
+    ifs = np.array(ifaces if ifaces is not None else [3] * n, dtype=np.int64)
+    out, status, errc = empty_outputs(n)
+    ok = parse_batch(data, offs, caps, wls, ts, ifs, n, out, status, errc)
+    assert ok + int(errc.sum()) == n
+    assert ok == int((status == PARSE_OK).sum())
+    return out, status, errc, ok
+
+
+def parse_one(frame: bytes, wirelen: int | None = None) -> tuple[np.ndarray, int]:
+    out, status, _, _ = run([frame], [wirelen if wirelen is not None else len(frame)])
+    return out[0], int(status[0])
+
+
+def names(status: np.ndarray) -> list[str]:
+    return [PARSE_ERROR_NAMES[s] for s in status]
+
+
+# ---------------------------------------------------------------- API / constants
+
+
+def test_error_names_consistent() -> None:
+    assert NERR == len(PARSE_ERROR_NAMES) == 10
+    assert PARSE_ERROR_NAMES[PARSE_OK] == "ok"
+    codes = {
+        ERR_TRUNCATED_ETHERNET: "truncated_ethernet",
+        ERR_TRUNCATED_VLAN: "truncated_vlan",
+        ERR_TRUNCATED_IPV4: "truncated_ipv4",
+        ERR_BAD_IPV4_HEADER: "bad_ipv4_header",
+        ERR_TRUNCATED_IPV6: "truncated_ipv6",
+        ERR_TRUNCATED_IPV6_EXT: "truncated_ipv6_ext",
+        ERR_TRUNCATED_L4: "truncated_l4",
+        ERR_NON_IP: "non_ip",
+        ERR_BAD_IP_VERSION: "bad_ip_version",
+    }
+    for code, name in codes.items():
+        assert PARSE_ERROR_NAMES[code] == name
+
+
+def test_frames_to_arrays_layout() -> None:
+    data, offs, caps, wls, ts = frames_to_arrays([(b"ab", 5, 60), (b"", 6, 0), (b"cde", 7, 99)])
+    assert data.dtype == np.uint8 and data.flags.writeable and bytes(data) == b"abcde"
+    assert offs.tolist() == [0, 2, 2] and caps.tolist() == [2, 0, 3]
+    assert wls.tolist() == [60, 0, 99] and ts.tolist() == [5, 6, 7]
+    assert all(a.dtype == np.int64 for a in (offs, caps, wls, ts))
+
+
+# ---------------------------------------------------------------- complete frames vs dpkt and scapy
+
+
+@pytest.mark.parametrize("name", sorted(BASE))
+def test_fields_match_dpkt_and_scapy(name: str) -> None:
+    frame = BASE[name]
+    row, status = parse_one(frame, wirelen=len(frame) + 4)  # e.g. FCS stripped from the capture
+    assert PARSE_ERROR_NAMES[status] == "ok"
+    assert row[TS] == 1_000 and row[IFACE] == 3 and row[LEN] == len(frame) + 4
+    ref = dpkt_view(frame)
+    got = {k: int(row[k]) for k in ref}
+    assert got == ref
+    if name != "v6_ah_tcp":  # scapy leaves AH's payload undecoded
+        assert got == scapy_view(frame)
+
+
+def test_explicit_values() -> None:
+    """A few fields spelled out, so a shared misreading by both references would still be caught."""
+    row, _ = parse_one(BASE["v4_tcp_syn"])
+    assert (
+        words_to_ip(int(row[SRC_HI]), int(row[SRC_LO])) == V4A
+        and words_to_ip(int(row[DST_HI]), int(row[DST_LO])) == V4B
+    )
+    assert (row[SPORT], row[DPORT], row[TCP_FLAGS], row[PROTO], row[TTL], row[TOS], row[IPVER]) == (
+        40000,
+        443,
+        2,
+        6,
+        17,
+        0xB8,
+        4,
+    )
+    assert row[SRC_HI] == 0 and row[SRC_LO] == 0xFFFF_0A01_0203
+    row, _ = parse_one(BASE["v4_tcp_allflags"])
+    assert row[TCP_FLAGS] == 255
+    row, _ = parse_one(BASE["v6_tcp"])
+    assert (
+        words_to_ip(int(row[SRC_HI]), int(row[SRC_LO])) == V6A
+        and words_to_ip(int(row[DST_HI]), int(row[DST_LO])) == V6B
+    )
+    assert row[DST_HI] < 0  # fe80:: high word: unsigned bit pattern in a signed int64
+    assert (row[TOS], row[TTL], row[TCP_FLAGS], row[IPVER]) == (0xB8, 33, 2 | 64, 6)
+    row, _ = parse_one(BASE["v4_qinq_ad"])
+    assert row[VLAN] == 200
+    row, _ = parse_one(BASE["v4_qinq_8100"])
+    assert row[VLAN] == 4095
+    row, _ = parse_one(BASE["v4_dot1q"])
+    assert row[VLAN] == 100  # priority bits are not part of the id
+    for n in ("v4_icmp", "v6_icmp"):  # ICMP: ports mean TCP/UDP only
+        row, _ = parse_one(BASE[n])
+        assert row[SPORT] == row[DPORT] == row[TCP_FLAGS] == 0
+    row, _ = parse_one(BASE["v4_frag_nonfirst"])
+    assert (row[PROTO], row[SPORT], row[DPORT]) == (17, 0, 0)
+    row, _ = parse_one(BASE["v4_frag_first"])
+    assert (row[PROTO], row[SPORT], row[DPORT]) == (17, 4000, 4001)
+    row, _ = parse_one(BASE["v6_ext_chain_first"])
+    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS], row[TTL]) == (6, 8080, 9090, 0x18, 9)
+    row, _ = parse_one(BASE["v6_ext_chain_nonfirst"])
+    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS]) == (6, 0, 0, 0)
+    row, _ = parse_one(BASE["v6_ah_tcp"])
+    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS]) == (6, 7000, 22, 16)
+    row, _ = parse_one(BASE["v6_no_next"])
+    assert (row[PROTO], row[SPORT], row[DPORT]) == (59, 0, 0)
+
+
+def test_batch_mixed_with_offsets_and_ifaces() -> None:
+    frames = [BASE[k] for k in sorted(BASE)]
+    out, status, errc, ok = run(frames, ifaces=list(range(len(frames))))
+    assert ok == len(frames) and errc.sum() == 0
+    for i, f in enumerate(frames):
+        assert out[i, IFACE] == i and out[i, TS] == 1_000 + i and out[i, LEN] == len(f)
+        assert out[i, IPVER] == dpkt_view(f)[IPVER]
+
+
+# ---------------------------------------------------------------- non-IP and malformed headers
+
+
+def test_arp_is_non_ip() -> None:
+    frame = bytes(eth() / ARP(psrc=V4A, pdst=V4B))
+    row, status = parse_one(frame)
+    assert status == ERR_NON_IP
+    assert row[IPVER] == 0 and row[PROTO] == -1 and row[SPORT] == row[DPORT] == 0 and row[LEN] == len(frame)
+    row, status = parse_one(bytes(eth() / Dot1Q(vlan=12) / ARP()))
+    assert status == ERR_NON_IP and row[VLAN] == 12
+
+
+def test_too_many_vlan_tags_is_non_ip() -> None:
+    frame = bytes(
+        eth() / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3) / Dot1Q(vlan=4) / Dot1Q(vlan=5) / IP() / TCP()
+    )
+    row, status = parse_one(frame)
+    assert status == ERR_NON_IP and row[VLAN] == 1
+    frame4 = bytes(
+        eth() / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3) / Dot1Q(vlan=4) / IP() / TCP(dport=7)
+    )
+    row, status = parse_one(frame4)
+    assert status == PARSE_OK and row[VLAN] == 1 and row[DPORT] == 7
+
+
+def _patch(frame: bytes, pos: int, value: bytes) -> bytes:
+    return frame[:pos] + value + frame[pos + len(value) :]
+
+
+def test_bad_ipv4_headers() -> None:
+    f = BASE["v4_tcp_syn"]
+    assert parse_one(_patch(f, 14, b"\x44"))[1] == ERR_BAD_IPV4_HEADER  # IHL 4 < 5
+    assert parse_one(_patch(f, 14, b"\x40"))[1] == ERR_BAD_IPV4_HEADER  # IHL 0
+    assert parse_one(_patch(f, 14, b"\x65"))[1] == ERR_BAD_IPV4_HEADER  # version 6 under ethertype 0x0800
+    assert parse_one(_patch(f, 16, b"\x00\x13"))[1] == ERR_BAD_IPV4_HEADER  # total length 19 < 20
+    # IHL 15 (60 bytes) and total length 60, but only 40 bytes captured after the Ethernet header
+    assert parse_one(_patch(_patch(f, 14, b"\x4f"), 16, b"\x00\x3c"))[1] == ERR_TRUNCATED_IPV4
+
+
+def test_ipv6_ethertype_with_wrong_version() -> None:
+    frame = bytes(Ether(type=0x86DD, **MAC) / IP(src=V4A, dst=V4B) / TCP() / Raw(b"\x00" * 40))
+    assert parse_one(frame)[1] == ERR_BAD_IP_VERSION
+
+
+def test_ipv6_esp_and_unknown_protocols_have_no_ports() -> None:
+    row, status = parse_one(bytes(eth() / IPv6(src=V6A, dst=V6B, nh=50) / Raw(b"\x00" * 16)))
+    assert status == PARSE_OK and (row[PROTO], row[SPORT], row[DPORT]) == (50, 0, 0)
+    row, status = parse_one(bytes(eth() / IP(src=V4A, dst=V4B, proto=132) / Raw(b"\x01\x02\x03\x04" * 4)))
+    assert status == PARSE_OK and (row[PROTO], row[SPORT], row[DPORT]) == (132, 0, 0)
+
+
+def test_ipv6_ext_walk_is_bounded() -> None:
+    """More than MAX_IPV6_EXT destination-options headers: stops, reports the ext header as PROTO."""
+    pkt = IPv6(src=V6A, dst=V6B)
+    for _ in range(10):
+        pkt = pkt / IPv6ExtHdrDestOpt()
+    row, status = parse_one(bytes(eth() / pkt / UDP(sport=1, dport=2)))
+    assert status == PARSE_OK and row[PROTO] == 60 and row[SPORT] == 0
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\x00",
+        b"\xff" * 13,
+        b"\xff" * 14,
+        b"\x00" * 60,
+        b"\xff" * 200,
+        bytes(range(256)),
+        b"\x81\x00" * 40,
+    ],
+)
+def test_garbage(frame: bytes) -> None:
+    _, status, _, _ = run([frame])
+    assert 0 <= status[0] < NERR
+
+
+def test_cut_inside_ethernet_header() -> None:
+    for c in range(14):
+        assert parse_one(BASE["v4_tcp_syn"][:c])[1] == ERR_TRUNCATED_ETHERNET
+
+
+def test_caplen_beyond_buffer_is_clamped() -> None:
+    """A caller's caplen running past the buffer must not read out of bounds."""
+    frame = BASE["v4_tcp_syn"]
+    data = np.frombuffer(frame[:30], dtype=np.uint8).copy()
+    out, status, errc = empty_outputs(1)
+    one = np.ones(1, dtype=np.int64)
+    ok = parse_batch(data, np.zeros(1, np.int64), one * 10_000, one * 54, one, one, 1, out, status, errc)
+    assert ok == 0 and status[0] == ERR_TRUNCATED_IPV4
+
+
+# ---------------------------------------------------------------- every cut length
+
+
+_IP_LAYERS = (IP, IPv6)
+_L4_MIN = {6: 20, 17: 8, 1: 4, 58: 4}  # fixed header bytes the parser needs for status OK
+
+
+def _layout(frame: bytes) -> tuple[list[tuple[int, int]], int]:
+    """[(end_offset, reason_if_cut_before_it)] from scapy's dissection, and the offset of the L3 header."""
+    p = Ether(frame)
+    bounds: list[tuple[int, int]] = [(14, ERR_TRUNCATED_ETHERNET)]
+    pos, layer, proto, l3 = 14, p.payload, None, -1
+    while not isinstance(layer, NoPayload | Raw | Padding):
+        hl = len(bytes(layer)) - len(bytes(layer.payload))
+        if isinstance(layer, Dot1Q):
+            reason = ERR_TRUNCATED_VLAN
+        elif isinstance(layer, IP):
+            reason, proto, l3 = ERR_TRUNCATED_IPV4, layer.proto, pos
+            if layer.frag != 0:
+                proto = None
+        elif isinstance(layer, IPv6):
+            reason, proto, l3 = ERR_TRUNCATED_IPV6, layer.nh, pos
+        elif isinstance(layer, _V6_EXT):
+            reason, proto = ERR_TRUNCATED_IPV6_EXT, layer.nh
+            if isinstance(layer, IPv6ExtHdrFragment) and layer.offset != 0:
+                proto = None
+        else:
+            break  # the L4 header
+        bounds.append((pos + hl, reason))
+        pos += hl
+        layer = layer.payload
+    if proto in _L4_MIN:
+        bounds.append((pos + _L4_MIN[proto], ERR_TRUNCATED_L4))
+    return bounds, l3
+
+
+def _expected_cut(bounds: list[tuple[int, int]], cut: int) -> int:
+    for end, reason in bounds:
+        if cut < end:
+            return reason
+    return PARSE_OK
+
+
+CUT_FRAMES = [
+    "v4_tcp_syn",
+    "v4_udp",
+    "v4_icmp",
+    "v4_options_max",
+    "v4_frag_first",
+    "v4_frag_nonfirst",
+    "v4_qinq_ad",
+    "v4_qinq_8100",
+    "v6_tcp",
+    "v6_icmp",
+    "v6_dot1q_tcp",
+    "v6_ext_chain_first",
+    "v6_ext_chain_nonfirst",
+    "v6_frag_nonfirst_off1",
+    "v6_dstopt_udp",
+]
+_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN]
+
+
+@pytest.mark.parametrize("name", CUT_FRAMES)
+def test_every_cut_length(name: str) -> None:
+    """Cut at every length: right reason per layer; OK cuts equal the full parse; no reads past caplen."""
+    frame = BASE[name]
+    bounds, _ = _layout(frame)
+    full, _ = parse_one(frame)
+    cuts = list(range(len(frame) + 1))
+    expected = [_expected_cut(bounds, c) for c in cuts]
+    assert expected[-1] == PARSE_OK and ERR_TRUNCATED_ETHERNET in expected
+    # Each cut frame is followed in the buffer by poison bytes: with caplen = cut they must not matter.
+    outs = []
+    for poison in (b"\x00", b"\xff"):
+        data, offs, caps, wls, ts = frames_to_arrays(
+            [(frame[:c] + poison * 64, 1_000, len(frame)) for c in cuts]
+        )
+        caps[:] = cuts
+        n = len(cuts)
+        out, status, errc = empty_outputs(n)
+        ok = parse_batch(data, offs, caps, wls, ts, np.full(n, 3, np.int64), n, out, status, errc)
+        assert ok + errc.sum() == n
+        assert names(status) == [PARSE_ERROR_NAMES[e] for e in expected]
+        outs.append(out)
+    for c, e in zip(cuts, expected, strict=True):
+        assert outs[0][c].tolist() == outs[1][c].tolist(), f"cut {c} depends on bytes past caplen"
+        if e == PARSE_OK:
+            assert outs[0][c].tolist() == full.tolist(), c
+        elif e == ERR_TRUNCATED_L4:  # what was parsed is filled in
+            assert outs[0][c][_L3_FIELDS].tolist() == full[_L3_FIELDS].tolist(), c
+
+
+def test_every_cut_length_ah() -> None:
+    """AH (length in 4-byte units, +2): scapy leaves its payload undecoded, so the layout is spelled out."""
+    frame = BASE["v6_ah_tcp"]
+    ah_end = 14 + 40 + len(AH_TCP)
+    _, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    expected = {c: ERR_TRUNCATED_ETHERNET for c in range(14)}
+    expected |= {c: ERR_TRUNCATED_IPV6 for c in range(14, 54)}
+    expected |= {c: ERR_TRUNCATED_IPV6_EXT for c in range(54, ah_end)}
+    expected |= {c: ERR_TRUNCATED_L4 for c in range(ah_end, ah_end + 20)}
+    expected[len(frame)] = PARSE_OK
+    assert len(frame) == ah_end + 20
+    assert status.tolist() == [expected[c] for c in range(len(frame) + 1)]
+
+
+def test_truncated_l4_fills_ports_when_present() -> None:
+    frame = BASE["v4_tcp_syn"]
+    row, status = parse_one(frame[: 14 + 20 + 14])  # ports and flags present, rest of TCP header cut
+    assert status == ERR_TRUNCATED_L4 and (row[SPORT], row[DPORT], row[TCP_FLAGS]) == (40000, 443, 2)
+
+
+# ---------------------------------------------------------------- pcap end to end
+
+
+def test_pcap_end_to_end(tmp_path) -> None:
+    names_ = sorted(BASE)
+    frames = [BASE[k] for k in names_] + [bytes(eth() / ARP()), BASE["v4_udp"][:30]]
+    path = tmp_path / "mixed.pcap"
+    with open(path, "wb") as fh:
+        w = dpkt.pcap.Writer(fh, nano=True, snaplen=65535)
+        for i, f in enumerate(frames):
+            w.writepkt(f, ts=1_700_000_000 + i + 0.5)
+    with open(path, "rb") as fh:
+        records = [(buf, int(ts * 10**9), len(buf)) for ts, buf in dpkt.pcap.Reader(fh)]
+    assert [r[0] for r in records] == frames
+    data, offs, caps, wls, ts = frames_to_arrays(records)
+    n = len(records)
+    out, status, errc = empty_outputs(n)
+    ok = parse_batch(data, offs, caps, wls, ts, np.full(n, 2, np.int64), n, out, status, errc)
+    assert ok == len(names_)
+    assert errc[ERR_NON_IP] == 1 and errc[ERR_TRUNCATED_IPV4] == 1 and errc.sum() == 2
+    for i, (buf, t, _) in enumerate(records[: len(names_)]):
+        assert out[i, TS] == t == 1_700_000_000_500_000_000 + i * 1_000_000_000
+        assert {k: int(out[i, k]) for k in dpkt_view(buf)} == dpkt_view(buf)
+        assert out[i, IFACE] == 2
+
+
+# ---------------------------------------------------------------- properties
+
+
+_BASE_LIST = [BASE[k] for k in sorted(BASE)]
+_HYP = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _check_batch(frames: list[bytes], wirelens: list[int] | None = None) -> None:
+    out, status, errc, ok = run(frames, wirelens)
+    assert ((status >= 0) & (status < NERR)).all()
+    assert out.shape == (len(frames), NFIELDS)
+
+
+@_HYP
+@given(st.lists(st.binary(max_size=160), max_size=8))
+def test_random_bytes_never_crash(frames: list[bytes]) -> None:
+    _check_batch(frames)
+
+
+@_HYP
+@given(
+    st.lists(st.binary(min_size=0, max_size=120), min_size=1, max_size=4),
+    st.sampled_from([b"\x08\x00", b"\x86\xdd", b"\x81\x00", b"\x88\xa8"]),
+)
+def test_random_payload_after_ip_ethertype(tails: list[bytes], et: bytes) -> None:
+    """Random bytes behind an IP/VLAN ethertype reach the deep branches of the parser."""
+    _check_batch([b"\x02" * 12 + et + t for t in tails])
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn) -> bytes:
+    frame = bytearray(draw(st.sampled_from(_BASE_LIST)))
+    for _ in range(draw(st.integers(0, 6))):
+        pos = draw(st.integers(0, len(frame) - 1))
+        frame[pos] = draw(st.integers(0, 255))
+    cut = draw(st.integers(0, len(frame)))
+    return bytes(frame[:cut])
+
+
+@_HYP
+@given(st.lists(mutated_frames(), min_size=1, max_size=8), st.integers(0, 2000))
+def test_mutated_truncated_frames_never_crash(frames: list[bytes], wirelen: int) -> None:
+    _check_batch(frames, [wirelen] * len(frames))
+
+
+# ---------------------------------------------------------------- performance guard
+
+
+def test_parse_frame_has_no_refcount_calls() -> None:
+    """parse_frame must compile without NRT incref/decref (they cost ~3x throughput in the hot loop)."""
+    from numba import njit, types
+
+    from low_level.parse import parse_frame
+
+    fresh = njit(nogil=True)(parse_frame.py_func)  # uncached copy, so its LLVM IR can be inspected
+    sig = (
+        types.uint8[::1],
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64,
+        types.int64[::1],
+    )
+    fresh.compile(sig)
+    ir = fresh.inspect_llvm(sig)
+    body = ir[ir.index("define") :]
+    body = body[: body.index("\n}\n")]  # the parse_frame function itself, not the CPython wrapper
+    assert "@NRT_incref(" not in body and "@NRT_decref(" not in body

@@ -1,0 +1,136 @@
+"""The query model: example configs load, and malformed configs fail naming file, line, field, reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contract import fields as F
+from contract import query as Q
+from contract.filterlang import FilterError, compile_filter, evaluate
+from low_level.filter import new_stack, run_filter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_example_configs_load() -> None:
+    for path in (REPO / "configs").glob("*.yaml"):
+        cfg = Q.load(path)
+        assert cfg.queries
+    cfg = Q.load(REPO / "configs" / "default.yaml")
+    q4 = cfg.query("q4_pairs")
+    assert q4.window.tumbling and q4.window.pane_ns == 60 * Q.NS and Q.key_width(q4) == 4
+    syn = cfg.query("syn_per_port")
+    assert syn.window.panes_per_window == 6 and syn.window.pane_ns == 10 * Q.NS
+    dst = cfg.query("bytes_per_dst24")
+    assert [c.name for c in Q.state_columns(dst)] == ["bytes", "packets", "avg_len.sum", "avg_len.count", "max_len"]
+
+
+BASE = """queries:
+  - name: ok
+    group_by: [src_ip]
+    aggregates:
+      - {fn: count}
+    window: {range: 1m}
+"""
+
+MALFORMED = [
+    # (document, line, field fragment, reason fragment)
+    (BASE.replace("group_by: [src_ip]", "group_by: [src_mac]"), 3, "group_by", "unknown field 'src_mac'"),
+    (BASE.replace("{fn: count}", "{fn: median}"), 5, "aggregates.0.fn", "Input should be"),
+    (BASE.replace("{fn: count}", "{fn: sum, field: src_ip}"), 5, "aggregates.0", "numeric field"),
+    (BASE.replace("{fn: count}", "{fn: sum}"), 5, "aggregates.0", "needs a field"),
+    (BASE.replace("{range: 1m}", "{range: 1m, slide: 7s}"), 6, "window", "whole number of slides"),
+    (BASE.replace("{range: 1m}", "{range: 10s, slide: 1m}"), 6, "window", "gaps"),
+    (BASE.replace("{range: 1m}", "{range: soon}"), 6, "window.range", "not a duration"),
+    (BASE + "    table: {size: 1000}\n", 7, "table.size", "power of two"),
+    (BASE + "    filter: \"protocol == \"\n", 7, "filter", "filter syntax error"),
+    (BASE + "    filter: \"__import__('os')\"\n", 7, "filter", "unexpected character"),
+    (BASE + "    flush: {policy: eager}\n", 7, "flush.policy", "Input should be"),
+    (BASE + "    flush: {policy: lazy, m: 0}\n", 7, "flush", "between 1 and 32"),
+    (BASE + "    colour: blue\n", 7, "colour", "unknown field"),
+    (BASE + "    kafka: {topic: 'bad topic!'}\n", 7, "kafka.topic", "letters, digits"),
+    (BASE + BASE.split("\n", 1)[1], 7, "name", "duplicate query name"),
+    (BASE.replace("name: ok", "name: Bad-Name"), 2, "name", "lower-case"),
+    (BASE.replace("    window: {range: 1m}\n", ""), 2, "window", "required field is missing"),
+    (BASE.replace("[src_ip]", "[src_ip"), None, "", "YAML syntax error"),
+    ("queries: 3\n", 1, "queries", "non-empty list"),
+    (BASE + "    heartbeat: {interval: 1ms}\n", 7, "heartbeat.interval", "at least 10ms"),
+    (BASE.replace("group_by: [src_ip]", "group_by: [dst_port/24]"), 3, "group_by", "prefix applies to an address"),
+]
+
+
+@pytest.mark.parametrize(("doc", "line", "field", "reason"), MALFORMED)
+def test_malformed_configs_are_rejected_precisely(doc: str, line: int | None, field: str, reason: str) -> None:
+    with pytest.raises(Q.ConfigError) as info:
+        Q.load_text(doc, "bad.yaml")
+    err = info.value
+    assert err.file == "bad.yaml"
+    if line is not None:
+        assert err.line == line, str(err)
+    assert field in err.field, str(err)
+    assert reason in err.reason, str(err)
+    assert str(err).startswith("bad.yaml")
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(Q.ConfigError, match="cannot read"):
+        Q.load(tmp_path / "nope.yaml")
+
+
+def test_durations() -> None:
+    assert Q.parse_duration_ns("500ms") == 500_000_000
+    assert Q.parse_duration_ns("1m") == 60 * Q.NS
+    assert Q.parse_duration_ns(2) == 2 * Q.NS
+    with pytest.raises(ValueError):
+        Q.parse_duration_ns("ten seconds")
+
+
+FILTERS = [
+    "protocol == tcp",
+    "protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
+    "dst_port in [53, 80, 443] or src_port < 1024",
+    "dst_ip in 10.0.0.0/8",
+    "src_ip == 10.1.2.3 or dst_ip in [192.168.0.0/16, 2001:db8::/32]",
+    "not (ttl >= 64) and length > 100",
+    "dscp != 0 or vlan == 10",
+    "ip_version == 6 and dst_ip in 2001:db8::/32",
+]
+
+
+@pytest.mark.parametrize("expr", FILTERS)
+def test_numba_filter_matches_reference_interpreter(expr: str) -> None:
+    prog = compile_filter(expr)
+    rng = np.random.default_rng(abs(hash(expr)) % 1000)
+    stack = new_stack()
+    rows = np.zeros((500, F.NFIELDS), dtype=np.int64)
+    v4 = rng.random(500) < 0.7
+    rows[:, F.IPVER] = np.where(v4, 4, 6)
+    choices4 = [F.ip_to_words(a)[1] for a in ("10.1.2.3", "10.9.9.9", "192.168.4.4", "8.8.8.8")]
+    choices6 = [F.ip_to_words(a) for a in ("2001:db8::1", "2001:db9::1", "fe80::1")]
+    for col_hi, col_lo in ((F.SRC_HI, F.SRC_LO), (F.DST_HI, F.DST_LO)):
+        pick4 = rng.integers(0, len(choices4), 500)
+        pick6 = rng.integers(0, len(choices6), 500)
+        rows[:, col_lo] = np.where(v4, np.array(choices4)[pick4], [F.to_int64(choices6[p][1]) for p in pick6])
+        rows[:, col_hi] = np.where(v4, 0, [F.to_int64(choices6[p][0]) for p in pick6])
+    rows[:, F.PROTO] = rng.choice([1, 6, 17], 500)
+    rows[:, F.TCP_FLAGS] = rng.choice([2, 16, 18, 0], 500)
+    rows[:, F.SPORT] = rng.choice([22, 53, 1000, 5000], 500)
+    rows[:, F.DPORT] = rng.choice([53, 80, 443, 8080], 500)
+    rows[:, F.TTL] = rng.integers(1, 255, 500)
+    rows[:, F.LEN] = rng.integers(60, 1500, 500)
+    rows[:, F.TOS] = rng.choice([0, 0, 46 << 2], 500)
+    rows[:, F.VLAN] = rng.choice([0, 10], 500)
+    got = [run_filter(prog, 0, len(prog), r, stack) for r in rows]
+    want = [evaluate(prog, r) for r in rows]
+    assert got == want
+    assert 0 < sum(want) < len(want), "the sample should exercise both outcomes"
+
+
+@pytest.mark.parametrize("bad", ["foo == 1", "src_ip > 3", "protocol ==", "(protocol == 6", "ttl == 10.0.0.1",
+                                 "src_ip", "dst_port in [1, 10.0.0.0/8]", "exec('x')", "1 +", "ttl = 3"])
+def test_bad_filters(bad: str) -> None:
+    with pytest.raises(FilterError):
+        compile_filter(bad)

@@ -1,0 +1,99 @@
+"""Wire format round trips, and rejection of anything malformed (never garbage out)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contract import wire
+
+
+def sample(n: int = 5, kw: int = 3, na: int = 2) -> bytes:
+    rng = np.random.default_rng(n)
+    return wire.encode_partials("q4_pairs", "host-a", 123, 1, 77, rng.integers(-5, 5, n),
+                                rng.integers(-(2**63), 2**63 - 1, (n, kw), dtype=np.int64),
+                                rng.integers(0, 1000, (n, na)))
+
+
+def test_partials_round_trip() -> None:
+    pane = np.array([-1, 0, 7], dtype=np.int64)
+    key = np.array([[1, -2], [3, 4], [2**62, -(2**63)]], dtype=np.int64)
+    state = np.array([[10], [20], [30]], dtype=np.int64)
+    b = wire.decode(wire.encode_partials("q", "h", 9, 2, 5, pane, key, state))
+    assert isinstance(b, wire.Partials)
+    assert (b.query, b.host, b.incarnation, b.partition, b.seq, b.n) == ("q", "h", 9, 2, 5, 3)
+    assert np.array_equal(b.pane, pane) and np.array_equal(b.key, key) and np.array_equal(b.state, state)
+
+
+def test_punctuation_round_trip() -> None:
+    p = wire.Punctuation("q", "h-ü", 1, 3, 42, wire.END_OF_STREAM, 5, 6, {k: i for i, k in enumerate(wire.PUNCT_STATS)})
+    assert wire.decode(wire.encode_punctuation(p)) == p
+
+
+@pytest.mark.parametrize("cut", [1, 3, 10, 40, -1, -5])
+def test_truncated_batches_are_rejected(cut: int) -> None:
+    buf = sample()
+    with pytest.raises(wire.WireError):
+        wire.decode(buf[:cut])
+
+
+def test_unknown_version_is_rejected() -> None:
+    buf = bytearray(sample())
+    buf[2] = 9
+    with pytest.raises(wire.WireError, match="unsupported wire version 9"):
+        wire.decode(bytes(buf))
+
+
+def test_corruption_is_rejected() -> None:
+    buf = bytearray(sample())
+    buf[len(buf) // 2] ^= 0xFF
+    with pytest.raises(wire.WireError, match="checksum"):
+        wire.decode(bytes(buf))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_never_decode_to_garbage(data: bytes) -> None:
+    try:
+        wire.decode(data)
+    except wire.WireError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 255), st.integers(1, 20))
+def test_mutated_batches_are_rejected(pos: int, xor: int, n: int) -> None:
+    buf = bytearray(sample(n))
+    if xor and pos < len(buf):
+        buf[pos] ^= xor
+        with pytest.raises(wire.WireError):
+            wire.decode(bytes(buf))
+
+
+def test_partition_hash_is_stable_across_processes() -> None:
+    """Python's hash() is salted per process; ours must not be."""
+    code = ("import numpy as np; from contract import wire; "
+            "print(wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist())")
+    outs = set()
+    for seed in ("1", "2", "random"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1
+    assert wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist() == json.loads(outs.pop())
+
+
+def test_numba_hash_equals_wire_hash() -> None:
+    from low_level.subaggregate import key_hash
+
+    keys = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, (50, 4), dtype=np.int64)
+    want = wire.key_hash(keys)
+    got = np.array([key_hash(k, 4) for k in keys], dtype=np.uint64)
+    assert np.array_equal(got, want)
