@@ -80,7 +80,9 @@ def _locked(dest: Path) -> Iterator[None]:
 def _mvn() -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise RuntimeError("Maven (mvn) is needed to fetch the Kafka/Spark jars; run ./lw setup (apt-get install maven)")
+        raise RuntimeError(
+            "Maven (mvn) is needed to fetch the Kafka/Spark jars; run ./lw setup (apt-get install maven)"
+        )
     return mvn
 
 
@@ -125,7 +127,9 @@ def _fill(pom: Path, tmp: Path, overrides: Sequence[str]) -> None:
         old = coords.pop((g, a), None)
         if old is not None:
             (tmp / _file_name(a, *old)).unlink(missing_ok=True)
-        _run_mvn(["-f", str(pom), "dependency:copy", f"-Dartifact={g}:{a}:{v}:jar", f"-DoutputDirectory={tmp}"])
+        _run_mvn(
+            ["-f", str(pom), "dependency:copy", f"-Dartifact={g}:{a}:{v}:jar", f"-DoutputDirectory={tmp}"]
+        )
         coords[(g, a)] = (v, None)
     lines = []
     for (g, a), (v, c) in sorted(coords.items()):

@@ -60,7 +60,11 @@ def _port_in_use(port: int) -> bool:
 def java_executable() -> str:
     """Path of a Java 17+ ``java``; raises with a clear message when there is none."""
     home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").exists() else shutil.which("java")
+    java = (
+        str(Path(home) / "bin" / "java")
+        if home and (Path(home) / "bin" / "java").exists()
+        else shutil.which("java")
+    )
     if java is None:
         raise KafkaBrokerError(f"Java {MIN_JAVA}+ is required for the Kafka broker but `java` is not on PATH; "
                                "run ./lw setup (installs openjdk-17-jre-headless)")  # fmt: skip
@@ -176,12 +180,16 @@ class KafkaBroker:
     def start(self, timeout: float = 90.0) -> KafkaBroker:
         """Write the config, format storage on first use, launch the JVM and wait until it serves."""
         if self.is_running():
-            raise KafkaBrokerError(f"broker {self.name!r} already runs (pid {self.pid}) at {self.bootstrap_servers}")
+            raise KafkaBrokerError(
+                f"broker {self.name!r} already runs (pid {self.pid}) at {self.bootstrap_servers}"
+            )
         java = java_executable()
         jars = kafka_broker_jars_dir()
         for p in (self.port, self.controller_port):
             if _port_in_use(p):
-                raise KafkaBrokerError(f"port {p} on 127.0.0.1 is already in use; pick another port (port=0: a free one)")
+                raise KafkaBrokerError(
+                    f"port {p} on 127.0.0.1 is already in use; pick another port (port=0: a free one)"
+                )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
@@ -197,7 +205,9 @@ class KafkaBroker:
                 cwd=self.base_dir, start_new_session=True,
             )  # fmt: skip
         self.pid_path.write_text(f"{self._proc.pid}\n")
-        self.info_path.write_text(json.dumps({"port": self.port, "controller_port": self.controller_port}) + "\n")
+        self.info_path.write_text(
+            json.dumps({"port": self.port, "controller_port": self.controller_port}) + "\n"
+        )
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -218,7 +228,9 @@ class KafkaBroker:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     pass
                 admin = KafkaAdminClient(
-                    bootstrap_servers=self.bootstrap_servers, bootstrap_timeout_ms=3000, request_timeout_ms=5000
+                    bootstrap_servers=self.bootstrap_servers,
+                    bootstrap_timeout_ms=3000,
+                    request_timeout_ms=5000,
                 )
                 try:
                     cluster = admin.describe_cluster()
@@ -241,7 +253,9 @@ class KafkaBroker:
         """Create a topic (replication factor 1) and wait until every partition has a leader."""
         from kafka import KafkaAdminClient
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000))
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000)
+        )
         try:
             spec = {"num_partitions": partitions, "replication_factor": 1, "configs": dict(config or {})}
             admin.create_topics({name: spec}, timeout_ms=int(timeout * 1000))
@@ -338,7 +352,9 @@ class KafkaBroker:
 
     def _write_config(self) -> None:
         body = "".join(f"{k}={v}\n" for k, v in self._config().items())
-        self.properties_path.write_text(f"# written by local_stack.kafka_broker; edits are overwritten\n{body}")
+        self.properties_path.write_text(
+            f"# written by local_stack.kafka_broker; edits are overwritten\n{body}"
+        )
         log = self.server_log
         self.log4j_path.write_text(
             f"""<?xml version="1.0" encoding="UTF-8"?>
@@ -423,11 +439,17 @@ class KafkaBroker:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: start (detached), stop or report a broker under the repo's state dir."""
-    parser = argparse.ArgumentParser(prog="python -m local_stack.kafka_broker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m local_stack.kafka_broker", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--name", default="default", help="broker name: data in <state>/kafka/<name>")
-    parser.add_argument("--port", type=int, default=None, help="client port (default: last used, else 9092; 0: free)")
-    parser.add_argument("--state-dir", default=None, help="state dir (default: $LOWWATER_STATE_DIR or <repo>/.state)")
+    parser.add_argument(
+        "--port", type=int, default=None, help="client port (default: last used, else 9092; 0: free)"
+    )
+    parser.add_argument(
+        "--state-dir", default=None, help="state dir (default: $LOWWATER_STATE_DIR or <repo>/.state)"
+    )
     args = parser.parse_args(argv)
     broker = KafkaBroker(args.name, args.port, state=args.state_dir, die_with_parent=False)
     if args.command == "start":
@@ -457,7 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         broker.wait_ready(timeout=10)
     except KafkaBrokerError as e:
-        print(f"pid {broker.pid} runs but does not answer at {broker.bootstrap_servers}: {e}", file=sys.stderr)
+        print(
+            f"pid {broker.pid} runs but does not answer at {broker.bootstrap_servers}: {e}", file=sys.stderr
+        )
         return 1
     print(f"running: pid {broker.pid}, bootstrap {broker.bootstrap_servers}, log {broker.server_log}")
     return 0

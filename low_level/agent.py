@@ -33,7 +33,11 @@ def parse_source(text: str) -> dict[str, Any]:
         spec: dict[str, Any] = {"type": "generator"}
         for item in filter(None, rest.split(",")):
             k, _, v = item.partition("=")
-            spec[k] = float(v) if "." in v else int(v)
+            try:
+                spec[k] = float(v) if "." in v else int(v)
+            except ValueError:
+                spec[k] = v  # e.g. clock=wall
+        spec.setdefault("clock", "wall")
         return spec
     if kind == "pcap":
         path, *flags = rest.split(",")

@@ -1,13 +1,15 @@
 """Kafka output: partial-aggregate batches and punctuation, partitioned by a stable key hash.
 
 kafka-python's idempotent producer (acks=all) retries without duplicates and keeps per-partition
-order, so a punctuation always lands after the partials it covers. What the producer cannot take
-right now (its buffer full because Kafka is slow or down) stays in our bounded :class:`Backlog`.
+order, so a punctuation always lands after the partials it covers. Its own buffer is unbounded, so we
+bound what we hand it (unacknowledged bytes); the rest waits in our :class:`Backlog`, which merges in
+place and so stays bounded by distinct keys while Kafka is slow or down.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +44,7 @@ class Emitter:
     merge_at: int = 2_000_000
     max_records: int = 8_000_000
     producer: object | None = None  # a kafka.KafkaProducer, or any object with send(topic, value=, partition=)
+    max_inflight_bytes: int = 64 << 20  # unacknowledged bytes handed to the producer; beyond it data waits here
 
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
@@ -49,6 +52,8 @@ class Emitter:
         self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records)
         self.seq: dict[tuple[str, int], int] = {}
         self.stats = EmitStats()
+        self.inflight_bytes = 0
+        self._lock = threading.Lock()
         if self.producer is None and self.bootstrap:
             from kafka import KafkaProducer
 
@@ -59,7 +64,6 @@ class Emitter:
                 linger_ms=5,
                 batch_size=1 << 20,
                 max_request_size=8 << 20,
-                buffer_memory=64 << 20,
                 max_block_ms=0,  # never stall capture: what does not fit stays in our backlog
                 delivery_timeout_ms=600_000,
                 request_timeout_ms=30_000,
@@ -96,9 +100,15 @@ class Emitter:
             )
 
     # -- output side
-    def _on_error(self, exc: BaseException) -> None:
-        self.stats.delivery_failures += 1
-        log.warning("Kafka delivery failed: %s", exc)
+    def _acked(self, size: int) -> None:
+        with self._lock:
+            self.inflight_bytes -= size
+
+    def _failed(self, size: int, exc: BaseException) -> None:
+        with self._lock:
+            self.inflight_bytes -= size
+            self.stats.delivery_failures += 1
+        log.warning("Kafka delivery failed after all retries: %s", exc)
 
     def _send(self, topic: str, partition: int, value: bytes) -> bool:
         from kafka.errors import KafkaTimeoutError
@@ -111,9 +121,13 @@ class Emitter:
             self.stats.send_errors += 1
             log.warning("Kafka send error: %s", exc)
             return False
+        size = len(value)
         if hasattr(fut, "add_errback"):
-            fut.add_errback(self._on_error)
-        self.stats.bytes_sent += len(value)
+            with self._lock:
+                self.inflight_bytes += size
+            fut.add_callback(lambda _md, size=size: self._acked(size))
+            fut.add_errback(lambda exc, size=size: self._failed(size, exc))
+        self.stats.bytes_sent += size
         return True
 
     def pump(self) -> int:
@@ -122,6 +136,8 @@ class Emitter:
         for (query, part), fifo in self.backlog.fifos.items():
             topic = self.by_name[query].topic
             while fifo:
+                if self.inflight_bytes > self.max_inflight_bytes:
+                    return handed  # Kafka is slow or down: keep the rest here, merged in place if needed
                 item = fifo[0]
                 seq = self.seq.get((query, part), 0)
                 if isinstance(item, Block):

@@ -56,7 +56,7 @@ POLICY_LAZY, POLICY_SLOW, POLICY_IOP = 0, 1, 2
 NHC = 4
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def aggregate_row(q: int, row, key, qp, qs, tab, out, pane_counts, scols) -> None:
     """Fold one parsed, filter-passing packet (its key already extracted) into query q's table under its flush policy."""
     pane = (row[F.TS] - qp[q, QP_ORIGIN]) // qp[q, QP_PANE_NS]

@@ -29,6 +29,7 @@ from low_level.tables import (
     QS_OUTN,
 )
 
+PANE_MAX = np.iinfo(np.int64).max
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -130,7 +131,7 @@ def emit_packet(q: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndar
     qs[q, QS_EMITTED] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab: np.ndarray) -> tuple:
     """Probe for (key, pane): returns (match_pos, empty_pos, victim_pos, victim_pane), -1 when absent."""
     kw, stride, size = qp[q, QP_KW], qp[q, QP_STRIDE], qp[q, QP_SIZE]
@@ -139,7 +140,7 @@ def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab:
     s0 = h & mask
     empty = -1
     victim = -1
-    victim_pane = np.iinfo(np.int64).max
+    victim_pane = PANE_MAX
     for j in range(probes):
         pos = base + np.int64((s0 + np.uint64(j)) & mask) * stride
         sp = tab[pos]
@@ -161,7 +162,7 @@ def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab:
     return -1, empty, victim, victim_pane
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def insert_at(q: int, pos: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
               tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
     kw, na = qp[q, QP_KW], qp[q, QP_NA]

@@ -98,7 +98,10 @@ def test_spark_kafka_source_reads_exact_bytes_keys_and_partitions(
     rows = spark.table(table).collect()
     assert {r["topic"] for r in rows} == {topic}
     got = sorted(
-        ((r["partition"], r["offset"], None if r["key"] is None else bytes(r["key"]), bytes(r["value"])) for r in rows),
+        (
+            (r["partition"], r["offset"], None if r["key"] is None else bytes(r["key"]), bytes(r["value"]))
+            for r in rows
+        ),
         key=lambda r: (r[0], r[1]),
     )
     assert got == expected

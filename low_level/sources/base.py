@@ -86,6 +86,13 @@ class Source:
     def stopping(self) -> bool:
         return self._stop_evt.is_set()
 
+    def close(self) -> None:
+        """Stop if running and release OS resources now (also for a source that never started)."""
+        if self.running:
+            self.stop()
+            self.join()
+        self._cleanup()
+
     def __enter__(self) -> Source:
         if self._thread is None:
             self.start()
