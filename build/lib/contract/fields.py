@@ -1,0 +1,93 @@
+"""Packet field catalog: the columns the low level's parser produces for every frame.
+
+A parsed packet is a row of ``NFIELDS`` int64 values. IP addresses of both families live in one
+128-bit space as two int64 words holding the unsigned bit pattern (high word, low word): IPv6 as is,
+IPv4 as the IPv4-mapped address ``::ffff:a.b.c.d`` (high word 0, low word ``0xffff_0000_0000 | addr``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+# Column indices of a parsed packet row. The numbers are part of the contract: kernels index by them.
+TS = 0  # capture timestamp, ns since the Unix epoch
+IPVER = 1  # 0 when the frame carries no IP packet, else 4 or 6
+SRC_HI = 2
+SRC_LO = 3
+DST_HI = 4
+DST_LO = 5
+SPORT = 6  # 0 when absent (non-TCP/UDP, or an IPv4/IPv6 non-first fragment)
+DPORT = 7
+PROTO = 8  # IP protocol number (IPv6: the upper-layer header after the extension headers); -1 if no IP
+LEN = 9  # original frame length on the wire, bytes
+TCP_FLAGS = 10  # the TCP flags byte (FIN=1, SYN=2, RST=4, PSH=8, ACK=16, URG=32, ECE=64, CWR=128); 0 if not TCP
+VLAN = 11  # outer 802.1Q VLAN id, 0 when untagged
+TTL = 12  # IPv4 TTL or IPv6 hop limit
+TOS = 13  # IPv4 TOS byte or IPv6 traffic class
+IFACE = 14  # capture interface index within the host's configured interface list
+NFIELDS = 15
+
+IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
+
+TCP_FLAG_BITS = {"FIN": 1, "SYN": 2, "RST": 4, "PSH": 8, "ACK": 16, "URG": 32, "ECE": 64, "CWR": 128}
+PROTOCOL_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "icmpv6": 58, "gre": 47, "esp": 50, "sctp": 132}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field users can name in a filter or a group-by."""
+
+    name: str
+    kind: str  # "int" | "ip" | "time"
+    columns: tuple[int, ...]  # parsed-packet columns it occupies (2 for an IP address)
+    doc: str
+
+
+def _f(name: str, kind: str, cols: tuple[int, ...], doc: str) -> Field:
+    return Field(name, kind, cols, doc)
+
+
+CATALOG: dict[str, Field] = {
+    f.name: f
+    for f in (
+        _f("timestamp", "time", (TS,), "capture time (ns since the epoch)"),
+        _f("ip_version", "int", (IPVER,), "4, 6, or 0 for non-IP frames"),
+        _f("src_ip", "ip", (SRC_HI, SRC_LO), "source address, IPv4 or IPv6"),
+        _f("dst_ip", "ip", (DST_HI, DST_LO), "destination address, IPv4 or IPv6"),
+        _f("src_port", "int", (SPORT,), "TCP/UDP source port (0 if none)"),
+        _f("dst_port", "int", (DPORT,), "TCP/UDP destination port (0 if none)"),
+        _f("protocol", "int", (PROTO,), "IP protocol number"),
+        _f("length", "int", (LEN,), "frame length on the wire, bytes"),
+        _f("tcp_flags", "int", (TCP_FLAGS,), "TCP flags byte"),
+        _f("vlan", "int", (VLAN,), "outer VLAN id (0 if untagged)"),
+        _f("ttl", "int", (TTL,), "IPv4 TTL / IPv6 hop limit"),
+        _f("tos", "int", (TOS,), "IPv4 TOS / IPv6 traffic class byte"),
+        _f("dscp", "int", (TOS,), "DSCP = tos >> 2"),
+        _f("interface", "int", (IFACE,), "capture interface index"),
+    )
+}
+
+
+def ip_to_words(text: str) -> tuple[int, int]:
+    """An address as (high, low) unsigned 64-bit words in lowwater's 128-bit space."""
+    addr = ipaddress.ip_address(text)
+    if addr.version == 4:
+        return 0, IPV4_MAPPED_PREFIX | int(addr)
+    v = int(addr)
+    return v >> 64, v & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def words_to_ip(hi: int, lo: int) -> str:
+    """Inverse of :func:`ip_to_words` (accepts signed int64 bit patterns too)."""
+    hi &= 0xFFFF_FFFF_FFFF_FFFF
+    lo &= 0xFFFF_FFFF_FFFF_FFFF
+    if hi == 0 and (lo >> 32) == 0xFFFF:
+        return str(ipaddress.IPv4Address(lo & 0xFFFF_FFFF))
+    return str(ipaddress.IPv6Address((hi << 64) | lo))
+
+
+def to_int64(u: int) -> int:
+    """Reinterpret an unsigned 64-bit value as the signed int64 the kernels store."""
+    u &= 0xFFFF_FFFF_FFFF_FFFF
+    return u - (1 << 64) if u >= (1 << 63) else u

@@ -1,0 +1,197 @@
+"""The wire format: compact binary batches that carry partial aggregates and punctuation in Kafka.
+
+One Kafka message is one batch. Layout (little-endian)::
+
+    magic 'LW' | version u8 | kind u8 | query (u16 len + utf-8) | host (u16 len + utf-8)
+    | incarnation i64 | partition u32 | seq i64 | body | crc32 u32 (of everything before it)
+
+``seq`` is the number of partial records this host incarnation sent to this partition before the
+batch, so a consumer can prove it has everything below a punctuation mark.
+
+PARTIALS body: ``n u32 | kw u8 | na u8 | pane i64[n] | key i64[n*kw] | state i64[n*na]`` (columnar,
+so both levels convert with ``numpy.frombuffer`` instead of a per-record loop).
+
+PUNCT body: ``mark_pane i64 | mark_ns i64 | sent_wall_ns i64`` plus stats ``i64[8]`` (see PUNCT_STATS).
+A punctuation with mark_pane P promises: every partial of this host, query and partition with
+pane < P has already been sent (it is ordered before the punctuation in the partition).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAGIC = b"LW"
+VERSION = 1
+KIND_PARTIALS = 1
+KIND_PUNCT = 2
+END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
+
+PUNCT_STATS = ("packets", "matched", "late", "evictions", "ring_drops", "backlog_lost", "parse_errors", "reserved")
+
+_HEAD = struct.Struct("<2sBB")
+_MID = struct.Struct("<qIq")
+_PART = struct.Struct("<IBB")
+_PUNCT = struct.Struct("<qqq8q")
+_CRC = struct.Struct("<I")
+
+
+class WireError(ValueError):
+    """A batch that cannot be decoded: wrong magic, unknown version, truncated or corrupted."""
+
+
+@dataclass(frozen=True)
+class Partials:
+    query: str
+    host: str
+    incarnation: int
+    partition: int
+    seq: int
+    pane: np.ndarray  # int64[n]
+    key: np.ndarray  # int64[n, kw]
+    state: np.ndarray  # int64[n, na]
+
+    @property
+    def n(self) -> int:
+        return int(self.pane.shape[0])
+
+
+@dataclass(frozen=True)
+class Punctuation:
+    query: str
+    host: str
+    incarnation: int
+    partition: int
+    seq: int  # partial records sent to this partition by this incarnation before the punctuation
+    mark_pane: int
+    mark_ns: int
+    sent_wall_ns: int
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    if len(b) > 0xFFFF:
+        raise WireError("string too long for the wire format")
+    return struct.pack("<H", len(b)) + b
+
+
+def _frame(kind: int, query: str, host: str, incarnation: int, partition: int, seq: int, body: bytes) -> bytes:
+    msg = b"".join(
+        (_HEAD.pack(MAGIC, VERSION, kind), _str(query), _str(host), _MID.pack(incarnation, partition, seq), body)
+    )
+    return msg + _CRC.pack(zlib.crc32(msg))
+
+
+def encode_partials(
+    query: str, host: str, incarnation: int, partition: int, seq: int,
+    pane: np.ndarray, key: np.ndarray, state: np.ndarray,
+) -> bytes:
+    """One batch of n partial aggregates (arrays are converted to little-endian int64)."""
+    n = int(pane.shape[0])
+    key = np.ascontiguousarray(key, dtype="<i8").reshape(n, -1)
+    state = np.ascontiguousarray(state, dtype="<i8").reshape(n, -1)
+    kw, na = key.shape[1], state.shape[1]
+    if not (0 < kw < 256 and 0 < na < 256):
+        raise WireError("key and state widths must be 1..255 words")
+    body = b"".join(
+        (_PART.pack(n, kw, na), np.ascontiguousarray(pane, dtype="<i8").tobytes(), key.tobytes(), state.tobytes())
+    )
+    return _frame(KIND_PARTIALS, query, host, incarnation, partition, seq, body)
+
+
+def encode_punctuation(p: Punctuation) -> bytes:
+    stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
+    body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
+    return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+
+
+def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
+    if pos + n > len(buf):
+        raise WireError(f"truncated batch: {what} needs {n} bytes at offset {pos}, batch has {len(buf)}")
+
+
+def _read_str(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
+    _need(buf, pos, 2, what)
+    (n,) = struct.unpack_from("<H", buf, pos)
+    _need(buf, pos + 2, n, what)
+    try:
+        return bytes(buf[pos + 2 : pos + 2 + n]).decode(), pos + 2 + n
+    except UnicodeDecodeError:
+        raise WireError(f"{what} is not UTF-8") from None
+
+
+def decode(buf: bytes | memoryview) -> Partials | Punctuation:
+    """Decode one batch; raise WireError on anything malformed (never returns garbage)."""
+    _need(buf, 0, _HEAD.size + _CRC.size, "header")
+    magic, version, kind = _HEAD.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {magic!r}: not a lowwater batch")
+    if version != VERSION:
+        raise WireError(f"unsupported wire version {version} (this build reads version {VERSION})")
+    (crc,) = _CRC.unpack_from(buf, len(buf) - _CRC.size)
+    if zlib.crc32(bytes(buf[: len(buf) - _CRC.size])) != crc:
+        raise WireError("checksum mismatch: batch truncated or corrupted")
+    end = len(buf) - _CRC.size
+    view = buf[:end]
+    query, pos = _read_str(view, _HEAD.size, "query name")
+    host, pos = _read_str(view, pos, "host id")
+    _need(view, pos, _MID.size, "batch header")
+    incarnation, partition, seq = _MID.unpack_from(view, pos)
+    pos += _MID.size
+    if kind == KIND_PARTIALS:
+        _need(view, pos, _PART.size, "partials header")
+        n, kw, na = _PART.unpack_from(view, pos)
+        pos += _PART.size
+        size = 8 * n * (1 + kw + na)
+        if pos + size != end:
+            raise WireError(f"partials body is {end - pos} bytes, header says {size} (n={n}, kw={kw}, na={na})")
+        if kw == 0 or na == 0:
+            raise WireError("key and state widths must be at least 1")
+        arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
+        pane = arr[:n]
+        key = arr[n : n + n * kw].reshape(n, kw)
+        state = arr[n + n * kw :].reshape(n, na)
+        return Partials(query, host, incarnation, partition, seq, pane, key, state)
+    if kind == KIND_PUNCT:
+        if end - pos != _PUNCT.size:
+            raise WireError(f"punctuation body is {end - pos} bytes, expected {_PUNCT.size}")
+        vals = _PUNCT.unpack_from(view, pos)
+        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
+        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats)
+    raise WireError(f"unknown batch kind {kind}")
+
+
+# --- partitioning: a stable hash of the group key, identical on every host and process
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, vectorised (uint64 arithmetic wraps by design)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def key_hash(key: np.ndarray) -> np.ndarray:
+    """64-bit hash of each row of an int64[n, kw] key matrix (not Python's salted ``hash``)."""
+    key = np.asarray(key, dtype=np.int64)
+    if key.ndim == 1:
+        key = key.reshape(-1, 1)
+    with np.errstate(over="ignore"):
+        h = np.full(key.shape[0], _GOLDEN, dtype=np.uint64)
+        for j in range(key.shape[1]):
+            h = _mix(h ^ key[:, j].view(np.uint64)) + _GOLDEN
+    return h
+
+
+def partition_of(key: np.ndarray, partitions: int) -> np.ndarray:
+    """Kafka partition of each group key: the hash's top 32 bits modulo the partition count."""
+    return ((key_hash(key) >> np.uint64(32)) % np.uint64(partitions)).astype(np.int64)

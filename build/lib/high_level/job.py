@@ -1,0 +1,316 @@
+"""The high-level Spark Structured Streaming job: wiring, sink and the ``lowwater-job`` CLI.
+
+OOP mode (default): Kafka -> ``groupBy(topic, partition).applyInPandasWithState`` (one group per
+Kafka partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
+-> ``foreachBatch`` sink writing typed Parquet and the status file. Windows close by punctuation
+(min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
+max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from contract import query as Q
+from high_level.metrics import JobMetrics
+from high_level.partition import OUTPUT_DDL, LATE_POLICIES, PartitionProcessor, Settings
+from high_level.rollup import Layout
+from high_level.store import ResultStore, summarize
+
+log = logging.getLogger("lowwater.job")
+MODES = ("oop", "watermark")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything the job needs besides the Spark session and the queries."""
+
+    bootstrap: str
+    results: str
+    checkpoint: str
+    mode: str = "oop"
+    trigger_ms: int = 1000
+    host_timeout_ms: int = 10_000
+    expected_hosts: tuple[str, ...] = ()
+    late_policy: str = "drop"
+    watermark_delay_ms: int = 10_000
+    max_offsets_per_trigger: int | None = None
+    name: str = "lowwater"
+    kafka_options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if self.late_policy not in LATE_POLICIES:
+            raise ValueError(f"late policy must be one of {LATE_POLICIES}")
+        if self.trigger_ms <= 0 or self.host_timeout_ms <= 0:
+            raise ValueError("trigger and host timeout must be positive")
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.host_timeout_ms, tuple(self.expected_hosts), self.late_policy)
+
+
+def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
+    """The applyInPandasWithState body: restore the partition's processor, feed it the batch in
+    offset order, save it as compact bytes, re-arm the processing-time timeout (so a silent
+    partition is still evaluated and its hosts can time out)."""
+    by_topic: dict[str, list[Layout]] = {}
+    for lay in layouts:
+        by_topic.setdefault(lay.topic, []).append(lay)
+
+    def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        topic, partition = str(key[0]), int(key[1])
+        lays = by_topic[topic]
+        if state.exists:
+            proc = PartitionProcessor.from_bytes(state.get[0], lays, settings)
+        else:
+            proc = PartitionProcessor(lays, partition, settings)
+        frames = [df for df in pdfs if len(df)]
+        values: list[bytes] = []
+        if frames:
+            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            df = df.sort_values("offset", kind="stable")
+            values = df["value"].tolist()
+        out = proc.process(values, int(state.getCurrentProcessingTimeMs()))
+        state.update((proc.to_bytes(),))
+        state.setTimeoutDuration(tick_ms)
+        yield out
+
+    return fn
+
+
+class HighLevelJob:
+    """Builds, starts and feeds the streaming queries; owns the result store and the metrics."""
+
+    def __init__(self, spark: Any, queries: Sequence[Q.QuerySpec], opts: JobOptions,
+                 metrics: JobMetrics | None = None) -> None:  # fmt: skip
+        if not queries:
+            raise ValueError("no queries")
+        self.spark = spark
+        self.queries = list(queries)
+        self.opts = opts
+        self.metrics = metrics or JobMetrics()
+        self.store = ResultStore(opts.results, self.queries)
+        self.streams: list[Any] = []
+        self._lock = threading.Lock()
+        prev = self.store.read_status()
+        self.partitions: dict[str, dict[int, dict[str, Any]]] = {}
+        if prev.get("mode") == opts.mode:
+            for qn, qs in prev.get("queries", {}).items():
+                self.partitions[qn] = {int(k): v for k, v in qs.get("partitions", {}).items()}
+        self.last_batch: dict[str, Any] = {}
+
+    # -- building ---------------------------------------------------------------------------------
+    def start(self) -> list[Any]:
+        """Start the streaming query (one in OOP mode, one per query in watermark mode)."""
+        self.spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+        if self.opts.mode == "oop":
+            self.streams = [self._start_oop()]
+        else:
+            from high_level.watermark import start_watermark
+
+            self.streams = start_watermark(self)
+        return self.streams
+
+    def _start_oop(self) -> Any:
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        from high_level.ingest import kafka_stream
+
+        o = self.opts
+        layouts = [Layout.of(q) for q in self.queries]
+        raw = kafka_stream(self.spark, o.bootstrap, [lay.topic for lay in layouts],
+                           max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.kafka_options)  # fmt: skip
+        rolled = raw.groupBy("topic", "partition").applyInPandasWithState(
+            state_function(layouts, o.settings, o.trigger_ms),
+            outputStructType=OUTPUT_DDL,
+            stateStructType="blob binary",
+            outputMode="append",
+            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+        )
+        return (
+            rolled.writeStream.queryName(f"{o.name}-oop")
+            .foreachBatch(self._sink_oop)
+            .option("checkpointLocation", str(Path(o.checkpoint) / "oop"))
+            .trigger(processingTime=f"{o.trigger_ms} milliseconds")
+            .start()
+        )
+
+    # -- sink -------------------------------------------------------------------------------------
+    def _sink_oop(self, df: Any, batch_id: int) -> None:
+        """foreachBatch: one action (toPandas) so the stateful step runs once, then write."""
+        t0 = time.monotonic()
+        pdf = df.toPandas()
+        self.handle_rows(pdf, batch_id)
+        self.metrics.batch_duration.observe(time.monotonic() - t0)
+
+    def handle_rows(self, pdf: pd.DataFrame, batch_id: int) -> dict[str, int]:
+        """Write one batch of generic rows and fold its status rows into ``_status.json`` + metrics."""
+        with self._lock:
+            statuses = [json.loads(s) for s in pdf.loc[pdf["kind"] == "status", "status"]] if len(pdf) else []
+            written = self.store.write_batch(batch_id, pdf)
+            data = pdf[pdf["kind"] != "status"] if len(pdf) else pdf
+            for qn, grp in data.groupby("query") if len(data) else ():
+                fin = grp[grp["kind"] == "final"]
+                self.metrics.windows.labels(qn).inc(len(fin))
+                self.metrics.corrections.labels(qn).inc(int((grp["kind"] == "correction").sum()))
+                lat = fin.groupby("window_end_ns")["closed_at_ms"].max()
+                for end_ns, at_ms in lat.items():
+                    self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+            for st in statuses:
+                self.partitions.setdefault(st["query"], {})[int(st["partition"])] = st
+            self.metrics.on_batch_status(statuses)
+            now_ms = max([st["now_ms"] for st in statuses], default=int(time.time() * 1000))
+            summary = summarize(self.partitions)
+            self.metrics.on_status(summary, now_ms)
+            self.last_batch = {"batch_id": batch_id, "written": written, "now_ms": now_ms}
+            self.write_status(summary, now_ms)
+            return written
+
+    def write_status(self, summary: dict[str, Any], now_ms: int) -> None:
+        o = self.opts
+        self.store.write_status({
+            "mode": o.mode, "updated_ms": now_ms, "batch_id": self.last_batch.get("batch_id"),
+            "settings": {"trigger_ms": o.trigger_ms, "host_timeout_ms": o.host_timeout_ms,
+                         "expected_hosts": list(o.expected_hosts), "late_policy": o.late_policy,
+                         "watermark_delay_ms": o.watermark_delay_ms},
+            "queries": summary, "progress": self.progress(),
+        })  # fmt: skip
+
+    # -- running ----------------------------------------------------------------------------------
+    def progress(self) -> dict[str, Any]:
+        """State-store numbers of the last progress of each stream (what the skew benchmark reads)."""
+        out: dict[str, Any] = {}
+        for s in self.streams:
+            try:
+                p = s.lastProgress
+            except Exception:  # noqa: BLE001 - a stopped query has no progress
+                p = None
+            if not p:
+                continue
+            ops = p.get("stateOperators") or []
+            out[s.name or str(s.id)] = {
+                "batchId": p.get("batchId"),
+                "numInputRows": p.get("numInputRows"),
+                "durationMs": p.get("durationMs", {}).get("triggerExecution"),
+                "stateRows": sum(int(o.get("numRowsTotal", 0)) for o in ops),
+                "stateMemoryBytes": sum(int(o.get("memoryUsedBytes", 0)) for o in ops),
+                "droppedByWatermark": sum(int(o.get("numRowsDroppedByWatermark", 0)) for o in ops),
+            }
+        return out
+
+    def refresh_metrics(self) -> None:
+        """Copy Spark's state-store numbers into the gauges (per stream name)."""
+        for name, p in self.progress().items():
+            self.metrics.state_bytes.labels(name).set(p["stateMemoryBytes"])
+            self.metrics.dropped.labels(name).set(p["droppedByWatermark"])
+
+    def process_all_available(self) -> None:
+        for s in self.streams:
+            s.processAllAvailable()
+
+    def stop(self) -> None:
+        for s in self.streams:
+            try:
+                s.stop()
+            except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams
+                log.warning("stopping %s: %s", s.name, exc)
+
+    def await_termination(self, poll_s: float = 1.0, stop_event: threading.Event | None = None) -> None:
+        """Block until a stream fails or ``stop_event`` is set, refreshing metrics meanwhile."""
+        while True:
+            for s in self.streams:
+                if not s.isActive:
+                    exc = s.exception()
+                    if exc is not None:
+                        raise RuntimeError(f"stream {s.name} failed: {exc}")
+                    return
+            self.refresh_metrics()
+            if stop_event is not None and stop_event.wait(poll_s):
+                return
+            if stop_event is None:
+                time.sleep(poll_s)
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+def _ms(text: str) -> int:
+    return Q.parse_duration_ns(text) // 1_000_000
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lowwater-job", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/default.yaml", help="queries YAML")
+    p.add_argument("--query", action="append", default=None, help="run only these queries (repeatable)")
+    p.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
+    p.add_argument("--results", required=True, help="result store directory (Parquet + _status.json)")
+    p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
+    p.add_argument("--mode", choices=MODES, default="oop", help="oop: punctuation (default); watermark: baseline")
+    p.add_argument("--watermark-delay", default="10s", help="watermark mode: max event time minus this")
+    p.add_argument("--trigger", default="1s", help="micro-batch interval")
+    p.add_argument("--host-timeout", default="10s", help="a host silent this long stops holding windows open")
+    p.add_argument("--expected-hosts", default="", help="comma list: nothing closes before each has punctuated")
+    p.add_argument("--late-policy", choices=LATE_POLICIES, default="drop")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    return p.parse_args(argv)
+
+
+def options_from_args(a: argparse.Namespace) -> JobOptions:
+    return JobOptions(
+        bootstrap=a.bootstrap, results=a.results, checkpoint=a.checkpoint, mode=a.mode,
+        trigger_ms=_ms(a.trigger), host_timeout_ms=_ms(a.host_timeout),
+        expected_hosts=tuple(h.strip() for h in a.expected_hosts.split(",") if h.strip()),
+        late_policy=a.late_policy, watermark_delay_ms=_ms(a.watermark_delay),
+        max_offsets_per_trigger=a.max_offsets_per_trigger,
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``lowwater-job``: run until SIGINT/SIGTERM or a stream failure."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    a = parse_args(argv)
+    try:
+        cfg = Q.load(a.config)
+        opts = options_from_args(a)
+        queries = [cfg.query(n) for n in a.query] if a.query else cfg.queries
+    except (Q.ConfigError, KeyError, ValueError) as exc:
+        print(f"lowwater-job: {exc}", file=sys.stderr)
+        return 2
+    from local_stack.spark_session import build_spark
+
+    spark = build_spark("lowwater-job", master=a.master)
+    job = HighLevelJob(spark, queries, opts)
+    if a.metrics_port:
+        job.metrics.serve(a.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    job.start()
+    log.info("started %s mode for %s; results in %s", opts.mode, [q.name for q in queries], opts.results)
+    try:
+        job.await_termination(stop_event=stop)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        job.stop()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Emulated capture hosts: turn parsed-packet rows into the Kafka messages real agents would send.
+
+Used by the tests and the roll-up benchmark. Each host aggregates its share of the packets per
+(pane, key) and, to mimic hash-table evictions, splits every group into several partial records
+(each an exact aggregate over a random subset of its packets). Messages carry a send time in data
+time plus the host's skew, so merging hosts by send time reproduces a lagging link. Punctuation
+follows the agent's rule: mark P is sent only after every partial with pane < P.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from contract import fields as F
+from contract import query as Q
+from contract import wire
+from contract.filterlang import compile_filter, evaluate
+
+
+@dataclass(frozen=True)
+class Message:
+    """One Kafka message of an emulated host."""
+
+    t_ns: int  # send time (data time + the host's skew)
+    host: str
+    partition: int
+    value: bytes
+    mark_pane: int | None = None  # set for punctuation
+
+    @property
+    def is_punctuation(self) -> bool:
+        return self.mark_pane is not None
+
+
+def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per matching packet: (row index, pane, key words, state) exactly as the low level defines them."""
+    prog = compile_filter(q.filter)
+    keep = np.array([evaluate(prog, r) for r in rows], dtype=bool) if len(prog) else np.ones(len(rows), bool)
+    idx = np.flatnonzero(keep)
+    r = rows[idx]
+    pane = (r[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
+    words = []
+    v4 = r[:, F.IPVER] == 4
+    for col, is_ip, m4h, m4l, m6h, m6l in Q.key_program(q):
+        if is_ip:
+            words.append(r[:, col] & np.where(v4, m4h, m6h))
+            words.append(r[:, col + 1] & np.where(v4, m4l, m6l))
+        else:
+            words.append((r[:, F.TOS] >> 2) if col == Q.SRC_DSCP else r[:, col])
+    key = np.column_stack(words) if words else np.zeros((len(r), 1), np.int64)
+    cols = []
+    for c in Q.state_columns(q):
+        if c.source == Q.SRC_ONE:
+            cols.append(np.ones(len(r), np.int64))
+        elif c.source == Q.SRC_DSCP:
+            cols.append(r[:, F.TOS] >> 2)
+        else:
+            cols.append(r[:, c.source])
+    return idx, pane.astype(np.int64), key.astype(np.int64), np.column_stack(cols).astype(np.int64)
+
+
+def _aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray,
+               state: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    data = dict(group_cols)
+    kcols = [f"k{i}" for i in range(key.shape[1])]
+    for i, c in enumerate(kcols):
+        data[c] = key[:, i]
+    aggs = {}
+    for j, c in enumerate(Q.state_columns(q)):
+        data[f"s{j}"] = state[:, j]
+        aggs[f"s{j}"] = {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
+    by = list(group_cols) + kcols
+    return pd.DataFrame(data).groupby(by, as_index=False, sort=True).agg(aggs)
+
+
+def host_messages(
+    q: Q.QuerySpec, rows: np.ndarray, host: str, *, partitions: int, incarnation: int = 1,
+    punct_every_ns: int = 1_000_000_000, evictions: int = 3, skew_ns: int = 0, end_mark: int | None = None,
+    seed: int = 0, max_batch: int = 4096,
+) -> list[Message]:  # fmt: skip
+    """All messages one host sends for ``q`` over its packets ``rows`` (sorted by send time).
+
+    Partials of pane p leave at data time ``end(p) + e * pane/2`` for eviction round e, so a group's
+    partials of one pane are spread over several messages; punctuation every ``punct_every_ns`` of
+    data time carries the largest mark all of whose partials already left. ``end_mark`` (e.g.
+    ``wire.END_OF_STREAM``) adds a last punctuation after everything.
+    """
+    rng = np.random.default_rng(seed)
+    w = q.window
+    _, pane, key, state = packet_partials(q, rows)
+    ev = rng.integers(0, evictions, len(pane)) if len(pane) else np.empty(0, np.int64)
+    df = _aggregate(q, {"pane": pane, "ev": ev}, key, state)
+    kw = key.shape[1]
+    pk = df["pane"].to_numpy(np.int64)
+    kk = df[[f"k{i}" for i in range(kw)]].to_numpy(np.int64).reshape(len(df), kw)
+    sk = df[[c for c in df.columns if c.startswith("s")]].to_numpy(np.int64)
+    half = w.pane_ns // 2
+    send = w.origin_ns + (pk + 1) * w.pane_ns + df["ev"].to_numpy(np.int64) * half
+    part = wire.partition_of(kk, partitions) if len(df) else np.empty(0, np.int64)
+    events: list[tuple[int, int, int, bytes, int | None]] = []  # (t, order, partition, value, mark)
+    seq = [0] * partitions
+    order = 0
+    # partial batches: one message per (send time, partition), capped at max_batch records
+    groups = pd.DataFrame({"t": send, "p": part}).groupby(["t", "p"], sort=True).indices if len(df) else {}
+    batches = sorted(((int(t), int(p), ix) for (t, p), ix in groups.items()), key=lambda x: (x[0], x[1]))
+    pend: list[tuple[int, int, np.ndarray]] = []
+    for t, p, ix in batches:
+        for s in range(0, len(ix), max_batch):
+            pend.append((t, p, ix[s : s + max_batch]))
+    max_delay = (evictions - 1) * half
+    pend_pane = np.array([int(pk[ix].min()) for _, _, ix in pend], np.int64)
+    suffix_min = np.minimum.accumulate(pend_pane[::-1])[::-1] if len(pend) else pend_pane
+    t_first = int(send.min()) if len(send) else w.origin_ns
+    t_last = int(send.max()) if len(send) else w.origin_ns
+    ticks = np.arange(t_first - t_first % punct_every_ns, t_last + punct_every_ns + 1, punct_every_ns)
+    pi = 0
+    for tick in ticks.tolist():
+        while pi < len(pend) and pend[pi][0] <= tick:
+            t, p, ix = pend[pi]
+            val = wire.encode_partials(q.name, host, incarnation, p, seq[p], pk[ix], kk[ix], sk[ix])
+            events.append((t, order, p, val, None))
+            seq[p] += len(ix)
+            order += 1
+            pi += 1
+        mark = (tick - max_delay - w.origin_ns) // w.pane_ns  # every pane below has all its partials out
+        if pi < len(pend):
+            mark = min(mark, int(suffix_min[pi]))
+        for p in range(partitions):
+            punct = wire.Punctuation(q.name, host, incarnation, p, seq[p], int(mark), w.origin_ns + int(mark) * w.pane_ns,
+                                     tick, {})  # fmt: skip
+            events.append((tick, order, p, wire.encode_punctuation(punct), int(mark)))
+            order += 1
+    if end_mark is not None:
+        for p in range(partitions):
+            punct = wire.Punctuation(q.name, host, incarnation, p, seq[p], int(end_mark), wire.END_OF_STREAM, 0, {})
+            events.append((int(ticks[-1]) + punct_every_ns if len(ticks) else 0, order, p,
+                           wire.encode_punctuation(punct), int(end_mark)))  # fmt: skip
+            order += 1
+    return [Message(t + skew_ns, host, p, v, m) for t, _, p, v, m in events]
+
+
+def interleave(streams: list[list[Message]], seed: int = 0) -> list[Message]:
+    """Merge host streams by send time with random tie-breaks; each stream keeps its own order."""
+    rng = np.random.default_rng(seed)
+    heap: list[tuple[int, float, int, int]] = []
+    for s, msgs in enumerate(streams):
+        if msgs:
+            heap.append((msgs[0].t_ns, float(rng.random()), s, 0))
+    heapq.heapify(heap)
+    out: list[Message] = []
+    while heap:
+        _, _, s, i = heapq.heappop(heap)
+        out.append(streams[s][i])
+        if i + 1 < len(streams[s]):
+            heapq.heappush(heap, (streams[s][i + 1].t_ns, float(rng.random()), s, i + 1))
+    return out
+
+
+def split_hosts(n_packets: int, hosts: int, seed: int = 0) -> np.ndarray:
+    """A host index per packet (packets of one group are spread over hosts, like ECMP links)."""
+    return np.random.default_rng(seed).integers(0, hosts, n_packets)
+
+
+def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
+    """Windows from a per-(pane, key) oracle (tests.packets.oracle), by brute force over WIDs."""
+    k = q.window.panes_per_window
+    kcols = [c for c in pane_oracle.columns if c.startswith("k")]
+    scols = [c for c in pane_oracle.columns if c.startswith("s")]
+    parts = []
+    for j in range(k):  # pane p belongs to windows p .. p+k-1
+        d = pane_oracle.copy()
+        d["window"] = d["pane"] + j
+        parts.append(d)
+    d = pd.concat(parts, ignore_index=True)
+    aggs = {f"s{j}": {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
+            for j, c in enumerate(Q.state_columns(q))}  # fmt: skip
+    out = d.groupby(["window", *kcols], as_index=False).agg({s: aggs[s] for s in scols})
+    return out.sort_values(["window", *kcols]).reset_index(drop=True)

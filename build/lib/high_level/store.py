@@ -1,0 +1,187 @@
+"""The result store: typed Parquet per query and day, plus the latest status as one JSON file.
+
+Layout (read by the REST API with DuckDB ``read_parquet('<root>/query=q/**/*.parquet',
+hive_partitioning=true)``)::
+
+    <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
+    <root>/_status.json
+
+File names depend only on the micro-batch id and the batch's rows, and each file is written to a
+temporary name and renamed into place, so a micro-batch that Spark replays after a crash overwrites
+exactly the files it wrote before: together with Spark's checkpointed offsets and state this makes the
+output exactly once. Readers never see a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contract import fields as F
+from contract import query as Q
+
+FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
+RESERVED = set(FIXED_COLUMNS) | {"query", "date"}
+TS = pa.timestamp("us", tz="UTC")
+
+
+def check_names(q: Q.QuerySpec) -> None:
+    """Key and aggregate names become Parquet columns: they must not clash with the fixed ones."""
+    names = [p.name for p in q.key_parts] + [a.name for a in q.aggregates]
+    clash = sorted(set(names) & RESERVED)
+    if clash or len(set(names)) != len(names):
+        raise ValueError(f"query {q.name!r}: column names {clash or names} clash with the result layout")
+
+
+def ip_strings(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Address words -> text, vectorised for IPv4-mapped addresses (the common case)."""
+    hi = np.asarray(hi, np.int64)
+    lo = np.asarray(lo, np.int64)
+    out = np.empty(len(lo), object)
+    v4 = (hi == 0) & ((lo >> 32) == 0xFFFF)
+    if v4.any():
+        a = lo[v4] & 0xFFFFFFFF
+        octets = [pd.Series((a >> s) & 0xFF).astype(str) for s in (24, 16, 8, 0)]
+        out[v4] = (octets[0] + "." + octets[1] + "." + octets[2] + "." + octets[3]).to_numpy()
+    rest = np.flatnonzero(~v4)
+    if len(rest):
+        pairs = np.column_stack([hi[rest], lo[rest]])
+        uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+        text = np.array([F.words_to_ip(int(h), int(lw)) for h, lw in uniq], object)
+        out[rest] = text[inv.ravel()]
+    return out
+
+
+def typed_table(q: Q.QuerySpec, rows: pd.DataFrame) -> pa.Table:
+    """Generic rows (window_*_ns, key/state arrays) of one query -> the query's typed columns."""
+    n = len(rows)
+    kw, na = Q.key_width(q), len(Q.state_columns(q))
+    key = np.stack(rows["key"].to_numpy()).reshape(n, kw) if n else np.empty((0, kw), np.int64)
+    state = np.stack(rows["state"].to_numpy()).reshape(n, na) if n else np.empty((0, na), np.int64)
+    cols: dict[str, pa.Array] = {
+        "window_start": pa.array(rows["window_start_ns"].to_numpy(np.int64) // 1000, TS),
+        "window_end": pa.array(rows["window_end_ns"].to_numpy(np.int64) // 1000, TS),
+    }
+    i = 0
+    for p in q.key_parts:
+        if p.field.kind == "ip":
+            cols[p.name] = pa.array(ip_strings(key[:, i], key[:, i + 1]), pa.string())
+            i += 2
+        else:
+            cols[p.name] = pa.array(key[:, i], pa.int64())
+            i += 1
+    j = 0
+    for a in q.aggregates:
+        if a.fn == "avg":
+            s, c = state[:, j].astype(np.float64), state[:, j + 1]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cols[a.name] = pa.array(np.where(c != 0, s / np.where(c != 0, c, 1), np.nan), pa.float64())
+            j += 2
+        else:
+            cols[a.name] = pa.array(state[:, j], pa.int64())
+            j += 1
+    cols["closed_at"] = pa.array(rows["closed_at_ms"].to_numpy(np.int64) * 1000, TS)
+    cols["hosts"] = pa.array(rows["hosts"].to_numpy(np.int32), pa.int32())
+    cols["kind"] = pa.array(rows["kind"].astype(str).to_numpy(), pa.string())
+    return pa.table(cols)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ResultStore:
+    """Writes one micro-batch's closed windows as Parquet files and keeps ``_status.json`` current."""
+
+    def __init__(self, root: str | Path, queries: Iterable[Q.QuerySpec]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.queries = {q.name: q for q in queries}
+        for q in self.queries.values():
+            check_names(q)
+        self.status_path = self.root / "_status.json"
+
+    def write_batch(self, batch_id: int, rows: pd.DataFrame) -> dict[str, int]:
+        """Write the 'final'/'correction' rows of a batch; returns rows written per query.
+
+        Files are ``query=<q>/date=<day of window_start, UTC>/part-<batch_id>.parquet``; a replayed
+        batch rewrites the same files with the same content.
+        """
+        written: dict[str, int] = {}
+        if rows is None or len(rows) == 0:
+            return written
+        rows = rows[rows["kind"] != "status"]
+        for name, grp in rows.groupby("query", sort=True):
+            q = self.queries.get(str(name))
+            if q is None:
+                continue
+            grp = grp.sort_values(["window", "kind"], kind="stable")
+            day = pd.to_datetime(grp["window_start_ns"].to_numpy(np.int64), unit="ns", utc=True).strftime("%Y-%m-%d")
+            for d in sorted(set(day)):
+                part = grp[day == d]
+                table = typed_table(q, part)
+                out_dir = self.root / f"query={name}" / f"date={d}"
+                out_dir.mkdir(parents=True, exist_ok=True)
+                path = out_dir / f"part-{batch_id:012d}.parquet"
+                tmp = path.with_name(path.name + ".tmp")
+                pq.write_table(table, tmp, compression="zstd")
+                os.replace(tmp, path)
+            written[str(name)] = len(grp)
+        return written
+
+    def read_status(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_status(self, status: Mapping[str, Any]) -> None:
+        """Replace ``_status.json`` atomically (write + rename)."""
+        _atomic_write_bytes(self.status_path, json.dumps(status, indent=1, sort_keys=True).encode())
+
+
+def summarize(partitions: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per-query roll-up of per-partition status: min marks, host liveness, late/missing totals."""
+    out: dict[str, Any] = {}
+    for qname, parts in sorted(partitions.items()):
+        hosts: dict[str, dict[str, Any]] = {}
+        lwm_ns = [p.get("low_water_mark_ns") for p in parts.values()]
+        for p in parts.values():
+            for h, hs in p.get("hosts", {}).items():
+                agg = hosts.setdefault(h, {"live": True, "low_water_mark_ns": None, "lag_s": None,
+                                           "late_partials": 0, "missing_records": 0, "records": 0,
+                                           "partitions": 0})  # fmt: skip
+                agg["partitions"] += 1
+                agg["live"] = agg["live"] and bool(hs.get("live"))
+                m = hs.get("mark_ns")
+                if m is not None:
+                    agg["low_water_mark_ns"] = m if agg["low_water_mark_ns"] is None else min(agg["low_water_mark_ns"], m)
+                lag = hs.get("lag_s")
+                if lag is not None:
+                    agg["lag_s"] = lag if agg["lag_s"] is None else max(agg["lag_s"], lag)
+                agg["late_partials"] += int(hs.get("late_partials", 0))
+                agg["missing_records"] += int(hs.get("missing_records", 0))
+                agg["records"] += int(hs.get("records", 0))
+        known = [x for x in lwm_ns if x is not None]
+        out[qname] = {
+            "low_water_mark_ns": min(known) if known and len(known) == len(lwm_ns) else None,
+            "open_windows": sum(int(p.get("open_windows", 0)) for p in parts.values()),
+            "state_rows": sum(int(p.get("state_rows", 0)) for p in parts.values()),
+            "windows_closed": sum(int(p.get("windows_closed", 0)) for p in parts.values()),
+            "hosts": hosts,
+            "partitions": {str(k): v for k, v in sorted(parts.items())},
+        }
+    return out

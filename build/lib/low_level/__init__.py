@@ -1,0 +1,1 @@
+"""Low level: per-host capture, parsing and pre-aggregation kernels (Numba)."""

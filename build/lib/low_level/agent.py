@@ -1,0 +1,213 @@
+"""The capture-host agent: source -> ring -> kernel (parse, filter, sub-aggregate, flush) ->
+punctuate -> emit, in one loop on one core, with Prometheus metrics on the side.
+
+Run ``lowwater-agent --help``. The loop never blocks on Kafka: what Kafka cannot take waits in the
+bounded backlog while capture goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from contract import query as Q
+from low_level.emit import Emitter
+from low_level.kernel import Kernel
+from low_level.punctuate import advance
+from low_level.ring import Ring
+from low_level.tables import QS_EVICT, QS_LATE, QS_MATCHED, Tables
+
+log = logging.getLogger("lowwater.agent")
+
+
+def parse_source(text: str) -> dict[str, Any]:
+    """'generator[:groups=N,rate=R]', 'pcap:PATH[,loop][,paced]' or 'afpacket:IF1+IF2[,promisc]' -> spec."""
+    kind, _, rest = text.partition(":")
+    if kind == "generator":
+        spec: dict[str, Any] = {"type": "generator"}
+        for item in filter(None, rest.split(",")):
+            k, _, v = item.partition("=")
+            try:
+                spec[k] = float(v) if "." in v else int(v)
+            except ValueError:
+                spec[k] = v  # e.g. clock=wall
+        spec.setdefault("clock", "wall")
+        return spec
+    if kind == "pcap":
+        path, *flags = rest.split(",")
+        if not path:
+            raise ValueError("pcap source needs a path: pcap:/path/file.pcap[,loop][,paced]")
+        return {"type": "pcap", "path": path, "loop": "loop" in flags,
+                "mode": "paced" if "paced" in flags or "loop" in flags else "fast",
+                "rebase_to_now": "loop" in flags}
+    if kind == "afpacket":
+        ifaces, *flags = rest.split(",")
+        if not ifaces:
+            raise ValueError("afpacket source needs interfaces: afpacket:eth0[+eth1][,promisc]")
+        return {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
+    raise ValueError(f"unknown source {text!r}: use generator, pcap:PATH or afpacket:IFACE")
+
+
+class Agent:
+    """One capture host: owns the ring, the tables, the kernel, the emitter and the heartbeat clock."""
+
+    def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
+                 bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
+                 producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
+                 on_demand_gap_s: float = 0.01) -> None:
+        self.host = host
+        self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
+        self.queries = queries
+        self.ring = Ring(ring_slots)
+        self.kernel = Kernel(Tables.build(queries, chunk=chunk))
+        self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
+        self.source = None
+        if source_spec is not None:
+            from low_level.sources import open_source
+
+            self.source = open_source(source_spec, self.ring)
+        nq = len(queries)
+        self.heartbeats = np.zeros(nq, dtype=np.int64)
+        self.heartbeat_flushed = np.zeros(nq, dtype=np.int64)
+        self.last_mark_ns = np.zeros(nq, dtype=np.int64)
+        self.last_mark_pane = [None] * nq
+        self.next_timer = [0.0] * nq
+        self.last_on_demand = [0.0] * nq
+        self.stopping = False
+        self.finished = False
+
+    @property
+    def live_clock(self) -> bool:
+        return bool(getattr(self.source, "live_clock", False))
+
+    def source_stat(self, name: str) -> int:
+        if self.source is None:
+            return 0
+        return int(self.source.stats().get(name, 0))
+
+    def drain(self) -> None:
+        """Move every query's emitted partials from the kernel's output regions to the emitter."""
+        t = self.kernel.t
+        for i, q in enumerate(self.queries):
+            recs = t.drain(i)
+            if len(recs):
+                pane, key, state = t.split(i, recs)
+                self.emitter.submit(q.name, pane, key, state)
+
+    def punctuate(self, i: int, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
+        q = self.queries[i]
+        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream)
+        if m is not None and m.flushed:
+            self.heartbeat_flushed[i] += m.flushed
+        self.drain()  # what the mark covers goes first
+        if m is not None and m.ns:
+            self.last_mark_pane[i] = m.pane
+            self.last_mark_ns[i] = m.ns
+        elif not timer or self.last_mark_pane[i] is None:
+            return  # on demand only when the mark moved; the timer re-sends it for liveness
+        t = self.kernel.t
+        stats = {"packets": int(self.kernel.hc[0]), "matched": int(t.qs[i, QS_MATCHED]),
+                 "late": int(t.qs[i, QS_LATE]), "evictions": int(t.qs[i, QS_EVICT]),
+                 "ring_drops": int(self.ring.drops), "backlog_lost": int(self.emitter.backlog.lost),
+                 "parse_errors": int(self.kernel.err_counts[1:].sum())}
+        self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats)
+        self.heartbeats[i] += 1
+
+    def step(self) -> int:
+        """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
+        n = self.kernel.run_ring(self.ring)
+        self.drain()
+        idle = self.ring.fill == 0
+        now = time.monotonic()
+        for i, q in enumerate(self.queries):
+            if now >= self.next_timer[i]:
+                self.next_timer[i] = now + q.heartbeat.interval_ns / 1e9
+                self.punctuate(i, idle, timer=True)
+            elif idle and q.heartbeat.on_demand and now - self.last_on_demand[i] >= self.on_demand_gap_s:
+                self.last_on_demand[i] = now
+                self.punctuate(i, idle, timer=False)
+        self.emitter.pump()
+        return n
+
+    def finish(self) -> None:
+        """End of a finite source: flush every table and send a closing punctuation."""
+        for i in range(len(self.queries)):
+            self.punctuate(i, idle=True, timer=False, end_of_stream=True)
+        self.emitter.flush()
+        self.finished = True
+
+    def run(self, duration_s: float | None = None, exit_at_end: bool = True) -> None:
+        if self.source is not None:
+            self.source.start()
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self.stopping and (deadline is None or time.monotonic() < deadline):
+                n = self.step()
+                if self.source is not None and self.source.finished and self.ring.fill == 0 and n == 0:
+                    if not self.finished:
+                        self.finish()
+                    if exit_at_end:
+                        break
+                if n == 0:
+                    time.sleep(0.0005)
+        finally:
+            if self.source is not None:
+                self.source.stop()
+                self.source.join(5)
+            self.emitter.flush(10)
+            self.emitter.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="lowwater-agent", description="lowwater capture-host agent")
+    ap.add_argument("--config", default="configs/default.yaml", help="queries YAML")
+    ap.add_argument("--query", action="append", help="run only these queries (default: all)")
+    ap.add_argument("--source", default="generator", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]")
+    ap.add_argument("--host-id", default=socket.gethostname())
+    ap.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
+    ap.add_argument("--metrics-port", type=int, default=9101, help="Prometheus /metrics port (0 = off)")
+    ap.add_argument("--ring-slots", type=int, default=1 << 18)
+    ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--linger", action="store_true", help="keep running (heartbeats) after a finite source ends")
+    ap.add_argument("--kafka-security", default=None, help="JSON of extra kafka-python producer settings (SASL/TLS)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = Q.load(args.config)
+    except Q.ConfigError as exc:
+        raise SystemExit(f"lowwater-agent: {exc}") from None
+    queries = [q for q in cfg.queries if not args.query or q.name in args.query]
+    if not queries:
+        raise SystemExit(f"lowwater-agent: no query named {args.query} in {args.config}")
+    opts: dict[str, Any] = {}
+    if args.kafka_security:
+        import json
+
+        opts["producer_config"] = json.loads(args.kafka_security)
+    agent = Agent(queries, parse_source(args.source), args.host_id, args.bootstrap,
+                  ring_slots=args.ring_slots, emitter_opts=opts)
+    if args.metrics_port:
+        from prometheus_client import REGISTRY, start_http_server
+
+        from low_level.metrics import AgentCollector
+
+        REGISTRY.register(AgentCollector(agent))
+        start_http_server(args.metrics_port)
+
+    def _stop(*_: object) -> None:
+        agent.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("host %s: %d queries, source %s, Kafka %s", args.host_id, len(queries), args.source, args.bootstrap)
+    agent.run(args.duration, exit_at_end=not args.linger)
+
+
+if __name__ == "__main__":
+    main()
