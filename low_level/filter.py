@@ -26,11 +26,12 @@ from contract.filterlang import (
 )
 
 
-@njit(cache=True, nogil=True, inline="always")
-def run_filter(prog: np.ndarray, start: int, length: int, row: np.ndarray, stack: np.ndarray) -> bool:
-    """Evaluate instructions prog[start:start+length] on one parsed packet row; empty means accept."""
-    if length == 0:
-        return True
+@njit(cache=True, nogil=True)
+def run_filter_at(prog: np.ndarray, start: int, length: int, row: np.ndarray, roff: int, stack: np.ndarray) -> bool:
+    """Evaluate instructions prog[start:start+length] on the parsed row at row[roff:]; empty means accept.
+
+    One exit and no array rebinding, so it inlines into the per-packet loop without refcount calls.
+    """
     sp = 0
     for k in range(start, start + length):
         op = prog[k, 0]
@@ -38,14 +39,14 @@ def run_filter(prog: np.ndarray, start: int, length: int, row: np.ndarray, stack
             stack[sp] = prog[k, 1]
             sp += 1
         elif op == OP_LOAD:
-            stack[sp] = row[prog[k, 1]]
+            stack[sp] = row[roff + prog[k, 1]]
             sp += 1
         elif op == OP_LOAD_DSCP:
-            stack[sp] = row[F.TOS] >> 2
+            stack[sp] = row[roff + F.TOS] >> 2
             sp += 1
         elif op == OP_IP_MATCH:
             c = prog[k, 1]
-            ok = ((row[c] & prog[k, 4]) == prog[k, 2]) and ((row[c + 1] & prog[k, 5]) == prog[k, 3])
+            ok = ((row[roff + c] & prog[k, 4]) == prog[k, 2]) and ((row[roff + c + 1] & prog[k, 5]) == prog[k, 3])
             stack[sp] = 1 if ok else 0
             sp += 1
         elif op == OP_NOT:
@@ -77,7 +78,13 @@ def run_filter(prog: np.ndarray, start: int, length: int, row: np.ndarray, stack
             else:
                 r = 0
             stack[sp - 1] = r
-    return stack[sp - 1] != 0
+    return length == 0 or stack[sp - 1] != 0
+
+
+@njit(cache=True, nogil=True)
+def run_filter(prog: np.ndarray, start: int, length: int, row: np.ndarray, stack: np.ndarray) -> bool:
+    """Evaluate instructions prog[start:start+length] on one parsed packet row; empty means accept."""
+    return run_filter_at(prog, start, length, row, 0, stack)
 
 
 def new_stack() -> np.ndarray:

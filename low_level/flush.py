@@ -61,18 +61,21 @@ def sweep_below(q: int, bound: int, qp, qs, tab, out, pane_counts) -> int:
 
 @njit(cache=True, nogil=True)
 def on_advance(q: int, old_cur: int, new_cur: int, qp, qs, tab, out, pane_counts) -> None:
-    """The current pane moved forward: enforce the m-pane bound on what stays in the table."""
+    """The current pane moved forward: enforce the m-pane bound on what stays in the table.
+
+    Like every helper the per-packet path calls, written with one exit (no early return), so Numba's
+    refcount pruning leaves no atomic NRT incref/decref of the array arguments (see low_level.parse).
+    """
     m = qp[q, QP_M]
     bound = new_cur - m
     lo = old_cur - m
-    if bound <= lo:
-        return
-    hi = bound if bound - lo < PANE_RING else lo + PANE_RING
-    if entries_below(q, hi, lo, pane_counts) > 0:
-        n = sweep_below(q, bound, qp, qs, tab, out, pane_counts)
-        qs[q, QS_FLUSH_SWEEP] += n
-        if n > qs[q, QS_BURST_MAX]:
-            qs[q, QS_BURST_MAX] = n
+    if bound > lo:
+        hi = bound if bound - lo < PANE_RING else lo + PANE_RING
+        if entries_below(q, hi, lo, pane_counts) > 0:
+            n = sweep_below(q, bound, qp, qs, tab, out, pane_counts)
+            qs[q, QS_FLUSH_SWEEP] += n
+            if n > qs[q, QS_BURST_MAX]:
+                qs[q, QS_BURST_MAX] = n
 
 
 @njit(cache=True, nogil=True)
@@ -84,21 +87,22 @@ def old_entries(q: int, qs, pane_counts) -> int:
 @njit(cache=True, nogil=True)
 def flush_one_old(q: int, qp, qs, tab, out, pane_counts) -> bool:
     """Advance the flush cursor to the next old entry and emit it (the slow-flush step)."""
-    if old_entries(q, qs, pane_counts) <= 0:
-        return False
-    base, size, stride = qp[q, QP_BASE], qp[q, QP_SIZE], qp[q, QP_STRIDE]
-    cur = qs[q, QS_CUR]
-    c = qs[q, QS_CURSOR]
-    for _ in range(size):
-        pos = base + c * stride
-        c = (c + 1) & (size - 1)
-        sp = tab[pos]
-        if sp != EMPTY and sp < cur:
-            emit_slot(q, pos, qp, qs, tab, out, pane_counts)
-            qs[q, QS_CURSOR] = c
-            return True
-    qs[q, QS_CURSOR] = c
-    return False
+    done = False
+    if old_entries(q, qs, pane_counts) > 0:
+        base, size, stride = qp[q, QP_BASE], qp[q, QP_SIZE], qp[q, QP_STRIDE]
+        cur = qs[q, QS_CUR]
+        c = qs[q, QS_CURSOR]
+        k = 0
+        while k < size and not done:
+            pos = base + c * stride
+            c = (c + 1) & (size - 1)
+            sp = tab[pos]
+            if sp != EMPTY and sp < cur:
+                emit_slot(q, pos, qp, qs, tab, out, pane_counts)
+                done = True
+            k += 1
+        qs[q, QS_CURSOR] = c
+    return done
 
 
 @njit(cache=True, nogil=True)
@@ -109,7 +113,6 @@ def iop_burst(q: int, qp, qs, tab, out, pane_counts) -> None:
         qs[q, QS_FLUSH_IOP] += n
         if n > qs[q, QS_BURST_MAX]:
             qs[q, QS_BURST_MAX] = n
-    return None
 
 
 @njit(cache=True, nogil=True)
@@ -122,11 +125,12 @@ def slow_tick(q: int, qp, qs, tab, out, pane_counts) -> None:
 def min_pane(q: int, qs, qp, pane_counts) -> int:
     """Oldest pane present in the table, or the current pane + 1 when the table is empty."""
     cur = qs[q, QS_CUR]
-    if qs[q, QS_OCC] == 0:
-        return cur + 1
-    p = cur - qp[q, QP_M]
-    while p <= cur:
-        if pane_counts[q, p & (PANE_RING - 1)] > 0:
-            return p
-        p += 1
-    return cur + 1
+    res = cur + 1
+    if qs[q, QS_OCC] != 0:
+        p = cur - qp[q, QP_M]
+        while p <= cur:
+            if pane_counts[q, p & (PANE_RING - 1)] > 0:
+                res = p
+                break
+            p += 1
+    return res

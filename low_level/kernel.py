@@ -12,19 +12,23 @@ from numba import njit
 
 from contract import fields as F
 from low_level import flush
-from low_level.filter import run_filter
+from low_level.filter import run_filter_at
 from low_level.parse import NERR, PARSE_OK, parse_frame
 from low_level.ring import HEAD, TAIL
 from low_level.subaggregate import (
-    emit_packet,
+    emit_packet_at,
     emit_slot,
-    extract_key,
-    fold_packet,
-    insert_at,
-    key_hash,
-    probe,
+    extract_key_at,
+    fold_at,
+    insert_entry,
+    key_hash,  # noqa: F401  (re-exported: callers import key_hash from here)
+    key_hash_at,
+    prefetch_w,
+    probe_at,
 )
 from low_level.tables import (
+    MAXKW,
+    QP_BASE,
     QP_FLEN,
     QP_FOFF,
     QP_I,
@@ -37,7 +41,10 @@ from low_level.tables import (
     QP_ORIGIN,
     QP_PANE_NS,
     QP_POLICY,
+    QP_PROBES,
+    QP_SIZE,
     QP_SOFF,
+    QP_STRIDE,
     QS_CUR,
     QS_EVICT,
     QS_LATE,
@@ -54,105 +61,164 @@ POLICY_LAZY, POLICY_SLOW, POLICY_IOP = 0, 1, 2
 # host-level counters (one int64 array, shared with metrics)
 (HC_PACKETS, HC_PARSED_OK, HC_NON_IP) = range(3)
 NHC = 4
+NF = F.NFIELDS
+BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
 
 
-@njit(cache=True, nogil=True, inline="always")
-def aggregate_row(q: int, row, key, qp, qs, tab, out, pane_counts, scols) -> None:
-    """Fold one parsed, filter-passing packet (its key already extracted) into query q's table under its flush policy."""
-    pane = (row[F.TS] - qp[q, QP_ORIGIN]) // qp[q, QP_PANE_NS]
-    if pane < qs[q, QS_MARK]:
-        qs[q, QS_LATE] += 1  # punctuation already promised this pane is complete: grammatical drop
-        return
-    qs[q, QS_MATCHED] += 1
-    if row[F.TS] > qs[q, QS_MAXTS]:
-        qs[q, QS_MAXTS] = row[F.TS]
-    policy = qp[q, QP_POLICY]
-    if qs[q, QS_STARTED] == 0:
-        qs[q, QS_STARTED] = 1
-        qs[q, QS_CUR] = pane
-    elif pane > qs[q, QS_CUR]:
-        old = qs[q, QS_CUR]
-        qs[q, QS_CUR] = pane
-        flush.on_advance(q, old, pane, qp, qs, tab, out, pane_counts)
-    cur = qs[q, QS_CUR]
-    kw = qp[q, QP_KW]
-    if pane < cur - qp[q, QP_M]:
-        # older than the table's horizon but not late: ship it as its own one-packet partial
-        emit_packet(q, pane, key, row, qp, qs, out, scols)
-        qs[q, QS_OVERDUE] += 1
-        return
-    h = key_hash(key, kw)
-    match, empty, victim, victim_pane = probe(q, pane, key, h, qp, tab)
-    if match >= 0:
-        fold_packet(tab, match + 1 + kw, qp[q, QP_NA], scols, qp[q, QP_SOFF], row, False)
-    elif empty >= 0:
-        insert_at(q, empty, pane, key, row, qp, qs, tab, scols, pane_counts)
-    else:
-        if policy == POLICY_IOP and victim_pane >= cur:
-            flush.iop_burst(q, qp, qs, tab, out, pane_counts)
-            match, empty, victim, victim_pane = probe(q, pane, key, h, qp, tab)
-        if empty >= 0:
-            insert_at(q, empty, pane, key, row, qp, qs, tab, scols, pane_counts)
+@njit(cache=True, nogil=True)
+def aggregate_block(q: int, cnt: int, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols) -> None:
+    """Fold query q's filter-passing packets of one block (in arrival order) into its table.
+
+    Packet j of the block's selection is parsed row ``sel[q, j]`` of ``rows`` (NF words each), with key
+    words at ``keys[(q * BLOCK + j) * MAXKW:]`` and key hash ``hs[q, j]``. Exactly the per-packet logic:
+    late drop, pane advance (m-pane sweep), overdue one-packet partials, probe, update / insert / evict,
+    flush-policy ticks. Query parameters and the counters nothing else touches stay in locals for the
+    block (the compiler cannot keep them in registers across stores to the int64 table otherwise).
+    """
+    kw, na, soff = qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_SOFF]
+    base, stride, probes = qp[q, QP_BASE], qp[q, QP_STRIDE], qp[q, QP_PROBES]
+    mask = qp[q, QP_SIZE] - 1
+    origin, pane_ns = qp[q, QP_ORIGIN], qp[q, QP_PANE_NS]
+    policy, m, every = qp[q, QP_POLICY], qp[q, QP_M], qp[q, QP_I]
+    mark = qs[q, QS_MARK]
+    started, cur = qs[q, QS_STARTED], qs[q, QS_CUR]
+    late, matched, maxts = qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS]
+    evict, overdue, tick = qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK]
+    # pane of the last timestamp seen, valid for ts in [plo, phi): saves the division for most packets
+    plo, phi, lpane = np.int64(1), np.int64(0), np.int64(0)
+    for j in range(cnt):
+        ro = sel[q, j] * NF
+        ko = (q * BLOCK + j) * MAXKW
+        t = rows[ro + F.TS]
+        if t >= plo and t < phi:
+            pane = lpane
         else:
-            emit_slot(q, victim, qp, qs, tab, out, pane_counts)
-            qs[q, QS_EVICT] += 1
-            insert_at(q, victim, pane, key, row, qp, qs, tab, scols, pane_counts)
-    if policy == POLICY_IOP:
-        flush.slow_tick(q, qp, qs, tab, out, pane_counts)
-    elif policy == POLICY_SLOW:
-        qs[q, QS_TICK] += 1
-        if qs[q, QS_TICK] >= qp[q, QP_I]:
-            qs[q, QS_TICK] = 0
-            flush.slow_tick(q, qp, qs, tab, out, pane_counts)
+            pane = (t - origin) // pane_ns
+            lpane = pane
+            plo = origin + pane * pane_ns
+            phi = plo + pane_ns
+        if pane < mark:
+            late += 1  # punctuation already promised this pane is complete: grammatical drop
+        else:
+            matched += 1
+            if t > maxts:
+                maxts = t
+            if started == 0:
+                started = 1
+                cur = pane
+                qs[q, QS_STARTED] = 1
+                qs[q, QS_CUR] = pane
+            elif pane > cur:
+                old = cur
+                cur = pane
+                qs[q, QS_CUR] = pane
+                flush.on_advance(q, old, pane, qp, qs, tab, out, pane_counts)
+            if pane < cur - m:
+                # older than the table's horizon but not late: ship it as its own one-packet partial
+                emit_packet_at(q, pane, keys, ko, rows, ro, qp, qs, out, scols)
+                overdue += 1
+            else:
+                s0 = np.int64(hs[q, j] & np.uint64(mask))
+                match, empty, victim, victim_pane = probe_at(tab, base, stride, mask, probes, s0, pane, kw, keys, ko)
+                if match >= 0:
+                    fold_at(tab, match + 1 + kw, na, scols, soff, rows, ro, False)
+                else:
+                    if empty < 0 and policy == POLICY_IOP and victim_pane >= cur:
+                        flush.iop_burst(q, qp, qs, tab, out, pane_counts)
+                        match, empty, victim, victim_pane = probe_at(tab, base, stride, mask, probes, s0, pane, kw,
+                                                                     keys, ko)
+                    if empty < 0:
+                        emit_slot(q, victim, qp, qs, tab, out, pane_counts)
+                        evict += 1
+                        empty = victim
+                    insert_entry(q, empty, pane, keys, ko, rows, ro, kw, na, soff, qs, tab, scols, pane_counts)
+                if policy == POLICY_IOP:
+                    flush.slow_tick(q, qp, qs, tab, out, pane_counts)
+                elif policy == POLICY_SLOW:
+                    tick += 1
+                    if tick >= every:
+                        tick = 0
+                        flush.slow_tick(q, qp, qs, tab, out, pane_counts)
+    qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS] = late, matched, maxts
+    qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK] = evict, overdue, tick
+
+
+@njit(cache=True, nogil=True)
+def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask,
+               qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, stack,
+               rows, keys, sel, hs, cnt) -> None:
+    """The pass over frames seq0 .. seq0+n-1 (frame seq sits in slot ``seq & smask``), block by block.
+
+    Phase 1 parses each frame into the one scratch ``row`` (see low_level.parse), keeps a copy in
+    ``rows`` and, per query, runs the interface mask and filter, extracts and hashes the key, and hints
+    the CPU to fetch the key's first table slot. Phase 2 folds each query's selected packets in order
+    (queries share no state, so per-query order is all the semantics need). By the time phase 2 probes
+    a slot its cache line has had a block's worth of parsing to arrive: the misses overlap instead of
+    stalling one packet at a time. ``use_iface`` = 0: every frame is interface 0, no mask check.
+    """
+    nq = qp.shape[0]
+    b0 = 0
+    while b0 < n:
+        bn = n - b0 if n - b0 < BLOCK else BLOCK
+        for q in range(nq):
+            cnt[q] = 0
+        for i in range(bn):
+            slot = (seq0 + b0 + i) & smask
+            hc[HC_PACKETS] += 1
+            ifc = iface[slot] if use_iface else 0
+            status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            err_counts[status] += 1
+            if status == PARSE_OK:
+                hc[HC_PARSED_OK] += 1
+                ro = i * NF
+                for f in range(NF):
+                    rows[ro + f] = row[f]
+                for q in range(nq):
+                    ok = True
+                    if use_iface:
+                        ok = (qp[q, QP_IFMASK] >> row[F.IFACE]) & 1 != 0
+                    if ok:
+                        ok = run_filter_at(fprog, qp[q, QP_FOFF], qp[q, QP_FLEN], row, 0, stack)
+                    if ok:
+                        j = cnt[q]
+                        ko = (q * BLOCK + j) * MAXKW
+                        extract_key_at(kprog, qp[q, QP_KOFF], qp[q, QP_KLEN], row, 0, keys, ko)
+                        h = key_hash_at(keys, ko, qp[q, QP_KW])
+                        sel[q, j] = i
+                        hs[q, j] = h
+                        prefetch_w(tab, qp[q, QP_BASE] + np.int64(h & np.uint64(qp[q, QP_SIZE] - 1)) * qp[q, QP_STRIDE])
+                        cnt[q] = j + 1
+        for q in range(nq):
+            if cnt[q] > 0:
+                aggregate_block(q, cnt[q], rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)
+        b0 += bn
 
 
 @njit(cache=True, nogil=True)
 def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
-                   qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, key, stack) -> int:
+                   qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, stack,
+                   rows, keys, sel, hs, cnt) -> int:
     """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
     nslots = caplen.shape[0]
-    nq = qp.shape[0]
     start = ctr[TAIL]
     avail = ctr[HEAD] - start
     n = avail if avail < limit else limit
-    for k in range(n):
-        slot = (start + k) & (nslots - 1)
-        hc[HC_PACKETS] += 1
-        status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], iface[slot], row)
-        err_counts[status] += 1
-        if status != PARSE_OK:
-            continue
-        hc[HC_PARSED_OK] += 1
-        for q in range(nq):
-            if (qp[q, QP_IFMASK] >> row[F.IFACE]) & 1 == 0:
-                continue
-            if not run_filter(fprog, qp[q, QP_FOFF], qp[q, QP_FLEN], row, stack):
-                continue
-            extract_key(kprog, qp[q, QP_KOFF], qp[q, QP_KLEN], row, key)
-            aggregate_row(q, row, key, qp, qs, tab, out, pane_counts, scols)
+    fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
+               qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, stack,
+               rows, keys, sel, hs, cnt)
     ctr[TAIL] = start + n
     return n
 
 
 @njit(cache=True, nogil=True)
 def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
-                   qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, key, stack) -> int:
+                   qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, stack,
+                   rows, keys, sel, hs, cnt) -> int:
     """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
-    nq = qp.shape[0]
     flat = frames2d.reshape(-1)
-    snaplen = frames2d.shape[1]
-    for i in range(start, stop):
-        hc[HC_PACKETS] += 1
-        status = parse_frame(flat, i * snaplen, caplen[i], wirelen[i], ts[i], 0, row)
-        err_counts[status] += 1
-        if status != PARSE_OK:
-            continue
-        hc[HC_PARSED_OK] += 1
-        for q in range(nq):
-            if not run_filter(fprog, qp[q, QP_FOFF], qp[q, QP_FLEN], row, stack):
-                continue
-            extract_key(kprog, qp[q, QP_KOFF], qp[q, QP_KLEN], row, key)
-            aggregate_row(q, row, key, qp, qs, tab, out, pane_counts, scols)
+    fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
+               qp, qs, tab, out, pane_counts, fprog, kprog, scols, err_counts, hc, row, stack,
+               rows, keys, sel, hs, cnt)
     return stop - start
 
 
@@ -164,21 +230,30 @@ class Kernel:
         self.err_counts = np.zeros(NERR, dtype=np.int64)
         self.hc = np.zeros(NHC, dtype=np.int64)
         self.row = np.zeros(F.NFIELDS, dtype=np.int64)
-        self.key = np.zeros(8, dtype=np.int64)
+        self.key = np.zeros(MAXKW, dtype=np.int64)
         self.stack = np.zeros(32, dtype=np.int64)
+        # per-block scratch (see fused_pass), allocated once
+        nq = max(1, tables.qp.shape[0])
+        self.rows = np.zeros(BLOCK * NF, dtype=np.int64)
+        self.keys = np.zeros(nq * BLOCK * MAXKW, dtype=np.int64)
+        self.sel = np.zeros((nq, BLOCK), dtype=np.int64)
+        self.hs = np.zeros((nq, BLOCK), dtype=np.uint64)
+        self.cnt = np.zeros(nq, dtype=np.int64)
+
+    def _scratch(self) -> tuple:
+        return (self.err_counts, self.hc, self.row, self.stack, self.rows, self.keys, self.sel, self.hs, self.cnt)
 
     def run_ring(self, ring) -> int:
         t = self.t
         return process_frames(ring.frames, ring.snaplen, ring.caplen, ring.wirelen, ring.ts, ring.iface, ring.ctr,
                               t.chunk, t.qp, t.qs, t.tab, t.out, t.pane_counts, t.fprog, t.kprog, t.scols,
-                              self.err_counts, self.hc, self.row, self.key, self.stack)
+                              *self._scratch())
 
     def run_arrays(self, frames2d, caplen, wirelen, ts, start: int, stop: int) -> int:
         """Process frames[start:stop]; callers keep stop - start <= tables.chunk and drain between calls."""
         t = self.t
         return process_arrays(frames2d, caplen, wirelen, ts, start, stop, t.qp, t.qs, t.tab, t.out,
-                              t.pane_counts, t.fprog, t.kprog, t.scols, self.err_counts, self.hc,
-                              self.row, self.key, self.stack)
+                              t.pane_counts, t.fprog, t.kprog, t.scols, *self._scratch())
 
     def flush_below(self, q: int, bound: int) -> int:
         """Emit every entry of query q older than pane ``bound`` (heartbeats, idle, end of stream)."""

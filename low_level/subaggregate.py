@@ -9,7 +9,10 @@ group's next-pane entry lands where its previous-pane entry sits and pushes it o
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir as llir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from contract import fields as F
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE
@@ -21,6 +24,7 @@ from low_level.tables import (
     QP_NA,
     QP_OBASE,
     QP_PROBES,
+    QP_RW,
     QP_SIZE,
     QP_SOFF,
     QP_STRIDE,
@@ -44,51 +48,90 @@ def _mix(x: np.uint64) -> np.uint64:
     return x ^ (x >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def key_hash(key: np.ndarray, kw: int) -> np.uint64:
-    """Same function as contract.wire.key_hash (tested equal), on one key."""
+@njit(cache=True, nogil=True)
+def key_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
+    """key_hash of the kw words at buf[off:off+kw] (scratch key buffers hold one key per packet)."""
     h = _GOLDEN
     for j in range(kw):
-        h = _mix(h ^ np.uint64(key[j])) + _GOLDEN
+        h = _mix(h ^ np.uint64(buf[off + j])) + _GOLDEN
     return h
 
 
-@njit(cache=True, nogil=True, inline="always")
-def extract_key(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, key: np.ndarray) -> None:
-    """Fill key words from a parsed row: plain fields, or addresses masked to a prefix per family."""
+@njit(cache=True, nogil=True)
+def key_hash(key: np.ndarray, kw: int) -> np.uint64:
+    """Same function as contract.wire.key_hash (tested equal), on one key."""
+    return key_hash_at(key, 0, kw)
+
+
+@intrinsic
+def prefetch_w(typingctx, arr, idx):
+    """Hint the CPU to fetch the cache line holding arr[idx] for writing (llvm.prefetch; no fault, no effect)."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p = llir.IntType(8).as_pointer()
+        i32 = llir.IntType(32)
+        fnty = llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def extract_key_at(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, roff: int,
+                   keys: np.ndarray, kofs: int) -> None:
+    """Key words of the parsed row at row[roff:] into keys[kofs:]: plain fields, or addresses masked to a
+    prefix per family. No key program (no group-by) gives the one constant word 0."""
     if klen == 0:
-        key[0] = 0
-        return
-    w = 0
+        keys[kofs] = 0
+    w = kofs
     for r in range(koff, koff + klen):
         col = kprog[r, 0]
         if kprog[r, 1] == 1:
-            if row[F.IPVER] == 4:
-                key[w] = row[col] & kprog[r, 2]
-                key[w + 1] = row[col + 1] & kprog[r, 3]
+            if row[roff + F.IPVER] == 4:
+                keys[w] = row[roff + col] & kprog[r, 2]
+                keys[w + 1] = row[roff + col + 1] & kprog[r, 3]
             else:
-                key[w] = row[col] & kprog[r, 4]
-                key[w + 1] = row[col + 1] & kprog[r, 5]
+                keys[w] = row[roff + col] & kprog[r, 4]
+                keys[w + 1] = row[roff + col + 1] & kprog[r, 5]
             w += 2
         else:
-            key[w] = row[F.TOS] >> 2 if col == SRC_DSCP else row[col]
+            keys[w] = row[roff + F.TOS] >> 2 if col == SRC_DSCP else row[roff + col]
             w += 1
 
 
-@njit(cache=True, nogil=True, inline="always")
-def packet_value(row: np.ndarray, src: int) -> int:
-    if src == SRC_ONE:
-        return 1
+@njit(cache=True, nogil=True)
+def extract_key(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, key: np.ndarray) -> None:
+    """Fill key words from a parsed row: plain fields, or addresses masked to a prefix per family."""
+    extract_key_at(kprog, koff, klen, row, 0, key, 0)
+
+
+@njit(cache=True, nogil=True)
+def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
+    v = 1
     if src == SRC_DSCP:
-        return row[F.TOS] >> 2
-    return row[src]
+        v = row[roff + F.TOS] >> 2
+    elif src != SRC_ONE:
+        v = row[roff + src]
+    return v
 
 
-@njit(cache=True, nogil=True, inline="always")
-def fold_packet(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, fresh: bool) -> None:
-    """Merge one packet into the state words at tab[spos:spos+na] (fresh = first packet of the entry)."""
+@njit(cache=True, nogil=True)
+def packet_value(row: np.ndarray, src: int) -> int:
+    return packet_value_at(row, 0, src)
+
+
+@njit(cache=True, nogil=True)
+def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, roff: int,
+            fresh: bool) -> None:
+    """Merge the packet at row[roff:] into the state words at tab[spos:spos+na] (fresh = first packet)."""
     for c in range(na):
-        v = packet_value(row, scols[soff + c, 0])
+        v = packet_value_at(row, roff, scols[soff + c, 0])
         merge = scols[soff + c, 1]
         if fresh:
             tab[spos + c] = v
@@ -103,12 +146,18 @@ def fold_packet(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: in
 
 
 @njit(cache=True, nogil=True)
+def fold_packet(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, fresh: bool) -> None:
+    """Merge one packet into the state words at tab[spos:spos+na] (fresh = first packet of the entry)."""
+    fold_at(tab, spos, na, scols, soff, row, 0, fresh)
+
+
+@njit(cache=True, nogil=True)
 def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray, out: np.ndarray,
               pane_counts: np.ndarray) -> None:
     """Copy the entry at ``pos`` to query q's output region and free the slot."""
-    stride = qp[q, QP_STRIDE]
-    o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * stride
-    for j in range(stride):
+    rw = qp[q, QP_RW]
+    o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * rw
+    for j in range(rw):
         out[o + j] = tab[pos + j]
     qs[q, QS_OUTN] += 1
     qs[q, QS_EMITTED] += 1
@@ -118,57 +167,77 @@ def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray,
 
 
 @njit(cache=True, nogil=True)
-def emit_packet(q: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
-                out: np.ndarray, scols: np.ndarray) -> None:
+def emit_packet_at(q: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarray, roff: int, qp: np.ndarray,
+                   qs: np.ndarray, out: np.ndarray, scols: np.ndarray) -> None:
     """Emit a one-packet partial straight to the output (for packets older than the table's horizon)."""
-    kw, na, stride = qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_STRIDE]
-    o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * stride
+    kw, na, rw = qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_RW]
+    o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * rw
     out[o] = pane
     for j in range(kw):
-        out[o + 1 + j] = key[j]
-    fold_packet(out, o + 1 + kw, na, scols, qp[q, QP_SOFF], row, True)
+        out[o + 1 + j] = keys[kofs + j]
+    fold_at(out, o + 1 + kw, na, scols, qp[q, QP_SOFF], row, roff, True)
     qs[q, QS_OUTN] += 1
     qs[q, QS_EMITTED] += 1
 
 
-@njit(cache=True, nogil=True, inline="always")
-def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab: np.ndarray) -> tuple:
-    """Probe for (key, pane): returns (match_pos, empty_pos, victim_pos, victim_pane), -1 when absent."""
-    kw, stride, size = qp[q, QP_KW], qp[q, QP_STRIDE], qp[q, QP_SIZE]
-    base, probes = qp[q, QP_BASE], qp[q, QP_PROBES]
-    mask = np.uint64(size - 1)
-    s0 = h & mask
+@njit(cache=True, nogil=True)
+def emit_packet(q: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
+                out: np.ndarray, scols: np.ndarray) -> None:
+    emit_packet_at(q, pane, key, 0, row, 0, qp, qs, out, scols)
+
+
+@njit(cache=True, nogil=True)
+def probe_at(tab: np.ndarray, base: int, stride: int, mask: int, probes: int, s0: int, pane: int, kw: int,
+             keys: np.ndarray, kofs: int) -> tuple:
+    """Probe ``probes`` slots from slot s0 for (key, pane): (match_pos, empty_pos, victim_pos, victim_pane),
+    -1 when absent; the victim is the oldest probed entry (first on ties). One exit, scalars only."""
+    match = -1
     empty = -1
     victim = -1
     victim_pane = PANE_MAX
-    for j in range(probes):
-        pos = base + np.int64((s0 + np.uint64(j)) & mask) * stride
+    j = 0
+    while j < probes:
+        pos = base + ((s0 + j) & mask) * stride
         sp = tab[pos]
         if sp == EMPTY:
             if empty < 0:
                 empty = pos
-            continue
-        if sp == pane:
-            same = True
-            for w in range(kw):
-                if tab[pos + 1 + w] != key[w]:
-                    same = False
+        else:
+            if sp == pane:
+                w = 0
+                while w < kw and tab[pos + 1 + w] == keys[kofs + w]:
+                    w += 1
+                if w == kw:
+                    match = pos
                     break
-            if same:
-                return pos, empty, victim, victim_pane
-        if sp < victim_pane:
-            victim_pane = sp
-            victim = pos
-    return -1, empty, victim, victim_pane
+            if sp < victim_pane:
+                victim_pane = sp
+                victim = pos
+        j += 1
+    return match, empty, victim, victim_pane
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
+def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab: np.ndarray) -> tuple:
+    """Probe for (key, pane): returns (match_pos, empty_pos, victim_pos, victim_pane), -1 when absent."""
+    size = qp[q, QP_SIZE]
+    s0 = np.int64(h & np.uint64(size - 1))
+    return probe_at(tab, qp[q, QP_BASE], qp[q, QP_STRIDE], size - 1, qp[q, QP_PROBES], s0, pane, qp[q, QP_KW], key, 0)
+
+
+@njit(cache=True, nogil=True)
 def insert_at(q: int, pos: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
               tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
-    kw, na = qp[q, QP_KW], qp[q, QP_NA]
+    insert_entry(q, pos, pane, key, 0, row, 0, qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_SOFF], qs, tab, scols, pane_counts)
+
+
+@njit(cache=True, nogil=True)
+def insert_entry(q: int, pos: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarray, roff: int, kw: int,
+                 na: int, soff: int, qs: np.ndarray, tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
+    """Start a new entry (key, pane) at tab[pos] from one packet."""
     tab[pos] = pane
     for w in range(kw):
-        tab[pos + 1 + w] = key[w]
-    fold_packet(tab, pos + 1 + kw, na, scols, qp[q, QP_SOFF], row, True)
+        tab[pos + 1 + w] = keys[kofs + w]
+    fold_at(tab, pos + 1 + kw, na, scols, soff, row, roff, True)
     pane_counts[q, pane & (PANE_RING - 1)] += 1
     qs[q, QS_OCC] += 1

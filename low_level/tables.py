@@ -23,14 +23,19 @@ MAXKW = 8
 
 # qp columns (parameters, read-only in the kernel)
 (QP_KW, QP_NA, QP_SIZE, QP_BASE, QP_STRIDE, QP_PROBES, QP_POLICY, QP_M, QP_I, QP_PANE_NS, QP_ORIGIN,
- QP_FOFF, QP_FLEN, QP_KOFF, QP_KLEN, QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP) = range(19)
-NQP = 19
+ QP_FOFF, QP_FLEN, QP_KOFF, QP_KLEN, QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(20)
+NQP = 20
 # qs columns (state, updated by the kernel and by the heartbeat)
 (QS_STARTED, QS_CUR, QS_MARK, QS_OCC, QS_MATCHED, QS_LATE, QS_EVICT, QS_FLUSH_SLOW, QS_FLUSH_SWEEP,
  QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX) = range(17)
 NQS = 17
 QS_NAMES = ("started", "cur_pane", "mark_pane", "occupancy", "matched", "late", "evictions", "flush_slow",
             "flush_sweep", "flush_iop", "overdue", "cursor", "tick", "out_n", "emitted", "max_ts", "burst_max")
+
+
+def slot_stride(rw: int) -> int:
+    """Words per table slot for a record of rw words (the slot holds the record, then padding)."""
+    return rw
 
 
 @dataclass
@@ -58,7 +63,8 @@ class Tables:
         for i, q in enumerate(queries):
             kw, cols = Q.key_width(q), Q.state_columns(q)
             na = len(cols)
-            stride = 1 + kw + na
+            rw = 1 + kw + na  # record width: [pane, key words, state words]
+            stride = slot_stride(rw)
             f = compile_filter(q.filter)
             k = Q.key_program(q)
             size = q.table.size
@@ -72,12 +78,12 @@ class Tables:
             qp[i, QP_FOFF], qp[i, QP_FLEN], qp[i, QP_KOFF], qp[i, QP_KLEN] = foff, len(f), koff, len(k)
             qp[i, QP_SOFF] = soff
             qp[i, QP_IFMASK] = -1 if iface_masks is None else iface_masks[i]
-            qp[i, QP_OBASE], qp[i, QP_OCAP] = out_words, ocap
+            qp[i, QP_OBASE], qp[i, QP_OCAP], qp[i, QP_RW] = out_words, ocap, rw
             fprogs.append(f)
             kprogs.append(k)
             scols.extend([c.source, c.merge] for c in cols)
             tab_words += size * stride
-            out_words += ocap * stride
+            out_words += ocap * rw
             foff += len(f)
             koff += len(k)
             soff += na
@@ -103,8 +109,8 @@ class Tables:
     def drain(self, q: int) -> np.ndarray:
         """Copy out query q's emitted records (n, stride) and reset its output region."""
         n = int(self.qs[q, QS_OUTN])
-        stride, base = int(self.qp[q, QP_STRIDE]), int(self.qp[q, QP_OBASE])
-        recs = self.out[base : base + n * stride].reshape(n, stride).copy()
+        rw, base = int(self.qp[q, QP_RW]), int(self.qp[q, QP_OBASE])
+        recs = self.out[base : base + n * rw].reshape(n, rw).copy()
         self.qs[q, QS_OUTN] = 0
         return recs
 

@@ -736,7 +736,7 @@ data = (ctypes.c_uint32 * 6)()  # {effective, permitted, inheritable} x 2 words
 assert libc.capget(hdr, data) == 0
 CAP_NET_RAW = 13
 for k in (0, 1, 2):  # word 0 of each triple holds capabilities 0..31
-    data[3 * 0 + k] &= ~(1 << CAP_NET_RAW)
+    data[k] &= ~(1 << CAP_NET_RAW)
 assert libc.capset(hdr, data) == 0, ctypes.get_errno()
 from low_level.ring import Ring
 from low_level.sources.afpacket import AfPacketSource

@@ -140,16 +140,6 @@ def _rd32(b, o, be):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _out_ts(ts, base_in, p, scale):
-    if p[P_REBASE] == 0:
-        return ts
-    rel = ts - base_in
-    if scale == 1.0:
-        return p[P_OUTBASE] + rel
-    return p[P_OUTBASE] + np.int64(rel * scale)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _bad(st, pos, code, a, b):
     st[S_BAD_POS] = pos
     st[S_BAD_CODE] = code
@@ -158,30 +148,37 @@ def _bad(st, pos, code, a, b):
     return RC_MALFORMED
 
 
+E_PUSHED, E_DROPPED = 100, 101  # _emit outcomes besides RC_WAIT / RC_FULL
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _emit(buf, off, cap, orig, ts, ifidx, st, p, scale, frames, snaplen, caplen, wirelen, tss, iface, ctr):
-    """Push one record; returns RC_CHUNK when consumed, RC_WAIT / RC_FULL when it must be retried."""
+def _emit(buf, off, cap, wl, ts, ifidx, base_in, elapsed, wait, rebase, outbase, scale,
+          frames, snaplen, caplen, wirelen, tss, iface, ctr):
+    """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
+
+    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried.
+    Counters are kept by the caller in locals: stores to ``st`` on every packet would halve the speed.
+    """
+    rel = np.int64(0)
     if ts == NONE:  # a Simple Packet Block before any timestamp: due now, time 0 (or the rebase time)
-        out = p[P_OUTBASE] if p[P_REBASE] != 0 else np.int64(0)
+        out = outbase if rebase else np.int64(0)
     else:
-        if st[S_BASE_IN] == NONE:
-            st[S_BASE_IN] = ts
-        rel = ts - st[S_BASE_IN]
-        if rel > p[P_ELAPSED]:
-            st[S_NEXT_REL] = rel
-            return RC_WAIT
-        out = _out_ts(ts, st[S_BASE_IN], p, scale)
-    if p[P_WAIT] != 0 and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
-        return RC_FULL
-    wl = orig if orig >= cap else cap
-    st[ST_READ] += 1
-    st[S_PASS_READ] += 1
+        if base_in == NONE:
+            base_in = ts
+        rel = ts - base_in
+        if rel > elapsed:
+            return RC_WAIT, base_in, rel
+        if not rebase:
+            out = ts
+        elif scale == 1.0:
+            out = outbase + rel
+        else:
+            out = outbase + np.int64(rel * scale)
+    if wait and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
+        return RC_FULL, base_in, rel
     if ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, off, cap, wl, out, ifidx):
-        st[ST_PUSHED] += 1
-        st[ST_BYTES] += wl
-    else:
-        st[ST_DROPS] += 1
-    return RC_CHUNK
+        return E_PUSHED, base_in, rel
+    return E_DROPPED, base_in, rel
 
 
 @njit(cache=True, nogil=True)
@@ -193,32 +190,53 @@ def pcap_kernel(buf, st, p, scale, frames, snaplen, caplen, wirelen, tss, iface,
     mult = p[P_TSMULT]
     maxcap = p[P_MAXCAP]
     ifidx = p[P_IFIDX]
+    elapsed = p[P_ELAPSED]
+    wait = p[P_WAIT] != 0
+    rebase = p[P_REBASE] != 0
+    outbase = p[P_OUTBASE]
     pos = st[S_POS]
+    base_in = st[S_BASE_IN]
+    nread = npushed = ndrops = nbytes = np.int64(0)
+    rc = RC_CHUNK
     for _ in range(p[P_MAXN]):
         if pos >= end:
-            st[S_POS] = pos
-            return RC_EOF
+            rc = RC_EOF
+            break
         if pos + 16 > end:
-            st[S_POS] = pos
-            return _bad(st, pos, 1, 16, end - pos)
+            rc = _bad(st, pos, 1, 16, end - pos)
+            break
         sec = _rd32(buf, pos, be)
         frac = _rd32(buf, pos + 4, be)
         cap = _rd32(buf, pos + 8, be)
         orig = _rd32(buf, pos + 12, be)
         if cap > maxcap:
-            st[S_POS] = pos
-            return _bad(st, pos, 2, cap, maxcap)
+            rc = _bad(st, pos, 2, cap, maxcap)
+            break
         if pos + 16 + cap > end:
-            st[S_POS] = pos
-            return _bad(st, pos, 3, cap, end - pos - 16)
-        ts = sec * 1_000_000_000 + frac * mult
-        rc = _emit(buf, pos + 16, cap, orig, ts, ifidx, st, p, scale, frames, snaplen, caplen, wirelen, tss, iface, ctr)
-        if rc != RC_CHUNK:
-            st[S_POS] = pos
-            return rc
+            rc = _bad(st, pos, 3, cap, end - pos - 16)
+            break
+        wl = orig if orig >= cap else cap
+        e, base_in, rel = _emit(buf, pos + 16, cap, wl, sec * 1_000_000_000 + frac * mult, ifidx, base_in, elapsed,
+                                wait, rebase, outbase, scale, frames, snaplen, caplen, wirelen, tss, iface, ctr)
+        if e == E_PUSHED:
+            npushed += 1
+            nbytes += wl
+        elif e == E_DROPPED:
+            ndrops += 1
+        else:
+            st[S_NEXT_REL] = rel
+            rc = e
+            break
+        nread += 1
         pos += 16 + cap
     st[S_POS] = pos
-    return RC_CHUNK
+    st[S_BASE_IN] = base_in
+    st[ST_READ] += nread
+    st[S_PASS_READ] += nread
+    st[ST_PUSHED] += npushed
+    st[ST_DROPS] += ndrops
+    st[ST_BYTES] += nbytes
+    return rc
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -362,10 +380,21 @@ def pcapng_kernel(buf, st, p, scale, ifs, frames, snaplen, caplen, wirelen, tss,
                 hi = _rd32(buf, pos + 12, be)
                 lo = _rd32(buf, pos + 16, be)
                 ts = _units_to_ns((hi << 32) | lo, ifs[row, IF_MODE], ifs[row, IF_FACTOR]) + ifs[row, IF_OFFSET_NS]
-            rc = _emit(buf, data, cap, orig, ts, p[P_IFIDX] + row, st, p, scale,
-                       frames, snaplen, caplen, wirelen, tss, iface, ctr)
-            if rc != RC_CHUNK:
-                return rc
+            wl = orig if orig >= cap else cap
+            e, base_in, rel = _emit(buf, data, cap, wl, ts, p[P_IFIDX] + row, st[S_BASE_IN], p[P_ELAPSED],
+                                    p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], scale,
+                                    frames, snaplen, caplen, wirelen, tss, iface, ctr)
+            st[S_BASE_IN] = base_in
+            if e == E_PUSHED:
+                st[ST_PUSHED] += 1
+                st[ST_BYTES] += wl
+            elif e == E_DROPPED:
+                st[ST_DROPS] += 1
+            else:
+                st[S_NEXT_REL] = rel
+                return e
+            st[ST_READ] += 1
+            st[S_PASS_READ] += 1
             if ts != NONE:
                 st[S_LAST_TS] = ts
         pos += total

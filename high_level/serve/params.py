@@ -1,0 +1,174 @@
+"""Parsing and validating user parameters of the API.
+
+Everything a user sends is checked here and turned into plain values (datetimes, ints, canonical
+address text, validated column names) before any SQL is built, so bad input is a 400 with a message
+that says what was wrong, never a database error, and nothing a user typed is ever spliced into SQL.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+from contract.query import parse_duration_ns
+
+DEFAULT_RANGE = timedelta(hours=1)
+MAX_RANGE = timedelta(days=7)
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 10_000
+MAX_TOP = 1000
+MAX_OFFSET = 10_000_000
+MAX_FILTERS = 64
+MAX_ORDER_TERMS = 8
+_MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_TIME = datetime(2200, 1, 1, tzinfo=UTC)
+_EPOCH = re.compile(r"^\s*\d{1,15}(\.\d{1,9})?\s*$")
+_RELATIVE = re.compile(r"^\s*(now)?\s*(?:-\s*(.+))?$")
+_INT = re.compile(r"^\s*[+-]?\d{1,20}\s*$")
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class ParamError(ValueError):
+    """A parameter that cannot be used; the API turns it into a 400 carrying this message."""
+
+
+def parse_time(name: str, value: str, now: datetime) -> datetime:
+    """ISO-8601 (naive = UTC), epoch seconds, ``now`` or ``now-15m`` / ``-15m`` -> aware UTC datetime."""
+    text = value.strip()
+    if not text:
+        raise ParamError(f"{name}: empty time")
+    try:
+        if _EPOCH.match(text):
+            us = int(Decimal(text) * 1_000_000)
+            t = _MIN_TIME + timedelta(microseconds=us)
+        elif (m := _RELATIVE.match(text)) and (m.group(1) or m.group(2)):
+            back = parse_duration_ns(m.group(2).strip()) if m.group(2) else 0
+            t = now - timedelta(microseconds=back // 1000)
+        else:
+            t = datetime.fromisoformat(text)
+            t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    except (ValueError, ArithmeticError, InvalidOperation) as exc:
+        raise ParamError(
+            f"{name}: {value!r} is not a time (use ISO-8601 like 2024-05-01T12:00:00Z, epoch seconds, "
+            f"'now' or 'now-15m'): {exc}"
+        ) from None
+    if not _MIN_TIME <= t <= _MAX_TIME:
+        raise ParamError(f"{name}: {value!r} is outside 1970..2200")
+    return t
+
+
+def time_range(start: str | None, end: str | None, now: datetime) -> tuple[datetime, datetime]:
+    """The [start, end) a results request covers: default the last hour, at most MAX_RANGE long."""
+    e = parse_time("end", end, now) if end is not None else now
+    s = parse_time("start", start, now) if start is not None else e - DEFAULT_RANGE
+    if s >= e:
+        raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
+    if e - s > MAX_RANGE:
+        raise ParamError(
+            f"time range {e - s} is longer than the maximum {MAX_RANGE}; narrow start/end"
+        )
+    return s, e
+
+
+@dataclass(frozen=True)
+class KeyFilter:
+    """One condition on a group-key column, already validated.
+
+    ``op``: ``eq`` (value is canonical address text or an int), ``v4prefix`` (value is the
+    dotted-text prefix ending in '.'), ``v4range`` / ``v6range`` (value is (lo, hi) inclusive as int /
+    32-digit hex), ``v4all`` / ``v6all`` (any address of that family).
+    """
+
+    column: str
+    op: str
+    value: object
+    text: str
+
+
+def _ip_filter(column: str, raw: str) -> KeyFilter:
+    text = raw.strip()
+    try:
+        if "/" in text:
+            net: ipaddress.IPv4Network | ipaddress.IPv6Network = ipaddress.ip_network(text, strict=False)
+            if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96:
+                mapped = net.network_address.ipv4_mapped
+                if mapped is not None:  # ::ffff:a.b.c.d/104 is how IPv4 looks in lowwater's 128-bit space
+                    net = ipaddress.IPv4Network((mapped, net.prefixlen - 96), strict=False)
+        else:
+            addr = ipaddress.ip_address(text)
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped
+            return KeyFilter(column, "eq", str(addr), raw)
+    except ValueError:
+        raise ParamError(f"filter on {column}: {raw!r} is not an IP address or prefix (e.g. 10.0.0.0/8, 2001:db8::/32)") from None
+    p = net.prefixlen
+    if p == net.max_prefixlen:
+        return KeyFilter(column, "eq", str(net.network_address), raw)
+    if isinstance(net, ipaddress.IPv4Network):
+        if p == 0:
+            return KeyFilter(column, "v4all", None, raw)
+        if p % 8 == 0:  # whole octets: a string prefix of the dotted text, cheaper than parsing
+            octets = str(net.network_address).split(".")[: p // 8]
+            return KeyFilter(column, "v4prefix", ".".join(octets) + ".", raw)
+        return KeyFilter(column, "v4range", (int(net.network_address), int(net.broadcast_address)), raw)
+    if p == 0:
+        return KeyFilter(column, "v6all", None, raw)
+    lo, hi = int(net.network_address), int(net.broadcast_address)
+    return KeyFilter(column, "v6range", (f"{lo:032x}", f"{hi:032x}"), raw)
+
+
+def _int_filter(column: str, raw: str) -> KeyFilter:
+    if not _INT.match(raw):
+        raise ParamError(f"filter on {column}: {raw!r} is not an integer")
+    v = int(raw)
+    if not _I64[0] <= v <= _I64[1]:
+        raise ParamError(f"filter on {column}: {raw!r} is out of the int64 range")
+    return KeyFilter(column, "eq", v, raw)
+
+
+def parse_filters(pairs: list[tuple[str, str]], key_kinds: dict[str, str]) -> list[KeyFilter]:
+    """(column, value) pairs -> filters; the column must be a group-key column of the query."""
+    if len(pairs) > MAX_FILTERS:
+        raise ParamError(f"at most {MAX_FILTERS} filters")
+    out = []
+    for column, raw in pairs:
+        kind = key_kinds.get(column)
+        if kind is None:
+            known = ", ".join(key_kinds) or "(none: this query has no group-by)"
+            raise ParamError(f"cannot filter on {column!r}: not a group-key column of this query; known: {known}")
+        out.append(_ip_filter(column, raw) if kind == "ip" else _int_filter(column, raw))
+    return out
+
+
+def split_filter_param(value: str) -> tuple[str, str]:
+    """``column:value`` (the ``filter`` parameter; the value may hold ':' as IPv6 does)."""
+    column, sep, raw = value.partition(":")
+    if not sep or not column.strip():
+        raise ParamError(f"filter {value!r}: use column:value, e.g. src_ip:10.0.0.0/8 or dst_port:443")
+    return column.strip(), raw
+
+
+@dataclass(frozen=True)
+class OrderTerm:
+    column: str
+    descending: bool
+
+
+def parse_order(value: str | None, allowed: list[str]) -> list[OrderTerm]:
+    """``-packets,window_start`` -> terms; every column must be one of ``allowed``."""
+    if value is None or not value.strip():
+        return []
+    terms = [t.strip() for t in value.split(",")]
+    if len(terms) > MAX_ORDER_TERMS:
+        raise ParamError(f"order_by: at most {MAX_ORDER_TERMS} columns")
+    out = []
+    for t in terms:
+        desc = t.startswith("-")
+        col = t.lstrip("+-").strip()
+        if col not in allowed:
+            raise ParamError(f"order_by: unknown column {col!r}; use one of {', '.join(allowed)} ('-' prefix: descending)")
+        out.append(OrderTerm(col, desc))
+    return out
