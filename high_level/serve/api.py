@@ -1,0 +1,357 @@
+"""The read-only REST API and results page over the high-level job's results (``lowwater-api``).
+
+Endpoints (all GET; OpenAPI at /docs):
+
+* ``/health``: liveness, never needs a token.
+* ``/queries``, ``/queries/{name}``: query definitions (original YAML), window spec, key and aggregate columns.
+* ``/queries/{name}/results``: windows in [start, end) (default the last hour, at most 7 days),
+  corrections folded into finals; key filters ``key.<col>=v`` or ``filter=<col>:v`` (exact, or an
+  IPv4/IPv6 prefix for address columns; OR within a column, AND across columns); ``order_by``;
+  ``top`` (top-N per window); ``limit``/``offset`` paging; ``format=json|csv``.
+* ``/queries/{name}/latest``: the newest closed window (same filters, ``top``, paging, format).
+* ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
+* ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per query.
+* ``/metrics``: Prometheus metrics of the API.
+* ``/`` and ``/ui``: the results page.
+
+With a token configured every endpoint except /health and the static shells that hold no data (the
+page, /docs, /openapi.json) needs ``Authorization: Bearer <token>``. Invalid parameters are 400 with a
+message, unknown queries 404, an unreadable store 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hmac
+import io
+import math
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from contract.query import NS, ConfigError, QuerySpec, load
+from high_level.serve import params as P
+from high_level.serve.metrics import ApiMetrics, MetricsMiddleware
+from high_level.serve.reader import QueryInfo, Reader, ResultSet, StoreError, iso_of_us, us_of
+from high_level.serve.status import read_status
+
+STATIC = Path(__file__).parent / "static"
+TOKEN_ENV = "LOWWATER_API_TOKEN"
+_RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format"}
+_LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format"}
+_SERIES_PARAMS = {"start", "end", "filter", "format"}
+
+# --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
+Start = Annotated[str | None, Query(
+    description="Start of the range (inclusive, by window_start): ISO-8601 (naive = UTC), epoch seconds, "
+                "'now' or 'now-15m'/'-15m'. Default: end minus 1 hour.",
+    examples=["2024-05-01T12:00:00Z", "1714564800", "-15m"], max_length=64)]  # fmt: skip
+End = Annotated[str | None, Query(
+    description="End of the range (exclusive). Default: now. The range may span at most 7 days.", max_length=64)]
+Filters = Annotated[list[str], Query(
+    alias="filter", max_length=P.MAX_FILTERS,
+    description="Group-key filter 'column:value', repeatable: exact value, or for address columns a prefix "
+                "like 'src_ip:10.0.0.0/8' or 'dst_ip:2001:db8::/32'. Several filters on one column are OR-ed, "
+                "on different columns AND-ed. Equivalent: key.<column>=value.")]  # fmt: skip
+OrderBy = Annotated[str | None, Query(
+    max_length=200,
+    description="Comma-separated columns (aggregates, window_start, window_end, key columns), '-' prefix for "
+                "descending. Without top: the row order. With top: the first aggregate listed ranks the "
+                "groups of each window (default: the query's first aggregate, descending); rows come "
+                "grouped by window, ascending unless '-window_start' is listed.")]  # fmt: skip
+Top = Annotated[int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups per window (1..{P.MAX_TOP}).")]
+Limit = Annotated[int, Query(ge=1, le=P.MAX_LIMIT, description=f"Page size (1..{P.MAX_LIMIT}).")]
+Offset = Annotated[int, Query(ge=0, le=P.MAX_OFFSET, description="Rows to skip (paging).")]
+Format = Annotated[Literal["json", "csv"], Query(alias="format", description="json (default) or csv.")]
+
+
+def _yaml_fragments(path: str | Path) -> dict[str, Any]:
+    """The original YAML mapping of each query (what the operator wrote), by name."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+        return {q["name"]: q for q in doc.get("queries", []) if isinstance(q, dict) and "name" in q}
+    except (OSError, yaml.YAMLError, AttributeError, TypeError):
+        return {}
+
+
+def _fmt_s(ns: int) -> str:
+    s = ns / NS
+    return f"{s:g}s"
+
+
+def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, Any]:
+    """One query as /queries shows it: definition, window, columns and where to read results."""
+    spec: QuerySpec = qi.spec
+    w = spec.window
+    definition = fragment if fragment is not None else spec.model_dump(mode="json", by_alias=True)
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "filter": spec.filter,
+        "definition": definition,
+        "yaml": yaml.safe_dump(definition, sort_keys=False, default_flow_style=None),
+        "window": {
+            "range": _fmt_s(w.range_ns), "slide": _fmt_s(w.slide), "pane": _fmt_s(w.pane_ns),
+            "range_ns": w.range_ns, "slide_ns": w.slide, "pane_ns": w.pane_ns, "origin_ns": w.origin_ns,
+            "tumbling": w.tumbling,
+        },  # fmt: skip
+        "key_columns": [
+            {"name": p.name, "field": p.field.name, "kind": "ip" if p.field.kind == "ip" else "int",
+             "type": "string" if p.field.kind == "ip" else "int64", "prefix4": p.prefix4, "prefix6": p.prefix6}
+            for p in spec.key_parts
+        ],  # fmt: skip
+        "aggregate_columns": [
+            {"name": a.name, "fn": a.fn, "field": a.field, "type": "float64" if a.fn == "avg" else "int64"}
+            for a in spec.aggregates
+        ],
+        "result_columns": qi.output_columns,
+        "avg_exact": qi.count_col is not None or not any(fn == "avg" for _, fn in qi.aggs),
+        "links": {
+            "results": f"/queries/{spec.name}/results",
+            "latest": f"/queries/{spec.name}/latest",
+            "series": f"/queries/{spec.name}/series",
+        },
+    }
+
+
+def _converters(rs: ResultSet) -> list[Callable[[Any], Any]]:
+    cache: dict[int, str] = {}
+
+    def ts(v: Any) -> Any:
+        if v is None:
+            return None
+        s = cache.get(v)
+        if s is None:
+            s = cache[v] = iso_of_us(int(v))
+        return s
+
+    def num(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return v
+
+    return [ts if c in rs.time_columns else num for c in rs.columns]
+
+
+def _rows(rs: ResultSet) -> list[dict[str, Any]]:
+    conv = _converters(rs)
+    cols = rs.columns
+    return [{c: f(v) for c, f, v in zip(cols, conv, r, strict=True)} for r in rs.rows]
+
+
+def _csv(rs: ResultSet) -> str:
+    conv = _converters(rs)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(rs.columns)
+    for r in rs.rows:
+        w.writerow(["" if v is None else v for v in (f(x) for f, x in zip(conv, r, strict=True))])
+    return buf.getvalue()
+
+
+def _check_params(request: Request, allowed: set[str]) -> list[tuple[str, str]]:
+    """Reject unknown parameters (a typo should not silently return everything); return key.* filters."""
+    keys: list[tuple[str, str]] = []
+    for k, v in request.query_params.multi_items():
+        if k.startswith("key."):
+            keys.append((k[4:], v))
+        elif k not in allowed:
+            raise P.ParamError(f"unknown parameter {k!r}; allowed: {', '.join(sorted(allowed))}, key.<column>")
+    return keys
+
+
+def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None) -> FastAPI:
+    """Build the API for one config and one results directory; ``token`` enables bearer auth."""
+    cfg = load(config_path)
+    infos = {q.name: QueryInfo.of(q) for q in cfg.queries}
+    fragments = _yaml_fragments(config_path)
+    results = Path(results_dir)
+    reader = Reader(results)
+    metrics = ApiMetrics()
+    token = token or None
+
+    app = FastAPI(
+        title="lowwater API",
+        version="0.1.0",
+        description=__doc__,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.reader = reader
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics, router_app=app)
+
+    bearer = HTTPBearer(auto_error=False, description="Set when the API runs with --token / LOWWATER_API_TOKEN.")
+
+    def require_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+        """Constant-time check of the bearer token (only installed when a token is configured)."""
+        ok = creds is not None and hmac.compare_digest(creds.credentials.encode(), token.encode())  # type: ignore[union-attr]
+        if not ok:
+            raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    guarded = APIRouter(dependencies=[Depends(require_token)] if token else [])
+    open_ = APIRouter()
+
+    @app.exception_handler(P.ParamError)
+    async def _param_error(_: Request, exc: P.ParamError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e.get("loc", ())[1:]) or "request"
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        return JSONResponse({"detail": "invalid parameters: " + "; ".join(parts)}, status_code=400)
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    def info(name: str) -> QueryInfo:
+        qi = infos.get(name)
+        if qi is None:
+            raise HTTPException(404, f"unknown query {name!r}; known: {', '.join(infos)}")
+        return qi
+
+    def now() -> datetime:
+        return datetime.now(UTC)
+
+    def respond(body: dict[str, Any], rs: ResultSet, fmt: str, filename: str) -> Response:
+        if fmt == "csv":
+            headers = {"X-Total-Count": str(rs.total), "Content-Disposition": f'inline; filename="{filename}.csv"'}
+            return Response(_csv(rs), media_type="text/csv; charset=utf-8", headers=headers)
+        body["columns"] = rs.columns
+        body["rows"] = _rows(rs)
+        return JSONResponse(body)
+
+    def paging(rs: ResultSet, limit: int, offset: int) -> dict[str, Any]:
+        nxt = offset + len(rs.rows)
+        return {"limit": limit, "offset": offset, "returned": len(rs.rows), "total": rs.total,
+                "next_offset": nxt if nxt < rs.total else None}  # fmt: skip
+
+    # ---- open endpoints
+    @open_.get("/health", summary="Liveness (no auth)")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir()}
+
+    @open_.get("/", include_in_schema=False)
+    @open_.get("/ui", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @open_.get("/ui/{asset}", include_in_schema=False)
+    def asset(asset: str) -> FileResponse:
+        files = {p.name: p for p in STATIC.iterdir() if p.is_file()}
+        if asset not in files:
+            raise HTTPException(404, f"no asset {asset!r}")
+        return FileResponse(files[asset], headers={"Cache-Control": "no-cache"})
+
+    # ---- guarded endpoints
+    @guarded.get("/queries", summary="All queries with definition, window and columns")
+    def queries() -> dict[str, Any]:
+        return {"queries": [describe_query(qi, fragments.get(n)) for n, qi in infos.items()]}
+
+    @guarded.get("/queries/{name}", summary="One query", responses={404: {"description": "unknown query"}})
+    def query(name: str) -> dict[str, Any]:
+        return describe_query(info(name), fragments.get(name))
+
+    @guarded.get("/queries/{name}/results", summary="Closed windows in a time range, corrections folded",
+                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    def results_(request: Request, name: str, start: Start = None, end: End = None,
+                 filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+                 order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
+                 offset: Offset = 0, fmt: Format = "json") -> Response:  # fmt: skip
+        qi = info(name)
+        keys = _check_params(request, _RESULTS_PARAMS)
+        s, e = P.time_range(start, end, now())
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        order = P.parse_order(order_by, qi.order_columns)
+        rs = reader.results(qi, s, e, flt, order, top, limit, offset)
+        body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)), "top": top,
+                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt],
+                "paging": paging(rs, limit, offset)}  # fmt: skip
+        return respond(body, rs, fmt, f"{name}-results")
+
+    @guarded.get("/queries/{name}/latest", summary="The newest closed window (all groups, or top-N)",
+                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    def latest(request: Request, name: str, filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+               order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
+               offset: Offset = 0, fmt: Format = "json") -> Response:  # fmt: skip
+        qi = info(name)
+        keys = _check_params(request, _LATEST_PARAMS)
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        order = P.parse_order(order_by, qi.order_columns)
+        ws = reader.latest_window(qi)
+        body: dict[str, Any] = {"query": name, "window_start": None, "window_end": None, "top": top,
+                                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt]}  # fmt: skip
+        if ws is None:
+            rs = ResultSet(list(qi.output_columns) + (["rank"] if top else []), [], 0, frozenset())
+        else:
+            rs = reader.results(qi, ws, ws + timedelta(microseconds=1), flt, order, top, limit, offset)
+            body["window_start"] = iso_of_us(us_of(ws))
+            body["window_end"] = iso_of_us(us_of(ws) + qi.spec.window.range_ns // 1000)
+        body["paging"] = paging(rs, limit, offset)
+        return respond(body, rs, fmt, f"{name}-latest")
+
+    @guarded.get("/queries/{name}/series", summary="Per-window totals over all groups (for charts)",
+                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    def series(request: Request, name: str, start: Start = None, end: End = None,
+               filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+               fmt: Format = "json") -> Response:  # fmt: skip
+        qi = info(name)
+        keys = _check_params(request, _SERIES_PARAMS)
+        s, e = P.time_range(start, end, now())
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        rs = reader.series(qi, s, e, flt)
+        body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
+                "filters": [f"{f.column}:{f.text}" for f in flt]}  # fmt: skip
+        return respond(body, rs, fmt, f"{name}-series")
+
+    @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
+    def status() -> dict[str, Any]:
+        return read_status(results)
+
+    @guarded.get("/metrics", summary="Prometheus metrics of the API", response_class=Response)
+    def metrics_() -> Response:
+        data, ctype = metrics.render()
+        return Response(data, media_type=ctype)
+
+    app.include_router(open_)
+    app.include_router(guarded)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lowwater-api``: serve the API and the results page with uvicorn."""
+    import uvicorn
+
+    ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/default.yaml", help="query config (YAML)")
+    ap.add_argument("--results", default=os.environ.get("LOWWATER_RESULTS"), required="LOWWATER_RESULTS" not in os.environ,
+                    help="results directory written by the high-level job (env LOWWATER_RESULTS)")  # fmt: skip
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                    help=f"require 'Authorization: Bearer <token>' (env {TOKEN_ENV}); /health stays open")  # fmt: skip
+    ap.add_argument("--log-level", default="info")
+    args = ap.parse_args(argv)
+    try:
+        app = create_app(args.config, args.results, args.token)
+    except ConfigError as exc:
+        raise SystemExit(f"lowwater-api: {exc}") from None
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

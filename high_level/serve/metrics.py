@@ -1,0 +1,84 @@
+"""Prometheus metrics of the API itself, served at ``/metrics`` of the API.
+
+``lowwater_api_requests_total{method,route,status}`` and
+``lowwater_api_request_duration_seconds{route}`` (histogram). ``route`` is the route template
+(``/queries/{name}/results``), never the raw path, so label cardinality stays bounded whatever
+clients request; paths that match no route are counted as ``<unmatched>``.
+
+Each app gets its own registry so several apps in one process (tests) do not collide. When the API
+has a token, ``/metrics`` needs it too (configure Prometheus with ``authorization: {credentials: ...}``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+UNMATCHED = "<unmatched>"
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ApiMetrics:
+    """The API's metric families on a private registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "lowwater_api_requests", "HTTP requests handled by the lowwater API",
+            ["method", "route", "status"], registry=self.registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "lowwater_api_request_duration_seconds", "Time to handle a request of the lowwater API",
+            ["route"], buckets=_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _route_of(app: Any, scope: Scope) -> str:
+    route = scope.get("route")
+    if route is not None and hasattr(route, "path"):
+        return str(route.path)
+    for r in getattr(app, "routes", ()):  # e.g. a 401/404 raised before routing recorded the route
+        try:
+            match, _ = r.matches(scope)
+        except Exception:  # noqa: BLE001 - a route that cannot match is simply not this one
+            continue
+        if match == Match.FULL:
+            return str(r.path)
+    return UNMATCHED
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (no BaseHTTPMiddleware overhead) that counts and times every HTTP request."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics, router_app: Any = None) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.router_app = router_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = _route_of(self.router_app, scope)
+            self.metrics.requests.labels(scope.get("method", ""), route, str(status)).inc()
+            self.metrics.duration.labels(route).observe(time.perf_counter() - t0)
