@@ -60,9 +60,12 @@ class Agent:
     def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
                  bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
                  producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 on_demand_gap_s: float = 0.01) -> None:
+                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005) -> None:
         self.host = host
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
+        # idle = ring empty and no packet for this long: a ring that a fast replay merely drained is not idle
+        self.idle_after_s = idle_after_s
+        self.last_packet_at = 0.0
         self.queries = queries
         self.ring = Ring(ring_slots)
         self.kernel = Kernel(Tables.build(queries, chunk=chunk))
@@ -123,8 +126,10 @@ class Agent:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
         n = self.kernel.run_ring(self.ring)
         self.drain()
-        idle = self.ring.fill == 0
         now = time.monotonic()
+        if n:
+            self.last_packet_at = now
+        idle = self.ring.fill == 0 and now - self.last_packet_at >= self.idle_after_s
         for i, q in enumerate(self.queries):
             if now >= self.next_timer[i]:
                 self.next_timer[i] = now + q.heartbeat.interval_ns / 1e9

@@ -57,8 +57,11 @@ def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, e
         target = target_pane(kernel, q, now_ns, idle, live_clock, spec.heartbeat.skew_ns)
         if target is None:
             return None
-        flushed = kernel.flush_below(q, target) if idle else 0
         oldest = kernel.min_pane(q) if t.qs[q, QS_STARTED] else target
+        flushed = 0
+        if idle and oldest < target:  # the per-pane counters say a sweep has something to flush
+            flushed = kernel.flush_below(q, target)
+            oldest = kernel.min_pane(q)
         mark = min(oldest, target)
     if prev != EMPTY and mark <= prev:
         return Mark(prev, 0, flushed) if flushed else None

@@ -140,7 +140,8 @@ def test_agent_punctuation_is_grammatical_and_exact() -> None:
     traffic = make_traffic(30_000, 900, T0, 12 * NS, seed=8)
     frames, cap, wl, ts = build_frames(traffic)
     prod = RecordingProducer()
-    agent = Agent([q], None, "h1", None, ring_slots=1 << 12, chunk=1024, producer=prod, on_demand_gap_s=0)
+    agent = Agent([q], None, "h1", None, ring_slots=1 << 12, chunk=1024, producer=prod, on_demand_gap_s=0,
+                  idle_after_s=0)
     for s in range(0, len(ts), 2000):  # feed in bursts; empty ring between bursts => on-demand marks
         e = min(len(ts), s + 2000)
         push_frames(agent.ring, frames[s:e], cap[s:e], wl[s:e], ts[s:e])
