@@ -1,0 +1,148 @@
+"""On-demand punctuation vs periodic heartbeats: window-close latency with one dense and one sparse
+capture host (the on-demand punctuation paper's union experiment, on lowwater).
+
+Two real agents (generator sources on the wall clock: a dense host at 50,000 pkt/s and a sparse host
+at 0.05 pkt/s) send to the real Kafka broker. A consumer applies the high level's Meld (min over live
+hosts' punctuation) and records when the low-water mark passes each 1-second window's end.
+Latency = that moment - the window's end (wall clock). Heartbeat settings compared in one run:
+periodic every 0.1 s, 1 s and 10 s (on demand off) and on demand (1 s timer + immediate punctuation
+whenever a host is idle). Also reported: punctuations sent per second (the overhead side).
+
+    .venv/bin/python benchmarks/bench_on_demand.py [--seconds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from kafka import KafkaConsumer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import machine  # noqa: E402
+from contract import query as Q  # noqa: E402
+from contract import wire  # noqa: E402
+from high_level.meld import Meld  # noqa: E402
+from local_stack.kafka_broker import KafkaBroker  # noqa: E402
+from low_level.agent import Agent  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NS = 1_000_000_000
+SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "periodic 10 s": ("10s", False),
+            "on demand": ("1s", True)}
+
+
+def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
+    return Q.load_text(f"""
+queries:
+  - name: ondemand
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: packets}}]
+    window: {{range: 1s}}
+    table: {{size: 65536}}
+    flush: {{policy: lazy, m: 1}}
+    heartbeat: {{interval: {interval}, skew: 100ms, on_demand: {str(on_demand).lower()}}}
+    kafka: {{topic: {topic}, partitions: 1}}
+""").queries[0]
+
+
+def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
+    interval, on_demand = SETTINGS[label]
+    topic = f"ondemand.{label.replace(' ', '_').replace('.', '')}.{time.time_ns()}"
+    broker.create_topic(topic, 1)
+    q = query(topic, interval, on_demand)
+    dense = Agent([q], {"type": "generator", "rate": 50_000, "groups": 2000, "clock": "wall"}, "dense",
+                  broker.bootstrap_servers)
+    sparse = Agent([q], {"type": "generator", "rate": 0.05, "groups": 10, "clock": "wall", "seed": 2}, "sparse",
+                   broker.bootstrap_servers)
+    threads = [threading.Thread(target=a.run, args=(seconds,), daemon=True) for a in (dense, sparse)]
+    t_start = time.time()
+    for t in threads:
+        t.start()
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False,
+                             consumer_timeout_ms=500, fetch_max_wait_ms=10)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    meld = Meld(host_timeout_ms=600_000, expected_hosts=["dense", "sparse"])
+    closed_at: dict[int, float] = {}
+    puncts = 0
+    last_lwm = None
+    while any(t.is_alive() for t in threads) or time.time() < t_start + seconds + 2:
+        for msg in consumer:
+            now = time.time()
+            b = wire.decode(msg.value)
+            if isinstance(b, wire.Punctuation) and b.mark_pane != wire.END_OF_STREAM:
+                puncts += 1
+                meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, int(now * 1000))
+                lwm = meld.low_water_mark()
+                if lwm is not None and (last_lwm is None or lwm > last_lwm):
+                    lo = lwm - 60 if last_lwm is None else last_lwm
+                    for w in range(lo, lwm):  # window w (1 s) ends at (w + 1) s
+                        closed_at.setdefault(w, now)
+                    last_lwm = lwm
+            if time.time() > t_start + seconds + 15:
+                break
+        if time.time() > t_start + seconds + 15:
+            break
+    consumer.close()
+    for t in threads:
+        t.join(10)
+    # windows that ended while both hosts ran, leaving margin for the slowest setting
+    lat = [closed_at[w] - (w + 1) for w in closed_at if t_start + 3 < w + 1 < t_start + seconds - 11]
+    lat_arr = np.array(lat) if lat else np.array([float("nan")])
+    return {"setting": label, "windows": len(lat), "latency_mean_s": float(np.mean(lat_arr)),
+            "latency_p50_s": float(np.median(lat_arr)), "latency_max_s": float(np.max(lat_arr)),
+            "punctuations_per_s": puncts / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60)
+    args = ap.parse_args()
+    m = machine()
+    print(f"machine: {m['cpu']}, {m['cores']} cores")
+    state = RESULTS / "tmp" / "kafka-ondemand"
+    shutil.rmtree(state, ignore_errors=True)
+    broker = KafkaBroker("ondemand", port=0, state=state)
+    broker.start()
+    rows = []
+    try:
+        print("warm-up (compiles and caches the kernels; not reported) ...", flush=True)
+        measure(broker, "on demand", 8)
+        for label in SETTINGS:
+            print(f"running '{label}' for {args.seconds:.0f} s ...", flush=True)
+            rows.append(measure(broker, label, args.seconds))
+            print(f"  {rows[-1]}", flush=True)
+    finally:
+        broker.stop()
+    od = next(r for r in rows if r["setting"] == "on demand")
+    print(f"\n{'setting':16s} {'windows':>7s} {'mean s':>7s} {'p50 s':>7s} {'max s':>7s} {'punct/s':>8s} {'mean vs on demand':>18s}")
+    for r in rows:
+        print(f"{r['setting']:16s} {r['windows']:7d} {r['latency_mean_s']:7.2f} {r['latency_p50_s']:7.2f} "
+              f"{r['latency_max_s']:7.2f} {r['punctuations_per_s']:8.1f} {r['latency_mean_s'] / od['latency_mean_s']:18.2f}")
+    (RESULTS / "on_demand.json").write_text(json.dumps({"benchmark": "on_demand_punctuation", "method": __doc__,
+                                                         "rows": rows, "machine": m}, indent=2))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([r["setting"] for r in rows], [r["latency_mean_s"] for r in rows], color=["#999", "#999", "#999", "#2a7"])
+    ax.set_ylabel("mean window-close latency (s)")
+    ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "on_demand.png", dpi=110)
+    print(f"wrote {RESULTS / 'on_demand.json'} and on_demand.png")
+
+
+if __name__ == "__main__":
+    main()
