@@ -1,1 +1,0 @@
-"""Low level: per-host capture, parsing and pre-aggregation kernels (Numba)."""
