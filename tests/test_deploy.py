@@ -1,0 +1,742 @@
+"""The deployment (Dockerfile, docker-compose.yml, deploy/) is consistent with itself and with the code.
+
+Why: no Docker engine runs in CI, so nothing here starts a container. What can be checked statically
+is checked: compose files are valid for docker-compose, Prometheus scrapes only what compose defines,
+every metric a Grafana panel plots is one the code exports, the privileges are the minimal ones,
+images are pinned, the compose commands are accepted by the real CLIs, and the deploy helper
+scripts (topic creation, job launcher, health check) do what they claim (the topic script against
+the real Kafka broker).
+"""
+
+from __future__ import annotations
+
+import ast
+import http.server
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import tomllib
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+CENTRAL = REPO / "docker-compose.yml"
+CAPTURE = DEPLOY / "capture-host" / "docker-compose.yml"
+COMPOSE_FILES = (CENTRAL, CAPTURE)
+DOCKERFILE = REPO / "Dockerfile"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+DASHBOARDS = DEPLOY / "grafana" / "dashboards"
+LOCK = DEPLOY / "requirements.lock"
+
+# Values for the variables compose files require (${VAR:?...}), for `config` only.
+REQUIRED_ENV = {
+    "LOWWATER_HOST_ID": "capture-test",
+    "LOWWATER_BOOTSTRAP": "central.example.net:9094",
+}
+CAPTURE_CAPS = {"NET_RAW", "NET_ADMIN"}
+LOWWATER_SERVICES_CMD = {"lowwater-agent", "lowwater-job", "lowwater-api"}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(value: Any, env: Mapping[str, str] | None = None) -> Any:
+    """Resolve compose ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?err}`` in strings."""
+    env = {} if env is None else env
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name, op, arg = m.group(1), m.group(2), m.group(3) or ""
+            got = env.get(name)
+            if op in (":-", ":?") and not got:
+                return arg if op == ":-" else REQUIRED_ENV.get(name, "x")
+            if op in ("-", "?") and got is None:
+                return arg if op == "-" else REQUIRED_ENV.get(name, "x")
+            return got or ""
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def load_compose(path: Path) -> dict[str, Any]:
+    """The compose file with YAML anchors/merges applied and variables set to their defaults."""
+    return interpolate(yaml.safe_load(path.read_text()))
+
+
+def services(path: Path) -> dict[str, dict[str, Any]]:
+    return load_compose(path)["services"]
+
+
+def command_of(svc: Mapping[str, Any]) -> list[str]:
+    """The service's command, without the env_from_files.py wrapper (``python ...py VAR=FILE -- CMD``)."""
+    cmd = svc.get("command") or []
+    cmd = [str(c) for c in (cmd.split() if isinstance(cmd, str) else cmd)]
+    if len(cmd) > 1 and cmd[1].endswith("/env_from_files.py") and "--" in cmd:
+        cmd = cmd[cmd.index("--") + 1 :]
+    return cmd
+
+
+def flag(cmd: list[str], name: str) -> str | None:
+    """Value of ``--name V`` in a command list (None when absent)."""
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def container_ports(svc: Mapping[str, Any]) -> set[int]:
+    """Ports a service declares it listens on: ``expose`` plus the container side of ``ports``."""
+    out = {int(str(p).split("/")[0]) for p in svc.get("expose", [])}
+    for p in svc.get("ports", []):
+        target = p.get("target") if isinstance(p, dict) else str(p).rsplit(":", 1)[-1]
+        out.add(int(str(target).split("/")[0]))
+    return out
+
+
+def listening_port(svc: Mapping[str, Any]) -> int | None:
+    """The port a lowwater process is told to listen on (``--metrics-port`` / ``--port``)."""
+    cmd = command_of(svc)
+    for name in ("--metrics-port", "--port"):
+        if (v := flag(cmd, name)) is not None:
+            return int(v)
+    return None
+
+
+def _load_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compose_binary() -> list[str] | None:
+    """docker-compose (installed with apt-get when missing and possible), else ``docker compose``."""
+    exe = shutil.which("docker-compose")
+    if exe is None and shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "docker-compose"], capture_output=True, timeout=600,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+        exe = shutil.which("docker-compose")
+    if exe is not None:
+        return [exe]
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    return None
+
+
+@pytest.fixture(scope="module")
+def compose_cmd() -> list[str]:
+    cmd = compose_binary()
+    if cmd is None:
+        pytest.skip("neither docker-compose nor `docker compose` is available, and docker-compose could not be "
+                    "installed with apt-get (not root or no apt-get): compose files not validated")  # fmt: skip
+    return cmd
+
+
+# -- compose files are valid ------------------------------------------------------------------------
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_compose_file_passes_docker_compose_config(compose_cmd: list[str], path: Path) -> None:
+    env = {**os.environ, **REQUIRED_ENV}
+    proc = subprocess.run([*compose_cmd, "-f", str(path), "config"], capture_output=True, text=True, env=env,
+                          cwd=path.parent, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, f"{' '.join(compose_cmd)} -f {path} config failed:\n{proc.stderr}"
+    resolved = yaml.safe_load(proc.stdout)
+    assert set(resolved["services"]) == set(services(path)), "compose and the test's own parsing disagree"
+
+
+@pytest.mark.parametrize(("path", "var"), [(CAPTURE, "LOWWATER_HOST_ID"), (CAPTURE, "LOWWATER_BOOTSTRAP")])
+def test_compose_refuses_to_run_without_required_settings(compose_cmd: list[str], path: Path, var: str) -> None:
+    env = {k: v for k, v in {**os.environ, **REQUIRED_ENV}.items() if k != var}
+    proc = subprocess.run([*compose_cmd, "-f", str(path), "config", "-q"], capture_output=True, text=True,
+                          env=env, cwd=path.parent, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and var in proc.stderr, proc.stderr
+
+
+def test_compose_service_hygiene() -> None:
+    """Healthcheck, restart policy, memory limit on every long-running service; nothing privileged."""
+    for path in COMPOSE_FILES:
+        for name, svc in services(path).items():
+            where = f"{path.relative_to(REPO)}: {name}"
+            assert not svc.get("privileged"), f"{where} is privileged"
+            assert "mem_limit" in svc, f"{where} has no memory limit"
+            assert svc.get("restart") in ("unless-stopped", "always", "on-failure", "no"), where
+            assert "no-new-privileges:true" in svc.get("security_opt", []), f"{where} lacks no-new-privileges"
+            assert svc.get("cap_drop") == ["ALL"], f"{where} does not drop all capabilities"
+            hc = svc.get("healthcheck")
+            if svc.get("restart") == "no":  # one-shot jobs
+                continue
+            assert hc and not hc.get("disable"), f"{where} has no healthcheck"
+            assert svc.get("image", "").split(":")[-1] not in ("", "latest"), f"{where}: image not pinned"
+
+
+def test_central_compose_wiring() -> None:
+    svcs = services(CENTRAL)
+    assert {"kafka", "kafka-init", "spark-master", "spark-worker", "job", "api", "prometheus", "grafana"} <= set(svcs)
+    kafka = svcs["kafka"]
+    assert kafka["image"] == "apache/kafka:4.1.1"
+    env = kafka["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller", "single-node KRaft combined mode"
+    assert any(v.startswith("kafka-data:") for v in kafka["volumes"]), "Kafka data must be on a named volume"
+    assert "kafka-data" in load_compose(CENTRAL)["volumes"]
+    assert "INTERNAL://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "EXTERNAL://" in env["KAFKA_ADVERTISED_LISTENERS"], "capture hosts need a host-reachable listener"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", "topics come from kafka-init with their partitions"
+    # kafka-init before the job; the job and the workers share the checkpoint at the same path (executors
+    # write the state store there); the API reads the job's results read-only.
+    assert svcs["job"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+    ckpt = "lowwater-checkpoint:/var/lib/lowwater/checkpoint"
+    assert ckpt in svcs["job"]["volumes"] and ckpt in svcs["spark-worker"]["volumes"]
+    assert "lowwater-results:/var/lib/lowwater/results" in svcs["job"]["volumes"]
+    assert "lowwater-results:/var/lib/lowwater/results:ro" in svcs["api"]["volumes"]
+    job = command_of(svcs["job"])
+    assert flag(job, "--master") == "spark://spark-master:7077"
+    assert flag(job, "--results") == "/var/lib/lowwater/results"
+    assert flag(job, "--checkpoint") == "/var/lib/lowwater/checkpoint"
+    assert svcs["job"]["environment"]["LOWWATER_DRIVER_HOST"] == svcs["job"]["hostname"] == "job"
+    # every lowwater service reads the same queries file at the same path
+    for name, svc in svcs.items():
+        cmd = command_of(svc)
+        if flag(cmd, "--config") is not None:
+            assert flag(cmd, "--config") == "/etc/lowwater/queries.yaml", name
+            assert any(str(v).endswith(":/etc/lowwater/queries.yaml:ro") for v in svc["volumes"]), name
+    assert (REPO / "configs" / "default.yaml").is_file()
+
+
+def cli_flags(module: str) -> set[str]:
+    """The ``--flags`` in ``python -m module --help``."""
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"--[a-z][a-z0-9-]*", out.stdout))
+
+
+def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() -> None:
+    """The job's own parser takes the compose command; agent and kafka-init flags exist in their --help."""
+    from high_level.job import parse_args
+
+    job = command_of(services(CENTRAL)["job"])
+    assert job[:2] == ["python", "/app/deploy/docker/job_launcher.py"]
+    args = parse_args(job[2:])
+    assert args.metrics_port == listening_port(services(CENTRAL)["job"])
+    agent_flags = cli_flags("low_level.agent")
+    for path, name in ((CENTRAL, "agent-demo"), (CAPTURE, "agent")):
+        cmd = command_of(services(path)[name])
+        assert cmd[0] == "lowwater-agent"
+        used = {c for c in cmd if c.startswith("--")}
+        assert used <= agent_flags, f"{name}: unknown agent flags {used - agent_flags}"
+    init = command_of(services(CENTRAL)["kafka-init"])
+    assert {c for c in init if c.startswith("--")} <= cli_flags_of_script(DEPLOY / "docker" / "create_topics.py")
+
+
+def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
+    if importlib.util.find_spec("high_level.serve.api") is None:
+        pytest.skip("high_level/serve/api.py (lowwater-api) is not written yet: the API's flags are not checked")
+    api = command_of(services(CENTRAL)["api"])
+    assert api[0] == "lowwater-api"
+    used = {c for c in api if c.startswith("--")}
+    assert used <= cli_flags("high_level.serve.api"), used
+
+
+def cli_flags_of_script(path: Path) -> set[str]:
+    out = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"--[a-z][a-z0-9-]*", out.stdout))
+
+
+def test_secrets_are_files_shared_by_the_api_and_prometheus() -> None:
+    """The API token exists once (a secret file): the API reads it through env_from_files.py, Prometheus
+    sends it to scrape the API's protected /metrics. No secret sits in the compose environment."""
+    compose = load_compose(CENTRAL)
+    svcs = compose["services"]
+    raw = svcs["api"]["command"]
+    assert raw[1] == "/app/deploy/docker/env_from_files.py" and "LOWWATER_API_TOKEN=/run/secrets/api_token" in raw
+    assert "api_token" in svcs["api"]["secrets"] and "api_token" in svcs["prometheus"]["secrets"]
+    api_job = next(sc for sc in _prometheus()["scrape_configs"] if "api:8080" in sc["static_configs"][0]["targets"])
+    assert api_job["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/api_token"}
+    assert svcs["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert "grafana_admin_password" in svcs["grafana"]["secrets"]
+    for name, sec in compose["secrets"].items():
+        assert sec["file"].startswith("./deploy/secrets/"), name
+    assert "secrets/" in (DEPLOY / ".gitignore").read_text().split()
+    for name, svc in svcs.items():
+        for key in svc.get("environment", {}):
+            assert not re.search(r"TOKEN|PASSWORD|SECRET", key) or key.endswith("__FILE"), f"{name}: {key} in env"
+
+
+def test_env_from_files_wrapper(tmp_path: Path) -> None:
+    wrapper = DEPLOY / "docker" / "env_from_files.py"
+    mod = _load_module("lw_env_from_files", wrapper)
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    assert mod.read_env_files([f"LOWWATER_API_TOKEN={tok}"]) == {"LOWWATER_API_TOKEN": "s3cret"}
+    (tmp_path / "empty").write_text("\n")
+    for bad in ([f"X={tmp_path / 'missing'}"], [f"X={tmp_path / 'empty'}"], ["novalue"], [f"1X={tok}"]):
+        with pytest.raises(ValueError):
+            mod.read_env_files(bad)
+    out = subprocess.run([sys.executable, str(wrapper), f"TOK={tok}", "--", sys.executable, "-c",
+                          "import os; print(os.environ['TOK'])"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "s3cret", out.stderr
+    out = subprocess.run([sys.executable, str(wrapper), f"TOK={tmp_path / 'missing'}", "--", "true"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "cannot read" in out.stderr
+
+
+# -- Prometheus scrapes what compose defines ---------------------------------------------------------
+def _prometheus() -> dict[str, Any]:
+    return yaml.safe_load(PROMETHEUS.read_text())
+
+
+def test_every_prometheus_static_target_is_a_compose_service_port() -> None:
+    svcs = services(CENTRAL)
+    cfg = _prometheus()
+    names = [sc["job_name"] for sc in cfg["scrape_configs"]]
+    assert len(names) == len(set(names)), "duplicate job_name"
+    seen: set[str] = set()
+    for sc in cfg["scrape_configs"]:
+        for group in sc.get("static_configs", []):
+            for target in group["targets"]:
+                host, port = target.rsplit(":", 1)
+                service = "prometheus" if host == "localhost" else host
+                assert service in svcs, f"{sc['job_name']}: target {target}: no compose service {service!r}"
+                assert int(port) in container_ports(svcs[service]), (
+                    f"{sc['job_name']}: {target}: {service} does not expose port {port}")  # fmt: skip
+                lp = listening_port(svcs[service])
+                if lp is not None:
+                    assert int(port) == lp, f"{target}: {service} listens on {lp}"
+                seen.add(service)
+    # every component that serves metrics is scraped
+    assert {"job", "api", "agent-demo", "prometheus"} <= seen
+
+
+def test_file_sd_capture_hosts_use_the_agent_metrics_port() -> None:
+    svcs = services(CENTRAL)
+    prom = svcs["prometheus"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"] if v.startswith("./")}
+    capture_port = listening_port(services(CAPTURE)["agent"])
+    assert capture_port == 9101
+    files = [f for sc in _prometheus()["scrape_configs"] for c in sc.get("file_sd_configs", []) for f in c["files"]]
+    assert files, "capture hosts need a file_sd file"
+    for f in files:
+        local = next((REPO / src / Path(f).relative_to(dst) for dst, src in mounts.items()
+                      if Path(f).is_relative_to(dst)), None)  # fmt: skip
+        assert local is not None and local.is_file(), f"{f} is not a file mounted from deploy/"
+        for group in yaml.safe_load(local.read_text()):
+            for target in group["targets"]:
+                host, port = target.rsplit(":", 1)
+                assert int(port) == capture_port, f"{target}: capture agents listen on {capture_port}"
+                assert host not in svcs, f"{target}: capture hosts are outside the compose project"
+
+
+def test_promtool_accepts_the_prometheus_config_and_every_dashboard_expression(tmp_path: Path) -> None:
+    """Real parsers: ``promtool check config`` (mount paths mapped to deploy/) and ``promtool check rules``
+    on one recording rule per Grafana expression (Grafana variables replaced by plain values)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'): Prometheus config and PromQL syntax "
+                    "checked only by this file's own parsing")  # fmt: skip
+    secret = tmp_path / "api_token"
+    secret.write_text("token\n")
+    text = PROMETHEUS.read_text().replace("/etc/prometheus/file_sd", str(DEPLOY / "prometheus" / "file_sd"))
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(text.replace("/run/secrets/api_token", str(secret)))
+    out = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rules = [{"record": f"lowwater:check_{i}", "expr": re.sub(r"\$(host|query)\b", ".*",
+                                                          e.replace("$__rate_interval", "1m"))}
+             for i, (_, _, e) in enumerate(dashboard_exprs()) if not e.startswith("label_values(")]  # fmt: skip
+    rf = tmp_path / "rules.yml"
+    rf.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    out = subprocess.run([promtool, "check", "rules", str(rf)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- Grafana plots only metrics the code exports ----------------------------------------------------
+_PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
+    "inf", "nan", "le",
+}  # fmt: skip
+
+
+def promql_metrics(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (also ``label_values(metric, label)``), Grafana variables removed."""
+    e = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)  # strings (label values, regexes)
+    e = re.sub(r"\{[^}]*\}", "", e)  # label matchers
+    e = re.sub(r"\[[^\]]*\]", "", e)  # range selectors
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)  # grouping labels
+    e = re.sub(r"label_values\(\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*,\s*[A-Za-z_][A-Za-z0-9_]*\s*\)", r" \1 ", e)
+    e = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", " ", e)  # $__rate_interval, $host
+    names = set()
+    for m in re.finditer(r"(?<![A-Za-z0-9_.:])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", e):
+        word, call = m.group(1), m.group(2)
+        if call or word.lower() in _PROMQL_KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def test_promql_metric_extraction() -> None:
+    assert promql_metrics('sum by (host) (rate(a_total{host=~"$host"}[$__rate_interval])) / b') == {"a_total", "b"}
+    assert promql_metrics("histogram_quantile(0.99, sum by (le) (rate(x_bucket[5m])))") == {"x_bucket"}
+    assert promql_metrics("label_values(m_total, host)") == {"m_total"}
+    assert promql_metrics("max without (instance) (g) > bool 1e-9") == {"g"}
+
+
+def dashboard_exprs() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expr) of every panel target and templating query."""
+    out = []
+    for f in sorted(DASHBOARDS.glob("*.json")):
+        d = json.loads(f.read_text())
+
+        def walk(panels: list[dict[str, Any]], fname: str = f.name) -> Iterator[tuple[str, str, str]]:
+            for p in panels:
+                for t in p.get("targets", []):
+                    if t.get("expr"):
+                        yield fname, p.get("title", ""), t["expr"]
+                yield from walk(p.get("panels", []))
+
+        out.extend(walk(d.get("panels", [])))
+        for v in d.get("templating", {}).get("list", []):
+            q = v.get("query")
+            q = q.get("query") if isinstance(q, dict) else q
+            if v.get("type") == "query" and q:
+                out.append((f.name, f"variable {v['name']}", q))
+    return out
+
+
+def defined_metrics() -> dict[str, set[str]]:
+    """Metric names exported by the code, by component: the agent's METRIC_NAMES, and every
+    ``lowwater_job_*`` / ``lowwater_api_*`` string literal under high_level/ (the metric definitions)."""
+    from low_level.metrics import METRIC_NAMES
+
+    out: dict[str, set[str]] = {"agent": set(METRIC_NAMES), "job": set(), "api": set()}
+    for py in (REPO / "high_level").rglob("*.py"):
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                m = re.fullmatch(r"lowwater_(job|api)_[a-z0-9_]+", node.value)
+                if m:
+                    out[m.group(1)].add(node.value)
+    return out
+
+
+def exposition_candidates(name: str) -> set[str]:
+    """Names under which ``name`` may be defined: counters gain ``_total``, histograms ``_bucket/_sum/_count``."""
+    cands = {name}
+    for suffix in ("_total", "_bucket", "_sum", "_count"):
+        if name.endswith(suffix):
+            cands.add(name.removesuffix(suffix))
+    return cands
+
+
+def test_dashboard_metrics_are_all_lowwater_metrics() -> None:
+    exprs = dashboard_exprs()
+    assert exprs, "no Grafana dashboard expressions found"
+    for fname, title, expr in exprs:
+        names = promql_metrics(expr)
+        assert names, f"{fname} / {title}: no metric in {expr!r}"
+        for n in names:
+            assert re.fullmatch(r"lowwater_(agent|job|api)_[a-z0-9_]+", n), f"{fname} / {title}: {n} in {expr!r}"
+
+
+@pytest.mark.parametrize("component", ["agent", "job", "api"])
+def test_every_dashboard_metric_is_defined_in_the_code(component: str) -> None:
+    defined = defined_metrics()[component]
+    used = {(n, f"{f} / {t}") for f, t, e in dashboard_exprs() for n in promql_metrics(e)
+            if n.startswith(f"lowwater_{component}_")}  # fmt: skip
+    assert used, f"the dashboard plots no lowwater_{component}_* metric"
+    if not defined:
+        pytest.skip(f"no lowwater_{component}_* metric is defined under high_level/ yet "
+                    f"({len(used)} panel uses unchecked)")  # fmt: skip
+    missing = sorted({(n, where) for n, where in used if not exposition_candidates(n) & defined})
+    assert not missing, f"dashboard metrics not exported by the code: {missing}; defined: {sorted(defined)}"
+
+
+def test_dashboard_covers_the_operational_signals() -> None:
+    text = "\n".join(e for _, _, e in dashboard_exprs())
+    for needle in ("lowwater_agent_packets_captured_total", "lowwater_agent_packets_processed_total",  # throughput
+                   "lowwater_agent_ring_drops_total", "lowwater_agent_kernel_drops_total",  # drops
+                   "lowwater_agent_evictions_total",  # evictions
+                   "lowwater_job_host_lag_seconds",  # low-water-mark lag per host
+                   "lowwater_job_late_partials_total"):  # late data  # fmt: skip
+        assert needle in text, needle
+    assert re.search(r"histogram_quantile\(.*lowwater_job_result_latency_seconds_bucket", text), "window-close latency"
+
+
+def test_grafana_provisioning_matches_compose_and_dashboards() -> None:
+    grafana = services(CENTRAL)["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    prov = REPO / mounts["/etc/grafana/provisioning"]
+    ds = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
+    uids = {d["uid"] for d in ds}
+    assert any(d["url"] == "http://prometheus:9090" for d in ds)
+    providers = yaml.safe_load((prov / "dashboards" / "lowwater.yml").read_text())["providers"]
+    for p in providers:
+        assert REPO / mounts[p["options"]["path"]] == DASHBOARDS
+    for f in DASHBOARDS.glob("*.json"):
+        d = json.loads(f.read_text())
+        stack = list(d["panels"])
+        while stack:
+            p = stack.pop()
+            stack.extend(p.get("panels", []))
+            for obj in (p, *p.get("targets", [])):
+                if "datasource" in obj:
+                    assert obj["datasource"]["uid"] in uids, f"{f.name}: {p.get('title')}: unknown datasource"
+
+
+# -- privileges -----------------------------------------------------------------------------------
+def test_capture_host_has_host_networking_and_only_net_raw_net_admin() -> None:
+    svcs = services(CAPTURE)
+    assert list(svcs) == ["agent"]
+    a = svcs["agent"]
+    assert a["network_mode"] == "host"
+    assert a["cap_drop"] == ["ALL"]
+    assert set(a["cap_add"]) == CAPTURE_CAPS and len(a["cap_add"]) == 2
+    assert not a.get("privileged") and not a.get("devices") and a.get("pid") != "host"
+    assert a.get("read_only") is True
+    assert "ports" not in a, "ports mean nothing with host networking"
+    assert all(str(v).endswith(":ro") for v in a["volumes"]), "capture host mounts must be read-only"
+    assert command_of(a)[0] == "lowwater-agent"
+    assert flag(command_of(a), "--source").startswith("afpacket:")
+
+
+def _dockerfile_final_user() -> str | None:
+    user = None
+    for line in DOCKERFILE.read_text().splitlines():
+        s = line.strip()
+        if s.upper().startswith("FROM "):
+            user = None  # each stage starts as the base image's user (root for python:*)
+        elif s.upper().startswith("USER "):
+            user = s.split(None, 1)[1].strip()
+    return user
+
+
+def test_image_does_not_run_as_root_except_for_capture() -> None:
+    user = _dockerfile_final_user()
+    assert user is not None, "the final stage of the Dockerfile sets no USER (would run as root)"
+    assert user.split(":")[0] not in ("0", "root"), f"image runs as {user}"
+    for path in COMPOSE_FILES:
+        for name, svc in services(path).items():
+            u = str(svc.get("user", "")).split(":")[0]
+            if u in ("0", "root"):
+                assert path == CAPTURE and name == "agent", f"{path.name}: {name} runs as root"
+                assert set(svc["cap_add"]) <= CAPTURE_CAPS and svc["cap_drop"] == ["ALL"]
+            elif path == CENTRAL:
+                assert not svc.get("cap_add"), f"{name}: the central stack needs no capability"
+
+
+# -- image -----------------------------------------------------------------------------------------
+def _resolved_from_images() -> list[str]:
+    text = DOCKERFILE.read_text()
+    args = dict(re.findall(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)", text, re.M))
+    images = []
+    for ref in re.findall(r"^FROM\s+(\S+)", text, re.M):
+        images.append(re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), ref))
+    return images
+
+
+def test_dockerfile_base_image_is_pinned_to_an_exact_tag() -> None:
+    stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", DOCKERFILE.read_text(), re.M | re.I))
+    external = [i for i in _resolved_from_images() if i not in stages]
+    assert external
+    for image in external:
+        assert "$" not in image, f"unresolved base image {image}"
+        assert "@sha256:" in image or re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", image), (
+            f"base image {image} is not pinned to an exact version tag")  # fmt: skip
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+
+
+def test_third_party_images_are_pinned_and_kafka_matches_local_stack() -> None:
+    pom = (REPO / "local_stack" / "maven" / "kafka-broker.pom.xml").read_text()
+    kafka_version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1)
+    for path in COMPOSE_FILES:
+        for name, svc in services(path).items():
+            image = svc.get("image", "")
+            if "build" in svc:
+                continue
+            assert re.search(r":v?\d+\.\d+\.\d+$", image), f"{name}: {image} not pinned to an exact version"
+            if name == "kafka":
+                assert image == f"apache/kafka:{kafka_version}", "compose Kafka must be the version tests run"
+
+
+def test_dockerfile_builds_what_the_roles_need() -> None:
+    text = DOCKERFILE.read_text()
+    assert "openjdk-17-jre-headless" in text, "Spark 4 needs Java 17"
+    assert "local_stack.jars" in text and "spark_kafka_jars" in text, "connector jars via the project's Maven fetch"
+    assert re.search(r"^HEALTHCHECK\s", text, re.M)
+    assert re.search(r"^LABEL\s+org\.opencontainers\.image\.", text, re.M)
+    assert "deploy/requirements.lock" in text
+    for script in re.findall(r"/app/(deploy/docker/[\w.]+\.py)", text + CENTRAL.read_text() + CAPTURE.read_text()):
+        assert (REPO / script).is_file(), script
+    ignore = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    assert "!deploy/docker" in ignore and "!deploy/requirements.lock" in ignore
+    for needed in ("local_stack", "contract", "low_level", "high_level", "configs", "pyproject.toml", "README.md"):
+        assert needed not in ignore, f".dockerignore drops {needed}, which the image needs"
+
+
+def test_requirements_lock_pins_every_pyproject_dependency() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"requirements.lock: {line!r} is not pinned with =="
+            pins[canonicalize_name(name)] = version
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        req = Requirement(dep)
+        got = pins.get(canonicalize_name(req.name))
+        assert got is not None, f"{req.name} (pyproject) is not pinned in deploy/requirements.lock"
+        assert req.specifier.contains(got, prereleases=True), f"{req.name}=={got} violates pyproject {req.specifier}"
+    spark_pom = (REPO / "local_stack" / "maven" / "spark-kafka.pom.xml").read_text()
+    spark = re.search(r"<spark.version>([^<]+)</spark.version>", spark_pom).group(1)
+    assert pins["pyspark"] == spark, "pyspark must equal the Spark Kafka connector version"
+
+
+# -- deploy helper scripts -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def create_topics() -> ModuleType:
+    return _load_module("lw_create_topics", DEPLOY / "docker" / "create_topics.py")
+
+
+class FakeAdmin:
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = dict(topics)
+        self.calls: list[str] = []
+
+    def list_topics(self) -> list[str]:
+        return list(self.topics)
+
+    def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        return [{"name": n, "error_code": 0, "partitions": [{}] * self.topics[n]} for n in names]
+
+    def create_topics(self, spec: dict[str, dict[str, int]], timeout_ms: int) -> None:
+        self.calls.append("create")
+        self.topics.update({t: s["num_partitions"] for t, s in spec.items()})
+
+    def create_partitions(self, spec: dict[str, int], timeout_ms: int) -> None:
+        self.calls.append("grow")
+        self.topics.update(spec)
+
+    def wait_for_topics(self, names: list[str], timeout_ms: int) -> None:
+        assert set(names) <= set(self.topics)
+
+
+def test_create_topics_plan(create_topics: ModuleType) -> None:
+    from contract import query as Q
+
+    cfg = Q.load(REPO / "configs" / "default.yaml")
+    wanted = create_topics.wanted_topics(cfg.queries)
+    assert wanted == {q.topic: q.kafka.partitions for q in cfg.queries}
+    admin = FakeAdmin({"lowwater.q4_pairs": 1, "lowwater.syn_per_port": 4})
+    actions = create_topics.ensure_topics(admin, wanted)
+    assert admin.topics["lowwater.q4_pairs"] == 2 and "grown" in actions["lowwater.q4_pairs"]
+    assert admin.topics["lowwater.bytes_per_dst24"] == 2 and "created" in actions["lowwater.bytes_per_dst24"]
+    assert admin.topics["lowwater.syn_per_port"] == 4 and "exists" in actions["lowwater.syn_per_port"]
+    assert create_topics.ensure_topics(admin, wanted) == {t: ("exists" if n == 2 else actions[t])
+                                                          for t, n in admin.topics.items()}  # fmt: skip
+    with pytest.raises(RuntimeError, match="fewer partitions"):
+        create_topics.ensure_topics(FakeAdmin({"lowwater.q4_pairs": 1}), wanted, grow=False)
+    shared = [SimpleNamespace(name=n, topic="t", kafka=SimpleNamespace(partitions=p)) for n, p in (("a", 2), ("b", 3))]
+    with pytest.raises(ValueError, match="share topic"):
+        create_topics.wanted_topics(shared)
+
+
+def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka: Any) -> None:
+    name = f"deploy-test-{uuid.uuid4().hex[:8]}"
+    admin = create_topics.connect(kafka.bootstrap_servers, {}, 30)
+    try:
+        assert create_topics.ensure_topics(admin, {name: 2}) == {name: "created with 2 partitions"}
+        assert create_topics.ensure_topics(admin, {name: 2}) == {name: "exists"}
+        assert create_topics.ensure_topics(admin, {name: 3}) == {name: "grown from 2 to 3 partitions"}
+        assert create_topics.existing_partitions(admin, [name]) == {name: 3}
+    finally:
+        admin.close()
+
+
+@pytest.fixture(scope="module")
+def launcher() -> ModuleType:
+    return _load_module("lw_job_launcher", DEPLOY / "docker" / "job_launcher.py")
+
+
+def test_job_launcher_adds_driver_address_spark_conf_and_kafka_options(launcher: ModuleType) -> None:
+    from high_level.job import JobOptions
+
+    calls: list[tuple[str, str, dict[str, str]]] = []
+    spark_session = SimpleNamespace(build_spark=lambda app, master="local[2]", extra_conf=None, **kw:
+                                    calls.append((app, master, dict(extra_conf or {}))))  # fmt: skip
+    job = SimpleNamespace(options_from_args=lambda a: JobOptions(bootstrap="k:9092", results="r", checkpoint="c"))
+    env = {"LOWWATER_DRIVER_HOST": "job", "LOWWATER_SPARK_CONF": "spark.executor.memory=2g; spark.cores.max=4\n",
+           "LOWWATER_KAFKA_OPTIONS": '{"kafka.security.protocol": "SASL_SSL"}'}  # fmt: skip
+    launcher.install(env, job=job, spark_session=spark_session)
+    spark_session.build_spark("lowwater-job", master="spark://spark-master:7077")
+    spark_session.build_spark("lowwater-job", master="local[2]", extra_conf={"spark.cores.max": "1"})
+    assert calls[0] == ("lowwater-job", "spark://spark-master:7077", {
+        "spark.driver.host": "job", "spark.driver.bindAddress": "0.0.0.0",
+        "spark.executor.memory": "2g", "spark.cores.max": "4"})  # fmt: skip
+    assert calls[1][2] == {"spark.executor.memory": "2g", "spark.cores.max": "1"}, "local mode: driver untouched"
+    assert job.options_from_args(None).kafka_options == {"kafka.security.protocol": "SASL_SSL"}
+    for bad in ({"LOWWATER_SPARK_CONF": "executor.memory=2g"}, {"LOWWATER_KAFKA_OPTIONS": '{"security": 1}'},
+                {"LOWWATER_KAFKA_OPTIONS": "[1]"}):  # fmt: skip
+        with pytest.raises(ValueError):
+            launcher.install(bad, job=job, spark_session=spark_session)
+
+
+def test_job_still_uses_the_hooks_the_launcher_wraps() -> None:
+    """job_launcher.py wraps build_spark (imported inside job.main) and job.options_from_args."""
+    tree = ast.parse((REPO / "high_level" / "job.py").read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    imports = [n for n in ast.walk(main) if isinstance(n, ast.ImportFrom) and n.module == "local_stack.spark_session"]
+    assert any(a.name == "build_spark" for n in imports for a in n.names), (
+        "high_level.job.main no longer imports build_spark at call time: update deploy/docker/job_launcher.py")
+    calls = {n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "options_from_args" in calls, "high_level.job.main no longer calls options_from_args: update the launcher"
+    from high_level.job import JobOptions
+
+    assert "kafka_options" in JobOptions.__dataclass_fields__
+
+
+def test_healthcheck_script(tmp_path: Path) -> None:
+    hc = _load_module("lw_healthcheck", DEPLOY / "docker" / "healthcheck.py")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert hc.main([f"http://127.0.0.1:{port}/metrics"]) == 0
+        assert hc.main([f"tcp://127.0.0.1:{port}"]) == 0
+        assert hc.main([f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{port}/nope"]) == 1
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]
+        assert hc.main([f"tcp://127.0.0.1:{closed}"]) == 1
+        assert hc.main(["ftp://x/"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
