@@ -24,9 +24,10 @@ from contract.filterlang import (
     OP_OR,
     OP_TRUTHY,
 )
+from low_level.subaggregate import pin
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def run_filter_at(prog: np.ndarray, start: int, length: int, row: np.ndarray, roff: int, stack: np.ndarray) -> bool:
     """Evaluate instructions prog[start:start+length] on the parsed row at row[roff:]; empty means accept.
 
@@ -78,7 +79,11 @@ def run_filter_at(prog: np.ndarray, start: int, length: int, row: np.ndarray, ro
             else:
                 r = 0
             stack[sp - 1] = r
-    return length == 0 or stack[sp - 1] != 0
+    res = length == 0 or stack[sp - 1] != 0
+    pin(prog)
+    pin(row)
+    pin(stack)
+    return res
 
 
 @njit(cache=True, nogil=True)

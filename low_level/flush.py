@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from low_level.subaggregate import emit_slot
+from low_level.subaggregate import emit_slot, pin
 from low_level.tables import (
     EMPTY,
     PANE_RING,
@@ -42,6 +42,7 @@ def entries_below(q: int, bound: int, lo: int, pane_counts: np.ndarray) -> int:
     while p < bound:
         n += pane_counts[q, p & (PANE_RING - 1)]
         p += 1
+    pin(pane_counts)
     return n
 
 
@@ -56,6 +57,11 @@ def sweep_below(q: int, bound: int, qp, qs, tab, out, pane_counts) -> int:
         if sp != EMPTY and sp < bound:
             emit_slot(q, pos, qp, qs, tab, out, pane_counts)
             n += 1
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
     return n
 
 
@@ -76,6 +82,11 @@ def on_advance(q: int, old_cur: int, new_cur: int, qp, qs, tab, out, pane_counts
             qs[q, QS_FLUSH_SWEEP] += n
             if n > qs[q, QS_BURST_MAX]:
                 qs[q, QS_BURST_MAX] = n
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
 
 
 @njit(cache=True, nogil=True)
@@ -102,6 +113,11 @@ def flush_one_old(q: int, qp, qs, tab, out, pane_counts) -> bool:
                 done = True
             k += 1
         qs[q, QS_CURSOR] = c
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
     return done
 
 
@@ -113,12 +129,22 @@ def iop_burst(q: int, qp, qs, tab, out, pane_counts) -> None:
         qs[q, QS_FLUSH_IOP] += n
         if n > qs[q, QS_BURST_MAX]:
             qs[q, QS_BURST_MAX] = n
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
 
 
 @njit(cache=True, nogil=True)
 def slow_tick(q: int, qp, qs, tab, out, pane_counts) -> None:
     if flush_one_old(q, qp, qs, tab, out, pane_counts):
         qs[q, QS_FLUSH_SLOW] += 1
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
 
 
 @njit(cache=True, nogil=True)
@@ -133,4 +159,7 @@ def min_pane(q: int, qs, qp, pane_counts) -> int:
                 res = p
                 break
             p += 1
+    pin(qs)
+    pin(qp)
+    pin(pane_counts)
     return res

@@ -49,6 +49,16 @@ def _mix(x: np.uint64) -> np.uint64:
 
 
 @njit(cache=True, nogil=True)
+def pin(a: np.ndarray) -> int:
+    """A use of ``a`` that compiles to nothing. Called on every array argument at the single exit of a
+    per-packet helper, it makes that exit the array's last use: Numba then decrefs it only there and
+    its refcount pruning removes the entry incref / exit decref pair. When the last use sits inside a
+    loop or branch instead, the atomic NRT incref/decref stay in the compiled code (see low_level.parse).
+    """
+    return a.shape[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def key_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
     """key_hash of the kw words at buf[off:off+kw] (scratch key buffers hold one key per packet)."""
     h = _GOLDEN
@@ -82,7 +92,7 @@ def prefetch_w(typingctx, arr, idx):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def extract_key_at(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, roff: int,
                    keys: np.ndarray, kofs: int) -> None:
     """Key words of the parsed row at row[roff:] into keys[kofs:]: plain fields, or addresses masked to a
@@ -103,6 +113,9 @@ def extract_key_at(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, rof
         else:
             keys[w] = row[roff + F.TOS] >> 2 if col == SRC_DSCP else row[roff + col]
             w += 1
+    pin(kprog)
+    pin(row)
+    pin(keys)
 
 
 @njit(cache=True, nogil=True)
@@ -111,13 +124,14 @@ def extract_key(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, key: n
     extract_key_at(kprog, koff, klen, row, 0, key, 0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
     v = 1
     if src == SRC_DSCP:
         v = row[roff + F.TOS] >> 2
     elif src != SRC_ONE:
         v = row[roff + src]
+    pin(row)
     return v
 
 
@@ -126,7 +140,7 @@ def packet_value(row: np.ndarray, src: int) -> int:
     return packet_value_at(row, 0, src)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, roff: int,
             fresh: bool) -> None:
     """Merge the packet at row[roff:] into the state words at tab[spos:spos+na] (fresh = first packet)."""
@@ -143,6 +157,9 @@ def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, r
         elif merge == MERGE_MAX:
             if v > tab[spos + c]:
                 tab[spos + c] = v
+    pin(tab)
+    pin(scols)
+    pin(row)
 
 
 @njit(cache=True, nogil=True)
@@ -164,6 +181,11 @@ def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray,
     pane_counts[q, tab[pos] & (PANE_RING - 1)] -= 1
     qs[q, QS_OCC] -= 1
     tab[pos] = EMPTY
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
 
 
 @njit(cache=True, nogil=True)
@@ -178,6 +200,12 @@ def emit_packet_at(q: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarr
     fold_at(out, o + 1 + kw, na, scols, qp[q, QP_SOFF], row, roff, True)
     qs[q, QS_OUTN] += 1
     qs[q, QS_EMITTED] += 1
+    pin(keys)
+    pin(row)
+    pin(qp)
+    pin(qs)
+    pin(out)
+    pin(scols)
 
 
 @njit(cache=True, nogil=True)
@@ -186,7 +214,7 @@ def emit_packet(q: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndar
     emit_packet_at(q, pane, key, 0, row, 0, qp, qs, out, scols)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def probe_at(tab: np.ndarray, base: int, stride: int, mask: int, probes: int, s0: int, pane: int, kw: int,
              keys: np.ndarray, kofs: int) -> tuple:
     """Probe ``probes`` slots from slot s0 for (key, pane): (match_pos, empty_pos, victim_pos, victim_pane),
@@ -214,6 +242,8 @@ def probe_at(tab: np.ndarray, base: int, stride: int, mask: int, probes: int, s0
                 victim_pane = sp
                 victim = pos
         j += 1
+    pin(tab)
+    pin(keys)
     return match, empty, victim, victim_pane
 
 
@@ -231,7 +261,7 @@ def insert_at(q: int, pos: int, pane: int, key: np.ndarray, row: np.ndarray, qp:
     insert_entry(q, pos, pane, key, 0, row, 0, qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_SOFF], qs, tab, scols, pane_counts)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def insert_entry(q: int, pos: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarray, roff: int, kw: int,
                  na: int, soff: int, qs: np.ndarray, tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
     """Start a new entry (key, pane) at tab[pos] from one packet."""
@@ -241,3 +271,9 @@ def insert_entry(q: int, pos: int, pane: int, keys: np.ndarray, kofs: int, row: 
     fold_at(tab, pos + 1 + kw, na, scols, soff, row, roff, True)
     pane_counts[q, pane & (PANE_RING - 1)] += 1
     qs[q, QS_OCC] += 1
+    pin(keys)
+    pin(row)
+    pin(qs)
+    pin(tab)
+    pin(scols)
+    pin(pane_counts)
