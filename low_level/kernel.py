@@ -188,13 +188,16 @@ def aggregate_block(q: int, cnt: int, rows, keys, sel, hs, qp, qs, tab, out, pan
                     elif merge == MERGE_MAX:
                         if v > tab[spos + c]:
                             tab[spos + c] = v
+                # the flush step is a call (with refcount overhead): make it only when old entries exist
                 if policy == POLICY_IOP:
-                    flush.slow_tick(q, qp, qs, tab, out, pane_counts)
+                    if qs[q, QS_OCC] - pane_counts[q, cur & (PANE_RING - 1)] > 0:
+                        flush.slow_tick(q, qp, qs, tab, out, pane_counts)
                 elif policy == POLICY_SLOW:
                     tick += 1
                     if tick >= every:
                         tick = 0
-                        flush.slow_tick(q, qp, qs, tab, out, pane_counts)
+                        if qs[q, QS_OCC] - pane_counts[q, cur & (PANE_RING - 1)] > 0:
+                            flush.slow_tick(q, qp, qs, tab, out, pane_counts)
     qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS] = late, matched, maxts
     qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK] = evict, overdue, tick
     pin(rows)
