@@ -383,7 +383,7 @@ def _many(tmp_path: Path, n: int, gap_ns: int) -> tuple[Path, list[bytes]]:
 
 
 def test_fast_mode_with_tiny_ring_waits_and_loses_nothing(tmp_path: Path) -> None:
-    path, frames = _many(tmp_path, 3000, 1000)
+    path, frames = _many(tmp_path, 2000, 1000)
     ring = Ring(nslots=4, snaplen=128)
     src = PcapSource(path, ring, mode="fast", progress=False).start()
     got = drain(ring, src, delay=0.00002)

@@ -23,7 +23,9 @@ Needs root or CAP_NET_RAW.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
+import os
 import select
 import socket
 import struct
@@ -54,6 +56,8 @@ TP_STATUS_VLAN_VALID = 1 << 4
 TP_STATUS_VLAN_TPID_VALID = 1 << 6
 ETH_P_8021Q = 0x8100
 
+log = logging.getLogger(__name__)
+
 TPACKET3_HDR_MIN = 48  # sizeof(struct tpacket3_hdr)
 RETIRE_TOV_MS = 50
 POLL_MS = 50
@@ -70,8 +74,9 @@ def _le16(b, o):
 
 
 @njit(cache=True, nogil=True)
-def tpacket_v3_kernel(blk8, blk32, block_size, cur, ifidx, scratch, st,
-                      frames, snaplen, caplen, wirelen, tss, iface, ctr):
+def tpacket_v3_kernel(blk8: np.ndarray, blk32: np.ndarray, block_size: int, cur: np.ndarray, ifidx: int,
+                      scratch: np.ndarray, st: np.ndarray, frames: np.ndarray, snaplen: int, caplen: np.ndarray,
+                      wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray, ctr: np.ndarray) -> int:
     """Drain every ready block from block ``cur[0]`` on, in order; returns the number of blocks drained.
 
     Frames go to the ring (``ring_push``: a full ring drops and counts); each block is then handed back
@@ -80,6 +85,7 @@ def tpacket_v3_kernel(blk8, blk32, block_size, cur, ifidx, scratch, st,
     nblocks = blk8.shape[0] // block_size
     b = cur[0]
     done = 0
+    nread = npushed = ndrops = nbytes = np.int64(0)
     while done < nblocks:
         base = b * block_size
         status = np.int64(blk32[(base + 8) >> 2])
@@ -100,7 +106,7 @@ def tpacket_v3_kernel(blk8, blk32, block_size, cur, ifidx, scratch, st,
             if data + snap > lim:
                 break
             tci = _le32(blk8, p + 32)
-            st[ST_READ] += 1
+            nread += 1
             if (tci != 0 or (fstat & TP_STATUS_VLAN_VALID) != 0) and snap >= 12:
                 # put the stripped 802.1Q tag back between the MAC addresses and the ethertype
                 tpid = _le16(blk8, p + 36) if (fstat & TP_STATUS_VLAN_TPID_VALID) != 0 else ETH_P_8021Q
@@ -120,10 +126,10 @@ def tpacket_v3_kernel(blk8, blk32, block_size, cur, ifidx, scratch, st,
             else:
                 ok = ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, blk8, data, snap, wl, ts, ifidx)
             if ok:
-                st[ST_PUSHED] += 1
-                st[ST_BYTES] += wl
+                npushed += 1
+                nbytes += wl
             else:
-                st[ST_DROPS] += 1
+                ndrops += 1
             if nxt == 0:
                 break
             p += nxt
@@ -133,6 +139,10 @@ def tpacket_v3_kernel(blk8, blk32, block_size, cur, ifidx, scratch, st,
             b = 0
         done += 1
     cur[0] = b
+    st[ST_READ] += nread
+    st[ST_PUSHED] += npushed
+    st[ST_DROPS] += ndrops
+    st[ST_BYTES] += nbytes
     return done
 
 
@@ -233,6 +243,7 @@ class AfPacketSource(Source):
         self.iface_index = int(iface_index)
         self._scratch = np.zeros(ring.snaplen + 4, dtype=np.uint8)
         self._kstats = [0, 0, 0]
+        self.socket_errors = 0
         self._klock = threading.Lock()
         self._caps: list[_Capture] = []
         try:
@@ -255,8 +266,9 @@ class AfPacketSource(Source):
     def _run(self) -> None:
         caps = self._caps
         poller = select.poll()
-        for c in caps:
-            poller.register(c.sock.fileno(), select.POLLIN | select.POLLERR)
+        by_fd = {c.sock.fileno(): c for c in caps}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN | select.POLLERR)
         arrays = self.ring.arrays()
         next_stats = time.monotonic() + 1.0
         while not self._stop_evt.is_set():
@@ -265,10 +277,22 @@ class AfPacketSource(Source):
                 drained += tpacket_v3_kernel(c.blk8, c.blk32, c.block_size, c.cur, self.iface_index + k,
                                              self._scratch, self._st, *arrays)
             if not drained:
-                poller.poll(POLL_MS)
+                for fd, ev in poller.poll(POLL_MS):
+                    if ev & (select.POLLERR | select.POLLHUP):
+                        self._socket_error(by_fd[fd])
             if time.monotonic() >= next_stats:
                 self._poll_kernel_stats()
                 next_stats = time.monotonic() + 1.0
+
+    def _socket_error(self, cap: _Capture) -> None:
+        """Read (and so clear) a pending socket error, e.g. ENETDOWN when the interface went down:
+        capture resumes by itself when it comes back up; until then poll() would not block."""
+        err = cap.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.socket_errors += 1
+            log.warning("afpacket %s: %s", cap.name, os.strerror(err))
+        else:
+            time.sleep(POLL_MS / 1000)  # POLLHUP without an error: do not spin
 
     def _poll_kernel_stats(self) -> None:
         with self._klock:
@@ -296,5 +320,5 @@ class AfPacketSource(Source):
             self._poll_kernel_stats()
         d = super().stats()
         d.update(kernel_packets=self._kstats[0], kernel_drops=self._kstats[1], kernel_freeze_q_cnt=self._kstats[2],
-                 promiscuous=self.promiscuous)
+                 promiscuous=self.promiscuous, socket_errors=self.socket_errors)
         return d

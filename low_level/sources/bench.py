@@ -81,29 +81,45 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=2_000_000)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--slots", type=int, default=1 << 16)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (after a warm-up); best and median shown")
     args = ap.parse_args(argv)
     n = args.frames
+
+    def show(label: str, rates: list[float]) -> None:
+        rates = sorted(rates)
+        print(f"{label}: best {rates[-1] / 1e6:.2f}, median {rates[len(rates) // 2] / 1e6:.2f} M frames/s")
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bench.pcap")
         write_pcap(path, n, args.size)
-        for _ in range(2):  # the first run includes compiling (or loading the cache)
+        rates = []
+        for k in range(args.repeat + 1):  # the first run includes compiling (or loading the cache)
             ring = Ring(nslots=args.slots)
             src = PcapSource(path, ring, mode="fast", progress=False)
             rate = drain_rate(ring, src, n)
+            assert src.stats()["drops"] == 0 and src.stats()["frames_pushed"] == n
             src.close()
-        print(f"pcap fast replay: {n} x {args.size}-byte frames: {rate / 1e6:.2f} M frames/s "
-              f"(drops {src.stats()['drops']})")
+            if k:
+                rates.append(rate)
+        show(f"pcap fast replay, {n} x {args.size} B", rates)
 
-    for _ in range(2):
-        ring = Ring(nslots=args.slots)
-        gen = GeneratorSource(ring, count=n, clock="synthetic", sizes=(args.size, args.size))
-        rate = drain_rate(ring, gen, n)
-    print(f"generator into ring: {n} x {args.size}-byte frames: {rate / 1e6:.2f} M frames/s")
+    for sizes in ((args.size, args.size), (64, 1500)):
+        rates = []
+        for k in range(args.repeat + 1):
+            ring = Ring(nslots=args.slots)
+            gen = GeneratorSource(ring, count=n, clock="synthetic", sizes=sizes)
+            rate = drain_rate(ring, gen, n)
+            if k:
+                rates.append(rate)
+        show(f"generator into ring, {n} frames, sizes {sizes}", rates)
+
     generate_frames(1000)
-    t = time.perf_counter()
-    generate_frames(n, snaplen=128)
-    print(f"generate_frames (no ring): {n / (time.perf_counter() - t) / 1e6:.2f} M frames/s")
+    rates = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        generate_frames(n, snaplen=128)
+        rates.append(n / (time.perf_counter() - t))
+    show(f"generate_frames (no ring, allocates {n} x 128 B)", rates)
 
 
 if __name__ == "__main__":

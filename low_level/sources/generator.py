@@ -134,7 +134,7 @@ def _packet_ts(p, i, t0, per_ns):
 
 
 @njit(cache=True, nogil=True)
-def build_frame(p, cdf, i, b):
+def build_frame(p: np.ndarray, cdf: np.ndarray, i: int, b: np.ndarray) -> tuple[int, int]:
     """Write packet ``i``'s headers (and zero payload up to p[G_SNAP] bytes) into ``b``; returns
     (wire length, header length). ``b`` must hold max(p[G_SNAP], 128) bytes."""
     seed = np.uint64(p[G_SEED])
@@ -242,7 +242,9 @@ def build_frame(p, cdf, i, b):
 
 
 @njit(cache=True, nogil=True)
-def gen_push_kernel(p, cdf, scratch, i0, n, t0, per_ns, st, frames, snaplen, caplen, wirelen, tss, iface, ctr):
+def gen_push_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, i0: int, n: int, t0: int, per_ns: float,
+                    st: np.ndarray, frames: np.ndarray, snaplen: int, caplen: np.ndarray, wirelen: np.ndarray,
+                    tss: np.ndarray, iface: np.ndarray, ctr: np.ndarray) -> int:
     """Build packets i0 .. i0+n-1 into the ring; returns how many were consumed.
 
     With p[G_WAIT] the kernel stops early at a full ring (the caller waits and resumes there);
@@ -250,23 +252,31 @@ def gen_push_kernel(p, cdf, scratch, i0, n, t0, per_ns, st, frames, snaplen, cap
     """
     nslots = caplen.shape[0]
     ifidx = p[G_IFIDX]
-    for j in range(n):
-        if p[G_WAIT] != 0 and ctr[HEAD] - ctr[TAIL] >= nslots:
-            return j
+    wait = p[G_WAIT] != 0
+    npushed = ndrops = nbytes = np.int64(0)
+    j = 0
+    while j < n:
+        if wait and ctr[HEAD] - ctr[TAIL] >= nslots:
+            break
         i = i0 + j
         size, _ = build_frame(p, cdf, i, scratch)
         ts = _packet_ts(p, i, t0, per_ns)
-        st[ST_READ] += 1
         if ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, size, size, ts, ifidx):
-            st[ST_PUSHED] += 1
-            st[ST_BYTES] += size
+            npushed += 1
+            nbytes += size
         else:
-            st[ST_DROPS] += 1
-    return n
+            ndrops += 1
+        j += 1
+    st[ST_READ] += j
+    st[ST_PUSHED] += npushed
+    st[ST_DROPS] += ndrops
+    st[ST_BYTES] += nbytes
+    return j
 
 
 @njit(cache=True, nogil=True)
-def gen_array_kernel(p, cdf, scratch, i0, out, caplen, wirelen, ts):
+def gen_array_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, i0: int, out: np.ndarray,
+                     caplen: np.ndarray, wirelen: np.ndarray, ts: np.ndarray) -> None:
     """Build packets i0 .. i0+len(out)-1 into the rows of ``out`` (synthetic timestamps)."""
     snap = out.shape[1]
     for j in range(out.shape[0]):

@@ -182,7 +182,8 @@ def _emit(buf, off, cap, wl, ts, ifidx, base_in, elapsed, wait, rebase, outbase,
 
 
 @njit(cache=True, nogil=True)
-def pcap_kernel(buf, st, p, scale, frames, snaplen, caplen, wirelen, tss, iface, ctr):
+def pcap_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, frames: np.ndarray, snaplen: int,
+                caplen: np.ndarray, wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray, ctr: np.ndarray) -> int:
     """Walk classic pcap records from st[S_POS]: up to p[P_MAXN] of them, stopping early at the end,
     at a damaged record, on a full ring (fast mode) or at a packet not yet due (paced mode)."""
     end = p[P_END]
@@ -311,46 +312,61 @@ def _idb(buf, pos, total, be, st, ifs):
 
 
 @njit(cache=True, nogil=True)
-def pcapng_kernel(buf, st, p, scale, ifs, frames, snaplen, caplen, wirelen, tss, iface, ctr):
+def pcapng_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, ifs: np.ndarray, frames: np.ndarray,
+                  snaplen: int, caplen: np.ndarray, wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray,
+                  ctr: np.ndarray) -> int:
     """Walk pcapng blocks from st[S_POS] (same stopping rules as :func:`pcap_kernel`)."""
     end = p[P_END]
+    ifidx0 = p[P_IFIDX]
+    elapsed = p[P_ELAPSED]
+    wait = p[P_WAIT] != 0
+    rebase = p[P_REBASE] != 0
+    outbase = p[P_OUTBASE]
     pos = st[S_POS]
+    base_in = st[S_BASE_IN]
+    last_ts = st[S_LAST_TS]
+    nread = npushed = ndrops = nbytes = np.int64(0)
+    rc = RC_CHUNK
     for _ in range(p[P_MAXN]):
         if pos >= end:
-            st[S_POS] = pos
-            return RC_EOF
-        st[S_POS] = pos
+            rc = RC_EOF
+            break
         if pos + 12 > end:
-            return _bad(st, pos, 4, 12, end - pos)
-        btype = _rd32(buf, pos, False)
-        if btype == BT_SHB:
+            rc = _bad(st, pos, 4, 12, end - pos)
+            break
+        if _rd32(buf, pos, False) == BT_SHB:  # the same bytes in both byte orders
             bom = _rd32(buf, pos + 8, False)
             if bom == BOM_LE:
                 st[S_BE] = 0
             elif bom == BOM_BE:
                 st[S_BE] = 1
             else:
-                return _bad(st, pos, 8, bom, 0)
+                rc = _bad(st, pos, 8, bom, 0)
+                break
             st[S_IFBASE] += st[S_NIF]
             st[S_NIF] = 0
         be = st[S_BE] != 0
         btype = _rd32(buf, pos, be)
         total = _rd32(buf, pos + 4, be)
         if total < 12 or total & 3:
-            return _bad(st, pos, 5, total, 0)
+            rc = _bad(st, pos, 5, total, 0)
+            break
         if pos + total > end:
-            return _bad(st, pos, 6, total, end - pos)
+            rc = _bad(st, pos, 6, total, end - pos)
+            break
         trailer = _rd32(buf, pos + total - 4, be)
         if trailer != total:
-            return _bad(st, pos, 7, total, trailer)
+            rc = _bad(st, pos, 7, total, trailer)
+            break
         if btype == BT_IDB:
             rc = _idb(buf, pos, total, be, st, ifs)
             if rc != RC_CHUNK:
-                return rc
+                break
         elif btype == BT_EPB or btype == BT_PB or btype == BT_SPB:
             if btype == BT_SPB:
                 if total < 16:
-                    return _bad(st, pos, 9, total, 0)
+                    rc = _bad(st, pos, 9, total, 0)
+                    break
                 ifid = np.int64(0)
                 orig = _rd32(buf, pos + 8, be)
                 data = pos + 12
@@ -358,7 +374,8 @@ def pcapng_kernel(buf, st, p, scale, ifs, frames, snaplen, caplen, wirelen, tss,
                 cap = orig if orig < room else room
             else:
                 if total < 32:
-                    return _bad(st, pos, 9, total, 0)
+                    rc = _bad(st, pos, 9, total, 0)
+                    break
                 if btype == BT_EPB:
                     ifid = _rd32(buf, pos + 8, be)
                 else:
@@ -367,39 +384,46 @@ def pcapng_kernel(buf, st, p, scale, ifs, frames, snaplen, caplen, wirelen, tss,
                 orig = _rd32(buf, pos + 24, be)
                 data = pos + 28
                 if 32 + cap > total:
-                    return _bad(st, pos, 10, cap, 0)
+                    rc = _bad(st, pos, 10, cap, 0)
+                    break
             if ifid >= st[S_NIF]:
-                return _bad(st, pos, 11, ifid, st[S_NIF])
+                rc = _bad(st, pos, 11, ifid, st[S_NIF])
+                break
             row = st[S_IFBASE] + ifid
             if btype == BT_SPB:
                 snap = ifs[row, IF_SNAPLEN]
                 if snap > 0 and cap > snap:
                     cap = snap
-                ts = st[S_LAST_TS]  # SPBs carry no timestamp: reuse the previous packet's
+                ts = last_ts  # SPBs carry no timestamp: reuse the previous packet's
             else:
                 hi = _rd32(buf, pos + 12, be)
                 lo = _rd32(buf, pos + 16, be)
                 ts = _units_to_ns((hi << 32) | lo, ifs[row, IF_MODE], ifs[row, IF_FACTOR]) + ifs[row, IF_OFFSET_NS]
             wl = orig if orig >= cap else cap
-            e, base_in, rel = _emit(buf, data, cap, wl, ts, p[P_IFIDX] + row, st[S_BASE_IN], p[P_ELAPSED],
-                                    p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], scale,
-                                    frames, snaplen, caplen, wirelen, tss, iface, ctr)
-            st[S_BASE_IN] = base_in
+            e, base_in, rel = _emit(buf, data, cap, wl, ts, ifidx0 + row, base_in, elapsed, wait, rebase, outbase,
+                                    scale, frames, snaplen, caplen, wirelen, tss, iface, ctr)
             if e == E_PUSHED:
-                st[ST_PUSHED] += 1
-                st[ST_BYTES] += wl
+                npushed += 1
+                nbytes += wl
             elif e == E_DROPPED:
-                st[ST_DROPS] += 1
+                ndrops += 1
             else:
                 st[S_NEXT_REL] = rel
-                return e
-            st[ST_READ] += 1
-            st[S_PASS_READ] += 1
+                rc = e
+                break
+            nread += 1
             if ts != NONE:
-                st[S_LAST_TS] = ts
+                last_ts = ts
         pos += total
     st[S_POS] = pos
-    return RC_CHUNK
+    st[S_BASE_IN] = base_in
+    st[S_LAST_TS] = last_ts
+    st[ST_READ] += nread
+    st[S_PASS_READ] += nread
+    st[ST_PUSHED] += npushed
+    st[ST_DROPS] += ndrops
+    st[ST_BYTES] += nbytes
+    return rc
 
 
 # ---------------------------------------------------------------------------------------------------
