@@ -3,20 +3,32 @@
 Endpoints (all GET; OpenAPI at /docs):
 
 * ``/health``: liveness, never needs a token.
-* ``/queries``, ``/queries/{name}``: query definitions (original YAML), window spec, key and aggregate columns.
-* ``/queries/{name}/results``: windows in [start, end) (default the last hour, at most 7 days),
-  corrections folded into finals; key filters ``key.<col>=v`` or ``filter=<col>:v`` (exact, or an
-  IPv4/IPv6 prefix for address columns; OR within a column, AND across columns); ``order_by``;
-  ``top`` (top-N per window); ``limit``/``offset`` paging; ``format=json|csv``.
-* ``/queries/{name}/latest``: the newest closed window (same filters, ``top``, paging, format).
+* ``/queries``, ``/queries/{name}``: query definitions (the original YAML), window spec, key and
+  aggregate columns.
+* ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the last
+  hour; at most 7 days), one row per (window, group). Group-key filters ``key.<col>=v`` or
+  ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as 10.0.0.0/8 or 2001:db8::/32 for
+  address columns; several filters on one column are OR-ed, different columns AND-ed); ``order_by``;
+  ``top`` (top-N groups per window, with a ``rank`` column); ``limit`` (<= 10000) and ``offset``
+  paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count).
+* ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format).
 * ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
-* ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per query.
-* ``/metrics``: Prometheus metrics of the API.
+* ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
+  query, from ``_status.json`` (normalised, plus the raw document).
+* ``/metrics``: Prometheus metrics of the API (``lowwater_api_requests_total``,
+  ``lowwater_api_request_duration_seconds``).
 * ``/`` and ``/ui``: the results page.
 
-With a token configured every endpoint except /health and the static shells that hold no data (the
-page, /docs, /openapi.json) needs ``Authorization: Bearer <token>``. Invalid parameters are 400 with a
-message, unknown queries 404, an unreadable store 503.
+Corrections are folded into the final row of their window and group: count and sum add up, min and
+max take the min/max, avg is recomputed exactly as the count-weighted mean when the query also has a
+``count`` aggregate. A query with avg but no count cannot be folded exactly: its avg stays the final
+row's value (``avg_exact: false`` in /queries); the row's ``corrections`` column says how many
+correction rows were folded in.
+
+With a token configured, every endpoint except /health and the static shells that hold no data (the
+page, /docs, /openapi.json) needs ``Authorization: Bearer <token>``; that includes /metrics (give
+Prometheus the token). The page takes the token from ``/ui#token=<token>`` or asks for it. Invalid
+parameters are 400 with a message, unknown queries 404, an unreadable store 503.
 """
 
 from __future__ import annotations
@@ -25,9 +37,12 @@ import argparse
 import csv
 import hmac
 import io
+import logging
 import math
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,8 +50,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.serve import params as P
@@ -45,7 +62,12 @@ from high_level.serve.reader import QueryInfo, Reader, ResultSet, StoreError, is
 from high_level.serve.status import read_status
 
 STATIC = Path(__file__).parent / "static"
+try:  # optional dependency swagger-ui-bundle-v2: Swagger UI assets served locally instead of from a CDN
+    from swagger_ui_bundle import swagger_ui_path as SWAGGER_UI
+except ImportError:  # pragma: no cover - depends on the environment
+    SWAGGER_UI = None
 TOKEN_ENV = "LOWWATER_API_TOKEN"
+log = logging.getLogger("lowwater.api")
 _RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format"}
 _LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format"}
 _SERIES_PARAMS = {"start", "end", "filter", "format"}
@@ -72,6 +94,8 @@ Top = Annotated[int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups
 Limit = Annotated[int, Query(ge=1, le=P.MAX_LIMIT, description=f"Page size (1..{P.MAX_LIMIT}).")]
 Offset = Annotated[int, Query(ge=0, le=P.MAX_OFFSET, description="Rows to skip (paging).")]
 Format = Annotated[Literal["json", "csv"], Query(alias="format", description="json (default) or csv.")]
+_BEARER = HTTPBearer(auto_error=False, description="Needed when the API runs with --token / LOWWATER_API_TOKEN.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
 def _yaml_fragments(path: str | Path) -> dict[str, Any]:
@@ -169,30 +193,68 @@ def _check_params(request: Request, allowed: set[str]) -> list[tuple[str, str]]:
     return keys
 
 
-def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None) -> FastAPI:
-    """Build the API for one config and one results directory; ``token`` enables bearer auth."""
+def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: threading.Event) -> None:
+    try:
+        for qi in infos:
+            try:
+                reader.warm(qi, timedelta(hours=1), stop)
+            except Exception:  # warming is an optimisation; requests report real errors themselves
+                log.exception("warming the cache for %s failed", qi.name)
+    finally:
+        done.set()
+
+
+def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None,
+               cache_mb: int = 512) -> FastAPI:
+    """Build the API for one config and one results directory.
+
+    ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
+    whose files exceed half of it read Parquet directly, slower).
+    """
     cfg = load(config_path)
     infos = {q.name: QueryInfo.of(q) for q in cfg.queries}
     fragments = _yaml_fragments(config_path)
     results = Path(results_dir)
-    reader = Reader(results)
+    reader = Reader(results, cache_mb=cache_mb)
     metrics = ApiMetrics()
     token = token or None
+    warmed = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # prepare the newest hour of every query in the background: the first page view is then fast
+        stop = threading.Event()
+        warm = threading.Thread(target=_warm, args=(reader, list(infos.values()), stop, warmed), name="lowwater-api-warm")
+        warm.start()
+        try:
+            yield
+        finally:  # never leave a thread inside DuckDB when the process exits
+            stop.set()
+            warm.join(30)
 
     app = FastAPI(
         title="lowwater API",
         version="0.1.0",
         description=__doc__,
-        docs_url="/docs",
+        docs_url=None if SWAGGER_UI else "/docs",  # without the bundle, FastAPI's default page (CDN assets)
         redoc_url=None,
+        lifespan=lifespan,
     )
+    if SWAGGER_UI:  # Swagger UI served from the installed bundle: /docs works without internet access
+        app.mount("/docs/assets", StaticFiles(directory=SWAGGER_UI), name="swagger-ui")
+
+        @app.get("/docs", include_in_schema=False)
+        def docs() -> HTMLResponse:
+            return get_swagger_ui_html(
+                openapi_url="/openapi.json", title="lowwater API",
+                swagger_js_url="/docs/assets/swagger-ui-bundle.js", swagger_css_url="/docs/assets/swagger-ui.css",
+                swagger_favicon_url="/docs/assets/favicon-32x32.png",
+            )  # fmt: skip
     app.state.reader = reader
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics, router_app=app)
 
-    bearer = HTTPBearer(auto_error=False, description="Set when the API runs with --token / LOWWATER_API_TOKEN.")
-
-    def require_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    def require_token(creds: Credentials) -> None:
         """Constant-time check of the bearer token (only installed when a token is configured)."""
         ok = creds is not None and hmac.compare_digest(creds.credentials.encode(), token.encode())  # type: ignore[union-attr]
         if not ok:
@@ -243,7 +305,8 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     # ---- open endpoints
     @open_.get("/health", summary="Liveness (no auth)")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir()}
+        return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir(),
+                "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes}}  # fmt: skip
 
     @open_.get("/", include_in_schema=False)
     @open_.get("/ui", include_in_schema=False)
@@ -344,10 +407,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--token", default=os.environ.get(TOKEN_ENV),
                     help=f"require 'Authorization: Bearer <token>' (env {TOKEN_ENV}); /health stays open")  # fmt: skip
+    ap.add_argument("--cache-mb", type=int, default=512,
+                    help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly")  # fmt: skip
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     try:
-        app = create_app(args.config, args.results, args.token)
+        app = create_app(args.config, args.results, args.token, cache_mb=args.cache_mb)
     except ConfigError as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -19,6 +19,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "<unmatched>"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -48,7 +49,7 @@ def _route_of(app: Any, scope: Scope) -> str:
     for r in getattr(app, "routes", ()):  # e.g. a 401/404 raised before routing recorded the route
         try:
             match, _ = r.matches(scope)
-        except Exception:  # noqa: BLE001 - a route that cannot match is simply not this one
+        except Exception:  # a route that cannot match is simply not this one
             continue
         if match == Match.FULL:
             return str(r.path)
@@ -80,5 +81,6 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = _route_of(self.router_app, scope)
-            self.metrics.requests.labels(scope.get("method", ""), route, str(status)).inc()
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method if method in _METHODS else "other", route, str(status)).inc()
             self.metrics.duration.labels(route).observe(time.perf_counter() - t0)

@@ -43,6 +43,8 @@ def parse_time(name: str, value: str, now: datetime) -> datetime:
     try:
         if _EPOCH.match(text):
             us = int(Decimal(text) * 1_000_000)
+            if not 0 <= us <= int((_MAX_TIME - _MIN_TIME).total_seconds()) * 1_000_000:
+                raise ParamError(f"{name}: {value!r} is outside 1970..2200")
             t = _MIN_TIME + timedelta(microseconds=us)
         elif (m := _RELATIVE.match(text)) and (m.group(1) or m.group(2)):
             back = parse_duration_ns(m.group(2).strip()) if m.group(2) else 0
@@ -86,6 +88,15 @@ class KeyFilter:
     op: str
     value: object
     text: str
+    bounds: tuple[int, int] | None = None  # prefixes: first/last address in lowwater's 128-bit space
+
+
+V4_MAPPED = 0xFFFF << 32
+
+
+def _bounds(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[int, int]:
+    lo, hi = int(net.network_address), int(net.broadcast_address)
+    return (V4_MAPPED | lo, V4_MAPPED | hi) if net.version == 4 else (lo, hi)
 
 
 def _ip_filter(column: str, raw: str) -> KeyFilter:
@@ -107,17 +118,18 @@ def _ip_filter(column: str, raw: str) -> KeyFilter:
     p = net.prefixlen
     if p == net.max_prefixlen:
         return KeyFilter(column, "eq", str(net.network_address), raw)
+    b = _bounds(net)
     if isinstance(net, ipaddress.IPv4Network):
         if p == 0:
-            return KeyFilter(column, "v4all", None, raw)
+            return KeyFilter(column, "v4all", None, raw, b)
         if p % 8 == 0:  # whole octets: a string prefix of the dotted text, cheaper than parsing
             octets = str(net.network_address).split(".")[: p // 8]
-            return KeyFilter(column, "v4prefix", ".".join(octets) + ".", raw)
-        return KeyFilter(column, "v4range", (int(net.network_address), int(net.broadcast_address)), raw)
+            return KeyFilter(column, "v4prefix", ".".join(octets) + ".", raw, b)
+        return KeyFilter(column, "v4range", (int(net.network_address), int(net.broadcast_address)), raw, b)
     if p == 0:
-        return KeyFilter(column, "v6all", None, raw)
+        return KeyFilter(column, "v6all", None, raw, b)
     lo, hi = int(net.network_address), int(net.broadcast_address)
-    return KeyFilter(column, "v6range", (f"{lo:032x}", f"{hi:032x}"), raw)
+    return KeyFilter(column, "v6range", (f"{lo:032x}", f"{hi:032x}"), raw, b)
 
 
 def _int_filter(column: str, raw: str) -> KeyFilter:

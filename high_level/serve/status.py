@@ -2,9 +2,12 @@
 
 The job rewrites the file as it runs and its exact shape may grow, so the raw document is passed
 through unchanged and, next to it, a normalised view is derived from whatever keys are present:
-one row per capture host (low-water mark, live, lag, and every other numeric counter such as
-late_partials / missing_records / drops summed over queries and partitions) and per query the open
-windows, partition marks and late counts. Unknown or malformed parts are skipped, never an error.
+one row per capture host (low-water mark = the lowest over partitions, live = live everywhere, lag =
+the largest, and the additive counters such as late_partials / missing_records / records / drops
+summed over queries and partitions) and per query the low-water mark, open windows, the hosts holding
+the mark back (``blocked_by``), per-partition marks and counter totals. Both the agreed shape
+(``updated_at``, partition ``low_water_mark``) and the job's (``updated_ms``, ``low_water_mark_ns``)
+are understood. Unknown or malformed parts are skipped, never an error.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from high_level.serve.reader import iso_of_us
 STALE_AFTER_S = 60.0
 _MARK_KEYS = ("mark_ns", "low_water_mark_ns", "low_water_mark", "mark")
 _LAG_KEYS = ("lag_s", "lag_seconds", "lag")
-_NOT_COUNTERS = {*_MARK_KEYS, *_LAG_KEYS, "live", "alive"}
+# additive per-host counters summed over queries and partitions (plus any key about drops/late/missing)
+COUNTERS = ("late_partials", "missing_records", "records", "drops", "dropped", "dropped_records", "late_records")
 
 
 def to_ns(value: Any) -> int | None:
@@ -82,25 +86,45 @@ def _dicts(value: Any) -> list[tuple[str, dict]]:
     return [(str(k), v) for k, v in value.items() if isinstance(v, dict)] if isinstance(value, dict) else []
 
 
+def _counters(hdoc: dict) -> dict[str, int | float]:
+    """The additive per-host counters (late partials, missing records, drops ...) of a host entry."""
+    out = {}
+    for k, v in hdoc.items():
+        if _num(v) is None or k.endswith(("_ms", "_ns", "_s", "_batch", "_pane")):
+            continue
+        if k in COUNTERS or any(w in k for w in ("drop", "late", "missing", "lost")):
+            out[k] = v
+    return out
+
+
 def normalise(raw: Any, now_s: float | None = None) -> dict[str, Any]:
     """The normalised view of a status document (see the module docstring)."""
     now_s = time.time() if now_s is None else now_s
     doc = raw if isinstance(raw, dict) else {}
-    updated_ns = to_ns(doc.get("updated_at"))
+    updated_ns = to_ns(_first(doc, ("updated_at", "updated_ms", "updated_ns", "now_ms")))
     details: list[dict[str, Any]] = []
     queries: dict[str, Any] = {}
     for qname, qdoc in _dicts(doc.get("queries")):
-        qsum: dict[str, Any] = {"open_windows": 0, "partitions": {}, "counters": {}, "hosts": 0, "live_hosts": 0}
-        for pname, pdoc in _dicts(qdoc.get("partitions")):
-            lwm = to_ns(pdoc.get("low_water_mark"))
+        qsum: dict[str, Any] = {"low_water_mark": None, "low_water_mark_ns": None, "open_windows": 0, "hosts": 0,
+                                "live_hosts": 0, "blocked_by": [], "counters": {}, "partitions": {}}  # fmt: skip
+        parts = _dicts(qdoc.get("partitions"))
+        if not parts and isinstance(qdoc.get("hosts"), dict):  # hosts given per query only
+            parts = [("*", qdoc)]
+        marks = []
+        for pname, pdoc in parts:
+            lwm = to_ns(_first(pdoc, ("low_water_mark", "low_water_mark_ns")))
+            marks.append(lwm)
             ow = _num(pdoc.get("open_windows"))
             if ow is not None:
                 qsum["open_windows"] += ow
-            qsum["partitions"][pname] = {"low_water_mark": _iso(lwm), "low_water_mark_ns": lwm, "open_windows": ow}
+            blocked = [str(h) for h in pdoc.get("blocked_by", []) or []] if isinstance(pdoc.get("blocked_by"), list) else []
+            qsum["blocked_by"] += [h for h in blocked if h not in qsum["blocked_by"]]
+            qsum["partitions"][pname] = {"low_water_mark": _iso(lwm), "low_water_mark_ns": lwm, "open_windows": ow,
+                                         "blocked_by": blocked}  # fmt: skip
             for host, hdoc in _dicts(pdoc.get("hosts")):
                 mark = to_ns(_first(hdoc, _MARK_KEYS))
                 live = _first(hdoc, ("live", "alive"))
-                counters = {k: v for k, v in hdoc.items() if k not in _NOT_COUNTERS and _num(v) is not None}
+                counters = _counters(hdoc)
                 row = {
                     "query": qname, "partition": pname, "host": host,
                     "low_water_mark": _iso(mark), "low_water_mark_ns": mark,
@@ -112,6 +136,10 @@ def normalise(raw: Any, now_s: float | None = None) -> dict[str, Any]:
                 qsum["live_hosts"] += 1 if live is True else 0
                 for k, v in counters.items():
                     qsum["counters"][k] = qsum["counters"].get(k, 0) + v
+        top = to_ns(qdoc.get("low_water_mark_ns"))
+        known = [m for m in marks if m is not None]
+        lwm = top if top is not None else (min(known) if known and len(known) == len(marks) else None)
+        qsum["low_water_mark"], qsum["low_water_mark_ns"] = _iso(lwm), lwm
         queries[qname] = qsum
     hosts: dict[str, dict[str, Any]] = {}
     for row in details:

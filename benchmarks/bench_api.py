@@ -1,0 +1,262 @@
+"""Benchmark of the serving layer: top-100 per window over the last hour of a 10M-row results store.
+
+Generates ~2 days of 1-minute windows of ``q4_pairs``-shaped results (src_ip, dst_ip -> packets) in
+the store layout the high-level job writes (``query=<q>/date=YYYY-MM-DD/part-<batch>.parquet``, one
+file per batch = per closed minute, ~1% correction rows in later batches) under
+``benchmarks/results/tmp/`` (gitignored), starts the real ``lowwater-api`` (uvicorn) in its own process on a free port, and times
+``GET /queries/q4_pairs/results?top=100&start=<1h before the newest window>&end=<newest>`` end to end
+over HTTP. Prints p50/p95/p99 and writes ``benchmarks/results/api.json``. Target: p95 <= 100 ms.
+
+Run: ``.venv/bin/python benchmarks/bench_api.py [--rows 10000000] [--requests 100] [--regen]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+
+OUT = REPO / "benchmarks" / "results"
+TMP = OUT / "tmp" / "api_store"
+QUERY = "q4_pairs"
+CONFIG = """
+queries:
+  - name: q4_pairs
+    description: packet count per (srcIP, dstIP) per minute (benchmark)
+    filter: ip_version == 4
+    group_by: [src_ip, dst_ip]
+    aggregates:
+      - {fn: count, as: packets}
+    window: {range: 1m}
+"""
+SCHEMA = pa.schema([
+    ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
+    ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
+    ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()), ("kind", pa.string()),
+])  # fmt: skip
+
+
+def _addresses(rng: np.random.Generator, n: int) -> pa.Array:
+    """n distinct-ish addresses as text, ~10% IPv6."""
+    v4 = rng.integers(0x0A000000, 0x0AFFFFFF, n)
+    out = [f"{a >> 24}.{(a >> 16) & 255}.{(a >> 8) & 255}.{a & 255}" for a in v4.tolist()]
+    for i in rng.choice(n, n // 10, replace=False).tolist():
+        out[i] = f"2001:db8:{i & 0xFFFF:x}::{(i * 7919) & 0xFFFF:x}"
+    return pa.array(out, pa.string())
+
+
+def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) -> dict:
+    """Write the store: ``minutes`` windows of rows/minutes groups each, ending at ``end``."""
+    rng = np.random.default_rng(seed)
+    shutil.rmtree(root, ignore_errors=True)
+    groups = rows // minutes
+    srcs, dsts = _addresses(rng, 20_000), _addresses(rng, 5_000)
+    pool = 4 * groups  # the pairs active in a window are drawn from a larger pool
+    pair_src = rng.integers(0, len(srcs), pool)
+    pair_dst = rng.integers(0, len(dsts), pool)
+    first = end - timedelta(minutes=minutes)
+    written = corrections = 0
+    t0 = time.perf_counter()
+    for m in range(minutes):
+        ws = first + timedelta(minutes=m)
+        pick = rng.choice(pool, groups, replace=False)
+        packets = rng.zipf(1.3, groups).clip(1, 10_000_000).astype(np.int64)
+        n = groups
+        kind = ["final"] * n
+        src_idx, dst_idx = pair_src[pick], pair_dst[pick]
+        wss = [ws] * n
+        if m >= 5 and rng.random() < 0.3:  # corrections for a window a few minutes back
+            k = groups // 100
+            back = int(rng.integers(1, 5))
+            sel = rng.choice(groups, k, replace=False)
+            wss += [ws - timedelta(minutes=back)] * k
+            src_idx = np.concatenate([src_idx, src_idx[sel]])
+            dst_idx = np.concatenate([dst_idx, dst_idx[sel]])
+            packets = np.concatenate([packets, rng.integers(1, 50, k)])
+            kind += ["correction"] * k
+            n += k
+            corrections += k
+        ws_arr = pa.array(wss, pa.timestamp("us", tz="UTC"))
+        table = pa.table({
+            "window_start": ws_arr,
+            "window_end": pa.array([w + timedelta(minutes=1) for w in wss], pa.timestamp("us", tz="UTC")),
+            "src_ip": srcs.take(pa.array(src_idx)), "dst_ip": dsts.take(pa.array(dst_idx)),
+            "packets": pa.array(packets, pa.int64()),
+            "closed_at": pa.array([ws + timedelta(minutes=1, seconds=3)] * n, pa.timestamp("us", tz="UTC")),
+            "hosts": pa.array(np.full(n, 3, np.int32)), "kind": pa.array(kind, pa.string()),
+        }, schema=SCHEMA)  # fmt: skip
+        d = root / f"query={QUERY}" / f"date={ws.date().isoformat()}"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, d / f"part-{m:012d}.parquet")
+        written += n
+    return {"rows": written, "corrections": corrections, "files": minutes, "groups_per_window": groups,
+            "first_window": first.isoformat(), "end": end.isoformat(), "generate_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machine() -> dict:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu_model": model or platform.processor(), "python": platform.python_version(),
+            "platform": platform.platform()}  # fmt: skip
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process (Linux /proc), to report cost independent of machine load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--minutes", type=int, default=2 * 24 * 60)
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--top", type=int, default=100)
+    ap.add_argument("--regen", action="store_true", help="regenerate the store even if it exists")
+    args = ap.parse_args(argv)
+
+    import duckdb
+
+    manifest = TMP / "manifest.json"
+    want = {"rows": args.rows, "minutes": args.minutes}
+    meta = json.loads(manifest.read_text()) if manifest.exists() else None
+    if args.regen or meta is None or meta.get("want") != want:
+        end = datetime.now(UTC).replace(second=0, microsecond=0)
+        print(f"generating {args.rows:,} rows over {args.minutes} one-minute windows in {TMP} ...", flush=True)
+        info = generate(TMP, args.rows, args.minutes, end)
+        meta = {"want": want, **info}
+        manifest.write_text(json.dumps(meta, indent=1))
+    print(f"store: {meta['rows']:,} rows in {meta['files']} files ({meta['corrections']:,} corrections)", flush=True)
+    end = datetime.fromisoformat(meta["end"])
+    config = TMP / "bench.yaml"
+    config.write_text(CONFIG)
+
+    port = _free_port()
+    # the real CLI in its own process (a server thread here would share the GIL with the client)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(config),
+         "--results", str(TMP), "--port", str(port), "--log-level", "warning"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    start = (end - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/queries/{QUERY}/results"
+    params = {"top": str(args.top), "start": start, "end": end.isoformat().replace("+00:00", "Z")}
+    load_before = os.getloadavg()
+    try:
+        with httpx.Client(timeout=60) as client:
+            t_up = time.perf_counter()
+            while True:  # up, and done preparing the newest hour in the background
+                try:
+                    if client.get(f"{base}/health").json()["cache"]["warmed"]:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None or time.perf_counter() - t_up > 300:
+                    raise SystemExit("the API did not start")
+                time.sleep(0.1)
+            startup = time.perf_counter() - t_up
+            t0 = time.perf_counter()
+            r = client.get(url, params=params)
+            cold = time.perf_counter() - t0
+            r.raise_for_status()
+            body = r.json()
+            print(f"startup incl. background warm-up: {startup:.1f} s; first request: {cold * 1000:.0f} ms, "
+                  f"{body['paging']['total']} rows in the top-{args.top} set, "
+                  f"{body['paging']['returned']} returned, {len(r.content) / 1e6:.2f} MB", flush=True)  # fmt: skip
+            for _ in range(5):
+                client.get(url, params=params).raise_for_status()
+            cpu0 = _cpu_seconds(server.pid)
+            times = []
+            for _ in range(args.requests):
+                t0 = time.perf_counter()
+                r = client.get(url, params=params)
+                times.append(time.perf_counter() - t0)
+                r.raise_for_status()
+            cpu_per_request = (_cpu_seconds(server.pid) - cpu0) / args.requests
+            full = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                client.get(url, params={**params, "limit": "10000"}).raise_for_status()
+                full.append(time.perf_counter() - t0)
+            latest = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                client.get(f"{base}/queries/{QUERY}/latest", params={"top": "100"}).raise_for_status()
+                latest.append(time.perf_counter() - t0)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    load_after = os.getloadavg()
+    ms = [t * 1000 for t in times]
+    res = {
+        "benchmark": "GET /queries/q4_pairs/results?top=100&start=<1h before the newest window> "
+                     "(HTTP to lowwater-api in its own process, sequential; default page limit 1000)",
+        "machine": _machine(),
+        "versions": {"duckdb": duckdb.__version__, "pyarrow": pa.__version__},
+        "store": meta,
+        "request": {"top": args.top, "start": params["start"], "end": params["end"],
+                    "rows_in_top_set": body["paging"]["total"], "rows_returned": body["paging"]["returned"],
+                    "response_bytes": len(r.content)},  # fmt: skip
+        "requests": len(ms),
+        "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
+        "startup_with_warmup_s": round(startup, 1),
+        "first_request_ms": round(cold * 1000, 1),
+        "server_cpu_ms_per_request": round(cpu_per_request * 1000, 1),
+        "p50_ms": round(statistics.median(ms), 1),
+        "p95_ms": round(_pct(ms, 95), 1),
+        "p99_ms": round(_pct(ms, 99), 1),
+        "max_ms": round(max(ms), 1),
+        "mean_ms": round(statistics.fmean(ms), 1),
+        "all_6000_rows_limit_10000_p50_ms": round(statistics.median(full) * 1000, 1),
+        "latest_top100_p50_ms": round(statistics.median(latest) * 1000, 1),
+        "target_p95_ms": 100,
+    }
+    res["meets_target"] = res["p95_ms"] <= 100
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "api.json").write_text(json.dumps(res, indent=2) + "\n")
+    print(f"{len(ms)} requests: p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms "
+          f"(max {res['max_ms']} ms); server CPU {res['server_cpu_ms_per_request']} ms/request; "
+          f"limit=10000 p50 {res['all_6000_rows_limit_10000_p50_ms']} ms; latest?top=100 p50 {res['latest_top100_p50_ms']} ms; "
+          f"load average {res['load_average_before_after']}; "
+          f"{'meets' if res['meets_target'] else 'MISSES'} the p95 <= 100 ms target -> {OUT / 'api.json'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+// lowwater results page: plain JS, no build step, no external assets. Polls the REST API every few
+// seconds; per query it charts the per-window total of one aggregate (inline SVG) over the hour up to
+// the newest closed window and lists the top groups of that window; on top, the capture hosts.
+"use strict";
+
+const REFRESH_MS = 5000;
+const TOP_N = 10;
+const SVGNS = "http://www.w3.org/2000/svg";
+const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null };
+
+// ---- token: #token=... in the URL, else local storage; asked for on a 401
+function initToken() {
+  const m = /(?:^|[#&])token=([^&]+)/.exec(location.hash);
+  if (m) {
+    state.token = decodeURIComponent(m[1]);
+    try { localStorage.setItem("lowwater_token", state.token); } catch (e) { /* private mode */ }
+    history.replaceState(null, "", location.pathname + location.search);
+  } else {
+    try { state.token = localStorage.getItem("lowwater_token"); } catch (e) { state.token = null; }
+  }
+  document.getElementById("auth-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    state.token = document.getElementById("auth-token").value.trim() || null;
+    try { localStorage.setItem("lowwater_token", state.token || ""); } catch (e) { /* ignore */ }
+    document.getElementById("auth").style.display = "none";
+    refresh();
+  });
+}
+
+class AuthError extends Error {}
+
+async function api(path) {
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  const r = await fetch(path, { headers, cache: "no-store" });
+  if (r.status === 401) throw new AuthError("token required");
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { detail = (await r.json()).detail || detail; } catch (e) { /* not JSON */ }
+    throw new Error(`${path}: ${r.status} ${detail}`);
+  }
+  return r.json();
+}
+
+// ---- small DOM helpers
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) e.append(c);
+  return e;
+}
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+// ---- formatting
+function fmtNum(v) {
+  if (v === null || v === undefined) return "–";
+  if (typeof v !== "number") return String(v);
+  if (!Number.isInteger(v)) return v.toLocaleString("en-US", { maximumFractionDigits: 2 });
+  return v.toLocaleString("en-US");
+}
+function fmtShort(v) {
+  const a = Math.abs(v);
+  const units = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [d, u] of units) if (a >= d) return (v / d).toFixed(a / d >= 100 ? 0 : 1).replace(/\.0$/, "") + u;
+  return Number.isInteger(v) ? String(v) : v.toFixed(a < 10 ? 2 : 1);
+}
+function pad(n) { return String(n).padStart(2, "0"); }
+function fmtTime(ms, withSec) {
+  const d = new Date(ms);
+  return pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()) + (withSec ? ":" + pad(d.getUTCSeconds()) : "");
+}
+function fmtDur(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 1) return (s * 1000).toFixed(0) + " ms";
+  if (s < 120) return s.toFixed(1) + " s";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+function fmtSpan(ns) {
+  const s = ns / 1e9;
+  return s % 3600 === 0 ? s / 3600 + "h" : s % 60 === 0 ? s / 60 + "m" : s + "s";
+}
+
+// ---- the chart (inline SVG, drawn by hand)
+function niceStep(span, target) {
+  const raw = span / Math.max(1, target);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const n = raw / mag;
+  return (n <= 1 ? 1 : n <= 2 ? 2 : n <= 5 ? 5 : 10) * mag;
+}
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map((s) => s * 1000);
+
+function drawChart(host, points, label) {
+  host.textContent = "";
+  if (!points.length) { host.append(el("div", { class: "empty", text: "no closed windows in this range yet" })); return; }
+  const W = Math.max(320, host.clientWidth || 640), H = 210;
+  const m = { l: 52, r: 14, t: 12, b: 26 };
+  const iw = W - m.l - m.r, ih = H - m.t - m.b;
+  const xs = points.map((p) => p.t), ys = points.map((p) => p.v).filter((v) => v !== null);
+  let x0 = Math.min(...xs), x1 = Math.max(...xs);
+  if (x0 === x1) { x0 -= 30000; x1 += 30000; }
+  let y0 = Math.min(0, ...ys), y1 = Math.max(...ys, 0);
+  if (y1 === y0) y1 = y0 + 1;
+  const ystep = niceStep(y1 - y0, 4);
+  y1 = Math.ceil(y1 / ystep) * ystep; y0 = Math.floor(y0 / ystep) * ystep;
+  const X = (t) => m.l + ((t - x0) / (x1 - x0)) * iw;
+  const Y = (v) => m.t + ih - ((v - y0) / (y1 - y0)) * ih;
+
+  const s = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label });
+  const grid = svg("g", { class: "grid" }), axis = svg("g", { class: "axis" });
+  for (let v = y0; v <= y1 + ystep / 2; v += ystep) {
+    grid.append(svg("line", { x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }));
+    const t = svg("text", { x: m.l - 6, y: Y(v) + 3.5, "text-anchor": "end" }); t.textContent = fmtShort(v); axis.append(t);
+  }
+  const tstep = TIME_STEPS.find((st) => (x1 - x0) / st <= 7) || 86400000;
+  for (let t = Math.ceil(x0 / tstep) * tstep; t <= x1; t += tstep) {
+    const anchor = X(t) > W - m.r - 18 ? "end" : X(t) < m.l + 18 ? "start" : "middle";  // keep edge labels inside
+    const tx = svg("text", { x: X(t), y: H - 8, "text-anchor": anchor }); tx.textContent = fmtTime(t, tstep < 60000); axis.append(tx);
+    grid.append(svg("line", { x1: X(t), x2: X(t), y1: m.t + ih, y2: m.t + ih + 4 }));
+  }
+  s.append(grid, axis);
+  const pts = points.filter((p) => p.v !== null);
+  const line = pts.map((p, i) => (i ? "L" : "M") + X(p.t).toFixed(1) + "," + Y(p.v).toFixed(1)).join("");
+  if (pts.length > 1) {
+    s.append(svg("path", { class: "area", d: line + `L${X(pts[pts.length - 1].t).toFixed(1)},${Y(Math.max(0, y0))}L${X(pts[0].t).toFixed(1)},${Y(Math.max(0, y0))}Z` }));
+  }
+  s.append(svg("path", { class: "line", d: line }));
+  if (pts.length <= 90 || pts.length === 1) {
+    for (const p of pts) {
+      const c = svg("circle", { class: "dot", cx: X(p.t), cy: Y(p.v), r: pts.length <= 30 ? 2.6 : 1.6 });
+      const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}`; c.append(tt); s.append(c);
+    }
+  }
+  // hover read-out
+  const hover = svg("g", { class: "hover", visibility: "hidden" });
+  const hl = svg("line", { y1: m.t, y2: m.t + ih }), box = svg("rect", { rx: 4, height: 20 }), txt = svg("text", {});
+  hover.append(hl, box, txt); s.append(hover);
+  s.addEventListener("mousemove", (ev) => {
+    const r = s.getBoundingClientRect();
+    const t = x0 + ((ev.clientX - r.left) * (W / r.width) - m.l) / iw * (x1 - x0);
+    let best = pts[0];
+    for (const p of pts) if (Math.abs(p.t - t) < Math.abs(best.t - t)) best = p;
+    const x = X(best.t);
+    hl.setAttribute("x1", x); hl.setAttribute("x2", x);
+    txt.textContent = `${fmtTime(best.t, true)}  ${fmtNum(best.v)}`;
+    const w = txt.textContent.length * 6.4 + 12, bx = Math.min(Math.max(m.l, x - w / 2), W - m.r - w);
+    box.setAttribute("x", bx); box.setAttribute("y", m.t); box.setAttribute("width", w);
+    txt.setAttribute("x", bx + 6); txt.setAttribute("y", m.t + 14);
+    hover.setAttribute("visibility", "visible");
+  });
+  s.addEventListener("mouseleave", () => hover.setAttribute("visibility", "hidden"));
+  host.append(s);
+}
+
+// ---- host status
+function renderStatus(st) {
+  const sub = document.getElementById("status-sub"), body = document.getElementById("status-body");
+  body.textContent = "";
+  if (!st.available) {
+    sub.textContent = st.error || "status not available";
+    return;
+  }
+  const age = st.age_s === null ? "unknown" : fmtDur(st.age_s) + " ago";
+  sub.textContent = "";
+  sub.append(`status written ${age}`);
+  if (st.stale) sub.append(" ", el("span", { class: "warn", text: "(stale: is the high-level job running?)" }));
+  const row = el("div", { class: "statusrow" });
+  for (const [name, q] of Object.entries(st.queries || {})) {
+    const item = el("div", {}, el("code", { text: name }), " · open windows ", el("b", { text: fmtNum(q.open_windows) }),
+      " · live hosts ", el("b", { text: `${q.live_hosts}/${q.hosts}` }));
+    if (q.blocked_by && q.blocked_by.length) item.append(" · ", el("span", { class: "warn", text: "waiting for " + q.blocked_by.join(", ") }));
+    row.append(item);
+  }
+  body.append(row);
+  const hosts = st.hosts || [];
+  if (!hosts.length) { body.append(el("div", { class: "empty", text: "no capture hosts reported yet" })); return; }
+  const counters = [...new Set(hosts.flatMap((h) => Object.keys(h)))].filter(
+    (k) => !["host", "live", "low_water_mark", "low_water_mark_ns", "lag_s", "queries"].includes(k));
+  const head = el("tr", {}, el("th", { text: "host" }), el("th", { text: "state" }), el("th", { text: "low-water mark (UTC)" }),
+    el("th", { class: "num", text: "lag" }), ...counters.map((c) => el("th", { class: "num", text: c.replace(/_/g, " ") })),
+    el("th", { text: "queries" }));
+  const tb = el("tbody");
+  for (const h of hosts) {
+    const dot = h.live === true ? "dot-live" : h.live === false ? "dot-dead" : "dot-unknown";
+    const lag = el("td", { class: "num", text: fmtDur(h.lag_s) });
+    if (h.lag_s !== null && h.lag_s > 30) lag.className = "num warn";
+    tb.append(el("tr", {}, el("td", { class: "key", text: h.host }),
+      el("td", {}, el("span", { class: dot }), h.live === true ? "live" : h.live === false ? "dead" : "unknown"),
+      el("td", { text: h.low_water_mark ? h.low_water_mark.replace("T", " ").replace(/(\.\d{3})\d*/, "$1").replace("Z", "") : "–" }),
+      lag, ...counters.map((c) => el("td", { class: "num" + (h[c] ? " warn" : ""), text: fmtNum(h[c]) })),
+      el("td", { text: (h.queries || []).join(", ") })));
+  }
+  body.append(el("table", { class: "hosts" }, el("thead", {}, head), tb));
+}
+
+// ---- one query card
+function card(q) {
+  let c = document.getElementById("q-" + q.name);
+  if (c) return c;
+  const w = q.window;
+  const win = w.tumbling ? `tumbling ${fmtSpan(w.range_ns)}` : `${fmtSpan(w.range_ns)} sliding every ${fmtSpan(w.slide_ns)}`;
+  const aggSel = el("select", { "aria-label": "aggregate to chart" });
+  for (const a of q.aggregate_columns) aggSel.append(el("option", { value: a.name, text: a.name }));
+  aggSel.value = state.chartAgg[q.name] || q.aggregate_columns[0].name;
+  aggSel.addEventListener("change", () => { state.chartAgg[q.name] = aggSel.value; refreshQuery(q); });
+  c = el("section", { class: "card query", id: "q-" + q.name },
+    el("h2", {}, el("code", { text: q.name })),
+    el("div", { class: "sub" }, el("span", { class: "pill", text: win }),
+      el("span", { class: "pill", text: "by " + (q.key_columns.map((k) => k.name).join(", ") || "(all)") }),
+      q.description || ""),
+    el("div", { class: "grid" },
+      el("div", {}, el("h3", {}, "total per window ", aggSel, " ", el("span", { class: "h3note range" })), el("div", { class: "chart-host" })),
+      el("div", {}, el("h3", {}, `top ${TOP_N} · latest window `, el("span", { class: "h3note latest" })), el("div", { class: "top-host" }))));
+  document.getElementById("queries").append(c);
+  return c;
+}
+
+function renderTop(host, q, latest) {
+  host.textContent = "";
+  if (!latest.window_start || !latest.rows.length) { host.append(el("div", { class: "empty", text: "no closed window yet" })); return; }
+  const keys = q.key_columns.map((k) => k.name), aggs = q.aggregate_columns.map((a) => a.name);
+  const first = aggs[0];
+  const max = Math.max(1, ...latest.rows.map((r) => Math.abs(r[first] || 0)));
+  const head = el("tr", {}, el("th", { class: "rank", text: "#" }), ...keys.map((k) => el("th", { text: k })),
+    ...aggs.map((a) => el("th", { class: "num", text: a })));
+  const tb = el("tbody");
+  for (const r of latest.rows) {
+    const cells = aggs.map((a, i) => {
+      if (i) return el("td", { class: "num", text: fmtNum(r[a]) });
+      const bar = el("i"); bar.style.width = (100 * Math.abs(r[a] || 0) / max).toFixed(1) + "%";
+      return el("td", { class: "num bar" }, bar, el("span", { text: fmtNum(r[a]) }));
+    });
+    tb.append(el("tr", { class: "top-row" }, el("td", { class: "rank", text: r.rank }),
+      ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })), ...cells));
+  }
+  host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
+}
+
+async function refreshQuery(q) {
+  const c = card(q);
+  const latest = await api(`/queries/${encodeURIComponent(q.name)}/latest?top=${TOP_N}`);
+  let seriesUrl = `/queries/${encodeURIComponent(q.name)}/series`;
+  if (latest.window_start) {
+    const t = Date.parse(latest.window_start);
+    const start = new Date(t - 3600 * 1000).toISOString(), end = new Date(t + 1000).toISOString();
+    seriesUrl += `?start=${encodeURIComponent(start)}&end=${encodeURIComponent(end)}`;
+  }
+  const series = await api(seriesUrl);
+  const agg = state.chartAgg[q.name] || q.aggregate_columns[0].name;
+  const pts = series.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg] }));
+  drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per window`);
+  c.querySelector(".range").textContent = pts.length
+    ? `· ${pts.length} windows, ${fmtTime(pts[0].t)}–${fmtTime(pts[pts.length - 1].t)} UTC` : "";
+  c.querySelector(".latest").textContent = latest.window_start
+    ? `${fmtTime(Date.parse(latest.window_start), true)}–${fmtTime(Date.parse(latest.window_end), true)} UTC` : "";
+  renderTop(c.querySelector(".top-host"), q, latest);
+}
+
+function showError(msg) {
+  const e = document.getElementById("error");
+  e.textContent = msg || "";
+  e.style.display = msg ? "block" : "none";
+}
+
+async function refresh() {
+  clearTimeout(state.timer);
+  try {
+    if (!state.queries || Date.now() - state.queriesAt > 60000) {
+      state.queries = (await api("/queries")).queries;
+      state.queriesAt = Date.now();
+    }
+    const [st] = await Promise.all([
+      api("/status").catch((e) => { if (e instanceof AuthError) throw e; return { available: false, error: e.message }; }),
+      ...state.queries.map((q) => refreshQuery(q)),
+    ]);
+    renderStatus(st);
+    showError(null);
+    document.getElementById("meta").innerHTML = "";
+    document.getElementById("meta").append(`${state.queries.length} queries · updated `,
+      el("b", { text: fmtTime(Date.now(), true) }), ` UTC · refreshes every ${REFRESH_MS / 1000} s`);
+  } catch (e) {
+    if (e instanceof AuthError) {
+      document.getElementById("auth").style.display = "block";
+      document.getElementById("meta").textContent = "token required";
+      return; // wait for the form
+    }
+    showError("Could not refresh: " + e.message);
+  }
+  state.timer = setTimeout(refresh, REFRESH_MS);
+}
+
+initToken();
+refresh();

@@ -1,0 +1,246 @@
+"""Fixture data for the serving-layer tests: a small results store in the agreed layout, plus a config.
+
+Not a test module (it holds no tests); ``tests/test_api.py`` and ``tests/test_results_page.py`` import
+it. The store mimics what the high-level job writes: ``query=<q>/date=YYYY-MM-DD/part-<batch>.parquet``
+with window_start/window_end (timestamp[us, UTC]), key columns, aggregate columns, closed_at, hosts
+and kind ('final' | 'correction'), one file per batch, plus ``_status.json``. Windows end within the
+last hour so the API's default range covers them; expectations are computed from the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CONFIG = """
+queries:
+  - name: q4_pairs
+    description: packet count per (srcIP, dstIP) per minute
+    filter: ip_version == 4
+    group_by: [src_ip, dst_ip]
+    aggregates:
+      - {fn: count, as: packets}
+    window: {range: 1m}
+  - name: bytes_per_dst24
+    description: bytes and packets per destination /24
+    group_by: [dst_ip/24]
+    aggregates:
+      - {fn: sum, field: length, as: bytes}
+      - {fn: count, as: packets}
+      - {fn: avg, field: length, as: avg_len}
+      - {fn: max, field: length, as: max_len}
+    window: {range: 1m}
+  - name: syn_per_port
+    description: TCP SYNs per destination port, 1 minute sliding every 10 s
+    filter: protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK
+    group_by: [dst_port]
+    aggregates:
+      - {fn: count, as: syns}
+      - {fn: min, field: ttl, as: min_ttl}
+    window: {range: 1m, slide: 10s}
+  - name: avg_only
+    description: average length per source port (no count aggregate)
+    group_by: [src_port]
+    aggregates:
+      - {fn: avg, field: length, as: avg_len}
+      - {fn: min, field: ttl, as: min_ttl}
+    window: {range: 1m}
+"""
+
+SRC = ["10.0.0.1", "10.0.0.2", "10.1.2.3", "10.200.0.9", "192.168.1.10", "172.16.5.4",
+       "2001:db8::1", "2001:db8::2", "2001:db8:1::7", "fd00::1:2", "2001:db8::ffff:1"]  # fmt: skip
+DST = ["10.9.9.9", "8.8.8.8", "2001:db8:aa::53"]
+DST24 = ["10.9.9.0", "8.8.8.0", "192.0.2.0", "2001:db8:aa::", "2001:db8:bb::"]
+PORTS = [22, 53, 80, 443, 8080, 3306]
+TS = pa.timestamp("us", tz="UTC")
+N_WINDOWS = 20
+
+
+@dataclass
+class Store:
+    """A written fixture store: where it is, and every row written (for expectations)."""
+
+    root: Path
+    config: Path
+    rows: dict[str, pd.DataFrame]  # query -> all rows (finals and corrections)
+    first: datetime  # window_start of the first window
+    last: datetime  # window_start of the newest window with finals
+
+
+def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Schema) -> None:
+    day = df["window_start"].min().date().isoformat()
+    d = root / f"query={query}" / f"date={day}"
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), d / f"part-{batch:012d}.parquet")
+
+
+def _schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    return pa.schema([("window_start", TS), ("window_end", TS), *keys, *aggs,
+                      ("closed_at", TS), ("hosts", pa.int32()), ("kind", pa.string())])  # fmt: skip
+
+
+def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
+    """Write the fixture store under ``root`` (windows in the 25 minutes before ``now``)."""
+    now = now or datetime.now(UTC)
+    rng = np.random.default_rng(seed)
+    first = now.replace(second=0, microsecond=0) - timedelta(minutes=N_WINDOWS + 5)
+    root.mkdir(parents=True, exist_ok=True)
+    config = root.parent / "lowwater-test.yaml"
+    config.write_text(CONFIG)
+    rows: dict[str, pd.DataFrame] = {}
+    batch = 0
+
+    def frame(ws: datetime, range_s: int, recs: list[dict], kind: str) -> pd.DataFrame:
+        df = pd.DataFrame(recs)
+        df.insert(0, "window_start", pd.Timestamp(ws))
+        df.insert(1, "window_end", pd.Timestamp(ws + timedelta(seconds=range_s)))
+        df["closed_at"] = pd.Timestamp(ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0)))
+        df["hosts"] = np.int32(2)
+        df["kind"] = kind
+        return df
+
+    # q4_pairs: every (src, dst) pair per window, one file per window; window 7 split over two
+    # files (two partitions closing it in different batches); corrections for windows 3 and 9,
+    # including one group that only ever appears as a correction
+    schema = _schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
+    frames, finals = [], []
+    for w in range(N_WINDOWS):
+        ws = first + timedelta(minutes=w)
+        recs = [{"src_ip": s, "dst_ip": d, "packets": int(rng.integers(1, 60)) * (3 if s == "10.0.0.1" else 1)}
+                for s in SRC for d in DST if rng.random() < 0.8]  # fmt: skip
+        recs[0]["packets"] = recs[1]["packets"] = 77  # a tie, broken by the key columns
+        df = frame(ws, 60, recs, "final")
+        if w == 7:
+            _write(root, "q4_pairs", batch, df.iloc[: len(df) // 2], schema)
+            batch += 1
+            _write(root, "q4_pairs", batch, df.iloc[len(df) // 2:], schema)
+        else:
+            _write(root, "q4_pairs", batch, df, schema)
+        batch += 1
+        frames.append(df)
+        finals.append(df)
+        if w in (4, 10):  # corrections for an older window, in a batch of their own
+            cw = w - 1 if w == 4 else 9
+            base = finals[cw]
+            corr = base.iloc[[0, 2, 5]][["src_ip", "dst_ip"]].to_dict("records")
+            for i, c in enumerate(corr):
+                c["packets"] = 100 + i
+            corr.append({"src_ip": "10.77.0.1", "dst_ip": "8.8.8.8", "packets": 5})  # correction-only group
+            cdf = frame(first + timedelta(minutes=cw), 60, corr, "correction")
+            _write(root, "q4_pairs", batch, cdf, schema)
+            batch += 1
+            frames.append(cdf)
+    rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
+
+    # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
+    schema = _schema([("dst_ip_24", pa.string())],
+                     [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())])  # fmt: skip
+    frames = []
+    for w in range(N_WINDOWS):
+        ws = first + timedelta(minutes=w)
+        recs = []
+        for d in DST24:
+            n = int(rng.integers(1, 40))
+            lens = rng.integers(60, 1500, n)
+            recs.append({"dst_ip_24": d, "bytes": int(lens.sum()), "packets": n,
+                         "avg_len": float(lens.mean()), "max_len": int(lens.max())})  # fmt: skip
+        df = frame(ws, 60, recs, "final")
+        _write(root, "bytes_per_dst24", batch, df, schema)
+        batch += 1
+        frames.append(df)
+        if w == 6:
+            lens = np.array([1400, 1450])
+            cdf = frame(first + timedelta(minutes=2), 60, [{"dst_ip_24": DST24[1], "bytes": int(lens.sum()), "packets": 2,
+                                                          "avg_len": float(lens.mean()), "max_len": int(lens.max())}], "correction")  # fmt: skip
+            _write(root, "bytes_per_dst24", batch, cdf, schema)
+            batch += 1
+            frames.append(cdf)
+    rows["bytes_per_dst24"] = pd.concat(frames, ignore_index=True)
+
+    # syn_per_port: sliding windows (1 m every 10 s): several windows per batch file
+    schema = _schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
+    frames = []
+    for b in range(N_WINDOWS):
+        parts = []
+        for k in range(6):
+            ws = first + timedelta(minutes=b, seconds=10 * k)
+            recs = [{"dst_port": p, "syns": int(rng.integers(0, 500)), "min_ttl": int(rng.integers(30, 64))} for p in PORTS]
+            parts.append(frame(ws, 60, recs, "final"))
+        df = pd.concat(parts, ignore_index=True)
+        _write(root, "syn_per_port", batch, df, schema)
+        batch += 1
+        frames.append(df)
+    rows["syn_per_port"] = pd.concat(frames, ignore_index=True)
+
+    # avg_only: no count aggregate, so corrections cannot be folded into avg (the final's avg stays)
+    schema = _schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
+    frames = []
+    for w in range(N_WINDOWS):
+        ws = first + timedelta(minutes=w)
+        recs = [{"src_port": p, "avg_len": float(rng.integers(60, 1500)), "min_ttl": int(rng.integers(30, 64))} for p in PORTS]
+        df = frame(ws, 60, recs, "final")
+        _write(root, "avg_only", batch, df, schema)
+        batch += 1
+        frames.append(df)
+    cdf = frame(first + timedelta(minutes=5), 60, [{"src_port": PORTS[0], "avg_len": 9999.0, "min_ttl": 1}], "correction")
+    _write(root, "avg_only", batch, cdf, schema)
+    frames.append(cdf)
+    rows["avg_only"] = pd.concat(frames, ignore_index=True)
+
+    write_status(root, now)
+    return Store(root, config, rows, first, first + timedelta(minutes=N_WINDOWS - 1))
+
+
+def write_status(root: Path, now: datetime) -> dict:
+    """A ``_status.json`` in the agreed shape (two hosts, one of them dead and lagging)."""
+    mark = int((now - timedelta(seconds=20)).timestamp() * 1e9)
+    doc = {
+        "updated_at": now.isoformat(),
+        "queries": {
+            "q4_pairs": {"partitions": {
+                "0": {"low_water_mark": mark, "open_windows": 2, "hosts": {
+                    "cap-a": {"mark_ns": mark, "live": True, "lag_s": 1.5, "late_partials": 3, "missing_records": 0},
+                    "cap-b": {"mark_ns": mark - 90 * 10**9, "live": False, "lag_s": 95.0, "late_partials": 10,
+                              "missing_records": 4},
+                }},
+                "1": {"low_water_mark": mark, "open_windows": 1, "hosts": {
+                    "cap-a": {"mark_ns": mark, "live": True, "lag_s": 2.0, "late_partials": 1, "missing_records": 0},
+                }},
+            }},
+            "bytes_per_dst24": {"partitions": {"0": {"low_water_mark": None, "hosts": {"cap-a": {"live": True}}}}},
+            "weird": {"partitions": "not a mapping"},
+        },
+    }  # fmt: skip
+    (root / "_status.json").write_text(json.dumps(doc))
+    return doc
+
+
+def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:
+    """Expected rows: corrections folded into finals (count/sum add, min/max, avg weighted by packets)."""
+    df = store.rows[query].copy()
+    aggs = {c: ("sum" if c in ("packets", "bytes", "syns") else "max" if c.startswith("max") else "min")
+            for c in df.columns if c in ("packets", "bytes", "syns", "max_len", "min_ttl")}  # fmt: skip
+    g = df.groupby(["window_start", *keys], as_index=False)
+    out = g.agg({**aggs, "window_end": "max"})
+    if "avg_len" in df.columns and "packets" in df.columns:
+        df["_w"] = df["avg_len"] * df["packets"]
+        w = df.groupby(["window_start", *keys], as_index=False).agg(_w=("_w", "sum"), _n=("packets", "sum"))
+        out["avg_len"] = (w["_w"] / w["_n"]).to_numpy()
+    elif "avg_len" in df.columns:
+        fin = df[df["kind"] == "final"].set_index(["window_start", *keys])["avg_len"]
+        out["avg_len"] = [fin.get(tuple(r), np.nan) if keys else fin.get(r[0], np.nan)
+                          for r in out[["window_start", *keys]].itertuples(index=False)]  # fmt: skip
+    out["corrections"] = g["kind"].agg(lambda s: int((s == "correction").sum()))["kind"].to_numpy()
+    return out
+
+
+def iso(t: datetime | pd.Timestamp) -> str:
+    """The API's time text: ISO-8601 UTC with 'Z'."""
+    return pd.Timestamp(t).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
