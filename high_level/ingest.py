@@ -31,8 +31,32 @@ def kafka_stream(
         .option("startingOffsets", starting_offsets)
         .option("failOnDataLoss", "true")
     )
+    # A consumer that reaches the end of a partition otherwise waits fetch.max.wait.ms (500 ms) per
+    # task and micro-batch for data that is not there; punctuation latency matters more here.
+    reader = reader.option("kafka.fetch.max.wait.ms", "50")
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(int(max_offsets_per_trigger)))
     for k, v in (extra or {}).items():
         reader = reader.option(k, v)
     return reader.load().select("topic", "partition", "offset", "value")
+
+
+def ensure_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: float = 30.0) -> list[str]:
+    """Create the queries' topics that do not exist yet (Spark's Kafka source fails on a missing topic
+    with startingOffsets=earliest, and agents may start after the job). Returns the topics created."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(t, n, 1) for t, n in sorted(partitions.items()) if t not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing, timeout_ms=int(timeout_s * 1000))
+            except TopicAlreadyExistsError:  # another process won the race: fine
+                pass
+        return [t.name for t in missing]
+    finally:
+        admin.close()

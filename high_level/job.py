@@ -12,22 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from contract import query as Q
 from high_level.metrics import JobMetrics
-from high_level.partition import OUTPUT_DDL, LATE_POLICIES, PartitionProcessor, Settings
+from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings
 from high_level.rollup import Layout
-from high_level.store import ResultStore, summarize
+from high_level.store import ResultStore, generic_table, summarize
 
 log = logging.getLogger("lowwater.job")
 MODES = ("oop", "watermark")
@@ -47,7 +51,9 @@ class JobOptions:
     late_policy: str = "drop"
     watermark_delay_ms: int = 10_000
     max_offsets_per_trigger: int | None = None
+    shuffle_partitions: int | None = None  # None: the session's setting (fixed per checkpoint)
     name: str = "lowwater"
+    create_topics: bool = True
     kafka_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,7 +78,7 @@ def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) 
         by_topic.setdefault(lay.topic, []).append(lay)
 
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        topic, partition = str(key[0]), int(key[1])
+        topic, partition = str(key[0]), int(key[1])  # key[2] is the placement salt
         lays = by_topic[topic]
         if state.exists:
             proc = PartitionProcessor.from_bytes(state.get[0], lays, settings)
@@ -90,6 +96,42 @@ def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) 
         yield out
 
     return fn
+
+
+def checkpoint_shuffle_partitions(checkpoint: Path) -> int | None:
+    """The shuffle partition count a checkpoint was started with (Spark restores it on restart)."""
+    offsets = checkpoint / "offsets"
+    ids = sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit()) if offsets.is_dir() else []
+    for i in reversed(ids):
+        try:
+            meta = json.loads((offsets / str(i)).read_text().splitlines()[1])
+            return int(meta["conf"]["spark.sql.shuffle.partitions"])
+        except (OSError, IndexError, KeyError, ValueError):
+            continue
+    return None
+
+
+def placement_salts(spark: Any, partitions: dict[str, int], n_tasks: int, tries: int = 64) -> dict[tuple[str, int], int]:
+    """A salt per (topic, Kafka partition) that spreads the stateful groups evenly over Spark tasks.
+
+    Why: Spark places group (topic, partition) on task pmod(murmur3(topic, partition), N); with as
+    many Kafka partitions as cores two of them collide half the time and one core does all the work.
+    Grouping by (topic, partition, salt) with the smallest salt that hashes to task
+    ``(partition + crc32(topic)) % N`` makes the placement round-robin. The salt depends only on
+    (topic, partition, N) and N is fixed per checkpoint, so a group's state key never changes.
+    Computed with Spark's own ``hash`` (the function hash partitioning uses).
+    """
+    from pyspark.sql import functions as F
+
+    rows = [(t, p, s) for t, n in sorted(partitions.items()) for p in range(n) for s in range(tries)]
+    df = spark.createDataFrame(rows, "topic string, partition int, salt int")
+    got = df.select("topic", "partition", "salt", F.pmod(F.hash("topic", "partition", "salt"), F.lit(n_tasks)).alias("b"))
+    out: dict[tuple[str, int], int] = {}
+    for r in got.orderBy("topic", "partition", "salt").collect():
+        k = (r["topic"], r["partition"])
+        if k not in out and r["b"] == (r["partition"] + zlib.crc32(r["topic"].encode())) % n_tasks:
+            out[k] = int(r["salt"])
+    return out
 
 
 class HighLevelJob:
@@ -116,7 +158,22 @@ class HighLevelJob:
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
         """Start the streaming query (one in OOP mode, one per query in watermark mode)."""
+        if self.opts.create_topics:
+            from high_level.ingest import ensure_topics
+
+            parts: dict[str, int] = {}
+            for q in self.queries:
+                parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
+            created = ensure_topics(self.opts.bootstrap, parts)
+            if created:
+                log.info("created topics %s", created)
         self.spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # No empty micro-batches: with a processing-time timeout Spark would otherwise run one every
+        # trigger forever (and processAllAvailable would never return). Closing needs no empty
+        # batches: a window can only close when some host's punctuation arrives, which is data.
+        self.spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        if self.opts.shuffle_partitions:
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(self.opts.shuffle_partitions))
         if self.opts.mode == "oop":
             self.streams = [self._start_oop()]
         else:
@@ -132,9 +189,24 @@ class HighLevelJob:
 
         o = self.opts
         layouts = [Layout.of(q) for q in self.queries]
+        from pyspark.sql import functions as F
+
         raw = kafka_stream(self.spark, o.bootstrap, [lay.topic for lay in layouts],
                            max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.kafka_options)  # fmt: skip
-        rolled = raw.groupBy("topic", "partition").applyInPandasWithState(
+        ckpt = Path(o.checkpoint) / "oop"
+        n_tasks = checkpoint_shuffle_partitions(ckpt) or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        parts: dict[str, int] = {}
+        for q in self.queries:
+            parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
+        salts = placement_salts(self.spark, parts, n_tasks)
+        if salts:
+            table = F.create_map(*[x for (t, p), v in sorted(salts.items()) for x in (F.lit(f"{t}/{p}"), F.lit(v))])
+            salt = F.coalesce(F.try_element_at(table, F.concat_ws("/", "topic", F.col("partition").cast("string"))),
+                              F.lit(0)).cast("int")  # fmt: skip
+        else:
+            salt = F.lit(0)
+        raw = raw.withColumn("salt", salt)
+        rolled = raw.groupBy("topic", "partition", "salt").applyInPandasWithState(
             state_function(layouts, o.settings, o.trigger_ms),
             outputStructType=OUTPUT_DDL,
             stateStructType="blob binary",
@@ -144,32 +216,35 @@ class HighLevelJob:
         return (
             rolled.writeStream.queryName(f"{o.name}-oop")
             .foreachBatch(self._sink_oop)
-            .option("checkpointLocation", str(Path(o.checkpoint) / "oop"))
+            .option("checkpointLocation", str(ckpt))
             .trigger(processingTime=f"{o.trigger_ms} milliseconds")
             .start()
         )
 
     # -- sink -------------------------------------------------------------------------------------
     def _sink_oop(self, df: Any, batch_id: int) -> None:
-        """foreachBatch: one action (toPandas) so the stateful step runs once, then write."""
+        """foreachBatch: one action (toArrow) so the stateful step runs once, then write."""
         t0 = time.monotonic()
-        pdf = df.toPandas()
-        self.handle_rows(pdf, batch_id)
+        self.handle_rows(df.toArrow(), batch_id)
         self.metrics.batch_duration.observe(time.monotonic() - t0)
 
-    def handle_rows(self, pdf: pd.DataFrame, batch_id: int) -> dict[str, int]:
+    def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
         """Write one batch of generic rows and fold its status rows into ``_status.json`` + metrics."""
         with self._lock:
-            statuses = [json.loads(s) for s in pdf.loc[pdf["kind"] == "status", "status"]] if len(pdf) else []
-            written = self.store.write_batch(batch_id, pdf)
-            data = pdf[pdf["kind"] != "status"] if len(pdf) else pdf
-            for qn, grp in data.groupby("query") if len(data) else ():
-                fin = grp[grp["kind"] == "final"]
-                self.metrics.windows.labels(qn).inc(len(fin))
-                self.metrics.corrections.labels(qn).inc(int((grp["kind"] == "correction").sum()))
-                lat = fin.groupby("window_end_ns")["closed_at_ms"].max()
-                for end_ns, at_ms in lat.items():
-                    self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+            tbl = generic_table(rows)
+            is_status = pc.equal(tbl["kind"], "status")
+            statuses = [json.loads(s) for s in tbl.filter(is_status)["status"].to_pylist()]
+            written = self.store.write_batch(batch_id, tbl)
+            data = tbl.filter(pc.invert(is_status)).select(["query", "kind", "window_end_ns", "closed_at_ms"])
+            if data.num_rows:
+                d = data.to_pandas()
+                for qn, grp in d.groupby("query"):
+                    fin = grp[grp["kind"] == "final"]
+                    self.metrics.windows.labels(qn).inc(len(fin))
+                    self.metrics.corrections.labels(qn).inc(int((grp["kind"] == "correction").sum()))
+                    lat = fin.groupby("window_end_ns")["closed_at_ms"].max()
+                    for end_ns, at_ms in lat.items():
+                        self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
             for st in statuses:
                 self.partitions.setdefault(st["query"], {})[int(st["partition"])] = st
             self.metrics.on_batch_status(statuses)
@@ -265,6 +340,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--late-policy", choices=LATE_POLICIES, default="drop")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None)
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--shuffle-partitions", type=int, default=None,
+                   help="state partitions (default: the cores of --master); fixed once a checkpoint exists")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     return p.parse_args(argv)
 
@@ -276,12 +353,19 @@ def options_from_args(a: argparse.Namespace) -> JobOptions:
         expected_hosts=tuple(h.strip() for h in a.expected_hosts.split(",") if h.strip()),
         late_policy=a.late_policy, watermark_delay_ms=_ms(a.watermark_delay),
         max_offsets_per_trigger=a.max_offsets_per_trigger,
+        shuffle_partitions=a.shuffle_partitions or _cores(a.master),
     )  # fmt: skip
+
+
+def _cores(master: str) -> int | None:
+    m = re.fullmatch(r"local\[(\d+)\]", master.strip())
+    return int(m.group(1)) if m else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``lowwater-job``: run until SIGINT/SIGTERM or a stream failure."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     a = parse_args(argv)
     try:
         cfg = Q.load(a.config)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from contract import wire
 from high_level import codec
@@ -27,6 +28,11 @@ MAX_INCARNATIONS = 4  # per host: record counters kept for the newest few incarn
 # The generic output schema of the stateful step (one schema for all queries).
 OUTPUT_COLUMNS = ("query", "partition", "window", "window_start_ns", "window_end_ns", "key", "state",
                   "kind", "closed_at_ms", "hosts", "status")  # fmt: skip
+GENERIC_SCHEMA = pa.schema([
+    ("query", pa.string()), ("partition", pa.int32()), ("window", pa.int64()), ("window_start_ns", pa.int64()),
+    ("window_end_ns", pa.int64()), ("key", pa.list_(pa.int64())), ("state", pa.list_(pa.int64())),
+    ("kind", pa.string()), ("closed_at_ms", pa.int64()), ("hosts", pa.int32()), ("status", pa.string()),
+])  # fmt: skip
 OUTPUT_DDL = (
     "query string, partition int, window long, window_start_ns long, window_end_ns long, "
     "key array<bigint>, state array<bigint>, kind string, closed_at_ms long, hosts int, status string"

@@ -17,20 +17,24 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from contract import fields as F
 from contract import query as Q
+from high_level.partition import GENERIC_SCHEMA
 
 FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
 RESERVED = set(FIXED_COLUMNS) | {"query", "date"}
 TS = pa.timestamp("us", tz="UTC")
+NS_PER_DAY = 86_400 * 1_000_000_000
 
 
 def check_names(q: Q.QuerySpec) -> None:
@@ -41,39 +45,62 @@ def check_names(q: Q.QuerySpec) -> None:
         raise ValueError(f"query {q.name!r}: column names {clash or names} clash with the result layout")
 
 
-def ip_strings(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """Address words -> text, vectorised for IPv4-mapped addresses (the common case)."""
+def ip_strings(hi: np.ndarray, lo: np.ndarray) -> pa.Array:
+    """Address words -> text; IPv4-mapped addresses (the common case) vectorised in Arrow."""
     hi = np.asarray(hi, np.int64)
     lo = np.asarray(lo, np.int64)
-    out = np.empty(len(lo), object)
     v4 = (hi == 0) & ((lo >> 32) == 0xFFFF)
+    if v4.all():
+        a = lo & 0xFFFFFFFF
+        octets = [pc.cast(pa.array((a >> s) & 0xFF), pa.string()) for s in (24, 16, 8, 0)]
+        return pc.binary_join_element_wise(*octets, ".")
+    out = np.empty(len(lo), object)
     if v4.any():
-        a = lo[v4] & 0xFFFFFFFF
-        octets = [pd.Series((a >> s) & 0xFF).astype(str) for s in (24, 16, 8, 0)]
-        out[v4] = (octets[0] + "." + octets[1] + "." + octets[2] + "." + octets[3]).to_numpy()
+        out[v4] = ip_strings(hi[v4], lo[v4]).to_numpy(zero_copy_only=False)
     rest = np.flatnonzero(~v4)
-    if len(rest):
-        pairs = np.column_stack([hi[rest], lo[rest]])
-        uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
-        text = np.array([F.words_to_ip(int(h), int(lw)) for h, lw in uniq], object)
-        out[rest] = text[inv.ravel()]
-    return out
+    pairs = np.column_stack([hi[rest], lo[rest]])
+    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+    text = np.array([F.words_to_ip(int(h), int(lw)) for h, lw in uniq], object)
+    out[rest] = text[inv.ravel()]
+    return pa.array(out, pa.string())
 
 
-def typed_table(q: Q.QuerySpec, rows: pd.DataFrame) -> pa.Table:
-    """Generic rows (window_*_ns, key/state arrays) of one query -> the query's typed columns."""
-    n = len(rows)
-    kw, na = Q.key_width(q), len(Q.state_columns(q))
-    key = np.stack(rows["key"].to_numpy()).reshape(n, kw) if n else np.empty((0, kw), np.int64)
-    state = np.stack(rows["state"].to_numpy()).reshape(n, na) if n else np.empty((0, na), np.int64)
+def generic_table(rows: pd.DataFrame | pa.Table) -> pa.Table:
+    """Generic rows as an Arrow table (the stateful step's output schema)."""
+    if isinstance(rows, pa.Table):
+        return rows
+    if len(rows) == 0:
+        return GENERIC_SCHEMA.empty_table()
+    return pa.Table.from_pandas(rows[list(GENERIC_SCHEMA.names)], schema=GENERIC_SCHEMA, preserve_index=False)
+
+
+def _matrix(col: pa.ChunkedArray | pa.Array, n: int, width: int) -> np.ndarray:
+    """A list<int64> column whose rows all have ``width`` values -> int64[n, width] (no per-row work)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    if flat.size != n * width:
+        raise ValueError(f"expected {width} words per row, got {flat.size} values for {n} rows")
+    return flat.astype(np.int64, copy=False).reshape(n, width)
+
+
+def _ints(col: pa.ChunkedArray | pa.Array, dtype: type = np.int64) -> np.ndarray:
+    return np.asarray(col.to_numpy(), dtype=dtype)
+
+
+def typed_table(q: Q.QuerySpec, rows: pd.DataFrame | pa.Table) -> pa.Table:
+    """Generic rows (window_*_ns, key/state lists) of one query -> the query's typed columns."""
+    rows = generic_table(rows)
+    n = rows.num_rows
+    key = _matrix(rows["key"], n, Q.key_width(q))
+    state = _matrix(rows["state"], n, len(Q.state_columns(q)))
     cols: dict[str, pa.Array] = {
-        "window_start": pa.array(rows["window_start_ns"].to_numpy(np.int64) // 1000, TS),
-        "window_end": pa.array(rows["window_end_ns"].to_numpy(np.int64) // 1000, TS),
+        "window_start": pa.array(_ints(rows["window_start_ns"]) // 1000, TS),
+        "window_end": pa.array(_ints(rows["window_end_ns"]) // 1000, TS),
     }
     i = 0
     for p in q.key_parts:
         if p.field.kind == "ip":
-            cols[p.name] = pa.array(ip_strings(key[:, i], key[:, i + 1]), pa.string())
+            cols[p.name] = ip_strings(key[:, i], key[:, i + 1])
             i += 2
         else:
             cols[p.name] = pa.array(key[:, i], pa.int64())
@@ -88,9 +115,9 @@ def typed_table(q: Q.QuerySpec, rows: pd.DataFrame) -> pa.Table:
         else:
             cols[a.name] = pa.array(state[:, j], pa.int64())
             j += 1
-    cols["closed_at"] = pa.array(rows["closed_at_ms"].to_numpy(np.int64) * 1000, TS)
-    cols["hosts"] = pa.array(rows["hosts"].to_numpy(np.int32), pa.int32())
-    cols["kind"] = pa.array(rows["kind"].astype(str).to_numpy(), pa.string())
+    cols["closed_at"] = pa.array(_ints(rows["closed_at_ms"]) * 1000, TS)
+    cols["hosts"] = pa.array(_ints(rows["hosts"], np.int32), pa.int32())
+    cols["kind"] = rows["kind"].combine_chunks().cast(pa.string())
     return pa.table(cols)
 
 
@@ -114,7 +141,7 @@ class ResultStore:
             check_names(q)
         self.status_path = self.root / "_status.json"
 
-    def write_batch(self, batch_id: int, rows: pd.DataFrame) -> dict[str, int]:
+    def write_batch(self, batch_id: int, rows: pd.DataFrame | pa.Table) -> dict[str, int]:
         """Write the 'final'/'correction' rows of a batch; returns rows written per query.
 
         Files are ``query=<q>/date=<day of window_start, UTC>/part-<batch_id>.parquet``; a replayed
@@ -123,23 +150,24 @@ class ResultStore:
         written: dict[str, int] = {}
         if rows is None or len(rows) == 0:
             return written
-        rows = rows[rows["kind"] != "status"]
-        for name, grp in rows.groupby("query", sort=True):
+        tbl = generic_table(rows)
+        tbl = tbl.filter(pc.not_equal(tbl["kind"], "status"))
+        for name in sorted(pc.unique(tbl["query"]).to_pylist()):
             q = self.queries.get(str(name))
             if q is None:
                 continue
-            grp = grp.sort_values(["window", "kind"], kind="stable")
-            day = pd.to_datetime(grp["window_start_ns"].to_numpy(np.int64), unit="ns", utc=True).strftime("%Y-%m-%d")
-            for d in sorted(set(day)):
-                part = grp[day == d]
-                table = typed_table(q, part)
-                out_dir = self.root / f"query={name}" / f"date={d}"
+            sub = tbl.filter(pc.equal(tbl["query"], name)).sort_by([("window", "ascending"), ("kind", "ascending")])
+            day = _ints(sub["window_start_ns"]) // NS_PER_DAY
+            for d in np.unique(day).tolist():
+                part = sub.filter(pa.array(day == d))
+                date = datetime.fromtimestamp(d * 86400, tz=UTC).strftime("%Y-%m-%d")
+                out_dir = self.root / f"query={name}" / f"date={date}"
                 out_dir.mkdir(parents=True, exist_ok=True)
                 path = out_dir / f"part-{batch_id:012d}.parquet"
                 tmp = path.with_name(path.name + ".tmp")
-                pq.write_table(table, tmp, compression="zstd")
+                pq.write_table(typed_table(q, part), tmp, compression="zstd")
                 os.replace(tmp, path)
-            written[str(name)] = len(grp)
+            written[str(name)] = sub.num_rows
         return written
 
     def read_status(self) -> dict[str, Any]:

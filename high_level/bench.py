@@ -1,0 +1,149 @@
+"""Roll-up rate: partial records per second through the real job (Kafka -> Spark -> Parquet).
+
+``python -m high_level.bench --bootstrap HOST:PORT [--records 2000000] [--groups 100000]``
+
+Produces partial records of a (src_ip, dst_ip) count query (the OOP paper's Q4 shape) from several
+emulated hosts, warms the job up on a first slice, stops it, produces the rest, restarts it from the
+checkpoint (JVM and Python workers warm) and times ``processAllAvailable``. Also times the pure
+partition processor on the same messages, without Spark, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from contract import query as Q
+from contract import wire
+from high_level.job import HighLevelJob, JobOptions
+from high_level.partition import PartitionProcessor, Settings
+from high_level.rollup import Layout
+
+T0 = 1_700_000_000_000_000_000
+QUERY = """
+queries:
+  - name: bench_pairs
+    group_by: [src_ip, dst_ip]
+    aggregates: [{fn: count, as: packets}]
+    window: {range: 10s}
+"""
+
+
+def make_messages(q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int,
+                  seed: int = 0) -> list[tuple[int, bytes, int]]:  # fmt: skip
+    """(partition, value, records) in per-host order: each pane's partials, then punctuation."""
+    rng = np.random.default_rng(seed)
+    p0 = T0 // q.window.pane_ns
+    per_pane_host = max(1, records // (panes * hosts))
+    gid = np.arange(groups, dtype=np.int64)
+    keys = np.column_stack([np.zeros(groups, np.int64), 0xFFFF_0A00_0000 + gid // 256,
+                            np.zeros(groups, np.int64), 0xFFFF_C0A8_0000 + gid % 65536])  # fmt: skip
+    parts_of = wire.partition_of(keys, q.kafka.partitions)
+    seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
+    out = []
+    for pane in range(p0, p0 + panes):
+        for h in range(hosts):
+            g = rng.integers(0, groups, per_pane_host)
+            for p in range(q.kafka.partitions):
+                sel = g[parts_of[g] == p]
+                for s in range(0, len(sel), batch):
+                    k = keys[sel[s : s + batch]]
+                    n = len(k)
+                    v = wire.encode_partials(q.name, f"h{h}", 1, p, seq[(h, p)], np.full(n, pane), k,
+                                             rng.integers(1, 5, (n, 1)))  # fmt: skip
+                    seq[(h, p)] += n
+                    out.append((p, v, n))
+                mark = pane + 1 if pane + 1 < p0 + panes else wire.END_OF_STREAM
+                pu = wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})
+                out.append((p, wire.encode_punctuation(pu), 0))
+    return out
+
+
+def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: int = 64) -> float:
+    """Records/s of the pure processor (decode, merge, meld, close; state bytes round trip per batch)."""
+    lay = Layout.of(q)
+    st = Settings(host_timeout_ms=10**9)
+    procs = {p: PartitionProcessor([lay], p, st) for p in range(q.kafka.partitions)}
+    t0 = time.perf_counter()
+    for p in procs:
+        vals = [v for pp, v, _ in msgs if pp == p]
+        for s in range(0, len(vals), per_batch):
+            procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), [lay], st)
+            procs[p].process(vals[s : s + per_batch], 1000 + s)
+    return sum(n for *_, n in msgs) / (time.perf_counter() - t0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--groups", type=int, default=100_000)
+    ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument("--panes", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=4096, help="partial records per Kafka message")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--workdir", default=None)
+    a = ap.parse_args(argv)
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewTopic
+
+    from local_stack.spark_session import build_spark
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=a.bootstrap)
+    admin.create_topics([NewTopic(topic, a.partitions, 1)])
+    admin.close()
+    q = Q.load_text(QUERY).queries[0]
+    q = q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=a.partitions)})
+    msgs = make_messages(q, a.records, a.groups, a.hosts, a.panes, a.batch)
+    total = sum(n for *_, n in msgs)
+    off = offline_rate(q, msgs)
+    print(f"offline processor: {off:,.0f} partial records/s over {total:,} records", flush=True)
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="lowwater-bench-"))
+    prod = KafkaProducer(bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
+                         batch_size=1 << 20)  # fmt: skip
+    warm = len(msgs) // a.panes  # the first pane warms the JVM and the Python workers
+    for p, v, _ in msgs[:warm]:
+        prod.send(topic, value=v, partition=p)
+    prod.flush()
+    spark = build_spark("lowwater-bench", master=a.master)
+    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / "results"), checkpoint=str(work / "ckpt"),
+                      trigger_ms=500, shuffle_partitions=a.partitions)  # fmt: skip
+    job = HighLevelJob(spark, [q], opts)
+    job.start()
+    job.process_all_available()
+    job.stop()
+    for p, v, _ in msgs[warm:]:
+        prod.send(topic, value=v, partition=p)
+    prod.flush()
+    prod.close()
+    measured = sum(n for *_, n in msgs[warm:])
+    job = HighLevelJob(spark, [q], opts)
+    t0 = time.perf_counter()
+    job.start()
+    job.process_all_available()
+    took = time.perf_counter() - t0
+    prog = job.streams[0].recentProgress
+    job.stop()
+    res = {
+        "records_total": total, "records_measured": measured, "messages": len(msgs), "groups": a.groups,
+        "hosts": a.hosts, "panes": a.panes, "partitions": a.partitions, "master": a.master,
+        "spark_seconds": round(took, 2), "spark_records_per_s": round(measured / took),
+        "offline_records_per_s": round(off), "batches": len(prog),
+        "state_bytes": max((p.get("stateOperators") or [{}])[0].get("memoryUsedBytes", 0) for p in prog) if prog else 0,
+    }  # fmt: skip
+    print(json.dumps(res, indent=1))
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
