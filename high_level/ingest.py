@@ -39,24 +39,3 @@ def kafka_stream(
     for k, v in (extra or {}).items():
         reader = reader.option(k, v)
     return reader.load().select("topic", "partition", "offset", "value")
-
-
-def ensure_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: float = 30.0) -> list[str]:
-    """Create the queries' topics that do not exist yet (Spark's Kafka source fails on a missing topic
-    with startingOffsets=earliest, and agents may start after the job). Returns the topics created."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
-    try:
-        existing = set(admin.list_topics())
-        missing = [NewTopic(t, n, 1) for t, n in sorted(partitions.items()) if t not in existing]
-        if missing:
-            try:
-                admin.create_topics(missing, timeout_ms=int(timeout_s * 1000))
-            except TopicAlreadyExistsError:  # another process won the race: fine
-                pass
-        return [t.name for t in missing]
-    finally:
-        admin.close()

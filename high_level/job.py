@@ -159,14 +159,15 @@ class HighLevelJob:
     def start(self) -> list[Any]:
         """Start the streaming query (one in OOP mode, one per query in watermark mode)."""
         if self.opts.create_topics:
-            from high_level.ingest import ensure_topics
+            # Spark's Kafka source fails on a missing topic, and agents may start after the job
+            from contract.topics import connect, ensure_topics, wanted_topics
 
-            parts: dict[str, int] = {}
-            for q in self.queries:
-                parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
-            created = ensure_topics(self.opts.bootstrap, parts)
-            if created:
-                log.info("created topics %s", created)
+            admin = connect(self.opts.bootstrap, {}, 60)
+            try:
+                for topic, action in ensure_topics(admin, wanted_topics(self.queries)).items():
+                    log.info("topic %s: %s", topic, action)
+            finally:
+                admin.close()
         self.spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
         # No empty micro-batches: with a processing-time timeout Spark would otherwise run one every
         # trigger forever (and processAllAvailable would never return). Closing needs no empty

@@ -169,6 +169,14 @@ class PartitionProcessor:
             else:
                 inc[1] = int(b.seq)
                 inc[2] = max(0, int(b.seq) - inc[0])
+                prev = qs.meld.hosts.get(b.host)
+                if prev is not None and prev.incarnation != b.incarnation:
+                    # the agent restarted: what its old incarnation held unflushed (panes from its last
+                    # mark on) is lost; report the range of windows that may be incomplete
+                    h = qs.host(b.host)
+                    h["restarts"] = h.get("restarts", 0) + 1
+                    h["last_restart"] = {"old_incarnation": prev.incarnation, "new_incarnation": b.incarnation,
+                                         "incomplete_from_pane": prev.mark_pane, "new_mark_pane": int(b.mark_pane)}
                 qs.meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, now_ms)
                 bq["punctuations"] += 1
         frames = []
@@ -248,6 +256,8 @@ class PartitionProcessor:
                 "received_records": incs[cur][0] if cur in incs else 0,
                 "missing_records": sum(v[2] for v in incs.values()),
                 "late_partials": hc["late"],
+                "restarts": hc.get("restarts", 0),
+                "last_restart": hc.get("last_restart"),
                 "late_batch": (late_batch or {}).get(name, 0),
             }
         return {

@@ -165,6 +165,7 @@ class Agent:
             if self.source is not None:
                 self.source.stop()
                 self.source.join(5)
+                log.info("source stopped: %s", self.source.stats())
             self.emitter.flush(10)
             self.emitter.close()
 

@@ -44,6 +44,7 @@ class Emitter:
     merge_at: int = 2_000_000
     max_records: int = 8_000_000
     producer: object | None = None  # a kafka.KafkaProducer, or any object with send(topic, value=, partition=)
+    ensure_topics: bool = True  # create/grow the queries' topics on connect
     max_inflight_bytes: int = 64 << 20  # unacknowledged bytes handed to the producer; beyond it data waits here
 
     def __post_init__(self) -> None:
@@ -54,25 +55,56 @@ class Emitter:
         self.stats = EmitStats()
         self.inflight_bytes = 0
         self._lock = threading.Lock()
+        self._closing = False
+        self.connect_errors = 0
+        self._connector: threading.Thread | None = None
         if self.producer is None and self.bootstrap:
-            from kafka import KafkaProducer
+            # connect in the background: Kafka may be down when capture starts, and a blocking
+            # bootstrap would stall the capture loop; until then everything waits in the backlog
+            self._connector = threading.Thread(target=self._connect, name="kafka-connect", daemon=True)
+            self._connector.start()
 
-            cfg = dict(
-                bootstrap_servers=self.bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
-                batch_size=1 << 20,
-                max_request_size=8 << 20,
-                max_block_ms=0,  # never stall capture: what does not fit stays in our backlog
-                delivery_timeout_ms=600_000,
-                request_timeout_ms=30_000,
-                retry_backoff_ms=200,
-                reconnect_backoff_max_ms=2000,
-                client_id=f"lowwater-agent-{self.host}",
-            )
-            cfg.update(self.producer_config)
-            self.producer = KafkaProducer(**cfg)
+    def _ensure_topics(self) -> None:
+        """Make the queries' topics exist with their partition counts (an auto-created topic has one)."""
+        from contract.topics import connect, ensure_topics, wanted_topics
+
+        security = {k: v for k, v in self.producer_config.items() if k.startswith(("security_", "sasl_", "ssl_"))}
+        admin = connect(self.bootstrap or "", security, 10)
+        try:
+            for topic, action in ensure_topics(admin, wanted_topics(self.queries)).items():
+                log.info("topic %s: %s", topic, action)
+        finally:
+            admin.close()
+
+    def _connect(self) -> None:
+        from kafka import KafkaProducer
+
+        cfg = dict(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            batch_size=1 << 20,
+            max_request_size=8 << 20,
+            max_block_ms=0,  # never stall capture: what does not fit stays in our backlog
+            delivery_timeout_ms=600_000,
+            request_timeout_ms=30_000,
+            retry_backoff_ms=200,
+            reconnect_backoff_max_ms=2000,
+            client_id=f"lowwater-agent-{self.host}",
+        )
+        cfg.update(self.producer_config)
+        backoff = 0.5
+        while self.producer is None and not self._closing:
+            try:
+                if self.ensure_topics:
+                    self._ensure_topics()
+                self.producer = KafkaProducer(**cfg)
+            except Exception as exc:  # noqa: BLE001 - any bootstrap failure: retry with backoff
+                self.connect_errors += 1
+                log.warning("Kafka not reachable at %s (%s); retrying in %.1fs", self.bootstrap, exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     # -- input side
     def submit(self, query: str, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> None:
@@ -133,6 +165,8 @@ class Emitter:
     def pump(self) -> int:
         """Hand queued items to the producer in FIFO order per partition; returns items handed over."""
         handed = 0
+        if self.producer is None:
+            return handed  # not connected yet: keep everything in the backlog
         for (query, part), fifo in self.backlog.fifos.items():
             topic = self.by_name[query].topic
             while fifo:
@@ -177,5 +211,6 @@ class Emitter:
         return False
 
     def close(self) -> None:
+        self._closing = True
         if self.producer is not None and hasattr(self.producer, "close"):
             self.producer.close(timeout=5)

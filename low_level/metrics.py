@@ -41,7 +41,7 @@ METRIC_NAMES = tuple(
         "flushed_total", "emitted_partials_total", "table_occupancy", "table_slots", "heartbeats_total",
         "low_water_mark_seconds", "low_water_mark_lag_seconds", "kafka_records_sent_total",
         "kafka_bytes_sent_total", "kafka_batches_sent_total", "kafka_send_errors_total",
-        "kafka_delivery_failures_total", "backlog_records", "backlog_merges_total", "backlog_merged_records_total",
+        "kafka_delivery_failures_total", "kafka_connect_errors_total", "backlog_records", "backlog_merges_total", "backlog_merged_records_total",
         "backlog_lost_records_total",
     )
 )
@@ -115,6 +115,7 @@ class AgentCollector(Collector):
         yield counter("kafka_batches_sent", "Partial batches handed to Kafka", s.batches_sent)
         yield counter("kafka_send_errors", "Kafka send calls that failed (data kept in the backlog)", s.send_errors)
         yield counter("kafka_delivery_failures", "Batches Kafka finally failed to deliver", s.delivery_failures)
+        yield counter("kafka_connect_errors", "Failed attempts to reach Kafka (capture goes on)", em.connect_errors)
         b = em.backlog
         g = GaugeMetricFamily(f"{PREFIX}_backlog_records", "Partial records waiting for Kafka", labels=["host"])
         g.add_metric([host], b.records)

@@ -21,106 +21,13 @@ import argparse
 import json
 import logging
 import sys
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from contract import query as Q
+from contract.topics import connect, ensure_topics, existing_partitions, wait_partitions, wanted_topics
 
+__all__ = ["connect", "ensure_topics", "existing_partitions", "main", "wait_partitions", "wanted_topics"]
 log = logging.getLogger("lowwater.create_topics")
-
-
-def wanted_topics(queries: Iterable[Q.QuerySpec]) -> dict[str, int]:
-    """topic -> partitions of every query; two queries sharing a topic must agree on the count."""
-    out: dict[str, int] = {}
-    owner: dict[str, str] = {}
-    for q in queries:
-        n = q.kafka.partitions
-        if q.topic in out and out[q.topic] != n:
-            raise ValueError(
-                f"queries {owner[q.topic]!r} and {q.name!r} share topic {q.topic!r} "
-                f"but ask for {out[q.topic]} and {n} partitions"
-            )
-        out[q.topic] = n
-        owner.setdefault(q.topic, q.name)
-    return out
-
-
-def existing_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int]:
-    """Partition count of each of ``topics`` that exists (absent ones are left out)."""
-    present = set(admin.list_topics())
-    names = [t for t in topics if t in present]
-    if not names:
-        return {}
-    out = {}
-    for d in admin.describe_topics(names):
-        name = d.get("name", d.get("topic"))  # kafka-python 3.x says "name", 2.x said "topic"
-        if d.get("error_code", 0) == 0 and name in names:
-            out[name] = len(d["partitions"])
-    return out
-
-
-def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, grow: bool = True,
-                  timeout_ms: int = 30_000) -> dict[str, str]:  # fmt: skip
-    """Make every topic of ``wanted`` exist with at least its partitions; return topic -> action."""
-    have = existing_partitions(admin, sorted(wanted))
-    actions: dict[str, str] = {}
-    create = {t: n for t, n in wanted.items() if t not in have}
-    if create:
-        admin.create_topics(
-            {t: {"num_partitions": n, "replication_factor": replication} for t, n in sorted(create.items())},
-            timeout_ms=timeout_ms,
-        )
-        actions.update({t: f"created with {n} partitions" for t, n in create.items()})
-    grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
-    if grow_to and not grow:
-        raise RuntimeError(
-            "topics with fewer partitions than the config (and --no-grow): "
-            + ", ".join(f"{t} has {have[t]}, config wants {n}" for t, n in sorted(grow_to.items()))
-        )
-    if grow_to:
-        admin.create_partitions(dict(sorted(grow_to.items())), timeout_ms=timeout_ms)
-        actions.update({t: f"grown from {have[t]} to {n} partitions" for t, n in grow_to.items()})
-    for t, n in wanted.items():
-        if t in have and have[t] >= n:
-            actions[t] = "exists" if have[t] == n else f"exists with {have[t]} partitions (config: {n})"
-    admin.wait_for_topics(sorted(wanted), timeout_ms=timeout_ms)
-    if create or grow_to:
-        wait_partitions(admin, wanted, timeout_ms / 1000)
-    return dict(sorted(actions.items()))
-
-
-def wait_partitions(admin: Any, wanted: Mapping[str, int], timeout_s: float) -> None:
-    """Block until the metadata shows every topic with at least its wanted partitions.
-
-    wait_for_topics only waits for leaders of the partitions the metadata already lists; added
-    partitions show up in the metadata a little later (seen on a real KRaft broker).
-    """
-    end = time.monotonic() + timeout_s
-    while True:
-        have = existing_partitions(admin, sorted(wanted))
-        short = {t: n for t, n in wanted.items() if have.get(t, 0) < n}
-        if not short:
-            return
-        if time.monotonic() >= end:
-            raise RuntimeError(f"partitions not visible after {timeout_s:.0f}s: {short} (have {have})")
-        time.sleep(0.2)
-
-
-def connect(bootstrap: str, security: Mapping[str, Any], deadline_s: float) -> Any:
-    """A KafkaAdminClient, retrying until the broker answers or the deadline passes."""
-    from kafka import KafkaAdminClient
-
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lowwater-create-topics",
-                                    request_timeout_ms=30_000, **security)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - NoBrokersAvailable, connection errors: retry
-            if time.monotonic() >= end:
-                raise RuntimeError(f"Kafka at {bootstrap} not reachable after {deadline_s:.0f}s: {exc}") from exc
-            log.info("waiting for Kafka at %s (%s)", bootstrap, exc)
-            time.sleep(2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
