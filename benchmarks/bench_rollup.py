@@ -1,6 +1,7 @@
 """Roll-up rate: partial records per second through the real job (Kafka -> Spark -> Parquet).
 
-``python -m high_level.bench --bootstrap HOST:PORT [--records 2000000] [--groups 100000]``
+``.venv/bin/python benchmarks/bench_rollup.py [--records 2000000] [--groups 100000]`` starts its own
+Kafka broker (or uses ``--bootstrap HOST:PORT``) and writes benchmarks/results/rollup.json.
 
 Produces partial records of a (src_ip, dst_ip) count query (the OOP paper's Q4 shape) from several
 emulated hosts, warms the job up on a first slice, stops it, produces the rest, restarts it from the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 import uuid
@@ -20,11 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from contract import query as Q
-from contract import wire
-from high_level.job import HighLevelJob, JobOptions
-from high_level.partition import PartitionProcessor, Settings
-from high_level.rollup import Layout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import machine  # noqa: E402
+from contract import query as Q  # noqa: E402
+from contract import wire  # noqa: E402
+from high_level.job import HighLevelJob, JobOptions  # noqa: E402
+from high_level.partition import PartitionProcessor, Settings  # noqa: E402
+from high_level.rollup import Layout  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 T0 = 1_700_000_000_000_000_000
 QUERY = """
@@ -82,7 +89,7 @@ def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--groups", type=int, default=100_000)
     ap.add_argument("--hosts", type=int, default=3)
@@ -92,6 +99,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
+    broker = None
+    if a.bootstrap is None:
+        from local_stack.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker("bench-rollup", port=0, state=Path(tempfile.mkdtemp(prefix="lowwater-rollup-")))
+        broker.start()
+        a.bootstrap = broker.bootstrap_servers
+    try:
+        return _run(a)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run(a: argparse.Namespace) -> int:
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
 
@@ -140,7 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "offline_records_per_s": round(off), "batches": len(prog),
         "state_bytes": max((p.get("stateOperators") or [{}])[0].get("memoryUsedBytes", 0) for p in prog) if prog else 0,
     }  # fmt: skip
+    res["ratio_spark_vs_offline"] = round(res["spark_records_per_s"] / res["offline_records_per_s"], 3)
+    res["machine"] = machine()
     print(json.dumps(res, indent=1))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rollup.json").write_text(json.dumps({"benchmark": "rollup", **res}, indent=2))
+    print(f"wrote {RESULTS / 'rollup.json'}")
     spark.stop()
     return 0
 
