@@ -1,6 +1,6 @@
 """Throughput of the sources into a ring drained by a trivial Numba consumer.
 
-``python -m low_level.sources.bench [--frames 2000000] [--size 64]`` prints frames/s for a fast-mode
+``.venv/bin/python benchmarks/bench_sources.py [--frames 2000000] [--size 64]`` prints frames/s for a fast-mode
 pcap replay and for the generator (ring pushes included, consumer in another thread), plus the
 generator's raw frame building (generate_frames, no ring).
 """
@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import njit
 
-from low_level.ring import HEAD, TAIL, Ring
-from low_level.sources.base import Source
-from low_level.sources.generator import GeneratorSource, generate_frames
-from low_level.sources.pcapfile import PcapSource
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
+from low_level.ring import HEAD, TAIL, Ring  # noqa: E402
+from low_level.sources.base import Source  # noqa: E402
+from low_level.sources.generator import GeneratorSource, generate_frames  # noqa: E402
+from low_level.sources.pcapfile import PcapSource  # noqa: E402
 
 
 @njit(cache=True, nogil=True)
@@ -37,19 +42,10 @@ def _consume(caplen, ctr, acc):
 
 
 def write_pcap(path: str, n: int, size: int) -> None:
-    """n generated frames of ``size`` bytes as a nanosecond pcap, built with numpy (fast for millions)."""
-    frames, _, _, ts = generate_frames(n, groups=65536, seed=1, snaplen=size, sizes=(size, size),
-                                       proto_mix={"udp": 1.0})
-    rec = np.zeros((n, 16 + size), dtype=np.uint8)
-    hdr = rec[:, :16].view("<u4")
-    hdr[:, 0] = ts // 1_000_000_000
-    hdr[:, 1] = ts % 1_000_000_000
-    hdr[:, 2] = size
-    hdr[:, 3] = size
-    rec[:, 16:] = frames
-    with open(path, "wb") as f:
-        f.write(np.array([0xA1B23C4D, 0x00040002, 0, 0, 65535, 1], dtype="<u4").tobytes())
-        rec.tofile(f)
+    """n generated frames of ``size`` bytes as a nanosecond pcap."""
+    frames, caplen, wirelen, ts = generate_frames(n, groups=65536, seed=1, snaplen=size, sizes=(size, size),
+                                                  proto_mix={"udp": 1.0})
+    write_pcap_ns(Path(path), frames, caplen, wirelen, ts)
 
 
 def drain_rate(ring: Ring, src: Source, n: int) -> float:
