@@ -8,7 +8,15 @@ Layout under ``<state>/kafka/<name>/``: ``server.properties``, ``log4j2.xml``, `
 (``log.dirs``), ``logs/server.log`` (log4j), ``logs/stdout.log`` (the JVM's own output),
 ``broker.pid`` and ``broker.json`` (the ports, so that a later start reuses them).
 
-CLI for humans: ``python -m local_stack.kafka_broker start|stop|status [--name N] [--port P]``.
+Security (optional, off by default): ``sasl_users`` turns the client listener into SASL with the PLAIN
+mechanism, ``tls=True`` into TLS with a throwaway CA made by ``keytool`` under ``tls/`` (``ca.pem``
+is what clients trust); both together give SASL_SSL; ``acls=True`` enforces Kafka ACLs.
+:meth:`KafkaBroker.client_security` and :meth:`KafkaBroker.spark_kafka_options` say how a
+kafka-python client and Spark's Kafka source reach it. With any of them, ``server.properties``
+(passwords inside) is made readable by its owner only.
+
+CLI for humans: ``python -m local_stack.kafka_broker start|stop|status [--name N] [--port P]
+[--sasl-user NAME=PASSWORD ...] [--tls] [--acls]``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import base64
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -28,12 +37,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from local_stack.jars import kafka_broker_jars_dir, state_dir
 
 DEFAULT_PORT = 9092
 NODE_ID = 1
 MIN_JAVA = 17  # Kafka 4.x brokers need Java 17+
+PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_SASL_USER = re.compile(r"[A-Za-z0-9._-]+")  # a JAAS option key (user_<name>) must be one plain word
 
 
 class KafkaBrokerError(RuntimeError):
@@ -79,6 +91,26 @@ def java_executable() -> str:
     return java
 
 
+def plain_jaas_config(username: str, password: str, **users: str) -> str:
+    """A ``sasl.jaas.config`` value for the PLAIN mechanism (client side; ``users``: the broker's table).
+
+    Names and passwords are checked by :func:`check_sasl_credentials`: the JAAS parser would read a
+    quote or backslash in a password as syntax.
+    """
+    check_sasl_credentials({username: password, **users})
+    table = "".join(f' user_{name}="{pw}"' for name, pw in users.items())
+    return f'{PLAIN_LOGIN_MODULE} required username="{username}" password="{password}"{table};'
+
+
+def check_sasl_credentials(users: Mapping[str, str]) -> None:
+    """Raise ValueError for a user name or password that cannot go verbatim into a JAAS config."""
+    for name, password in users.items():
+        if not _SASL_USER.fullmatch(name):
+            raise ValueError(f"SASL user name {name!r}: use letters, digits, '.', '_' and '-' only")
+        if not password or any(c in '"\\' or not c.isprintable() for c in password):
+            raise ValueError(f"password of SASL user {name!r}: non-empty, printable, no quote or backslash")
+
+
 def _kafka_uuid() -> str:
     """A cluster id in Kafka's format (url-safe base64 of 16 random bytes, no padding)."""
     while True:
@@ -115,6 +147,24 @@ class KafkaBroker:
     (default: ``port + 1`` for a given port, a free port otherwise). With ``die_with_parent`` the
     broker gets SIGTERM when the Python thread that started it dies, so a crashed test run leaves
     no broker behind; the CLI turns it off so the broker outlives ``start``.
+
+    Client-listener security (the controller listener stays PLAINTEXT on 127.0.0.1 either way):
+
+    * ``sasl_users`` (name -> password): SASL with the PLAIN mechanism; the broker's JAAS table
+      (``listener.name.<listener>.plain.sasl.jaas.config``) accepts exactly these users. The listener
+      is also the inter-broker listener, as ``admin_user`` (default: the first user); the health check
+      and :meth:`create_topic` authenticate as that user too.
+    * ``tls``: TLS with a broker certificate for ``IP:127.0.0.1``/``DNS:localhost``, signed by a CA
+      made on first start under ``<base>/tls`` and kept across restarts; clients trust
+      :attr:`ca_file` (PEM). The CA's private key is deleted once the broker certificate is signed.
+    * ``acls`` (needs ``sasl_users``): the KRaft ``StandardAuthorizer``; nothing is allowed without
+      an ACL except to the super users ``admin_user`` and ``ANONYMOUS``. ``ANONYMOUS`` is the
+      principal of the PLAINTEXT controller listener, over which the broker registers with its own
+      controller: without it the broker never becomes ready. That listener is on 127.0.0.1 only,
+      so this is for local tests; a real deployment authenticates its controller listener too.
+
+    The listener is named after its protocol: PLAINTEXT (the default, as before), SASL_PLAINTEXT,
+    SSL or SASL_SSL. ``extra_config`` is applied last and overrides any of it.
     """
 
     def __init__(
@@ -127,6 +177,10 @@ class KafkaBroker:
         heap: str = "512m",
         extra_config: Mapping[str, str] | None = None,
         die_with_parent: bool = True,
+        sasl_users: Mapping[str, str] | None = None,
+        admin_user: str | None = None,
+        tls: bool = False,
+        acls: bool = False,
     ) -> None:
         self.name = name
         self.base_dir = Path(state or state_dir()) / "kafka" / name
@@ -139,6 +193,20 @@ class KafkaBroker:
         self.heap = heap
         self.extra_config = dict(extra_config or {})
         self.die_with_parent = die_with_parent
+        self.sasl_users = dict(sasl_users or {})
+        if sasl_users is not None and not self.sasl_users:
+            raise ValueError("sasl_users is empty: give at least one user, or None for no SASL")
+        check_sasl_credentials(self.sasl_users)
+        self.admin_user = admin_user or next(iter(self.sasl_users), None)
+        if self.sasl_users and self.admin_user not in self.sasl_users:
+            raise ValueError(f"admin_user {admin_user!r} is not one of sasl_users {sorted(self.sasl_users)}")
+        if admin_user and not self.sasl_users:
+            raise ValueError("admin_user needs sasl_users")
+        self.tls = bool(tls)
+        self.acls = bool(acls)
+        if self.acls and not self.sasl_users:
+            raise ValueError("acls needs sasl_users: ACLs name authenticated principals")
+        self.tls_dir = self.base_dir / "tls"
         self._proc: subprocess.Popen[bytes] | None = None
         stored = self._stored_ports() if port is None else None
         if stored is not None:
@@ -156,6 +224,47 @@ class KafkaBroker:
     def bootstrap_servers(self) -> str:
         """What clients pass as ``bootstrap_servers`` / ``kafka.bootstrap.servers``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def security_protocol(self) -> str:
+        """The client listener's protocol (and name): PLAINTEXT, SASL_PLAINTEXT, SSL or SASL_SSL."""
+        return ("SASL_" if self.sasl_users else "") + ("SSL" if self.tls else "PLAINTEXT")
+
+    @property
+    def ca_file(self) -> Path:
+        """PEM certificate of the CA that signed the broker's certificate (only with ``tls``)."""
+        return self.tls_dir / "ca.pem"
+
+    def client_security(self, user: str | None = None, password: str | None = None) -> dict[str, Any]:
+        """kafka-python settings (``security_protocol``, ``sasl_*``, ``ssl_cafile``) to connect as ``user``.
+
+        ``user`` defaults to ``admin_user``, ``password`` to the user's password in ``sasl_users``
+        (pass one to try a wrong one). Empty for a PLAINTEXT broker. This is the JSON that the agent's
+        ``--kafka-security`` and ``create_topics.py --kafka-security`` take.
+        """
+        cfg: dict[str, Any] = {}
+        if self.security_protocol != "PLAINTEXT":
+            cfg["security_protocol"] = self.security_protocol
+        if self.sasl_users:
+            name, pw = self._credentials(user, password)
+            cfg.update(sasl_mechanism="PLAIN", sasl_plain_username=name, sasl_plain_password=pw)
+        if self.tls:
+            cfg["ssl_cafile"] = str(self.ca_file)
+        return cfg
+
+    def spark_kafka_options(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
+        """The same for Spark's Kafka source: ``kafka.*`` options handed to its consumers and admin client."""
+        opts: dict[str, str] = {}
+        if self.security_protocol != "PLAINTEXT":
+            opts["kafka.security.protocol"] = self.security_protocol
+        if self.sasl_users:
+            name, pw = self._credentials(user, password)
+            opts["kafka.sasl.mechanism"] = "PLAIN"
+            opts["kafka.sasl.jaas.config"] = plain_jaas_config(name, pw)
+        if self.tls:
+            opts["kafka.ssl.truststore.type"] = "PEM"
+            opts["kafka.ssl.truststore.location"] = str(self.ca_file)
+        return opts
 
     @property
     def server_log(self) -> Path:
@@ -192,6 +301,8 @@ class KafkaBroker:
                 )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            self._make_tls_material(java)
         self._write_config()
         classpath = f"{jars}/*"
         if not (self.data_dir / "meta.properties").exists():
@@ -206,8 +317,9 @@ class KafkaBroker:
             )  # fmt: skip
         self.pid_path.write_text(f"{self._proc.pid}\n")
         self.info_path.write_text(
-            json.dumps({"port": self.port, "controller_port": self.controller_port}) + "\n"
-        )
+            json.dumps({"port": self.port, "controller_port": self.controller_port,
+                        "security_protocol": self.security_protocol}) + "\n"
+        )  # fmt: skip
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -231,6 +343,7 @@ class KafkaBroker:
                     bootstrap_servers=self.bootstrap_servers,
                     bootstrap_timeout_ms=3000,
                     request_timeout_ms=5000,
+                    **self.client_security(),
                 )
                 try:
                     cluster = admin.describe_cluster()
@@ -254,8 +367,9 @@ class KafkaBroker:
         from kafka import KafkaAdminClient
 
         admin = KafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000)
-        )
+            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000),
+            **self.client_security(),
+        )  # fmt: skip
         try:
             spec = {"num_partitions": partitions, "replication_factor": 1, "configs": dict(config or {})}
             admin.create_topics({name: spec}, timeout_ms=int(timeout * 1000))
@@ -316,15 +430,26 @@ class KafkaBroker:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _credentials(self, user: str | None, password: str | None) -> tuple[str, str]:
+        name = user or self.admin_user or ""
+        if password is None:
+            if name not in self.sasl_users:
+                raise KeyError(
+                    f"no SASL user {name!r} on broker {self.name!r} (users: {sorted(self.sasl_users)})"
+                )
+            password = self.sasl_users[name]
+        return name, password
+
     def _config(self) -> dict[str, str]:
+        lst = self.security_protocol  # the client (and inter-broker) listener, named after its protocol
         cfg = {
             "process.roles": "broker,controller",
             "node.id": str(NODE_ID),
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listeners": f"{lst}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{lst}://127.0.0.1:{self.port}",
+            "listener.security.protocol.map": f"{lst}:{lst},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": lst,
             # A dynamic (KIP-853) quorum: what `StorageTool format --standalone` expects.
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
             "log.dirs": str(self.data_dir),
@@ -347,11 +472,90 @@ class KafkaBroker:
             "num.network.threads": "2",
             "num.io.threads": "2",
         }
+        cfg.update(self._security_config(lst))
         cfg.update(self.extra_config)
         return cfg
 
+    def _security_config(self, listener: str) -> dict[str, str]:
+        cfg: dict[str, str] = {}
+        if self.sasl_users:
+            admin, password = self._credentials(None, None)
+            cfg["sasl.enabled.mechanisms"] = "PLAIN"
+            cfg["sasl.mechanism.inter.broker.protocol"] = "PLAIN"
+            # username/password: what the broker itself logs in with (inter-broker); user_<name>: who may log in
+            cfg[f"listener.name.{listener.lower()}.plain.sasl.jaas.config"] = plain_jaas_config(
+                admin, password, **self.sasl_users
+            )
+        if self.tls:
+            password = (self.tls_dir / "store.password").read_text().strip()
+            cfg.update({
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(self.tls_dir / "broker.p12"),
+                "ssl.keystore.password": password,
+                "ssl.key.password": password,
+                # the broker is its own inter-broker client: it trusts the same CA as every client
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.ca_file),
+                "ssl.client.auth": "none",
+                "ssl.endpoint.identification.algorithm": "https",
+            })  # fmt: skip
+        if self.acls:
+            cfg["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+            # ANONYMOUS: the PLAINTEXT controller listener's principal (see the class docstring)
+            cfg["super.users"] = f"User:{self.admin_user};User:ANONYMOUS"
+            cfg["allow.everyone.if.no.acl.found"] = "false"
+        return cfg
+
+    def _make_tls_material(self, java: str) -> None:
+        """A CA and a broker key pair + certificate (SAN IP:127.0.0.1, DNS:localhost), made by keytool once."""
+        tls = self.tls_dir
+        done = tls / "store.password"  # written last: its presence means the material is complete
+        if done.exists() and (tls / "broker.p12").exists() and self.ca_file.exists():
+            return
+        keytool = Path(java).resolve().parent / "keytool"
+        kt = str(keytool) if keytool.exists() else shutil.which("keytool")
+        if kt is None:
+            raise KafkaBrokerError(
+                "tls=True needs `keytool` (part of the Java runtime) next to java or on PATH"
+            )
+        if tls.exists():
+            shutil.rmtree(tls)
+        tls.mkdir(mode=0o700, parents=True)
+        pw = secrets.token_hex(16)
+        ca, broker = tls / "ca.p12", tls / "broker.p12"
+        store = ["-storetype", "PKCS12", "-storepass", pw]
+        keypair = ["-genkeypair", "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650"]
+
+        def run(*args: str, stdin: str | None = None) -> str:
+            proc = subprocess.run([kt, *args], input=stdin, capture_output=True, text=True, cwd=tls)
+            if proc.returncode != 0:
+                raise KafkaBrokerError(
+                    f"keytool {args[0]} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+                )
+            return proc.stdout
+
+        run(*keypair, "-alias", "ca", "-dname", "CN=lowwater local test CA", "-ext", "bc:c",
+            "-keystore", str(ca), *store)  # fmt: skip
+        run("-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca), *store, "-file", str(self.ca_file))
+        run(*keypair, "-alias", "broker", "-dname", "CN=localhost", "-keystore", str(broker), *store)
+        csr = run("-certreq", "-alias", "broker", "-keystore", str(broker), *store)
+        signed = run("-gencert", "-rfc", "-alias", "ca", "-keystore", str(ca), *store, "-validity", "3650",
+                     "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-ext", "KU=digitalSignature,keyEncipherment",
+                     "-ext", "EKU=serverAuth,clientAuth", stdin=csr)  # fmt: skip
+        (tls / "broker.pem").write_text(signed)
+        for alias, pem in (("ca", self.ca_file), ("broker", tls / "broker.pem")):  # CA first, then the reply
+            run("-importcert", "-noprompt", "-alias", alias, "-file", str(pem),
+                "-keystore", str(broker), *store)  # fmt: skip
+        ca.unlink()  # nothing else will be signed: a lying-around CA key that clients trust is a liability
+        done.write_text(pw + "\n")
+        for f in tls.iterdir():
+            f.chmod(0o600)
+
     def _write_config(self) -> None:
         body = "".join(f"{k}={v}\n" for k, v in self._config().items())
+        if self.sasl_users or self.tls:  # JAAS and keystore passwords: owner only, before they are written
+            self.properties_path.touch(mode=0o600)
+            self.properties_path.chmod(0o600)
         self.properties_path.write_text(
             f"# written by local_stack.kafka_broker; edits are overwritten\n{body}"
         )
@@ -450,8 +654,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--state-dir", default=None, help="state dir (default: $LOWWATER_STATE_DIR or <repo>/.state)"
     )
+    parser.add_argument(
+        "--sasl-user",
+        action="append",
+        default=None,
+        metavar="NAME=PASSWORD",
+        help="SASL/PLAIN on the client listener; repeatable; the first is the broker's own user",
+    )
+    parser.add_argument(
+        "--tls", action="store_true", help="TLS on the client listener (CA: <data>/tls/ca.pem)"
+    )
+    parser.add_argument(
+        "--acls", action="store_true", help="enforce ACLs (needs --sasl-user; the first is a super user)"
+    )
     args = parser.parse_args(argv)
-    broker = KafkaBroker(args.name, args.port, state=args.state_dir, die_with_parent=False)
+    users = None
+    if args.sasl_user:
+        users = dict(u.partition("=")[::2] for u in args.sasl_user)
+    try:
+        broker = KafkaBroker(args.name, args.port, state=args.state_dir, die_with_parent=False,
+                             sasl_users=users, tls=args.tls, acls=args.acls)  # fmt: skip
+    except ValueError as e:
+        parser.error(str(e))
     if args.command == "start":
         if broker.is_running():
             print(f"already running: pid {broker.pid}, bootstrap {broker.bootstrap_servers}")
@@ -464,6 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"started in {time.monotonic() - t0:.1f}s: pid {broker.pid}, bootstrap {broker.bootstrap_servers}, "
               f"log {broker.server_log}")  # fmt: skip
+        if broker.security_protocol != "PLAINTEXT":
+            print(f"security {broker.security_protocol}" + (f", CA {broker.ca_file}" if broker.tls else ""))
         return 0
     if args.command == "stop":
         if not broker.is_running():
