@@ -106,6 +106,7 @@ def connect(bootstrap: str, security: Mapping[str, Any], deadline_s: float) -> A
     while True:
         try:
             return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lowwater-create-topics",
+                                    bootstrap_timeout_ms=int(min(deadline_s, 10) * 1000),
                                     request_timeout_ms=30_000, **security)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - NoBrokersAvailable, connection errors: retry
             if time.monotonic() >= end:

@@ -195,7 +195,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.kafka_security:
         import json
 
-        opts["producer_config"] = json.loads(args.kafka_security)
+        try:
+            security = json.loads(args.kafka_security)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"lowwater-agent: --kafka-security is not JSON: {exc}") from None
+        bad = sorted(k for k in security if not k.startswith(("security_", "sasl_", "ssl_")))
+        if bad:  # it must not silently override acks, idempotence or blocking behaviour
+            raise SystemExit(f"lowwater-agent: --kafka-security takes only security_*, sasl_* and ssl_* "
+                             f"kafka-python settings, not {bad}")
+        opts["producer_config"] = security
     agent = Agent(queries, parse_source(args.source), args.host_id, args.bootstrap,
                   ring_slots=args.ring_slots, emitter_opts=opts)
     if args.metrics_port:

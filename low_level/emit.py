@@ -102,7 +102,8 @@ class Emitter:
                 self.producer = KafkaProducer(**cfg)
             except Exception as exc:  # noqa: BLE001 - any bootstrap failure: retry with backoff
                 self.connect_errors += 1
-                log.warning("Kafka not reachable at %s (%s); retrying in %.1fs", self.bootstrap, exc, backoff)
+                log.warning("Kafka not reachable at %s (%s; check the address and any --kafka-security "
+                            "credentials or CA); retrying in %.1fs", self.bootstrap, exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
