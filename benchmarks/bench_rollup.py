@@ -7,12 +7,17 @@ Produces partial records of a (src_ip, dst_ip) count query (the OOP paper's Q4 s
 emulated hosts, warms the job up on a first slice, stops it, produces the rest, restarts it from the
 checkpoint (JVM and Python workers warm) and times ``processAllAvailable``. Also times the pure
 partition processor on the same messages, without Spark, for comparison.
+
+Besides the rate it records ``start_seconds`` (``job.start()``, inside the timed span),
+``cpu_seconds`` (CPU of the Spark JVM, its Python workers and this driver over the timed span: on a
+shared machine wall time depends on the neighbours, CPU time much less) and Spark's ``durationMs``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -87,6 +92,35 @@ def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: 
     return sum(n for *_, n in msgs) / (time.perf_counter() - t0)
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of ``pid`` and all its live descendants (Linux /proc; 0 elsewhere).
+
+    The machine may be shared: wall time depends on the neighbours, CPU time much less.
+    """
+    tick = 100.0
+    try:
+        tick = float(os.sysconf("SC_CLK_TCK"))
+        kids: dict[int, list[int]] = {}
+        stats: dict[int, float] = {}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kids.setdefault(int(f[1]), []).append(int(d.name))
+            stats[int(d.name)] = (int(f[11]) + int(f[12])) / tick
+    except (OSError, ValueError):
+        return 0.0
+    total, todo = 0.0, [pid]
+    while todo:
+        x = todo.pop()
+        total += stats.get(x, 0.0)
+        todo.extend(kids.get(x, []))
+    return total
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
@@ -149,17 +183,26 @@ def _run(a: argparse.Namespace) -> int:
     prod.close()
     measured = sum(n for *_, n in msgs[warm:])
     job = HighLevelJob(spark, [q], opts)
+    jvm_pid = int(spark.sparkContext._gateway.proc.pid)  # local mode: the JVM runs the Python workers
+    c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
     t0 = time.perf_counter()
     job.start()
+    started = time.perf_counter() - t0
     job.process_all_available()
     took = time.perf_counter() - t0
+    cpu = tree_cpu_seconds(jvm_pid) + time.process_time() - c0
     prog = job.streams[0].recentProgress
+    phases: dict[str, int] = {}
+    for pr in prog:
+        for k, v in (pr.get("durationMs") or {}).items():
+            phases[k] = phases.get(k, 0) + int(v)
     job.stop()
     res = {
         "records_total": total, "records_measured": measured, "messages": len(msgs), "groups": a.groups,
         "hosts": a.hosts, "panes": a.panes, "partitions": a.partitions, "master": a.master,
         "spark_seconds": round(took, 2), "spark_records_per_s": round(measured / took),
         "offline_records_per_s": round(off), "batches": len(prog),
+        "start_seconds": round(started, 2), "cpu_seconds": round(cpu, 2), "duration_ms": phases,
         "state_bytes": max((p.get("stateOperators") or [{}])[0].get("memoryUsedBytes", 0) for p in prog) if prog else 0,
     }  # fmt: skip
     res["ratio_spark_vs_offline"] = round(res["spark_records_per_s"] / res["offline_records_per_s"], 3)

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from contract import query as Q
 from high_level.metrics import JobMetrics
-from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings
+from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
 from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table, summarize
 
@@ -90,7 +90,7 @@ def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) 
             df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             df = df.sort_values("offset", kind="stable")
             values = df["value"].tolist()
-        out = proc.process(values, int(state.getCurrentProcessingTimeMs()))
+        out = proc.process_packed(values, int(state.getCurrentProcessingTimeMs()))
         state.update((proc.to_bytes(),))
         state.setTimeoutDuration(tick_ms)
         yield out
@@ -111,7 +111,53 @@ def checkpoint_shuffle_partitions(checkpoint: Path) -> int | None:
     return None
 
 
-def placement_salts(spark: Any, partitions: dict[str, int], n_tasks: int, tries: int = 64) -> dict[tuple[str, int], int]:
+_M32 = 0xFFFFFFFF
+
+
+def _mix_k1(k: int) -> int:
+    k = (k * 0xCC9E2D51) & _M32
+    return (((k << 15) | (k >> 17)) & _M32) * 0x1B873593 & _M32
+
+
+def _mix_h1(h: int, k: int) -> int:
+    h ^= k
+    return (((h << 13) | (h >> 19)) & _M32) * 5 + 0xE6546B64 & _M32
+
+
+def _fmix(h: int, n: int) -> int:
+    h ^= n
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def spark_hash(*values: str | int) -> int:
+    """Spark SQL's ``hash(...)`` (Murmur3Hash, seed 42) of strings and ints, computed in Python.
+
+    Bit-exact with Spark: strings (UTF8_BINARY) use ``Murmur3_x86_32.hashUnsafeBytes`` (4-byte
+    little-endian words, then each tail byte sign-extended on its own), ints ``hashInt``; each
+    value seeds the next. Placement must not need a Spark job at start.
+    """
+    h = 42
+    for v in values:
+        if isinstance(v, str):
+            b = v.encode()
+            n4 = len(b) - len(b) % 4
+            for i in range(0, n4, 4):
+                h = _mix_h1(h, _mix_k1(int.from_bytes(b[i : i + 4], "little")))
+            for x in b[n4:]:
+                h = _mix_h1(h, _mix_k1((x - 256 if x > 127 else x) & _M32))
+            h = _fmix(h, len(b))
+        else:
+            if not -(2**31) <= int(v) < 2**31:
+                raise ValueError(f"{v} is not a 32-bit int")
+            h = _fmix(_mix_h1(h, _mix_k1(int(v) & _M32)), 4)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def placement_salts(partitions: dict[str, int], n_tasks: int, tries: int = 64) -> dict[tuple[str, int], int]:
     """A salt per (topic, Kafka partition) that spreads the stateful groups evenly over Spark tasks.
 
     Why: Spark places group (topic, partition) on task pmod(murmur3(topic, partition), N); with as
@@ -119,18 +165,17 @@ def placement_salts(spark: Any, partitions: dict[str, int], n_tasks: int, tries:
     Grouping by (topic, partition, salt) with the smallest salt that hashes to task
     ``(partition + crc32(topic)) % N`` makes the placement round-robin. The salt depends only on
     (topic, partition, N) and N is fixed per checkpoint, so a group's state key never changes.
-    Computed with Spark's own ``hash`` (the function hash partitioning uses).
+    Computed with Spark's own ``hash`` function (the one hash partitioning uses), reimplemented
+    bit-exactly in :func:`spark_hash` so that starting the job runs no Spark job.
     """
-    from pyspark.sql import functions as F
-
-    rows = [(t, p, s) for t, n in sorted(partitions.items()) for p in range(n) for s in range(tries)]
-    df = spark.createDataFrame(rows, "topic string, partition int, salt int")
-    got = df.select("topic", "partition", "salt", F.pmod(F.hash("topic", "partition", "salt"), F.lit(n_tasks)).alias("b"))
     out: dict[tuple[str, int], int] = {}
-    for r in got.orderBy("topic", "partition", "salt").collect():
-        k = (r["topic"], r["partition"])
-        if k not in out and r["b"] == (r["partition"] + zlib.crc32(r["topic"].encode())) % n_tasks:
-            out[k] = int(r["salt"])
+    for t, n in sorted(partitions.items()):
+        for p in range(n):
+            want = (p + zlib.crc32(t.encode())) % n_tasks
+            for salt in range(tries):
+                if spark_hash(t, p, salt) % n_tasks == want:  # Python's % is pmod for n_tasks > 0
+                    out[(t, p)] = salt
+                    break
     return out
 
 
@@ -146,6 +191,7 @@ class HighLevelJob:
         self.opts = opts
         self.metrics = metrics or JobMetrics()
         self.store = ResultStore(opts.results, self.queries)
+        self.layouts = {q.name: Layout.of(q) for q in self.queries}
         self.streams: list[Any] = []
         self._lock = threading.Lock()
         prev = self.store.read_status()
@@ -199,7 +245,7 @@ class HighLevelJob:
         parts: dict[str, int] = {}
         for q in self.queries:
             parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
-        salts = placement_salts(self.spark, parts, n_tasks)
+        salts = placement_salts(parts, n_tasks)
         if salts:
             table = F.create_map(*[x for (t, p), v in sorted(salts.items()) for x in (F.lit(f"{t}/{p}"), F.lit(v))])
             salt = F.coalesce(F.try_element_at(table, F.concat_ws("/", "topic", F.col("partition").cast("string"))),
@@ -226,7 +272,7 @@ class HighLevelJob:
     def _sink_oop(self, df: Any, batch_id: int) -> None:
         """foreachBatch: one action (toArrow) so the stateful step runs once, then write."""
         t0 = time.monotonic()
-        self.handle_rows(df.toArrow(), batch_id)
+        self.handle_rows(unpack_rows(df.toArrow(), self.layouts), batch_id)
         self.metrics.batch_duration.observe(time.monotonic() - t0)
 
     def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
@@ -234,18 +280,22 @@ class HighLevelJob:
         with self._lock:
             tbl = generic_table(rows)
             is_status = pc.equal(tbl["kind"], "status")
-            statuses = [json.loads(s) for s in tbl.filter(is_status)["status"].to_pylist()]
+            statuses = [json.loads(s) for s in pc.filter(tbl["status"], is_status).to_pylist()]
             written = self.store.write_batch(batch_id, tbl)
-            data = tbl.filter(pc.invert(is_status)).select(["query", "kind", "window_end_ns", "closed_at_ms"])
+            # per query: finals, corrections, and one latency observation per closed window end
+            data = tbl.select(["query", "kind", "window_end_ns", "closed_at_ms"]).filter(pc.invert(is_status))
             if data.num_rows:
-                d = data.to_pandas()
-                for qn, grp in d.groupby("query"):
-                    fin = grp[grp["kind"] == "final"]
-                    self.metrics.windows.labels(qn).inc(len(fin))
-                    self.metrics.corrections.labels(qn).inc(int((grp["kind"] == "correction").sum()))
-                    lat = fin.groupby("window_end_ns")["closed_at_ms"].max()
-                    for end_ns, at_ms in lat.items():
-                        self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+                counts = data.group_by(["query", "kind"]).aggregate([([], "count_all")]).to_pydict()
+                per_query: dict[str, dict[str, int]] = {}
+                for qn, kind, n in zip(counts["query"], counts["kind"], counts["count_all"], strict=True):
+                    per_query.setdefault(qn, {})[kind] = n
+                for qn in sorted(per_query):
+                    self.metrics.windows.labels(qn).inc(per_query[qn].get("final", 0))
+                    self.metrics.corrections.labels(qn).inc(per_query[qn].get("correction", 0))
+                fin = data.filter(pc.equal(data["kind"], "final"))
+                lat = fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
+                for end_ns, at_ms in zip(lat["window_end_ns"], lat["closed_at_ms_max"], strict=True):
+                    self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
             for st in statuses:
                 self.partitions.setdefault(st["query"], {})[int(st["partition"])] = st
             self.metrics.on_batch_status(statuses)

@@ -60,33 +60,44 @@ def _reduce_sorted(state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops
     return out
 
 
+_UFUNC = {Q.MERGE_SUM: np.add, Q.MERGE_MIN: np.minimum, Q.MERGE_MAX: np.maximum}
+_IDENTITY = {Q.MERGE_SUM: 0, Q.MERGE_MIN: np.iinfo(I64).max, Q.MERGE_MAX: np.iinfo(I64).min}
+
+
 def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Unique rows of ``keys`` (int64[n, c]) and the merged state per unique row, exactly.
 
-    Why a hash: factorising one uint64 per row is several times faster than a multi-column sort; the
-    result is verified against the full key and falls back to an exact multi-column unique on a
-    (vanishingly rare) 64-bit collision, so the answer never depends on luck.
+    Unique rows come in order of first appearance. Why a hash: factorising one uint64 per row is
+    several times faster than a multi-column sort; the result is verified against the full key and
+    falls back to an exact multi-column unique on a (vanishingly rare) 64-bit collision, so the answer
+    never depends on luck. The merge is an unbuffered ``ufunc.at`` per state column (no sort needed).
     """
     n = keys.shape[0]
     if n == 0:
         return keys.reshape(0, keys.shape[1]), state.reshape(0, state.shape[1])
-    codes, _ = pd.factorize(wire.key_hash(keys), sort=False)
-    order = np.argsort(codes, kind="stable")
-    sc = codes[order]
-    flags = np.empty(n, bool)
-    flags[0] = True
-    np.not_equal(sc[1:], sc[:-1], out=flags[1:])
-    starts = np.flatnonzero(flags)
-    rep = order[starts]
-    grp = np.cumsum(flags) - 1
-    if not np.array_equal(keys[order], keys[rep][grp]):  # hash collision: exact fallback
+    codes, uniq = pd.factorize(wire.key_hash(keys), sort=False)
+    # codes are numbered in order of first appearance: a row is its group's first exactly where the
+    # running maximum of the codes grows
+    top = np.maximum.accumulate(codes)
+    first = np.empty(n, bool)
+    first[0] = True
+    np.greater(top[1:], top[:-1], out=first[1:])
+    rep = np.flatnonzero(first)
+    ukeys = keys[rep]
+    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
+        # hash collision: exact fallback
         _, inv = np.unique(keys, axis=0, return_inverse=True)
         order = np.argsort(inv.ravel(), kind="stable")
         si = inv.ravel()[order]
         flags = np.r_[True, si[1:] != si[:-1]]
         starts = np.flatnonzero(flags)
-        rep = order[starts]
-    return keys[rep], _reduce_sorted(state, order, starts, ops)
+        return keys[order[starts]], _reduce_sorted(state, order, starts, ops)
+    out = np.empty((len(uniq), state.shape[1]), I64)
+    for j, op in enumerate(ops):
+        col = np.full(len(uniq), _IDENTITY[op], I64)
+        _UFUNC[op].at(col, codes, state[:, j])
+        out[:, j] = col
+    return ukeys, out
 
 
 def expand_windows(pane: np.ndarray, lo: int, hi: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -46,14 +46,19 @@ def check_names(q: Q.QuerySpec) -> None:
 
 
 def ip_strings(hi: np.ndarray, lo: np.ndarray) -> pa.Array:
-    """Address words -> text; IPv4-mapped addresses (the common case) vectorised in Arrow."""
+    """Address words -> text; IPv4-mapped addresses (the common case) vectorised in Arrow.
+
+    Each distinct address is formatted once (results repeat the same addresses across windows and
+    keys, so formatting the distinct values and taking is several times cheaper than formatting all).
+    """
     hi = np.asarray(hi, np.int64)
     lo = np.asarray(lo, np.int64)
     v4 = (hi == 0) & ((lo >> 32) == 0xFFFF)
     if v4.all():
-        a = lo & 0xFFFFFFFF
-        octets = [pc.cast(pa.array((a >> s) & 0xFF), pa.string()) for s in (24, 16, 8, 0)]
-        return pc.binary_join_element_wise(*octets, ".")
+        codes, uniq = pd.factorize(lo, sort=False)
+        if len(uniq) < len(lo):
+            return _v4_text(np.asarray(uniq, np.int64)).take(pa.array(codes))
+        return _v4_text(lo)
     out = np.empty(len(lo), object)
     if v4.any():
         out[v4] = ip_strings(hi[v4], lo[v4]).to_numpy(zero_copy_only=False)
@@ -63,6 +68,12 @@ def ip_strings(hi: np.ndarray, lo: np.ndarray) -> pa.Array:
     text = np.array([F.words_to_ip(int(h), int(lw)) for h, lw in uniq], object)
     out[rest] = text[inv.ravel()]
     return pa.array(out, pa.string())
+
+
+def _v4_text(lo: np.ndarray) -> pa.Array:
+    a = lo & 0xFFFFFFFF
+    octets = [pc.cast(pa.array((a >> s) & 0xFF), pa.string()) for s in (24, 16, 8, 0)]
+    return pc.binary_join_element_wise(*octets, ".")
 
 
 def generic_table(rows: pd.DataFrame | pa.Table) -> pa.Table:
@@ -83,6 +94,18 @@ def _matrix(col: pa.ChunkedArray | pa.Array, n: int, width: int) -> np.ndarray:
     return flat.astype(np.int64, copy=False).reshape(n, width)
 
 
+def _rows_matrix(col: pa.ChunkedArray | pa.Array, rows: np.ndarray, width: int) -> np.ndarray:
+    """int64[len(rows), width] of the list<int64> column's ``rows`` (each must hold ``width`` values);
+    other rows may have any length (status rows, other queries). No per-row work."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    offs = np.asarray(arr.offsets.to_numpy(), np.int64)
+    vals = np.asarray(arr.values.to_numpy(zero_copy_only=False), np.int64)
+    start = offs[rows]
+    if np.any(offs[rows + 1] - start != width):
+        raise ValueError(f"expected {width} words per row")
+    return vals[start[:, None] + np.arange(width)] if width else np.zeros((len(rows), 0), np.int64)
+
+
 def _ints(col: pa.ChunkedArray | pa.Array, dtype: type = np.int64) -> np.ndarray:
     return np.asarray(col.to_numpy(), dtype=dtype)
 
@@ -91,11 +114,16 @@ def typed_table(q: Q.QuerySpec, rows: pd.DataFrame | pa.Table) -> pa.Table:
     """Generic rows (window_*_ns, key/state lists) of one query -> the query's typed columns."""
     rows = generic_table(rows)
     n = rows.num_rows
-    key = _matrix(rows["key"], n, Q.key_width(q))
-    state = _matrix(rows["state"], n, len(Q.state_columns(q)))
+    return _typed(q, _ints(rows["window_start_ns"]), _ints(rows["window_end_ns"]), _matrix(rows["key"], n, Q.key_width(q)),
+                  _matrix(rows["state"], n, len(Q.state_columns(q))), _ints(rows["closed_at_ms"]),
+                  _ints(rows["hosts"], np.int32), rows["kind"].combine_chunks().cast(pa.string()))  # fmt: skip
+
+
+def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
+           closed_at_ms: np.ndarray, hosts: np.ndarray, kind: pa.Array) -> pa.Table:  # fmt: skip
     cols: dict[str, pa.Array] = {
-        "window_start": pa.array(_ints(rows["window_start_ns"]) // 1000, TS),
-        "window_end": pa.array(_ints(rows["window_end_ns"]) // 1000, TS),
+        "window_start": pa.array(start_ns // 1000, TS),
+        "window_end": pa.array(end_ns // 1000, TS),
     }
     i = 0
     for p in q.key_parts:
@@ -115,9 +143,9 @@ def typed_table(q: Q.QuerySpec, rows: pd.DataFrame | pa.Table) -> pa.Table:
         else:
             cols[a.name] = pa.array(state[:, j], pa.int64())
             j += 1
-    cols["closed_at"] = pa.array(_ints(rows["closed_at_ms"]) * 1000, TS)
-    cols["hosts"] = pa.array(_ints(rows["hosts"], np.int32), pa.int32())
-    cols["kind"] = rows["kind"].combine_chunks().cast(pa.string())
+    cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
+    cols["hosts"] = pa.array(hosts, pa.int32())
+    cols["kind"] = kind
     return pa.table(cols)
 
 
@@ -151,23 +179,42 @@ class ResultStore:
         if rows is None or len(rows) == 0:
             return written
         tbl = generic_table(rows)
-        tbl = tbl.filter(pc.not_equal(tbl["kind"], "status"))
-        for name in sorted(pc.unique(tbl["query"]).to_pylist()):
+        # Work on row indices and numpy columns: filtering/sorting the table itself would move the
+        # list columns and strings around once per step.
+        kind = tbl["kind"].combine_chunks().cast(pa.string())
+        is_data = np.asarray(pc.not_equal(kind, "status").to_numpy(zero_copy_only=False), bool)
+        query = tbl["query"].combine_chunks().cast(pa.string())
+        window = _ints(tbl["window"])
+        # (window, kind) order with kind as text ('correction' < 'final'), stable like Table.sort_by
+        kinds = pc.unique(kind).sort()
+        kind_rank = np.asarray(pc.index_in(kind, value_set=kinds).to_numpy(zero_copy_only=False), np.int64)
+        start_all, end_all = _ints(tbl["window_start_ns"]), _ints(tbl["window_end_ns"])
+        closed_all, hosts_all = _ints(tbl["closed_at_ms"]), _ints(tbl["hosts"], np.int32)
+        for name in sorted(pc.unique(pc.filter(query, pa.array(is_data))).to_pylist()):
             q = self.queries.get(str(name))
             if q is None:
                 continue
-            sub = tbl.filter(pc.equal(tbl["query"], name)).sort_by([("window", "ascending"), ("kind", "ascending")])
-            day = _ints(sub["window_start_ns"]) // NS_PER_DAY
-            for d in np.unique(day).tolist():
-                part = sub.filter(pa.array(day == d))
+            sel = np.flatnonzero(is_data & np.asarray(pc.equal(query, name).to_numpy(zero_copy_only=False), bool))
+            sel = sel[np.lexsort((kind_rank[sel], window[sel]))]
+            key = _rows_matrix(tbl["key"], sel, Q.key_width(q))
+            state = _rows_matrix(tbl["state"], sel, len(Q.state_columns(q)))
+            typed = _typed(q, start_all[sel], end_all[sel], key, state, closed_all[sel], hosts_all[sel],
+                           kind.take(pa.array(sel)))  # fmt: skip
+            day = start_all[sel] // NS_PER_DAY
+            # rows are sorted by window and window_start grows with the window: a day is a slice
+            bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
+            if np.any(np.diff(day) < 0):
+                raise AssertionError("window start not monotone in the window")
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+                d = int(day[a])
                 date = datetime.fromtimestamp(d * 86400, tz=UTC).strftime("%Y-%m-%d")
                 out_dir = self.root / f"query={name}" / f"date={date}"
                 out_dir.mkdir(parents=True, exist_ok=True)
                 path = out_dir / f"part-{batch_id:012d}.parquet"
                 tmp = path.with_name(path.name + ".tmp")
-                pq.write_table(typed_table(q, part), tmp, compression="zstd")
+                pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
                 os.replace(tmp, path)
-            written[str(name)] = sub.num_rows
+            written[str(name)] = len(sel)
         return written
 
     def read_status(self) -> dict[str, Any]:
