@@ -394,7 +394,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shuffle-partitions", type=int, default=None,
                    help="state partitions (default: the cores of --master); fixed once a checkpoint exists")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a kafka.* option for Spark's Kafka source, e.g. kafka.security.protocol=SASL_SSL "
+                        "(repeatable; see deploy/SECURITY.md)")
     return p.parse_args(argv)
+
+
+def _kafka_options(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("kafka."):
+            raise ValueError(f"--kafka-option {item!r}: expected kafka.<setting>=<value>")
+        out[key] = value
+    return out
 
 
 def options_from_args(a: argparse.Namespace) -> JobOptions:
@@ -405,6 +418,7 @@ def options_from_args(a: argparse.Namespace) -> JobOptions:
         late_policy=a.late_policy, watermark_delay_ms=_ms(a.watermark_delay),
         max_offsets_per_trigger=a.max_offsets_per_trigger,
         shuffle_partitions=a.shuffle_partitions or _cores(a.master),
+        kafka_options=_kafka_options(a.kafka_option),
     )  # fmt: skip
 
 
