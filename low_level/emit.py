@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,6 +174,8 @@ class Emitter:
             while fifo:
                 if self.inflight_bytes > self.max_inflight_bytes:
                     return handed  # Kafka is slow or down: keep the rest here, merged in place if needed
+                if isinstance(fifo[0], Block) and len(fifo) > 1 and isinstance(fifo[1], Block):
+                    _coalesce(fifo)  # many small drained blocks -> fewer, larger Kafka messages
                 item = fifo[0]
                 seq = self.seq.get((query, part), 0)
                 if isinstance(item, Block):
@@ -215,3 +218,15 @@ class Emitter:
         self._closing = True
         if self.producer is not None and hasattr(self.producer, "close"):
             self.producer.close(timeout=5)
+
+
+def _coalesce(fifo: deque) -> None:
+    """Merge the leading run of blocks (up to MAX_BATCH_RECORDS) into one, keeping FIFO order."""
+    run = [fifo.popleft()]
+    total = run[0].n
+    while fifo and isinstance(fifo[0], Block) and total + fifo[0].n <= MAX_BATCH_RECORDS:
+        b = fifo.popleft()
+        run.append(b)
+        total += b.n
+    fifo.appendleft(Block(np.concatenate([b.pane for b in run]), np.concatenate([b.key for b in run]),
+                          np.concatenate([b.state for b in run])))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from contract import wire
 from low_level.kernel import Kernel
-from low_level.tables import EMPTY, QS_MARK, QS_MAXTS, QS_STARTED
+from low_level.tables import EMPTY, QS_MARK, QS_MAXTS, QS_OCC, QS_STARTED
 
 
 @dataclass
@@ -41,6 +41,14 @@ def target_pane(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: boo
     return (clock_ns - qp.origin_ns) // qp.pane_ns
 
 
+def _oldest_held(kernel: Kernel, q: int, target: int) -> int:
+    """Oldest pane the table still holds; with an empty table nothing holds the mark below the target
+    (not the last data pane + 1: an idle host's mark must follow its clock)."""
+    if kernel.t.qs[q, QS_OCC] == 0:
+        return target
+    return kernel.min_pane(q)
+
+
 def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False) -> Mark | None:
     """Flush what the new mark needs and return it (the caller drains, queues, then sends it).
 
@@ -57,11 +65,11 @@ def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, e
         target = target_pane(kernel, q, now_ns, idle, live_clock, spec.heartbeat.skew_ns)
         if target is None:
             return None
-        oldest = kernel.min_pane(q) if t.qs[q, QS_STARTED] else target
+        oldest = _oldest_held(kernel, q, target)
         flushed = 0
         if idle and oldest < target:  # the per-pane counters say a sweep has something to flush
             flushed = kernel.flush_below(q, target)
-            oldest = kernel.min_pane(q)
+            oldest = _oldest_held(kernel, q, target)
         mark = min(oldest, target)
     if prev != EMPTY and mark <= prev:
         return Mark(prev, 0, flushed) if flushed else None

@@ -187,3 +187,24 @@ def test_late_packets_are_counted_not_merged() -> None:
     push_frames(agent.ring, *build_frames(late))
     agent.step()
     assert agent.kernel.t.qs[0, QS_LATE] == 100
+
+
+class _LiveSource:
+    live_clock = True
+
+
+def test_idle_live_host_mark_follows_the_wall_clock() -> None:
+    """A sparse host whose table is empty must punctuate wall clock - skew, not its last packet's pane."""
+    import time
+
+    q = make_query("lazy", 256, window="{range: 1s}")
+    now = time.time_ns()
+    old = make_traffic(1, 1, now - 30 * NS, 1, seed=1)  # one packet, 30 s ago
+    agent = Agent([q], None, "sparse", None, producer=RecordingProducer(), idle_after_s=0)
+    agent.source = _LiveSource()
+    push_frames(agent.ring, *build_frames(old))
+    agent.step()
+    agent.punctuate(0, idle=True, timer=True)
+    skew_panes = q.heartbeat.skew_ns // q.window.pane_ns
+    expected = (time.time_ns() // q.window.pane_ns) - skew_panes
+    assert agent.last_mark_pane[0] >= expected - 1, "the mark stayed at the old packet's pane"
