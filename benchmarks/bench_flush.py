@@ -29,6 +29,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.queries import FLUSH as POLICIES  # noqa: E402
+from benchmarks.queries import q4  # noqa: E402
 from contract import query as Q  # noqa: E402
 from low_level.kernel import Kernel  # noqa: E402
 from low_level.sources.generator import generate_frames  # noqa: E402
@@ -36,19 +38,6 @@ from low_level.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHUNK = 2048
-POLICIES = {"iop": "{policy: iop, m: 2}", "slow": "{policy: slow, i: 160, m: 2}", "lazy": "{policy: lazy, m: 2}"}
-
-
-def q4(table: int, policy: str) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: q4
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1m}}
-    table: {{size: {table}}}
-    flush: {POLICIES[policy]}
-""").queries[0]
 
 
 def service_trace(frames, caplen, wirelen, ts, q: Q.QuerySpec) -> np.ndarray:

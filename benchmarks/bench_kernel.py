@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.queries import q4  # noqa: E402
 from contract import query as Q  # noqa: E402
 from low_level.kernel import Kernel  # noqa: E402
 from low_level.parse import parse_batch  # noqa: E402
@@ -31,18 +32,6 @@ from low_level.sources.generator import generate_frames  # noqa: E402
 from low_level.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def q4(table: int, policy: str) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: q4
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1m}}
-    table: {{size: {table}}}
-    flush: {{policy: {policy}, m: 2, i: 160}}
-""").queries[0]
 
 
 def fill_ring(frames: np.ndarray, caplen, wirelen, ts) -> Ring:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
+from benchmarks.queries import q4  # noqa: E402
 from contract import query as Q  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
 from low_level.agent import Agent  # noqa: E402
@@ -32,19 +33,6 @@ TMP = RESULTS / "tmp"
 class NullProducer:
     def send(self, topic: str, value: bytes, partition: int) -> None:
         return None
-
-
-def q4(table: int, topic: str) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: q4
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1m}}
-    table: {{size: {table}}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: {topic}, partitions: 2}}
-""").queries[0]
 
 
 def run(q: Q.QuerySpec, pcap: Path, bootstrap: str | None, producer=None) -> tuple[float, Agent]:
@@ -77,8 +65,8 @@ def main() -> None:
     try:
         topic = "bench.q4"
         broker.create_topic(topic, 2)
-        q = q4(args.table, topic)
-        run(q4(1024, topic), pcap, None, NullProducer())  # warm-up: compile, page cache
+        q = q4(args.table, "lazy", topic, partitions=2)
+        run(q4(1024, "lazy", topic, partitions=2), pcap, None, NullProducer())  # warm-up: compile, page cache
         null_s, _ = run(q, pcap, None, NullProducer())
         kafka_s, agent = run(q, pcap, broker.bootstrap_servers)
     finally:

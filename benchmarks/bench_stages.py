@@ -30,11 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_kernel import q4  # noqa: E402
 from benchmarks.bench_sources import drain_rate  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
-from contract import query as Q  # noqa: E402
+from benchmarks.queries import q4  # noqa: E402
 from high_level.partition import PartitionProcessor, Settings  # noqa: E402
 from high_level.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
@@ -108,7 +107,7 @@ def main() -> None:
     secs = min(_timed(lambda: parse_batch(flat, offs, caplen, wirelen, ts, ifs, n, out, st, errs)) for _ in range(3))
     add("parse", "frames", n, secs)
     # 3. kernel
-    q = q4(1 << 17, "lazy").model_copy(update={"kafka": Q.KafkaSpec(topic="stages.q4", partitions=2)})
+    q = q4(1 << 17, "lazy", "stages.q4", partitions=2)
     recs: list[np.ndarray] = []
 
     def kernel_run(keep: bool) -> None:

@@ -1,4 +1,6 @@
-"""Fixed-size hash-table sub-aggregation: lookup, insert, evict and emit, all in Numba.
+"""Fixed-size hash-table sub-aggregation primitives in Numba: key extraction and hashing, folding a
+packet into state, emitting an entry, prefetching. The probe/insert/evict loop itself is written out
+inside the kernel's hot loop (low_level.kernel.aggregate_block), where a call would cost refcounts.
 
 Open addressing over ``probes`` consecutive slots, keyed by (group key, pane). The slot comes from
 the low bits of a splitmix64 hash of the key words only (the Kafka partition uses the high bits), so a
@@ -19,15 +21,11 @@ from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE
 from low_level.tables import (
     EMPTY,
     PANE_RING,
-    QP_BASE,
     QP_KW,
     QP_NA,
     QP_OBASE,
-    QP_PROBES,
     QP_RW,
-    QP_SIZE,
     QP_SOFF,
-    QP_STRIDE,
     QS_EMITTED,
     QS_OCC,
     QS_OUTN,
@@ -118,12 +116,6 @@ def extract_key_at(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, rof
     pin(keys)
 
 
-@njit(cache=True, nogil=True)
-def extract_key(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, key: np.ndarray) -> None:
-    """Fill key words from a parsed row: plain fields, or addresses masked to a prefix per family."""
-    extract_key_at(kprog, koff, klen, row, 0, key, 0)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
     v = 1
@@ -133,11 +125,6 @@ def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
         v = row[roff + src]
     pin(row)
     return v
-
-
-@njit(cache=True, nogil=True)
-def packet_value(row: np.ndarray, src: int) -> int:
-    return packet_value_at(row, 0, src)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -160,12 +147,6 @@ def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, r
     pin(tab)
     pin(scols)
     pin(row)
-
-
-@njit(cache=True, nogil=True)
-def fold_packet(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, fresh: bool) -> None:
-    """Merge one packet into the state words at tab[spos:spos+na] (fresh = first packet of the entry)."""
-    fold_at(tab, spos, na, scols, soff, row, 0, fresh)
 
 
 @njit(cache=True, nogil=True)
@@ -206,74 +187,3 @@ def emit_packet_at(q: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarr
     pin(qs)
     pin(out)
     pin(scols)
-
-
-@njit(cache=True, nogil=True)
-def emit_packet(q: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
-                out: np.ndarray, scols: np.ndarray) -> None:
-    emit_packet_at(q, pane, key, 0, row, 0, qp, qs, out, scols)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def probe_at(tab: np.ndarray, base: int, stride: int, mask: int, probes: int, s0: int, pane: int, kw: int,
-             keys: np.ndarray, kofs: int) -> tuple:
-    """Probe ``probes`` slots from slot s0 for (key, pane): (match_pos, empty_pos, victim_pos, victim_pane),
-    -1 when absent; the victim is the oldest probed entry (first on ties). One exit, scalars only."""
-    match = -1
-    empty = -1
-    victim = -1
-    victim_pane = PANE_MAX
-    j = 0
-    while j < probes:
-        pos = base + ((s0 + j) & mask) * stride
-        sp = tab[pos]
-        if sp == EMPTY:
-            if empty < 0:
-                empty = pos
-        else:
-            if sp == pane:
-                w = 0
-                while w < kw and tab[pos + 1 + w] == keys[kofs + w]:
-                    w += 1
-                if w == kw:
-                    match = pos
-                    break
-            if sp < victim_pane:
-                victim_pane = sp
-                victim = pos
-        j += 1
-    pin(tab)
-    pin(keys)
-    return match, empty, victim, victim_pane
-
-
-@njit(cache=True, nogil=True)
-def probe(q: int, pane: int, key: np.ndarray, h: np.uint64, qp: np.ndarray, tab: np.ndarray) -> tuple:
-    """Probe for (key, pane): returns (match_pos, empty_pos, victim_pos, victim_pane), -1 when absent."""
-    size = qp[q, QP_SIZE]
-    s0 = np.int64(h & np.uint64(size - 1))
-    return probe_at(tab, qp[q, QP_BASE], qp[q, QP_STRIDE], size - 1, qp[q, QP_PROBES], s0, pane, qp[q, QP_KW], key, 0)
-
-
-@njit(cache=True, nogil=True)
-def insert_at(q: int, pos: int, pane: int, key: np.ndarray, row: np.ndarray, qp: np.ndarray, qs: np.ndarray,
-              tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
-    insert_entry(q, pos, pane, key, 0, row, 0, qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_SOFF], qs, tab, scols, pane_counts)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def insert_entry(q: int, pos: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarray, roff: int, kw: int,
-                 na: int, soff: int, qs: np.ndarray, tab: np.ndarray, scols: np.ndarray, pane_counts: np.ndarray) -> None:
-    """Start a new entry (key, pane) at tab[pos] from one packet."""
-    tab[pos] = pane
-    for w in range(kw):
-        tab[pos + 1 + w] = keys[kofs + w]
-    fold_at(tab, pos + 1 + kw, na, scols, soff, row, roff, True)
-    pane_counts[q, pane & (PANE_RING - 1)] += 1
-    qs[q, QS_OCC] += 1
-    pin(keys)
-    pin(row)
-    pin(qs)
-    pin(tab)
-    pin(scols)
-    pin(pane_counts)

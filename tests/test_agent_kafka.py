@@ -12,12 +12,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import dpkt
-from kafka import KafkaConsumer, TopicPartition
 
 from contract import fields as F
 from contract import query as Q
 from contract import wire
 from tests.packets import build_frames, make_traffic
+from tests.topic_reader import read_topic
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -48,13 +48,7 @@ def dpkt_oracle(path: Path, pane_ns: int) -> Counter:
 
 
 def read_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, wire.Partials | wire.Punctuation]]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
-    out = [(m.partition, wire.decode(m.value)) for m in consumer]
-    consumer.close()
-    return out
+    return [(p, wire.decode(v)) for p, vals in read_topic(bootstrap, topic, partitions).items() for v in vals]
 
 
 def test_agent_replays_pcap_to_kafka_exactly(kafka, topic_factory, tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from kafka import KafkaConsumer, TopicPartition
 
 from contract import query as Q
 from contract import wire
 from high_level.partition import PartitionProcessor, Settings
 from high_level.rollup import Layout
 from low_level.sources.generator import generate_frames
+from tests.topic_reader import read_topic
 
 REPO = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
@@ -34,22 +34,6 @@ def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen
         [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", source, "--host-id", host,
          "--bootstrap", bootstrap, "--metrics-port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
-    """Every message up to the partitions' current end offsets (a live producer keeps appending)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
-    ends = consumer.end_offsets(tps)
-    out: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
-    deadline = time.monotonic() + 60
-    while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
-        for tp, recs in consumer.poll(timeout_ms=500).items():
-            out[tp.partition].extend(r.value for r in recs if r.offset < ends[tp])
-    consumer.close()
-    return out
 
 
 def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory, tmp_path: Path) -> None:
@@ -71,14 +55,14 @@ queries:
     # let it run a few seconds of data (and wall) time, until several marks are in Kafka, then kill it
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        msgs = read_all(kafka.bootstrap_servers, topic, 2)
+        msgs = read_topic(kafka.bootstrap_servers, topic, 2)
         marks = [b.mark_pane for v in msgs[0] if isinstance(b := wire.decode(v), wire.Punctuation)]
         if len(marks) >= 3 and marks[-1] - (START // NS) >= 3:
             break
         time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
-    before = read_all(kafka.bootstrap_servers, topic, 2)
+    before = read_topic(kafka.bootstrap_servers, topic, 2)
     last_mark = min(max(b.mark_pane for v in vs if isinstance(b := wire.decode(v), wire.Punctuation))
                     for vs in before.values())
     assert START // NS < last_mark < START // NS + 60, last_mark
@@ -92,7 +76,7 @@ queries:
     lay = Layout.of(q)
     frames = []
     statuses = []
-    msgs = read_all(kafka.bootstrap_servers, topic, 2)
+    msgs = read_topic(kafka.bootstrap_servers, topic, 2)
     for p, vals in msgs.items():
         proc = PartitionProcessor([lay], p, Settings(host_timeout_ms=10**9))
         df = proc.process(vals, 1_000)
