@@ -65,6 +65,23 @@ def key_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
     return h
 
 
+# one odd multiplier per key word (MAXKW = 8): the slot hash's multilinear sum
+_SLOT_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                      0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x87C37B91114253D5, 0x4CF5AD432745937F],
+                     dtype=np.uint64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slot_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
+    """Table placement hash of the kw key words at buf[off:]: a multilinear sum (independent multiplies
+    the CPU overlaps) and one splitmix64 finaliser, about a quarter of key_hash's serial multiply chain.
+    Only placement depends on it; the Kafka partition uses key_hash (contract.wire), computed at emit."""
+    acc = np.uint64(0)
+    for j in range(kw):
+        acc += np.uint64(buf[off + j]) * _SLOT_MUL[j]
+    return _mix(acc)
+
+
 @njit(cache=True, nogil=True)
 def key_hash(key: np.ndarray, kw: int) -> np.uint64:
     """Same function as contract.wire.key_hash (tested equal), on one key."""

@@ -1,0 +1,418 @@
+"""Specialise the fused per-packet pass for one host's query set (Gigascope compiles its queries too).
+
+A generic pass reads every query's shape (key words, key columns and masks, state columns and their
+merge, probe window, flush policy) from parameter arrays per packet and interprets them; Numba can
+fold none of it. Here the shape is written into the source of a small module as literals: key
+extraction becomes straight-line loads, the probe window's cache lines a fixed list of prefetches,
+the fold one statement per state column, and every policy branch not taken disappears. Values that
+do not change the code's shape (table base and size, pane length, m, i, filter programs) stay in
+``qp`` so that tables of different sizes share one compiled kernel.
+
+The module text is a pure function of the shapes, so its file name is the text's hash: it is written
+once into the kernel cache directory (``LOWWATER_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/lowwater`` or
+``~/.cache/lowwater``), and Numba's ``cache=True`` keeps its machine code beside it. A new shape
+costs one compilation of a few seconds; restarts load it from disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
+from contract.query import key_program as query_key_program
+from low_level.tables import QP_FLEN, QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
+
+BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
+_MODULES: dict[str, ModuleType] = {}
+
+
+def cache_dir() -> Path:
+    """Where generated kernels (and Numba's cache of them) live; created on first use."""
+    env = os.environ.get("LOWWATER_KERNEL_CACHE")
+    if env:
+        d = Path(env)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        d = Path(base) / "lowwater" / "kernels"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".writable"
+        probe.touch()
+    except OSError:  # read-only home (some containers): a private temporary directory still works
+        d = Path(tempfile.gettempdir()) / f"lowwater-kernels-{os.getuid()}"
+        d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def shape_of(tables: Tables) -> list[dict]:
+    """What the generated code depends on, per query (everything else is read from ``qp`` at run time)."""
+    shapes = []
+    for i, q in enumerate(tables.queries):
+        qp = tables.qp[i]
+        shapes.append({
+            "kw": int(qp[QP_KW]), "na": int(qp[QP_NA]), "stride": int(qp[QP_STRIDE]),
+            "probes": int(qp[QP_PROBES]), "policy": int(qp[QP_POLICY]),
+            "key": query_key_program(q).tolist(),
+            "state": [[c.source, c.merge] for c in state_columns(q)],
+            "filter": int(qp[QP_FLEN]) > 0,
+            "iface": int(qp[QP_IFMASK]) != -1,
+        })
+    return shapes
+
+
+def _key_lines(shape: dict, ind: str) -> list[str]:
+    """Straight-line key extraction of the parsed ``row`` into keys[ko:]."""
+    out = []
+    if not shape["key"]:
+        return [f"{ind}keys[ko] = 0"]
+    w = 0
+    for col, is_ip, m4h, m4l, m6h, m6l in shape["key"]:
+        if is_ip:
+            if m4h == m4l == m6h == m6l == -1:  # whole addresses: no family test, no masking
+                out.append(f"{ind}keys[ko + {w}] = row[{col}]")
+                out.append(f"{ind}keys[ko + {w + 1}] = row[{col + 1}]")
+            else:
+                out.append(f"{ind}if row[F.IPVER] == 4:")
+                out.append(f"{ind}    keys[ko + {w}] = row[{col}] & np.int64({m4h})")
+                out.append(f"{ind}    keys[ko + {w + 1}] = row[{col + 1}] & np.int64({m4l})")
+                out.append(f"{ind}else:")
+                out.append(f"{ind}    keys[ko + {w}] = row[{col}] & np.int64({m6h})")
+                out.append(f"{ind}    keys[ko + {w + 1}] = row[{col + 1}] & np.int64({m6l})")
+            w += 2
+        else:
+            src = "row[F.TOS] >> 2" if col == SRC_DSCP else f"row[{col}]"
+            out.append(f"{ind}keys[ko + {w}] = {src}")
+            w += 1
+    return out
+
+
+def _phase1(q: int, shape: dict, ind: str) -> list[str]:
+    """Per-query selection of one parsed packet: interface mask, filter, key, hash, prefetch."""
+    conds = []
+    if shape["iface"]:
+        conds.append(f"((not use_iface) or (qp[{q}, QP_IFMASK] >> row[F.IFACE]) & 1 != 0)")
+    if shape["filter"]:
+        conds.append(f"run_filter_at(fprog, qp[{q}, QP_FOFF], qp[{q}, QP_FLEN], row, 0, stack)")
+    lines = [f"{ind}# query {q}"]
+    body = ind
+    if conds:
+        lines.append(f"{ind}if {' and '.join(conds)}:")
+        body = ind + "    "
+    window = shape["probes"] * shape["stride"]  # words of the probe window
+    lines += [f"{body}j = c{q}", f"{body}ko = ({q} * BLOCK + j) * MAXKW"]
+    lines += _key_lines(shape, body)
+    lines += [
+        f"{body}h = slot_hash_at(keys, ko, {shape['kw']})",
+        f"{body}sel[{q}, j] = i",
+        f"{body}hs[{q}, j] = h",
+        f"{body}pos = base{q} + np.int64(h & umask{q}) * {shape['stride']}",
+        f"{body}if pos + {window - 1} >= ntab:  # (prefetches never fault, but stay in the array)",
+        f"{body}    pos = max(ntab - {window}, 0)",
+    ]
+    # every cache line of the probe window: one prefetch per 8 words, and the window's last word
+    lines += [f"{body}prefetch_w(tab, pos + {k})" for k in range(0, window, 8)]
+    if (window - 1) % 8:
+        lines.append(f"{body}prefetch_w(tab, pos + {window - 1})")
+    lines.append(f"{body}c{q} = j + 1")
+    return lines
+
+
+def _fold_lines(shape: dict, ind: str) -> list[str]:
+    """Merge the packet into the state words at tab[spos:], one statement per state column."""
+    out = []
+    for c, (src, merge) in enumerate(shape["state"]):
+        if src == SRC_ONE:
+            v = "np.int64(1)"
+        elif src == SRC_DSCP:
+            v = "rows[ro + F.TOS] >> 2"
+        else:
+            v = f"rows[ro + {src}]"
+        out.append(f"{ind}v = {v}")
+        out.append(f"{ind}if fresh:")
+        out.append(f"{ind}    tab[spos + {c}] = v")
+        if merge == MERGE_SUM:
+            out.append(f"{ind}else:")
+            out.append(f"{ind}    tab[spos + {c}] += v")
+        elif merge == MERGE_MIN:
+            out.append(f"{ind}elif v < tab[spos + {c}]:")
+            out.append(f"{ind}    tab[spos + {c}] = v")
+        elif merge == MERGE_MAX:
+            out.append(f"{ind}elif v > tab[spos + {c}]:")
+            out.append(f"{ind}    tab[spos + {c}] = v")
+    return out
+
+
+_AGGREGATE = '''
+@njit(cache=True, nogil=True)
+def aggregate_q{q}(cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols):
+    """Fold query {q}'s selected packets of one block, in arrival order, into its table."""
+    q = {q}
+    base = qp[q, QP_BASE]
+    umask = np.uint64(qp[q, QP_SIZE] - 1)
+    origin, pane_ns = qp[q, QP_ORIGIN], qp[q, QP_PANE_NS]
+    m, every = qp[q, QP_M], qp[q, QP_I]
+    mark = qs[q, QS_MARK]
+    started, cur = qs[q, QS_STARTED], qs[q, QS_CUR]
+    late, matched, maxts = qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS]
+    evict, overdue, tick = qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK]
+    # pane of the last timestamp seen, valid for ts in [plo, phi): saves the division for most packets
+    plo, phi, lpane = np.int64(1), np.int64(0), np.int64(0)
+    for j in range(cnt):
+        ro = sel[q, j] * NF
+        ko = (q * BLOCK + j) * MAXKW
+        t = rows[ro + F.TS]
+        if t >= plo and t < phi:
+            pane = lpane
+        else:
+            pane = (t - origin) // pane_ns
+            lpane = pane
+            plo = origin + pane * pane_ns
+            phi = plo + pane_ns
+        if pane < mark:
+            late += 1  # punctuation already promised this pane is complete: grammatical drop
+            continue
+        matched += 1
+        if t > maxts:
+            maxts = t
+        if started == 0:
+            started = 1
+            cur = pane
+            qs[q, QS_STARTED] = 1
+            qs[q, QS_CUR] = pane
+        elif pane > cur:
+            old = cur
+            cur = pane
+            qs[q, QS_CUR] = pane
+            flush.on_advance(q, old, pane, qp, qs, tab, out, pane_counts)
+        if pane < cur - m:
+            # older than the table's horizon but not late: ship it as its own one-packet partial
+            emit_packet_at(q, pane, keys, ko, rows, ro, qp, qs, out, scols)
+            overdue += 1
+            continue
+        s0 = hs[q, j] & umask
+        burst = {iop}
+        probing = True
+        while probing:
+            probing = False
+            match = -1
+            empty = -1
+            victim = -1
+            victim_pane = PANE_MAX
+            for jj in range({probes}):
+                pos = base + np.int64((s0 + np.uint64(jj)) & umask) * {stride}
+                sp = tab[pos]
+                if sp == EMPTY:
+                    if empty < 0:
+                        empty = pos
+                else:
+                    if sp == pane and {key_eq}:
+                        match = pos
+                        break
+                    if sp < victim_pane:  # the oldest probed entry (first on ties) is the victim
+                        victim_pane = sp
+                        victim = pos
+            if match < 0 and empty < 0 and burst and victim_pane >= cur:
+                # IOP: a current-pane entry would leave while old ones remain: flush them, re-probe
+                flush.iop_burst(q, qp, qs, tab, out, pane_counts)
+                burst = False
+                probing = True
+        fresh = match < 0
+        if fresh:
+            if empty < 0:
+                emit_slot(q, victim, qp, qs, tab, out, pane_counts)
+                evict += 1
+                empty = victim
+            match = empty
+            tab[match] = pane
+{key_store}
+            pane_counts[q, pane & (PANE_RING - 1)] += 1
+            qs[q, QS_OCC] += 1
+        spos = match + {soff}
+{fold}
+{policy}
+    qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS] = late, matched, maxts
+    qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK] = evict, overdue, tick
+    pin(rows)
+    pin(keys)
+    pin(sel)
+    pin(hs)
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
+    pin(scols)
+'''
+
+_POLICY = {
+    0: "",
+    1: """        tick += 1
+        if tick >= every:
+            tick = 0
+            if qs[q, QS_OCC] - pane_counts[q, cur & (PANE_RING - 1)] > 0:
+                flush.slow_tick(q, qp, qs, tab, out, pane_counts)""",
+    2: """        if qs[q, QS_OCC] - pane_counts[q, cur & (PANE_RING - 1)] > 0:
+            flush.slow_tick(q, qp, qs, tab, out, pane_counts)""",
+}
+
+_HEADER = '''"""Generated by low_level.codegen for one query-set shape; do not edit (the file name is its hash)."""
+# built against sources {deps}
+# ruff: noqa
+import numpy as np
+from numba import njit
+
+from contract import fields as F
+from low_level import flush
+from low_level.filter import run_filter_at
+from low_level.parse import PARSE_OK, parse_frame
+from low_level.ring import HEAD, TAIL
+from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, pin, prefetch_w, slot_hash_at
+from low_level.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_FLEN, QP_FOFF, QP_I, QP_IFMASK, QP_M,
+                              QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
+                              QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
+
+NF = F.NFIELDS
+BLOCK = {block}
+HC_PACKETS, HC_PARSED_OK = 0, 1
+'''
+
+_FUSED = '''
+@njit(cache=True, nogil=True)
+def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask,
+               qp, qs, tab, out, pane_counts, fprog, scols, err_counts, hc, row, stack, rows, keys, sel, hs):
+    """Frames seq0 .. seq0+n-1 (frame seq in slot ``seq & smask``), block by block: phase 1 parses each
+    frame once and selects, keys, hashes and prefetches it per query; phase 2 folds each query's
+    selection in order (queries share no state, so per-query order is all the semantics need)."""
+    ntab = tab.shape[0]
+{bases}
+    b0 = 0
+    while b0 < n:
+        bn = n - b0 if n - b0 < BLOCK else BLOCK
+{zero}
+        for i in range(bn):
+            slot = (seq0 + b0 + i) & smask
+            hc[HC_PACKETS] += 1
+            ifc = iface[slot] if use_iface else 0
+            status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            err_counts[status] += 1
+            if status == PARSE_OK:
+                hc[HC_PARSED_OK] += 1
+                ro = i * NF
+                for f in range(NF):
+                    rows[ro + f] = row[f]
+{select}
+{fold}
+        b0 += bn
+    pin(frames)
+    pin(caplen)
+    pin(wirelen)
+    pin(ts)
+    pin(iface)
+    pin(qp)
+    pin(qs)
+    pin(tab)
+    pin(out)
+    pin(pane_counts)
+    pin(fprog)
+    pin(scols)
+    pin(err_counts)
+    pin(hc)
+    pin(row)
+    pin(stack)
+    pin(rows)
+    pin(keys)
+    pin(sel)
+    pin(hs)
+
+
+@njit(cache=True, nogil=True)
+def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
+                   qp, qs, tab, out, pane_counts, fprog, scols, err_counts, hc, row, stack, rows, keys, sel, hs):
+    """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
+    nslots = caplen.shape[0]
+    start = ctr[TAIL]
+    avail = ctr[HEAD] - start
+    n = avail if avail < limit else limit
+    fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
+               qp, qs, tab, out, pane_counts, fprog, scols, err_counts, hc, row, stack, rows, keys, sel, hs)
+    ctr[TAIL] = start + n
+    return n
+
+
+@njit(cache=True, nogil=True)
+def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
+                   qp, qs, tab, out, pane_counts, fprog, scols, err_counts, hc, row, stack, rows, keys, sel, hs):
+    """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
+    flat = frames2d.reshape(-1)
+    fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
+               qp, qs, tab, out, pane_counts, fprog, scols, err_counts, hc, row, stack, rows, keys, sel, hs)
+    return stop - start
+'''
+
+
+# Modules whose compiled code the generated kernel calls or inlines. Numba's cache of a module does not
+# notice when a callee in another module changes, so their text is hashed into the generated text
+# (hence its file name): an upgraded lowwater never runs a kernel cached against older helpers.
+_DEPENDENCIES = ("codegen", "flush", "filter", "parse", "ring", "subaggregate", "tables")
+
+
+def _dependency_digest() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _DEPENDENCIES:
+        h.update((here / f"{name}.py").read_bytes())
+    h.update((here.parent / "contract" / "fields.py").read_bytes())
+    h.update((here.parent / "contract" / "query.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_source(shapes: list[dict]) -> str:
+    """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
+    parts = [_HEADER.format(block=BLOCK, deps=_dependency_digest())]
+    for q, s in enumerate(shapes):
+        kw = s["kw"]
+        key_eq = " and ".join(f"tab[pos + {1 + w}] == keys[ko + {w}]" for w in range(kw))
+        key_store = "\n".join(f"            tab[match + {1 + w}] = keys[ko + {w}]" for w in range(kw))
+        parts.append(_AGGREGATE.format(
+            q=q, probes=s["probes"], stride=s["stride"], iop="True" if s["policy"] == 2 else "False",
+            key_eq=key_eq, key_store=key_store, soff=1 + kw,
+            fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]]))
+    ind = " " * 16
+    select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
+    bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
+             for q in range(len(shapes))]
+    zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
+    fold = [f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
+            for q in range(len(shapes))]
+    parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero),
+                               select="\n".join(select), fold="\n".join(fold)))
+    return "".join(parts)
+
+
+def load(tables: Tables) -> ModuleType:
+    """The compiled kernel module for these tables' query shapes (generated and imported once)."""
+    text = kernel_source(shape_of(tables))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    if digest in _MODULES:
+        return _MODULES[digest]
+    path = cache_dir() / f"kernel_{digest}.py"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: concurrent agents never import a half-written file
+    name = f"lowwater_kernel_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    _MODULES[digest] = mod
+    return mod
+
+
