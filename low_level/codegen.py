@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from contract import fields as F
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
 from contract.query import key_program as query_key_program
 from low_level.tables import QP_FLEN, QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
@@ -290,6 +291,7 @@ def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, 
     frame once and selects, keys, hashes and prefetches it per query; phase 2 folds each query's
     selection in order (queries share no state, so per-query order is all the semantics need)."""
     ntab = tab.shape[0]
+    nok = 0
 {bases}
     b0 = 0
     while b0 < n:
@@ -297,18 +299,20 @@ def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, 
 {zero}
         for i in range(bn):
             slot = (seq0 + b0 + i) & smask
-            hc[HC_PACKETS] += 1
             ifc = iface[slot] if use_iface else 0
             status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
-            err_counts[status] += 1
             if status == PARSE_OK:
-                hc[HC_PARSED_OK] += 1
+                nok += 1
                 ro = i * NF
-                for f in range(NF):
-                    rows[ro + f] = row[f]
+{copy}
 {select}
+            else:
+                err_counts[status] += 1
 {fold}
         b0 += bn
+    hc[HC_PACKETS] += n
+    hc[HC_PARSED_OK] += nok
+    err_counts[PARSE_OK] += nok
     pin(frames)
     pin(caplen)
     pin(wirelen)
@@ -390,7 +394,12 @@ def kernel_source(shapes: list[dict]) -> str:
     zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
     fold = [f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
             for q in range(len(shapes))]
-    parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero),
+    # phase 2 reads only the timestamp and the state columns' sources of the copied row
+    needed = {F.TS} | {src for s in shapes for src, _ in s["state"] if src >= 0}
+    if any(src == SRC_DSCP for s in shapes for src, _ in s["state"]):
+        needed.add(F.TOS)
+    copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
+    parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
                                select="\n".join(select), fold="\n".join(fold)))
     return "".join(parts)
 
