@@ -273,7 +273,8 @@ from low_level import flush
 from low_level.filter import run_filter_at
 from low_level.parse import PARSE_OK, parse_frame
 from low_level.ring import HEAD, TAIL
-from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, pin, prefetch_w, slot_hash_at
+from low_level.refcount import pin
+from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, prefetch_w, slot_hash_at
 from low_level.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_FLEN, QP_FOFF, QP_I, QP_IFMASK, QP_M,
                               QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
                               QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
@@ -363,7 +364,7 @@ def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
 # Modules whose compiled code the generated kernel calls or inlines. Numba's cache of a module does not
 # notice when a callee in another module changes, so their text is hashed into the generated text
 # (hence its file name): an upgraded lowwater never runs a kernel cached against older helpers.
-_DEPENDENCIES = ("codegen", "flush", "filter", "parse", "ring", "subaggregate", "tables")
+_DEPENDENCIES = ("codegen", "flush", "filter", "parse", "refcount", "ring", "subaggregate", "tables")
 
 
 def _dependency_digest() -> str:

@@ -24,7 +24,7 @@ from contract.filterlang import (
     OP_OR,
     OP_TRUTHY,
 )
-from low_level.subaggregate import pin
+from low_level.refcount import pin
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from low_level.subaggregate import emit_slot, pin
+from low_level.refcount import pin
+from low_level.subaggregate import emit_slot
 from low_level.tables import (
     EMPTY,
     PANE_RING,

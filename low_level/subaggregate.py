@@ -18,6 +18,7 @@ from numba.extending import intrinsic
 
 from contract import fields as F
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE
+from low_level.refcount import pin
 from low_level.tables import (
     EMPTY,
     PANE_RING,
@@ -44,16 +45,6 @@ def _mix(x: np.uint64) -> np.uint64:
     x = x ^ (x >> np.uint64(27))
     x = x * _M2
     return x ^ (x >> np.uint64(31))
-
-
-@njit(cache=True, nogil=True)
-def pin(a: np.ndarray) -> int:
-    """A use of ``a`` that compiles to nothing. Called on every array argument at the single exit of a
-    per-packet helper, it makes that exit the array's last use: Numba then decrefs it only there and
-    its refcount pruning removes the entry incref / exit decref pair. When the last use sits inside a
-    loop or branch instead, the atomic NRT incref/decref stay in the compiled code (see low_level.parse).
-    """
-    return a.shape[0]
 
 
 @njit(cache=True, nogil=True, inline="always")
