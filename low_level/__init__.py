@@ -1,1 +1,5 @@
 """Low level: per-host capture, parsing and pre-aggregation kernels (Numba)."""
+
+from low_level import jitcache
+
+jitcache.configure()  # first, before any module defines a cached Numba function

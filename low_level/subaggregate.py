@@ -1,11 +1,11 @@
-"""Fixed-size hash-table sub-aggregation primitives in Numba: key extraction and hashing, folding a
-packet into state, emitting an entry, prefetching. The probe/insert/evict loop itself is written out
-inside the kernel's hot loop (low_level.kernel.aggregate_block), where a call would cost refcounts.
+"""Fixed-size hash-table sub-aggregation primitives in Numba: slot hashing, folding a packet into
+state, emitting an entry, prefetching. Key extraction and the probe/insert/evict loop are written
+out, per query shape, in the generated kernel (low_level.codegen), where a call would cost refcounts.
 
-Open addressing over ``probes`` consecutive slots, keyed by (group key, pane). The slot comes from
-the low bits of a splitmix64 hash of the key words only (the Kafka partition uses the high bits), so a
-group's next-pane entry lands where its previous-pane entry sits and pushes it out: the natural
-"lazy" flush of the OOP paper. When every probed slot is taken the oldest probed entry is the victim.
+Open addressing over ``probes`` consecutive slots, keyed by (group key, pane). The slot comes from a
+hash of the key words only (not the pane), so a group's next-pane entry lands where its
+previous-pane entry sits and pushes it out: the natural "lazy" flush of the OOP paper. When every
+probed slot is taken the oldest probed entry is the victim.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from low_level.tables import (
 PANE_MAX = np.iinfo(np.int64).max
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -47,15 +46,6 @@ def _mix(x: np.uint64) -> np.uint64:
     return x ^ (x >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def key_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
-    """key_hash of the kw words at buf[off:off+kw] (scratch key buffers hold one key per packet)."""
-    h = _GOLDEN
-    for j in range(kw):
-        h = _mix(h ^ np.uint64(buf[off + j])) + _GOLDEN
-    return h
-
-
 # one odd multiplier per key word (MAXKW = 8): the slot hash's multilinear sum
 _SLOT_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
                       0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x87C37B91114253D5, 0x4CF5AD432745937F],
@@ -65,18 +55,13 @@ _SLOT_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
 @njit(cache=True, nogil=True, inline="always")
 def slot_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
     """Table placement hash of the kw key words at buf[off:]: a multilinear sum (independent multiplies
-    the CPU overlaps) and one splitmix64 finaliser, about a quarter of key_hash's serial multiply chain.
-    Only placement depends on it; the Kafka partition uses key_hash (contract.wire), computed at emit."""
+    the CPU overlaps) and one splitmix64 finaliser, a quarter of the serial multiply chain of
+    contract.wire.key_hash. Only placement depends on it; the Kafka partition uses wire.key_hash,
+    computed vectorised at emit."""
     acc = np.uint64(0)
     for j in range(kw):
         acc += np.uint64(buf[off + j]) * _SLOT_MUL[j]
     return _mix(acc)
-
-
-@njit(cache=True, nogil=True)
-def key_hash(key: np.ndarray, kw: int) -> np.uint64:
-    """Same function as contract.wire.key_hash (tested equal), on one key."""
-    return key_hash_at(key, 0, kw)
 
 
 @intrinsic
@@ -96,32 +81,6 @@ def prefetch_w(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@njit(cache=True, nogil=True, inline="always")
-def extract_key_at(kprog: np.ndarray, koff: int, klen: int, row: np.ndarray, roff: int,
-                   keys: np.ndarray, kofs: int) -> None:
-    """Key words of the parsed row at row[roff:] into keys[kofs:]: plain fields, or addresses masked to a
-    prefix per family. No key program (no group-by) gives the one constant word 0."""
-    if klen == 0:
-        keys[kofs] = 0
-    w = kofs
-    for r in range(koff, koff + klen):
-        col = kprog[r, 0]
-        if kprog[r, 1] == 1:
-            if row[roff + F.IPVER] == 4:
-                keys[w] = row[roff + col] & kprog[r, 2]
-                keys[w + 1] = row[roff + col + 1] & kprog[r, 3]
-            else:
-                keys[w] = row[roff + col] & kprog[r, 4]
-                keys[w + 1] = row[roff + col + 1] & kprog[r, 5]
-            w += 2
-        else:
-            keys[w] = row[roff + F.TOS] >> 2 if col == SRC_DSCP else row[roff + col]
-            w += 1
-    pin(kprog)
-    pin(row)
-    pin(keys)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -24,8 +24,8 @@ MAXKW = 8
 
 # qp columns (parameters, read-only in the kernel)
 (QP_KW, QP_NA, QP_SIZE, QP_BASE, QP_STRIDE, QP_PROBES, QP_POLICY, QP_M, QP_I, QP_PANE_NS, QP_ORIGIN,
- QP_FOFF, QP_FLEN, QP_KOFF, QP_KLEN, QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(20)
-NQP = 20
+ QP_FOFF, QP_FLEN, QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(18)
+NQP = 18
 # qs columns (state, updated by the kernel and by the heartbeat)
 (QS_STARTED, QS_CUR, QS_MARK, QS_OCC, QS_MATCHED, QS_LATE, QS_EVICT, QS_FLUSH_SLOW, QS_FLUSH_SWEEP,
  QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX) = range(17)
@@ -70,7 +70,6 @@ class Tables:
     qs: np.ndarray
     pane_counts: np.ndarray
     fprog: np.ndarray
-    kprog: np.ndarray
     scols: np.ndarray
     tab: np.ndarray
     out: np.ndarray
@@ -81,15 +80,14 @@ class Tables:
         """Lay out tables; ``chunk`` = most packets one kernel call takes (sizes the output regions)."""
         nq = len(queries)
         qp = np.zeros((nq, NQP), dtype=np.int64)
-        fprogs, kprogs, scols = [], [], []
-        tab_words = out_words = foff = koff = soff = 0
+        fprogs, scols = [], []
+        tab_words = out_words = foff = soff = 0
         for i, q in enumerate(queries):
             kw, cols = Q.key_width(q), Q.state_columns(q)
             na = len(cols)
             rw = 1 + kw + na  # record width: [pane, key words, state words]
             stride = slot_stride(rw)
             f = compile_filter(q.filter)
-            k = Q.key_program(q)
             size = q.table.size
             # one chunk can emit at most: every entry present at its start plus 4 per packet
             ocap = size + 4 * chunk
@@ -98,17 +96,15 @@ class Tables:
             qp[i, QP_STRIDE], qp[i, QP_PROBES] = stride, q.table.probes
             qp[i, QP_POLICY], qp[i, QP_M], qp[i, QP_I] = POLICY[q.flush.policy], q.flush.m, q.flush.i
             qp[i, QP_PANE_NS], qp[i, QP_ORIGIN] = q.window.pane_ns, q.window.origin_ns
-            qp[i, QP_FOFF], qp[i, QP_FLEN], qp[i, QP_KOFF], qp[i, QP_KLEN] = foff, len(f), koff, len(k)
+            qp[i, QP_FOFF], qp[i, QP_FLEN] = foff, len(f)
             qp[i, QP_SOFF] = soff
             qp[i, QP_IFMASK] = -1 if iface_masks is None else iface_masks[i]
             qp[i, QP_OBASE], qp[i, QP_OCAP], qp[i, QP_RW] = out_words, ocap, rw
             fprogs.append(f)
-            kprogs.append(k)
             scols.extend([c.source, c.merge] for c in cols)
             tab_words += size * stride
             out_words += ocap * rw
             foff += len(f)
-            koff += len(k)
             soff += na
         tab = table_memory(tab_words)
         for i in range(nq):
@@ -122,7 +118,6 @@ class Tables:
             qs=qs,
             pane_counts=np.zeros((nq, PANE_RING), dtype=np.int64),
             fprog=np.concatenate(fprogs) if fprogs else np.zeros((0, INSTR_WIDTH), np.int64),
-            kprog=np.concatenate(kprogs).reshape(-1, 6) if kprogs else np.zeros((0, 6), np.int64),
             scols=np.array(scols, dtype=np.int64).reshape(-1, 2),
             tab=tab,
             out=np.zeros(max(out_words, 1), dtype=np.int64),

@@ -88,12 +88,3 @@ def test_partition_hash_is_stable_across_processes() -> None:
                                 check=True).stdout)
     assert len(outs) == 1
     assert wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist() == json.loads(outs.pop())
-
-
-def test_numba_hash_equals_wire_hash() -> None:
-    from low_level.subaggregate import key_hash
-
-    keys = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, (50, 4), dtype=np.int64)
-    want = wire.key_hash(keys)
-    got = np.array([key_hash(k, 4) for k in keys], dtype=np.uint64)
-    assert np.array_equal(got, want)
