@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from low_level.refcount import pin
 from low_level.ring import DEFAULT_SNAPLEN, HEAD, TAIL, Ring, ring_push
 from low_level.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Backoff, Source
 
@@ -95,26 +96,29 @@ def _mix64(x):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _w16(b, o, v):
     b[o] = (v >> 8) & 0xFF
     b[o + 1] = v & 0xFF
+    pin(b)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _w32(b, o, v):
     b[o] = (v >> 24) & 0xFF
     b[o + 1] = (v >> 16) & 0xFF
     b[o + 2] = (v >> 8) & 0xFF
     b[o + 3] = v & 0xFF
+    pin(b)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _sum16(b, o, n):
     """Sum of the big-endian 16-bit words of b[o:o+n] (n even), not folded."""
     s = np.int64(0)
     for k in range(0, n, 2):
         s += (np.int64(b[o + k]) << 8) | np.int64(b[o + k + 1])
+    pin(b)
     return s
 
 
@@ -238,6 +242,9 @@ def build_frame(p: np.ndarray, cdf: np.ndarray, i: int, b: np.ndarray) -> tuple[
     lim = size if size < p[G_SNAP] else p[G_SNAP]
     for k in range(hdr, lim):
         b[k] = 0
+    pin(p)
+    pin(cdf)
+    pin(b)
     return size, hdr
 
 
