@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from low_level.refcount import pin
 from low_level.ring import Ring, ring_push
 from low_level.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Source
 
@@ -63,14 +64,20 @@ RETIRE_TOV_MS = 50
 POLL_MS = 50
 
 
-@njit(cache=True, nogil=True, inline="always")
+# Per-frame readers are single-exit calls with the buffer pinned, not inlined helpers: Numba's
+# inliner rebinds array arguments, an atomic incref/decref pair per read (see low_level.refcount).
+@njit(cache=True, nogil=True)
 def _le32(b, o):
-    return np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+    v = np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+    pin(b)
+    return v
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _le16(b, o):
-    return np.int64(b[o]) | (np.int64(b[o + 1]) << 8)
+    v = np.int64(b[o]) | (np.int64(b[o + 1]) << 8)
+    pin(b)
+    return v
 
 
 @njit(cache=True, nogil=True)
