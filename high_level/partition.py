@@ -124,6 +124,66 @@ def pack_parts(parts: Sequence[_Part]) -> pd.DataFrame:
     })  # fmt: skip
 
 
+def _read_pack(data: pa.BinaryScalar, lay: Layout, i: int, n: int, kw: int, na: int) -> tuple[np.ndarray, ...]:
+    """One packed 'final'/'correction' row -> (window int64[n], key int64[n, kw], state int64[n, na]),
+    checked against the query layout (names, widths, row count, no nulls)."""
+    if (kw, na) != (lay.kw, lay.na):
+        raise ValueError(f"query {lay.name!r}: output has {kw}/{na} key/state columns, layout {lay.kw}/{lay.na}")
+    raw = data.as_buffer()
+    if raw is None:
+        raise ValueError(f"packed row {i} of {lay.name!r} holds no windows")
+    t = pa.ipc.open_stream(raw).read_all()
+    want = ["w", *(f"k{c}" for c in range(kw)), *(f"s{c}" for c in range(na))]
+    if t.column_names != want or t.num_rows != n or any(f.type != pa.int64() or f.nullable and t[f.name].null_count
+                                                        for f in t.schema):  # fmt: skip
+        raise ValueError(f"packed row {i}: columns {t.column_names} x {t.num_rows}, expected {want} x {n}")
+    cols = [np.asarray(t[c].to_numpy(), I64) for c in want]
+    key = np.column_stack(cols[1 : 1 + kw]) if kw else np.zeros((n, 0), I64)
+    state = np.column_stack(cols[1 + kw :]) if na else np.zeros((n, 0), I64)
+    return cols[0], key, state
+
+
+@dataclass
+class QueryWindows:
+    """One query's 'final'/'correction' rows of a micro-batch as numpy columns (what the store writes)."""
+
+    window: np.ndarray  # int64[n]
+    final: np.ndarray  # bool[n]: 'final' (True) or 'correction'
+    key: np.ndarray  # int64[n, kw]
+    state: np.ndarray  # int64[n, na]
+    closed_at_ms: np.ndarray  # int64[n]
+    hosts: np.ndarray  # int32[n]
+
+
+def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dict[str, QueryWindows], list[str]]:
+    """Packed rows -> per query its windows as numpy columns (in packed-row order) and the status JSON
+    texts. Same checks as :func:`unpack_rows`, without building generic rows: the OOP sink's fast path."""
+    meta = packed.select([c for c in PACKED_COLUMNS if c != "data"]).to_pydict()
+    data = packed["data"]
+    statuses: list[str] = []
+    runs: dict[str, list[tuple[np.ndarray, ...]]] = {}
+    for i in range(packed.num_rows):
+        kind = meta["kind"][i]
+        if kind == "status":
+            statuses.append(meta["status"][i])
+            continue
+        if kind not in ("final", "correction"):
+            raise ValueError(f"packed row {i}: unknown kind {kind!r}")
+        lay = layouts.get(meta["query"][i])
+        if lay is None:
+            raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
+        n = int(meta["rows"][i])
+        w, key, state = _read_pack(data[i], lay, i, n, int(meta["kw"][i]), int(meta["na"][i]))
+        runs.setdefault(lay.name, []).append((w, np.full(n, kind == "final"), key, state,
+                                              np.full(n, int(meta["closed_at_ms"][i]), I64),
+                                              np.full(n, int(meta["hosts"][i]), np.int32)))  # fmt: skip
+    out = {}
+    for name, rs in runs.items():
+        cols = [np.concatenate([r[j] for r in rs]) if len(rs) > 1 else rs[0][j] for j in range(6)]
+        out[name] = QueryWindows(*cols)
+    return out, statuses
+
+
 def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) -> pa.Table:
     """Packed rows -> generic rows (:data:`GENERIC_SCHEMA`) in the same order; per packed row, not per
     window. ``layouts`` (by query name) give the window bounds and check the widths."""
@@ -148,24 +208,13 @@ def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) 
         lay = layouts.get(meta["query"][i])
         if lay is None:
             raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
-        if (kw, na) != (lay.kw, lay.na):
-            raise ValueError(f"query {lay.name!r}: output has {kw}/{na} key/state columns, layout {lay.kw}/{lay.na}")
-        raw = data[i].as_buffer()
-        if raw is None:
-            raise ValueError(f"packed row {i} of {lay.name!r} holds no windows")
-        t = pa.ipc.open_stream(raw).read_all()
-        want = ["w", *(f"k{c}" for c in range(kw)), *(f"s{c}" for c in range(na))]
-        if t.column_names != want or t.num_rows != n or any(f.type != pa.int64() or f.nullable and t[f.name].null_count
-                                                            for f in t.schema):  # fmt: skip
-            raise ValueError(f"packed row {i}: columns {t.column_names} x {t.num_rows}, expected {want} x {n}")
-        mat = np.column_stack([np.asarray(t[c].to_numpy(), I64) for c in want])
-        w = np.ascontiguousarray(mat[:, 0])
+        w, key, state = _read_pack(data[i], lay, i, n, kw, na)
         seg[i] = n
         windows.append(w)
         starts.append(lay.window_start_ns(w))
         ends.append(lay.window_end_ns(w))
-        keys.append(mat[:, 1 : 1 + kw].ravel())
-        states.append(mat[:, 1 + kw :].ravel())
+        keys.append(key.ravel())
+        states.append(state.ravel())
         kws.append(kw)
         nas.append(na)
     take = pa.array(np.repeat(np.arange(m, dtype=I64), seg))

@@ -195,27 +195,46 @@ class ResultStore:
             if q is None:
                 continue
             sel = np.flatnonzero(is_data & np.asarray(pc.equal(query, name).to_numpy(zero_copy_only=False), bool))
-            sel = sel[np.lexsort((kind_rank[sel], window[sel]))]
             key = _rows_matrix(tbl["key"], sel, Q.key_width(q))
             state = _rows_matrix(tbl["state"], sel, len(Q.state_columns(q)))
-            typed = _typed(q, start_all[sel], end_all[sel], key, state, closed_all[sel], hosts_all[sel],
-                           kind.take(pa.array(sel)))  # fmt: skip
-            day = start_all[sel] // NS_PER_DAY
-            # rows are sorted by window and window_start grows with the window: a day is a slice
-            bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
-            if np.any(np.diff(day) < 0):
-                raise AssertionError("window start not monotone in the window")
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-                d = int(day[a])
-                date = datetime.fromtimestamp(d * 86400, tz=UTC).strftime("%Y-%m-%d")
-                out_dir = self.root / f"query={name}" / f"date={date}"
-                out_dir.mkdir(parents=True, exist_ok=True)
-                path = out_dir / f"part-{batch_id:012d}.parquet"
-                tmp = path.with_name(path.name + ".tmp")
-                pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
-                os.replace(tmp, path)
-            written[str(name)] = len(sel)
+            written[str(name)] = self.write_query(batch_id, q, window[sel], kind_rank[sel], kind.take(pa.array(sel)),
+                                                  start_all[sel], end_all[sel], key, state, closed_all[sel],
+                                                  hosts_all[sel])  # fmt: skip
         return written
+
+    def write_query(self, batch_id: int, q: Q.QuerySpec, window: np.ndarray, kind_rank: np.ndarray, kind: pa.Array,
+                    start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
+                    closed_at_ms: np.ndarray, hosts: np.ndarray) -> int:  # fmt: skip
+        """Write one query's 'final'/'correction' rows of a batch given as numpy columns (one row per
+        window and key; ``kind_rank`` orders kinds as their text does); returns the row count.
+
+        Rows go out in (window, kind) order, stable, one file per day of window_start. Why numpy in:
+        the OOP sink unpacks the stateful step's output straight into these columns, without building
+        generic rows (list columns) first.
+        """
+        n = len(window)
+        if n == 0:
+            return 0
+        if not (np.all(window[1:] >= window[:-1])
+                and np.all((window[1:] > window[:-1]) | (kind_rank[1:] >= kind_rank[:-1]))):  # fmt: skip
+            order = np.lexsort((kind_rank, window))
+            window, kind, key, state = window[order], kind.take(pa.array(order)), key[order], state[order]
+            start_ns, end_ns, closed_at_ms, hosts = start_ns[order], end_ns[order], closed_at_ms[order], hosts[order]
+        typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind)
+        day = start_ns // NS_PER_DAY
+        if np.any(np.diff(day) < 0):
+            raise AssertionError("window start not monotone in the window")
+        # rows are sorted by window and window_start grows with the window: a day is a slice
+        bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            date = datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).strftime("%Y-%m-%d")
+            out_dir = self.root / f"query={q.name}" / f"date={date}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / f"part-{batch_id:012d}.parquet"
+            tmp = path.with_name(path.name + ".tmp")
+            pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
+            os.replace(tmp, path)
+        return n
 
     def read_status(self) -> dict[str, Any]:
         try:
