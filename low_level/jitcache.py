@@ -14,12 +14,16 @@ private temporary directory when home is read-only. An explicit ``NUMBA_CACHE_DI
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 _PACKAGES = ("low_level", "contract")
 _configured: Path | None = None
+_LOADED: dict[str, ModuleType] = {}
 
 
 def sources_digest() -> str:
@@ -63,3 +67,30 @@ def configure() -> None:
     import numba
 
     numba.config.CACHE_DIR = str(directory() / "numba")
+
+
+def load_generated(text: str, stem: str) -> ModuleType:
+    """Import a generated module (kernels, filters) from this tree's cache, writing it on first use.
+
+    The file name is the hash of the text, so Numba's cache of it (keyed by file) is reused by every
+    later process with the same text, and a different text can never be mistaken for it. Generated
+    text holds only integers from validated configs and code from lowwater's own templates.
+    """
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    name = f"lowwater_{stem}_{digest}"
+    if name in _LOADED:
+        return _LOADED[name]
+    d = directory() / "generated"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{stem}_{digest}.py"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: concurrent agents never import a half-written file
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    _LOADED[name] = mod
+    return mod

@@ -30,7 +30,6 @@ class Kernel:
         self.hc = np.zeros(NHC, dtype=np.int64)
         self.row = np.zeros(F.NFIELDS, dtype=np.int64)
         self.key = np.zeros(MAXKW, dtype=np.int64)
-        self.stack = np.zeros(32, dtype=np.int64)
         # per-block scratch of the generated pass, allocated once
         nq = max(1, tables.qp.shape[0])
         self.rows = np.zeros(BLOCK * F.NFIELDS, dtype=np.int64)
@@ -40,20 +39,20 @@ class Kernel:
         self.compiled = codegen.load(tables)
 
     def _scratch(self) -> tuple:
-        return (self.err_counts, self.hc, self.row, self.stack, self.rows, self.keys, self.sel, self.hs)
+        return (self.err_counts, self.hc, self.row, self.rows, self.keys, self.sel, self.hs)
 
     def run_ring(self, ring) -> int:
         """Process what the ring holds, at most one chunk; returns the frames taken."""
         t = self.t
         return self.compiled.process_frames(ring.frames, ring.snaplen, ring.caplen, ring.wirelen, ring.ts,
                                             ring.iface, ring.ctr, t.chunk, t.qp, t.qs, t.tab, t.out,
-                                            t.pane_counts, t.fprog, t.scols, *self._scratch())
+                                            t.pane_counts, t.scols, *self._scratch())
 
     def run_arrays(self, frames2d, caplen, wirelen, ts, start: int, stop: int) -> int:
         """Process frames[start:stop]; callers keep stop - start <= tables.chunk and drain between calls."""
         t = self.t
         return self.compiled.process_arrays(frames2d, caplen, wirelen, ts, start, stop, t.qp, t.qs, t.tab,
-                                            t.out, t.pane_counts, t.fprog, t.scols, *self._scratch())
+                                            t.out, t.pane_counts, t.scols, *self._scratch())
 
     def flush_below(self, q: int, bound: int) -> int:
         """Emit every entry of query q older than pane ``bound`` (heartbeats, idle, end of stream)."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import query as Q
-from contract.filterlang import INSTR_WIDTH, compile_filter
 
 EMPTY = np.iinfo(np.int64).min
 PANE_RING = 64  # per-query count of table entries per pane, indexed pane & 63 (m <= 32 keeps it exact)
@@ -24,8 +23,8 @@ MAXKW = 8
 
 # qp columns (parameters, read-only in the kernel)
 (QP_KW, QP_NA, QP_SIZE, QP_BASE, QP_STRIDE, QP_PROBES, QP_POLICY, QP_M, QP_I, QP_PANE_NS, QP_ORIGIN,
- QP_FOFF, QP_FLEN, QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(18)
-NQP = 18
+ QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(16)
+NQP = 16
 # qs columns (state, updated by the kernel and by the heartbeat)
 (QS_STARTED, QS_CUR, QS_MARK, QS_OCC, QS_MATCHED, QS_LATE, QS_EVICT, QS_FLUSH_SLOW, QS_FLUSH_SWEEP,
  QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX) = range(17)
@@ -69,7 +68,6 @@ class Tables:
     qp: np.ndarray
     qs: np.ndarray
     pane_counts: np.ndarray
-    fprog: np.ndarray
     scols: np.ndarray
     tab: np.ndarray
     out: np.ndarray
@@ -80,14 +78,13 @@ class Tables:
         """Lay out tables; ``chunk`` = most packets one kernel call takes (sizes the output regions)."""
         nq = len(queries)
         qp = np.zeros((nq, NQP), dtype=np.int64)
-        fprogs, scols = [], []
-        tab_words = out_words = foff = soff = 0
+        scols = []
+        tab_words = out_words = soff = 0
         for i, q in enumerate(queries):
             kw, cols = Q.key_width(q), Q.state_columns(q)
             na = len(cols)
             rw = 1 + kw + na  # record width: [pane, key words, state words]
             stride = slot_stride(rw)
-            f = compile_filter(q.filter)
             size = q.table.size
             # one chunk can emit at most: every entry present at its start plus 4 per packet
             ocap = size + 4 * chunk
@@ -96,15 +93,12 @@ class Tables:
             qp[i, QP_STRIDE], qp[i, QP_PROBES] = stride, q.table.probes
             qp[i, QP_POLICY], qp[i, QP_M], qp[i, QP_I] = POLICY[q.flush.policy], q.flush.m, q.flush.i
             qp[i, QP_PANE_NS], qp[i, QP_ORIGIN] = q.window.pane_ns, q.window.origin_ns
-            qp[i, QP_FOFF], qp[i, QP_FLEN] = foff, len(f)
             qp[i, QP_SOFF] = soff
             qp[i, QP_IFMASK] = -1 if iface_masks is None else iface_masks[i]
             qp[i, QP_OBASE], qp[i, QP_OCAP], qp[i, QP_RW] = out_words, ocap, rw
-            fprogs.append(f)
             scols.extend([c.source, c.merge] for c in cols)
             tab_words += size * stride
             out_words += ocap * rw
-            foff += len(f)
             soff += na
         tab = table_memory(tab_words)
         for i in range(nq):
@@ -117,7 +111,6 @@ class Tables:
             qp=qp,
             qs=qs,
             pane_counts=np.zeros((nq, PANE_RING), dtype=np.int64),
-            fprog=np.concatenate(fprogs) if fprogs else np.zeros((0, INSTR_WIDTH), np.int64),
             scols=np.array(scols, dtype=np.int64).reshape(-1, 2),
             tab=tab,
             out=np.zeros(max(out_words, 1), dtype=np.int64),
