@@ -42,6 +42,12 @@ from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table, summarize
 
 log = logging.getLogger("lowwater.job")
+_FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+
+
+def _is_local_path(location: str) -> bool:
+    """A checkpoint on this machine's file system (a plain path or file: URI), not HDFS/S3/..."""
+    return "://" not in location or location.startswith("file:")
 MODES = ("oop", "watermark")
 _KINDS = pa.array(["correction", "final"])  # kind text by rank (the store orders kinds as their text)
 
@@ -230,6 +236,12 @@ class HighLevelJob:
         self.spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         if self.opts.shuffle_partitions:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(self.opts.shuffle_partitions))
+        if _is_local_path(self.opts.checkpoint):
+            # Hadoop's FileContext on the local file system (no native libhadoop in pyspark) forks a
+            # `readlink` per checkpoint file create/rename, ~40 process spawns per micro-batch; the
+            # FileSystem-based manager needs ~4 (its renames are POSIX rename(2), atomic on one disk).
+            # Sustained roll-up rate: 1.16 -> 1.40 M records/s (benchmarks/bench_rollup.py).
+            self.spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", _FS_CHECKPOINT_MANAGER)
         if self.opts.mode == "oop":
             self.streams = [self._start_oop()]
         else:

@@ -32,6 +32,58 @@ def test_partials_round_trip() -> None:
     assert np.array_equal(b.pane, pane) and np.array_equal(b.key, key) and np.array_equal(b.state, state)
 
 
+def big_sample(n: int = 3000) -> tuple[bytes, bytes, tuple]:
+    """(compressed, plain) encodings of one IPv4-like batch large enough to be compressed."""
+    rng = np.random.default_rng(3)
+    cols = (np.full(n, 28_333_333), np.column_stack([np.zeros(n, np.int64), 0xFFFF_0A00_0000 + rng.integers(0, 4096, n),
+                                                    np.zeros(n, np.int64), 0xFFFF_C0A8_0000 + rng.integers(0, 4096, n)]),
+            rng.integers(1, 50, (n, 2)))  # fmt: skip
+    return (wire.encode_partials("q", "h", 1, 0, 0, *cols), wire.encode_partials("q", "h", 1, 0, 0, *cols,
+                                                                                 compress=False), cols)
+
+
+def _with_crc(body: bytes) -> bytes:
+    """A message with a valid CRC again (what a buggy or hostile producer could send)."""
+    import struct
+    import zlib
+
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_large_batches_travel_compressed_and_decode_identically() -> None:
+    packed, plain, (pane, key, state) = big_sample()
+    assert packed[3] == wire.KIND_PARTIALS_LZ4 and plain[3] == wire.KIND_PARTIALS
+    assert len(packed) * 3 < len(plain)  # IPv4 keys and repeated panes compress well
+    for buf in (packed, plain):
+        b = wire.decode(buf)
+        assert isinstance(b, wire.Partials)
+        assert np.array_equal(b.pane, pane) and np.array_equal(b.key, key) and np.array_equal(b.state, state)
+    assert wire.decode(sample())  # small batches stay plain
+    assert sample()[3] == wire.KIND_PARTIALS
+
+
+def test_bad_compressed_bodies_are_rejected_even_with_a_valid_crc() -> None:
+    import struct
+
+    packed, _, _ = big_sample()
+    msg = packed[:-4]
+    head = msg.index(b"h") + 1 + struct.calcsize("<qIq")  # end of the batch header: raw_len follows
+    (raw_len,) = struct.unpack_from("<I", msg, head)
+    garbled = bytearray(msg)
+    for i in range(head + 8, len(garbled), 7):
+        garbled[i] ^= 0x5A
+    cases = {
+        "garbled LZ4 frame": bytes(garbled),
+        "length too large": msg[:head] + struct.pack("<I", wire.MAX_RAW + 1) + msg[head + 4 :],
+        "length off by one": msg[:head] + struct.pack("<I", raw_len + 1) + msg[head + 4 :],
+        "frame cut short": msg[: len(msg) - 100],
+    }
+    for what, body in cases.items():
+        with pytest.raises(wire.WireError):
+            wire.decode(_with_crc(body))
+            pytest.fail(what)
+
+
 def test_punctuation_round_trip() -> None:
     p = wire.Punctuation("q", "h-ü", 1, 3, 42, wire.END_OF_STREAM, 5, 6, {k: i for i, k in enumerate(wire.PUNCT_STATS)})
     assert wire.decode(wire.encode_punctuation(p)) == p
