@@ -75,7 +75,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
     LOWWATER_STATE_DIR=/var/lib/lowwater \
-    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    LOWWATER_JIT_CACHE=/tmp/lowwater-jit \
     LOWWATER_HEALTH_URL=http://127.0.0.1:9101/metrics
 
 # openjdk-17: Spark 4.x (driver, master, workers, executors). procps: `ps`, used by Spark's scripts.
