@@ -131,7 +131,7 @@ def _fold_lines(shape: dict, ind: str) -> list[str]:
 
 _AGGREGATE = '''
 @njit(cache=True, nogil=True)
-def aggregate_q{q}(cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols):
+def aggregate_q{q}({args}):
     """Fold query {q}'s selected packets of one block, in arrival order, into its table."""
     q = {q}
     base = qp[q, QP_BASE]
@@ -219,16 +219,7 @@ def aggregate_q{q}(cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scol
 {policy}
     qs[q, QS_LATE], qs[q, QS_MATCHED], qs[q, QS_MAXTS] = late, matched, maxts
     qs[q, QS_EVICT], qs[q, QS_OVERDUE], qs[q, QS_TICK] = evict, overdue, tick
-    pin(rows)
-    pin(keys)
-    pin(sel)
-    pin(hs)
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
-    pin(scols)
+{pins}
 '''
 
 _POLICY = {
@@ -264,8 +255,7 @@ HC_PACKETS, HC_PARSED_OK = 0, 1
 
 _FUSED = '''
 @njit(cache=True, nogil=True)
-def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs):
+def fused_pass({args}):
     """Frames seq0 .. seq0+n-1 (frame seq in slot ``seq & smask``), block by block: phase 1 parses each
     frame once and selects, keys, hashes and prefetches it per query; phase 2 folds each query's
     selection in order (queries share no state, so per-query order is all the semantics need)."""
@@ -292,24 +282,7 @@ def fused_pass(frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, 
     hc[HC_PACKETS] += n
     hc[HC_PARSED_OK] += nok
     err_counts[PARSE_OK] += nok
-    pin(frames)
-    pin(caplen)
-    pin(wirelen)
-    pin(ts)
-    pin(iface)
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
-    pin(scols)
-    pin(err_counts)
-    pin(hc)
-    pin(row)
-    pin(rows)
-    pin(keys)
-    pin(sel)
-    pin(hs)
+{pins}
 
 
 @njit(cache=True, nogil=True)
@@ -337,6 +310,17 @@ def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
 '''
 
 
+def _pins(args: str) -> str:
+    """pin() of every array argument at the function's single exit (see low_level.refcount)."""
+    scalars = {"cnt", "snaplen", "use_iface", "seq0", "n", "smask"}
+    return "\n".join(f"    pin({a.strip()})" for a in args.split(",") if a.strip() not in scalars)
+
+
+_AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
+_FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
+               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs")
+
+
 def kernel_source(shapes: list[dict]) -> str:
     """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
     parts = [_HEADER.format(block=BLOCK)]
@@ -347,7 +331,8 @@ def kernel_source(shapes: list[dict]) -> str:
         parts.append(_AGGREGATE.format(
             q=q, probes=s["probes"], stride=s["stride"], iop="True" if s["policy"] == 2 else "False",
             key_eq=key_eq, key_store=key_store, soff=1 + kw,
-            fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]]))
+            fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]], pins=_pins(_AGG_ARGS),
+            args=_AGG_ARGS))
     ind = " " * 16
     select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
     bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
@@ -361,7 +346,8 @@ def kernel_source(shapes: list[dict]) -> str:
         needed.add(F.TOS)
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
     parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
-                               select="\n".join(select), fold="\n".join(fold)))
+                               select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
+                               args=_FUSED_ARGS))
     return "".join(parts)
 
 
