@@ -71,6 +71,11 @@ class Agent:
         self.queries = queries
         self.ring = Ring(ring_slots)
         self.kernel = Kernel(Tables.build(queries, chunk=chunk))
+        # compile before any source starts: a first packet must not wait seconds for the compiler
+        took = self.kernel.warm(self.ring)
+        if took > 1.0:
+            log.info("compiled the packet kernel for %d queries in %.1f s (cached for this query set from now on)",
+                     len(queries), took)
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
         self.source = None
         if source_spec is not None:

@@ -84,3 +84,15 @@ def test_every_filter_form_in_one_generated_pass() -> None:
     for i, q in enumerate(queries):
         got = merge_partials(q, *Tables.build([q]).split(0, recs[i]))
         assert got.equals(oracle(q, traffic)), q.filter
+
+
+def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
+    """A live source must not drop packets while the first packet waits for the compiler."""
+    from low_level.agent import Agent
+    from tests.test_subaggregate import RecordingProducer
+
+    agent = Agent([make_query("slow", 128, name="warm", group="[src_port]")], None, "h", None,
+                  ring_slots=1 << 10, producer=RecordingProducer())
+    compiled = agent.kernel.compiled
+    assert compiled.process_frames.signatures and compiled.process_arrays.signatures
+    assert agent.kernel.hc[0] == 0 and agent.ring.fill == 0  # nothing was consumed or counted
