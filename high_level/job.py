@@ -239,7 +239,7 @@ class HighLevelJob:
         if _is_local_path(self.opts.checkpoint):
             # Hadoop's FileContext on the local file system (no native libhadoop in pyspark) forks a
             # `readlink` per checkpoint file create/rename, ~40 process spawns per micro-batch; the
-            # FileSystem-based manager needs ~4 (its renames are POSIX rename(2), atomic on one disk).
+            # FileSystem-based manager needs ~10, a chmod per new file (its renames are POSIX rename(2), atomic on one disk).
             # Sustained roll-up rate: 1.16 -> 1.40 M records/s (benchmarks/bench_rollup.py).
             self.spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", _FS_CHECKPOINT_MANAGER)
         if self.opts.mode == "oop":
