@@ -31,7 +31,6 @@ class Kernel:
         self.err_counts = np.zeros(NERR, dtype=np.int64)
         self.hc = np.zeros(NHC, dtype=np.int64)
         self.row = np.zeros(F.NFIELDS, dtype=np.int64)
-        self.key = np.zeros(MAXKW, dtype=np.int64)
         # per-block scratch of the generated pass, allocated once
         nq = max(1, tables.qp.shape[0])
         self.rows = np.zeros(BLOCK * F.NFIELDS, dtype=np.int64)

@@ -28,13 +28,16 @@ def mixed_queries() -> list:
     ]
 
 
-def test_one_pass_over_mixed_query_shapes_is_exact() -> None:
-    queries = mixed_queries()
-    traffic = make_traffic(30_000, 1500, T0, 20 * NS, seed=11)
+def assert_one_pass_exact(queries: list, traffic) -> None:
+    """Run all queries in one generated pass; each query's merged partials equal its own oracle."""
     recs = run_kernel(queries, traffic)
     for i, q in enumerate(queries):
         got = merge_partials(q, *Tables.build([q]).split(0, recs[i]))
-        assert got.equals(oracle(q, traffic)), q.name
+        assert got.equals(oracle(q, traffic)), (q.name, q.filter)
+
+
+def test_one_pass_over_mixed_query_shapes_is_exact() -> None:
+    assert_one_pass_exact(mixed_queries(), make_traffic(30_000, 1500, T0, 20 * NS, seed=11))
 
 
 def test_generated_text_is_a_function_of_shape_only() -> None:
@@ -79,11 +82,7 @@ def test_every_filter_form_in_one_generated_pass() -> None:
 
     queries = [make_query("lazy", 256, name=f"f{i}", group="[dst_port]", aggs="[{fn: count, as: n}]", flt=f)
                for i, f in enumerate(FILTERS)]
-    traffic = make_traffic(20_000, 800, T0, 10 * NS, seed=12)
-    recs = run_kernel(queries, traffic)
-    for i, q in enumerate(queries):
-        got = merge_partials(q, *Tables.build([q]).split(0, recs[i]))
-        assert got.equals(oracle(q, traffic)), q.filter
+    assert_one_pass_exact(queries, make_traffic(20_000, 800, T0, 10 * NS, seed=12))
 
 
 def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
