@@ -29,20 +29,11 @@ import pyarrow.parquet as pq
 
 from contract import fields as F
 from contract import query as Q
+from contract import results as R
 from high_level.partition import GENERIC_SCHEMA
 
-FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
-RESERVED = set(FIXED_COLUMNS) | {"query", "date"}
-TS = pa.timestamp("us", tz="UTC")
+TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
-
-
-def check_names(q: Q.QuerySpec) -> None:
-    """Key and aggregate names become Parquet columns: they must not clash with the fixed ones."""
-    names = [p.name for p in q.key_parts] + [a.name for a in q.aggregates]
-    clash = sorted(set(names) & RESERVED)
-    if clash or len(set(names)) != len(names):
-        raise ValueError(f"query {q.name!r}: column names {clash or names} clash with the result layout")
 
 
 def ip_strings(hi: np.ndarray, lo: np.ndarray) -> pa.Array:
@@ -146,7 +137,7 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())
     cols["kind"] = kind
-    return pa.table(cols)
+    return pa.table(cols, schema=R.schema(q))
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -166,8 +157,8 @@ class ResultStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.queries = {q.name: q for q in queries}
         for q in self.queries.values():
-            check_names(q)
-        self.status_path = self.root / "_status.json"
+            R.check_names(q)
+        self.status_path = R.status_path(self.root)
 
     def write_batch(self, batch_id: int, rows: pd.DataFrame | pa.Table) -> dict[str, int]:
         """Write the 'final'/'correction' rows of a batch; returns rows written per query.
@@ -227,10 +218,8 @@ class ResultStore:
         # rows are sorted by window and window_start grows with the window: a day is a slice
         bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            date = datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).strftime("%Y-%m-%d")
-            out_dir = self.root / f"query={q.name}" / f"date={date}"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            path = out_dir / f"part-{batch_id:012d}.parquet"
+            path = R.part_path(self.root, q.name, datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).date(), batch_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
             os.replace(tmp, path)

@@ -1,0 +1,134 @@
+"""The results store: the one definition of what the high-level job writes and the API reads.
+
+The job and the API meet only here (as the two levels meet only in :mod:`contract.wire`): every path,
+file name, column name, column type and row kind of the store is spelled in this module, and both
+sides call it. The status document that sits next to the Parquet files is :mod:`contract.status`.
+
+Layout::
+
+    <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
+    <root>/_status.json
+
+One Parquet file per (query, day of window_start, micro-batch). Its columns are exactly
+:func:`schema` of the query: the window bounds, the key columns, the aggregate columns, when the
+window closed, how many hosts were live, and the row kind. A ``correction`` row adds to the ``final``
+row of the same window and key (count/sum add, min/max fold); rows go out ordered by (window, kind).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+
+from contract import query as Q
+
+STATUS_FILE = "_status.json"
+QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
+DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
+PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
+ROW_KINDS = ("correction", "final")  # in text order: the order rows of one window are written in
+FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
+RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+class ResultsLayoutError(ValueError):
+    """A query whose result columns cannot be laid out, or a file that does not follow the layout."""
+
+
+def status_path(root: str | Path) -> Path:
+    return Path(root) / STATUS_FILE
+
+
+def query_dir(root: str | Path, query: str) -> Path:
+    return Path(root) / f"query={query}"
+
+
+def date_dir(root: str | Path, query: str, day: date) -> Path:
+    return query_dir(root, query) / f"date={day.isoformat()}"
+
+
+def part_name(batch_id: int) -> str:
+    if batch_id < 0:
+        raise ResultsLayoutError(f"batch id must be >= 0, got {batch_id}")
+    return f"part-{batch_id:012d}.parquet"
+
+
+def part_path(root: str | Path, query: str, day: date, batch_id: int) -> Path:
+    return date_dir(root, query, day) / part_name(batch_id)
+
+
+def parse_date_dir(name: str) -> date | None:
+    """The day of a ``date=YYYY-MM-DD`` directory name, None for anything else."""
+    m = DATE_DIR.match(name)
+    if not m:
+        return None
+    try:
+        return date.fromisoformat(m.group(1))
+    except ValueError:
+        return None
+
+
+def parse_part_name(name: str) -> int | None:
+    """The micro-batch id of a ``part-<id>.parquet`` file name, None for anything else (tmp files...)."""
+    m = PART_FILE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def key_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
+    """(column, 'ip' | 'int') of the query's group-by parts, in key order."""
+    return [(p.name, "ip" if p.field.kind == "ip" else "int") for p in q.key_parts]
+
+
+def aggregate_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
+    """(column, fn) of the query's aggregates, in config order."""
+    return [(a.name, a.fn) for a in q.aggregates]
+
+
+def check_names(q: Q.QuerySpec) -> None:
+    """Key and aggregate names become columns: they must be unique and not clash with the fixed ones."""
+    names = [n for n, _ in key_columns(q)] + [n for n, _ in aggregate_columns(q)]
+    clash = sorted(set(names) & RESERVED)
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if clash or dup:
+        raise ResultsLayoutError(
+            f"query {q.name!r}: result column names {clash or dup} clash with the result layout "
+            f"(reserved: {sorted(RESERVED)})"
+        )
+
+
+def schema(q: Q.QuerySpec) -> pa.Schema:
+    """The exact Arrow schema of every result file of ``q`` (what the job writes, what the API expects).
+
+    Addresses are text (IPv4 dotted, IPv6 compressed); integers int64; avg float64 (NaN for an empty
+    group); times microseconds UTC; ``hosts`` the live hosts when the window closed.
+    """
+    check_names(q)
+    fields = [pa.field("window_start", TIMESTAMP, nullable=False), pa.field("window_end", TIMESTAMP, nullable=False)]
+    fields += [pa.field(n, pa.string() if kind == "ip" else pa.int64()) for n, kind in key_columns(q)]
+    fields += [pa.field(n, pa.float64() if fn == "avg" else pa.int64()) for n, fn in aggregate_columns(q)]
+    fields += [
+        pa.field("closed_at", TIMESTAMP, nullable=False),
+        pa.field("hosts", pa.int32(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+    ]
+    return pa.schema(fields, metadata={b"lowwater.query": q.name.encode()})
+
+
+def check_file_schema(q: Q.QuerySpec, found: pa.Schema, where: str = "") -> None:
+    """Raise :class:`ResultsLayoutError` unless a file's columns and types are exactly :func:`schema`'s."""
+    want = schema(q)
+    got = [(f.name, f.type) for f in found]
+    exp = [(f.name, f.type) for f in want]
+    if got != exp:
+        missing = [n for n, _ in exp if n not in dict(got)]
+        extra = [n for n, _ in got if n not in dict(exp)]
+        typed = [f"{n}: {t} (want {dict(exp)[n]})" for n, t in got if n in dict(exp) and dict(exp)[n] != t]
+        detail = "; ".join(
+            s for s in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "",
+                        ", ".join(typed), "" if missing or extra or typed else "columns out of order") if s
+        )  # fmt: skip
+        raise ResultsLayoutError(f"{where or 'result file'} of query {q.name!r} does not follow the layout: {detail}")

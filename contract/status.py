@@ -1,0 +1,246 @@
+"""The status document (``<results>/_status.json``): written by the high-level job, read by the API.
+
+One validated definition (pydantic) instead of a writer that emits a dict and a reader that guesses
+its keys and units. Everything is computed once, by the job: per partition (what each Spark state
+group reports), per query and host (summed or min/max over partitions) and per capture host (over
+queries). The API validates the file against :class:`StatusDocument` and serves it as it is; a file
+that does not validate is reported as unavailable with the reason, never half-read.
+
+Units are in the names: ``*_ns`` nanoseconds since the epoch, ``*_ms`` milliseconds since the epoch,
+``*_s`` seconds (durations). A host id of the form ``H/wN`` is worker N of capture host H.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class RestartInfo(_Model):
+    """An agent restart seen on one partition: windows from ``incomplete_from_pane`` may miss data."""
+
+    old_incarnation: int
+    new_incarnation: int
+    incomplete_from_pane: int
+    new_mark_pane: int
+
+
+class HostOnPartition(_Model):
+    """One capture host as one (query, Kafka partition) sees it."""
+
+    live: bool
+    expected: bool
+    mark_pane: int | None
+    mark_ns: int | None
+    lag_s: float | None
+    last_heard_ms: int | None
+    silent_s: float | None
+    punctuations: int
+    incarnation: int | None
+    records: int
+    sent_records: int
+    received_records: int
+    missing_records: int
+    late_partials: int
+    restarts: int = 0
+    last_restart: RestartInfo | None = None
+    late_batch: int = 0
+
+
+class PartitionStatus(_Model):
+    """What the state group of one (query, Kafka partition) reports after each micro-batch."""
+
+    query: str
+    partition: int
+    now_ms: int
+    low_water_mark_pane: int | None
+    low_water_mark_ns: int | None
+    closed_before_window: int | None
+    blocked_by: list[str]
+    live_hosts: int
+    open_windows: int
+    state_rows: int
+    windows_closed: int
+    windows_closed_batch: int = 0
+    records: int
+    batch: dict[str, int] = Field(default_factory=dict)
+    errors: dict[str, int] = Field(default_factory=dict)
+    last_error: str = ""
+    hosts: dict[str, HostOnPartition]
+
+
+class HostOnQuery(_Model):
+    """One capture host over every partition of one query."""
+
+    live: bool
+    low_water_mark_ns: int | None
+    lag_s: float | None
+    late_partials: int
+    missing_records: int
+    records: int
+    restarts: int
+    partitions: int
+
+
+class QueryStatus(_Model):
+    """One query over its partitions. ``hosts`` counts capture hosts (not partitions)."""
+
+    low_water_mark_ns: int | None
+    open_windows: int
+    state_rows: int
+    windows_closed: int
+    partitions_total: int
+    hosts_total: int
+    hosts_live: int
+    blocked_by: list[str]
+    hosts: dict[str, HostOnQuery]
+    partitions: dict[str, PartitionStatus]
+
+
+class HostStatus(_Model):
+    """One capture host over every query: what the results page's host table shows."""
+
+    host: str
+    live: bool
+    low_water_mark_ns: int | None
+    lag_s: float | None
+    late_partials: int
+    missing_records: int
+    records: int
+    restarts: int
+    queries: list[str]
+
+
+class JobSettings(_Model):
+    trigger_ms: int
+    host_timeout_ms: int
+    expected_hosts: list[str]
+    late_policy: str
+    watermark_delay_ms: int
+
+
+class StreamProgress(_Model):
+    """Spark's own numbers of the last micro-batch of one streaming query."""
+
+    batch_id: int | None
+    input_rows: int | None
+    duration_ms: int | None
+    state_rows: int
+    state_memory_bytes: int
+    dropped_by_watermark: int
+
+
+class StatusDocument(_Model):
+    version: Literal[1] = VERSION
+    mode: Literal["oop", "watermark"]
+    updated_ms: int
+    batch_id: int | None
+    settings: JobSettings
+    queries: dict[str, QueryStatus]
+    hosts: list[HostStatus]
+    progress: dict[str, StreamProgress] = Field(default_factory=dict)
+
+    def all_closed_at_end_of_stream(self, end_of_stream_pane: int) -> bool:
+        """Every partition of every query has a mark at the end of stream and no window open: the
+        results of a finite capture are complete (what ``lowwater-stack`` waits for)."""
+        if not self.queries:
+            return False
+        for q in self.queries.values():
+            if not q.partitions:
+                return False
+            for p in q.partitions.values():
+                if p.open_windows or p.low_water_mark_pane is None or p.low_water_mark_pane < end_of_stream_pane:
+                    return False
+        return True
+
+
+class StatusUnavailable(RuntimeError):
+    """No status document, or one that does not validate (the reason says which)."""
+
+
+def summarize_query(parts: Mapping[int, PartitionStatus]) -> QueryStatus:
+    """Per-query roll-up of per-partition status: min marks, host liveness, late/missing totals."""
+    hosts: dict[str, HostOnQuery] = {}
+    for p in parts.values():
+        for name, h in p.hosts.items():
+            agg = hosts.get(name)
+            if agg is None:
+                agg = hosts[name] = HostOnQuery(live=True, low_water_mark_ns=None, lag_s=None, late_partials=0,
+                                                missing_records=0, records=0, restarts=0, partitions=0)  # fmt: skip
+            agg.partitions += 1
+            agg.live = agg.live and h.live
+            if h.mark_ns is not None:
+                agg.low_water_mark_ns = h.mark_ns if agg.low_water_mark_ns is None else min(agg.low_water_mark_ns, h.mark_ns)
+            if h.lag_s is not None:
+                agg.lag_s = h.lag_s if agg.lag_s is None else max(agg.lag_s, h.lag_s)
+            agg.late_partials += h.late_partials
+            agg.missing_records += h.missing_records
+            agg.records += h.records
+            agg.restarts = max(agg.restarts, h.restarts)
+    marks = [p.low_water_mark_ns for p in parts.values()]
+    blocked: list[str] = []
+    for p in parts.values():
+        blocked += [h for h in p.blocked_by if h not in blocked]
+    return QueryStatus(
+        low_water_mark_ns=min(marks) if marks and all(m is not None for m in marks) else None,  # type: ignore[type-var]
+        open_windows=sum(p.open_windows for p in parts.values()),
+        state_rows=sum(p.state_rows for p in parts.values()),
+        windows_closed=sum(p.windows_closed for p in parts.values()),
+        partitions_total=len(parts),
+        hosts_total=len(hosts),
+        hosts_live=sum(1 for h in hosts.values() if h.live),
+        blocked_by=blocked,
+        hosts=dict(sorted(hosts.items())),
+        partitions={str(k): v for k, v in sorted(parts.items())},
+    )
+
+
+def summarize_hosts(queries: Mapping[str, QueryStatus]) -> list[HostStatus]:
+    """Per capture host over every query (dead anywhere is dead; lowest mark, largest lag, sums)."""
+    out: dict[str, HostStatus] = {}
+    for qname, q in sorted(queries.items()):
+        for name, h in q.hosts.items():
+            agg = out.get(name)
+            if agg is None:
+                agg = out[name] = HostStatus(host=name, live=True, low_water_mark_ns=None, lag_s=None, late_partials=0,
+                                             missing_records=0, records=0, restarts=0, queries=[])  # fmt: skip
+            agg.queries.append(qname)
+            agg.live = agg.live and h.live
+            if h.low_water_mark_ns is not None:
+                agg.low_water_mark_ns = (h.low_water_mark_ns if agg.low_water_mark_ns is None
+                                         else min(agg.low_water_mark_ns, h.low_water_mark_ns))  # fmt: skip
+            if h.lag_s is not None:
+                agg.lag_s = h.lag_s if agg.lag_s is None else max(agg.lag_s, h.lag_s)
+            agg.late_partials += h.late_partials
+            agg.missing_records += h.missing_records
+            agg.records += h.records
+            agg.restarts = max(agg.restarts, h.restarts)
+    return [out[k] for k in sorted(out)]
+
+
+def read(path: str | Path) -> StatusDocument:
+    """The validated document at ``path``; :class:`StatusUnavailable` with the reason otherwise."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise StatusUnavailable(f"no {Path(path).name} yet (is the high-level job running?)") from None
+    except OSError as exc:
+        raise StatusUnavailable(f"{path}: {exc.strerror}") from None
+    try:
+        return StatusDocument.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise StatusUnavailable(
+            f"{Path(path).name} does not follow the status contract ({exc.error_count()} errors; "
+            f"first at {where or 'top level'}: {first.get('msg')})"
+        ) from None
