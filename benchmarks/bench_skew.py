@@ -194,8 +194,8 @@ def state_sample(job: RecordingJob, variant: str) -> dict[str, int]:
     """State numbers after the step: rows held, payload bytes, Spark's state-store memory."""
     prog = next(iter(job.progress().values()), {})
     if variant == "oop":
-        qs = next(iter(job.partitions.values()), {})
-        rows = sum(int(p.get("state_rows", 0)) for p in qs.values())
+        qs = next(iter(job.sink.partitions.values()), {})
+        rows = sum(p.state_rows for p in qs.values())
     else:
         rows = int(prog.get("stateRows", 0))
     return {"rows": rows, "payload_bytes": rows * ROW_BYTES, "spark_memory_bytes": int(prog.get("stateMemoryBytes", 0))}

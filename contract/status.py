@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract.wire import END_OF_STREAM
+
 VERSION = 1
 
 
@@ -149,16 +151,17 @@ class StatusDocument(_Model):
     hosts: list[HostStatus]
     progress: dict[str, StreamProgress] = Field(default_factory=dict)
 
-    def all_closed_at_end_of_stream(self, end_of_stream_pane: int) -> bool:
-        """Every partition of every query has a mark at the end of stream and no window open: the
-        results of a finite capture are complete (what ``lowwater-stack`` waits for)."""
+    def stream_ended(self, host: str) -> bool:
+        """``host`` has sent its end-of-stream mark on every partition of every query and no window is
+        open: the results of its finite capture are complete (what ``lowwater-stack`` waits for)."""
         if not self.queries:
             return False
         for q in self.queries.values():
             if not q.partitions:
                 return False
             for p in q.partitions.values():
-                if p.open_windows or p.low_water_mark_pane is None or p.low_water_mark_pane < end_of_stream_pane:
+                h = p.hosts.get(host)
+                if p.open_windows or h is None or h.mark_pane is None or h.mark_pane < END_OF_STREAM:
                     return False
         return True
 

@@ -7,9 +7,11 @@ Everything is updated on the driver from the micro-batch's status rows, never fr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from contract import status as S
+from contract.wire import END_OF_STREAM
 
 
 class JobMetrics:
@@ -50,24 +52,23 @@ class JobMetrics:
         """Expose /metrics on 0.0.0.0:port."""
         start_http_server(port, registry=self.registry)
 
-    def on_status(self, summary: Mapping[str, Any], now_ms: int) -> None:
-        """Refresh gauges from :func:`high_level.store.summarize` output."""
-        for qname, qs in summary.items():
-            self.open_windows.labels(qname).set(qs.get("open_windows", 0))
-            self.state_rows.labels(qname).set(qs.get("state_rows", 0))
-            for host, hs in qs.get("hosts", {}).items():
-                self.host_live.labels(qname, host).set(1 if hs.get("live") else 0)
-                self.missing.labels(qname, host).set(hs.get("missing_records", 0))
-                m = hs.get("low_water_mark_ns")
-                if m is not None:
+    def on_status(self, queries: Mapping[str, S.QueryStatus], now_ms: int) -> None:
+        """Refresh gauges from the per-query status (:func:`contract.status.summarize_query`)."""
+        for qname, qs in queries.items():
+            self.open_windows.labels(qname).set(qs.open_windows)
+            self.state_rows.labels(qname).set(qs.state_rows)
+            for host, hs in qs.hosts.items():
+                self.host_live.labels(qname, host).set(1 if hs.live else 0)
+                self.missing.labels(qname, host).set(hs.missing_records)
+                m = hs.low_water_mark_ns
+                if m is not None and m < END_OF_STREAM:
                     self.host_lwm.labels(qname, host).set(m / 1e9)
                     self.host_lag.labels(qname, host).set(now_ms / 1e3 - m / 1e9)
 
-    def on_batch_status(self, statuses: list[Mapping[str, Any]]) -> None:
+    def on_batch_status(self, statuses: list[S.PartitionStatus]) -> None:
         """Count what one batch's status rows report as new (records, late partials)."""
         for st in statuses:
-            self.records.inc(int(st.get("batch", {}).get("records", 0)))
-            for host, hs in st.get("hosts", {}).items():
-                n = int(hs.get("late_batch", 0))
-                if n:
-                    self.late.labels(st["query"], host).inc(n)
+            self.records.inc(int(st.batch.get("records", 0)))
+            for host, hs in st.hosts.items():
+                if hs.late_batch:
+                    self.late.labels(st.query, host).inc(hs.late_batch)

@@ -8,7 +8,6 @@ log, so a replayed micro-batch produces byte-identical output (exactly-once with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import wire
+from contract.status import PartitionStatus
 from high_level import codec
 from high_level.meld import Meld
 from high_level.rollup import I64, Layout, QueryRollup, Windows
@@ -424,12 +424,12 @@ class PartitionProcessor:
             qs.windows_closed += len(closed)
             parts.append(_Part(lay, self.partition, "final", now_ms, n_live, closed))
         status = self.status(qs, now_ms, batch, late_batch, len(closed))
-        parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, json.dumps(status, separators=(",", ":"))))
+        parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, status.model_dump_json()))
         return parts
 
     def status(self, qs: _QueryState, now_ms: int, batch: dict[str, int] | None = None,
-               late_batch: dict[str, int] | None = None, closed_batch: int = 0) -> dict[str, Any]:  # fmt: skip
-        """A JSON-able snapshot: per-host marks, liveness, lag, late and missing records, open windows."""
+               late_batch: dict[str, int] | None = None, closed_batch: int = 0) -> PartitionStatus:  # fmt: skip
+        """A snapshot in the status contract: per-host marks, liveness, lag, late and missing records, open windows."""
         lay, meld = qs.layout, qs.meld
         lwm = meld.low_water_mark()
         hosts: dict[str, Any] = {}
@@ -457,7 +457,7 @@ class PartitionProcessor:
                 "last_restart": hc.get("last_restart"),
                 "late_batch": (late_batch or {}).get(name, 0),
             }
-        return {
+        return PartitionStatus.model_validate({
             "query": lay.name, "partition": self.partition, "now_ms": now_ms,
             "low_water_mark_pane": lwm,
             "low_water_mark_ns": _pane_ns(lay, lwm),
@@ -468,7 +468,7 @@ class PartitionProcessor:
             "windows_closed": qs.windows_closed, "windows_closed_batch": closed_batch,
             "records": qs.records, "batch": batch or {}, "errors": dict(self.errors), "last_error": self.last_error,
             "hosts": hosts,
-        }  # fmt: skip
+        })  # fmt: skip
 
 
 def _pane_ns(lay: Layout, pane: int | None) -> int | None:

@@ -14,12 +14,10 @@ output exactly once. Readers never see a half-written file.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +28,7 @@ import pyarrow.parquet as pq
 from contract import fields as F
 from contract import query as Q
 from contract import results as R
+from contract import status as S
 from high_level.partition import GENERIC_SCHEMA
 
 TS = R.TIMESTAMP
@@ -225,46 +224,6 @@ class ResultStore:
             os.replace(tmp, path)
         return n
 
-    def read_status(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.status_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def write_status(self, status: Mapping[str, Any]) -> None:
-        """Replace ``_status.json`` atomically (write + rename)."""
-        _atomic_write_bytes(self.status_path, json.dumps(status, indent=1, sort_keys=True).encode())
-
-
-def summarize(partitions: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Per-query roll-up of per-partition status: min marks, host liveness, late/missing totals."""
-    out: dict[str, Any] = {}
-    for qname, parts in sorted(partitions.items()):
-        hosts: dict[str, dict[str, Any]] = {}
-        lwm_ns = [p.get("low_water_mark_ns") for p in parts.values()]
-        for p in parts.values():
-            for h, hs in p.get("hosts", {}).items():
-                agg = hosts.setdefault(h, {"live": True, "low_water_mark_ns": None, "lag_s": None,
-                                           "late_partials": 0, "missing_records": 0, "records": 0,
-                                           "partitions": 0})  # fmt: skip
-                agg["partitions"] += 1
-                agg["live"] = agg["live"] and bool(hs.get("live"))
-                m = hs.get("mark_ns")
-                if m is not None:
-                    agg["low_water_mark_ns"] = m if agg["low_water_mark_ns"] is None else min(agg["low_water_mark_ns"], m)
-                lag = hs.get("lag_s")
-                if lag is not None:
-                    agg["lag_s"] = lag if agg["lag_s"] is None else max(agg["lag_s"], lag)
-                agg["late_partials"] += int(hs.get("late_partials", 0))
-                agg["missing_records"] += int(hs.get("missing_records", 0))
-                agg["records"] += int(hs.get("records", 0))
-        known = [x for x in lwm_ns if x is not None]
-        out[qname] = {
-            "low_water_mark_ns": min(known) if known and len(known) == len(lwm_ns) else None,
-            "open_windows": sum(int(p.get("open_windows", 0)) for p in parts.values()),
-            "state_rows": sum(int(p.get("state_rows", 0)) for p in parts.values()),
-            "windows_closed": sum(int(p.get("windows_closed", 0)) for p in parts.values()),
-            "hosts": hosts,
-            "partitions": {str(k): v for k, v in sorted(parts.items())},
-        }
-    return out
+    def write_status(self, doc: S.StatusDocument) -> None:
+        """Replace ``_status.json`` atomically (write + rename) with a document of the status contract."""
+        _atomic_write_bytes(self.status_path, doc.model_dump_json(indent=1).encode())

@@ -139,6 +139,18 @@ def _tail(path: Path, lines: int) -> str:
         return ""
 
 
+class TopicMismatch(KafkaBrokerError):
+    """A topic exists with another partition count than asked for."""
+
+    def __init__(self, topic: str, have: int | None, want: int, broker: KafkaBroker) -> None:
+        self.topic, self.have, self.want = topic, have, want
+        super().__init__(
+            f"topic {topic!r} already exists on broker {broker.name!r} with {have} partitions, but "
+            f"{want} are configured: reset the local broker (`./lw run --fresh` deletes its data) "
+            f"or set kafka.partitions back to {have}"
+        )
+
+
 class KafkaBroker:
     """One KRaft broker+controller process, its config and its data directory.
 
@@ -363,8 +375,16 @@ class KafkaBroker:
     def create_topic(
         self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None, timeout: float = 30.0
     ) -> str:
-        """Create a topic (replication factor 1) and wait until every partition has a leader."""
+        """Make topic ``name`` exist with ``partitions`` partitions (replication factor 1), and wait until
+        every partition has a leader.
+
+        Idempotent: a topic that already exists with the same partition count is left as it is (a
+        broker's data survives restarts, and so do its topics). One with another count raises
+        :class:`TopicMismatch`: partials are placed by ``hash mod partitions``, so silently using a
+        topic of another size would split groups over partitions.
+        """
         from kafka import KafkaAdminClient
+        from kafka.errors import TopicAlreadyExistsError
 
         admin = KafkaAdminClient(
             bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000),
@@ -372,11 +392,32 @@ class KafkaBroker:
         )  # fmt: skip
         try:
             spec = {"num_partitions": partitions, "replication_factor": 1, "configs": dict(config or {})}
-            admin.create_topics({name: spec}, timeout_ms=int(timeout * 1000))
+            try:
+                admin.create_topics({name: spec}, timeout_ms=int(timeout * 1000))
+            except TopicAlreadyExistsError:
+                have = self._partitions_of(admin, name)
+                if have != partitions:
+                    raise TopicMismatch(name, have, partitions, self) from None
             admin.wait_for_topics([name], timeout_ms=int(timeout * 1000))
         finally:
             admin.close()
         return name
+
+    @staticmethod
+    def _partitions_of(admin: Any, name: str) -> int | None:
+        for d in admin.describe_topics([name]):
+            if d.get("name", d.get("topic")) == name and d.get("error_code", 0) == 0:
+                return len(d["partitions"])
+        return None
+
+    def wipe(self) -> None:
+        """Delete the broker's data, logs and recorded ports (a fresh broker on the next start).
+
+        Refused while the broker runs: its files are open and it would recreate them.
+        """
+        if self.is_running():
+            raise KafkaBrokerError(f"broker {self.name!r} runs (pid {self.pid}); stop it before wiping its data")
+        shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Graceful shutdown: SIGTERM (Kafka flushes and closes its logs), SIGKILL after ``timeout``."""

@@ -1,93 +1,18 @@
-"""A local SparkSession that can read Kafka, sized for a 2-core machine.
-
-Why not ``spark.jars.packages``: Spark's Ivy resolution cannot be relied on here, so the Kafka
-source's jars come from :func:`local_stack.jars.spark_kafka_jars` (Maven) via ``spark.jars``.
-Spark's scratch space, warehouse and log file live under the state dir, not in /tmp or the
-repo root, and the console only shows Spark errors.
-"""
+"""The local SparkSession (tests, benchmarks): :func:`high_level.session.build_spark` with the jars
+``./lw setup`` fetched and scratch space under the repo's state dir."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from high_level.session import build_spark as _build
 from local_stack.jars import spark_kafka_jars, state_dir
 
-_LOG4J2 = """\
-# written by local_stack.spark_session: WARN and above to a file, only errors to the console
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-rootLogger.appenderRef.console.ref = console
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.filter.threshold.type = ThresholdFilter
-appender.console.filter.threshold.level = error
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-# Known noise on a fresh local setup.
-logger.nativeloader.name = org.apache.hadoop.util.NativeCodeLoader
-logger.nativeloader.level = error
-"""
 
-
-def build_spark(
-    app_name: str,
-    master: str = "local[2]",
-    extra_conf: Mapping[str, str] | None = None,
-    *,
-    state: Path | str | None = None,
-) -> SparkSession:
-    """Create (or get) a SparkSession with the Kafka source on its classpath.
-
-    ``extra_conf`` overrides any default below. ``state`` (default: the repo's state dir) holds
-    ``spark/local`` (shuffle/spill), ``spark/warehouse`` and ``spark/spark.log``. Static settings
-    (jars, driver options) only apply when this call launches the JVM: if a SparkContext already
-    runs in this process, getOrCreate returns it unchanged apart from the SQL settings.
-    """
-    base = Path(state or state_dir()) / "spark"
-    local_dir = base / "local"
-    local_dir.mkdir(parents=True, exist_ok=True)
-    log4j = base / "log4j2.properties"
-    log4j.write_text(_LOG4J2.format(log=base / "spark.log"))
-    # Python workers must run the driver's own interpreter (the venv's python under ./lw),
-    # or they miss the project's packages or differ in minor version.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Otherwise Spark resolves the hostname and may bind to a non-loopback interface.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # The driver JVM is launched by this call (local mode), so its Java options still apply here.
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
-    conf: dict[str, str] = {
-        "spark.jars": ",".join(spark_kafka_jars()),
-        "spark.sql.shuffle.partitions": "4",
-        "spark.default.parallelism": "4",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.local.dir": str(local_dir),
-        "spark.sql.warehouse.dir": str(base / "warehouse"),
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
-        "spark.pyspark.python": sys.executable,
-        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-        # Event-time windows must not depend on the machine's time zone.
-        "spark.sql.session.timeZone": "UTC",
-    }
-    conf.update(extra_conf or {})
-    builder = SparkSession.builder.appName(app_name).master(master)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")  # the file keeps warnings; the console filter shows errors only
-    return spark
+def build_spark(app_name: str, master: str = "local[2]", extra_conf: Mapping[str, str] | None = None, *,
+                state: Path | str | None = None) -> SparkSession:  # fmt: skip
+    """A SparkSession for this machine (see :func:`high_level.session.build_spark`)."""
+    return _build(app_name, master, extra_conf, jars=spark_kafka_jars(), state=state or state_dir())

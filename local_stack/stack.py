@@ -9,7 +9,9 @@ everything on Ctrl-C (or after ``--duration`` seconds).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +20,11 @@ import urllib.request
 from pathlib import Path
 
 from contract import query as Q
+from contract import status as S
+from contract.results import STATUS_FILE
+from contract.topics import wanted_topics
 from local_stack.jars import state_dir
-from local_stack.kafka_broker import KafkaBroker
+from local_stack.kafka_broker import KafkaBroker, KafkaBrokerError, TopicMismatch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,17 +47,61 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
     raise SystemExit(f"lowwater-stack: {url} did not answer within {timeout:.0f}s")
 
 
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + ln for ln in text[-lines:])
+
+
+def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_s: float,
+                      procs: list[subprocess.Popen]) -> str:  # fmt: skip
+    """After a finite source ended: wait until the job has closed every window of the capture, and
+    return the line that says so (or what is still open when ``timeout_s`` passes)."""
+    try:
+        seen = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    deadline = time.monotonic() + timeout_s
+    doc, why = None, ""
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise SystemExit(f"lowwater-stack: {p.args[0]} exited with {p.returncode} while closing the capture's windows")
+        try:
+            doc = S.read(status_path)
+            if doc.stream_ended(host):
+                break
+        except S.StatusUnavailable as exc:
+            why = str(exc)
+        time.sleep(0.5)
+    else:
+        open_ = {n: q.open_windows for n, q in (doc.queries.items() if doc else [])}
+        return (f"capture finished, but not every window closed within {timeout_s:.0f}s "
+                f"(open windows per query: {open_ or why or 'no status yet'})")  # fmt: skip
+    packets = seen.get("packets")
+    lost = [f"{seen[k]} {k.replace('_', ' ')}" for k in ("parse_errors", "ring_drops", "backlog_lost") if seen.get(k)]
+    closed = sum(q.windows_closed for q in doc.queries.values())
+    return (f"capture finished: {packets if packets is not None else '?'} packets"
+            f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed ({closed} window-partitions)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="lowwater-stack", description="run lowwater locally: Kafka, Spark job, API, agent")
     ap.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
     ap.add_argument("--source", default="generator:rate=20000,groups=5000,clock=wall",
-                    help="agent source (see lowwater-agent --help); default: synthetic traffic at 20k pkt/s")
+                    help="agent source (see lowwater-agent --help); default: synthetic traffic at 20k pkt/s. "
+                         "A finite source (pcap:FILE) ends with every window closed; the stack stays up until Ctrl-C")
     ap.add_argument("--kafka-port", type=int, default=9092)
     ap.add_argument("--api-port", type=int, default=8080)
     ap.add_argument("--agent-metrics-port", type=int, default=9101)
     ap.add_argument("--job-metrics-port", type=int, default=9102)
     ap.add_argument("--duration", type=float, default=None, help="stop everything after this many seconds")
-    ap.add_argument("--fresh", action="store_true", help="delete previous results and checkpoints first")
+    ap.add_argument("--close-timeout", type=float, default=300.0,
+                    help="after a finite source ends, wait this long for every window to close")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start from nothing: delete the local Kafka broker's data, results and checkpoints")
     args = ap.parse_args(argv)
     try:
         cfg = Q.load(args.config)
@@ -62,14 +111,20 @@ def main(argv: list[str] | None = None) -> None:
     state = state_dir() / "stack"
     logs = state / "logs"
     results, checkpoint = state / "results", state / "checkpoint"
+    broker = KafkaBroker("stack", port=args.kafka_port, die_with_parent=True)
     if args.fresh:
-        import shutil
-
+        try:
+            broker.wipe()
+        except KafkaBrokerError as exc:
+            raise SystemExit(f"lowwater-stack: --fresh: {exc}") from None
         for d in (results, checkpoint):
             shutil.rmtree(d, ignore_errors=True)
+        print(f"[stack] --fresh: deleted the local broker's data, {results} and {checkpoint}", flush=True)
     logs.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
-    broker = KafkaBroker("stack", port=args.kafka_port, die_with_parent=True)
+    host_id = "local-agent"
+    summary_path = state / "agent-summary.json"
+    summary_path.unlink(missing_ok=True)
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt
@@ -78,8 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"[stack] starting Kafka on 127.0.0.1:{args.kafka_port} ...", flush=True)
         broker.start()
-        for q in cfg.queries:
-            broker.create_topic(q.topic, q.kafka.partitions)
+        try:
+            for topic, partitions in wanted_topics(cfg.queries).items():
+                broker.create_topic(topic, partitions)
+        except (TopicMismatch, ValueError) as exc:
+            raise SystemExit(f"lowwater-stack: {exc}") from None
         bootstrap = broker.bootstrap_servers
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -99,12 +157,13 @@ def main(argv: list[str] | None = None) -> None:
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api)
         print("[stack] starting the capture agent ...", flush=True)
         agent = spawn("agent", [_bin("lowwater-agent"), "--config", args.config, "--source", args.source,
-                                "--host-id", "local-agent", "--bootstrap", bootstrap,
-                                "--metrics-port", str(args.agent_metrics_port)])
+                                "--host-id", host_id, "--bootstrap", bootstrap,
+                                "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path)])
         _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 120, agent)
+        page = f"http://127.0.0.1:{args.api_port}/ui"
         print(f"""
 lowwater is running.
-  results page   http://127.0.0.1:{args.api_port}/ui
+  results page   {page}
   REST API docs  http://127.0.0.1:{args.api_port}/docs
   agent metrics  http://127.0.0.1:{args.agent_metrics_port}/metrics
   job metrics    http://127.0.0.1:{args.job_metrics_port}/metrics
@@ -113,9 +172,19 @@ Windows close as the agent's punctuation passes them (the first 10 s windows aft
 Press Ctrl-C to stop.""", flush=True)
         deadline = None if args.duration is None else time.monotonic() + args.duration
         while deadline is None or time.monotonic() < deadline:
-            for p in procs:
-                if p.poll() is not None:
-                    raise SystemExit(f"lowwater-stack: {p.args[0]} exited with {p.returncode}; see {logs}")
+            for p in list(procs):
+                if p.poll() is None:
+                    continue
+                if p is agent and p.returncode == 0:
+                    procs.remove(agent)
+                    print("[stack] the capture source ended; waiting for the job to close every window ...", flush=True)
+                    line = _capture_finished(summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs)
+                    print(f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True)
+                    continue
+                name = Path(str(p.args[0])).name
+                raise SystemExit(f"lowwater-stack: {name} exited with {p.returncode}; the end of its log "
+                                 f"({logs / (name.removeprefix('lowwater-') + '.log')}):\n"
+                                 f"{_tail(logs / (name.removeprefix('lowwater-') + '.log'))}")  # fmt: skip
             time.sleep(1)
     except KeyboardInterrupt:
         pass

@@ -156,6 +156,19 @@ class Agent:
         self.emitter.flush()
         self.finished = True
 
+    def summary(self) -> dict[str, Any]:
+        """What this agent saw, for the operator at exit (``--summary``): packets, drops, per query."""
+        t = self.kernel.t
+        return {
+            "host": self.emitter.host, "finished": self.finished,
+            "packets": int(self.kernel.hc[0]), "parse_errors": int(self.kernel.err_counts[1:].sum()),
+            "ring_drops": int(self.ring.drops), "backlog_lost": int(self.emitter.backlog.lost),
+            "source": {k: v for k, v in (self.source.stats() if self.source is not None else {}).items()
+                       if isinstance(v, int | float | str)},
+            "queries": {q.name: {"matched": int(t.qs[i, QS_MATCHED]), "late": int(t.qs[i, QS_LATE])}
+                        for i, q in enumerate(self.queries)},
+        }  # fmt: skip
+
     def run(self, duration_s: float | None = None, exit_at_end: bool = True) -> None:
         if self.source is not None:
             self.source.start()
@@ -191,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     ap.add_argument("--linger", action="store_true", help="keep running (heartbeats) after a finite source ends")
     ap.add_argument("--kafka-security", default=None, help="JSON of extra kafka-python producer settings (SASL/TLS)")
+    ap.add_argument("--summary", default=None, metavar="FILE",
+                    help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -230,6 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _stop)
     log.info("host %s: %d queries, source %s, Kafka %s", args.host_id, len(queries), args.source, args.bootstrap)
     agent.run(args.duration, exit_at_end=not args.linger)
+    if args.summary:
+        import json
+        from pathlib import Path
+
+        Path(args.summary).write_text(json.dumps(agent.summary(), indent=1))
 
 
 if __name__ == "__main__":

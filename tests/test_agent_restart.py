@@ -84,10 +84,10 @@ queries:
         statuses.append(proc.status(proc.queries[q.name], 1_000))
     finals = pd.concat(frames)
     for st in statuses:
-        host = st["hosts"]["cap"]
-        assert host["restarts"] == 1, host
-        gap = host["last_restart"]
-        assert gap["incomplete_from_pane"] <= last_mark + 1 and gap["new_mark_pane"] >= gap["incomplete_from_pane"]
+        host = st.hosts["cap"]
+        assert host.restarts == 1, host
+        gap = host.last_restart
+        assert gap is not None and gap.incomplete_from_pane <= last_mark + 1 and gap.new_mark_pane >= gap.incomplete_from_pane
     # exact below the dead incarnation's last mark; only windows from there on may miss packets
     ts1 = generate_frames(resume, groups=GROUPS, synthetic_pps=PPS, start_ns=START)[3]
     ts2 = generate_frames(2 * PPS, groups=GROUPS, synthetic_pps=PPS, start_ns=start2)[3]

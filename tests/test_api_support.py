@@ -9,7 +9,6 @@ last hour so the API's default range covers them; expectations are computed from
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -199,27 +198,39 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
 
 
 def write_status(root: Path, now: datetime) -> dict:
-    """A ``_status.json`` in the agreed shape (two hosts, one of them dead and lagging)."""
-    mark = int((now - timedelta(seconds=20)).timestamp() * 1e9)
-    doc = {
-        "updated_at": now.isoformat(),
-        "queries": {
-            "q4_pairs": {"partitions": {
-                "0": {"low_water_mark": mark, "open_windows": 2, "hosts": {
-                    "cap-a": {"mark_ns": mark, "live": True, "lag_s": 1.5, "late_partials": 3, "missing_records": 0},
-                    "cap-b": {"mark_ns": mark - 90 * 10**9, "live": False, "lag_s": 95.0, "late_partials": 10,
-                              "missing_records": 4},
-                }},
-                "1": {"low_water_mark": mark, "open_windows": 1, "hosts": {
-                    "cap-a": {"mark_ns": mark, "live": True, "lag_s": 2.0, "late_partials": 1, "missing_records": 0},
-                }},
-            }},
-            "bytes_per_dst24": {"partitions": {"0": {"low_water_mark": None, "hosts": {"cap-a": {"live": True}}}}},
-            "weird": {"partitions": "not a mapping"},
-        },
+    """A ``_status.json`` of the status contract, summarised by the job's own functions: two capture
+    hosts on q4_pairs' two partitions, cap-b dead and 90 s behind on partition 0."""
+    from contract import status as S
+
+    now_ms = int(now.timestamp() * 1000)
+    mark = now_ms * 10**6 - 20 * 10**9
+
+    def host(mark_ns: int, live: bool, lag: float, late: int, missing: int) -> S.HostOnPartition:
+        return S.HostOnPartition(live=live, expected=False, mark_pane=mark_ns // 10**10, mark_ns=mark_ns, lag_s=lag,
+                                 last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100,
+                                 sent_records=100, received_records=100 - missing, missing_records=missing,
+                                 late_partials=late)  # fmt: skip
+
+    def part(q: str, p: int, hosts: dict[str, S.HostOnPartition], open_windows: int, lwm: int | None) -> S.PartitionStatus:
+        return S.PartitionStatus(query=q, partition=p, now_ms=now_ms, low_water_mark_pane=None if lwm is None else lwm // 10**10,
+                                 low_water_mark_ns=lwm, closed_before_window=None, blocked_by=["cap-a"], live_hosts=1,
+                                 open_windows=open_windows, state_rows=10 * open_windows, windows_closed=5, records=100,
+                                 hosts=hosts)  # fmt: skip
+
+    queries = {
+        "q4_pairs": S.summarize_query({
+            0: part("q4_pairs", 0, {"cap-a": host(mark, True, 1.5, 3, 0), "cap-b": host(mark - 90 * 10**9, False, 95.0, 10, 4)},
+                    2, mark),
+            1: part("q4_pairs", 1, {"cap-a": host(mark, True, 2.0, 1, 0)}, 1, mark),
+        }),
+        "bytes_per_dst24": S.summarize_query({0: part("bytes_per_dst24", 0, {}, 0, None)}),
     }  # fmt: skip
-    (root / "_status.json").write_text(json.dumps(doc))
-    return doc
+    doc = S.StatusDocument(mode="oop", updated_ms=now_ms, batch_id=4,
+                           settings=S.JobSettings(trigger_ms=1000, host_timeout_ms=10_000, expected_hosts=[],
+                                                  late_policy="drop", watermark_delay_ms=10_000),
+                           queries=queries, hosts=S.summarize_hosts(queries))  # fmt: skip
+    (root / "_status.json").write_text(doc.model_dump_json())
+    return doc.model_dump(mode="json")
 
 
 def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:

@@ -4,7 +4,7 @@ Why: no Docker engine runs in CI, so nothing here starts a container. What can b
 is checked: compose files are valid for docker-compose, Prometheus scrapes only what compose defines,
 every metric a Grafana panel plots is one the code exports, the privileges are the minimal ones,
 images are pinned, the compose commands are accepted by the real CLIs, and the deploy helper
-scripts (topic creation, job launcher, health check) do what they claim (the topic script against
+scripts (topic creation, health check) do what they claim (the topic script against
 the real Kafka broker).
 """
 
@@ -228,11 +228,16 @@ def cli_flags(module: str) -> set[str]:
 
 def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() -> None:
     """The job's own parser takes the compose command; agent and kafka-init flags exist in their --help."""
-    from high_level.job import parse_args
+    from high_level.cli import options_from_args, parse_args
 
     job = command_of(services(CENTRAL)["job"])
-    assert job[:2] == ["python", "/app/deploy/docker/job_launcher.py"]
-    args = parse_args(job[2:])
+    assert job[0] == "lowwater-job"
+    env = {k: v for k, v in services(CENTRAL)["job"]["environment"].items() if k.startswith("LOWWATER_JOB_")}
+    assert env["LOWWATER_JOB_DRIVER_HOST"] == "job"
+    args = parse_args(job[1:], env={**env, "LOWWATER_JOB_SPARK_CONF": "spark.executor.memory=2g",
+                                   "LOWWATER_JOB_KAFKA_OPTIONS": ""})  # fmt: skip
+    assert args.driver_host == "job" and args.spark_conf == ["spark.executor.memory=2g"]
+    options_from_args(args)
     assert args.metrics_port == listening_port(services(CENTRAL)["job"])
     agent_flags = cli_flags("low_level.agent")
     for path, name in ((CENTRAL, "agent-demo"), (CAPTURE, "agent")):
@@ -672,46 +677,39 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
         admin.close()
 
 
-@pytest.fixture(scope="module")
-def launcher() -> ModuleType:
-    return _load_module("lw_job_launcher", DEPLOY / "docker" / "job_launcher.py")
+def test_job_cli_takes_cluster_settings_from_flags_or_environment() -> None:
+    """What a wrapper script used to patch in is the job's own settings now: driver address, Spark
+    settings, Kafka security options (flags win over LOWWATER_JOB_* variables); bad values are refused."""
+    from high_level.cli import key_values, options_from_args, parse_args
+
+    env = {"LOWWATER_JOB_DRIVER_HOST": "job", "LOWWATER_JOB_SPARK_CONF": "spark.executor.memory=2g; spark.cores.max=4\n",
+           "LOWWATER_JOB_KAFKA_OPTIONS": '{"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN", '
+                                         '"kafka.sasl.jaas.config": "x required username=\\"u\\" password=\\"p\\";"}',
+           "LOWWATER_JOB_RESULTS": "/r", "LOWWATER_JOB_CHECKPOINT": "/c"}  # fmt: skip
+    a = parse_args([], env=env)
+    assert a.driver_host == "job" and a.results == "/r" and a.checkpoint == "/c"
+    assert key_values(a.spark_conf, "spark.", "--spark-conf") == {"spark.executor.memory": "2g", "spark.cores.max": "4"}
+    assert options_from_args(a).kafka_options["kafka.security.protocol"] == "SASL_SSL"
+    b = parse_args(["--driver-host", "10.1.1.1", "--spark-conf", "spark.cores.max=1"], env=env)
+    assert b.driver_host == "10.1.1.1" and b.spark_conf == ["spark.cores.max=1"]
+    with pytest.raises(ValueError, match="spark"):
+        key_values(["executor.memory=2g"], "spark.", "--spark-conf")
+    with pytest.raises(ValueError, match="kafka"):
+        options_from_args(parse_args(["--kafka-option", "security=1"], env=env))
+    with pytest.raises(ValueError, match="admin client cannot apply"):  # the topic provisioning could not honour it
+        options_from_args(parse_args(["--kafka-option", "kafka.ssl.keystore.location=/k"], env=env))
+    with pytest.raises(SystemExit):
+        parse_args([], env={**env, "LOWWATER_JOB_KAFKA_OPTIONS": "[1]"})
 
 
-def test_job_launcher_adds_driver_address_spark_conf_and_kafka_options(launcher: ModuleType) -> None:
-    from high_level.job import JobOptions
-
-    calls: list[tuple[str, str, dict[str, str]]] = []
-    spark_session = SimpleNamespace(build_spark=lambda app, master="local[2]", extra_conf=None, **kw:
-                                    calls.append((app, master, dict(extra_conf or {}))))  # fmt: skip
-    job = SimpleNamespace(options_from_args=lambda a: JobOptions(bootstrap="k:9092", results="r", checkpoint="c"))
-    env = {"LOWWATER_DRIVER_HOST": "job", "LOWWATER_SPARK_CONF": "spark.executor.memory=2g; spark.cores.max=4\n",
-           "LOWWATER_KAFKA_OPTIONS": '{"kafka.security.protocol": "SASL_SSL"}'}  # fmt: skip
-    launcher.install(env, job=job, spark_session=spark_session)
-    spark_session.build_spark("lowwater-job", master="spark://spark-master:7077")
-    spark_session.build_spark("lowwater-job", master="local[2]", extra_conf={"spark.cores.max": "1"})
-    assert calls[0] == ("lowwater-job", "spark://spark-master:7077", {
-        "spark.driver.host": "job", "spark.driver.bindAddress": "0.0.0.0",
-        "spark.executor.memory": "2g", "spark.cores.max": "4"})  # fmt: skip
-    assert calls[1][2] == {"spark.executor.memory": "2g", "spark.cores.max": "1"}, "local mode: driver untouched"
-    assert job.options_from_args(None).kafka_options == {"kafka.security.protocol": "SASL_SSL"}
-    for bad in ({"LOWWATER_SPARK_CONF": "executor.memory=2g"}, {"LOWWATER_KAFKA_OPTIONS": '{"security": 1}'},
-                {"LOWWATER_KAFKA_OPTIONS": "[1]"}):  # fmt: skip
-        with pytest.raises(ValueError):
-            launcher.install(bad, job=job, spark_session=spark_session)
-
-
-def test_job_still_uses_the_hooks_the_launcher_wraps() -> None:
-    """job_launcher.py wraps build_spark (imported inside job.main) and job.options_from_args."""
-    tree = ast.parse((REPO / "high_level" / "job.py").read_text())
-    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
-    imports = [n for n in ast.walk(main) if isinstance(n, ast.ImportFrom) and n.module == "local_stack.spark_session"]
-    assert any(a.name == "build_spark" for n in imports for a in n.names), (
-        "high_level.job.main no longer imports build_spark at call time: update deploy/docker/job_launcher.py")
-    calls = {n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    assert "options_from_args" in calls, "high_level.job.main no longer calls options_from_args: update the launcher"
-    from high_level.job import JobOptions
-
-    assert "kafka_options" in JobOptions.__dataclass_fields__
+def test_job_builds_its_session_without_the_local_stack() -> None:
+    """The job's Spark session comes from high_level.session (jars, driver address as parameters); the
+    job and its sink never import local_stack (only the CLI's development default for the jars does)."""
+    for mod in ("job", "session", "sink", "placement"):
+        tree = ast.parse((REPO / "high_level" / f"{mod}.py").read_text())
+        names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [n for n in names if n and n.startswith("local_stack")], f"high_level/{mod}.py imports local_stack"
 
 
 def test_healthcheck_script(tmp_path: Path) -> None:

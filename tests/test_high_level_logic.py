@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from contract import query as Q
+from contract import status as S
 from contract import wire
 from high_level import codec
 from high_level.meld import Meld
@@ -298,9 +299,9 @@ def test_processor_missing_records_and_bad_messages(cfg, traffic):
     p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS))
     p.process([m.value for m in msgs] + [b"garbage", msgs[-1].value[:-1]], 1000)
     st = p.status(p.queries["pairs"], 1000)
-    assert st["hosts"]["h1"]["missing_records"] == n_lost
-    assert st["hosts"]["h0"]["missing_records"] == 0
-    assert st["errors"]["bad_messages"] == 2
+    assert st.hosts["h1"].missing_records == n_lost
+    assert st.hosts["h0"].missing_records == 0
+    assert st.errors["bad_messages"] == 2
 
 
 def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
@@ -405,7 +406,7 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
     assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.parquet"))
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
-    assert a.store.read_status()["queries"] == b.store.read_status()["queries"]
+    assert S.read(a.store.status_path).queries == S.read(b.store.status_path).queries
 
     def samples(j):
         return [s for m in j.metrics.registry.collect() for s in m.samples if not s.name.endswith("_created")]

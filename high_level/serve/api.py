@@ -14,7 +14,7 @@ Endpoints (all GET; OpenAPI at /docs):
 * ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format).
 * ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
-  query, from ``_status.json`` (normalised, plus the raw document).
+  query and partition: the job's status document (:mod:`contract.status`), validated.
 * ``/metrics``: Prometheus metrics of the API (``lowwater_api_requests_total``,
   ``lowwater_api_request_duration_seconds``).
 * ``/`` and ``/ui``: the results page.

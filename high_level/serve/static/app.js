@@ -159,6 +159,12 @@ function drawChart(host, points, label) {
 }
 
 // ---- host status
+const END_OF_STREAM_NS = 9.2e18;
+function fmtMark(ns) {
+  if (ns === null || ns === undefined) return "–";
+  if (ns >= END_OF_STREAM_NS) return "end of capture";
+  return new Date(ns / 1e6).toISOString().replace("T", " ").replace("Z", "");
+}
 function renderStatus(st) {
   const sub = document.getElementById("status-sub"), body = document.getElementById("status-body");
   body.textContent = "";
@@ -173,27 +179,27 @@ function renderStatus(st) {
   const row = el("div", { class: "statusrow" });
   for (const [name, q] of Object.entries(st.queries || {})) {
     const item = el("div", {}, el("code", { text: name }), " · open windows ", el("b", { text: fmtNum(q.open_windows) }),
-      " · live hosts ", el("b", { text: `${q.live_hosts}/${q.hosts}` }));
+      " · capture hosts live ", el("b", { text: `${q.hosts_live}/${q.hosts_total}` }),
+      " · Kafka partitions ", el("b", { text: fmtNum(q.partitions_total) }));
     if (q.blocked_by && q.blocked_by.length) item.append(" · ", el("span", { class: "warn", text: "waiting for " + q.blocked_by.join(", ") }));
     row.append(item);
   }
   body.append(row);
   const hosts = st.hosts || [];
   if (!hosts.length) { body.append(el("div", { class: "empty", text: "no capture hosts reported yet" })); return; }
-  const counters = [...new Set(hosts.flatMap((h) => Object.keys(h)))].filter(
-    (k) => !["host", "live", "low_water_mark", "low_water_mark_ns", "lag_s", "queries"].includes(k));
-  const head = el("tr", {}, el("th", { text: "host" }), el("th", { text: "state" }), el("th", { text: "low-water mark (UTC)" }),
+  const counters = ["records", "late_partials", "missing_records", "restarts"];
+  const head = el("tr", {}, el("th", { text: "capture host" }), el("th", { text: "state" }), el("th", { text: "low-water mark (UTC)" }),
     el("th", { class: "num", text: "lag" }), ...counters.map((c) => el("th", { class: "num", text: c.replace(/_/g, " ") })),
     el("th", { text: "queries" }));
   const tb = el("tbody");
   for (const h of hosts) {
-    const dot = h.live === true ? "dot-live" : h.live === false ? "dot-dead" : "dot-unknown";
+    const dot = h.live ? "dot-live" : "dot-dead";
     const lag = el("td", { class: "num", text: fmtDur(h.lag_s) });
     if (h.lag_s !== null && h.lag_s > 30) lag.className = "num warn";
     tb.append(el("tr", {}, el("td", { class: "key", text: h.host }),
-      el("td", {}, el("span", { class: dot }), h.live === true ? "live" : h.live === false ? "dead" : "unknown"),
-      el("td", { text: h.low_water_mark ? h.low_water_mark.replace("T", " ").replace(/(\.\d{3})\d*/, "$1").replace("Z", "") : "–" }),
-      lag, ...counters.map((c) => el("td", { class: "num" + (h[c] ? " warn" : ""), text: fmtNum(h[c]) })),
+      el("td", {}, el("span", { class: dot }), h.live ? "live" : "silent"),
+      el("td", { text: fmtMark(h.low_water_mark_ns) }),
+      lag, ...counters.map((c) => el("td", { class: "num" + (h[c] && c !== "records" ? " warn" : ""), text: fmtNum(h[c]) })),
       el("td", { text: (h.queries || []).join(", ") })));
   }
   body.append(el("table", { class: "hosts" }, el("thead", {}, head), tb));

@@ -1,0 +1,119 @@
+"""The sink of the job: each micro-batch's closed windows to the result store, its status rows to the
+status document and the metrics.
+
+Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
+Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
+only hands it Arrow tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from contract import query as Q
+from contract import status as S
+from high_level.metrics import JobMetrics
+from high_level.partition import unpack_windows
+from high_level.rollup import Layout
+from high_level.store import ResultStore, generic_table
+
+_KINDS = pa.array(["correction", "final"])  # kind text by rank (the store orders kinds as their text)
+
+
+class ResultSink:
+    """Writes closed windows, folds per-partition status into the status document, feeds the metrics."""
+
+    def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
+                 metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]]) -> None:  # fmt: skip
+        self.store = store
+        self.layouts = {q.name: Layout.of(q) for q in queries}
+        self.mode = mode
+        self.settings = settings
+        self.metrics = metrics
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
+        self.last_batch: dict[str, Any] = {}
+        try:
+            prev = S.read(store.status_path)
+        except S.StatusUnavailable:
+            prev = None
+        if prev is not None and prev.mode == mode:  # a restart: keep what partitions reported before
+            for qn, qs in prev.queries.items():
+                self.partitions[qn] = {int(k): v for k, v in qs.partitions.items()}
+
+    def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
+        """The stateful step's packed output: the same files, status and metrics as :meth:`handle_rows`,
+        without building generic rows first (their list columns cost more than the Parquet encoding)."""
+        wins, texts = unpack_windows(packed, self.layouts)
+        with self._lock:
+            written: dict[str, int] = {}
+            for name in sorted(wins):
+                w, lay = wins[name], self.layouts[name]
+                end_ns = lay.window_end_ns(w.window)
+                q = self.store.queries.get(name)
+                if q is not None:
+                    rank = w.final.astype(np.int8)
+                    written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
+                                                           end_ns - lay.range_ns, end_ns, w.key, w.state,
+                                                           w.closed_at_ms, w.hosts)  # fmt: skip
+                n_final = int(np.count_nonzero(w.final))
+                self.metrics.windows.labels(name).inc(n_final)
+                self.metrics.corrections.labels(name).inc(len(w.final) - n_final)
+                if n_final:
+                    # one latency observation per closed window end: its latest close
+                    last = pd.Series(w.closed_at_ms[w.final]).groupby(end_ns[w.final], sort=False).max()
+                    for end, at_ms in zip(last.index.tolist(), last.tolist(), strict=True):
+                        self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
+            self.fold_status([S.PartitionStatus.model_validate_json(t) for t in texts], batch_id, written)
+            return written
+
+    def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
+        """Write one batch of generic rows and fold its status rows into the status document + metrics."""
+        with self._lock:
+            tbl = generic_table(rows)
+            is_status = pc.equal(tbl["kind"], "status")
+            statuses = [S.PartitionStatus.model_validate_json(s) for s in pc.filter(tbl["status"], is_status).to_pylist()]
+            written = self.store.write_batch(batch_id, tbl)
+            # per query: finals, corrections, and one latency observation per closed window end
+            data = tbl.select(["query", "kind", "window_end_ns", "closed_at_ms"]).filter(pc.invert(is_status))
+            if data.num_rows:
+                counts = data.group_by(["query", "kind"]).aggregate([([], "count_all")]).to_pydict()
+                per_query: dict[str, dict[str, int]] = {}
+                for qn, kind, n in zip(counts["query"], counts["kind"], counts["count_all"], strict=True):
+                    per_query.setdefault(qn, {})[kind] = n
+                for qn in sorted(per_query):
+                    self.metrics.windows.labels(qn).inc(per_query[qn].get("final", 0))
+                    self.metrics.corrections.labels(qn).inc(per_query[qn].get("correction", 0))
+                fin = data.filter(pc.equal(data["kind"], "final"))
+                lat = fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
+                for end_ns, at_ms in zip(lat["window_end_ns"], lat["closed_at_ms_max"], strict=True):
+                    self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+            self.fold_status(statuses, batch_id, written)
+            return written
+
+    def fold_status(self, statuses: list[S.PartitionStatus], batch_id: int, written: dict[str, int]) -> None:
+        """The batch's per-partition status -> partitions, metrics and the status document."""
+        for st in statuses:
+            self.partitions.setdefault(st.query, {})[st.partition] = st
+        self.metrics.on_batch_status(statuses)
+        now_ms = max([st.now_ms for st in statuses], default=int(time.time() * 1000))
+        queries = {qn: S.summarize_query(parts) for qn, parts in sorted(self.partitions.items())}
+        self.metrics.on_status(queries, now_ms)
+        self.last_batch = {"batch_id": batch_id, "written": written, "now_ms": now_ms}
+        self.write_status(queries, now_ms)
+
+    def write_status(self, queries: dict[str, S.QueryStatus], now_ms: int) -> None:
+        doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),
+                               settings=self.settings, queries=queries, hosts=S.summarize_hosts(queries),
+                               progress=self.progress())  # fmt: skip
+        self.store.write_status(doc)
+
