@@ -1,10 +1,7 @@
-"""``lowwater-job``: the high-level job's command line (flags, environment), session and life cycle.
+"""``lowwater-job``: the high-level job's command line, Spark session and life cycle.
 
-Every setting is a flag and, for containers, an environment variable ``LOWWATER_JOB_<FLAG>`` (flags
-win). Cluster settings that used to need a wrapper around the job are settings here:
-``--spark-conf KEY=VALUE`` (repeatable), ``--driver-host`` (the address executors connect back to on
-a non-local master), ``--kafka-option kafka.KEY=VALUE`` (the Kafka source's and the topic
-provisioning's security, one block: :mod:`contract.kafka_security`) and ``--spark-jars``.
+Settings come from flags, ``LOWWATER_JOB_*`` environment variables and an optional settings file
+(:class:`high_level.settings.JobSettings`; precedence in :mod:`contract.settings`).
 """
 
 from __future__ import annotations
@@ -13,124 +10,92 @@ import argparse
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from contract import query as Q
-from contract.kafka_security import KafkaSecurityError, kafka_python_settings
-from high_level.job import MODES, HighLevelJob, JobOptions
+from contract.settings import SettingsError, load
+from high_level.job import MODES, HighLevelJob
 from high_level.partition import LATE_POLICIES
+from high_level.settings import JobSettings
 
 log = logging.getLogger("lowwater.job")
-ENV_PREFIX = "LOWWATER_JOB_"
-_SEP = re.compile(r"[;\n]")
 
 
-def _ms(text: str) -> int:
-    return Q.parse_duration_ns(text) // 1_000_000
-
-
-def _env(name: str, default: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
-    return (os.environ if env is None else env).get(ENV_PREFIX + name.upper().replace("-", "_"), default)
-
-
-def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """Flags, with defaults from ``LOWWATER_JOB_*`` environment variables."""
-
-    def e(name: str, default: str | None = None) -> str | None:
-        return _env(name, default, env)
-
-    p = argparse.ArgumentParser(prog="lowwater-job", description="lowwater high-level job (PySpark, out of order)")
-    p.add_argument("--config", default=e("config", "configs/default.yaml"), help="queries YAML")
-    p.add_argument("--query", action="append", default=None, help="run only these queries (repeatable)")
-    p.add_argument("--bootstrap", default=e("bootstrap", "127.0.0.1:9092"), help="Kafka bootstrap servers")
-    p.add_argument("--results", default=e("results"), required=e("results") is None,
-                   help="result store directory (Parquet + _status.json)")
-    p.add_argument("--checkpoint", default=e("checkpoint"), required=e("checkpoint") is None,
-                   help="Spark checkpoint directory")
-    p.add_argument("--mode", choices=MODES, default=e("mode", "oop"), help="oop: punctuation (default); watermark: baseline")
-    p.add_argument("--watermark-delay", default=e("watermark_delay", "10s"), help="watermark mode: max event time minus this")
-    p.add_argument("--trigger", default=e("trigger", "1s"), help="micro-batch interval")
-    p.add_argument("--host-timeout", default=e("host_timeout", "10s"), help="a host silent this long stops holding windows open")
-    p.add_argument("--expected-hosts", default=e("expected_hosts", ""), help="comma list: nothing closes before each has punctuated")
-    p.add_argument("--late-policy", choices=LATE_POLICIES, default=e("late_policy", "drop"))
-    p.add_argument("--max-offsets-per-trigger", type=int, default=e("max_offsets_per_trigger"))
-    p.add_argument("--master", default=e("master", "local[2]"))
-    p.add_argument("--shuffle-partitions", type=int, default=e("shuffle_partitions"),
-                   help="state partitions (default: the cores of --master); fixed once a checkpoint exists")
-    p.add_argument("--metrics-port", type=int, default=e("metrics_port"), help="serve Prometheus /metrics on this port")
-    p.add_argument("--kafka-option", action="append", default=None, metavar="KEY=VALUE",
-                   help="a kafka.* option for Spark's Kafka source and the topic provisioning, e.g. "
-                        "kafka.security.protocol=SASL_SSL (repeatable; env LOWWATER_JOB_KAFKA_OPTIONS: a JSON "
-                        "object; see deploy/SECURITY.md)")
-    p.add_argument("--spark-conf", action="append", default=None, metavar="KEY=VALUE",
-                   help="an extra Spark setting, e.g. spark.executor.memory=2g (repeatable; env "
-                        "LOWWATER_JOB_SPARK_CONF: items separated by ';' or newlines)")
-    p.add_argument("--driver-host", default=e("driver_host"),
-                   help="address executors reach the driver at (non-local master; default: the host name)")
-    p.add_argument("--spark-jars", default=e("spark_jars"),
-                   help="comma list of the Spark Kafka connector jars (default: the ones ./lw setup fetched)")
-    a = p.parse_args(argv)
-    if a.kafka_option is None:
-        a.kafka_option = _json_options(e("kafka_options") or "")
-    if a.spark_conf is None:
-        a.spark_conf = [s.strip() for s in _SEP.split(e("spark_conf") or "") if s.strip() and not s.strip().startswith("#")]
-    return a
-
-
-def _json_options(raw: str) -> list[str]:
-    if not raw.strip():
-        return []
-    try:
-        obj = json.loads(raw)
-    except ValueError as exc:
-        raise SystemExit(f"lowwater-job: {ENV_PREFIX}KAFKA_OPTIONS is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise SystemExit(f"lowwater-job: {ENV_PREFIX}KAFKA_OPTIONS must be a JSON object")
-    return [f"{k}={v}" for k, v in obj.items()]
-
-
-def key_values(items: Sequence[str], prefix: str, flag: str) -> dict[str, str]:
-    """``["a.b=1", ...]`` -> ``{"a.b": "1"}``; every key must start with ``prefix``."""
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
+    if items is None:
+        return None
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key.startswith(prefix):
-            raise ValueError(f"{flag} {item!r}: expected {prefix}<setting>=<value>")
-        out[key] = value.strip()
+        if not sep or not key.strip():
+            raise SettingsError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
     return out
 
 
-def options_from_args(a: argparse.Namespace) -> JobOptions:
-    kafka_options = key_values(a.kafka_option, "kafka.", "--kafka-option")
+def _json(text: str | None, flag: str) -> Any:
+    if text is None:
+        return None
     try:
-        kafka_python_settings(kafka_options)  # refuse now what the topic provisioning could not apply
-    except KafkaSecurityError as exc:
-        raise ValueError(f"--kafka-option: {exc}") from None
-    return JobOptions(
-        bootstrap=a.bootstrap, results=a.results, checkpoint=a.checkpoint, mode=a.mode,
-        trigger_ms=_ms(a.trigger), host_timeout_ms=_ms(a.host_timeout),
-        expected_hosts=tuple(h.strip() for h in a.expected_hosts.split(",") if h.strip()),
-        late_policy=a.late_policy, watermark_delay_ms=_ms(a.watermark_delay),
-        max_offsets_per_trigger=int(a.max_offsets_per_trigger) if a.max_offsets_per_trigger else None,
-        shuffle_partitions=int(a.shuffle_partitions) if a.shuffle_partitions else _cores(a.master),
-        kafka_options=kafka_options,
-    )  # fmt: skip
+        return json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{flag}: not JSON: {exc}") from None
 
 
-def _cores(master: str) -> int | None:
-    m = re.fullmatch(r"local\[(\d+)\]", master.strip())
-    return int(m.group(1)) if m else None
+def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str | None]:
+    """The flags the user gave (as settings fields) and the settings file, if any."""
+    p = argparse.ArgumentParser(prog="lowwater-job", description="lowwater high-level job (PySpark, out of order). "
+                                "Every flag can also be set as LOWWATER_JOB_<FLAG> or in --settings FILE.")  # fmt: skip
+    p.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
+    p.add_argument("--config", help="queries YAML (default configs/default.yaml)")
+    p.add_argument("--query", dest="queries", action="append", help="run only these queries (repeatable)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default 127.0.0.1:9092)")
+    p.add_argument("--results", help="result store directory (Parquet + _status.json); required")
+    p.add_argument("--checkpoint", help="Spark checkpoint directory; required")
+    p.add_argument("--mode", choices=MODES, help="oop: punctuation (default); watermark: baseline")
+    p.add_argument("--watermark-delay", help="watermark mode: max event time minus this (default 10s)")
+    p.add_argument("--trigger", help="micro-batch interval (default 1s)")
+    p.add_argument("--host-timeout", help="a host silent this long stops holding windows open (default 10s)")
+    p.add_argument("--expected-hosts", help="comma list: nothing closes before each has punctuated")
+    p.add_argument("--late-policy", choices=LATE_POLICIES)
+    p.add_argument("--max-offsets-per-trigger", type=int)
+    p.add_argument("--master", help="Spark master (default local[2])")
+    p.add_argument("--shuffle-partitions", type=int,
+                   help="state partitions (default: the cores of --master); fixed once a checkpoint exists")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--kafka-security", metavar="JSON",
+                   help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, ...), "
+                        "used by the Kafka source and the topic provisioning alike; see deploy/SECURITY.md")
+    p.add_argument("--kafka-option", action="append", metavar="KEY=VALUE",
+                   help="an extra kafka.* option of Spark's Kafka source, e.g. kafka.isolation.level=read_committed")
+    p.add_argument("--spark-conf", action="append", metavar="KEY=VALUE", help="an extra Spark setting (repeatable)")
+    p.add_argument("--driver-host", help="address executors reach the driver at (non-local master; default: host name)")
+    p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars (default: what ./lw setup fetched)")
+    a = p.parse_args(argv)
+    flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}
+    if a.expected_hosts is not None:
+        flags["expected_hosts"] = [h.strip() for h in a.expected_hosts.split(",") if h.strip()]
+    if a.spark_jars is not None:
+        flags["spark_jars"] = [j.strip() for j in a.spark_jars.split(",") if j.strip()]
+    flags["kafka_security"] = _json(a.kafka_security, "--kafka-security")
+    flags["kafka_options"] = _pairs(a.kafka_option, "--kafka-option")
+    flags["spark_conf"] = _pairs(a.spark_conf, "--spark-conf")
+    return {k: v for k, v in flags.items() if v is not None}, a.settings
 
 
-def _jars(a: argparse.Namespace) -> list[str]:
-    if a.spark_jars:
-        return [j.strip() for j in a.spark_jars.split(",") if j.strip()]
+def settings_from(argv: Sequence[str] | None = None) -> JobSettings:
+    flags, file = parse_args(argv)
+    return load(JobSettings, flags, file)
+
+
+def _jars(s: JobSettings) -> list[str]:
+    if s.spark_jars:
+        return list(s.spark_jars)
     from local_stack.jars import spark_kafka_jars  # the development default: what ./lw setup fetched
 
     return spark_kafka_jars()
@@ -140,22 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``lowwater-job``: run until SIGINT/SIGTERM or a stream failure."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    a = parse_args(argv)
     try:
-        cfg = Q.load(a.config)
-        opts = options_from_args(a)
-        spark_conf = key_values(a.spark_conf, "spark.", "--spark-conf")
-        queries = [cfg.query(n) for n in a.query] if a.query else cfg.queries
-    except (Q.ConfigError, KeyError, ValueError) as exc:
+        s = settings_from(argv)
+        cfg = Q.load(s.config)
+        opts = s.options()
+        queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
+    except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2
     from high_level.session import build_spark
 
-    state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(a.checkpoint).resolve().parent)
-    spark = build_spark("lowwater-job", a.master, spark_conf, jars=_jars(a), state=state, driver_host=a.driver_host)
+    state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(s.checkpoint).resolve().parent)
+    spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=_jars(s), state=state, driver_host=s.driver_host)
     job = HighLevelJob(spark, queries, opts)
-    if a.metrics_port:
-        job.metrics.serve(int(a.metrics_port))
+    if s.metrics_port:
+        job.metrics.serve(s.metrics_port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

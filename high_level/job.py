@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from contract import query as Q
 from contract import status as S
-from contract.kafka_security import kafka_python_settings
+from contract.kafka_security import KafkaSecurity
 from high_level.metrics import JobMetrics
 from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
 from high_level.placement import checkpoint_shuffle_partitions, placement_salts
@@ -60,7 +60,8 @@ class JobOptions:
     shuffle_partitions: int | None = None  # None: the session's setting (fixed per checkpoint)
     name: str = "lowwater"
     create_topics: bool = True
-    kafka_options: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +74,11 @@ class JobOptions:
     @property
     def settings(self) -> Settings:
         return Settings(self.host_timeout_ms, tuple(self.expected_hosts), self.late_policy)
+
+    @property
+    def source_options(self) -> dict[str, str]:
+        """``kafka.*`` options of Spark's Kafka source: the security block's, then the extra ones."""
+        return {**self.kafka_security.spark_options(), **self.kafka_options}
 
     @property
     def status_settings(self) -> S.JobSettings:
@@ -135,7 +141,7 @@ class HighLevelJob:
             from contract.topics import connect, ensure_topics, wanted_topics
 
             # the admin client authenticates exactly as the Kafka source does (one security block)
-            admin = connect(self.opts.bootstrap, kafka_python_settings(self.opts.kafka_options), 60)
+            admin = connect(self.opts.bootstrap, self.opts.kafka_security.kafka_python(), 60)
             try:
                 for topic, action in ensure_topics(admin, wanted_topics(self.queries)).items():
                     log.info("topic %s: %s", topic, action)
@@ -172,7 +178,7 @@ class HighLevelJob:
         from pyspark.sql import functions as F
 
         raw = kafka_stream(self.spark, o.bootstrap, [lay.topic for lay in layouts],
-                           max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.kafka_options)  # fmt: skip
+                           max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.source_options)  # fmt: skip
         ckpt = Path(o.checkpoint) / "oop"
         n_tasks = checkpoint_shuffle_partitions(ckpt) or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         parts: dict[str, int] = {}

@@ -87,7 +87,7 @@ def start_watermark(job: HighLevelJob) -> list[Any]:
         scols = [f"s{j}" for j in range(lay.na)]
         schema = ", ".join(["host string", "event_us long", *[f"{c} long" for c in kcols + scols]])
         raw = kafka_stream(spark, o.bootstrap, [q.topic], max_offsets_per_trigger=o.max_offsets_per_trigger,
-                           extra=o.kafka_options)  # fmt: skip
+                           extra=o.source_options)  # fmt: skip
         rows = raw.select("value").mapInPandas(lambda it, lay=lay: explode_partials(lay, it), schema)
         rows = rows.withColumn("event_time", F.timestamp_micros("event_us"))
         win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{lay.pane_ns // 1000} microseconds",

@@ -39,13 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from contract.kafka_security import KafkaSecurity, check_sasl_credentials
 from local_stack.jars import kafka_broker_jars_dir, state_dir
 
 DEFAULT_PORT = 9092
 NODE_ID = 1
 MIN_JAVA = 17  # Kafka 4.x brokers need Java 17+
 PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
-_SASL_USER = re.compile(r"[A-Za-z0-9._-]+")  # a JAAS option key (user_<name>) must be one plain word
 
 
 class KafkaBrokerError(RuntimeError):
@@ -100,15 +100,6 @@ def plain_jaas_config(username: str, password: str, **users: str) -> str:
     check_sasl_credentials({username: password, **users})
     table = "".join(f' user_{name}="{pw}"' for name, pw in users.items())
     return f'{PLAIN_LOGIN_MODULE} required username="{username}" password="{password}"{table};'
-
-
-def check_sasl_credentials(users: Mapping[str, str]) -> None:
-    """Raise ValueError for a user name or password that cannot go verbatim into a JAAS config."""
-    for name, password in users.items():
-        if not _SASL_USER.fullmatch(name):
-            raise ValueError(f"SASL user name {name!r}: use letters, digits, '.', '_' and '-' only")
-        if not password or any(c in '"\\' or not c.isprintable() for c in password):
-            raise ValueError(f"password of SASL user {name!r}: non-empty, printable, no quote or backslash")
 
 
 def _kafka_uuid() -> str:
@@ -247,36 +238,29 @@ class KafkaBroker:
         """PEM certificate of the CA that signed the broker's certificate (only with ``tls``)."""
         return self.tls_dir / "ca.pem"
 
-    def client_security(self, user: str | None = None, password: str | None = None) -> dict[str, Any]:
-        """kafka-python settings (``security_protocol``, ``sasl_*``, ``ssl_cafile``) to connect as ``user``.
+    def security(self, user: str | None = None, password: str | None = None) -> KafkaSecurity:
+        """The Kafka security block (what every lowwater role takes) to connect as ``user``.
 
         ``user`` defaults to ``admin_user``, ``password`` to the user's password in ``sasl_users``
-        (pass one to try a wrong one). Empty for a PLAINTEXT broker. This is the JSON that the agent's
-        ``--kafka-security`` and ``create_topics.py --kafka-security`` take.
+        (pass one to try a wrong one). PLAINTEXT for a PLAINTEXT broker.
         """
-        cfg: dict[str, Any] = {}
-        if self.security_protocol != "PLAINTEXT":
-            cfg["security_protocol"] = self.security_protocol
+        if self.security_protocol == "PLAINTEXT":
+            return KafkaSecurity()
+        fields: dict[str, Any] = {"protocol": self.security_protocol}
         if self.sasl_users:
             name, pw = self._credentials(user, password)
-            cfg.update(sasl_mechanism="PLAIN", sasl_plain_username=name, sasl_plain_password=pw)
+            fields.update(sasl_mechanism="PLAIN", username=name, password=pw)
         if self.tls:
-            cfg["ssl_cafile"] = str(self.ca_file)
-        return cfg
+            fields["ca_file"] = str(self.ca_file)
+        return KafkaSecurity(**fields)
+
+    def client_security(self, user: str | None = None, password: str | None = None) -> dict[str, Any]:
+        """kafka-python settings to connect as ``user`` (:meth:`security`'s kafka-python form)."""
+        return self.security(user, password).kafka_python()
 
     def spark_kafka_options(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
-        """The same for Spark's Kafka source: ``kafka.*`` options handed to its consumers and admin client."""
-        opts: dict[str, str] = {}
-        if self.security_protocol != "PLAINTEXT":
-            opts["kafka.security.protocol"] = self.security_protocol
-        if self.sasl_users:
-            name, pw = self._credentials(user, password)
-            opts["kafka.sasl.mechanism"] = "PLAIN"
-            opts["kafka.sasl.jaas.config"] = plain_jaas_config(name, pw)
-        if self.tls:
-            opts["kafka.ssl.truststore.type"] = "PEM"
-            opts["kafka.ssl.truststore.location"] = str(self.ca_file)
-        return opts
+        """The same for Spark's Kafka source: ``kafka.*`` options (:meth:`security`'s Spark form)."""
+        return self.security(user, password).spark_options()
 
     @property
     def server_log(self) -> Path:

@@ -34,11 +34,26 @@ def _bin(name: str) -> str:
     return str(cand) if cand.exists() else name
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+def _log_of(proc: subprocess.Popen, logs: Path) -> Path:
+    return logs / (Path(str(proc.args[0])).name.removeprefix("lowwater-") + ".log")
+
+
+def _exited(proc: subprocess.Popen, logs: Path) -> SystemExit:
+    """The stack's exit when one of its processes ended unexpectedly: who, its status, its last words."""
+    name = Path(str(proc.args[0])).name
+    return SystemExit(f"lowwater-stack: {name} exited with {proc.returncode}; the end of its log "
+                      f"({_log_of(proc, logs)}):\n{_tail(_log_of(proc, logs))}")  # fmt: skip
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen, logs: Path, done_ok: bool = False) -> None:
+    """Wait until ``url`` answers; a process that exits first is an error, unless it exited cleanly and
+    ``done_ok`` (an agent on a short capture may be done before its metrics were ever asked for)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if done_ok and proc.poll() == 0:
+            return
         if proc.poll() is not None:
-            raise SystemExit(f"lowwater-stack: {proc.args[0]} exited with {proc.returncode} (see its log)")
+            raise _exited(proc, logs)
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
@@ -154,12 +169,12 @@ def main(argv: list[str] | None = None) -> None:
                       "--metrics-port", str(args.job_metrics_port)])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
                             "--port", str(args.api_port)])
-        _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api)
+        _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)
         print("[stack] starting the capture agent ...", flush=True)
         agent = spawn("agent", [_bin("lowwater-agent"), "--config", args.config, "--source", args.source,
                                 "--host-id", host_id, "--bootstrap", bootstrap,
                                 "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path)])
-        _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 120, agent)
+        _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 120, agent, logs, done_ok=True)
         page = f"http://127.0.0.1:{args.api_port}/ui"
         print(f"""
 lowwater is running.
@@ -181,10 +196,7 @@ Press Ctrl-C to stop.""", flush=True)
                     line = _capture_finished(summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs)
                     print(f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True)
                     continue
-                name = Path(str(p.args[0])).name
-                raise SystemExit(f"lowwater-stack: {name} exited with {p.returncode}; the end of its log "
-                                 f"({logs / (name.removeprefix('lowwater-') + '.log')}):\n"
-                                 f"{_tail(logs / (name.removeprefix('lowwater-') + '.log'))}")  # fmt: skip
+                raise _exited(p, logs)
             time.sleep(1)
     except KeyboardInterrupt:
         pass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
-import socket
 import time
 from typing import Any
 
@@ -43,6 +43,8 @@ def parse_source(text: str) -> dict[str, Any]:
         path, *flags = rest.split(",")
         if not path:
             raise ValueError("pcap source needs a path: pcap:/path/file.pcap[,loop][,paced]")
+        if not os.access(path, os.R_OK) or os.path.isdir(path):  # say so now, not after compiling the kernel
+            raise ValueError(f"capture file {path!r} does not exist or cannot be read")
         return {"type": "pcap", "path": path, "loop": "loop" in flags,
                 "mode": "paced" if "paced" in flags or "loop" in flags else "fast",
                 "rebase_to_now": "loop" in flags}
@@ -192,64 +194,77 @@ class Agent:
             self.emitter.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="lowwater-agent", description="lowwater capture-host agent")
-    ap.add_argument("--config", default="configs/default.yaml", help="queries YAML")
-    ap.add_argument("--query", action="append", help="run only these queries (default: all)")
-    ap.add_argument("--source", default="generator", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]")
-    ap.add_argument("--host-id", default=socket.gethostname())
-    ap.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
-    ap.add_argument("--metrics-port", type=int, default=9101, help="Prometheus /metrics port (0 = off)")
-    ap.add_argument("--ring-slots", type=int, default=1 << 18)
-    ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    ap.add_argument("--linger", action="store_true", help="keep running (heartbeats) after a finite source ends")
-    ap.add_argument("--kafka-security", default=None, help="JSON of extra kafka-python producer settings (SASL/TLS)")
-    ap.add_argument("--summary", default=None, metavar="FILE",
+def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | None]:
+    """The flags the user gave (as settings fields) and the settings file, if any."""
+    ap = argparse.ArgumentParser(prog="lowwater-agent", description="lowwater capture-host agent. Every flag can "
+                                 "also be set as LOWWATER_AGENT_<FLAG> or in --settings FILE.")  # fmt: skip
+    ap.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
+    ap.add_argument("--config", help="queries YAML (default configs/default.yaml)")
+    ap.add_argument("--query", dest="queries", action="append", help="run only these queries (default: all)")
+    ap.add_argument("--source", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]")
+    ap.add_argument("--host-id", help="this capture host's id (default: the host name)")
+    ap.add_argument("--bootstrap", help="Kafka bootstrap servers (default 127.0.0.1:9092)")
+    ap.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9101; 0 = off)")
+    ap.add_argument("--ring-slots", type=int)
+    ap.add_argument("--duration", type=float, help="stop after this many seconds")
+    ap.add_argument("--linger", action="store_true", default=None, help="keep running (heartbeats) after a finite source ends")
+    ap.add_argument("--kafka-security", metavar="JSON",
+                    help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, cert_file, "
+                         "key_file, check_hostname); see deploy/SECURITY.md")
+    ap.add_argument("--summary", metavar="FILE",
                     help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = Q.load(args.config)
-    except Q.ConfigError as exc:
-        raise SystemExit(f"lowwater-agent: {exc}") from None
-    queries = [q for q in cfg.queries if not args.query or q.name in args.query]
-    if not queries:
-        raise SystemExit(f"lowwater-agent: no query named {args.query} in {args.config}")
-    opts: dict[str, Any] = {}
-    if args.kafka_security:
+    a = ap.parse_args(argv)
+    flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_security")}
+    if a.kafka_security is not None:
         import json
 
         try:
-            security = json.loads(args.kafka_security)
-        except json.JSONDecodeError as exc:
+            flags["kafka_security"] = json.loads(a.kafka_security)
+        except ValueError as exc:
             raise SystemExit(f"lowwater-agent: --kafka-security is not JSON: {exc}") from None
-        bad = sorted(k for k in security if not k.startswith(("security_", "sasl_", "ssl_")))
-        if bad:  # it must not silently override acks, idempotence or blocking behaviour
-            raise SystemExit(f"lowwater-agent: --kafka-security takes only security_*, sasl_* and ssl_* "
-                             f"kafka-python settings, not {bad}")
-        opts["producer_config"] = security
-    agent = Agent(queries, parse_source(args.source), args.host_id, args.bootstrap,
-                  ring_slots=args.ring_slots, emitter_opts=opts)
-    if args.metrics_port:
+    return flags, a.settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    from contract.settings import SettingsError, load
+    from low_level.settings import AgentSettings
+
+    flags, settings_file = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        s = load(AgentSettings, flags, settings_file)
+        cfg = Q.load(s.config)
+    except (SettingsError, Q.ConfigError) as exc:
+        raise SystemExit(f"lowwater-agent: {exc}") from None
+    queries = [q for q in cfg.queries if not s.queries or q.name in s.queries]
+    if not queries:
+        raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
+    opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
+    try:
+        agent = Agent(queries, parse_source(s.source), s.host_id, s.bootstrap,
+                      ring_slots=s.ring_slots, emitter_opts=opts)
+    except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
+        raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
+    if s.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 
         from low_level.metrics import AgentCollector
 
         REGISTRY.register(AgentCollector(agent))
-        start_http_server(args.metrics_port)
+        start_http_server(s.metrics_port)
 
     def _stop(*_: object) -> None:
         agent.stopping = True
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("host %s: %d queries, source %s, Kafka %s", args.host_id, len(queries), args.source, args.bootstrap)
-    agent.run(args.duration, exit_at_end=not args.linger)
-    if args.summary:
+    log.info("host %s: %d queries, source %s, Kafka %s", s.host_id, len(queries), s.source, s.bootstrap)
+    agent.run(s.duration, exit_at_end=not s.linger)
+    if s.summary:
         import json
         from pathlib import Path
 
-        Path(args.summary).write_text(json.dumps(agent.summary(), indent=1))
+        Path(s.summary).write_text(json.dumps(agent.summary(), indent=1))
 
 
 if __name__ == "__main__":

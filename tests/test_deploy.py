@@ -208,7 +208,7 @@ def test_central_compose_wiring() -> None:
     assert flag(job, "--master") == "spark://spark-master:7077"
     assert flag(job, "--results") == "/var/lib/lowwater/results"
     assert flag(job, "--checkpoint") == "/var/lib/lowwater/checkpoint"
-    assert svcs["job"]["environment"]["LOWWATER_DRIVER_HOST"] == svcs["job"]["hostname"] == "job"
+    assert svcs["job"]["environment"]["LOWWATER_JOB_DRIVER_HOST"] == svcs["job"]["hostname"] == "job"
     # every lowwater service reads the same queries file at the same path
     for name, svc in svcs.items():
         cmd = command_of(svc)
@@ -228,17 +228,20 @@ def cli_flags(module: str) -> set[str]:
 
 def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() -> None:
     """The job's own parser takes the compose command; agent and kafka-init flags exist in their --help."""
-    from high_level.cli import options_from_args, parse_args
+    from high_level.cli import settings_from
 
     job = command_of(services(CENTRAL)["job"])
     assert job[0] == "lowwater-job"
     env = {k: v for k, v in services(CENTRAL)["job"]["environment"].items() if k.startswith("LOWWATER_JOB_")}
     assert env["LOWWATER_JOB_DRIVER_HOST"] == "job"
-    args = parse_args(job[1:], env={**env, "LOWWATER_JOB_SPARK_CONF": "spark.executor.memory=2g",
-                                   "LOWWATER_JOB_KAFKA_OPTIONS": ""})  # fmt: skip
-    assert args.driver_host == "job" and args.spark_conf == ["spark.executor.memory=2g"]
-    options_from_args(args)
-    assert args.metrics_port == listening_port(services(CENTRAL)["job"])
+    with pytest.MonkeyPatch.context() as mp:  # the environment compose gives the job, as env.example fills it
+        mp.setenv("LOWWATER_JOB_DRIVER_HOST", "job")
+        mp.setenv("LOWWATER_JOB_SPARK_CONF", '{"spark.executor.memory": "2g"}')
+        mp.setenv("LOWWATER_JOB_KAFKA_SECURITY", "")
+        s = settings_from(job[1:])
+    assert s.driver_host == "job" and s.spark_conf == {"spark.executor.memory": "2g"}
+    assert s.metrics_port == listening_port(services(CENTRAL)["job"])
+    s.options()
     agent_flags = cli_flags("low_level.agent")
     for path, name in ((CENTRAL, "agent-demo"), (CAPTURE, "agent")):
         cmd = command_of(services(path)[name])
@@ -675,31 +678,6 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
         assert create_topics.existing_partitions(admin, [name]) == {name: 3}
     finally:
         admin.close()
-
-
-def test_job_cli_takes_cluster_settings_from_flags_or_environment() -> None:
-    """What a wrapper script used to patch in is the job's own settings now: driver address, Spark
-    settings, Kafka security options (flags win over LOWWATER_JOB_* variables); bad values are refused."""
-    from high_level.cli import key_values, options_from_args, parse_args
-
-    env = {"LOWWATER_JOB_DRIVER_HOST": "job", "LOWWATER_JOB_SPARK_CONF": "spark.executor.memory=2g; spark.cores.max=4\n",
-           "LOWWATER_JOB_KAFKA_OPTIONS": '{"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN", '
-                                         '"kafka.sasl.jaas.config": "x required username=\\"u\\" password=\\"p\\";"}',
-           "LOWWATER_JOB_RESULTS": "/r", "LOWWATER_JOB_CHECKPOINT": "/c"}  # fmt: skip
-    a = parse_args([], env=env)
-    assert a.driver_host == "job" and a.results == "/r" and a.checkpoint == "/c"
-    assert key_values(a.spark_conf, "spark.", "--spark-conf") == {"spark.executor.memory": "2g", "spark.cores.max": "4"}
-    assert options_from_args(a).kafka_options["kafka.security.protocol"] == "SASL_SSL"
-    b = parse_args(["--driver-host", "10.1.1.1", "--spark-conf", "spark.cores.max=1"], env=env)
-    assert b.driver_host == "10.1.1.1" and b.spark_conf == ["spark.cores.max=1"]
-    with pytest.raises(ValueError, match="spark"):
-        key_values(["executor.memory=2g"], "spark.", "--spark-conf")
-    with pytest.raises(ValueError, match="kafka"):
-        options_from_args(parse_args(["--kafka-option", "security=1"], env=env))
-    with pytest.raises(ValueError, match="admin client cannot apply"):  # the topic provisioning could not honour it
-        options_from_args(parse_args(["--kafka-option", "kafka.ssl.keystore.location=/k"], env=env))
-    with pytest.raises(SystemExit):
-        parse_args([], env={**env, "LOWWATER_JOB_KAFKA_OPTIONS": "[1]"})
 
 
 def test_job_builds_its_session_without_the_local_stack() -> None:

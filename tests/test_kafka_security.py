@@ -51,7 +51,8 @@ from kafka.admin import (
 
 from contract import query as Q
 from contract import wire
-from local_stack.kafka_broker import KafkaBroker, check_sasl_credentials, free_port
+from contract.kafka_security import KafkaSecurity, check_sasl_credentials
+from local_stack.kafka_broker import KafkaBroker, free_port
 from tests.packets import build_frames, make_traffic
 
 if TYPE_CHECKING:
@@ -86,12 +87,12 @@ queries:
     return path
 
 
-def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: Mapping[str, Any] | None,
+def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None,
                metrics_port: int = 0) -> list[str]:  # fmt: skip
     cmd = [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", source,
            "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)]  # fmt: skip
     if security is not None:
-        cmd += ["--kafka-security", json.dumps(dict(security))]
+        cmd += ["--kafka-security", json.dumps(security.revealed())]
     return cmd
 
 
@@ -249,7 +250,7 @@ def refused_agents(
     cfg = _query_yaml(tmp / "q.yaml", topic, 2)
     source = "generator:rate=2000,groups=200,clock=wall"
     cases = {
-        "wrong-password": sasl_broker.client_security(AGENT, password="not-" + sasl_broker.sasl_users[AGENT]),
+        "wrong-password": sasl_broker.security(AGENT, password="not-" + sasl_broker.sasl_users[AGENT]),
         "no-credentials": None,  # the agent's default: a PLAINTEXT client
     }
     agents = {}
@@ -316,9 +317,9 @@ def delivered(sasl_broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory
         w = dpkt.pcap.Writer(fh, nano=True)
         for i in range(PACKETS):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
-    security = sasl_broker.client_security(AGENT)
-    assert security == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
-                        "sasl_plain_username": AGENT, "sasl_plain_password": sasl_broker.sasl_users[AGENT]}  # fmt: skip
+    security = sasl_broker.security(AGENT)
+    assert security.kafka_python() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                                       "sasl_plain_username": AGENT, "sasl_plain_password": sasl_broker.sasl_users[AGENT]}  # fmt: skip
     proc = subprocess.run(_agent_cmd(cfg, f"pcap:{pcap}", "cap-sasl", sasl_broker.bootstrap_servers, security),
                           capture_output=True, text=True, timeout=180, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -436,7 +437,7 @@ def test_create_topics_script_with_kafka_security(sasl_broker: KafkaBroker, tmp_
     cfg = _query_yaml(tmp_path / "q.yaml", topic, 3)
     cmd = [sys.executable, str(REPO / "deploy" / "docker" / "create_topics.py"), "--config", str(cfg),
            "--bootstrap", sasl_broker.bootstrap_servers, "--wait", "20",
-           "--kafka-security", json.dumps(sasl_broker.client_security(AGENT))]  # fmt: skip
+           "--kafka-security", json.dumps(sasl_broker.security(AGENT).revealed())]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{topic}: created with 3 partitions" in proc.stderr

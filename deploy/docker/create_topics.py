@@ -11,19 +11,19 @@ once (service ``kafka-init``) before the job and the agents start; it is idempot
 * existing topic with more partitions -> left alone (extra partitions stay empty), reported.
 
 Usage: ``python /app/deploy/docker/create_topics.py --config Q.yaml --bootstrap kafka:9092
-[--replication-factor N] [--kafka-security JSON]`` (the same JSON of kafka-python settings the agent
-takes, for SASL/TLS).
+[--replication-factor N] [--kafka-security JSON]`` (the Kafka security block every lowwater role takes,
+for SASL/TLS: :class:`contract.kafka_security.KafkaSecurity`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
 
 from contract import query as Q
+from contract.kafka_security import KafkaSecurity
 from contract.topics import connect, ensure_topics, existing_partitions, wait_partitions, wanted_topics
 
 __all__ = ["connect", "ensure_topics", "existing_partitions", "main", "wait_partitions", "wanted_topics"]
@@ -36,14 +36,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bootstrap", default="kafka:9092", help="Kafka bootstrap servers")
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--no-grow", action="store_true", help="fail instead of adding partitions")
-    ap.add_argument("--kafka-security", default=None, help="JSON of extra kafka-python client settings (SASL/TLS)")
+    ap.add_argument("--kafka-security", default=None,
+                    help="the Kafka security block as JSON (protocol, sasl_mechanism, username, password, ca_file, ...; "
+                         "the same block every lowwater role takes, deploy/SECURITY.md)")
     ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the broker")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         wanted = wanted_topics(Q.load(args.config).queries)
-        security = json.loads(args.kafka_security) if args.kafka_security else {}
-    except (Q.ConfigError, ValueError) as exc:
+        block = KafkaSecurity.model_validate_json(args.kafka_security) if args.kafka_security else KafkaSecurity()
+        security = block.kafka_python()
+    except (Q.ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"create_topics: {exc}", file=sys.stderr)
         return 2
     try:

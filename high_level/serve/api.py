@@ -39,7 +39,6 @@ import hmac
 import io
 import logging
 import math
-import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -399,23 +398,28 @@ def main(argv: list[str] | None = None) -> None:
     """``lowwater-api``: serve the API and the results page with uvicorn."""
     import uvicorn
 
-    ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="configs/default.yaml", help="query config (YAML)")
-    ap.add_argument("--results", default=os.environ.get("LOWWATER_RESULTS"), required="LOWWATER_RESULTS" not in os.environ,
-                    help="results directory written by the high-level job (env LOWWATER_RESULTS)")  # fmt: skip
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                    help=f"require 'Authorization: Bearer <token>' (env {TOKEN_ENV}); /health stays open")  # fmt: skip
-    ap.add_argument("--cache-mb", type=int, default=512,
-                    help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly")  # fmt: skip
-    ap.add_argument("--log-level", default="info")
-    args = ap.parse_args(argv)
+    from contract.settings import SettingsError, load
+    from high_level.serve.settings import ApiSettings
+
+    ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0] + " Every flag can also "
+                                 "be set as LOWWATER_API_<FLAG> or in --settings FILE.")  # fmt: skip
+    ap.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
+    ap.add_argument("--config", help="query config (YAML; default configs/default.yaml)")
+    ap.add_argument("--results", help="results directory written by the high-level job; required")
+    ap.add_argument("--host", help="listen address (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, help="listen port (default 8080)")
+    ap.add_argument("--token", help=f"require 'Authorization: Bearer <token>' (better: env {TOKEN_ENV}); /health stays open")
+    ap.add_argument("--cache-mb", type=int,
+                    help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly")
+    ap.add_argument("--log-level", help="uvicorn log level (default info)")
+    a = ap.parse_args(argv)
     try:
-        app = create_app(args.config, args.results, args.token, cache_mb=args.cache_mb)
-    except ConfigError as exc:
+        s = load(ApiSettings, {k: v for k, v in vars(a).items() if k != "settings"}, a.settings)
+        token = s.token.get_secret_value() if s.token is not None else None
+        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb)
+    except (SettingsError, ConfigError) as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
 
 
 if __name__ == "__main__":

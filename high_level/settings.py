@@ -1,0 +1,85 @@
+"""The high-level job's settings (``lowwater-job``): flags, ``LOWWATER_JOB_*`` environment, settings file.
+
+See :mod:`contract.settings` for the precedence. Cluster settings are settings here, not a wrapper's
+patches: ``spark_conf``, ``driver_host`` (the address executors connect back to on a non-local
+master), ``spark_jars``, and the Kafka security block shared with the other roles
+(:class:`contract.kafka_security.KafkaSecurity`), which both the Kafka source and the topic
+provisioning use.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from contract import query as Q
+from contract.kafka_security import KafkaSecurity
+from contract.settings import RoleSettings
+from high_level.job import JobOptions
+
+_SECURITY_KEYS = ("kafka.security.", "kafka.sasl.", "kafka.ssl.")
+
+
+class JobSettings(RoleSettings):
+    model_config = SettingsConfigDict(env_prefix="LOWWATER_JOB_")
+
+    config: str = "configs/default.yaml"
+    queries: list[str] = Field(default_factory=list, description="run only these queries (default: all)")
+    bootstrap: str = "127.0.0.1:9092"
+    results: str
+    checkpoint: str
+    mode: Literal["oop", "watermark"] = "oop"
+    watermark_delay: str = "10s"
+    trigger: str = "1s"
+    host_timeout: str = "10s"
+    expected_hosts: list[str] = Field(default_factory=list)
+    late_policy: Literal["drop", "correction"] = "drop"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    master: str = "local[2]"
+    shuffle_partitions: int | None = Field(default=None, gt=0)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    kafka_security: KafkaSecurity = KafkaSecurity()
+    kafka_options: dict[str, str] = Field(default_factory=dict)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    driver_host: str | None = None
+    spark_jars: list[str] = Field(default_factory=list)
+
+    @field_validator("watermark_delay", "trigger", "host_timeout")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        if Q.parse_duration_ns(v) <= 0:
+            raise ValueError(f"{v!r} is not a positive duration such as 500ms, 1s, 2m")
+        return v
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _kafka_options(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(k for k in v if not k.startswith("kafka.") or k.startswith(_SECURITY_KEYS))
+        if bad:
+            raise ValueError(f"{bad}: kafka_options take kafka.* source options other than security "
+                             "(security goes in kafka_security, shared with the topic provisioning)")
+        return v
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _spark_conf(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(k for k in v if not k.startswith("spark."))
+        if bad:
+            raise ValueError(f"{bad}: Spark settings start with 'spark.'")
+        return v
+
+    def options(self) -> JobOptions:
+        """The job's run-time options."""
+        ms = lambda text: Q.parse_duration_ns(text) // 1_000_000  # noqa: E731
+        m = re.fullmatch(r"local\[(\d+)\]", self.master.strip())
+        return JobOptions(
+            bootstrap=self.bootstrap, results=self.results, checkpoint=self.checkpoint, mode=self.mode,
+            trigger_ms=ms(self.trigger), host_timeout_ms=ms(self.host_timeout),
+            expected_hosts=tuple(self.expected_hosts), late_policy=self.late_policy,
+            watermark_delay_ms=ms(self.watermark_delay), max_offsets_per_trigger=self.max_offsets_per_trigger,
+            shuffle_partitions=self.shuffle_partitions or (int(m.group(1)) if m else None),
+            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
+        )  # fmt: skip

@@ -1,0 +1,100 @@
+"""Settings of every role: defaults < settings file < LOWWATER_<ROLE>_* environment < flags, one
+shared Kafka security block, and bad settings refused with where they came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from contract.kafka_security import KafkaSecurity
+from contract.settings import SettingsError, load
+from high_level.cli import settings_from
+from high_level.serve.settings import ApiSettings
+from low_level.settings import AgentSettings
+
+SASL = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": "job-1", "password": "s3cret pw",
+        "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+
+
+def test_precedence_default_file_env_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("results: /from-file\ncheckpoint: /ck\ntrigger: 5s\nmaster: local[4]\nhost_timeout: 30s\n")
+    monkeypatch.setenv("LOWWATER_JOB_TRIGGER", "2s")  # env beats the file
+    monkeypatch.setenv("LOWWATER_JOB_MASTER", "local[3]")
+    s = settings_from(["--settings", str(f), "--master", "local[1]"])  # the flag beats both
+    assert (s.results, s.trigger, s.master, s.host_timeout, s.bootstrap) == ("/from-file", "2s", "local[1]", "30s",
+                                                                             "127.0.0.1:9092")  # fmt: skip
+    o = s.options()
+    assert o.trigger_ms == 2000 and o.host_timeout_ms == 30_000 and o.shuffle_partitions == 1
+
+
+def test_one_security_block_for_both_clients_of_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOWWATER_JOB_KAFKA_SECURITY", json.dumps(SASL))
+    s = settings_from(["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.isolation.level=read_committed"])
+    o = s.options()
+    assert o.kafka_security.kafka_python() == {  # the topic provisioning's admin client
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "job-1",
+        "sasl_plain_password": "s3cret pw", "ssl_cafile": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+    src = o.source_options  # the Kafka source: the same block, and the extra option
+    assert src["kafka.security.protocol"] == "SASL_SSL" and src["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert 'ScramLoginModule required username="job-1" password="s3cret pw";' in src["kafka.sasl.jaas.config"]
+    assert src["kafka.ssl.truststore.location"] == "/etc/lowwater/kafka/ca.pem" and src["kafka.isolation.level"] == "read_committed"
+    assert "s3cret" not in repr(s), "the password must not show in logs or reprs"
+
+
+def test_nested_environment_and_agent_api_roles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOWWATER_AGENT_KAFKA_SECURITY__PROTOCOL", "SSL")
+    monkeypatch.setenv("LOWWATER_AGENT_KAFKA_SECURITY__CA_FILE", "/ca.pem")
+    monkeypatch.setenv("LOWWATER_AGENT_HOST_ID", "cap-7")
+    a = load(AgentSettings, {"source": "pcap:/x.pcap"})
+    assert a.host_id == "cap-7" and a.source == "pcap:/x.pcap" and a.metrics_port == 9101
+    assert a.kafka_security.kafka_python() == {"security_protocol": "SSL", "ssl_cafile": "/ca.pem"}
+    monkeypatch.setenv("LOWWATER_API_TOKEN", "t0k")
+    monkeypatch.setenv("LOWWATER_API_RESULTS", "/results")
+    api = load(ApiSettings, {"port": 8181})
+    assert api.token is not None and api.token.get_secret_value() == "t0k" and api.results == "/results" and api.port == 8181
+
+
+@pytest.mark.parametrize(("env", "flags", "reason"), [
+    ({}, {"protocol": "SASL_SSL"}, "needs sasl_mechanism, username and password"),
+    ({}, {"protocol": "PLAINTEXT", "username": "u"}, r"need a SASL_\* protocol"),
+    ({}, {"protocol": "SSL", "cert_file": "/c.pem"}, "go together"),
+    ({}, {"protocol": "TLS"}, "Input should be"),
+    ({}, {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "username": "u", "password": 'a"b'}, "no quote"),
+    ({}, {"protocl": "SSL"}, "Extra inputs"),
+])  # fmt: skip
+def test_bad_security_blocks_are_refused(env: dict, flags: dict, reason: str) -> None:
+    with pytest.raises(SettingsError, match=reason) as e:
+        load(AgentSettings, {"kafka_security": flags})
+    assert "kafka_security" in str(e.value) and "LOWWATER_AGENT_KAFKA_SECURITY" in str(e.value)
+
+
+def test_bad_values_name_the_setting_and_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SettingsError, match="trigger.*not a duration.*LOWWATER_JOB_TRIGGER"):
+        settings_from(["--results", "/r", "--checkpoint", "/c", "--trigger", "soon"])
+    with pytest.raises(SettingsError, match="spark_conf.*start with 'spark.'"):
+        settings_from(["--results", "/r", "--checkpoint", "/c", "--spark-conf", "executor.memory=2g"])
+    with pytest.raises(SettingsError, match="kafka_options.*security goes in kafka_security"):
+        settings_from(["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.sasl.mechanism=PLAIN"])
+    with pytest.raises(SettingsError, match="results: Field required"):
+        settings_from(["--checkpoint", "/c"])
+    monkeypatch.setenv("LOWWATER_API_PORT", "99999")
+    with pytest.raises(SettingsError, match="port.*LOWWATER_API_PORT"):
+        load(ApiSettings, {"results": "/r"})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("results: /r\ncheckpoint: [unclosed\n")
+    with pytest.raises(SettingsError, match=rf"{bad}:\d+: not YAML"):
+        settings_from(["--settings", str(bad)])
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("results: /r\ncheckpoint: /c\ntriger: 1s\n")
+    with pytest.raises(SettingsError, match=f"triger: Extra inputs are not permitted.*{unknown}"):
+        settings_from(["--settings", str(unknown)])
+
+
+def test_broker_security_block_round_trips_through_a_child_process_flag() -> None:
+    """What a test or an operator hands a child process (``revealed``) validates back to the same block."""
+    k = KafkaSecurity(**SASL)
+    assert KafkaSecurity.model_validate_json(json.dumps(k.revealed())) == k
+    assert KafkaSecurity().kafka_python() == {} and KafkaSecurity().spark_options() == {}

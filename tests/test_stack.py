@@ -1,0 +1,176 @@
+"""The local stack the way the README runs it: ``lowwater-stack`` with a pcap source, again and again
+on one state directory.
+
+A finite capture must end with every window of the file closed and served while the stack stays up;
+a second run on the same state must start (the broker's topics survive); a topic of another size is
+a one-line error that names the fix, and ``--fresh`` is that fix; an agent that fails stops the stack
+with its reason. Results are checked against an independent dpkt aggregate of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from contract import fields as F
+from local_stack.kafka_broker import free_port
+from tests.test_agent_kafka import NS, T0, dpkt_oracle, write_pcap
+
+REPO = Path(__file__).resolve().parents[1]
+WINDOW_S = 2
+SPAN_S = 20
+
+
+def config(path: Path, partitions: int) -> Path:
+    path.write_text(f"""
+queries:
+  - name: pairs
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: packets}}]
+    window: {{range: {WINDOW_S}s}}
+    table: {{size: 1024}}
+    flush: {{policy: lazy, m: 2}}
+    kafka: {{topic: lowwater.stacktest.pairs, partitions: {partitions}}}
+""")
+    return path
+
+
+class Stack:
+    """One ``lowwater-stack`` process on free ports, its console read line by line."""
+
+    def __init__(self, state: Path, cfg: Path, source: str, *extra: str) -> None:
+        self.api = free_port()
+        ports = ["--kafka-port", str(free_port()), "--api-port", str(self.api),
+                 "--agent-metrics-port", str(free_port()), "--job-metrics-port", str(free_port())]  # fmt: skip
+        env = {**os.environ, "LOWWATER_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "lowwater-stack"), "--config", str(cfg), "--source", source, *ports, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+        )  # fmt: skip
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.console: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.console.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} on the console within {timeout}s:\n{''.join(self.console)[-4000:]}")
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.api}{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def results(self) -> Counter:
+        start = datetime.fromtimestamp(T0 / NS - 60, UTC).isoformat().replace("+00:00", "Z")
+        end = datetime.fromtimestamp(T0 / NS + SPAN_S + 60, UTC).isoformat().replace("+00:00", "Z")
+        got: Counter = Counter()
+        offset = 0
+        while offset is not None:
+            body = self.get(f"/queries/pairs/results?start={start}&end={end}&limit=10000&offset={offset}")
+            for r in body["rows"]:
+                ws = int(datetime.fromisoformat(r["window_start"].replace("Z", "+00:00")).timestamp()) * NS
+                got[(ws, F.ip_to_words(r["src_ip"])[1], F.ip_to_words(r["dst_ip"])[1])] += r["packets"]
+            offset = body["paging"]["next_offset"]
+        return got
+
+    def interrupt(self) -> int:
+        """Ctrl-C, as a user stops it."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(90)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def finish(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter]:
+    d = tmp_path_factory.mktemp("stack-pcap")
+    pcap = d / "capture.pcap"
+    write_pcap(pcap, 6000, 300, SPAN_S, seed=5)
+    want: Counter = Counter()
+    for (pane, src, dst), n in dpkt_oracle(pcap, WINDOW_S * NS).items():
+        want[(pane * WINDOW_S * NS, src, dst)] += n
+    return pcap, want
+
+
+def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
+    pcap, want = capture
+    state = tmp_path / "state"
+    cfg = config(tmp_path / "q.yaml", 2)
+    for run in (1, 2):  # the second run reuses the broker's data, topics, checkpoint and results
+        stack = Stack(state, cfg, f"pcap:{pcap}")
+        try:
+            line = stack.wait_for("capture finished", 300)
+            assert "6000 packets" in line and "all windows closed" in line, line
+            time.sleep(2)  # the stack stays up after the capture: still serving
+            assert stack.proc.poll() is None, "".join(stack.console)[-3000:]
+            assert stack.results() == want, f"run {run}: served results differ from dpkt's aggregate of the file"
+            status = stack.get("/status")
+            q = status["queries"]["pairs"]
+            assert q["hosts_total"] == 1 and q["partitions_total"] == 2, q
+            assert [h["host"] for h in status["hosts"]] == ["local-agent"]
+        finally:
+            rc = stack.interrupt()
+        assert rc == 0, "".join(stack.console)[-3000:]
+
+
+def test_topic_size_change_is_one_line_and_fresh_resets(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
+    pcap, want = capture
+    state = tmp_path / "state"
+    # a broker whose topic has 2 partitions, then a config that wants 3
+    first = Stack(state, config(tmp_path / "two.yaml", 2), "generator:rate=100,groups=10,clock=wall", "--duration", "1")
+    assert first.finish(240) == 0, "".join(first.console)[-3000:]
+    three = config(tmp_path / "three.yaml", 3)
+    mismatch = Stack(state, three, f"pcap:{pcap}")
+    assert mismatch.finish(120) != 0
+    err = [ln for ln in mismatch.console if ln.startswith("lowwater-stack:")]
+    assert len(err) == 1 and "2 partitions" in err[0] and "3 are configured" in err[0] and "--fresh" in err[0], mismatch.console
+    assert not any("Traceback" in ln for ln in mismatch.console), "".join(mismatch.console)
+    fresh = Stack(state, three, f"pcap:{pcap}", "--fresh")
+    try:
+        fresh.wait_for("capture finished", 300)
+        assert fresh.results() == want
+        assert fresh.get("/status")["queries"]["pairs"]["partitions_total"] == 3
+    finally:
+        assert fresh.interrupt() == 0
+
+
+def test_an_agent_that_fails_stops_the_stack_with_its_reason(tmp_path: Path) -> None:
+    stack = Stack(tmp_path / "state", config(tmp_path / "q.yaml", 1), f"pcap:{tmp_path / 'no-such.pcap'}")
+    rc = stack.finish(240)
+    text = "".join(stack.console)
+    assert rc != 0 and "lowwater-agent exited with" in text and "no-such.pcap" in text, text[-3000:]
