@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from high_level.serve.reader import iso_of_us
+from high_level.serve.timefmt import iso_of_us
 
 STALE_AFTER_S = 60.0
 _MARK_KEYS = ("mark_ns", "low_water_mark_ns", "low_water_mark", "mark")
