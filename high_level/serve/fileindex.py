@@ -80,10 +80,15 @@ def _int_stat(v: Any) -> int | None:
 
 
 def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> Checked:
-    """Footer of one result file -> its window_start range, or the reason it breaks the layout."""
+    """Footer of one result file -> its window_start range, or the reason it breaks the layout.
+
+    FileNotFoundError propagates: a file deleted since it was listed (a replay) is gone, not broken.
+    """
     try:
         md = pq.read_metadata(path)
         schema = md.schema.to_arrow_schema()
+    except FileNotFoundError:
+        raise
     except (OSError, pa.ArrowException, ValueError) as exc:
         return Checked(size, mtime_ns, None, f"unreadable Parquet footer: {exc}")
     try:
@@ -196,10 +201,9 @@ class FileIndex:
             if R.parse_part_name(e.name) is None:
                 continue
             try:
-                st = e.stat()
+                files[e.path] = self._check(spec, e.path, e.stat(), known.get(e.path))
             except FileNotFoundError:
                 continue
-            files[e.path] = self._check(spec, e.path, st, known.get(e.path))
         sure = mtime_ns < wall_ns - int(DIR_SLACK_S * 1e9)
         return _dir_state(built_ns, mtime_ns, sure, time.monotonic(), files)
 
