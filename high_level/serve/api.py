@@ -2,7 +2,7 @@
 
 Endpoints (all GET; OpenAPI at /docs):
 
-* ``/health``: liveness, never needs a token.
+* ``/health``: liveness and how many result files were rejected for breaking the layout; never needs a token.
 * ``/queries``, ``/queries/{name}``: query definitions (the original YAML), window spec, key and
   aggregate columns.
 * ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the last
@@ -310,7 +310,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def health() -> dict[str, Any]:
         return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir(),
                 "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes},
-                "rejected_files": {"total": reader.index.rejections, "now": reader.index.rejected()}}  # fmt: skip
+                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())}}  # fmt: skip
 
     @open_.get("/", include_in_schema=False)
     @open_.get("/ui", include_in_schema=False)

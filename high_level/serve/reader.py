@@ -65,7 +65,6 @@ class ResultSet:
     time_columns: frozenset[str]
 
 
-
 class Reader:
     """DuckDB over the results store; one in-memory database, one cursor per request (thread-safe).
 
@@ -134,7 +133,6 @@ class Reader:
             return cur.execute(sql, used).fetchall()
         except duckdb.Error as exc:
             raise StoreError(f"reading the results store failed: {exc}") from None
-
 
     def _fast_top(self, qi: QueryInfo, files: list[FileStats], start: datetime, end: datetime, n: int,
                   ws_desc: bool, limit: int, offset: int, sel: list[str]) -> tuple[list[tuple], int] | None:  # fmt: skip
