@@ -91,8 +91,25 @@ def _got(rows: list[tuple], qi: QueryInfo) -> dict[tuple[int, str], tuple]:
     return out
 
 
+def _check_top(rows: list[tuple], qi: QueryInfo) -> None:
+    """Top-2 per window (the cached fast path): each window's rows are the top 2 of the fold of the
+    batches that can hold it (its own finals, the next batch's correction, or both)."""
+    got: dict[int, list] = {}
+    for r in rows:
+        ws, rank = r[0], r[-1]
+        got.setdefault(ws, []).append((rank, r[2], *_got([r[:-1]], qi)[(ws, r[2])]))
+    for ws, have in got.items():
+        w = (ws - int(BASE.timestamp()) * US) // (60 * US)
+        options = []
+        for batches in ({w}, {w, w + 1}, {w + 1}):
+            exp = sorted(((k[1], v) for k, v in _expected(batches).items() if k[0] == ws), key=lambda e: (-e[1][0], e[0]))
+            options.append([(i + 1, dst, *v) for i, (dst, v) in enumerate(exp[:2])])
+        assert sorted(have) in options, (w, sorted(have), options)
+
+
 def test_readers_while_the_writer_writes_and_replays(tmp_path: Path, qi: QueryInfo) -> None:
-    """4 reader threads (two sharing a cached Reader, one reading Parquet, one on the bare index) while
+    """4 threads (two sharing a cached Reader, one reading Parquet, one on the bare index; full folds and
+    top-2) while
     the writer writes 40 batches and replays every 4th earlier one (half of them deleted first)."""
     root = tmp_path / "results"
     writer = ResultStore(root, [qi.spec])
@@ -138,6 +155,7 @@ def test_readers_while_the_writer_writes_and_replays(tmp_path: Path, qi: QueryIn
                 seen = {(ws - int(BASE.timestamp()) * US) // (60 * US) for (ws, dst) in got if dst != DST24[0]}
                 with lock:
                     reads.append((t0, t1, seen, got))
+                _check_top(reader.results(qi, start, end, [], [], 2, 10_000, 0).rows, qi)
                 reader.series(qi, start, end, [])
                 reader.latest_window(qi)
                 if last:
