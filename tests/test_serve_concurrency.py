@@ -109,8 +109,7 @@ def _check_top(rows: list[tuple], qi: QueryInfo) -> None:
 
 def test_readers_while_the_writer_writes_and_replays(tmp_path: Path, qi: QueryInfo) -> None:
     """4 threads (two sharing a cached Reader, one reading Parquet, one on the bare index; full folds and
-    top-2) while
-    the writer writes 40 batches and replays every 4th earlier one (half of them deleted first)."""
+    top-2) while the writer writes 40 batches and replays every 4th earlier one (half deleted first)."""
     root = tmp_path / "results"
     writer = ResultStore(root, [qi.spec])
     start, end = BASE, BASE + timedelta(minutes=N_BATCHES + 1)
