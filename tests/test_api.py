@@ -29,10 +29,12 @@ with warnings.catch_warnings():  # starlette's note that its TestClient will mov
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from contract import results as R
 from contract.query import load
 from high_level.serve.api import create_app
+from high_level.serve.columns import QueryInfo
 from high_level.serve.params import parse_filters
-from high_level.serve.reader import QueryInfo, Reader
+from high_level.serve.reader import Reader
 from tests.test_api_support import DST24, PORTS, Store, folded, iso, make_store, write_status
 
 Q4_KEYS = ["src_ip", "dst_ip"]
@@ -523,23 +525,60 @@ def test_unreadable_and_temporary_files_are_skipped(tmp_path: Path, store: Store
         body = all_rows(c, "q4_pairs")
         assert body["paging"]["total"] == len(expected_q4(store))
         assert c.get("/queries/q4_pairs/latest").status_code == 200
+        assert c.get("/health").json()["rejected_files"] == {"total": 2, "current": 2}
+        rejected = c.app.state.reader.index.rejected()  # the reasons: in the log and here, not in open /health
+    # the two part files are rejected with their reason; temporary and marker files are not results at all
+    assert {Path(p).name for p in rejected} == {"part-000000099999.parquet", "part-000000099997.parquet"}
+    assert "unreadable Parquet footer" in rejected[str(day / "part-000000099999.parquet")]
+    assert "missing ['window_start'" in rejected[str(day / "part-000000099997.parquet")]
 
 
-def test_missing_columns_and_other_types_are_tolerated(tmp_path: Path, store: Store) -> None:
-    """A writer that omits kind/hosts/closed_at and writes ns timestamps is still readable."""
+def _q4_table(store: Store, ws: pd.Timestamp, pairs: list[tuple[str, int]], kind: str) -> pa.Table:
+    """q4_pairs rows in the contract's schema (what the job writes), one per (src_ip, packets)."""
+    n = len(pairs)
+    return pa.table({"window_start": [ws] * n, "window_end": [ws + pd.Timedelta(minutes=1)] * n,
+                     "src_ip": [p[0] for p in pairs], "dst_ip": ["8.8.8.8"] * n, "packets": [p[1] for p in pairs],
+                     "closed_at": [ws + pd.Timedelta(minutes=2)] * n, "hosts": [2] * n, "kind": [kind] * n},
+                    schema=R.schema(load(store.config).query("q4_pairs")))  # fmt: skip
+
+
+@pytest.mark.parametrize("cache_mb", [512, 0])
+def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, store: Store, cache_mb: int,
+                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """Nothing is cast or guessed: a file whose columns are not the contract's is skipped, logged once
+    with the reason and counted in /health; the files that follow the layout are still served."""
     root = tmp_path / "results"
     d = root / "query=q4_pairs" / f"date={store.last.date().isoformat()}"
     d.mkdir(parents=True)
     ws = pd.Timestamp(store.last)
+    good = _q4_table(store, ws, [("10.0.0.1", 3), ("10.0.0.2", 2)], "final")
+    pq.write_table(good, d / "part-000000000001.parquet")
+    # an older writer: ns timestamps, int32 counts, no kind/hosts/closed_at (was silently cast before)
     pq.write_table(pa.table({"window_start": pa.array([ws.value] * 2, pa.timestamp("ns", tz="UTC")),
                              "window_end": pa.array([ws.value + 60 * 10**9] * 2, pa.timestamp("ns", tz="UTC")),
-                             "src_ip": ["10.0.0.1", "2001:db8::1"], "dst_ip": ["8.8.8.8", "8.8.8.8"],
-                             "packets": pa.array([3, 4], pa.int32())}), d / "part-000000000001.parquet")  # fmt: skip
-    for cache in (512, 0):
-        with TestClient(create_app(store.config, root, cache_mb=cache)) as c:
-            rows = all_rows(c, "q4_pairs", top="1")["rows"]
-            assert [(r["src_ip"], r["packets"], r["hosts"], r["corrections"]) for r in rows] == [("2001:db8::1", 4, None, 0)]
-            assert c.get("/queries/q4_pairs/latest").json()["window_start"] == iso(store.last)
+                             "src_ip": ["10.0.0.9", "2001:db8::1"], "dst_ip": ["8.8.8.8", "8.8.8.8"],
+                             "packets": pa.array([30, 40], pa.int32())}), d / "part-000000000002.parquet")  # fmt: skip
+    pq.write_table(good.set_column(4, "packets", good.column("packets").cast(pa.int32())), d / "part-000000000003.parquet")
+    pq.write_table(good.append_column("extra", pa.array([1, 2])), d / "part-000000000004.parquet")
+    pq.write_table(good.set_column(7, "kind", pa.array(["final", "bogus"])), d / "part-000000000005.parquet")
+    reasons = {
+        "part-000000000002.parquet": "missing ['closed_at', 'hosts', 'kind']; window_start: timestamp[ns, tz=UTC]",
+        "part-000000000003.parquet": "packets: int32 (want int64)",
+        "part-000000000004.parquet": "unexpected ['extra']",
+        "part-000000000005.parquet": "row kinds ['bogus', 'final']",
+    }
+    with caplog.at_level("WARNING", logger="lowwater.api"), TestClient(create_app(store.config, root, cache_mb=cache_mb)) as c:
+        for _ in range(2):
+            rows = all_rows(c, "q4_pairs")["rows"]
+            assert sorted((r["src_ip"], r["packets"], r["hosts"]) for r in rows) == [("10.0.0.1", 3, 2), ("10.0.0.2", 2, 2)]
+        assert c.get("/queries/q4_pairs/latest").json()["window_start"] == iso(store.last)
+        assert c.get("/health").json()["rejected_files"] == {"total": 4, "current": 4}
+        now = {Path(p).name: why for p, why in c.app.state.reader.index.rejected().items()}
+    assert set(now) == set(reasons)
+    for name, why in reasons.items():
+        assert why in now[name], (name, now[name])
+        logged = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+        assert len(logged) == 1 and why in logged[0], logged  # once per file version, with the reason
 
 
 # ---- the fast top-N path against the general one, on random stores
@@ -683,14 +722,9 @@ def test_top_when_a_correction_pushes_a_group_down(tmp_path: Path, store: Store,
     d = root / "query=q4_pairs" / f"date={store.first.date().isoformat()}"
     d.mkdir(parents=True)
     ws = pd.Timestamp(store.first)
-
-    def table(pairs: list[tuple[str, int]], kind: str) -> pa.Table:
-        return pa.table({"window_start": [ws] * len(pairs), "window_end": [ws + pd.Timedelta(minutes=1)] * len(pairs),
-                         "src_ip": [p[0] for p in pairs], "dst_ip": ["8.8.8.8"] * len(pairs),
-                         "packets": [p[1] for p in pairs], "kind": [kind] * len(pairs)})  # fmt: skip
-
-    pq.write_table(table([("10.0.0.1", 10), ("10.0.0.2", 9), ("10.0.0.3", 8), ("10.0.0.4", 7)], "final"), d / "part-000000000001.parquet")
-    pq.write_table(table([("10.0.0.1", -5)], "correction"), d / "part-000000000002.parquet")
+    pq.write_table(_q4_table(store, ws, [("10.0.0.1", 10), ("10.0.0.2", 9), ("10.0.0.3", 8), ("10.0.0.4", 7)], "final"),
+                   d / "part-000000000001.parquet")
+    pq.write_table(_q4_table(store, ws, [("10.0.0.1", -5)], "correction"), d / "part-000000000002.parquet")
     with TestClient(create_app(store.config, root, cache_mb=cache_mb)) as c:
         rows = all_rows(c, "q4_pairs", top="2", start=iso(ws), end=iso(ws + pd.Timedelta(minutes=1)))["rows"]
     assert [(r["src_ip"], r["packets"], r["corrections"]) for r in rows] == [("10.0.0.2", 9, 0), ("10.0.0.3", 8, 0)]

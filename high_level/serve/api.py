@@ -2,7 +2,7 @@
 
 Endpoints (all GET; OpenAPI at /docs):
 
-* ``/health``: liveness, never needs a token.
+* ``/health``: liveness and how many result files were rejected for breaking the layout; never needs a token.
 * ``/queries``, ``/queries/{name}``: query definitions (the original YAML), window spec, key and
   aggregate columns.
 * ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the last
@@ -56,9 +56,12 @@ from fastapi.staticfiles import StaticFiles
 
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.serve import params as P
+from high_level.serve.columns import QueryInfo
+from high_level.serve.fileindex import StoreError
 from high_level.serve.metrics import ApiMetrics, MetricsMiddleware
-from high_level.serve.reader import QueryInfo, Reader, ResultSet, StoreError, iso_of_us, us_of
+from high_level.serve.reader import Reader, ResultSet
 from high_level.serve.status import read_status
+from high_level.serve.timefmt import iso_of_us, us_of
 
 STATIC = Path(__file__).parent / "static"
 try:  # optional dependency swagger-ui-bundle-v2: Swagger UI assets served locally instead of from a CDN
@@ -305,7 +308,8 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     @open_.get("/health", summary="Liveness (no auth)")
     def health() -> dict[str, Any]:
         return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir(),
-                "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes}}  # fmt: skip
+                "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes},
+                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())}}  # fmt: skip
 
     @open_.get("/", include_in_schema=False)
     @open_.get("/ui", include_in_schema=False)

@@ -1,0 +1,207 @@
+"""The SQL text of result requests: DuckDB macros, key filters, folding corrections, top-N ranking.
+
+Nothing a user typed is spliced in: columns are checked against the query's known columns by
+:mod:`high_level.serve.params` before they get here (and quoted by :func:`q`), values go as ``$``
+parameters. Every function returns SQL text for the :class:`~high_level.serve.reader.Reader` to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from high_level.serve.columns import QueryInfo
+from high_level.serve.params import KeyFilter, OrderTerm
+
+_U64 = (1 << 64) - 1
+
+MACROS = [
+    # dotted IPv4 text -> integer (NULL for anything else); used for prefixes not on octet boundaries
+    """CREATE OR REPLACE MACRO lw_ip4num(s) AS
+         CASE WHEN regexp_full_match(s, '[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}') THEN
+           (TRY_CAST(split_part(s, '.', 1) AS BIGINT) << 24) + (TRY_CAST(split_part(s, '.', 2) AS BIGINT) << 16)
+           + (TRY_CAST(split_part(s, '.', 3) AS BIGINT) << 8) + TRY_CAST(split_part(s, '.', 4) AS BIGINT)
+         END""",
+    # IPv6 text (any '::' compression) -> 32 lower-case hex digits, comparable as a string
+    """CREATE OR REPLACE MACRO lw_hex_groups(part) AS
+         array_to_string(list_transform(list_filter(string_split(part, ':'), lambda g: g <> ''),
+                                        lambda g: lpad(lower(g), 4, '0')), '')""",
+    """CREATE OR REPLACE MACRO lw_ip6hex(s) AS
+         CASE WHEN NOT contains(s, '::') THEN lw_hex_groups(s)
+              ELSE lw_hex_groups(split_part(s, '::', 1))
+                   || repeat('0', greatest(0, 32 - length(lw_hex_groups(split_part(s, '::', 1)))
+                                              - length(lw_hex_groups(split_part(s, '::', 2)))))
+                   || lw_hex_groups(split_part(s, '::', 2))
+         END""",
+]
+
+
+def q(ident: str) -> str:
+    """Quote an identifier that was already validated against the query's known columns."""
+    return '"' + ident.replace('"', '""') + '"'
+
+
+@dataclass
+class Source:
+    """Where a request's rows come from: relation SQL text (``lw_src`` or a read_parquet subquery)."""
+
+    rel: str
+    params: dict[str, Any]
+    cached: bool  # True: prepared tables (``_rank``, ``_wkh``, address words)
+    wkh: str = "_wkh"  # the window-and-key hash: a column, or an expression computed where needed
+
+
+def parquet_source(qi: QueryInfo, paths: list[str]) -> Source:
+    """The files read by DuckDB directly: their columns are exactly the contract's (the index checked)."""
+    cols = ", ".join(q(f.name) for f in qi.schema)
+    rel = f"(SELECT {cols} FROM read_parquet($files, hive_partitioning = false))"
+    return Source(rel, {"files": paths}, False, key_hash(qi))
+
+
+def rank_value(qi: QueryInfo) -> str:
+    """The value ranking groups: the first aggregate (an avg's NaN ranks last, as NULL)."""
+    a, fn = qi.aggs[0]
+    return f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END" if fn == "avg" else q(a)
+
+
+def key_hash(qi: QueryInfo) -> str:
+    """One integer per (window, key): matching corrections to finals compares it, not the key strings."""
+    return f"hash({', '.join(['window_start', *(q(k) for k in qi.key_names)])})"
+
+
+def numeric_prefix(f: KeyFilter, i: int, params: dict[str, Any]) -> str:
+    """An address prefix as a range over the (hi, lo) words of lowwater's 128-bit address space."""
+    lo, hi = f.bounds  # type: ignore[misc]
+    h, w = q(f"_ip_{f.column}_hi"), q(f"_ip_{f.column}_lo")
+    mapped = f"({h} = 0 AND ({w} >> 32) = 65535)"
+    if lo >> 64 == hi >> 64:  # same high word: a range of the low word
+        params[f"f{i}h"], params[f"f{i}a"], params[f"f{i}b"] = lo >> 64, lo & _U64, hi & _U64
+        cond = f"({h} = $f{i}h AND {w} BETWEEN $f{i}a AND $f{i}b)"
+    else:  # a prefix of at most 64 bits: a range of the high word
+        params[f"f{i}a"], params[f"f{i}b"] = lo >> 64, hi >> 64
+        cond = f"({h} BETWEEN $f{i}a AND $f{i}b)"
+    # IPv6 prefixes never match IPv4 rows (as with text: an IPv4 row is never written as ::ffff:a.b.c.d)
+    return cond if f.op.startswith("v4") else f"({cond} AND NOT {mapped})"
+
+
+def filter_sql(filters: list[KeyFilter], params: dict[str, Any], numeric: bool = False) -> list[str]:
+    """AND across columns, OR between several filters on the same column.
+
+    ``numeric``: the source has the addresses as words (``_ip_<col>_hi``/``_lo``, prepared in the
+    cache), so prefixes are integer ranges instead of text parsing per row.
+    """
+    by_col: dict[str, list[str]] = {}
+    for i, f in enumerate(filters):
+        c = q(f.column)
+        if numeric and f.bounds is not None:
+            by_col.setdefault(f.column, []).append(numeric_prefix(f, i, params))
+            continue
+        if f.op == "eq":
+            params[f"f{i}"] = f.value
+            cond = f"{c} = $f{i}"
+        elif f.op == "v4prefix":
+            params[f"f{i}"] = f.value
+            cond = f"starts_with({c}, $f{i})"
+        elif f.op == "v4range":
+            lo, hi = f.value  # type: ignore[misc]
+            params[f"f{i}a"], params[f"f{i}b"] = lo, hi
+            cond = f"(NOT contains({c}, ':') AND lw_ip4num({c}) BETWEEN $f{i}a AND $f{i}b)"
+        elif f.op == "v6range":
+            lo, hi = f.value  # type: ignore[misc]
+            params[f"f{i}a"], params[f"f{i}b"] = lo, hi
+            cond = f"(contains({c}, ':') AND lw_ip6hex({c}) BETWEEN $f{i}a AND $f{i}b)"
+        elif f.op == "v4all":
+            cond = f"({c} IS NOT NULL AND NOT contains({c}, ':'))"
+        elif f.op == "v6all":
+            cond = f"contains({c}, ':')"
+        else:  # pragma: no cover - params only produces the ops above
+            raise ValueError(f.op)
+        by_col.setdefault(f.column, []).append(cond)
+    return ["(" + " OR ".join(cs) + ")" for cs in by_col.values()]
+
+
+def plain_cols(qi: QueryInfo) -> list[str]:
+    """A row that needs no folding, in the folded column order."""
+    cols = ["window_start", "window_end", *[q(k) for k in qi.key_names]]
+    for a, fn in qi.aggs:
+        cols.append(f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if fn == "avg" else q(a))
+    return [*cols, "hosts", "closed_at", "CAST(0 AS BIGINT) AS corrections"]
+
+
+def fold_cols(qi: QueryInfo) -> list[str]:
+    """Aggregates folding finals and corrections of one (window, key) group.
+
+    avg is the count-weighted mean when the query has a count aggregate (exact); without one the
+    layout carries nothing to weight by, so the final row's avg is kept (``avg_exact`` false).
+    """
+    fin = "kind <> 'correction'"
+    w = q(qi.count_col) if qi.count_col else None
+    cols = ["window_start", "max(window_end) AS window_end", *[q(k) for k in qi.key_names]]
+    for a, fn in qi.aggs:
+        c = q(a)
+        if fn in ("count", "sum"):
+            cols.append(f"CAST(sum({c}) AS BIGINT) AS {c}")
+        elif fn in ("min", "max"):
+            cols.append(f"{fn}({c}) AS {c}")
+        elif w is not None:
+            ok = f"{w} > 0 AND isfinite({c})"
+            cols.append(f"sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END)"
+                        f" / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0) AS {c}")  # fmt: skip
+        else:
+            cols.append(f"max(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin}) AS {c}")
+    return [
+        *cols,
+        f"coalesce(max(hosts) FILTER (WHERE {fin}), max(hosts)) AS hosts",
+        f"coalesce(max(closed_at) FILTER (WHERE {fin}), max(closed_at)) AS closed_at",
+        "count(*) FILTER (WHERE kind = 'correction') AS corrections",
+    ]
+
+
+def scan(src: Source, filters: list[KeyFilter], params: dict[str, Any]) -> str:
+    """The rows of the range (and filters) as a subquery; inlined, not a CTE, so it is never copied."""
+    where = ["window_start >= $start", "window_start < $end", *filter_sql(filters, params, src.cached)]
+    return f"(SELECT * FROM {src.rel} WHERE {' AND '.join(where)})"
+
+
+def folded(qi: QueryInfo, src: Source, rows: str, corrections: bool) -> tuple[str, str]:
+    """(CTE prefix, subquery) of one row per (window, key) with corrections folded into finals.
+
+    Grouping every row is the costly part and corrections are rare, so: rows of windows without
+    corrections (``cw``) pass through; in windows with corrections, rows of groups without
+    corrections (``ck``, matched on the window-and-key hash) pass through; only the rest is grouped.
+    ``corrections``: whether the files may hold any (False: the footers say they hold finals only).
+    """
+    keys = [q(k) for k in qi.key_names]
+    plain = ", ".join(plain_cols(qi))
+    if not corrections:
+        return "", f"(SELECT {plain} FROM {rows} WHERE kind <> 'correction')"
+    ctes = (f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE kind = 'correction')"
+            f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE kind = 'correction')")  # fmt: skip
+    inw = f"(SELECT *, {src.wkh} AS _h FROM (SELECT * FROM {rows} SEMI JOIN cw USING (window_start)))"
+    sub = (
+        f"(SELECT {plain} FROM {rows} ANTI JOIN cw USING (window_start) WHERE kind <> 'correction'"
+        f" UNION ALL SELECT {plain} FROM {inw} ANTI JOIN ck USING (_h) WHERE kind <> 'correction'"
+        f" UNION ALL SELECT {', '.join(fold_cols(qi))} FROM (SELECT * FROM {inw} SEMI JOIN ck USING (_h))"
+        f" GROUP BY {', '.join(['window_start', *keys])})"
+    )
+    return ctes, sub
+
+
+def ranked_sql(qi: QueryInfo, src: Source, rows: str, term: OrderTerm, n: int, narrow: bool,
+               corrections: bool) -> str:  # fmt: skip
+    """``WITH ... ranked AS (...)``: the top-n folded rows of every window, with ``rank``.
+
+    ``narrow``: first bound the candidates by the n-th value of each window (ties stay in), so
+    the window function sorts only those rows.
+    """
+    v = q(term.column)
+    rdir = "DESC" if term.descending else "ASC"
+    keys = "".join(", " + q(k) for k in qi.key_names)
+    ctes, cand = folded(qi, src, rows, corrections)
+    if narrow:
+        pick, cmp, ext = ("max", ">=", "list_min") if term.descending else ("min", "<=", "list_max")
+        ctes += (f", th AS (SELECT window_start, CASE WHEN count({v}) >= {n}"
+                 f" THEN {ext}({pick}({v}, {n})) END AS t FROM {cand} GROUP BY window_start)")  # fmt: skip
+        cand = f"(SELECT f.* FROM {cand} AS f JOIN th USING (window_start) WHERE th.t IS NULL OR f.{v} {cmp} th.t)"
+    return (f"WITH _ AS (SELECT 1){ctes}, ranked AS (SELECT *, row_number() OVER (PARTITION BY window_start"
+            f" ORDER BY {v} {rdir} NULLS LAST{keys}) AS rank FROM {cand} QUALIFY rank <= {n})")  # fmt: skip
