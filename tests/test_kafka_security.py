@@ -481,7 +481,8 @@ def test_refused_agents_keep_capturing_and_deliver_nothing(
     sasl_broker: KafkaBroker, refused_agents: dict[str, Any]
 ) -> None:
     agents: dict[str, RefusedAgent] = refused_agents["agents"]
-    deadline = min(a.started for a in agents.values()) + 80  # one attempt: 30 s bootstrap + agent start
+    # agent start includes compiling its kernel (tens of seconds on a loaded machine with a cold cache)
+    deadline = min(a.started for a in agents.values()) + 240
     first: dict[str, str] = {}
     while len(first) < len(agents) and time.monotonic() < deadline:
         for label, agent in agents.items():
@@ -490,7 +491,9 @@ def test_refused_agents_keep_capturing_and_deliver_nothing(
                 first.setdefault(label, agent.metrics())
             except OSError:
                 time.sleep(0.5)  # metrics server not up yet
+    assert len(first) == len(agents), f"metrics never answered: {sorted(set(agents) - set(first))}"
     time.sleep(1.0)  # let capture go on between the two scrapes
+    deadline = time.monotonic() + 80  # one connect attempt: 30 s bootstrap, and some slack
     while time.monotonic() < deadline:
         if all(_metric(a.metrics(), "kafka_connect_errors_total") >= 1 for a in agents.values()):
             break
