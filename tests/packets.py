@@ -7,7 +7,7 @@ emulated hosts of the high-level tests derive their partials from the same funct
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -33,8 +33,8 @@ class Traffic:
     ttl: np.ndarray
     tos: np.ndarray | None = None  # IPv4 TOS / IPv6 traffic class; None = all 0
     v6: np.ndarray | None = None  # bool: an IPv6 packet, addresses in src6/dst6; None = all IPv4
-    src6: np.ndarray | None = field(default=None)  # int64 (n, 2) words (hi, lo), used where v6
-    dst6: np.ndarray | None = field(default=None)
+    src6: np.ndarray | None = None  # int64 (n, 2) words (hi, lo), used where v6
+    dst6: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -93,9 +93,9 @@ def make_mixed_traffic(n: int, groups: int, t0_ns: int, span_ns: int, seed: int 
                        v6_share: float = 0.5) -> Traffic:  # fmt: skip
     """:func:`make_traffic` with a share of IPv6 packets and random TOS bytes (every DSCP and ECN value).
 
-    IPv6 addresses vary in every part a prefix can cut: 2001:db8:S:N:: networks (S in 0..3 differs
-    within a /48 only below it, N a few /64s per /48) and random interface ids, so /48, /64 and
-    full-address groups all differ.
+    IPv6 addresses are 2001:db8:S:N:<interface id> with S (0..3) picking the /48 and N a few /64s
+    inside it; source interface ids are random, destination ids small: /48, /56, /64 and full-address
+    groups all differ.
     """
     t = make_traffic(n, groups, t0_ns, span_ns, seed)
     rng = np.random.default_rng(seed + 1000)
