@@ -1,8 +1,12 @@
-"""The whitelisted filter language, parsed by hand and compiled to a stack-machine program.
+"""The whitelisted filter language, parsed by hand and compiled to a postfix program of integers.
 
 Nothing here ever calls ``eval``/``exec``: a filter is tokenised, parsed by recursive descent into a
 small AST that only knows catalog fields, numbers, addresses, prefixes and named constants, and then
-compiled to a flat int64 program that the low level's Numba kernel interprets per packet.
+compiled to a flat int64 postfix program. The low level never interprets that program per packet:
+``low_level.filter`` turns it, at kernel generation time, into straight-line Numba statements (one
+named value per instruction) inside the generated per-query-set kernel (``low_level.codegen``), so
+only integers from the validated program reach generated code. :func:`evaluate` is the plain-Python
+reference the generated statements are tested against.
 
 Grammar::
 
@@ -35,7 +39,7 @@ OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE = 5, 6, 7, 8, 9, 10
 OP_AND, OP_OR, OP_NOT = 11, 12, 13
 OP_IP_MATCH = 14  # push ((row[a0] & a3) == a1) and ((row[a0+1] & a4) == a2)
 OP_TRUTHY = 15
-MAX_STACK = 32
+MAX_STACK = 32  # deepest expression accepted (values live at once); the generated code itself has no stack
 
 CONSTANTS = {**{k: v for k, v in F.TCP_FLAG_BITS.items()}, **{k.upper(): v for k, v in F.PROTOCOL_NUMBERS.items()}}
 CONSTANTS.update({k: v for k, v in F.PROTOCOL_NUMBERS.items()})
@@ -340,7 +344,8 @@ _BINARY = {
 
 
 def evaluate(program: np.ndarray, row: np.ndarray) -> bool:
-    """Reference interpreter in plain Python, the oracle the Numba interpreter is tested against."""
+    """Reference interpreter in plain Python: the oracle the generated filter statements
+    (``low_level.filter``) and the tests' offline aggregates are checked against."""
     stack: list[int] = []
     for ins in program:
         op = int(ins[0])

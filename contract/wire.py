@@ -11,8 +11,8 @@ batch, so a consumer can prove it has everything below a punctuation mark.
 PARTIALS body: ``n u32 | kw u8 | na u8 | pane i64[n] | key i64[n*kw] | state i64[n*na]`` (columnar,
 so both levels convert with ``numpy.frombuffer`` instead of a per-record loop).
 
-PARTIALS_LZ4 body: ``raw_len u32 | LZ4 frame of a PARTIALS body``. The columns compress about 5x
-(panes repeat, IPv4 keys are mostly constant bytes) at over 1 GB/s, and every byte saved is a byte
+PARTIALS_LZ4 body: ``raw_len u32 | LZ4 frame of a PARTIALS body``. The columns compress well (panes
+repeat, IPv4 keys are mostly constant bytes), LZ4 costs little CPU, and every byte saved is a byte
 the high level's Kafka source, shuffle and Arrow hand-off do not move: the encoder uses it for any
 body of ``COMPRESS_MIN`` bytes or more. The CRC covers the message as sent (compressed); the body
 must decompress to exactly ``raw_len`` bytes (at most ``MAX_RAW``), or the batch is rejected.

@@ -34,9 +34,9 @@ def kafka_stream(
     # A consumer that reaches the end of a partition otherwise waits fetch.max.wait.ms (500 ms) per
     # task and micro-batch for data that is not there; punctuation latency matters more here.
     reader = reader.option("kafka.fetch.max.wait.ms", "50")
-    # Messages are whole partial batches (~100-200 KB): with the consumer's default 1 MiB per partition
-    # and fetch, reading a backlog is one round trip per few messages (measured: Kafka stage of the
-    # roll-up benchmark 0.75-0.8 s -> 0.53-0.56 s). Only what is there is returned, so no latency cost.
+    # Messages are whole partial batches (hundreds of KB): with the consumer's default 1 MiB per
+    # partition and fetch, reading a backlog is one round trip per few messages (the Kafka stage of
+    # benchmarks/bench_rollup.py is faster with this). Only what is there is returned: no latency cost.
     reader = reader.option("kafka.max.partition.fetch.bytes", str(16 << 20))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(int(max_offsets_per_trigger)))

@@ -48,10 +48,10 @@ PACKED_COLUMNS = ("query", "partition", "kind", "closed_at_ms", "hosts", "status
 OUTPUT_DDL = ("query string, partition int, kind string, closed_at_ms long, hosts int, status string, "
               "rows int, kw int, na int, data binary")  # fmt: skip
 PACK_BYTES = 16 << 20  # at most this many bytes of int64 columns per packed row (before compression)
-# The columns travel as one LZ4-compressed Arrow IPC record batch (w, k0.., s0..): moving bytes
-# Python -> JVM -> driver costs ~15 ms/MB on local[2] (measured: 29 MB of windows per task added
-# ~0.5 s to the stateful stage); LZ4 shrinks them ~5x for ~0.6 ms/MB. The IPC reader checks every
-# decompressed length, so a damaged value fails loudly.
+# The columns travel as one LZ4-compressed Arrow IPC record batch (w, k0.., s0..): every byte moved
+# Python -> JVM -> driver costs time in the stateful stage, and LZ4 removes far more of that than it
+# costs (benchmarks/bench_stages.py shows the stages). The IPC reader checks every decompressed
+# length, so a damaged value fails loudly.
 PACK_CODEC = "lz4"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression=PACK_CODEC)
 

@@ -10,6 +10,7 @@ follows the agent's rule: mark P is sent only after every partial with pane < P.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,35 +37,65 @@ class Message:
         return self.mark_pane is not None
 
 
+def _masked_addresses(ver: np.ndarray, hi: np.ndarray, lo: np.ndarray, prefix4: int | None,
+                      prefix6: int | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each address cut to its family's prefix by :mod:`ipaddress`, not by the kernel's mask words
+    (``Q.key_program``), so a wrong mask there shows up as a difference; distinct addresses once."""
+    triples = np.column_stack([ver, hi, lo]).astype(np.int64)
+    uniq, inv = np.unique(triples, axis=0, return_inverse=True)
+    out = np.empty((len(uniq), 2), np.int64)
+    for i, (v, h, lw) in enumerate(uniq.tolist()):
+        if v == 4:
+            net = ipaddress.IPv4Network((lw & 0xFFFF_FFFF, 32 if prefix4 is None else prefix4), strict=False)
+            value = (F.IPV4_MAPPED_PREFIX << 64 >> 64) | int(net.network_address)
+        else:
+            addr = ((h & 0xFFFF_FFFF_FFFF_FFFF) << 64) | (lw & 0xFFFF_FFFF_FFFF_FFFF)
+            net6 = ipaddress.IPv6Network((addr, 128 if prefix6 is None else prefix6), strict=False)
+            value = int(net6.network_address)
+        out[i] = F.to_int64(value >> 64), F.to_int64(value)
+    inv = inv.reshape(-1)
+    return out[inv, 0], out[inv, 1]
+
+
+def _field_values(r: np.ndarray, name: str) -> np.ndarray:
+    """A numeric field per packet row; dscp is the top six bits of the TOS / traffic-class byte."""
+    return r[:, F.TOS] >> 2 if name == "dscp" else r[:, F.CATALOG[name].columns[0]]
+
+
 def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per matching packet: (row index, pane, key words, state) exactly as the low level defines them."""
+    """Per matching packet: (row index, pane, key words, state), the reference the low level must equal.
+
+    Written from the query's own terms (fields, prefixes, aggregate functions), not from the kernel's
+    key program or state sources, so the tests compare two independent computations.
+    """
     prog = compile_filter(q.filter)
     keep = np.array([evaluate(prog, r) for r in rows], dtype=bool) if len(prog) else np.ones(len(rows), bool)
     idx = np.flatnonzero(keep)
     r = rows[idx]
     pane = (r[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
     words = []
-    v4 = r[:, F.IPVER] == 4
-    for col, is_ip, m4h, m4l, m6h, m6l in Q.key_program(q):
-        if is_ip:
-            words.append(r[:, col] & np.where(v4, m4h, m6h))
-            words.append(r[:, col + 1] & np.where(v4, m4l, m6l))
+    for p in q.key_parts:
+        if p.field.kind == "ip":
+            c = p.field.columns[0]
+            words.extend(_masked_addresses(r[:, F.IPVER], r[:, c], r[:, c + 1], p.prefix4, p.prefix6))
         else:
-            words.append((r[:, F.TOS] >> 2) if col == Q.SRC_DSCP else r[:, col])
+            words.append(_field_values(r, p.field.name))
     key = np.column_stack(words) if words else np.zeros((len(r), 1), np.int64)
+    ones = np.ones(len(r), np.int64)
     cols = []
-    for c in Q.state_columns(q):
-        if c.source == Q.SRC_ONE:
-            cols.append(np.ones(len(r), np.int64))
-        elif c.source == Q.SRC_DSCP:
-            cols.append(r[:, F.TOS] >> 2)
+    for a in q.aggregates:
+        if a.fn == "count":
+            cols.append(ones)
+        elif a.fn == "avg":  # travels as (sum, count)
+            cols.extend([_field_values(r, a.field or ""), ones])
         else:
-            cols.append(r[:, c.source])
+            cols.append(_field_values(r, a.field or ""))
     return idx, pane.astype(np.int64), key.astype(np.int64), np.column_stack(cols).astype(np.int64)
 
 
-def _aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray,
-               state: np.ndarray) -> pd.DataFrame:  # fmt: skip
+def aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray,
+              state: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    """One row per (group columns, key words), state columns merged by their merge op, sorted."""
     data = dict(group_cols)
     kcols = [f"k{i}" for i in range(key.shape[1])]
     for i, c in enumerate(kcols):
@@ -75,6 +106,13 @@ def _aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarra
         aggs[f"s{j}"] = {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
     by = list(group_cols) + kcols
     return pd.DataFrame(data).groupby(by, as_index=False, sort=True).agg(aggs)
+
+
+def pane_oracle(q: Q.QuerySpec, rows: np.ndarray) -> pd.DataFrame:
+    """The exact per-(pane, key) state of ``q`` over parsed-packet ``rows``: THE reference aggregate
+    of the test suite (low-level exactness, emulated hosts, the Spark roll-up all compare with it)."""
+    _, pane, key, state = packet_partials(q, rows)
+    return aggregate(q, {"pane": pane}, key, state)
 
 
 def host_messages(
@@ -93,7 +131,7 @@ def host_messages(
     w = q.window
     _, pane, key, state = packet_partials(q, rows)
     ev = rng.integers(0, evictions, len(pane)) if len(pane) else np.empty(0, np.int64)
-    df = _aggregate(q, {"pane": pane, "ev": ev}, key, state)
+    df = aggregate(q, {"pane": pane, "ev": ev}, key, state)
     kw = key.shape[1]
     pk = df["pane"].to_numpy(np.int64)
     kk = df[[f"k{i}" for i in range(kw)]].to_numpy(np.int64).reshape(len(df), kw)
@@ -166,7 +204,7 @@ def split_hosts(n_packets: int, hosts: int, seed: int = 0) -> np.ndarray:
 
 
 def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
-    """Windows from a per-(pane, key) oracle (tests.packets.oracle), by brute force over WIDs."""
+    """Windows from a per-(pane, key) oracle (:func:`pane_oracle`), by brute force over WIDs."""
     k = q.window.panes_per_window
     kcols = [c for c in pane_oracle.columns if c.startswith("k")]
     scols = [c for c in pane_oracle.columns if c.startswith("s")]

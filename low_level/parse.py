@@ -141,7 +141,7 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
     Allocation- and exception-free so fused kernels can inline it per packet. The body is written
     with ONE exit (``while True`` + ``break``) and the last uses of ``data`` and ``row`` at that exit:
     Numba then keeps both arrays' lifetimes in a single region and its refcount pruning removes the
-    per-call NRT incref/decref pairs (atomics; with them the parser ran ~3x slower).
+    per-call NRT incref/decref pairs (atomic operations on every packet, which slow the parser badly).
     """
     end = off + caplen
     if end > data.shape[0]:

@@ -1,5 +1,9 @@
-"""Test traffic: packet descriptions as numpy columns, raw Ethernet/IPv4 frames built from them, and
-the exact offline aggregate (the oracle) computed from the descriptions, never from our parser."""
+"""Test traffic: packet descriptions as numpy columns, raw Ethernet/IPv4/IPv6 frames built from them,
+and the exact offline aggregate (the oracle) computed from the descriptions, never from our parser.
+
+The oracle itself is :func:`high_level.simulate.pane_oracle`, the one reference of the suite: the
+emulated hosts of the high-level tests derive their partials from the same function.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ import pandas as pd
 
 from contract import fields as F
 from contract import query as Q
-from contract.filterlang import compile_filter, evaluate
+from high_level import simulate
 
-SNAP = 64
+SNAP = 64  # IPv4 frames
+SNAP6 = 80  # frames of traffic with IPv6 (Ethernet 14 + IPv6 40 + TCP 20 = 74 bytes of headers)
 
 
 @dataclass
@@ -26,12 +31,21 @@ class Traffic:
     flags: np.ndarray  # tcp flags
     length: np.ndarray  # wire length
     ttl: np.ndarray
+    tos: np.ndarray | None = None  # IPv4 TOS / IPv6 traffic class; None = all 0
+    v6: np.ndarray | None = None  # bool: an IPv6 packet, addresses in src6/dst6; None = all IPv4
+    src6: np.ndarray | None = None  # int64 (n, 2) words (hi, lo), used where v6
+    dst6: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ts)
 
     def take(self, idx: np.ndarray) -> Traffic:
-        return Traffic(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        cols = (getattr(self, f) for f in self.__dataclass_fields__)
+        return Traffic(*(None if c is None else c[idx] for c in cols))
+
+    @property
+    def has_v6(self) -> bool:
+        return self.v6 is not None and bool(self.v6.any())
 
     def rows(self) -> np.ndarray:
         """Parsed-packet rows as the contract defines them (for the oracle and filter checks)."""
@@ -47,6 +61,12 @@ class Traffic:
         r[:, F.LEN] = self.length
         r[:, F.TCP_FLAGS] = np.where(self.proto == 6, self.flags, 0)
         r[:, F.TTL] = self.ttl
+        if self.tos is not None:
+            r[:, F.TOS] = self.tos
+        if self.v6 is not None:
+            r[self.v6, F.IPVER] = 6
+            r[self.v6, F.SRC_HI : F.SRC_LO + 1] = self.src6[self.v6]
+            r[self.v6, F.DST_HI : F.DST_LO + 1] = self.dst6[self.v6]
         return r
 
 
@@ -69,10 +89,36 @@ def make_traffic(n: int, groups: int, t0_ns: int, span_ns: int, seed: int = 0) -
     )
 
 
+def make_mixed_traffic(n: int, groups: int, t0_ns: int, span_ns: int, seed: int = 0,
+                       v6_share: float = 0.5) -> Traffic:  # fmt: skip
+    """:func:`make_traffic` with a share of IPv6 packets and random TOS bytes (every DSCP and ECN value).
+
+    IPv6 addresses are 2001:db8:S:N:<interface id> with S (0..3) picking the /48 and N a few /64s
+    inside it; source interface ids are random, destination ids small: /48, /56, /64 and full-address
+    groups all differ.
+    """
+    t = make_traffic(n, groups, t0_ns, span_ns, seed)
+    rng = np.random.default_rng(seed + 1000)
+    g = rng.integers(0, groups, n)
+
+    def addr6(site: np.ndarray, net: np.ndarray, iid: np.ndarray) -> np.ndarray:
+        hi = np.int64(0x20010DB8 << 32) | (site.astype(np.int64) << 16) | net.astype(np.int64)
+        return np.column_stack([hi, iid.astype(np.int64)])
+
+    t.v6 = rng.random(n) < v6_share
+    t.src6 = addr6(g % 4, g % 3, rng.integers(-(1 << 63), (1 << 63) - 1, n, dtype=np.int64))
+    t.dst6 = addr6((g // 4) % 4, (g // 16) % 5, (g % 64) + 1)
+    t.tos = rng.integers(0, 256, n).astype(np.int64)
+    t.length = np.where(t.v6, np.maximum(t.length, SNAP6), t.length)  # whole headers on the wire
+    return t
+
+
 def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Raw Ethernet/IPv4/TCP-or-UDP frames (first SNAP bytes) -> (frames[n,SNAP], caplen, wirelen, ts)."""
+    """Raw Ethernet/IPv4-or-IPv6/TCP-or-UDP frames (first SNAP, or SNAP6 with IPv6, bytes)
+    -> (frames[n, snap], caplen, wirelen, ts)."""
     n = len(t)
-    f = np.zeros((n, SNAP), dtype=np.uint8)
+    snap = SNAP6 if t.has_v6 else SNAP
+    f = np.zeros((n, snap), dtype=np.uint8)
     f[:, 0:6] = [0x02, 0, 0, 0, 0, 1]
     f[:, 6:12] = [0x02, 0, 0, 0, 0, 2]
     f[:, 12:14] = [0x08, 0x00]
@@ -92,50 +138,41 @@ def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     tcp = t.proto == 6
     f[tcp, 46] = 0x50
     f[tcp, 47] = t.flags[tcp]
-    caplen = np.full(n, SNAP, dtype=np.int64)
+    if t.tos is not None:
+        f[:, 15] = t.tos
+    if t.has_v6:
+        v6 = t.v6
+        f[v6, 14:] = 0
+        f[v6, 12:14] = [0x86, 0xDD]
+        tc = t.tos if t.tos is not None else np.zeros(n, np.int64)
+        f[v6, 14] = 0x60 | (tc[v6] >> 4)
+        f[v6, 15] = (tc[v6] & 0x0F) << 4
+        plen = np.minimum(t.length - 54, 65535)
+        f[v6, 18] = plen[v6] >> 8
+        f[v6, 19] = plen[v6] & 0xFF
+        f[v6, 20] = t.proto[v6]
+        f[v6, 21] = t.ttl[v6]
+        for base, words in ((22, t.src6), (38, t.dst6)):
+            for w in range(2):
+                u = words[v6, w].view(np.uint64)
+                for k in range(8):
+                    f[v6, base + 8 * w + k] = (u >> np.uint64(56 - 8 * k)) & np.uint64(0xFF)
+        f[v6, 54] = t.sport[v6] >> 8
+        f[v6, 55] = t.sport[v6] & 0xFF
+        f[v6, 56] = t.dport[v6] >> 8
+        f[v6, 57] = t.dport[v6] & 0xFF
+        tcp6 = v6 & tcp
+        f[tcp6, 66] = 0x50
+        f[tcp6, 67] = t.flags[tcp6]
+    caplen = np.full(n, snap, dtype=np.int64)
     return f, caplen, t.length.astype(np.int64), t.ts.astype(np.int64)
 
 
 def oracle(q: Q.QuerySpec, t: Traffic) -> pd.DataFrame:
-    """Exact per-(pane, key) state columns, computed offline with pandas from the descriptions."""
-    rows = t.rows()
-    prog = compile_filter(q.filter)
-    keep = np.array([evaluate(prog, r) for r in rows], dtype=bool) if len(prog) else np.ones(len(rows), bool)
-    rows = rows[keep]
-    pane = (rows[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
-    data = {"pane": pane}
-    kp = Q.key_program(q)
-    w = 0
-    for col, is_ip, m4h, m4l, _m6h, _m6l in kp:
-        if is_ip:
-            data[f"k{w}"] = rows[:, col] & m4h
-            data[f"k{w + 1}"] = rows[:, col + 1] & m4l
-            w += 2
-        else:
-            data[f"k{w}"] = (rows[:, F.TOS] >> 2) if col == Q.SRC_DSCP else rows[:, col]
-            w += 1
-    if w == 0:
-        data["k0"] = np.zeros(len(rows), np.int64)
-        w = 1
-    aggs = {}
-    for j, c in enumerate(Q.state_columns(q)):
-        v = np.ones(len(rows), np.int64) if c.source == Q.SRC_ONE else rows[:, c.source]
-        data[f"s{j}"] = v
-        aggs[f"s{j}"] = {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
-    df = pd.DataFrame(data)
-    keys = ["pane"] + [f"k{i}" for i in range(w)]
-    return df.groupby(keys, as_index=False).agg(aggs).sort_values(keys).reset_index(drop=True)
+    """Exact per-(pane, key) state columns of the descriptions (the suite's one reference)."""
+    return simulate.pane_oracle(q, t.rows())
 
 
 def merge_partials(q: Q.QuerySpec, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> pd.DataFrame:
     """Roll partial records up to one row per (pane, key), the way the high level must."""
-    cols = Q.state_columns(q)
-    data = {"pane": pane}
-    for i in range(key.shape[1]):
-        data[f"k{i}"] = key[:, i]
-    aggs = {}
-    for j, c in enumerate(cols):
-        data[f"s{j}"] = state[:, j]
-        aggs[f"s{j}"] = {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
-    keys = ["pane"] + [f"k{i}" for i in range(key.shape[1])]
-    return pd.DataFrame(data).groupby(keys, as_index=False).agg(aggs).sort_values(keys).reset_index(drop=True)
+    return simulate.aggregate(q, {"pane": pane}, key, state)

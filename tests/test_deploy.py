@@ -38,8 +38,13 @@ CAPTURE = DEPLOY / "capture-host" / "docker-compose.yml"
 COMPOSE_FILES = (CENTRAL, CAPTURE)
 DOCKERFILE = REPO / "Dockerfile"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+RULES = DEPLOY / "prometheus" / "rules"
 DASHBOARDS = DEPLOY / "grafana" / "dashboards"
-LOCK = DEPLOY / "requirements.lock"
+ROLES = ("agent", "central")  # Dockerfile targets = pyproject extras = deploy/requirements-<role>.lock
+LOCKS = {role: DEPLOY / f"requirements-{role}.lock" for role in ROLES}
+# what a capture host must not install or import: the central roles' stack and the test/bench tools
+NOT_ON_CAPTURE_HOSTS = ("pyspark", "py4j", "duckdb", "fastapi", "starlette", "uvicorn", "pandas", "dpkt", "scapy",
+                        "matplotlib")  # fmt: skip
 
 # Values for the variables compose files require (${VAR:?...}), for `config` only.
 REQUIRED_ENV = {
@@ -143,9 +148,8 @@ def compose_binary() -> list[str] | None:
 @pytest.fixture(scope="module")
 def compose_cmd() -> list[str]:
     cmd = compose_binary()
-    if cmd is None:
-        pytest.skip("neither docker-compose nor `docker compose` is available, and docker-compose could not be "
-                    "installed with apt-get (not root or no apt-get): compose files not validated")  # fmt: skip
+    assert cmd is not None, ("neither docker-compose nor `docker compose` is available (./lw setup installs the "
+                             "Debian package docker-compose): compose files not validated")  # fmt: skip
     return cmd
 
 
@@ -253,8 +257,6 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
 
 
 def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
-    if importlib.util.find_spec("high_level.serve.api") is None:
-        pytest.skip("high_level/serve/api.py (lowwater-api) is not written yet: the API's flags are not checked")
     api = command_of(services(CENTRAL)["api"])
     assert api[0] == "lowwater-api"
     used = {c for c in api if c.startswith("--")}
@@ -356,12 +358,12 @@ def test_promtool_accepts_the_prometheus_config_and_every_dashboard_expression(t
     """Real parsers: ``promtool check config`` (mount paths mapped to deploy/) and ``promtool check rules``
     on one recording rule per Grafana expression (Grafana variables replaced by plain values)."""
     promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (Debian package 'prometheus'): Prometheus config and PromQL syntax "
-                    "checked only by this file's own parsing")  # fmt: skip
+    assert promtool, "promtool not installed (Debian package 'prometheus', installed by ./lw setup)"
     secret = tmp_path / "api_token"
     secret.write_text("token\n")
     text = PROMETHEUS.read_text().replace("/etc/prometheus/file_sd", str(DEPLOY / "prometheus" / "file_sd"))
+    text = text.replace("/etc/prometheus/rules", str(RULES))
+    assert str(RULES) in text, "prometheus.yml loads no rule files from /etc/prometheus/rules"
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(text.replace("/run/secrets/api_token", str(secret)))
     out = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True, timeout=60)
@@ -371,8 +373,23 @@ def test_promtool_accepts_the_prometheus_config_and_every_dashboard_expression(t
              for i, (_, _, e) in enumerate(dashboard_exprs()) if not e.startswith("label_values(")]  # fmt: skip
     rf = tmp_path / "rules.yml"
     rf.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    out = subprocess.run([promtool, "check", "rules", str(rf)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([promtool, "check", "rules", str(rf), *map(str, sorted(RULES.glob("*.yml")))],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_alert_and_recording_rules_use_only_exported_metrics() -> None:
+    """Every metric an alert or recording rule reads is exported by the code (or Prometheus' ``up``,
+    or a series recorded by the rules themselves); the rules directory is mounted into Prometheus."""
+    defined = set().union(*defined_metrics().values())
+    rules = [r for f in sorted(RULES.glob("*.yml")) for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+    recorded = {r["record"] for r in rules if "record" in r}
+    assert recorded and any("alert" in r for r in rules)
+    for r in rules:
+        for n in promql_metrics(r["expr"]):
+            assert n == "up" or n in recorded or exposition_candidates(n) & defined, f"{r}: {n} is not exported"
+    mounts = services(CENTRAL)["prometheus"]["volumes"]
+    assert any(str(v).startswith("./deploy/prometheus/rules:/etc/prometheus/rules") for v in mounts), mounts
 
 
 # -- Grafana plots only metrics the code exports ----------------------------------------------------
@@ -468,9 +485,7 @@ def test_every_dashboard_metric_is_defined_in_the_code(component: str) -> None:
     used = {(n, f"{f} / {t}") for f, t, e in dashboard_exprs() for n in promql_metrics(e)
             if n.startswith(f"lowwater_{component}_")}  # fmt: skip
     assert used, f"the dashboard plots no lowwater_{component}_* metric"
-    if not defined:
-        pytest.skip(f"no lowwater_{component}_* metric is defined under high_level/ yet "
-                    f"({len(used)} panel uses unchecked)")  # fmt: skip
+    assert defined, f"no lowwater_{component}_* metric found in the code ({len(used)} panel uses unchecked)"
     missing = sorted({(n, where) for n, where in used if not exposition_candidates(n) & defined})
     assert not missing, f"dashboard metrics not exported by the code: {missing}; defined: {sorted(defined)}"
 
@@ -523,21 +538,35 @@ def test_capture_host_has_host_networking_and_only_net_raw_net_admin() -> None:
     assert flag(command_of(a), "--source").startswith("afpacket:")
 
 
-def _dockerfile_final_user() -> str | None:
-    user = None
-    for line in DOCKERFILE.read_text().splitlines():
-        s = line.strip()
-        if s.upper().startswith("FROM "):
-            user = None  # each stage starts as the base image's user (root for python:*)
-        elif s.upper().startswith("USER "):
-            user = s.split(None, 1)[1].strip()
-    return user
+def dockerfile_stages() -> dict[str, str]:
+    """Stage name -> its instructions (from its FROM line to the next; comment lines left out)."""
+    text = "\n".join(ln for ln in DOCKERFILE.read_text().splitlines() if not ln.lstrip().startswith("#"))
+    parts = re.split(r"^(?=FROM\s)", text, flags=re.M)
+    out = {}
+    for part in parts[1:]:
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", part, re.I)
+        assert m, f"unnamed stage: {part.splitlines()[0]}"
+        out[m.group(1)] = part
+    return out
+
+
+def _stage_user(stage: str) -> str | None:
+    """The USER a target runs as (each stage starts as its base's user: root for python:*, else the
+    parent stage's)."""
+    stages = dockerfile_stages()
+    text = stages[stage]
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    if users:
+        return users[-1]
+    parent = re.match(r"FROM\s+(\S+)", text).group(1)
+    return _stage_user(parent) if parent in stages else None
 
 
 def test_image_does_not_run_as_root_except_for_capture() -> None:
-    user = _dockerfile_final_user()
-    assert user is not None, "the final stage of the Dockerfile sets no USER (would run as root)"
-    assert user.split(":")[0] not in ("0", "root"), f"image runs as {user}"
+    for role in ROLES:
+        user = _stage_user(role)
+        assert user is not None, f"target {role} sets no USER (would run as root)"
+        assert user.split(":")[0] not in ("0", "root"), f"target {role} runs as {user}"
     for path in COMPOSE_FILES:
         for name, svc in services(path).items():
             u = str(svc.get("user", "")).split(":")[0]
@@ -583,40 +612,119 @@ def test_third_party_images_are_pinned_and_kafka_matches_local_stack() -> None:
 
 
 def test_dockerfile_builds_what_the_roles_need() -> None:
+    """One target per role; the agent target has no Java, Maven, Spark jars or central lock."""
+    stages = dockerfile_stages()
+    assert set(ROLES) <= set(stages), f"targets {ROLES} not all in {sorted(stages)}"
+    agent = stages["agent"] + stages["build-agent"]
+    central = stages["central"] + stages["build-central"]
+    assert "openjdk-17-jre-headless" in stages["central"], "Spark 4 needs Java 17"
+    assert "local_stack.jars" in central and "spark_kafka_jars" in central, "connector jars via the project's Maven fetch"
+    for word in ("openjdk", "maven", "spark_kafka_jars", "requirements-central.lock", "/var/lib/lowwater/jars"):
+        assert word not in agent and word not in stages["base"], f"the agent image gets {word}"
+    for role, text in (("agent", agent), ("central", central)):
+        assert f"deploy/requirements-{role}.lock" in text, f"target {role} does not install its lock"
+        assert re.search(r"^HEALTHCHECK\s", stages[role], re.M), role
+        assert re.search(r"^LABEL\s+org\.opencontainers\.image\.", stages[role], re.M), role
     text = DOCKERFILE.read_text()
-    assert "openjdk-17-jre-headless" in text, "Spark 4 needs Java 17"
-    assert "local_stack.jars" in text and "spark_kafka_jars" in text, "connector jars via the project's Maven fetch"
-    assert re.search(r"^HEALTHCHECK\s", text, re.M)
-    assert re.search(r"^LABEL\s+org\.opencontainers\.image\.", text, re.M)
-    assert "deploy/requirements.lock" in text
     for script in re.findall(r"/app/(deploy/docker/[\w.]+\.py)", text + CENTRAL.read_text() + CAPTURE.read_text()):
         assert (REPO / script).is_file(), script
     ignore = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip() and ln[0] != "#"]
-    assert "!deploy/docker" in ignore and "!deploy/requirements.lock" in ignore
+    assert "!deploy/docker" in ignore
+    assert all(f"!deploy/{LOCKS[r].name}" in ignore for r in ROLES)
     for needed in ("local_stack", "contract", "low_level", "high_level", "configs", "pyproject.toml", "README.md"):
         assert needed not in ignore, f".dockerignore drops {needed}, which the image needs"
 
 
-def test_requirements_lock_pins_every_pyproject_dependency() -> None:
-    from packaging.requirements import Requirement
+def test_compose_services_build_their_roles_target() -> None:
+    """Capture agents (and the demo agent) run the agent image; every other lowwater service the central one."""
+    seen = set()
+    for path in COMPOSE_FILES:
+        for name, svc in services(path).items():
+            if "build" not in svc:
+                continue
+            role = "agent" if command_of(svc)[0] == "lowwater-agent" else "central"
+            assert svc["build"].get("target") == role, f"{path.name}: {name} builds {svc['build'].get('target')}"
+            assert f"lowwater-{role}:" in svc["image"], f"{path.name}: {name} image {svc['image']}"
+            seen.add(role)
+    assert seen == set(ROLES)
+
+
+def _pins(lock: Path) -> dict[str, str]:
     from packaging.utils import canonicalize_name
 
     pins: dict[str, str] = {}
-    for line in LOCK.read_text().splitlines():
+    for line in lock.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            assert version, f"requirements.lock: {line!r} is not pinned with =="
+            assert version, f"{lock.name}: {line!r} is not pinned with =="
             pins[canonicalize_name(name)] = version
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return pins
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_requirements_lock_pins_every_dependency_of_the_role(role: str) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = _pins(LOCKS[role])
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"][role]
     for dep in deps:
         req = Requirement(dep)
         got = pins.get(canonicalize_name(req.name))
-        assert got is not None, f"{req.name} (pyproject) is not pinned in deploy/requirements.lock"
+        assert got is not None, f"{req.name} (pyproject, {role}) is not pinned in {LOCKS[role].name}"
         assert req.specifier.contains(got, prereleases=True), f"{req.name}=={got} violates pyproject {req.specifier}"
-    spark_pom = (REPO / "local_stack" / "maven" / "spark-kafka.pom.xml").read_text()
-    spark = re.search(r"<spark.version>([^<]+)</spark.version>", spark_pom).group(1)
-    assert pins["pyspark"] == spark, "pyspark must equal the Spark Kafka connector version"
+    if role == "central":
+        spark_pom = (REPO / "local_stack" / "maven" / "spark-kafka.pom.xml").read_text()
+        spark = re.search(r"<spark.version>([^<]+)</spark.version>", spark_pom).group(1)
+        assert pins["pyspark"] == spark, "pyspark must equal the Spark Kafka connector version"
+    else:
+        assert not set(pins) & set(NOT_ON_CAPTURE_HOSTS), f"the agent lock pins {set(pins) & set(NOT_ON_CAPTURE_HOSTS)}"
+
+
+def test_agent_extra_leaves_out_the_central_stack_and_test_tools() -> None:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {Requirement(d).name.lower() for d in project["dependencies"] + project["optional-dependencies"]["agent"]}
+    assert not names & set(NOT_ON_CAPTURE_HOSTS), names & set(NOT_ON_CAPTURE_HOSTS)
+    for tool in ("dpkt", "scapy"):  # only where used
+        assert any(Requirement(d).name == tool for d in project["optional-dependencies"]["test"])
+        assert not any(Requirement(d).name == tool for d in project["dependencies"] + project["optional-dependencies"]["central"])
+
+
+def test_agent_import_graph_stays_off_the_central_stack() -> None:
+    """The agent and every module it may load (sources, metrics, emit, topic provisioning) import
+    nothing a capture host does not install: checked in a fresh interpreter's sys.modules."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import low_level, contract\n"
+        "for pkg in (contract, low_level):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from low_level.agent import main\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    top = set(out.stdout.split())
+    assert {"low_level", "numba", "pyarrow"} <= top, "the probe did not import the agent"
+    forbidden = {*NOT_ON_CAPTURE_HOSTS, "high_level", "local_stack"}
+    assert not top & forbidden, top & forbidden
+    # imports inside functions (sources, Kafka, metrics are loaded lazily) never ran above: read them all
+    allowed = {*sys.stdlib_module_names, "contract", "low_level", "numpy", "numba", "llvmlite", "pyarrow", "pydantic",
+               "yaml", "kafka", "crc32c", "prometheus_client", "tqdm"}  # fmt: skip
+    for py in [*(REPO / "contract").rglob("*.py"), *(REPO / "low_level").rglob("*.py")]:
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for n in names:
+                assert n.split(".")[0] in allowed, f"{py.relative_to(REPO)}:{node.lineno} imports {n}"
 
 
 # -- deploy helper scripts -------------------------------------------------------------------------

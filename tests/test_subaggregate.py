@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contract import fields as F
 from contract import query as Q
 from contract import wire
 from low_level.agent import Agent
 from low_level.kernel import Kernel
 from low_level.ring import HEAD, Ring
 from low_level.tables import EMPTY, QS_CUR, QS_LATE, Tables
-from tests.packets import build_frames, make_traffic, merge_partials, oracle
+from tests.packets import Traffic, build_frames, make_mixed_traffic, make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -111,6 +112,70 @@ def test_prefix_group_is_exact() -> None:
     recs = run_kernel([q], traffic)[0]
     got = merge_partials(q, *Tables.build([q]).split(0, recs))
     assert got.equals(oracle(q, traffic))
+
+
+def test_oracle_cuts_ipv6_prefixes_and_reads_dscp_by_hand() -> None:
+    """The reference itself, on four hand-written packets: IPv6 keys cut at /48 and /64 (IPv4 at /24),
+    dscp = tos >> 2 both as a key and as an aggregate, tos min/max over the raw byte."""
+    q = make_query("lazy", 64, group="[dst_ip/24/48, dscp]",
+                   aggs="[{fn: count, as: n}, {fn: sum, field: dscp, as: d}, {fn: min, field: tos, as: lo}, "
+                        "{fn: max, field: tos, as: hi}]")  # fmt: skip
+    q64 = make_query("lazy", 64, group="[dst_ip/24]", aggs="[{fn: max, field: dscp, as: d}]")
+    dst = ["2001:db8:1:2:aaaa::1", "2001:db8:1:2:bbbb::2", "2001:db8:1:3::1", "192.168.7.9"]
+    tos = np.array([0xB8, 0xBB, 0xB8, 0x28])  # EF (46) with ECN 0 and 3, EF again, AF11 (10)
+    n = len(dst)
+    words = np.array([F.ip_to_words(a) for a in dst], dtype=object)
+    t = Traffic(ts=np.full(n, T0), src=np.full(n, 0x0A000001, np.uint32), dst=np.full(n, 0xC0A80709, np.uint32),
+                sport=np.full(n, 1000), dport=np.full(n, 80), proto=np.full(n, 17), flags=np.zeros(n, np.int64),
+                length=np.array([100, 200, 300, 400]), ttl=np.full(n, 64), tos=tos,
+                v6=np.array([True, True, True, False]), src6=np.zeros((n, 2), np.int64),
+                dst6=np.array([[F.to_int64(h), F.to_int64(lo)] for h, lo in words], np.int64))  # fmt: skip
+    pane = (T0 - q.window.origin_ns) // q.window.pane_ns
+
+    def k(a: str) -> tuple[int, int]:
+        return F.ip_to_words(a)
+
+    got = {tuple(r[1:4]): tuple(r[4:]) for r in oracle(q, t).itertuples(index=False)}
+    assert got == {(*k("2001:db8:1::"), 46): (3, 138, 0xB8, 0xBB), (*k("192.168.7.0"), 10): (1, 10, 0x28, 0x28)}
+    got64 = {tuple(r[1:3]): r[3] for r in oracle(q64, t).itertuples(index=False)}
+    assert got64 == {k("2001:db8:1:2::"): 46, k("2001:db8:1:3::"): 46, k("192.168.7.0"): 10}
+    assert (oracle(q, t)["pane"] == pane).all()
+
+
+MIXED_QUERIES = {  # name: (group_by, aggregates, filter)
+    "v6_64": ("[dst_ip/24]", "[{fn: count, as: n}, {fn: sum, field: length, as: b}, "
+                             "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]", ""),
+    "mixed_prefixes": ("[src_ip/16/48, dst_ip/24/56]", "[{fn: count, as: n}, {fn: max, field: dscp, as: d}]", ""),
+    "by_dscp": ("[dscp]", "[{fn: count, as: n}, {fn: sum, field: dscp, as: sd}, {fn: avg, field: dscp, as: ad}, "
+                          "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]", ""),
+    "full_v6_and_port": ("[dst_ip, dst_port]", "[{fn: sum, field: length, as: b}, {fn: min, field: dscp, as: d}]",
+                         "dscp >= 32 or dst_ip in [2001:db8:1::/48]"),
+    "no_group": ("[]", "[{fn: count, as: n}, {fn: min, field: dscp, as: lo}, {fn: max, field: tos, as: hi}]",
+                 "ip_version == 6"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["lazy", "slow"])
+def test_ipv6_prefixes_and_dscp_tos_are_exact(policy: str) -> None:
+    """Mixed IPv4/IPv6 traffic with every TOS byte through the kernel, one generated pass for all the
+    query shapes, small tables (evictions): equal to the reference per (pane, key)."""
+    qs = [make_query(policy, 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in MIXED_QUERIES.items()]
+    traffic = make_mixed_traffic(40_000, 1500, T0, 40 * NS, seed=8)
+    assert 0.4 < traffic.v6.mean() < 0.6 and len(np.unique(traffic.tos)) == 256
+    out = run_kernel(qs, traffic)
+    tables = Tables.build(qs)
+    for i, q in enumerate(qs):
+        exp = oracle(q, traffic)
+        got = merge_partials(q, *tables.split(i, out[i]))
+        assert got.equals(exp), q.name
+        assert len(out[i]) >= len(exp) > 0
+    rows = traffic.rows()
+    v6 = rows[:, F.IPVER] == 6
+    by64 = oracle(qs[0], traffic)
+    # the data exercises the cut: fewer /64 keys than IPv6 destinations, and both families present
+    assert len(np.unique(rows[v6, F.DST_HI])) < len(np.unique(rows[v6][:, [F.DST_HI, F.DST_LO]], axis=0))
+    assert (by64["k1"] == 0).sum() > 0 and (by64["k0"] == 0).sum() > 0
+    assert len(oracle(qs[2], traffic)) == 64 * len(np.unique(rows[:, F.TS] // (10 * NS)))
 
 
 class RecordingProducer:
