@@ -131,6 +131,8 @@ class HighLevelJob:
         self.store = ResultStore(opts.results, self.queries)
         self.layouts = {q.name: Layout.of(q) for q in self.queries}
         self.streams: list[Any] = []
+        self._dropped: dict[str, int] = {}
+        self._dropped_seen: dict[str, int] = {}
         self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics, self.stream_progress)
 
     # -- building ---------------------------------------------------------------------------------
@@ -158,7 +160,7 @@ class HighLevelJob:
             # Hadoop's FileContext on the local file system (no native libhadoop in pyspark) forks a
             # `readlink` per checkpoint file create/rename, ~40 process spawns per micro-batch; the
             # FileSystem-based manager needs ~10, a chmod per new file (its renames are POSIX rename(2), atomic on one disk).
-            # Sustained roll-up rate: 1.16 -> 1.40 M records/s (benchmarks/bench_rollup.py).
+            # (benchmarks/bench_rollup.py measures the difference.)
             self.spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", _FS_CHECKPOINT_MANAGER)
         if self.opts.mode == "oop":
             self.streams = [self._start_oop()]
@@ -259,11 +261,35 @@ class HighLevelJob:
                                        dropped_by_watermark=p["droppedByWatermark"])
                 for name, p in self.progress().items()}  # fmt: skip
 
+    def dropped_by_watermark(self) -> dict[str, int]:
+        """Rows Spark's watermark dropped, per stream, over every micro-batch seen so far.
+
+        Why not the last progress: each progress counts only its own batch, so a gauge of the last one
+        reads 0 whenever the latest batch dropped nothing. ``recentProgress`` keeps the last ~100
+        batches: this polls it often enough (every second) and adds each batch once.
+        """
+        for s in self.streams:
+            try:
+                recent = s.recentProgress
+            except Exception:  # noqa: BLE001 - a stopped query has no progress
+                continue
+            name = s.name or str(s.id)
+            seen = self._dropped_seen.get(name, -1)
+            for p in recent:
+                bid = int(p.get("batchId", -1))
+                if bid > seen:
+                    ops = p.get("stateOperators") or []
+                    self._dropped[name] = self._dropped.get(name, 0) + sum(int(o.get("numRowsDroppedByWatermark", 0)) for o in ops)
+                    seen = bid
+            self._dropped_seen[name] = seen
+        return dict(self._dropped)
+
     def refresh_metrics(self) -> None:
         """Copy Spark's state-store numbers into the gauges (per stream name)."""
         for name, p in self.progress().items():
             self.metrics.state_bytes.labels(name).set(p["stateMemoryBytes"])
-            self.metrics.dropped.labels(name).set(p["droppedByWatermark"])
+        for name, n in self.dropped_by_watermark().items():
+            self.metrics.dropped.labels(name).set(n)
 
     def process_all_available(self) -> None:
         for s in self.streams:

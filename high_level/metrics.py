@@ -37,7 +37,7 @@ class JobMetrics:
         self.state_rows = Gauge("lowwater_job_state_rows", "Rows in the pane tables (OOP) or Spark state store",
                                 ["query"], registry=r)  # fmt: skip
         self.state_bytes = Gauge("lowwater_job_state_memory_bytes", "Spark state store memory", ["query"], registry=r)
-        self.dropped = Gauge("lowwater_job_rows_dropped_by_watermark", "Rows Spark's watermark dropped (baseline mode)",
+        self.dropped = Gauge("lowwater_job_rows_dropped_by_watermark", "Rows Spark's watermark dropped since the job started (baseline mode)",
                              ["query"], registry=r)  # fmt: skip
         self.batch_duration = Histogram(
             "lowwater_job_batch_duration_seconds", "Micro-batch duration (sink side, includes the stateful step)",
