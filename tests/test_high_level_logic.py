@@ -209,6 +209,23 @@ def test_late_partials_counted_dropped_or_corrected():
     assert got == {12: (1 + 1 + 7 + 1, 3), 13: (1 + 7 + 1, 3), 14: (1, 9)}
 
 
+def test_end_of_stream_closes_data_windows_and_leaves_later_windows_open():
+    """A finished capture (end-of-stream mark) closes every window with data, and no more: the next run
+    of the same hosts (later windows) must not find its data late."""
+    q = Q.load_text(CONFIG).query("ports9x3")
+    r = QueryRollup(Layout.of(q))
+    r.add(np.array([10, 11]), np.array([[80], [80]]), np.array([[1, 9], [1, 9]]))
+    got = r.close(wire.END_OF_STREAM)
+    assert sorted(int(w) for w in got.window) == [10, 11, 12, 13]  # every window that pane 10 or 11 feeds
+    assert r.closed == 14 and r.open_windows() == 0
+    res = r.add(np.array([20]), np.array([[443]]), np.array([[2, 5]]), host_idx=np.array([0]), n_hosts=1)
+    assert res.late_per_host.tolist() == [0]
+    assert [int(w) for w in r.close(21).window] == [20]
+    assert len(r.close(wire.END_OF_STREAM)) == 2  # windows 21, 22 (pane 20 feeds 20..22)
+    empty = QueryRollup(Layout.of(q))
+    assert len(empty.close(wire.END_OF_STREAM)) == 0 and empty.closed is None  # nothing to close, no frontier
+
+
 # -- partition processor (the Spark step, offline) -----------------------------------------------
 def _run_offline(qs, msgs, partitions, settings, batches=23, roundtrip=True, drop=()):
     lays = [Layout.of(q) for q in qs]

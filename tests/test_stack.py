@@ -146,6 +146,21 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
         finally:
             rc = stack.interrupt()
         assert rc == 0, "".join(stack.console)[-3000:]
+    # then live traffic on the same state: the capture's end-of-stream must not make its windows late
+    stack = Stack(state, cfg, "generator:rate=2000,groups=50,clock=wall")
+    try:
+        stack.wait_for("lowwater is running", 300)
+        before = stack.get("/status")["queries"]["pairs"]["windows_closed"]
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            q = stack.get("/status")["queries"]["pairs"]
+            if q["windows_closed"] > before and q["hosts"]["local-agent"]["late_partials"] == 0:
+                break
+            time.sleep(2)
+        assert q["windows_closed"] > before, q
+        assert q["hosts"]["local-agent"]["late_partials"] == 0, q
+    finally:
+        assert stack.interrupt() == 0
 
 
 def test_topic_size_change_is_one_line_and_fresh_resets(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
