@@ -322,7 +322,10 @@ class PartitionProcessor:
             if key.shape[1:] != (lay.kw,) or state.shape[1:] != (lay.na,):
                 raise codec.CodecError(f"query {name!r} changed its key/state layout; use a new checkpoint")
             qs.rollup.pane, qs.rollup.key, qs.rollup.state = pane, key, state
-            qs.rollup.closed = qm["closed"]
+            closed = qm["closed"]
+            if closed is not None and closed > wire.END_OF_STREAM - lay.k and not len(pane):
+                closed = None  # a frontier at end of stream (saved before it stopped at the data): reopen
+            qs.rollup.closed = closed
             qs.meld.load_dict(qm["meld"])
             qs.hosts = qm["hosts"]
             qs.windows_closed = qm.get("windows_closed", 0)
