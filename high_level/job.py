@@ -139,16 +139,7 @@ class HighLevelJob:
     def start(self) -> list[Any]:
         """Start the streaming query (one in OOP mode, one per query in watermark mode)."""
         if self.opts.create_topics:
-            # Spark's Kafka source fails on a missing topic, and agents may start after the job
-            from contract.topics import connect, ensure_topics, wanted_topics
-
-            # the admin client authenticates exactly as the Kafka source does (one security block)
-            admin = connect(self.opts.bootstrap, self.opts.kafka_security.kafka_python(), 60)
-            try:
-                for topic, action in ensure_topics(admin, wanted_topics(self.queries)).items():
-                    log.info("topic %s: %s", topic, action)
-            finally:
-                admin.close()
+            self.provision_topics()
         self.spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
         # No empty micro-batches: with a processing-time timeout Spark would otherwise run one every
         # trigger forever (and processAllAvailable would never return). Closing needs no empty
@@ -169,6 +160,20 @@ class HighLevelJob:
 
             self.streams = start_watermark(self)
         return self.streams
+
+    def provision_topics(self, deadline_s: float = 60.0) -> dict[str, str]:
+        """Make the queries' topics exist (Spark's Kafka source fails on a missing topic, and agents may
+        start after the job), authenticating exactly as the Kafka source does (one security block)."""
+        from contract.topics import connect, ensure_topics, wanted_topics
+
+        admin = connect(self.opts.bootstrap, self.opts.kafka_security.kafka_python(), deadline_s)
+        try:
+            actions = ensure_topics(admin, wanted_topics(self.queries))
+        finally:
+            admin.close()
+        for topic, action in actions.items():
+            log.info("topic %s: %s", topic, action)
+        return actions
 
     def _start_oop(self) -> Any:
         from pyspark.sql.streaming.state import GroupStateTimeout

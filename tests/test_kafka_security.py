@@ -52,6 +52,7 @@ from kafka.admin import (
 from contract import query as Q
 from contract import wire
 from contract.kafka_security import KafkaSecurity, check_sasl_credentials
+from contract.topics import connect, existing_partitions
 from local_stack.kafka_broker import KafkaBroker, free_port
 from tests.packets import build_frames, make_traffic
 
@@ -429,6 +430,29 @@ def test_acls_give_each_principal_only_its_role(
     q = Q.load(_query_yaml(tmp_path / "q.yaml", provisioned, 2)).queries[0]
     emit_some(bootstrap, sasl_broker.client_security(WRITER), q, "cap-2", 500)
     _check_emitted(read_topic(bootstrap, provisioned, sasl_broker.client_security(JOB)), 500, 2)
+
+
+def test_job_provisions_its_topics_with_its_security_block(sasl_broker: KafkaBroker, tmp_path: Path) -> None:
+    """The job creates missing topics before its Kafka source starts, with the same security block as the
+    source: on a SASL broker with ACLs that works with the block, and fails (clearly) without it."""
+    from high_level.job import HighLevelJob, JobOptions
+
+    topic = f"{PREFIX}-job-{uuid.uuid4().hex[:6]}"
+    q = Q.load(_query_yaml(tmp_path / "q.yaml", topic, 3)).queries[0]
+
+    def job(security: KafkaSecurity) -> HighLevelJob:
+        opts = JobOptions(bootstrap=sasl_broker.bootstrap_servers, results=str(tmp_path / "r"),
+                          checkpoint=str(tmp_path / "c"), kafka_security=security)  # fmt: skip
+        return HighLevelJob(None, [q], opts)
+
+    with pytest.raises(RuntimeError, match="not reachable"):
+        job(KafkaSecurity()).provision_topics(deadline_s=5)  # a PLAINTEXT client on the SASL listener
+    assert job(sasl_broker.security(AGENT)).provision_topics() == {topic: "created with 3 partitions"}
+    admin = connect(sasl_broker.bootstrap_servers, sasl_broker.client_security(), 10)
+    try:
+        assert existing_partitions(admin, [topic]) == {topic: 3}
+    finally:
+        admin.close()
 
 
 def test_create_topics_script_with_kafka_security(sasl_broker: KafkaBroker, tmp_path: Path) -> None:

@@ -21,18 +21,11 @@ STALE_AFTER_S = 60.0
 def read_status(results_dir: Path, now_s: float | None = None) -> dict[str, Any]:
     """The API's /status body: availability, freshness and the validated document's fields."""
     now_s = time.time() if now_s is None else now_s
-    doc: S.StatusDocument | None = None
-    error = None
-    for _ in range(3):  # the job replaces the file atomically, but a reader may catch it mid-rename
-        try:
-            doc = S.read(R.status_path(results_dir))
-            error = None
-            break
-        except S.StatusUnavailable as exc:
-            error = str(exc)
-            if "no " in error[:3]:
-                break
-            time.sleep(0.02)
+    try:  # the job replaces the file atomically (write + rename): a read sees one whole document
+        doc: S.StatusDocument | None = S.read(R.status_path(results_dir))
+        error = None
+    except S.StatusUnavailable as exc:
+        doc, error = None, str(exc)
     if doc is None:
         return {"available": False, "error": error, "updated_at": None, "age_s": None, "stale": True}
     age = max(0.0, now_s - doc.updated_ms / 1e3)
