@@ -80,17 +80,35 @@ class PartitionStatus(_Model):
     hosts: dict[str, HostOnPartition]
 
 
-class HostOnQuery(_Model):
+class _HostTotals(_Model):
+    """A capture host's figures folded over several (query, partition) views: dead anywhere is dead,
+    the lowest mark, the largest lag, counters summed (restarts: the most seen on one partition)."""
+
+    live: bool = True
+    low_water_mark_ns: int | None = None
+    lag_s: float | None = None
+    late_partials: int = 0
+    missing_records: int = 0
+    records: int = 0
+    restarts: int = 0
+
+    def fold(self, live: bool, mark_ns: int | None, lag_s: float | None, late: int, missing: int, records: int,
+             restarts: int) -> None:  # fmt: skip
+        self.live = self.live and live
+        if mark_ns is not None:
+            self.low_water_mark_ns = mark_ns if self.low_water_mark_ns is None else min(self.low_water_mark_ns, mark_ns)
+        if lag_s is not None:
+            self.lag_s = lag_s if self.lag_s is None else max(self.lag_s, lag_s)
+        self.late_partials += late
+        self.missing_records += missing
+        self.records += records
+        self.restarts = max(self.restarts, restarts)
+
+
+class HostOnQuery(_HostTotals):
     """One capture host over every partition of one query."""
 
-    live: bool
-    low_water_mark_ns: int | None
-    lag_s: float | None
-    late_partials: int
-    missing_records: int
-    records: int
-    restarts: int
-    partitions: int
+    partitions: int = 0
 
 
 class QueryStatus(_Model):
@@ -108,18 +126,11 @@ class QueryStatus(_Model):
     partitions: dict[str, PartitionStatus]
 
 
-class HostStatus(_Model):
+class HostStatus(_HostTotals):
     """One capture host over every query: what the results page's host table shows."""
 
     host: str
-    live: bool
-    low_water_mark_ns: int | None
-    lag_s: float | None
-    late_partials: int
-    missing_records: int
-    records: int
-    restarts: int
-    queries: list[str]
+    queries: list[str] = Field(default_factory=list)
 
 
 class JobSettings(_Model):
@@ -175,20 +186,9 @@ def summarize_query(parts: Mapping[int, PartitionStatus]) -> QueryStatus:
     hosts: dict[str, HostOnQuery] = {}
     for p in parts.values():
         for name, h in p.hosts.items():
-            agg = hosts.get(name)
-            if agg is None:
-                agg = hosts[name] = HostOnQuery(live=True, low_water_mark_ns=None, lag_s=None, late_partials=0,
-                                                missing_records=0, records=0, restarts=0, partitions=0)  # fmt: skip
+            agg = hosts.setdefault(name, HostOnQuery())
             agg.partitions += 1
-            agg.live = agg.live and h.live
-            if h.mark_ns is not None:
-                agg.low_water_mark_ns = h.mark_ns if agg.low_water_mark_ns is None else min(agg.low_water_mark_ns, h.mark_ns)
-            if h.lag_s is not None:
-                agg.lag_s = h.lag_s if agg.lag_s is None else max(agg.lag_s, h.lag_s)
-            agg.late_partials += h.late_partials
-            agg.missing_records += h.missing_records
-            agg.records += h.records
-            agg.restarts = max(agg.restarts, h.restarts)
+            agg.fold(h.live, h.mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records, h.restarts)
     marks = [p.low_water_mark_ns for p in parts.values()]
     blocked: list[str] = []
     for p in parts.values():
@@ -212,21 +212,9 @@ def summarize_hosts(queries: Mapping[str, QueryStatus]) -> list[HostStatus]:
     out: dict[str, HostStatus] = {}
     for qname, q in sorted(queries.items()):
         for name, h in q.hosts.items():
-            agg = out.get(name)
-            if agg is None:
-                agg = out[name] = HostStatus(host=name, live=True, low_water_mark_ns=None, lag_s=None, late_partials=0,
-                                             missing_records=0, records=0, restarts=0, queries=[])  # fmt: skip
+            agg = out.setdefault(name, HostStatus(host=name))
             agg.queries.append(qname)
-            agg.live = agg.live and h.live
-            if h.low_water_mark_ns is not None:
-                agg.low_water_mark_ns = (h.low_water_mark_ns if agg.low_water_mark_ns is None
-                                         else min(agg.low_water_mark_ns, h.low_water_mark_ns))  # fmt: skip
-            if h.lag_s is not None:
-                agg.lag_s = h.lag_s if agg.lag_s is None else max(agg.lag_s, h.lag_s)
-            agg.late_partials += h.late_partials
-            agg.missing_records += h.missing_records
-            agg.records += h.records
-            agg.restarts = max(agg.restarts, h.restarts)
+            agg.fold(h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records, h.restarts)
     return [out[k] for k in sorted(out)]
 
 
