@@ -162,9 +162,10 @@ class StatusDocument(_Model):
     hosts: list[HostStatus]
     progress: dict[str, StreamProgress] = Field(default_factory=dict)
 
-    def stream_ended(self, host: str) -> bool:
-        """``host`` has sent its end-of-stream mark on every partition of every query and no window is
-        open: the results of its finite capture are complete (what ``lowwater-stack`` waits for)."""
+    def stream_ended(self, host: str, incarnation: int) -> bool:
+        """``host`` (this ``incarnation`` of its agent, not an earlier run's) has sent its end-of-stream
+        mark on every partition of every query and no window is open: the results of its finite capture
+        are complete (what ``lowwater-stack`` waits for)."""
         if not self.queries:
             return False
         for q in self.queries.values():
@@ -172,7 +173,8 @@ class StatusDocument(_Model):
                 return False
             for p in q.partitions.values():
                 h = p.hosts.get(host)
-                if p.open_windows or h is None or h.mark_pane is None or h.mark_pane < END_OF_STREAM:
+                if (p.open_windows or h is None or h.incarnation != incarnation or h.mark_pane is None
+                        or h.mark_pane < END_OF_STREAM):  # fmt: skip
                     return False
         return True
 

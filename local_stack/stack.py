@@ -78,6 +78,8 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
         seen = json.loads(summary_path.read_text())
     except (OSError, ValueError):
         seen = {}
+    if "incarnation" not in seen:  # without it a status of an earlier run could pass for this one
+        return f"capture finished, but the agent left no summary in {summary_path}: cannot tell when its windows close"
     deadline = time.monotonic() + timeout_s
     doc, why = None, ""
     while time.monotonic() < deadline:
@@ -86,7 +88,7 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
                 raise SystemExit(f"lowwater-stack: {p.args[0]} exited with {p.returncode} while closing the capture's windows")
         try:
             doc = S.read(status_path)
-            if doc.stream_ended(host):
+            if doc.stream_ended(host, int(seen["incarnation"])):
                 break
         except S.StatusUnavailable as exc:
             why = str(exc)

@@ -162,7 +162,7 @@ class Agent:
         """What this agent saw, for the operator at exit (``--summary``): packets, drops, per query."""
         t = self.kernel.t
         return {
-            "host": self.emitter.host, "finished": self.finished,
+            "host": self.emitter.host, "incarnation": int(self.emitter.incarnation), "finished": self.finished,
             "packets": int(self.kernel.hc[0]), "parse_errors": int(self.kernel.err_counts[1:].sum()),
             "ring_drops": int(self.ring.drops), "backlog_lost": int(self.emitter.backlog.lost),
             "source": {k: v for k, v in (self.source.stats() if self.source is not None else {}).items()

@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from contract import fields as F
-from local_stack.kafka_broker import free_port
+from local_stack.kafka_broker import KafkaBroker, TopicMismatch, free_port
 from tests.test_agent_kafka import NS, T0, dpkt_oracle, write_pcap
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,12 +48,25 @@ queries:
     return path
 
 
+def kafka_port() -> int:
+    """A free port P whose P + 1 is free too: the stack's broker puts its controller on P + 1."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two adjacent free ports")
+
+
 class Stack:
     """One ``lowwater-stack`` process on free ports, its console read line by line."""
 
     def __init__(self, state: Path, cfg: Path, source: str, *extra: str) -> None:
         self.api = free_port()
-        ports = ["--kafka-port", str(free_port()), "--api-port", str(self.api),
+        ports = ["--kafka-port", str(kafka_port()), "--api-port", str(self.api),
                  "--agent-metrics-port", str(free_port()), "--job-metrics-port", str(free_port())]  # fmt: skip
         env = {**os.environ, "LOWWATER_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
@@ -143,6 +157,8 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
             q = status["queries"]["pairs"]
             assert q["hosts_total"] == 1 and q["partitions_total"] == 2, q
             assert [h["host"] for h in status["hosts"]] == ["local-agent"]
+            late = status["hosts"][0]["late_partials"]
+            assert (late == 0) if run == 1 else (late > 0), f"run {run}: the replay's partials must all be late"
         finally:
             rc = stack.interrupt()
         assert rc == 0, "".join(stack.console)[-3000:]
@@ -166,9 +182,17 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
 def test_topic_size_change_is_one_line_and_fresh_resets(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
     pcap, want = capture
     state = tmp_path / "state"
-    # a broker whose topic has 2 partitions, then a config that wants 3
-    first = Stack(state, config(tmp_path / "two.yaml", 2), "generator:rate=100,groups=10,clock=wall", "--duration", "1")
-    assert first.finish(240) == 0, "".join(first.console)[-3000:]
+    # the stack's own broker (its data under the state dir) with the topic at 2 partitions, then a config
+    # that wants 3
+    broker = KafkaBroker("stack", port=kafka_port(), state=state)
+    broker.start()
+    try:
+        broker.create_topic("lowwater.stacktest.pairs", 2)
+        broker.create_topic("lowwater.stacktest.pairs", 2)  # again: a no-op
+        with pytest.raises(TopicMismatch, match="--fresh"):
+            broker.create_topic("lowwater.stacktest.pairs", 3)
+    finally:
+        broker.stop()
     three = config(tmp_path / "three.yaml", 3)
     mismatch = Stack(state, three, f"pcap:{pcap}")
     assert mismatch.finish(120) != 0
