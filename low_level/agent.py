@@ -60,8 +60,9 @@ class Agent:
     def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
                  bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
                  producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005) -> None:
+                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None) -> None:
         self.host = host
+        self.control = control  # low_level.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
         # idle = ring empty and no packet for this long: a ring that a fast replay merely drained is not idle
         self.idle_after_s = idle_after_s
@@ -144,6 +145,9 @@ class Agent:
             elif idle and q.heartbeat.on_demand and now - self.last_on_demand[i] >= self.on_demand_gap_s:
                 self.last_on_demand[i] = now
                 self.punctuate(i, idle, timer=False)
+            elif self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i):
+                self.last_on_demand[i] = now  # asked by the blocked consumer: flush below the clock, punctuate
+                self.punctuate(i, idle=True, timer=False)
         if now - self.last_pump >= self.pump_every_s or self.emitter.backlog.records >= 16384:
             self.last_pump = now  # fewer, larger Kafka batches: less per-message work on the capture core
             self.emitter.pump()
