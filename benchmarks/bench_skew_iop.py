@@ -43,7 +43,7 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.partition import PartitionProcessor, Settings  # noqa: E402
-from high_level.rollup import Layout, QueryRollup  # noqa: E402
+from high_level.rollup import Layout, QueryRollup, Windows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
@@ -103,16 +103,62 @@ def rollup_bytes(r: QueryRollup) -> int:
     return int(r.pane.nbytes + r.key.nbytes + r.state.nbytes)
 
 
+class InOrderUnion:
+    """The paper's IOP plan: an order-preserving union of the hosts' packet tuples, then the roll-up.
+
+    Tuples wait in per-host buffers until every host's frontier has passed them (a union that emits in
+    timestamp order cannot emit a tuple while a slower input may still send an older one); released
+    tuples go, in timestamp order, into the same ``QueryRollup`` lowwater uses, which closes every
+    window the ordered stream has passed.
+    """
+
+    def __init__(self, lay: Layout, hosts: int = 2) -> None:
+        self.buf: list[list[np.ndarray]] = [[] for _ in range(hosts)]
+        self.roll = QueryRollup(lay)
+        self.pane_ns = lay.pane_ns
+
+    def push(self, h: int, tuples: np.ndarray) -> None:
+        self.buf[h].append(tuples)
+
+    def release(self, frontier_ns: int) -> Windows:
+        """Emit, in order, every buffered tuple older than ``frontier_ns`` (all hosts are past it)."""
+        ready = []
+        for h, blocks in enumerate(self.buf):
+            keep = []
+            for blk in blocks:
+                if blk["ts"][-1] < frontier_ns:
+                    ready.append(blk)
+                elif blk["ts"][0] < frontier_ns:
+                    cut = int(np.searchsorted(blk["ts"], frontier_ns))
+                    ready.append(blk[:cut])
+                    keep.append(blk[cut:])
+                else:
+                    keep.append(blk)
+            self.buf[h] = keep
+        if ready:
+            rel = np.concatenate(ready)
+            rel = rel[np.argsort(rel["ts"], kind="stable")]  # the ordered union's output
+            self.roll.add(rel["ts"] // self.pane_ns, rel["k"], np.column_stack([np.ones(len(rel), np.int64), rel["len"]]))
+        return self.roll.close(int(frontier_ns // self.pane_ns))
+
+    @property
+    def buffered_tuples(self) -> int:
+        return sum(len(b) for hb in self.buf for b in hb)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return sum(b.nbytes for hb in self.buf for b in hb)
+
+
 def run_skew(rate: int, skew: int, meas: int) -> list[dict[str, Any]]:
     q = Q.load_text(QUERY).queries[0]
     lay = Layout.of(q)
     proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=3_600_000, expected_hosts=HOSTS))
     oop = proc.queries[q.name].rollup
-    iop = QueryRollup(lay)
-    buf: list[list[np.ndarray]] = [[], []]  # IOP merge buffer per host: per-second tuple blocks
+    iop = InOrderUnion(lay)
     seq = [0, 0]
     last = skew + 20 + meas
-    samples: dict[str, list[tuple[int, int, int, int]]] = {"oop": [], "iop": []}  # rows, bytes, buffer tuples/bytes
+    samples: dict[str, list[tuple[int, int, int, int]]] = {"oop": [], "iop": []}  # rows, bytes, buffer tuples, bytes
     closed_oop: dict[int, int] = {}
     closed_iop: dict[int, int] = {}
     secs = {"oop": 0.0, "iop": 0.0}
@@ -126,39 +172,17 @@ def run_skew(rate: int, skew: int, meas: int) -> list[dict[str, Any]]:
         fin = out[out["kind"] == "final"]
         for w in np.unique(fin["window"].to_numpy(np.int64)).tolist() if len(fin) else []:
             closed_oop.setdefault(int(w), T)
-        # IOP: order-preserving union, then the same roll-up
         t0 = time.perf_counter()
         for h in tuples:
-            buf[h].append(tuples[h])
-        frontier = (T0_S + max(0, T - skew)) * NS if T - skew > 0 else None  # B has delivered data < T - skew
-        if frontier is not None:
-            ready = []
-            for h in (0, 1):
-                keep = []
-                for blk in buf[h]:
-                    if blk["ts"][-1] < frontier:
-                        ready.append(blk)
-                    elif blk["ts"][0] < frontier:
-                        cut = int(np.searchsorted(blk["ts"], frontier))
-                        ready.append(blk[:cut])
-                        keep.append(blk[cut:])
-                    else:
-                        keep.append(blk)
-                buf[h] = keep
-            if ready:
-                rel = np.concatenate(ready)
-                rel = rel[np.argsort(rel["ts"], kind="stable")]  # the ordered union's output
-                pane = (rel["ts"] // NS) // WINDOW_S
-                iop.add(pane, rel["k"], np.column_stack([np.ones(len(rel), np.int64), rel["len"]]))
-                done = iop.close(int((frontier // NS) // WINDOW_S))
-                for w in np.unique(done.window).tolist():
-                    closed_iop.setdefault(int(w), T)
+            iop.push(h, tuples[h])
+        if T - skew > 0:  # B has delivered its data before T - skew
+            done = iop.release((T0_S + T - skew) * NS)
+            for w in np.unique(done.window).tolist():
+                closed_iop.setdefault(int(w), T)
         secs["iop"] += time.perf_counter() - t0
         if skew + 20 < T <= last:
             samples["oop"].append((len(oop), rollup_bytes(oop), 0, 0))
-            bt = sum(len(b) for hb in buf for b in hb)
-            bb = sum(b.nbytes for hb in buf for b in hb)
-            samples["iop"].append((len(iop), rollup_bytes(iop), bt, bb))
+            samples["iop"].append((len(iop.roll), rollup_bytes(iop.roll), iop.buffered_tuples, iop.buffered_bytes))
     rows = []
     for v, closed in (("oop", closed_oop), ("iop", closed_iop)):
         s = np.array(samples[v], dtype=np.float64)

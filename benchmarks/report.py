@@ -142,7 +142,12 @@ def main() -> None:
                   table(["skew s", "variant", "state rows (mean)", "Spark state MiB", "latency s", "packets missing %"],
                         [[r["skew_s"], r["variant"], f"{r['state_rows_mean']:,.0f}", f"{r['spark_state_mib_mean']:.1f}",
                           f"{r['latency_mean_s']:.0f}", f"{r['packets_missing_pct']:.1f}"] for r in d["rows"]]),
-                  img("skew")]
+                  img("skew"),
+                  (f"`iop` = the paper's baseline, an in-order merge of the packet tuples in front of the same roll-up "
+                   f"(its rows + buffered tuples). lowwater / IOP state payload by skew: "
+                   f"{ {k: round(v, 2) for k, v in d['oop_vs_iop_state_by_skew'].items()} }; at 40 s "
+                   f"**{d['oop_vs_iop_state_at_40s']:.2f}** (paper: ~0.3 at 110,000 pkt/s; see the next section for "
+                   "that rate)." if d.get("oop_vs_iop_state_at_40s") is not None else "")]
     if d := load("skew_iop"):
         parts += ["## State vs skew against an in-order merge (OOP paper Fig. 1 / dissertation Fig. 8-8)", machine(d),
                   "OOP = the real high-level processor over per-second partials; IOP = an order-preserving union of "
