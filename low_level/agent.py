@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     ap.add_argument("--linger", action="store_true", help="keep running (heartbeats) after a finite source ends")
     ap.add_argument("--kafka-security", default=None, help="JSON of extra kafka-python producer settings (SASL/TLS)")
+    ap.add_argument("--control-topic", default=None,
+                    help="answer punctuation requests of the high level on this topic (e.g. lowwater.control)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -217,8 +219,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"lowwater-agent: --kafka-security takes only security_*, sasl_* and ssl_* "
                              f"kafka-python settings, not {bad}")
         opts["producer_config"] = security
+    control = None
+    if args.control_topic:
+        from low_level.ondemand import RequestListener
+
+        control = RequestListener(args.host_id, queries, args.bootstrap, topic=args.control_topic,
+                                  consumer_config=opts.get("producer_config")).start()
     agent = Agent(queries, parse_source(args.source), args.host_id, args.bootstrap,
-                  ring_slots=args.ring_slots, emitter_opts=opts)
+                  ring_slots=args.ring_slots, emitter_opts=opts, control=control)
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 
