@@ -79,7 +79,9 @@ class SimHost:
         self.next_pkt = 0
         self.seq = 0
         self.last_packet = -(1 << 62)
-        self.next_timer = T0
+        # the heartbeat timer starts at a random phase, as an agent's does (aligned with the pane
+        # boundaries it would always fire just before the pane's data is in: the worst case)
+        self.next_timer = T0 + int(rng.integers(0, self.q.heartbeat.interval_ns))
         self.last_on_demand = -(1 << 62)
         self.mark_pane: int | None = None
         self.mark_ns = 0
