@@ -20,8 +20,9 @@ aggregation code (``high_level.rollup.QueryRollup``); what differs is what stand
 
 Measured after every step of the steady phase (B has delivered >= 20 s): mean and max. The paper's
 headline: at 40 s skew OOP needs ~30 % of IOP's memory (Gigascope, 110,000 pkt/s per link).
-``--spark`` adds, for the rate of ``bench_skew.py`` (4,000 pkt/s), its measured Spark watermark rows
-from ``results/skew.json`` (a separate run, labelled as such).
+``bench_skew.py`` runs the same IOP baseline beside lowwater and Spark's watermark at 4,000 pkt/s in
+one run; ``skew_iop.json`` also carries that run's Spark rows (``spark_watermark_from_skew_json``,
+labelled with its date).
 
     .venv/bin/python benchmarks/bench_skew_iop.py [--quick] [--rates 4000,110000] [--skews 1,5,10,20,40]
 """

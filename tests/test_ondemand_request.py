@@ -118,10 +118,10 @@ def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_hea
     kafka, spark, topic_factory, tmp_path
 ) -> None:  # fmt: skip
     """A dense agent (1-s heartbeats) and a sparse agent whose only timer punctuation falls at its start
-    (heartbeat every 60 s, on-demand-when-idle off): without requests no window after its start
-    could close for a minute. With the asker, the job asks it and windows keep closing."""
+    (heartbeat every 300 s, on-demand-when-idle off): without requests no window after its start
+    could close for five minutes. With the asker, the job asks it and windows keep closing."""
     topic, ctl = topic_factory(1), topic_factory(1, prefix="ctl")
-    dense_q, sparse_q = _query(topic, "1s"), _query(topic, "60s")
+    dense_q, sparse_q = _query(topic, "1s"), _query(topic, "300s")
     lay = Layout.of(dense_q)
     opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
                       trigger_ms=300, host_timeout_ms=120_000, expected_hosts=("dense", "sparse"),
@@ -136,11 +136,11 @@ def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_hea
                    "sparse", kafka.bootstrap_servers, control=listener)  # fmt: skip
     job.start()
     start_pane = time.time_ns() // NS
-    threads = [threading.Thread(target=a.run, args=(25,), daemon=True) for a in (dense, sparse)]
+    threads = [threading.Thread(target=a.run, args=(60,), daemon=True) for a in (dense, sparse)]
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         closed = None
         while time.monotonic() < deadline:
             st = (job.partitions.get(dense_q.name) or {}).get(0) or {}
