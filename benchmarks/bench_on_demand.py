@@ -6,8 +6,12 @@ at 0.05 pkt/s) send to the real Kafka broker. A consumer applies the high level'
 hosts' punctuation) and records when the low-water mark passes each 1-second window's end.
 Latency = the send time of the punctuation that let the window close - the window's end (wall clock):
 the earliest moment the high level could close it, independent of transport and consumer lag. Heartbeat settings compared in one run:
-periodic every 0.1 s, 1 s and 10 s (on demand off) and on demand (1 s timer + immediate punctuation
-whenever a host is idle). Also reported: punctuations sent per second (the overhead side).
+periodic every 0.1 s, 1 s and 10 s (on demand off), on demand (1 s timer + immediate punctuation
+whenever a host is idle) and on request (1 s timer + punctuation when the consumer asks: both agents
+read a control topic, ``low_level.ondemand.RequestListener``; the consumer's
+``high_level.ondemand.PunctuationAsker`` asks the hosts that hold its mark back once a window has
+ended, at most every 200 ms per host, as the job would). Also reported: punctuations sent per second
+(the overhead side) and, on request, requests sent per second.
 
     .venv/bin/python benchmarks/bench_on_demand.py [--seconds 40]
 """
@@ -31,13 +35,16 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.meld import Meld  # noqa: E402
+from high_level.ondemand import PunctuationAsker  # noqa: E402
+from high_level.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
 from low_level.agent import Agent  # noqa: E402
+from low_level.ondemand import RequestListener  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "periodic 10 s": ("10s", False),
-            "on demand": ("1s", True)}
+            "on demand": ("1s", True), "on request": ("1s", False)}
 
 
 def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
@@ -59,16 +66,23 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     topic = f"ondemand.{label.replace(' ', '_').replace('.', '')}.{time.time_ns()}"
     broker.create_topic(topic, 1)
     q = query(topic, interval, on_demand)
+    asker, listeners = None, {}
+    if label == "on request":
+        ctl = broker.create_topic(f"{topic}.control", 1)
+        asker = PunctuationAsker([Layout.of(q)], broker.bootstrap_servers, topic=ctl, min_gap_ms=200)
+        for h in ("dense", "sparse"):
+            listeners[h] = RequestListener(h, [q], broker.bootstrap_servers, topic=ctl).start()
+            listeners[h].ready.wait(30)
     dense = Agent([q], {"type": "generator", "rate": 50_000, "groups": 2000, "clock": "wall"}, "dense",
-                  broker.bootstrap_servers)
+                  broker.bootstrap_servers, control=listeners.get("dense"))
     sparse = Agent([q], {"type": "generator", "rate": 0.05, "groups": 10, "clock": "wall", "seed": 2}, "sparse",
-                   broker.bootstrap_servers)
+                   broker.bootstrap_servers, control=listeners.get("sparse"))
     threads = [threading.Thread(target=a.run, args=(seconds,), daemon=True) for a in (dense, sparse)]
     t_start = time.time()
     for t in threads:
         t.start()
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False,
-                             consumer_timeout_ms=500, fetch_max_wait_ms=10)
+                             consumer_timeout_ms=50, fetch_max_wait_ms=10)
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -76,6 +90,14 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     closed_at: dict[int, float] = {}
     puncts = 0
     last_lwm = None
+
+    def ask() -> None:
+        """On request: what the job's status fold hands the asker after a batch."""
+        if asker is not None:
+            asker.observe([{"query": q.name, "partition": 0, "low_water_mark_pane": meld.low_water_mark(),
+                            "closed_before_window": last_lwm, "open_windows": 1,
+                            "blocked_by": meld.blocking_hosts(), "now_ms": int(time.time() * 1000)}])  # fmt: skip
+
     while any(t.is_alive() for t in threads) or time.time() < t_start + seconds + 2:
         for msg in consumer:
             now = time.time()
@@ -91,19 +113,26 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
                     for w in range(lo, lwm):  # window w (1 s) ends at (w + 1) s
                         closed_at.setdefault(w, b.sent_wall_ns / 1e9)
                     last_lwm = lwm
+            ask()
             if time.time() > t_start + seconds + 15:
                 break
+        ask()
         if time.time() > t_start + seconds + 15:
             break
     consumer.close()
     for t in threads:
         t.join(10)
+    requests = asker.sent if asker is not None else 0
+    if asker is not None:
+        asker.close()
+    for lst in listeners.values():
+        lst.stop()
     # windows that ended while both hosts ran, leaving margin for the slowest setting
     lat = [closed_at[w] - (w + 1) for w in closed_at if t_start + 3 < w + 1 < t_start + seconds - 11]
     lat_arr = np.array(lat) if lat else np.array([float("nan")])
     return {"setting": label, "windows": len(lat), "latency_mean_s": float(np.mean(lat_arr)),
             "latency_p50_s": float(np.median(lat_arr)), "latency_max_s": float(np.max(lat_arr)),
-            "punctuations_per_s": puncts / seconds}
+            "punctuations_per_s": puncts / seconds, "requests_per_s": requests / seconds}
 
 
 def main() -> None:
@@ -139,7 +168,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([r["setting"] for r in rows], [r["latency_mean_s"] for r in rows], color=["#999", "#999", "#999", "#2a7"])
+    ax.bar([r["setting"] for r in rows], [r["latency_mean_s"] for r in rows], color=["#999", "#999", "#999", "#2a7", "#1a5"])
     ax.set_ylabel("mean window-close latency (s)")
     ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
     fig.tight_layout()

@@ -14,7 +14,14 @@ Per skew, three streaming jobs (``high_level.job.HighLevelJob``) read the same t
 
 * ``oop``       lowwater: windows close by punctuation (min over the expected hosts A, B);
 * ``wm=skew``   ``--mode watermark`` with delay = the skew (the smallest delay that loses nothing);
-* ``wm=2s``     ``--mode watermark`` with a fixed 2 s delay.
+* ``wm=2s``     ``--mode watermark`` with a fixed 2 s delay;
+
+and, beside them without Spark, the OOP paper's own baseline:
+
+* ``iop``       an in-order merge (``bench_skew_iop.InOrderUnion``) of the same packets as tuples
+  (48 B: ts, 4 key words, length), released in timestamp order once both hosts are past them, into
+  the same roll-up; its state = the merge buffer + the roll-up's rows. ``oop_vs_iop_state_at_40s``
+  in ``skew.json`` = lowwater's payload / IOP's (the paper: ~0.3).
 
 Each step's messages are produced in one Kafka transaction (the jobs read ``read_committed``), so a
 micro-batch always holds whole steps and the run does not depend on trigger timing; then
@@ -68,10 +75,12 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_skew_iop import TUPLE, InOrderUnion  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.job import HighLevelJob, JobOptions  # noqa: E402
+from high_level.rollup import Layout  # noqa: E402
 from high_level.store import generic_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -108,6 +117,17 @@ def second_partials(host: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     byt = np.bincount(g, weights=length, minlength=GROUPS).astype(np.int64)
     nz = np.flatnonzero(cnt)
     return nz, cnt[nz].astype(np.int64), byt[nz]
+
+
+def second_tuples(host: int, t: int) -> np.ndarray:
+    """The same packets as :func:`second_partials`, as tuples in timestamp order (for the IOP merge)."""
+    rng = np.random.default_rng((17, host, t))
+    g = rng.integers(0, GROUPS, RATE)
+    length = rng.integers(64, 1501, RATE)
+    out = np.empty(RATE, TUPLE)
+    order = np.argsort(ts := (T0_S + t) * NS + np.random.default_rng((18, host, t)).integers(0, NS, RATE), kind="stable")
+    out["ts"], out["k"], out["len"] = ts[order], KEYS[g[order]], length[order]
+    return out
 
 
 class Host:
@@ -187,7 +207,7 @@ def _matrix(col: pa.ChunkedArray, n: int, width: int) -> np.ndarray:
 
 
 # -- one skew ------------------------------------------------------------------------------------
-VARIANTS = ("oop", "wm=skew", "wm=2s")
+VARIANTS = ("oop", "wm=skew", "wm=2s")  # Spark jobs; "iop" runs beside them without Spark
 
 
 def state_sample(job: RecordingJob, variant: str) -> dict[str, int]:
@@ -213,6 +233,19 @@ def wait_progress(job: RecordingJob, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def _iop_step(iop: InOrderUnion, rec: Recorder, step: int, frontier_ns: int) -> None:
+    """Release what both hosts are past and note the closed windows as the jobs' recorders do."""
+    done = iop.release(frontier_ns)
+    if len(done):
+        end = (np.asarray(iop.roll.layout.window_end_ns(done.window), np.int64) // NS) - T0_S
+        gid = done.key[:, 3] - DST0
+        for e in np.unique(end).tolist():
+            sel = end == e
+            rec.first_step.setdefault(e, step)
+            rec.last_step[e] = step
+            rec.rows.setdefault(e, []).append(np.column_stack([gid[sel], done.state[sel]]))
+
+
 def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any) -> list[dict[str, Any]]:
     from kafka import KafkaProducer
 
@@ -221,6 +254,9 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
     q = Q.load_text(QUERY).queries[0]
     q = q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=PARTITIONS)})
     hosts = [Host(q, 0), Host(q, 1)]
+    iop = InOrderUnion(Layout.of(q))
+    iop_rec = Recorder()
+    iop_samples: list[dict[str, int]] = []
     oracle: dict[int, np.ndarray] = {}
     jobs: dict[str, RecordingJob] = {}
     for v in VARIANTS:
@@ -257,7 +293,9 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
             while sent[0] < T or sent[1] < T - skew:  # in arrival order: A's second t at t+1, B's at t+1+skew
                 h = 0 if sent[0] + 1 <= sent[1] + 1 + skew and sent[0] < T else 1
                 msgs += hosts[h].second(sent[h], oracle)
+                iop.push(h, second_tuples(h, sent[h]))
                 sent[h] += 1
+            _iop_step(iop, iop_rec, T, (T0_S + min(sent)) * NS)
             prod.begin_transaction()
             for p, v in msgs:
                 prod.send(topic, value=v, partition=p)
@@ -270,6 +308,9 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
                 durations[v].append(int(p.get("durationMs") or 0))
                 if steady[0] < T <= steady[1]:
                     samples[v].append(state_sample(j, v))
+            if steady[0] < T <= steady[1]:
+                iop_samples.append({"rows": len(iop.roll), "tuples": iop.buffered_tuples,
+                                    "payload_bytes": len(iop.roll) * ROW_BYTES + iop.buffered_bytes})  # fmt: skip
                 for pr in j.streams[0].recentProgress:  # per batch, deduplicated by batch id
                     drops[v][int(pr["batchId"])] = sum(int(o.get("numRowsDroppedByWatermark", 0))
                                                        for o in pr.get("stateOperators") or [])  # fmt: skip
@@ -282,8 +323,9 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
         for j in jobs.values():
             j.stop()
     out = []
-    for v, j in jobs.items():
-        rec = j.rec
+    recs = {v: j.rec for v, j in jobs.items()}
+    recs["iop"] = iop_rec
+    for v, rec in recs.items():
         # latency over the windows (end >= 20 s) this variant emitted at a 1-s step
         lat = [rec.last_step[e] - e for e in sorted(rec.last_step) if e >= 2 * WINDOW_S and rec.last_step[e] in fine]
         miss_rows = wrong_rows = miss_pk = total_pk = 0
@@ -299,23 +341,24 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
             wrong_rows += int((present & (got != exp).any(axis=1)).sum())
             miss_pk += int(exp[:, 0].sum() - got[:, 0].sum())
             total_pk += int(exp[:, 0].sum())
-        sm = samples[v]
+        sm = samples[v] if v != "iop" else iop_samples
         out.append({
             "skew_s": skew, "variant": v,
-            "watermark_delay_s": None if v == "oop" else (skew if v == "wm=skew" else 2),
+            "watermark_delay_s": None if v in ("oop", "iop") else (skew if v == "wm=skew" else 2),
             "state_rows_mean": float(np.mean([s["rows"] for s in sm])),
             "state_rows_max": max(s["rows"] for s in sm),
             "payload_mib_mean": float(np.mean([s["payload_bytes"] for s in sm])) / 2**20,
-            "spark_state_mib_mean": float(np.mean([s["spark_memory_bytes"] for s in sm])) / 2**20,
-            "spark_state_mib_max": max(s["spark_memory_bytes"] for s in sm) / 2**20,
+            "spark_state_mib_mean": float(np.mean([s.get("spark_memory_bytes", 0) for s in sm])) / 2**20,
+            "spark_state_mib_max": max(s.get("spark_memory_bytes", 0) for s in sm) / 2**20,
+            "iop_buffer_tuples_mean": float(np.mean([s["tuples"] for s in sm])) if v == "iop" else None,
             "latency_windows": len(lat), "latency_mean_s": float(np.mean(lat)) if lat else None,
             "latency_max_s": max(lat) if lat else None,
             "loss_windows": len(loss_windows),
             "loss_windows_not_emitted": sum(e not in rec.last_step for e in loss_windows),
-            "dropped_by_watermark": dropped[v], "rows_missing": miss_rows, "rows_wrong": wrong_rows,
+            "dropped_by_watermark": dropped.get(v, 0), "rows_missing": miss_rows, "rows_wrong": wrong_rows,
             "packets_missing": miss_pk, "packets_total": total_pk,
             "packets_missing_pct": 100.0 * miss_pk / total_pk if total_pk else 0.0,
-            "batch_ms_mean": float(np.mean(durations[v])) if durations[v] else None,
+            "batch_ms_mean": float(np.mean(durations[v])) if durations.get(v) else None,
             "steps": len(steps), "steady_samples": len(sm),
         })  # fmt: skip
     return out
@@ -323,14 +366,15 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
 
 # -- report --------------------------------------------------------------------------------------
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'skew':>5s} {'mode':8s} {'state rows':>10s} {'payload':>8s} {'spark mem':>9s} {'latency':>8s} "
+    head = (f"{'skew':>5s} {'mode':8s} {'state rows':>10s} {'+ tuples':>9s} {'payload':>8s} {'spark mem':>9s} {'latency':>8s} "
             f"{'lat max':>7s} {'dropped':>8s} {'rows miss':>9s} {'rows wrong':>10s} {'pkts miss':>9s} {'batch':>6s}")  # fmt: skip
-    lines = [head, f"{'s':>5s} {'':8s} {'mean':>10s} {'MiB':>8s} {'MiB':>9s} {'mean s':>8s} {'s':>7s} "
+    lines = [head, f"{'s':>5s} {'':8s} {'mean':>10s} {'(iop)':>9s} {'MiB':>8s} {'MiB':>9s} {'mean s':>8s} {'s':>7s} "
              f"{'records':>8s} {'':>9s} {'':>10s} {'%':>9s} {'ms':>6s}"]  # fmt: skip
     for r in rows:
         lat = "-" if r["latency_mean_s"] is None else f"{r['latency_mean_s']:.1f}"
         lmax = "-" if r["latency_max_s"] is None else f"{r['latency_max_s']}"
-        lines.append(f"{r['skew_s']:5d} {r['variant']:8s} {r['state_rows_mean']:10,.0f} {r['payload_mib_mean']:8.1f} "
+        tup = "-" if r.get("iop_buffer_tuples_mean") is None else f"{r['iop_buffer_tuples_mean']:,.0f}"
+        lines.append(f"{r['skew_s']:5d} {r['variant']:8s} {r['state_rows_mean']:10,.0f} {tup:>9s} {r['payload_mib_mean']:8.1f} "
                      f"{r['spark_state_mib_mean']:9.1f} {lat:>8s} {lmax:>7s} {r['dropped_by_watermark']:8,d} "
                      f"{r['rows_missing']:9,d} {r['rows_wrong']:10,d} {r['packets_missing_pct']:9.1f} "
                      f"{r['batch_ms_mean'] or 0:6.0f}")  # fmt: skip
@@ -344,18 +388,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     style = {"oop": ("lowwater (punctuation)", "#2a7", "o", 10), "wm=skew": ("Spark watermark, delay = skew", "#36c", "s", 7),
-             "wm=2s": ("Spark watermark, delay = 2 s", "#c33", "^", 5)}  # fmt: skip
+             "wm=2s": ("Spark watermark, delay = 2 s", "#c33", "^", 5),
+             "iop": ("in-order merge (IOP) + roll-up", "#999", "D", 5)}  # fmt: skip
     # markers shrink in drawing order so that equal values (e.g. both watermarks at 5-10 s) stay visible
     fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
     for v, (label, color, marker, size) in style.items():
         rs = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["skew_s"])
         x = [r["skew_s"] for r in rs]
         kw = {"label": label, "color": color, "marker": marker, "markersize": size}
-        ax[0].plot(x, [r["state_rows_mean"] / 1000 for r in rs], **kw)
-        ax[1].plot(x, [r["spark_state_mib_mean"] for r in rs], **kw)
+        ax[0].plot(x, [r["payload_mib_mean"] for r in rs], **kw)
+        if v != "iop":
+            ax[1].plot(x, [r["spark_state_mib_mean"] for r in rs], **kw)
         ax[2].plot(x, [r["latency_mean_s"] if r["latency_mean_s"] is not None else np.nan for r in rs], **kw)
         ax[3].plot(x, [r["packets_missing_pct"] for r in rs], **kw)
-    titles = ("state rows held (thousands, mean)", "Spark state store memoryUsedBytes (MiB, mean)",
+    titles = ("state payload (MiB, mean; IOP: + buffered 48-B tuples)", "Spark state store memoryUsedBytes (MiB, mean)",
               "result latency: leading host's time - window end (s)", "packets missing from results (%)")  # fmt: skip
     for a, t in zip(ax, titles, strict=True):
         a.set_title(t, fontsize=9)
@@ -413,9 +459,14 @@ def main() -> None:
         "kafka_partitions": PARTITIONS, "master": args.master, "steady_phase_s": meas, "skews_s": skews,
         "state_row_bytes": ROW_BYTES, "quick": args.quick, "runtime_s": round(took),
     }  # fmt: skip
+    by = {(r["skew_s"], r["variant"]): r for r in rows}
+    ratio = {str(k): by[(k, "oop")]["payload_mib_mean"] / by[(k, "iop")]["payload_mib_mean"] for k in skews}
+    print(f"oop / iop state payload by skew: {ratio} (OOP paper Fig. 1: ~0.3 at 40 s)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "skew.json").write_text(json.dumps({"benchmark": "memory_latency_vs_skew", "machine": m,
-                                                   "method": method, "rows": rows}, indent=2))  # fmt: skip
+                                                   "method": method, "oop_vs_iop_state_by_skew": ratio,
+                                                   "oop_vs_iop_state_at_40s": ratio.get("40"), "rows": rows},
+                                                  indent=2))  # fmt: skip
     plot(rows, RESULTS / "skew.png")
     print(f"wrote {RESULTS / 'skew.json'} and {RESULTS / 'skew.png'}")
 

@@ -75,6 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
                    help="an extra kafka.* option of Spark's Kafka source, e.g. kafka.isolation.level=read_committed")
     p.add_argument("--spark-conf", action="append", metavar="KEY=VALUE", help="an extra Spark setting (repeatable)")
     p.add_argument("--driver-host", help="address executors reach the driver at (non-local master; default: host name)")
+    p.add_argument("--control-topic", help="ask the hosts that block a window for punctuation on this topic "
+                   "(e.g. lowwater.control; agents run with the same --control-topic)")
     p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars (default: what ./lw setup fetched)")
     a = p.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}

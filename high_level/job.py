@@ -62,6 +62,7 @@ class JobOptions:
     create_topics: bool = True
     kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    control_topic: str | None = None  # ask blocking hosts for punctuation on this topic (oop mode)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -133,7 +134,14 @@ class HighLevelJob:
         self.streams: list[Any] = []
         self._dropped: dict[str, int] = {}
         self._dropped_seen: dict[str, int] = {}
-        self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics, self.stream_progress)
+        self.asker = None
+        if opts.control_topic and opts.mode == "oop":
+            from high_level.ondemand import PunctuationAsker
+
+            self.asker = PunctuationAsker(list(self.layouts.values()), opts.bootstrap, topic=opts.control_topic,
+                                          producer_config=opts.kafka_security.kafka_python())  # fmt: skip
+        self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics,
+                               self.stream_progress, self.asker.observe if self.asker else None)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -306,6 +314,8 @@ class HighLevelJob:
                 s.stop()
             except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams
                 log.warning("stopping %s: %s", s.name, exc)
+        if self.asker is not None:
+            self.asker.close()
 
     def await_termination(self, poll_s: float = 1.0, stop_event: threading.Event | None = None) -> None:
         """Block until a stream fails or ``stop_event`` is set, refreshing metrics meanwhile."""

@@ -46,6 +46,7 @@ class JobSettings(RoleSettings):
     spark_conf: dict[str, str] = Field(default_factory=dict)
     driver_host: str | None = None
     spark_jars: list[str] = Field(default_factory=list)
+    control_topic: str | None = None
 
     @field_validator("watermark_delay", "trigger", "host_timeout")
     @classmethod
@@ -81,5 +82,5 @@ class JobSettings(RoleSettings):
             expected_hosts=tuple(self.expected_hosts), late_policy=self.late_policy,
             watermark_delay_ms=ms(self.watermark_delay), max_offsets_per_trigger=self.max_offsets_per_trigger,
             shuffle_partitions=self.shuffle_partitions or (int(m.group(1)) if m else None),
-            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
+            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options), control_topic=self.control_topic,
         )  # fmt: skip

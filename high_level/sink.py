@@ -32,13 +32,15 @@ class ResultSink:
     """Writes closed windows, folds per-partition status into the status document, feeds the metrics."""
 
     def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
-                 metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]]) -> None:  # fmt: skip
+                 metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
+                 on_status: Callable[[list[S.PartitionStatus]], object] | None = None) -> None:  # fmt: skip
         self.store = store
         self.layouts = {q.name: Layout.of(q) for q in queries}
         self.mode = mode
         self.settings = settings
         self.metrics = metrics
         self.progress = progress
+        self.on_status = on_status  # e.g. the punctuation asker (high_level/ondemand.py)
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.last_batch: dict[str, Any] = {}
@@ -110,6 +112,8 @@ class ResultSink:
         self.metrics.on_status(queries, now_ms)
         self.last_batch = {"batch_id": batch_id, "written": written, "now_ms": now_ms}
         self.write_status(queries, now_ms)
+        if self.on_status is not None:
+            self.on_status(statuses)
 
     def write_status(self, queries: dict[str, S.QueryStatus], now_ms: int) -> None:
         doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),

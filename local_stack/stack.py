@@ -21,6 +21,7 @@ from pathlib import Path
 
 from contract import query as Q
 from contract import status as S
+from contract.control import CONTROL_TOPIC
 from contract.results import STATUS_FILE
 from contract.topics import wanted_topics
 from local_stack.jars import state_dir
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for topic, partitions in wanted_topics(cfg.queries).items():
                 broker.create_topic(topic, partitions)
+            broker.create_topic(CONTROL_TOPIC, 1)  # the job asks blocking hosts for punctuation here
         except (TopicMismatch, ValueError) as exc:
             raise SystemExit(f"lowwater-stack: {exc}") from None
         bootstrap = broker.bootstrap_servers
@@ -168,14 +170,15 @@ def main(argv: list[str] | None = None) -> None:
         print("[stack] starting the high-level Spark job (local mode) ...", flush=True)
         spawn("job", [_bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
                       "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
-                      "--metrics-port", str(args.job_metrics_port)])
+                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
                             "--port", str(args.api_port)])
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)
         print("[stack] starting the capture agent ...", flush=True)
         agent = spawn("agent", [_bin("lowwater-agent"), "--config", args.config, "--source", args.source,
                                 "--host-id", host_id, "--bootstrap", bootstrap,
-                                "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path)])
+                                "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path),
+                                "--control-topic", CONTROL_TOPIC])
         _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 120, agent, logs, done_ok=True)
         page = f"http://127.0.0.1:{args.api_port}/ui"
         print(f"""

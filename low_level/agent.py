@@ -62,8 +62,9 @@ class Agent:
     def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
                  bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
                  producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005) -> None:
+                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None) -> None:
         self.host = host
+        self.control = control  # low_level.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
         # idle = ring empty and no packet for this long: a ring that a fast replay merely drained is not idle
         self.idle_after_s = idle_after_s
@@ -146,6 +147,9 @@ class Agent:
             elif idle and q.heartbeat.on_demand and now - self.last_on_demand[i] >= self.on_demand_gap_s:
                 self.last_on_demand[i] = now
                 self.punctuate(i, idle, timer=False)
+            elif self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i):
+                self.last_on_demand[i] = now  # asked by the blocked consumer: flush below the clock, punctuate
+                self.punctuate(i, idle=True, timer=False)
         if now - self.last_pump >= self.pump_every_s or self.emitter.backlog.records >= 16384:
             self.last_pump = now  # fewer, larger Kafka batches: less per-message work on the capture core
             self.emitter.pump()
@@ -211,6 +215,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | Non
     ap.add_argument("--kafka-security", metavar="JSON",
                     help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, cert_file, "
                          "key_file, check_hostname); see deploy/SECURITY.md")
+    ap.add_argument("--control-topic",
+                    help="answer punctuation requests of the high level on this topic (e.g. lowwater.control)")
     ap.add_argument("--summary", metavar="FILE",
                     help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit")
     a = ap.parse_args(argv)
@@ -240,9 +246,15 @@ def main(argv: list[str] | None = None) -> None:
     if not queries:
         raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
     opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
+    control = None
+    if s.control_topic:
+        from low_level.ondemand import RequestListener
+
+        control = RequestListener(s.host_id, queries, s.bootstrap, topic=s.control_topic,
+                                  consumer_config=opts["producer_config"]).start()
     try:
         agent = Agent(queries, parse_source(s.source), s.host_id, s.bootstrap,
-                      ring_slots=s.ring_slots, emitter_opts=opts)
+                      ring_slots=s.ring_slots, emitter_opts=opts, control=control)
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
         raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
     if s.metrics_port:

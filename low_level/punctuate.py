@@ -49,11 +49,16 @@ def _oldest_held(kernel: Kernel, q: int, target: int) -> int:
     return kernel.min_pane(q)
 
 
-def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False) -> Mark | None:
+def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False,
+            hold_panes: int = 0) -> Mark | None:
     """Flush what the new mark needs and return it (the caller drains, queues, then sends it).
 
     Returns None when the mark does not advance. Sets the kernel's mark, so later packets below it
-    count as late.
+    count as late. ``hold_panes`` keeps a busy host's mark that many panes behind its data clock:
+    the oldest pane in the table says nothing about packets still to come when the capture itself
+    is out of order (a group's older panes are evicted from its probe window as its newer ones
+    arrive), so a stream with up to D of disorder needs ``hold_panes = ceil(D / pane)`` to lose
+    nothing (benchmarks/bench_disorder.py measures both). The agent passes 0 (today's rule).
     """
     t = kernel.t
     spec = t.queries[q]
@@ -65,6 +70,8 @@ def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, e
         target = target_pane(kernel, q, now_ns, idle, live_clock, spec.heartbeat.skew_ns)
         if target is None:
             return None
+        if not idle:
+            target -= hold_panes
         oldest = _oldest_held(kernel, q, target)
         flushed = 0
         if idle and oldest < target:  # the per-pane counters say a sweep has something to flush

@@ -29,4 +29,5 @@ class AgentSettings(RoleSettings):
     duration: float | None = Field(default=None, gt=0)
     linger: bool = False
     summary: str | None = None
+    control_topic: str | None = None  # answer the high level's punctuation requests (low_level/ondemand.py)
     kafka_security: KafkaSecurity = KafkaSecurity()

@@ -1,0 +1,81 @@
+"""Job side of on-demand punctuation: ask the hosts that block a partition for their mark.
+
+After every micro-batch the job knows, per (query, partition), its low-water mark and the hosts
+holding it (``blocked_by`` of the status rows). When the first open window has ended by the batch
+clock, waiting is pointless: :class:`PunctuationAsker` writes a request to the control topic
+(``contract/control.py``) for each blocking host, at most once per ``min_gap_ms`` per (query,
+partition, host). The agent flushes and punctuates; the next batch closes the window.
+
+The job creates one when ``--control-topic`` is set (oop mode) and the sink calls
+``asker.observe(statuses)`` with each batch's :class:`contract.status.PartitionStatus` rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from contract import control as C
+from contract.status import PartitionStatus
+from high_level.rollup import Layout
+
+log = logging.getLogger("lowwater.ondemand")
+
+
+class PunctuationAsker:
+    """Rate-limited punctuation requests from a blocked (query, partition) to the hosts blocking it."""
+
+    def __init__(self, layouts: Sequence[Layout], bootstrap: str | None, topic: str = C.CONTROL_TOPIC,
+                 min_gap_ms: int = 200, producer: Any = None, clock: Callable[[], float] = time.monotonic,
+                 producer_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.layouts = {lay.name: lay for lay in layouts}
+        self.topic, self.min_gap_s, self.clock = topic, min_gap_ms / 1000.0, clock
+        if producer is None:
+            from kafka import KafkaProducer
+
+            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1, **dict(producer_config or {}))
+        self.producer = producer
+        self.last: dict[tuple[str, int, str], float] = {}
+        self.sent = self.suppressed = 0
+
+    def due(self, st: PartitionStatus) -> bool:
+        """Has the first open window of this status row ended by the batch clock (worth asking)?"""
+        lay = self.layouts.get(st.query)
+        lwm = st.low_water_mark_pane
+        if lay is None or not st.open_windows:
+            return False
+        if lwm is None:  # an expected host never punctuated: everything waits on it
+            return True
+        first_open = max(int(lwm), int(st.closed_before_window or lwm))
+        end_ms = (lay.origin_ns + (first_open + 1) * lay.pane_ns) // 1_000_000
+        return end_ms <= st.now_ms
+
+    def observe(self, statuses: Iterable[PartitionStatus]) -> int:
+        """Send the requests this batch's status rows call for; returns how many were sent."""
+        now = self.clock()
+        n = 0
+        for st in statuses:
+            if not self.due(st):
+                continue
+            for host in st.blocked_by:
+                k = (st.query, st.partition, host)
+                if now - self.last.get(k, -1e18) < self.min_gap_s:
+                    self.suppressed += 1
+                    continue
+                self.last[k] = now
+                lwm = st.low_water_mark_pane
+                req = C.PunctuationRequest(k[0], host, k[1], -1 if lwm is None else int(lwm), time.time_ns())
+                try:
+                    self.producer.send(self.topic, key=host.encode(), value=C.encode_request(req))
+                    n += 1
+                except Exception as exc:  # the control path is best effort: the timer still punctuates
+                    log.warning("punctuation request to %s failed: %s", host, exc)
+        if n:
+            self.producer.flush(timeout=1.0)
+        self.sent += n
+        return n
+
+    def close(self) -> None:
+        self.producer.close(timeout=1.0)

@@ -1,0 +1,152 @@
+"""On-demand punctuation on request: the blocked high level asks the host that holds its mark back.
+
+Protocol (contract/control.py), job side (high_level/ondemand.py), agent side (low_level/ondemand.py),
+and the whole path with the real broker, two real agents and the real Spark job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from contract import control as C
+from contract import query as Q
+from contract.status import PartitionStatus
+from high_level.job import HighLevelJob, JobOptions
+from high_level.ondemand import PunctuationAsker
+from high_level.rollup import Layout
+from low_level.agent import Agent
+from low_level.ondemand import RequestListener
+
+NS = 1_000_000_000
+
+
+def _query(topic: str = "t", interval: str = "1s") -> Q.QuerySpec:
+    return Q.load_text(f"""
+queries:
+  - name: asked
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: packets}}]
+    window: {{range: 1s}}
+    table: {{size: 4096}}
+    flush: {{policy: lazy, m: 1}}
+    heartbeat: {{interval: {interval}, skew: 100ms, on_demand: false}}
+    kafka: {{topic: {topic}, partitions: 1}}
+""").queries[0]
+
+
+def test_request_roundtrip_and_every_mutation_or_truncation_rejected() -> None:
+    r = C.PunctuationRequest("syn_per_port", "host-7", 3, 1_700_000_123, 42)
+    b = C.encode_request(r)
+    assert C.decode_request(b) == r
+    for i in range(len(b)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(b)
+            bad[i] ^= flip
+            with pytest.raises(C.ControlError):
+                C.decode_request(bytes(bad))
+    for n in range(len(b)):
+        with pytest.raises(C.ControlError):
+            C.decode_request(b[:n])
+    with pytest.raises(C.ControlError):
+        C.decode_request(b + b"\0")
+    with pytest.raises(C.ControlError):
+        C.encode_request(C.PunctuationRequest("", "h", 0, 0, 0))
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes]] = []
+
+    def send(self, topic: str, key: bytes, value: bytes) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout: float) -> None:
+        pass
+
+
+def _status(lwm: int | None, now_s: float, blocked: list[str], open_windows: int = 3) -> PartitionStatus:
+    return PartitionStatus(query="asked", partition=0, low_water_mark_pane=lwm, low_water_mark_ns=None,
+                           closed_before_window=lwm, open_windows=open_windows, blocked_by=blocked,
+                           now_ms=int(now_s * 1000), live_hosts=1, state_rows=0, windows_closed=0, records=0,
+                           hosts={})  # fmt: skip
+
+
+def test_asker_asks_blocking_hosts_only_for_ended_windows_and_rate_limits() -> None:
+    lay = Layout.of(_query())
+    rec, clock = _Recorder(), [100.0]
+    asker = PunctuationAsker([lay], None, topic="ctl", min_gap_ms=200, producer=rec, clock=lambda: clock[0])
+    base = 1_700_000_000  # window w = pane w (1 s) ends at (w + 1) s
+    assert asker.observe([_status(base + 10, base + 10.5, ["sparse"])]) == 0  # window 10 has not ended yet
+    assert asker.observe([_status(base + 10, base + 11.2, ["sparse"], open_windows=0)]) == 0  # nothing waits
+    assert asker.observe([_status(base + 10, base + 11.2, ["sparse", "b"])]) == 2
+    req = C.decode_request(rec.sent[0][2])
+    assert (req.query, req.host, req.partition, req.waiting_pane) == ("asked", "sparse", 0, base + 10)
+    assert rec.sent[0][:2] == ("ctl", b"sparse")
+    clock[0] += 0.1
+    assert asker.observe([_status(base + 10, base + 11.3, ["sparse"])]) == 0  # within 200 ms: suppressed
+    clock[0] += 0.15
+    assert asker.observe([_status(base + 10, base + 11.5, ["sparse"])]) == 1
+    assert asker.observe([_status(None, base + 11.5, ["never-heard"])]) == 1  # an expected host never punctuated
+
+
+def test_listener_keeps_one_pending_flag_per_query_for_its_own_host() -> None:
+    q = _query()
+    lst = RequestListener("sparse", [q], "unused")
+    lst.offer(C.encode_request(C.PunctuationRequest("asked", "other", 0, 5, 0)))
+    lst.offer(C.encode_request(C.PunctuationRequest("unknown", "sparse", 0, 5, 0)))
+    lst.offer(b"garbage")
+    assert not lst.take(0)
+    for _ in range(3):  # duplicates collapse: idempotent
+        lst.offer(C.encode_request(C.PunctuationRequest("asked", "sparse", 0, 5, 0)))
+    assert lst.take(0)
+    assert not lst.take(0)
+    assert (lst.received, lst.accepted, lst.bad) == (6, 3, 1)
+
+
+def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_heartbeat(
+    kafka, spark, topic_factory, tmp_path
+) -> None:  # fmt: skip
+    """A dense agent (1-s heartbeats) and a sparse agent whose only timer punctuation falls at its start
+    (heartbeat every 300 s, on-demand-when-idle off): without requests no window after its start
+    could close for five minutes. With the asker, the job asks it and windows keep closing."""
+    topic, ctl = topic_factory(1), topic_factory(1, prefix="ctl")
+    dense_q, sparse_q = _query(topic, "1s"), _query(topic, "300s")
+    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
+                      trigger_ms=300, host_timeout_ms=120_000, expected_hosts=("dense", "sparse"),
+                      shuffle_partitions=2, name="t-asked", create_topics=False, control_topic=ctl)  # fmt: skip
+    job = HighLevelJob(spark, [dense_q], opts)
+    assert job.asker is not None
+    listener = RequestListener("sparse", [sparse_q], kafka.bootstrap_servers, topic=ctl).start()
+    assert listener.ready.wait(30)
+    dense = Agent([dense_q], {"type": "generator", "rate": 2000, "groups": 100, "clock": "wall"}, "dense",
+                  kafka.bootstrap_servers)  # fmt: skip
+    sparse = Agent([sparse_q], {"type": "generator", "rate": 0.001, "groups": 10, "clock": "wall", "seed": 2},
+                   "sparse", kafka.bootstrap_servers, control=listener)  # fmt: skip
+    job.start()
+    start_pane = time.time_ns() // NS
+    threads = [threading.Thread(target=a.run, args=(60,), daemon=True) for a in (dense, sparse)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 90
+        closed = None
+        while time.monotonic() < deadline:
+            st = (job.sink.partitions.get(dense_q.name) or {}).get(0)
+            closed = st.closed_before_window if st is not None else None
+            if closed is not None and closed >= start_pane + 6:
+                break
+            time.sleep(0.5)
+        assert closed is not None and closed >= start_pane + 6, f"closed frontier {closed}, start pane {start_pane}"
+        assert job.asker.sent > 0
+        assert listener.accepted > 0
+        assert sparse.heartbeats[0] >= 2  # the timer fired once; the rest were answers to requests
+    finally:
+        for a in (dense, sparse):
+            a.stopping = True
+        for t in threads:
+            t.join(15)
+        listener.stop()
+        job.stop()  # closes the asker too
