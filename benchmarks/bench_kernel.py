@@ -241,7 +241,9 @@ def main() -> None:
     for r in rows:
         print(f"{r['variant']:30s} {r['mpps']:8.2f} {r['mpps_cpu']:8.2f} {r['mpps'] / ref:7.2f} "
               f"{r.get('evictions', ''):>10}  {r['all_mpps']}")
-    print(f"kernel_vs_reference = {lazy / ref:.3f} (slow flush {slow / ref:.3f}; per round {round_ratio}); "
+    cpu_ratio = by["Q4 kernel, lazy"]["mpps_cpu"] / by["reference Q4 kernel"]["mpps_cpu"]
+    print(f"kernel_vs_reference = {lazy / ref:.3f} (slow flush {slow / ref:.3f}; per round {round_ratio}; "
+          f"by CPU time {cpu_ratio:.3f}); "
           f"three queries = {three_mpps / lazy:.2f} of Q4 lazy")
     result = {
         "benchmark": "kernel",
@@ -254,6 +256,8 @@ def main() -> None:
         "kernel_vs_reference": round(lazy / ref, 3),
         "kernel_vs_reference_slow": round(slow / ref, 3),
         "kernel_vs_reference_per_round": round_ratio,
+        # by CPU time: on a shared machine wall time also counts time the process waited for a core
+        "kernel_vs_reference_cpu": round(by["Q4 kernel, lazy"]["mpps_cpu"] / by["reference Q4 kernel"]["mpps_cpu"], 3),
         "three_queries_mpps": round(three_mpps, 2),
         "three_queries_vs_q4": round(three_mpps / lazy, 3),
         "reference": "benchmarks/bench_kernel.py reference_q4: IPv4 ethertype check, src/dst, minute, "
