@@ -7,8 +7,8 @@ only (parse_batch), the fused pass with no queries (the kernel's floor), each fl
 queries of configs/default.yaml in one pass, and a **reference kernel**: the simplest correct Q4
 kernel on the same ring (IPv4 check, two addresses, a 2^19 linear-probing table of counts keyed by
 (src, dst, minute), evicted entries copied out), which does no more than Q4 needs. Absolute rates
-differ between CPUs; ``kernel_vs_reference`` (Q4 lazy / reference, same run) does not, so that is
-the figure to compare across machines. The reference's counts are checked against lowwater's.
+differ between CPUs; ``kernel_vs_reference`` (Q4 lazy / reference, same run) is the figure to
+compare across machines. The reference's counts are checked against lowwater's.
 
 Rates are wall clock (``kernel_mpps`` = lazy, best of --repeat, the variants interleaved so that a
 noisy neighbour hits all of them alike); CPU-time rates are shown too, since on a shared machine
