@@ -18,11 +18,15 @@ numpy from the generator's own arrays. The tools:
   ``pcap_savefile``. See :func:`pmacct_config` for why each setting is there and :func:`run_pmacct`
   for exactly how its processing time is measured.
 
-Timed parts run ``--repeat`` times (the machine is shared); the best time is kept. Writes
+lowwater and pmacctd run ``--repeat`` times, the Python loops ``--slow-repeat`` times (the machine is
+shared); the best time is kept. Writes
 ``benchmarks/results/peers.json`` and ``benchmarks/results/peers.png``; the pcap stays under
 ``benchmarks/results/tmp/`` (gitignored) and is reused by later runs with the same parameters.
 
-    .venv/bin/python benchmarks/bench_peers.py [--packets 2000000] [--groups 65536] [--repeat 5]
+    .venv/bin/python benchmarks/bench_peers.py [--shape PACKETS,GROUPS,SPAN_S,SNAPLEN ...] [--repeat 5]
+
+By default two shapes: 2M packets over 65,536 groups in 180 s at snaplen 64, and 3M packets over 200K
+groups in 300 s at snaplen 128 (more partials per packet: the merge matters more there).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,6 +132,40 @@ def ip4(text: str) -> int:
 # lowwater
 
 
+@njit(cache=True, nogil=True)
+def merge_partials(pane, pair, cnt):
+    """Sum partial counts per (pane, pair) in one pass over a hash table (what the high level's roll-up
+    does); returns (pane, pair, count) of the distinct keys in first-seen order. A numpy lexsort +
+    reduceat of ~1M partials took longer than the agent loop that produced them."""
+    n = pane.shape[0]
+    size = 16
+    while size < 2 * n:
+        size <<= 1
+    mask = np.uint64(size - 1)
+    slot_of = np.full(size, -1, dtype=np.int64)  # index into the outputs, -1 = free
+    o_pane = np.empty(n, dtype=np.int64)
+    o_pair = np.empty(n, dtype=np.uint64)
+    o_cnt = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        p, k = pane[i], pair[i]
+        h = (np.uint64(p) * np.uint64(0x9E3779B97F4A7C15)) ^ (k * np.uint64(0xC2B2AE3D27D4EB4F))
+        j = (h ^ (h >> np.uint64(29))) & mask
+        while True:
+            e = slot_of[j]
+            if e < 0:
+                slot_of[j] = m
+                o_pane[m], o_pair[m], o_cnt[m] = p, k, cnt[i]
+                m += 1
+                break
+            if o_pane[e] == p and o_pair[e] == k:
+                o_cnt[e] += cnt[i]
+                break
+            j = (j + np.uint64(1)) & mask
+    return o_pane[:m], o_pair[:m], o_cnt[:m]
+
+
+
 def run_lowwater(path: Path, q: Q.QuerySpec) -> tuple[dict, Counts]:
     """One timed run of the agent's loop (minus Kafka) on the pcap, then the per-(pane, key) merge."""
     ring = Ring(1 << 18)  # the agent's default ring
@@ -159,21 +198,15 @@ def run_lowwater(path: Path, q: Q.QuerySpec) -> tuple[dict, Counts]:
     if not v4.all():
         bad = np.flatnonzero(~v4)[0]
         raise SystemExit(f"lowwater returned a non-IPv4 key: {F.words_to_ip(int(sh[bad]), int(sl[bad]))}")
-    # merge the partials per (pane, key), as the high level does: sort by (pane, src, dst), sum runs
+    # merge the partials per (pane, key), as the high level does
     pair = ((sl & 0xFFFFFFFF) << 32 | (dl & 0xFFFFFFFF)).view(np.uint64)
-    order = np.lexsort((pair, pane))
-    p_pane, p_pair, cnt = pane[order], pair[order], state[order, 0]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (p_pane[1:] != p_pane[:-1]) | (p_pair[1:] != p_pair[:-1])
-    starts = np.flatnonzero(first)
-    m_pane, m_pair = p_pane[starts], p_pair[starts]
-    merged = np.add.reduceat(cnt, starts) if len(starts) else cnt[:0]
+    m_pane, m_pair, merged = merge_partials(np.ascontiguousarray(pane), pair, np.ascontiguousarray(state[:, 0]))
     t2 = time.perf_counter()
     cpu = time.process_time() - c0
     src.join(5)
     st = src.stats()
     info = {"seconds": t2 - t0, "cpu_s": cpu, "agent_s": t1 - t0, "merge_s": t2 - t1, "partials": len(recs),
-            "keys": len(starts), "frames_read": st["frames_read"], "ring_drops": ring.drops,
+            "keys": len(m_pane), "frames_read": st["frames_read"], "ring_drops": ring.drops,
             "evictions": tables.stat(0, "evictions"), "late": tables.stat(0, "late"),
             "matched": tables.stat(0, "matched"), "packets": int(kernel.hc[0])}
     if len(recs):  # spot check the layout against the contract's decoder
@@ -515,23 +548,31 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--packets", type=int, default=2_000_000)
-    ap.add_argument("--groups", type=int, default=65_536)
-    ap.add_argument("--span", type=int, default=180, help="seconds of data time the trace spans")
-    ap.add_argument("--snaplen", type=int, default=64, help="bytes captured per frame in the pcap")
-    ap.add_argument("--scapy-packets", type=int, default=50_000, help="scapy runs on this many first packets")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs per tool; the best is kept")
-    ap.add_argument("--skip", action="append", default=[], choices=["dpkt", "scapy", "pmacctd"])
-    args = ap.parse_args()
-    m = machine()
-    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (shared: best of {args.repeat} runs)")
-    TMP.mkdir(parents=True, exist_ok=True)
-    pcap = TMP / f"peers-{args.packets}-{args.groups}-{args.span}s-snap{args.snaplen}.pcap"
-    g = write_pcap(pcap, args.packets, args.groups, args.span, args.snaplen)
+PMACCTD_NOTES = [
+    "The default core->plugin pipe (a shared-memory ring, no back-pressure) loses packets when a savefile "
+    "is read at full speed, and its wake-up protocol can strand the last buffers after end of file; the "
+    "ZeroMQ queue (plugin_pipe_zmq, unlimited high-water mark) loses none.",
+    "pmacct 1.7.7 bins a packet whose whole-second timestamp is a multiple of 60 into the previous "
+    "minute when the data is older than the daemon's clock (P_eval_historical_acct); "
+    "print_history_offset: 1 makes its bins exactly [m, m+60 s), labelled m-1 s.",
+    "CSV output carries no time bin; print_output_file with %s gives one file per bin. Formatting the "
+    "file name per row makes the final purge several times slower than into one fixed file.",
+    "With pcap_savefile_wait, SIGINT to the core makes it hand the plugin the last buffer again "
+    "(fill_pipe_buffer at end of file and in the SIGINT handler): one buffer of packets counted twice. "
+    "Here the plugin gets the SIGINT instead.",
+    "Without pcap_savefile_wait the core stops the plugin 2 s after end of file whether or not it has "
+    "caught up with the pipe.",
+]
+
+SHAPES = ("2000000,65536,180,64", "3000000,200000,300,128")
+
+
+def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, snaplen: int) -> dict:
+    """Every tool on one pcap shape; returns that shape's results (rows, agreement, pmacctd config)."""
+    pcap = TMP / f"peers-{packets}-{groups}-{span}s-snap{snaplen}.pcap"
+    g = write_pcap(pcap, packets, groups, span, snaplen)
     truth = truth_counts(g)
-    print(f"pcap {pcap.name}: {pcap.stat().st_size / 2**20:.0f} MiB, {args.packets:,} packets, "
+    print(f"pcap {pcap.name}: {pcap.stat().st_size / 2**20:.0f} MiB, {packets:,} packets, "
           f"{g['span_ns'] / NS:.0f} s of data time, {len({k[0] for k in truth})} minutes, "
           f"{len(truth):,} (minute, src, dst) keys")
 
@@ -539,15 +580,15 @@ def main() -> None:
     results: dict[str, dict] = {}
     agree: dict[str, dict] = {}
 
-    def timed(tool: str, fn, want: Counts) -> None:
-        """Run fn --repeat times; keep the fastest run whose counts agree (the fastest one if none do)."""
+    def timed(tool: str, fn, want: Counts, repeat: int) -> None:
+        """Run fn ``repeat`` times; keep the fastest run whose counts agree (the fastest one if none do)."""
         runs, best, best_ok = [], None, None
-        for i in range(args.repeat):
+        for i in range(repeat):
             info, got = fn()
             verdict = compare(tool, got, want)
             runs.append({"seconds": round(info["seconds"], 4), "cpu_s": round(info["cpu_s"], 4),
                          "agrees": verdict["agrees"]})
-            print(f"  {tool} run {i + 1}/{args.repeat}: {info['packets']:,} packets in {info['seconds']:.3f} s "
+            print(f"  {tool} run {i + 1}/{repeat}: {info['packets']:,} packets in {info['seconds']:.3f} s "
                   f"= {info['packets'] / info['seconds'] / 1e6:.3f} Mpkt/s (cpu {info['cpu_s']:.2f} s), counts "
                   f"{'agree' if verdict['agrees'] else 'DISAGREE'}", flush=True)
             if best is None or info["seconds"] < best[0]["seconds"]:
@@ -558,16 +599,17 @@ def main() -> None:
         agree[tool] = verdict
         results[tool] = {**info, "runs": runs}
 
+    slow = min(args.repeat, args.slow_repeat)
     print("\n[lowwater] PcapSource -> Ring -> Kernel.run_ring + drain, end-of-stream flush, merge")
     run_lowwater(pcap, q)  # warm-up: load the Numba functions (cache=True) before timing
-    timed("lowwater", lambda: run_lowwater(pcap, q), truth)
+    timed("lowwater", lambda: run_lowwater(pcap, q), truth, args.repeat)
     if "dpkt" not in args.skip:
         print("\n[dpkt] per-packet Python loop")
-        timed("dpkt", lambda: run_dpkt(pcap, args.packets), truth)
+        timed("dpkt", lambda: run_dpkt(pcap, packets), truth, slow)
     if "scapy" not in args.skip:
-        k = min(args.scapy_packets, args.packets)
+        k = min(args.scapy_packets, packets)
         print(f"\n[scapy] per-packet Python loop on the first {k:,} packets")
-        timed("scapy", lambda: run_scapy(pcap, k), truth_counts(g, k))
+        timed("scapy", lambda: run_scapy(pcap, k), truth_counts(g, k), slow)
     pm_conf = None
     if "pmacctd" not in args.skip:
         if shutil.which(PMACCTD) is None:
@@ -575,7 +617,7 @@ def main() -> None:
         ver = subprocess.run([PMACCTD, "-V"], capture_output=True, text=True).stdout.splitlines()[0]
         entries = next_prime(max(16411, len(truth) // 5))
         print(f"\n[pmacctd] {ver}; print plugin, {entries} cache buckets")
-        timed("pmacctd", lambda: run_pmacct(pcap, entries), truth)
+        timed("pmacctd", lambda: run_pmacct(pcap, entries), truth, args.repeat)
         pm_conf = pmacct_config(pcap, TMP / "pmacct-out", entries)
         results["pmacctd"]["version"] = ver
 
@@ -592,51 +634,79 @@ def main() -> None:
     for r in rows:
         print(f"{r['tool']:10s} {r['packets']:>10,} {r['seconds']:9.3f} {r['mpps']:9.3f} {r['ratio_vs_lowwater']:12.4f}"
               f" {r['cpu_s']:8.2f}  {'agree' if r['agrees'] else 'DISAGREE'}")
-    if "lowwater" in results:
-        r = results["lowwater"]
-        print(f"lowwater: agent loop {r['agent_s']:.3f} s + merge of {r['partials']:,} partials {r['merge_s']:.3f} s")
+    r = results["lowwater"]
+    print(f"lowwater: agent loop {r['agent_s']:.3f} s + merge of {r['partials']:,} partials {r['merge_s']:.3f} s")
+    vs_pm = vs_pm_cpu = None
     if "pmacctd" in results:
         r = results["pmacctd"]
+        vs_pm = round(lw / (r["packets"] / r["seconds"]), 2)
+        # by CPU time as well (both tools' processes, all threads): on a shared machine a short lowwater run
+        # that loses its core for a moment loses a larger share of its wall time than a 15 s pmacctd run
+        lw_cpu = results["lowwater"]
+        vs_pm_cpu = round((lw_cpu["packets"] / lw_cpu["cpu_s"]) / (r["packets"] / r["cpu_s"]), 2)
         print(f"pmacctd: ingest {r['ingest_s']:.3f} s (core at end of file after {r['core_eof_s']:.3f} s) "
-              f"+ final purge of {r['rows']:,} rows {r['purge_s']:.3f} s")
-    ok = all(a["agrees"] for a in agree.values())
-    result = {
-        "benchmark": "peers",
-        "query": "Q4: packet count per (src_ip, dst_ip) per 1-minute tumbling window",
+              f"+ final purge of {r['rows']:,} rows {r['purge_s']:.3f} s; lowwater = {vs_pm}x pmacctd "
+              f"({vs_pm_cpu}x by CPU time)")
+    return {
         "pcap": {"file": str(pcap.relative_to(RESULTS.parent.parent)), "bytes": pcap.stat().st_size,
-                 "format": "classic pcap, microsecond timestamps, Ethernet", "packets": args.packets,
-                 "groups": args.groups, "snaplen": args.snaplen, "data_span_s": round(g["span_ns"] / NS, 3),
+                 "format": "classic pcap, microsecond timestamps, Ethernet", "packets": packets,
+                 "groups": groups, "snaplen": snaplen, "data_span_s": round(g["span_ns"] / NS, 3),
                  "data_pps": g["pps"], "minutes": len({k[0] for k in truth}), "keys": len(truth),
                  "traffic": "low_level.sources.generator.generate_frames: TCP/IPv4, sizes 64..1500, seed 1"},
-        "repeat": args.repeat,
-        "best_of": f"each tool ran {args.repeat} times (shared machine); seconds = the fastest run whose counts agree, runs = all",
-        "all_agree": ok,
+        "lowwater_vs_pmacctd": vs_pm,
+        "lowwater_vs_pmacctd_cpu": vs_pm_cpu,
+        "all_agree": all(a["agrees"] for a in agree.values()),
         "agreement": agree,
         "rows": rows,
         "pmacctd_config": pm_conf,
-        "pmacctd_notes": [
-            "The default core->plugin pipe (a shared-memory ring, no back-pressure) loses packets when a savefile "
-            "is read at full speed, and its wake-up protocol can strand the last buffers after end of file; the "
-            "ZeroMQ queue (plugin_pipe_zmq, unlimited high-water mark) loses none.",
-            "pmacct 1.7.7 bins a packet whose whole-second timestamp is a multiple of 60 into the previous "
-            "minute when the data is older than the daemon's clock (P_eval_historical_acct); "
-            "print_history_offset: 1 makes its bins exactly [m, m+60 s), labelled m-1 s.",
-            "CSV output carries no time bin; print_output_file with %s gives one file per bin. Formatting the "
-            "file name per row makes the final purge several times slower than into one fixed file.",
-            "With pcap_savefile_wait, SIGINT to the core makes it hand the plugin the last buffer again "
-            "(fill_pipe_buffer at end of file and in the SIGINT handler): one buffer of packets counted twice. "
-            "Here the plugin gets the SIGINT instead.",
-            "Without pcap_savefile_wait the core stops the plugin 2 s after end of file whether or not it has "
-            "caught up with the pipe.",
-        ],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", action="append", default=None, metavar="PACKETS,GROUPS,SPAN_S,SNAPLEN",
+                    help=f"a pcap shape (repeatable); default: {' and '.join(SHAPES)}")
+    ap.add_argument("--scapy-packets", type=int, default=50_000, help="scapy runs on this many first packets")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of lowwater and pmacctd; the best is kept")
+    ap.add_argument("--slow-repeat", type=int, default=1,
+                    help="timed runs of the Python loops (100x slower than lowwater: noise does not matter)")
+    ap.add_argument("--skip", action="append", default=[], choices=["dpkt", "scapy", "pmacctd"])
+    args = ap.parse_args()
+    m = machine()
+    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (shared: best of {args.repeat} runs)")
+    TMP.mkdir(parents=True, exist_ok=True)
+    shapes = []
+    for spec in args.shape or SHAPES:
+        packets, groups, span, snaplen = (int(x) for x in spec.split(","))
+        print(f"\n=== shape: {packets:,} packets, {groups:,} groups, {span} s, snaplen {snaplen} ===")
+        shapes.append(run_shape(args, packets, groups, span, snaplen))
+    first = shapes[0]
+    ok = all(s["all_agree"] for s in shapes)
+    result = {
+        "benchmark": "peers",
+        "query": "Q4: packet count per (src_ip, dst_ip) per 1-minute tumbling window",
+        "pcap": first["pcap"],
+        "repeat": args.repeat,
+        "best_of": f"lowwater and pmacctd ran {args.repeat} times, dpkt and scapy {min(args.repeat, args.slow_repeat)} "
+                   "(shared machine); seconds = the fastest run whose counts agree, runs = all",
+        "all_agree": ok,
+        "agreement": first["agreement"],
+        "rows": first["rows"],
+        "lowwater_vs_pmacctd": [s["lowwater_vs_pmacctd"] for s in shapes],
+        "lowwater_vs_pmacctd_cpu": [s["lowwater_vs_pmacctd_cpu"] for s in shapes],
+        "shapes": shapes,
+        "pmacctd_config": first["pmacctd_config"],
+        "pmacctd_notes": PMACCTD_NOTES,
         "machine": m,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "peers.json").write_text(json.dumps(result, indent=2))
-    chart(rows, RESULTS / "peers.png",
-          f"Q4 (count per src,dst per minute) on one pcap: {args.packets / 1e6:g} Mpkt, {args.groups:,} pairs\n"
+    p = first["pcap"]
+    chart(first["rows"], RESULTS / "peers.png",
+          f"Q4 (count per src,dst per minute) on one pcap: {p['packets'] / 1e6:g} Mpkt, {p['groups']:,} pairs\n"
           f"{m['cpu']}, {m['cores']} cores; best of {args.repeat}")
-    print(f"\nwrote {RESULTS / 'peers.json'} and {RESULTS / 'peers.png'}")
+    print(f"\nlowwater vs pmacctd per shape: {result['lowwater_vs_pmacctd']}")
+    print(f"wrote {RESULTS / 'peers.json'} and {RESULTS / 'peers.png'}")
     if not ok:
         raise SystemExit("tools disagree on the counts (see above)")
 

@@ -17,6 +17,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from low_level import hugepage
 from low_level.refcount import pin
 
 HEAD, TAIL, DROPS, CAPTURED, BYTES, TRUNCATED = 0, 1, 2, 3, 4, 5
@@ -32,11 +33,12 @@ class Ring:
             raise ValueError("ring slots must be a power of two >= 2")
         self.nslots = nslots
         self.snaplen = snaplen
-        self.frames = np.zeros(nslots * snaplen, dtype=np.uint8)
-        self.caplen = np.zeros(nslots, dtype=np.int64)
-        self.wirelen = np.zeros(nslots, dtype=np.int64)
-        self.ts = np.zeros(nslots, dtype=np.int64)
-        self.iface = np.zeros(nslots, dtype=np.int64)
+        # huge pages (where THP is "madvise"): the kernel walks five arrays per frame
+        self.frames = hugepage.zeros(nslots * snaplen, np.uint8)
+        self.caplen = hugepage.zeros(nslots, np.int64)
+        self.wirelen = hugepage.zeros(nslots, np.int64)
+        self.ts = hugepage.zeros(nslots, np.int64)
+        self.iface = hugepage.zeros(nslots, np.int64)
         self.ctr = np.zeros(NCTR, dtype=np.int64)
 
     @property

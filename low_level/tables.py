@@ -9,12 +9,12 @@ with the same record layout, where the kernel writes evicted/flushed partials; P
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from contract import query as Q
+from low_level import hugepage
 
 EMPTY = np.iinfo(np.int64).min
 PANE_RING = 64  # per-query count of table entries per pane, indexed pane & 63 (m <= 32 keeps it exact)
@@ -33,26 +33,10 @@ QS_NAMES = ("started", "cur_pane", "mark_pane", "occupancy", "matched", "late", 
             "flush_sweep", "flush_iop", "overdue", "cursor", "tick", "out_n", "emitted", "max_ts", "burst_max")
 
 
-HUGE_PAGE = 2 << 20
-
-
 def table_memory(words: int) -> np.ndarray:
-    """Zeroed int64 memory for the hash tables, backed by transparent huge pages where the kernel allows.
-
-    Probes land on random slots: with 4 KiB pages a table of tens of MiB misses the TLB on nearly
-    every packet, with 2 MiB pages it covers the table with a few dozen entries. Linux's default THP
-    mode ("madvise") gives huge pages only to memory that asks, hence the anonymous mapping and
-    madvise. Small tables, or systems without THP, get ordinary memory (the hint is only a hint).
-    """
-    nbytes = words * 8
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.zeros(words, dtype=np.int64)
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:
-        pass
-    return np.frombuffer(region, dtype=np.int64, count=words)  # the array keeps the mapping alive
+    """Zeroed int64 memory for the hash tables, on huge pages where the kernel allows: probes land on
+    random slots, and with 4 KiB pages a table of tens of MiB misses the TLB on nearly every packet."""
+    return hugepage.zeros(words, np.int64)
 
 
 def slot_stride(rw: int) -> int:

@@ -25,7 +25,7 @@ import pytest
 from dpkt import pcapng
 from scapy.all import ICMP, IP, TCP, UDP, Dot1Q, Ether, PcapNgWriter, PcapWriter, Raw, rdpcap, wrpcap
 
-from low_level.ring import DROPS, HEAD, TAIL, Ring
+from low_level.ring import BYTES, CAPTURED, DROPS, HEAD, TAIL, TRUNCATED, Ring
 from low_level.sources import (
     AfPacketSource,
     GeneratorSource,
@@ -390,6 +390,25 @@ def test_fast_mode_with_tiny_ring_waits_and_loses_nothing(tmp_path: Path) -> Non
     assert src.join(5) and src.finished
     assert [g[0] for g in got] == frames
     assert src.stats()["drops"] == 0 and ring.ctr[DROPS] == 0
+
+
+def test_fast_replay_keeps_ring_contents_and_counters_of_the_general_path(tmp_path: Path) -> None:
+    """A fast replay copies records into the ring itself (not through ring_push): same slots, same counters."""
+    frames = scapy_frames(300, seed=3)
+    ts = [T0 * 10**9 + i * 1000 for i in range(len(frames))]
+    path = tmp_path / "cut.pcap"
+    write_classic(path, frames, ts, "<", True)
+    for mode in ("fast", "paced"):
+        ring = Ring(nslots=512, snaplen=64)
+        src = PcapSource(path, ring, mode=mode, progress=False).start()  # paced: 0.3 ms of recorded gaps
+        got = drain(ring, src)
+        assert src.join(5) and src.finished
+        assert [g[0] for g in got] == [f[:64] for f in frames], mode
+        assert [g[1] for g in got] == [len(f) for f in frames], mode
+        assert [g[2] for g in got] == ts, mode
+        assert int(ring.ctr[CAPTURED]) == len(frames), mode
+        assert int(ring.ctr[BYTES]) == sum(len(f) for f in frames), mode
+        assert int(ring.ctr[TRUNCATED]) == sum(len(f) > 64 for f in frames), mode
 
 
 def test_paced_mode_follows_gaps_and_drops_when_full(tmp_path: Path) -> None:
