@@ -24,6 +24,7 @@ import pyarrow as pa
 from contract import query as Q
 from contract import status as S
 from contract.kafka_security import KafkaSecurity
+from high_level.alerts import AlertDelivery
 from high_level.metrics import JobMetrics
 from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
 from high_level.placement import checkpoint_shuffle_partitions, placement_salts
@@ -62,6 +63,10 @@ class JobOptions:
     create_topics: bool = True
     kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    alert_webhook: str | None = None  # Alertmanager v2 endpoint, e.g. http://am:9093/api/v2/alerts
+    alert_timeout_ms: int = 2000
+    alert_queue: int = 10_000
+    alert_generator_url: str = "http://127.0.0.1:8080/ui"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -131,7 +136,12 @@ class HighLevelJob:
         self.store = ResultStore(opts.results, self.queries)
         self.layouts = {q.name: Layout.of(q) for q in self.queries}
         self.streams: list[Any] = []
-        self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics, self.stream_progress)
+        self.delivery = None
+        if opts.alert_webhook:
+            self.delivery = AlertDelivery(opts.results, opts.alert_webhook, self.metrics, timeout_s=opts.alert_timeout_ms / 1e3,
+                                          queue_size=opts.alert_queue, generator_url=opts.alert_generator_url)  # fmt: skip
+        self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics, self.stream_progress,
+                               self.delivery)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -160,6 +170,8 @@ class HighLevelJob:
             # FileSystem-based manager needs ~10, a chmod per new file (its renames are POSIX rename(2), atomic on one disk).
             # Sustained roll-up rate: 1.16 -> 1.40 M records/s (benchmarks/bench_rollup.py).
             self.spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", _FS_CHECKPOINT_MANAGER)
+        if self.delivery is not None:
+            self.delivery.start()
         if self.opts.mode == "oop":
             self.streams = [self._start_oop()]
         else:
@@ -275,6 +287,8 @@ class HighLevelJob:
                 s.stop()
             except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams
                 log.warning("stopping %s: %s", s.name, exc)
+        if self.delivery is not None:
+            self.delivery.stop()
 
     def await_termination(self, poll_s: float = 1.0, stop_event: threading.Event | None = None) -> None:
         """Block until a stream fails or ``stop_event`` is set, refreshing metrics meanwhile."""
