@@ -359,3 +359,30 @@ def test_unreachable_webhook_is_a_counted_failure_and_a_bad_url_a_settings_error
     d.stop()
     assert m.registry.get_sample_value("lowwater_job_alerts_failed_total") >= 2
     assert "refused" in d.last_error.lower() and len(d.queue) == 1
+
+
+def test_api_alerts_lists_fired_alerts_with_delivery_state(cfg, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from high_level.serve.api import create_app
+
+    q = cfg.query("ports")
+    lay = Layout.of(q)
+    conf = tmp_path / "c.yaml"
+    conf.write_text(CONFIG)
+    job = job_for(cfg, tmp_path / "res")
+    w0 = T0 // lay.pane_ns
+    job.handle_rows(ports_rows(q, lay, [w0, w0], [80, 22], [40, 50], [1200, 0]), 0)
+    job.handle_rows(ports_rows(q, lay, [w0 + 1], [80], [45], [10]), 1)
+    first = pq.read_table(R.alert_part_path(tmp_path / "res", 0))["id"][0].as_py()
+    R.delivered_path(tmp_path / "res").write_text(json.dumps({"at": "x", "ids": [first]}) + "\n")
+    (R.alerts_dir(tmp_path / "res") / R.part_name(7)).write_bytes(b"not parquet")
+    with TestClient(create_app(conf, tmp_path / "res")) as c:
+        body = c.get("/alerts").json()
+        assert body["total"] == 4 and body["rejected_files"] == 1
+        newest = body["alerts"][0]
+        assert newest["group"] == {"dst_port": 80} and newest["values"]["syns"] == 45
+        assert [a["delivered"] for a in body["alerts"]].count(True) == 1
+        assert c.get("/alerts", params={"alert": "big"}).json()["total"] == 1
+        assert c.get("/alerts", params={"query": "nope"}).status_code == 404
+        assert c.get("/alerts", params={"start": "now"}).json()["total"] == 0
