@@ -58,11 +58,37 @@ class _Strict(BaseModel):
 
 
 class WindowSpec(_Strict):
+    """Sliding/tumbling (range, slide) or landmark (from origin + n*landmark, updated every ``update``).
+
+    A landmark window (``{landmark: 1d, update: 1m}``: per-day totals) is a tumbling window of the
+    landmark's length whose panes are the update interval: every pane the low-water mark passes
+    emits ``update`` rows (the totals so far), the landmark's end the ``final`` rows; closed by
+    punctuation like every window.
+    """
+
     range_ns: int = Field(alias="range")
     slide_ns: int | None = Field(default=None, alias="slide")
     origin_ns: int = Field(default=0, alias="origin")
+    landmark_ns: int | None = Field(default=None, alias="landmark")
+    update_ns: int | None = Field(default=None, alias="update")
 
-    @field_validator("range_ns", "slide_ns", "origin_ns", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _landmark_range(cls, data: Any) -> Any:
+        """A landmark window's range and slide are the landmark (given or not)."""
+        if isinstance(data, dict) and data.get("landmark") is not None:
+            lm = data["landmark"]
+            for k in ("range", "slide"):
+                if data.get(k) is not None and parse_duration_ns(data[k]) != parse_duration_ns(lm):
+                    raise ValueError(f"a landmark window takes 'landmark' and 'update', not {k!r}")
+            if data.get("update") is None:
+                raise ValueError("a landmark window needs 'update' (how often its totals so far are emitted)")
+            data = {**data, "range": lm, "slide": lm}
+        elif isinstance(data, dict) and data.get("update") is not None:
+            raise ValueError("'update' belongs to a landmark window ({landmark: 1d, update: 1m})")
+        return data
+
+    @field_validator("range_ns", "slide_ns", "origin_ns", "landmark_ns", "update_ns", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> Any:
         return None if v is None else parse_duration_ns(v)
@@ -76,7 +102,12 @@ class WindowSpec(_Strict):
             raise ValueError("slide must be positive")
         if slide > self.range_ns:
             raise ValueError("slide larger than range would leave gaps between windows")
-        if self.range_ns // self.pane_ns > 1024:
+        if self.update_ns is not None:
+            if self.update_ns <= 0 or self.range_ns % self.update_ns:
+                raise ValueError(f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)")
+            if self.range_ns // self.update_ns > 86_400:
+                raise ValueError("more than 86400 updates per landmark window; use a larger update")
+        elif self.range_ns // self.pane_ns > 1024:
             raise ValueError(
                 f"more than 1024 panes per window (pane = gcd(range, slide) = {self.pane_ns / NS:g}s); "
                 "use a larger slide or a range that is a multiple of it"
@@ -92,8 +123,12 @@ class WindowSpec(_Strict):
     @property
     def pane_ns(self) -> int:
         """The low level's aggregation unit: gcd(range, slide), the slide when range is a multiple of it
-        (RANGE 9 / SLIDE 6 -> panes of 3, windows of 3 panes sliding by 2)."""
-        return math.gcd(self.range_ns, self.slide)
+        (RANGE 9 / SLIDE 6 -> panes of 3, windows of 3 panes sliding by 2); a landmark's update."""
+        return self.update_ns if self.update_ns is not None else math.gcd(self.range_ns, self.slide)
+
+    @property
+    def landmark(self) -> bool:
+        return self.landmark_ns is not None
 
     @property
     def panes_per_window(self) -> int:
@@ -543,7 +578,8 @@ def _line_of(obj: Any, loc: tuple) -> int | None:
     return line
 
 
-_ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew"}
+_ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew",
+            "landmark_ns": "landmark", "update_ns": "update"}
 
 
 @dataclass(frozen=True)

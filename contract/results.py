@@ -15,7 +15,9 @@ One Parquet file per (query, day of window_start, micro-batch). Its columns are 
 :func:`schema` of the query: the window bounds, the key columns, the aggregate columns, when the
 window closed, how many hosts were live, and the row kind. A ``correction`` row adds to the ``final``
 row of the same window and key (count/sum add, min/max fold); rows go out ordered by (window, kind).
-A query with ``having`` stores only the final rows that pass it, and the corrections of those.
+A query with ``having`` stores only the final rows that pass it, and the corrections of those. A
+landmark query also writes ``update`` rows: the totals so far of its open window, per group, each
+time the low-water mark passes a pane (provisional; the ``final`` row at the landmark's end is exact).
 
 An alert file holds one row per (query, rule, window, group) that fired when its window closed
 (:data:`ALERT_SCHEMA`); its ``id`` is a hash of exactly that, so a replayed micro-batch rewrites the
@@ -38,7 +40,7 @@ STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
-ROW_KINDS = ("correction", "final")  # in text order: the order rows of one window are written in
+ROW_KINDS = ("correction", "final", "update")  # in text order: the order rows of one window are written in
 FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
 RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
 TIMESTAMP = pa.timestamp("us", tz="UTC")

@@ -36,12 +36,20 @@ class Layout:
     ops: tuple[int, ...]
     kw: int
     s: int = 1  # panes per slide
+    landmark: bool = False  # emit 'update' rows (totals so far) of the open window at every close
 
     @classmethod
     def of(cls, q: Q.QuerySpec) -> Layout:
         w = q.window
         return cls(q.name, q.topic, w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide)  # fmt: skip
+                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark)  # fmt: skip
+
+    def first_needed_pane(self, closed: int) -> int:
+        """The first pane of the first window not emitted yet (every window < ``closed`` is): older
+        panes belong only to emitted windows."""
+        r = (self.k - 1) % self.s
+        w = closed + (r - closed) % self.s  # smallest WID >= closed that is a window
+        return w - self.k + 1
 
     @property
     def na(self) -> int:
@@ -109,6 +117,11 @@ def expand_windows(pane: np.ndarray, lo: int, hi: int, k: int, s: int = 1) -> tu
     Pane p belongs to windows ``[p, p+k-1]`` that are windows at all (``(w-k+1) % s == 0``); rows
     outside every requested window are skipped.
     """
+    if s == k and k > 1:  # non-overlapping (landmark): one window per pane, no expansion
+        pane = np.asarray(pane, I64)
+        w = pane + (k - 1 - pane % k)
+        idx = np.flatnonzero((w >= lo) & (w < hi))
+        return idx, w[idx]
     if s > 1:
         idx, w = expand_windows(pane, lo, hi, k)
         ok = (w - (k - 1)) % s == 0
@@ -205,7 +218,7 @@ class QueryRollup:
                     keys, lst = group_reduce(np.column_stack([pane[late], key[late]]), state[late], lay.ops)
                     lp, lk, ls = keys[:, 0], keys[:, 1:], lst
                     corr = assemble(lp, lk, ls, int(lp.min()), self.closed, lay.k, lay.ops, lay.s)
-                keep = pane >= self.closed - (lay.k - 1)  # still needed by an open window
+                keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
                 pane, key, state = pane[keep], key[keep], state[keep]
         if len(pane):
             keys, st = group_reduce(
@@ -226,10 +239,31 @@ class QueryRollup:
         lo = int(self.pane.min()) if self.closed is None else self.closed
         out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops, lay.s)
         self.closed = int(lwm)
-        keep = self.pane >= self.closed - (lay.k - 1)
+        keep = self.pane >= lay.first_needed_pane(self.closed)
         if not keep.all():
             self.pane, self.key, self.state = self.pane[keep], self.key[keep], self.state[keep]
+        if lay.s == lay.k > 1 and len(np.unique(self.pane[self.pane < self.closed])) > 1:
+            # non-overlapping windows (landmark): the open window's closed panes are only ever needed
+            # as a total, so they fold into one row per key (state: one day's groups, not x1440 panes)
+            pane = np.where(self.pane < self.closed, self.closed - 1, self.pane)
+            keys, st = group_reduce(np.column_stack([pane, self.key]), self.state, lay.ops)
+            self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
         return out
+
+    def landmark_update(self) -> Windows:
+        """'update' rows of a landmark query: per group, the totals so far of the open window holding
+        the newest closed pane (panes ``< closed``), or nothing when that window is closed. Provisional:
+        a late partial of those panes still reaches the final row."""
+        lay = self.layout
+        if self.closed is None or len(self.pane) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        last = self.closed - 1
+        w = last + (lay.k - 1 - last % lay.k)
+        sel = (self.pane <= last) & (self.pane >= w - lay.k + 1)
+        if w < self.closed or not sel.any():
+            return Windows.empty(lay.kw, lay.na)
+        keys, st = group_reduce(self.key[sel], self.state[sel], lay.ops)
+        return Windows(np.full(len(keys), w, I64), keys, st)
 
     def open_windows(self) -> int:
         """Windows that hold data and are not emitted yet."""

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import query as Q
+from contract import results as R
 from contract import status as S
 from high_level.alerts import AlertDelivery
 from high_level.metrics import JobMetrics
@@ -31,7 +32,7 @@ from high_level.partition import unpack_windows
 from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table
 
-_KINDS = pa.array(["correction", "final"])  # kind text by rank (the store orders kinds as their text)
+_KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
 
 
 class ResultSink:
@@ -69,13 +70,13 @@ class ResultSink:
                 end_ns = lay.window_end_ns(w.window)
                 q = self.store.queries.get(name)
                 if q is not None:
-                    rank = w.final.astype(np.int8)
+                    rank = w.rank
                     written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
                                                            end_ns - lay.range_ns, end_ns, w.key, w.state,
                                                            w.closed_at_ms, w.hosts)  # fmt: skip
                 n_final = int(np.count_nonzero(w.final))
                 self.metrics.windows.labels(name).inc(n_final)
-                self.metrics.corrections.labels(name).inc(len(w.final) - n_final)
+                self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
                 if n_final:
                     # one latency observation per closed window end: its latest close
                     last = pd.Series(w.closed_at_ms[w.final]).groupby(end_ns[w.final], sort=False).max()

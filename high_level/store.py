@@ -280,7 +280,8 @@ class ResultStore:
         return typed.num_rows
 
     def _having(self, batch_id: int, q: Q.QuerySpec, typed: pa.Table) -> pa.Table:
-        """Keep the final rows that pass the query's HAVING and the corrections of those only.
+        """Keep the final (and landmark update) rows that pass the query's HAVING and the corrections
+        of stored finals only.
 
         Why corrections are judged by their final row: HAVING is decided once, when the window closes
         (as alerts are); a correction is a delta, not a window value, so it is kept exactly when its
@@ -290,10 +291,12 @@ class ResultStore:
         cond = self.having.get(q.name)
         if cond is None or typed.num_rows == 0:
             return typed
-        final = np.asarray(pc.equal(typed["kind"], "final").to_numpy(zero_copy_only=False), bool)
-        keep = final & condlang.evaluate(cond, _aggregate_columns(q, typed), typed.num_rows)
-        if not final.all():
-            keep |= ~final & self._stored_finals(batch_id, q, typed, keep & final)
+        kind = typed["kind"]
+        final = np.asarray(pc.equal(kind, "final").to_numpy(zero_copy_only=False), bool)
+        corr = np.asarray(pc.equal(kind, "correction").to_numpy(zero_copy_only=False), bool)
+        keep = ~corr & condlang.evaluate(cond, _aggregate_columns(q, typed), typed.num_rows)  # finals, updates
+        if corr.any():
+            keep |= corr & self._stored_finals(batch_id, q, typed, keep & final)
         self.having_dropped[q.name] = self.having_dropped.get(q.name, 0) + int(np.count_nonzero(final & ~keep))
         return typed if keep.all() else typed.filter(pa.array(keep))
 

@@ -131,7 +131,7 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
         "window": {
             "range": _fmt_s(w.range_ns), "slide": _fmt_s(w.slide), "pane": _fmt_s(w.pane_ns),
             "range_ns": w.range_ns, "slide_ns": w.slide, "pane_ns": w.pane_ns, "origin_ns": w.origin_ns,
-            "tumbling": w.tumbling,
+            "tumbling": w.tumbling and not w.landmark, "landmark": w.landmark,
         },  # fmt: skip
         "key_columns": [
             {"name": p.name, "field": p.field.name, "kind": "ip" if p.field.kind == "ip" else "int",
