@@ -8,7 +8,7 @@ Layout::
 
     <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
     <root>/_status.json
-    <root>/_alerts/part-<batch_id:012d>.parquet      alerts fired by that micro-batch (all queries)
+    <root>/_alerts/query=<name>/part-<batch_id:012d>.parquet   alerts that micro-batch fired
     <root>/_alerts/_delivered.jsonl                  ids of alerts the webhook accepted (append-only)
 
 One Parquet file per (query, day of window_start, micro-batch). Its columns are exactly
@@ -164,8 +164,18 @@ def alerts_dir(root: str | Path) -> Path:
     return Path(root) / ALERTS_DIR
 
 
-def alert_part_path(root: str | Path, batch_id: int) -> Path:
-    return alerts_dir(root) / part_name(batch_id)
+def alert_part_path(root: str | Path, query: str, batch_id: int) -> Path:
+    """Per query: in watermark mode each query is its own stream with its own batch ids."""
+    return alerts_dir(root) / f"query={query}" / part_name(batch_id)
+
+
+def alert_files(root: str | Path) -> list[Path]:
+    """Every alert file of the store (tmp files and anything else are not alert files)."""
+    folder = alerts_dir(root)
+    if not folder.is_dir():
+        return []
+    return sorted(f for d in folder.iterdir() if d.is_dir() and QUERY_DIR.match(d.name)
+                  for f in d.iterdir() if parse_part_name(f.name) is not None)  # fmt: skip
 
 
 def delivered_path(root: str | Path) -> Path:

@@ -1,6 +1,6 @@
 """Alert delivery: fired alerts to an Alertmanager-compatible webhook, off the micro-batch path.
 
-The job writes fired alerts durably first (``<results>/_alerts/part-<batch>.parquet``, see
+The job writes fired alerts durably first (``<results>/_alerts/query=<q>/part-<batch>.parquet``, see
 :mod:`contract.results`); this module only delivers them. Why a thread with a bounded queue: a
 webhook that is down or slow must never block or slow a micro-batch, so the sink only does a
 non-blocking ``put``; the thread posts, retries with exponential backoff, and appends the ids the
@@ -128,12 +128,7 @@ class AlertDelivery:
 
     def _scan_store(self) -> None:
         """Queue every stored alert that is neither delivered nor queued (start-up, after overflow)."""
-        folder = R.alerts_dir(self.root)
-        if not folder.is_dir():
-            return
-        for f in sorted(folder.iterdir()):
-            if R.parse_part_name(f.name) is None:
-                continue
+        for f in R.alert_files(self.root):
             try:
                 t = pq.read_table(f)
                 R.check_alert_schema(t.schema, str(f))
@@ -172,7 +167,11 @@ class AlertDelivery:
                     self._cv.wait(1.0)
                 if self._stop:
                     return
-                rescan, self.rescan = self.rescan, False
+                # re-read the store only with room in the queue (a receiver that is down and a full
+                # queue must not turn into a scan of every alert file per retry)
+                rescan = self.rescan and len(self.queue) <= self.queue_size // 2
+                if rescan:
+                    self.rescan = False
             if rescan:
                 self._scan_store()
                 continue

@@ -339,16 +339,17 @@ class ResultStore:
                 self.fired.append(alert_rows(q, rule, typed.take(pa.array(rows)), keys))
 
     def write_alerts(self, batch_id: int) -> pa.Table:
-        """Write the alerts fired while writing this batch (one file per batch, replaced on replay)."""
+        """Write the alerts fired while writing this batch (a file per query and batch, replaced on replay)."""
         fired, self.fired = self.fired, []
         if not fired:
             return R.ALERT_SCHEMA.empty_table()
         tbl = pa.concat_tables(fired)
-        path = R.alert_part_path(self.root, batch_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(tbl, tmp, compression="zstd")
-        os.replace(tmp, path)
+        for name in sorted(set(tbl["query"].to_pylist())):
+            path = R.alert_part_path(self.root, name, batch_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            pq.write_table(tbl.filter(pc.equal(tbl["query"], name)), tmp, compression="zstd")
+            os.replace(tmp, path)
         return tbl
 
     def write_status(self, doc: S.StatusDocument) -> None:

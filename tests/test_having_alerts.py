@@ -258,7 +258,7 @@ def test_having_keeps_passing_finals_and_only_their_corrections(cfg, tmp_path):
 
 
 def alerts_in(root: Path) -> pd.DataFrame:
-    files = sorted(R.alerts_dir(root).glob("part-*.parquet"))
+    files = R.alert_files(root)
     tables = [pq.read_table(f) for f in files]
     for t in tables:
         R.check_alert_schema(t.schema)
@@ -413,9 +413,9 @@ def test_api_alerts_lists_fired_alerts_with_delivery_state(cfg, tmp_path):
     w0 = T0 // lay.pane_ns
     job.handle_rows(ports_rows(q, lay, [w0, w0], [80, 22], [40, 50], [1200, 0]), 0)
     job.handle_rows(ports_rows(q, lay, [w0 + 1], [80], [45], [10]), 1)
-    first = pq.read_table(R.alert_part_path(tmp_path / "res", 0))["id"][0].as_py()
+    first = pq.read_table(R.alert_part_path(tmp_path / "res", "ports", 0))["id"][0].as_py()
     R.delivered_path(tmp_path / "res").write_text(json.dumps({"at": "x", "ids": [first]}) + "\n")
-    (R.alerts_dir(tmp_path / "res") / R.part_name(7)).write_bytes(b"not parquet")
+    R.alert_part_path(tmp_path / "res", "ports", 7).write_bytes(b"not parquet")
     with TestClient(create_app(conf, tmp_path / "res")) as c:
         body = c.get("/alerts").json()
         assert body["total"] == 4 and body["rejected_files"] == 1

@@ -33,12 +33,11 @@ class AlertReader:
         self.rejected: dict[str, str] = {}
 
     def _table(self) -> pa.Table:
-        folder = R.alerts_dir(self.root)
-        names = sorted(f.name for f in folder.iterdir() if R.parse_part_name(f.name) is not None) if folder.is_dir() else []
+        files = R.alert_files(self.root)
+        names = [f"{f.parent.name}/{f.name}" for f in files]
         tables = []
         with self._lock:
-            for name in names:
-                path = folder / name
+            for name, path in zip(names, files, strict=True):
                 try:
                     st = path.stat()
                     sig = (st.st_size, st.st_mtime_ns)
