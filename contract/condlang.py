@@ -164,7 +164,10 @@ class _Parser:
             self.depth -= 1
             return node
         if k == "num":
-            return Cond("num", "num", (float(t) if any(c in t for c in ".eE") else int(t),), pos)
+            v: int | float = float(t) if any(c in t for c in ".eE") else int(t)
+            if isinstance(v, int) and v >= 2**63:  # beyond int64: compare as a float, never as an object
+                v = float(v)
+            return Cond("num", "num", (v,), pos)
         if k == "name":
             if t.lower() in _KEYWORDS:
                 raise ConditionError(f"unexpected keyword {t!r}", pos)
