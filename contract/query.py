@@ -1,8 +1,9 @@
 """The query model: what a query asks for, loaded from YAML and validated with precise errors.
 
 A query is a windowed group-by aggregate over packets. The low level computes per-pane partial
-aggregates (pane = slide; the range must be a whole number of slides) and the high level assembles
-windows from panes. Both levels derive every layout (group-key words, aggregate state columns) from
+aggregates (pane = gcd(range, slide), the dissertation's paned WID) and the high level assembles
+windows from panes; a query may also keep only the windows that pass a HAVING condition and declare
+alert rules over closed windows (:mod:`contract.condlang`). Both levels derive every layout (group-key words, aggregate state columns) from
 this one model, so they cannot disagree.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contract import condlang
 from contract import fields as F
 from contract.filterlang import FilterError, compile_filter
 
@@ -56,11 +58,37 @@ class _Strict(BaseModel):
 
 
 class WindowSpec(_Strict):
+    """Sliding/tumbling (range, slide) or landmark (from origin + n*landmark, updated every ``update``).
+
+    A landmark window (``{landmark: 1d, update: 1m}``: per-day totals) is a tumbling window of the
+    landmark's length whose panes are the update interval: every pane the low-water mark passes
+    emits ``update`` rows (the totals so far), the landmark's end the ``final`` rows; closed by
+    punctuation like every window.
+    """
+
     range_ns: int = Field(alias="range")
     slide_ns: int | None = Field(default=None, alias="slide")
     origin_ns: int = Field(default=0, alias="origin")
+    landmark_ns: int | None = Field(default=None, alias="landmark")
+    update_ns: int | None = Field(default=None, alias="update")
 
-    @field_validator("range_ns", "slide_ns", "origin_ns", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _landmark_range(cls, data: Any) -> Any:
+        """A landmark window's range and slide are the landmark (given or not)."""
+        if isinstance(data, dict) and data.get("landmark") is not None:
+            lm = data["landmark"]
+            for k in ("range", "slide"):
+                if data.get(k) is not None and parse_duration_ns(data[k]) != parse_duration_ns(lm):
+                    raise ValueError(f"a landmark window takes 'landmark' and 'update', not {k!r}")
+            if data.get("update") is None:
+                raise ValueError("a landmark window needs 'update' (how often its totals so far are emitted)")
+            data = {**data, "range": lm, "slide": lm}
+        elif isinstance(data, dict) and data.get("update") is not None:
+            raise ValueError("'update' belongs to a landmark window ({landmark: 1d, update: 1m})")
+        return data
+
+    @field_validator("range_ns", "slide_ns", "origin_ns", "landmark_ns", "update_ns", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> Any:
         return None if v is None else parse_duration_ns(v)
@@ -74,14 +102,18 @@ class WindowSpec(_Strict):
             raise ValueError("slide must be positive")
         if slide > self.range_ns:
             raise ValueError("slide larger than range would leave gaps between windows")
-        if self.range_ns % slide:
+        if self.update_ns is not None:
+            if self.update_ns <= 0 or self.range_ns % self.update_ns:
+                raise ValueError(f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)")
+            if self.range_ns // self.update_ns > 86_400:
+                raise ValueError("more than 86400 updates per landmark window; use a larger update")
+        elif self.range_ns // self.pane_ns > 1024:
             raise ValueError(
-                f"range ({self.range_ns / NS:g}s) must be a whole number of slides ({slide / NS:g}s)"
+                f"more than 1024 panes per window (pane = gcd(range, slide) = {self.pane_ns / NS:g}s); "
+                "use a larger slide or a range that is a multiple of it"
             )
-        if self.range_ns // slide > 1024:
-            raise ValueError("more than 1024 slides per window; use a larger slide")
-        if slide < 1_000_000:
-            raise ValueError("slide below 1 ms is not supported")
+        if self.pane_ns < 1_000_000:
+            raise ValueError("pane (gcd of range and slide) below 1 ms is not supported")
         return self
 
     @property
@@ -90,12 +122,22 @@ class WindowSpec(_Strict):
 
     @property
     def pane_ns(self) -> int:
-        """The low level's aggregation unit; with range a multiple of slide this is the slide."""
-        return math.gcd(self.range_ns, self.slide)
+        """The low level's aggregation unit: gcd(range, slide), the slide when range is a multiple of it
+        (RANGE 9 / SLIDE 6 -> panes of 3, windows of 3 panes sliding by 2); a landmark's update."""
+        return self.update_ns if self.update_ns is not None else math.gcd(self.range_ns, self.slide)
+
+    @property
+    def landmark(self) -> bool:
+        return self.landmark_ns is not None
 
     @property
     def panes_per_window(self) -> int:
         return self.range_ns // self.pane_ns
+
+    @property
+    def panes_per_slide(self) -> int:
+        """Windows start every this many panes (at origin + n*slide); 1 unless range % slide != 0."""
+        return self.slide // self.pane_ns
 
     @property
     def tumbling(self) -> bool:
@@ -202,6 +244,41 @@ class AggregateSpec(_Strict):
         return self.alias or (self.fn if self.field is None else f"{self.fn}_{self.field}")
 
 
+SEVERITIES = ("critical", "warning", "info")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,62}")
+
+
+class AlertSpec(_Strict):
+    """An alert rule: fires once per (window, group) whose closed window satisfies ``when``."""
+
+    name: str
+    when: str
+    severity: Literal["critical", "warning", "info"] = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    summary: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _LABEL.fullmatch(v):
+            raise ValueError("an alert name is letters, digits and '_' (starting with a letter or '_')")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _LABEL.fullmatch(k) or k.startswith("__"):
+                raise ValueError(f"label name {k!r} is not a Prometheus label name")
+            if k in ALERT_LABELS:
+                raise ValueError(f"label {k!r} is set by lowwater (reserved: {', '.join(ALERT_LABELS)})")
+        return v
+
+
+# labels every alert carries (Alertmanager groups and deduplicates by labels)
+ALERT_LABELS = ("alertname", "severity", "query", "window_start", "window_end")
+
+
 _GROUP_RE = re.compile(r"^([a-z_]+)(?:/(\d{1,3})(?:/(\d{1,3}))?)?$")
 
 
@@ -262,6 +339,8 @@ class QuerySpec(_Strict):
     filter: str | None = None
     group_by: list[Any] = Field(default_factory=list)
     aggregates: list[AggregateSpec]
+    having: str | None = None
+    alerts: list[AlertSpec] = Field(default_factory=list)
     window: WindowSpec
     table: TableSpec = TableSpec()
     flush: FlushSpec = FlushSpec()
@@ -305,6 +384,35 @@ class QuerySpec(_Strict):
             raise ValueError(f"duplicate aggregate names {names}")
         return v
 
+    @field_validator("having")
+    @classmethod
+    def _having(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            _check_condition(v, info.data.get("aggregates"))
+        return v
+
+    @field_validator("alerts")
+    @classmethod
+    def _alerts(cls, v: list[AlertSpec], info: Any) -> list[AlertSpec]:
+        names = [a.name for a in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate alert names {names}")
+        for i, a in enumerate(v):
+            try:
+                _check_condition(a.when, info.data.get("aggregates"))
+            except ValueError as exc:
+                raise ValueError(f"alert {a.name!r} (#{i}) when: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _alert_labels(self) -> QuerySpec:
+        keys = {p.name for p in self.key_parts}
+        for a in self.alerts:
+            clash = sorted(set(a.labels) & keys)
+            if clash:
+                raise ValueError(f"alert {a.name!r}: labels {clash} clash with the group-by columns")
+        return self
+
     @property
     def key_parts(self) -> list[KeyPart]:
         return [_parse_group(item) for item in self.group_by]
@@ -312,6 +420,21 @@ class QuerySpec(_Strict):
     @property
     def topic(self) -> str:
         return self.kafka.topic or f"lowwater.{self.name}"
+
+
+def _check_condition(text: str, aggs: list[AggregateSpec] | None) -> None:
+    """A HAVING/alert condition must parse and name only the query's aggregates."""
+    if aggs is None:  # the aggregates themselves are invalid: that error is reported instead
+        return
+    try:
+        condlang.parse(text, [a.name for a in aggs])
+    except condlang.ConditionError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def condition(q: QuerySpec, text: str) -> condlang.Cond:
+    """A validated condition of ``q`` (its HAVING or an alert's ``when``) as an AST."""
+    return condlang.parse(text, [a.name for a in q.aggregates])
 
 
 # --- layouts derived from the model, shared by both levels
@@ -455,7 +578,8 @@ def _line_of(obj: Any, loc: tuple) -> int | None:
     return line
 
 
-_ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew"}
+_ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew",
+            "landmark_ns": "landmark", "update_ns": "update"}
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,26 @@ Layout::
 
     <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
     <root>/_status.json
+    <root>/_alerts/query=<name>/part-<batch_id:012d>.parquet   alerts that micro-batch fired
+    <root>/_alerts/_delivered.jsonl                  ids of alerts the webhook accepted (append-only)
 
 One Parquet file per (query, day of window_start, micro-batch). Its columns are exactly
 :func:`schema` of the query: the window bounds, the key columns, the aggregate columns, when the
 window closed, how many hosts were live, and the row kind. A ``correction`` row adds to the ``final``
 row of the same window and key (count/sum add, min/max fold); rows go out ordered by (window, kind).
+A query with ``having`` stores only the final rows that pass it, and the corrections of those. A
+landmark query also writes ``update`` rows: the totals so far of its open window, per group, each
+time the low-water mark passes a pane (provisional; the ``final`` row at the landmark's end is exact).
+
+An alert file holds one row per (query, rule, window, group) that fired when its window closed
+(:data:`ALERT_SCHEMA`); its ``id`` is a hash of exactly that, so a replayed micro-batch rewrites the
+same file with the same ids and the delivery ledger deduplicates across restarts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import date
 from pathlib import Path
@@ -29,10 +40,25 @@ STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
-ROW_KINDS = ("correction", "final")  # in text order: the order rows of one window are written in
+ROW_KINDS = ("correction", "final", "update")  # in text order: the order rows of one window are written in
 FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
 RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+ALERTS_DIR = "_alerts"
+DELIVERED_FILE = "_delivered.jsonl"
+ALERT_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),  # alert_id(query, alert, window_start, group)
+    pa.field("query", pa.string(), nullable=False),
+    pa.field("alert", pa.string(), nullable=False),
+    pa.field("severity", pa.string(), nullable=False),
+    pa.field("window_start", TIMESTAMP, nullable=False),
+    pa.field("window_end", TIMESTAMP, nullable=False),
+    pa.field("closed_at", TIMESTAMP, nullable=False),
+    pa.field("group", pa.string(), nullable=False),  # JSON object: group-by column -> value
+    pa.field("values", pa.string(), nullable=False),  # JSON object: aggregate -> value
+    pa.field("labels", pa.string(), nullable=False),  # JSON object: every label the webhook gets
+    pa.field("summary", pa.string(), nullable=False),
+], metadata={b"lowwater.kind": b"alerts"})  # fmt: skip
 
 
 class ResultsLayoutError(ValueError):
@@ -132,3 +158,39 @@ def check_file_schema(q: Q.QuerySpec, found: pa.Schema, where: str = "") -> None
                         ", ".join(typed), "" if missing or extra or typed else "columns out of order") if s
         )  # fmt: skip
         raise ResultsLayoutError(f"{where or 'result file'} of query {q.name!r} does not follow the layout: {detail}")
+
+
+def alerts_dir(root: str | Path) -> Path:
+    return Path(root) / ALERTS_DIR
+
+
+def alert_part_path(root: str | Path, query: str, batch_id: int) -> Path:
+    """Per query: in watermark mode each query is its own stream with its own batch ids."""
+    return alerts_dir(root) / f"query={query}" / part_name(batch_id)
+
+
+def alert_files(root: str | Path) -> list[Path]:
+    """Every alert file of the store (tmp files and anything else are not alert files)."""
+    folder = alerts_dir(root)
+    if not folder.is_dir():
+        return []
+    return sorted(f for d in folder.iterdir() if d.is_dir() and QUERY_DIR.match(d.name)
+                  for f in d.iterdir() if parse_part_name(f.name) is not None)  # fmt: skip
+
+
+def delivered_path(root: str | Path) -> Path:
+    return alerts_dir(root) / DELIVERED_FILE
+
+
+def alert_id(query: str, alert: str, window_start_us: int, group: str) -> str:
+    """The identity of a fired alert: (query, rule, window, group), stable across replays and restarts."""
+    text = json.dumps([query, alert, int(window_start_us), group], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def check_alert_schema(found: pa.Schema, where: str = "") -> None:
+    """Raise :class:`ResultsLayoutError` unless an alert file's columns are exactly :data:`ALERT_SCHEMA`'s."""
+    got = [(f.name, f.type) for f in found]
+    exp = [(f.name, f.type) for f in ALERT_SCHEMA]
+    if got != exp:
+        raise ResultsLayoutError(f"{where or 'alert file'} does not follow the alert layout: {got} != {exp}")

@@ -78,6 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--control-topic", help="ask the hosts that block a window for punctuation on this topic "
                    "(e.g. lowwater.control; agents run with the same --control-topic)")
     p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars (default: what ./lw setup fetched)")
+    p.add_argument("--alert-webhook", metavar="URL",
+                   help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts")
+    p.add_argument("--alert-timeout", help="timeout of one webhook post (default 2s)")
     a = p.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}
     if a.expected_hosts is not None:

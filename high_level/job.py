@@ -24,6 +24,7 @@ import pyarrow as pa
 from contract import query as Q
 from contract import status as S
 from contract.kafka_security import KafkaSecurity
+from high_level.alerts import AlertDelivery
 from high_level.metrics import JobMetrics
 from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
 from high_level.placement import checkpoint_shuffle_partitions, placement_salts
@@ -63,6 +64,10 @@ class JobOptions:
     kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     control_topic: str | None = None  # ask blocking hosts for punctuation on this topic (oop mode)
+    alert_webhook: str | None = None  # Alertmanager v2 endpoint, e.g. http://am:9093/api/v2/alerts
+    alert_timeout_ms: int = 2000
+    alert_queue: int = 10_000
+    alert_generator_url: str = "http://127.0.0.1:8080/ui"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -140,8 +145,12 @@ class HighLevelJob:
 
             self.asker = PunctuationAsker(list(self.layouts.values()), opts.bootstrap, topic=opts.control_topic,
                                           producer_config=opts.kafka_security.kafka_python())  # fmt: skip
+        self.delivery = None
+        if opts.alert_webhook:
+            self.delivery = AlertDelivery(opts.results, opts.alert_webhook, self.metrics, timeout_s=opts.alert_timeout_ms / 1e3,
+                                          queue_size=opts.alert_queue, generator_url=opts.alert_generator_url)  # fmt: skip
         self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics,
-                               self.stream_progress, self.asker.observe if self.asker else None)  # fmt: skip
+                               self.stream_progress, self.delivery, self.asker.observe if self.asker else None)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -161,6 +170,8 @@ class HighLevelJob:
             # FileSystem-based manager needs ~10, a chmod per new file (its renames are POSIX rename(2), atomic on one disk).
             # (benchmarks/bench_rollup.py measures the difference.)
             self.spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", _FS_CHECKPOINT_MANAGER)
+        if self.delivery is not None:
+            self.delivery.start()
         if self.opts.mode == "oop":
             self.streams = [self._start_oop()]
         else:
@@ -316,6 +327,8 @@ class HighLevelJob:
                 log.warning("stopping %s: %s", s.name, exc)
         if self.asker is not None:
             self.asker.close()
+        if self.delivery is not None:
+            self.delivery.stop()
 
     def await_termination(self, poll_s: float = 1.0, stop_event: threading.Event | None = None) -> None:
         """Block until a stream fails or ``stop_event`` is set, refreshing metrics meanwhile."""

@@ -48,6 +48,21 @@ class JobMetrics:
             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 3600), registry=r,
         )
 
+        self.having_dropped = Counter("lowwater_job_having_dropped", "Final rows not stored: HAVING was false",
+                                      ["query"], registry=r)  # fmt: skip
+        self.alerts_fired = Counter("lowwater_job_alerts_fired", "Alerts fired (one per rule, window, group at close)",
+                                    ["query", "alert"], registry=r)  # fmt: skip
+        self.alerts_delivered = Counter("lowwater_job_alerts_delivered", "Alerts the webhook accepted",
+                                        ["query", "alert"], registry=r)  # fmt: skip
+        self.alerts_failed = Counter("lowwater_job_alerts_failed", "Failed webhook posts (each is retried)", registry=r)
+        self.alerts_overflow = Counter("lowwater_job_alerts_overflow",
+                                       "Alerts not queued (queue full; re-read from the alert store later)", registry=r)  # fmt: skip
+        self.alerts_pending = Gauge("lowwater_job_alerts_pending", "Alerts queued for delivery", registry=r)
+        self.alert_latency = Histogram(
+            "lowwater_job_alert_delivery_latency_seconds", "Webhook accepted an alert, minus its window's close",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300), registry=r,
+        )
+
     def serve(self, port: int) -> None:
         """Expose /metrics on 0.0.0.0:port."""
         start_http_server(port, registry=self.registry)

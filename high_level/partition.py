@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from contract import results as R
 from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
@@ -148,11 +149,19 @@ class QueryWindows:
     """One query's 'final'/'correction' rows of a micro-batch as numpy columns (what the store writes)."""
 
     window: np.ndarray  # int64[n]
-    final: np.ndarray  # bool[n]: 'final' (True) or 'correction'
+    rank: np.ndarray  # int8[n]: index of the row kind in contract.results.ROW_KINDS
     key: np.ndarray  # int64[n, kw]
     state: np.ndarray  # int64[n, na]
     closed_at_ms: np.ndarray  # int64[n]
     hosts: np.ndarray  # int32[n]
+
+    @property
+    def final(self) -> np.ndarray:
+        return self.rank == R.ROW_KINDS.index("final")
+
+    @property
+    def correction(self) -> np.ndarray:
+        return self.rank == R.ROW_KINDS.index("correction")
 
 
 def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dict[str, QueryWindows], list[str]]:
@@ -167,14 +176,14 @@ def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dic
         if kind == "status":
             statuses.append(meta["status"][i])
             continue
-        if kind not in ("final", "correction"):
+        if kind not in R.ROW_KINDS:
             raise ValueError(f"packed row {i}: unknown kind {kind!r}")
         lay = layouts.get(meta["query"][i])
         if lay is None:
             raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
         n = int(meta["rows"][i])
         w, key, state = _read_pack(data[i], lay, i, n, int(meta["kw"][i]), int(meta["na"][i]))
-        runs.setdefault(lay.name, []).append((w, np.full(n, kind == "final"), key, state,
+        runs.setdefault(lay.name, []).append((w, np.full(n, R.ROW_KINDS.index(kind), np.int8), key, state,
                                               np.full(n, int(meta["closed_at_ms"][i]), I64),
                                               np.full(n, int(meta["hosts"][i]), np.int32)))  # fmt: skip
     out = {}
@@ -421,11 +430,16 @@ class PartitionProcessor:
                 parts.append(_Part(lay, self.partition, "correction", now_ms, len(qs.meld.live_hosts()), res.corrections))
             qs.records += len(pane)
         lwm = qs.meld.low_water_mark()
+        before = qs.rollup.closed
         closed = qs.rollup.close(lwm)
         n_live = len(qs.meld.live_hosts())
         if len(closed):
             qs.windows_closed += len(closed)
             parts.append(_Part(lay, self.partition, "final", now_ms, n_live, closed))
+        if lay.landmark and qs.rollup.closed != before:
+            upd = qs.rollup.landmark_update()
+            if len(upd):
+                parts.append(_Part(lay, self.partition, "update", now_ms, n_live, upd))
         status = self.status(qs, now_ms, batch, late_batch, len(closed))
         parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, status.model_dump_json()))
         return parts

@@ -2,7 +2,9 @@
 
 All operations are vectorised over numpy arrays (no per-record Python). The pane table holds exactly
 one row per (pane, key) after every merge. Window ``w`` (a WID) covers panes ``[w-k+1, w]`` with
-``k = panes_per_window``; it can be emitted once the low-water mark ``L`` satisfies ``w < L``.
+``k = panes_per_window``; it can be emitted once the low-water mark ``L`` satisfies ``w < L``. With
+a range that is not a multiple of the slide (pane = gcd, ``s = slide/pane`` panes per slide), only
+every s-th WID is a window: windows start at ``origin + n*slide``, i.e. ``(w - k + 1) % s == 0``.
 After closing up to ``L`` only panes ``>= L-k+1`` are still needed, everything older is purged, so the
 state is bounded by the open windows, not by the disorder between hosts (the OOP paper's point).
 """
@@ -33,12 +35,21 @@ class Layout:
     range_ns: int
     ops: tuple[int, ...]
     kw: int
+    s: int = 1  # panes per slide
+    landmark: bool = False  # emit 'update' rows (totals so far) of the open window at every close
 
     @classmethod
     def of(cls, q: Q.QuerySpec) -> Layout:
         w = q.window
         return cls(q.name, q.topic, w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q))  # fmt: skip
+                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark)  # fmt: skip
+
+    def first_needed_pane(self, closed: int) -> int:
+        """The first pane of the first window not emitted yet (every window < ``closed`` is): older
+        panes belong only to emitted windows."""
+        r = (self.k - 1) % self.s
+        w = closed + (r - closed) % self.s  # smallest WID >= closed that is a window
+        return w - self.k + 1
 
     @property
     def na(self) -> int:
@@ -100,11 +111,21 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     return ukeys, out
 
 
-def expand_windows(pane: np.ndarray, lo: int, hi: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def expand_windows(pane: np.ndarray, lo: int, hi: int, k: int, s: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """For pane rows, the (row index, window) pairs with window in ``[lo, hi)`` each pane belongs to.
 
-    Pane p belongs to windows ``[p, p+k-1]``; rows outside every requested window are skipped.
+    Pane p belongs to windows ``[p, p+k-1]`` that are windows at all (``(w-k+1) % s == 0``); rows
+    outside every requested window are skipped.
     """
+    if s == k and k > 1:  # non-overlapping (landmark): one window per pane, no expansion
+        pane = np.asarray(pane, I64)
+        w = pane + (k - 1 - pane % k)
+        idx = np.flatnonzero((w >= lo) & (w < hi))
+        return idx, w[idx]
+    if s > 1:
+        idx, w = expand_windows(pane, lo, hi, k)
+        ok = (w - (k - 1)) % s == 0
+        return idx[ok], w[ok]
     pane = np.asarray(pane, I64)
     if len(pane) == 0 or hi <= lo:
         return np.empty(0, I64), np.empty(0, I64)
@@ -138,9 +159,9 @@ class Windows:
 
 
 def assemble(pane: np.ndarray, key: np.ndarray, state: np.ndarray, lo: int, hi: int, k: int,
-             ops: tuple[int, ...]) -> Windows:  # fmt: skip
+             ops: tuple[int, ...], s: int = 1) -> Windows:  # fmt: skip
     """Windows ``[lo, hi)`` from a (pane, key)-unique table; sliding windows merge their k panes."""
-    idx, w = expand_windows(pane, lo, hi, k)
+    idx, w = expand_windows(pane, lo, hi, k, s)
     if k == 1:  # tumbling: a pane is a window, the table is already unique per (pane, key)
         return Windows(w, key[idx], state[idx])
     keys, st = group_reduce(np.column_stack([w, key[idx]]), state[idx], ops)
@@ -196,8 +217,8 @@ class QueryRollup:
                 if corrections:
                     keys, lst = group_reduce(np.column_stack([pane[late], key[late]]), state[late], lay.ops)
                     lp, lk, ls = keys[:, 0], keys[:, 1:], lst
-                    corr = assemble(lp, lk, ls, int(lp.min()), self.closed, lay.k, lay.ops)
-                keep = pane >= self.closed - (lay.k - 1)  # still needed by an open window
+                    corr = assemble(lp, lk, ls, int(lp.min()), self.closed, lay.k, lay.ops, lay.s)
+                keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
                 pane, key, state = pane[keep], key[keep], state[keep]
         if len(pane):
             keys, st = group_reduce(
@@ -223,12 +244,33 @@ class QueryRollup:
             self.closed = int(lwm)
             return Windows.empty(lay.kw, lay.na)
         lo = int(self.pane.min()) if self.closed is None else self.closed
-        out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops)
+        out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops, lay.s)
         self.closed = int(lwm)
-        keep = self.pane >= self.closed - (lay.k - 1)
+        keep = self.pane >= lay.first_needed_pane(self.closed)
         if not keep.all():
             self.pane, self.key, self.state = self.pane[keep], self.key[keep], self.state[keep]
+        if lay.s == lay.k > 1 and len(np.unique(self.pane[self.pane < self.closed])) > 1:
+            # non-overlapping windows (landmark): the open window's closed panes are only ever needed
+            # as a total, so they fold into one row per key (state: one day's groups, not x1440 panes)
+            pane = np.where(self.pane < self.closed, self.closed - 1, self.pane)
+            keys, st = group_reduce(np.column_stack([pane, self.key]), self.state, lay.ops)
+            self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
         return out
+
+    def landmark_update(self) -> Windows:
+        """'update' rows of a landmark query: per group, the totals so far of the open window holding
+        the newest closed pane (panes ``< closed``), or nothing when that window is closed. Provisional:
+        a late partial of those panes still reaches the final row."""
+        lay = self.layout
+        if self.closed is None or len(self.pane) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        last = self.closed - 1
+        w = last + (lay.k - 1 - last % lay.k)
+        sel = (self.pane <= last) & (self.pane >= w - lay.k + 1)
+        if w < self.closed or not sel.any():
+            return Windows.empty(lay.kw, lay.na)
+        keys, st = group_reduce(self.key[sel], self.state[sel], lay.ops)
+        return Windows(np.full(len(keys), w, I64), keys, st)
 
     def open_windows(self) -> int:
         """Windows that hold data and are not emitted yet."""
@@ -239,4 +281,7 @@ class QueryRollup:
         hi = u + self.layout.k  # exclusive
         # union of the intervals [lo, hi) over sorted u
         starts = np.maximum(lo, np.r_[np.iinfo(I64).min, np.maximum.accumulate(hi)[:-1]])
-        return int(np.clip(hi - starts, 0, None).sum())
+        ends = np.maximum(hi, starts)
+        s, r = self.layout.s, (self.layout.k - 1) % self.layout.s
+        # windows in [starts, ends) whose WID w has (w - r) % s == 0
+        return int(((ends - 1 - r) // s - (starts - 1 - r) // s).sum())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
@@ -47,8 +48,26 @@ class JobSettings(RoleSettings):
     driver_host: str | None = None
     spark_jars: list[str] = Field(default_factory=list)
     control_topic: str | None = None
+    alert_webhook: str | None = Field(default=None, description="Alertmanager v2 URL, e.g. http://am:9093/api/v2/alerts")
+    alert_timeout: str = "2s"
+    alert_queue: int = Field(default=10_000, ge=1)
+    alert_generator_url: str = "http://127.0.0.1:8080/ui"
 
-    @field_validator("watermark_delay", "trigger", "host_timeout")
+    @field_validator("alert_webhook", "alert_generator_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{v!r} is not an http(s) URL with a host (e.g. http://alertmanager:9093/api/v2/alerts)")
+        try:
+            u.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"{v!r}: {exc}") from None
+        return v
+
+    @field_validator("watermark_delay", "trigger", "host_timeout", "alert_timeout")
     @classmethod
     def _duration(cls, v: str) -> str:
         if Q.parse_duration_ns(v) <= 0:
@@ -82,5 +101,7 @@ class JobSettings(RoleSettings):
             expected_hosts=tuple(self.expected_hosts), late_policy=self.late_policy,
             watermark_delay_ms=ms(self.watermark_delay), max_offsets_per_trigger=self.max_offsets_per_trigger,
             shuffle_partitions=self.shuffle_partitions or (int(m.group(1)) if m else None),
-            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options), control_topic=self.control_topic,
+            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
+            alert_webhook=self.alert_webhook, alert_timeout_ms=ms(self.alert_timeout), alert_queue=self.alert_queue,
+            alert_generator_url=self.alert_generator_url, control_topic=self.control_topic,
         )  # fmt: skip

@@ -216,5 +216,6 @@ def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
     d = pd.concat(parts, ignore_index=True)
     aggs = {f"s{j}": {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
             for j, c in enumerate(Q.state_columns(q))}  # fmt: skip
+    d = d[(d["window"] - (k - 1)) % q.window.panes_per_slide == 0]  # windows start every slide
     out = d.groupby(["window", *kcols], as_index=False).agg({s: aggs[s] for s in scols})
     return out.sort_values(["window", *kcols]).reset_index(drop=True)

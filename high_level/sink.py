@@ -1,5 +1,10 @@
 """The sink of the job: each micro-batch's closed windows to the result store, its status rows to the
-status document and the metrics.
+status document and the metrics, its fired alerts to the alert store and the delivery queue.
+
+HAVING and alert rules are evaluated here, on the driver, when a window's final rows are written:
+that is the one place that sees finalized aggregates (avg, typed keys) of every partition, owns the
+files (so a replayed batch decides and writes the same), and can hand alerts to the delivery thread
+without any worker talking to the outside world.
 
 Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
 Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
@@ -19,13 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import query as Q
+from contract import results as R
 from contract import status as S
+from high_level.alerts import AlertDelivery
 from high_level.metrics import JobMetrics
 from high_level.partition import unpack_windows
 from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table
 
-_KINDS = pa.array(["correction", "final"])  # kind text by rank (the store orders kinds as their text)
+_KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
 
 
 class ResultSink:
@@ -33,8 +40,10 @@ class ResultSink:
 
     def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
                  metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
+                 delivery: AlertDelivery | None = None,
                  on_status: Callable[[list[S.PartitionStatus]], object] | None = None) -> None:  # fmt: skip
         self.store = store
+        self.delivery = delivery
         self.layouts = {q.name: Layout.of(q) for q in queries}
         self.mode = mode
         self.settings = settings
@@ -63,18 +72,19 @@ class ResultSink:
                 end_ns = lay.window_end_ns(w.window)
                 q = self.store.queries.get(name)
                 if q is not None:
-                    rank = w.final.astype(np.int8)
+                    rank = w.rank
                     written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
                                                            end_ns - lay.range_ns, end_ns, w.key, w.state,
                                                            w.closed_at_ms, w.hosts)  # fmt: skip
                 n_final = int(np.count_nonzero(w.final))
                 self.metrics.windows.labels(name).inc(n_final)
-                self.metrics.corrections.labels(name).inc(len(w.final) - n_final)
+                self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
                 if n_final:
                     # one latency observation per closed window end: its latest close
                     last = pd.Series(w.closed_at_ms[w.final]).groupby(end_ns[w.final], sort=False).max()
                     for end, at_ms in zip(last.index.tolist(), last.tolist(), strict=True):
                         self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
+            self.after_write(batch_id)
             self.fold_status([S.PartitionStatus.model_validate_json(t) for t in texts], batch_id, written)
             return written
 
@@ -99,8 +109,23 @@ class ResultSink:
                 lat = fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
                 for end_ns, at_ms in zip(lat["window_end_ns"], lat["closed_at_ms_max"], strict=True):
                     self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+            self.after_write(batch_id)
             self.fold_status(statuses, batch_id, written)
             return written
+
+    def after_write(self, batch_id: int) -> None:
+        """The batch's fired alerts: written to the alert store first (durable, replay-idempotent), then
+        handed to the delivery thread without waiting; HAVING counts to the metrics."""
+        dropped, self.store.having_dropped = self.store.having_dropped, {}
+        for qn, n in sorted(dropped.items()):
+            self.metrics.having_dropped.labels(qn).inc(n)
+        alerts = self.store.write_alerts(batch_id)
+        if alerts.num_rows:
+            counts = alerts.group_by(["query", "alert"]).aggregate([([], "count_all")]).to_pydict()
+            for qn, rule, n in zip(counts["query"], counts["alert"], counts["count_all"], strict=True):
+                self.metrics.alerts_fired.labels(qn, rule).inc(n)
+            if self.delivery is not None:
+                self.delivery.submit(alerts)
 
     def fold_status(self, statuses: list[S.PartitionStatus], batch_id: int, written: dict[str, int]) -> None:
         """The batch's per-partition status -> partitions, metrics and the status document."""

@@ -14,6 +14,7 @@ output exactly once. Readers never see a half-written file.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contract import condlang
 from contract import fields as F
 from contract import query as Q
 from contract import results as R
@@ -139,6 +141,49 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
     return pa.table(cols, schema=R.schema(q))
 
 
+def _aggregate_columns(q: Q.QuerySpec, typed: pa.Table) -> dict[str, np.ndarray]:
+    """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on)."""
+    return {a.name: np.asarray(typed[a.name].to_numpy(), np.float64 if a.fn == "avg" else np.int64)
+            for a in q.aggregates}  # fmt: skip
+
+
+def _json_value(v: object) -> object:
+    return None if isinstance(v, float) and v != v else v
+
+
+def alert_rows(q: Q.QuerySpec, rule: Q.AlertSpec, rows: pa.Table, keys: list[str]) -> pa.Table:
+    """Fired (window, group) rows of one rule -> rows of :data:`contract.results.ALERT_SCHEMA`.
+
+    Per fired row Python work (JSON texts): alerts are the rare rows, by definition of a threshold.
+    """
+    d = rows.select(["window_start", "window_end", "closed_at", *keys, *[a.name for a in q.aggregates]]).to_pydict()
+    us = {c: rows[c].combine_chunks().cast(pa.int64()).to_pylist() for c in ("window_start", "window_end")}
+    out: dict[str, list] = {f.name: [] for f in R.ALERT_SCHEMA}
+    for i in range(rows.num_rows):
+        group = {k: d[k][i] for k in keys}
+        gtext = json.dumps(group, sort_keys=True, separators=(",", ":"))
+        ws, we = d["window_start"][i], d["window_end"][i]
+        labels = {**rule.labels, **{k: str(v) for k, v in group.items()}, "alertname": rule.name,
+                  "severity": rule.severity, "query": q.name,
+                  "window_start": ws.isoformat().replace("+00:00", "Z"),
+                  "window_end": we.isoformat().replace("+00:00", "Z")}  # fmt: skip
+        values = {a.name: _json_value(d[a.name][i]) for a in q.aggregates}
+        out["id"].append(R.alert_id(q.name, rule.name, us["window_start"][i], gtext))
+        out["query"].append(q.name)
+        out["alert"].append(rule.name)
+        out["severity"].append(rule.severity)
+        out["window_start"].append(us["window_start"][i])
+        out["window_end"].append(us["window_end"][i])
+        out["closed_at"].append(d["closed_at"][i])
+        out["group"].append(gtext)
+        out["values"].append(json.dumps(values, sort_keys=True, separators=(",", ":")))
+        out["labels"].append(json.dumps(labels, sort_keys=True, separators=(",", ":")))
+        out["summary"].append(rule.summary or f"{q.name}: {rule.when} ({gtext})")
+    out["window_start"] = pa.array(out["window_start"], pa.int64()).cast(TS)
+    out["window_end"] = pa.array(out["window_end"], pa.int64()).cast(TS)
+    return pa.table(out, schema=R.ALERT_SCHEMA)
+
+
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -158,6 +203,11 @@ class ResultStore:
         for q in self.queries.values():
             R.check_names(q)
         self.status_path = R.status_path(self.root)
+        self.having = {q.name: Q.condition(q, q.having) for q in self.queries.values() if q.having}
+        self.alert_rules = {q.name: [(a, Q.condition(q, a.when)) for a in q.alerts]
+                            for q in self.queries.values() if q.alerts}  # fmt: skip
+        self.having_dropped: dict[str, int] = {}  # final rows HAVING did not store, per query
+        self.fired: list[pa.Table] = []
 
     def write_batch(self, batch_id: int, rows: pd.DataFrame | pa.Table) -> dict[str, int]:
         """Write the 'final'/'correction' rows of a batch; returns rows written per query.
@@ -211,7 +261,12 @@ class ResultStore:
             window, kind, key, state = window[order], kind.take(pa.array(order)), key[order], state[order]
             start_ns, end_ns, closed_at_ms, hosts = start_ns[order], end_ns[order], closed_at_ms[order], hosts[order]
         typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind)
-        day = start_ns // NS_PER_DAY
+        self._fire(q, typed)
+        typed = self._having(batch_id, q, typed)
+        if typed.num_rows == 0:
+            return 0
+        start_us = np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
+        day = start_us // (NS_PER_DAY // 1000)
         if np.any(np.diff(day) < 0):
             raise AssertionError("window start not monotone in the window")
         # rows are sorted by window and window_start grows with the window: a day is a slice
@@ -222,7 +277,80 @@ class ResultStore:
             tmp = path.with_name(path.name + ".tmp")
             pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
             os.replace(tmp, path)
-        return n
+        return typed.num_rows
+
+    def _having(self, batch_id: int, q: Q.QuerySpec, typed: pa.Table) -> pa.Table:
+        """Keep the final (and landmark update) rows that pass the query's HAVING and the corrections
+        of stored finals only.
+
+        Why corrections are judged by their final row: HAVING is decided once, when the window closes
+        (as alerts are); a correction is a delta, not a window value, so it is kept exactly when its
+        window and group were stored, which keeps every stored group's value exact after folding.
+        A late correction never admits a group that did not pass at close.
+        """
+        cond = self.having.get(q.name)
+        if cond is None or typed.num_rows == 0:
+            return typed
+        kind = typed["kind"]
+        final = np.asarray(pc.equal(kind, "final").to_numpy(zero_copy_only=False), bool)
+        corr = np.asarray(pc.equal(kind, "correction").to_numpy(zero_copy_only=False), bool)
+        keep = ~corr & condlang.evaluate(cond, _aggregate_columns(q, typed), typed.num_rows)  # finals, updates
+        if corr.any():
+            keep |= corr & self._stored_finals(batch_id, q, typed, keep & final)
+        self.having_dropped[q.name] = self.having_dropped.get(q.name, 0) + int(np.count_nonzero(final & ~keep))
+        return typed if keep.all() else typed.filter(pa.array(keep))
+
+    def _stored_finals(self, batch_id: int, q: Q.QuerySpec, typed: pa.Table, kept: np.ndarray) -> np.ndarray:
+        """bool per row: a final row of the same (window, group) is stored by an earlier batch (or kept
+        in this one). Reads only the days the rows touch, and only files of earlier batches, so a
+        replayed batch decides the same."""
+        cols = ["window_start", *[n for n, _ in R.key_columns(q)]]
+        days = sorted(set((np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
+                           // (NS_PER_DAY // 1000)).tolist()))  # fmt: skip
+        found = [typed.filter(pa.array(kept)).select(cols)]
+        for d in days:
+            folder = R.date_dir(self.root, q.name, datetime.fromtimestamp(d * 86400, tz=UTC).date())
+            if not folder.is_dir():
+                continue
+            for f in sorted(folder.iterdir()):
+                b = R.parse_part_name(f.name)
+                if b is not None and b < batch_id:
+                    t = pq.read_table(f, columns=[*cols, "kind"])
+                    found.append(t.filter(pc.equal(t["kind"], "final")).select(cols))
+        known = pa.concat_tables(found).group_by(cols).aggregate([])
+        probe = typed.select(cols).append_column("_row", pa.array(np.arange(typed.num_rows, dtype=np.int64)))
+        joined = probe.join(known, cols, join_type="inner")
+        out = np.zeros(typed.num_rows, bool)
+        out[np.asarray(joined["_row"].to_numpy(), np.int64)] = True
+        return out
+
+    def _fire(self, q: Q.QuerySpec, typed: pa.Table) -> None:
+        """Evaluate the query's alert rules on its final rows; fired rows wait in :attr:`fired` until
+        :meth:`write_alerts` writes the batch's alert file."""
+        rules = self.alert_rules.get(q.name)
+        if not rules or typed.num_rows == 0:
+            return
+        final = np.asarray(pc.equal(typed["kind"], "final").to_numpy(zero_copy_only=False), bool)
+        aggs = _aggregate_columns(q, typed)
+        keys = [n for n, _ in R.key_columns(q)]
+        for rule, cond in rules:
+            rows = np.flatnonzero(final & condlang.evaluate(cond, aggs, typed.num_rows))
+            if len(rows):
+                self.fired.append(alert_rows(q, rule, typed.take(pa.array(rows)), keys))
+
+    def write_alerts(self, batch_id: int) -> pa.Table:
+        """Write the alerts fired while writing this batch (a file per query and batch, replaced on replay)."""
+        fired, self.fired = self.fired, []
+        if not fired:
+            return R.ALERT_SCHEMA.empty_table()
+        tbl = pa.concat_tables(fired)
+        for name in sorted(set(tbl["query"].to_pylist())):
+            path = R.alert_part_path(self.root, name, batch_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            pq.write_table(tbl.filter(pc.equal(tbl["query"], name)), tmp, compression="zstd")
+            os.replace(tmp, path)
+        return tbl
 
     def write_status(self, doc: S.StatusDocument) -> None:
         """Replace ``_status.json`` atomically (write + rename) with a document of the status contract."""

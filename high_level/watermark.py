@@ -90,8 +90,9 @@ def start_watermark(job: HighLevelJob) -> list[Any]:
                            extra=o.source_options)  # fmt: skip
         rows = raw.select("value").mapInPandas(lambda it, lay=lay: explode_partials(lay, it), schema)
         rows = rows.withColumn("event_time", F.timestamp_micros("event_us"))
-        win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{lay.pane_ns // 1000} microseconds",
-                       f"{(lay.origin_ns % lay.pane_ns) // 1000} microseconds")  # fmt: skip
+        slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
+        win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
+                       f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
         fn = {Q.MERGE_SUM: F.sum, Q.MERGE_MIN: F.min, Q.MERGE_MAX: F.max}
         agg = (
             rows.withWatermark("event_time", f"{o.watermark_delay_ms} milliseconds")

@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="after a finite source ends, wait this long for every window to close")
     ap.add_argument("--fresh", action="store_true",
                     help="start from nothing: delete the local Kafka broker's data, results and checkpoints")
+    ap.add_argument("--alert-webhook", metavar="URL",
+                    help="deliver the queries' alerts to this Alertmanager v2 endpoint (e.g. http://127.0.0.1:9093/api/v2/alerts)")
     args = ap.parse_args(argv)
     try:
         cfg = Q.load(args.config)
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         print("[stack] starting the high-level Spark job (local mode) ...", flush=True)
         spawn("job", [_bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
                       "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
-                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC])
+                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC,
+                      *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else [])])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
                             "--port", str(args.api_port)])
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)

@@ -43,7 +43,7 @@ MALFORMED = [
     (BASE.replace("{fn: count}", "{fn: median}"), 5, "aggregates.0.fn", "Input should be"),
     (BASE.replace("{fn: count}", "{fn: sum, field: src_ip}"), 5, "aggregates.0", "numeric field"),
     (BASE.replace("{fn: count}", "{fn: sum}"), 5, "aggregates.0", "needs a field"),
-    (BASE.replace("{range: 1m}", "{range: 1m, slide: 7s}"), 6, "window", "whole number of slides"),
+    (BASE.replace("{range: 1m}", "{range: 1m, slide: 7ms}"), 6, "window", "more than 1024 panes per window (pane = gcd"),
     (BASE.replace("{range: 1m}", "{range: 10s, slide: 1m}"), 6, "window", "gaps"),
     (BASE.replace("{range: 1m}", "{range: soon}"), 6, "window.range", "not a duration"),
     (BASE + "    table: {size: 1000}\n", 7, "table.size", "power of two"),
@@ -60,6 +60,15 @@ MALFORMED = [
     ("queries: 3\n", 1, "queries", "non-empty list"),
     (BASE + "    heartbeat: {interval: 1ms}\n", 7, "heartbeat.interval", "at least 10ms"),
     (BASE.replace("group_by: [src_ip]", "group_by: [dst_port/24]"), 3, "group_by", "prefix applies to an address"),
+    (BASE + "    having: syns > 1000\n", 7, "having", "unknown aggregate 'syns' (the query's aggregates: count)"),
+    (BASE + "    having: count\n", 7, "having", "a condition must compare"),
+    (BASE + "    having: \"count > 1; import os\"\n", 7, "having", "unexpected character ';'"),
+    (BASE + "    alerts:\n      - {name: flood, when: syns > 1}\n", 7, "alerts", "alert 'flood' (#0) when: unknown aggregate"),
+    (BASE + "    alerts:\n      - {name: flood, when: count > 1, severity: loud}\n", 8, "alerts.0.severity", "Input should be"),
+    (BASE + "    alerts:\n      - {name: flood, when: count > 1, labels: {src_ip: x}}\n", 2, "query",
+     "clash with the group-by columns"),
+    (BASE + "    alerts:\n      - {name: a, when: count > 1}\n      - {name: a, when: count > 2}\n", 7, "alerts",
+     "duplicate alert names"),
 ]
 
 
@@ -74,6 +83,14 @@ def test_malformed_configs_are_rejected_precisely(doc: str, line: int | None, fi
     assert field in err.field, str(err)
     assert reason in err.reason, str(err)
     assert str(err).startswith("bad.yaml")
+
+
+def test_range_not_a_multiple_of_slide_uses_gcd_panes() -> None:
+    """The dissertation's RANGE 9 / SLIDE 6: panes of 3, 3 panes per window, windows every 2 panes."""
+    w = Q.load_text(BASE.replace("{range: 1m}", "{range: 9m, slide: 6m}")).queries[0].window
+    assert (w.pane_ns, w.panes_per_window, w.panes_per_slide) == (180 * Q.NS, 3, 2)
+    w = Q.load_text(BASE.replace("{range: 1m}", "{range: 1m, slide: 10s}")).queries[0].window
+    assert (w.pane_ns, w.panes_per_window, w.panes_per_slide) == (10 * Q.NS, 6, 1)
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:

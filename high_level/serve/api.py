@@ -15,6 +15,8 @@ Endpoints (all GET; OpenAPI at /docs):
 * ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
   query and partition: the job's status document (:mod:`contract.status`), validated.
+* ``/alerts``: alerts fired on closed windows (newest first; ``query``, ``alert``, ``start`` = closed at or
+  after, ``limit``), each with its group, aggregate values, labels and whether the webhook accepted it.
 * ``/metrics``: Prometheus metrics of the API (``lowwater_api_requests_total``,
   ``lowwater_api_request_duration_seconds``).
 * ``/`` and ``/ui``: the results page.
@@ -56,6 +58,7 @@ from fastapi.staticfiles import StaticFiles
 
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.serve import params as P
+from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
 from high_level.serve.metrics import ApiMetrics, MetricsMiddleware
@@ -128,7 +131,7 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
         "window": {
             "range": _fmt_s(w.range_ns), "slide": _fmt_s(w.slide), "pane": _fmt_s(w.pane_ns),
             "range_ns": w.range_ns, "slide_ns": w.slide, "pane_ns": w.pane_ns, "origin_ns": w.origin_ns,
-            "tumbling": w.tumbling,
+            "tumbling": w.tumbling and not w.landmark, "landmark": w.landmark,
         },  # fmt: skip
         "key_columns": [
             {"name": p.name, "field": p.field.name, "kind": "ip" if p.field.kind == "ip" else "int",
@@ -218,6 +221,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     fragments = _yaml_fragments(config_path)
     results = Path(results_dir)
     reader = Reader(results, cache_mb=cache_mb)
+    alert_reader = AlertReader(results)
     metrics = ApiMetrics()
     token = token or None
     warmed = threading.Event()
@@ -387,6 +391,16 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
     def status() -> dict[str, Any]:
         return read_status(results)
+
+    @guarded.get("/alerts", summary="Alerts fired on closed windows, newest first")
+    def alerts(query: Annotated[str | None, Query(max_length=64, description="only this query")] = None,
+               alert: Annotated[str | None, Query(max_length=64, description="only this alert rule")] = None,
+               start: Annotated[str | None, Query(max_length=64, description="closed at or after (as /results' start)")] = None,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:  # fmt: skip
+        if query is not None:
+            info(query)
+        since = us_of(P.parse_time("start", start, now())) if start is not None else None
+        return alert_reader.alerts(query, alert, since, limit)
 
     @guarded.get("/metrics", summary="Prometheus metrics of the API", response_class=Response)
     def metrics_() -> Response:

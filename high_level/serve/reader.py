@@ -103,8 +103,8 @@ class Reader:
         try:
             cur.register("lw_t", table)
             out = cur.sql(
-                f"SELECT *, {S.key_hash(qi)} AS _wkh, CASE WHEN kind <> 'correction' THEN row_number() OVER"
-                f" (PARTITION BY window_start, kind <> 'correction' ORDER BY {S.rank_value(qi)} DESC NULLS LAST"
+                f"SELECT *, {S.key_hash(qi)} AS _wkh, CASE WHEN kind = 'final' THEN row_number() OVER"
+                f" (PARTITION BY window_start, kind = 'final' ORDER BY {S.rank_value(qi)} DESC NULLS LAST"
                 f"{keys}) END AS _rank FROM lw_t ORDER BY _rank NULLS LAST, window_start"
             ).to_arrow_table()  # fmt: skip
             return Prepared.of(out)
@@ -292,7 +292,7 @@ class Reader:
         if not files:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
-        fin = "kind <> 'correction'"
+        fin = "kind = 'final'"
         sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
         for a, fn in qi.aggs:
             c = S.q(a)
@@ -341,7 +341,7 @@ class Reader:
                 try:
                     src = self._source(cur, qi, cand)
                     rows = self._exec(cur, f"SELECT epoch_us(max(window_start)) FROM {src.rel}"
-                                           " WHERE kind <> 'correction'", src.params)  # fmt: skip
+                                           " WHERE kind = 'final'", src.params)  # fmt: skip
                 finally:
                     cur.close()
                 if rows and rows[0][0] is not None:

@@ -134,7 +134,7 @@ def fold_cols(qi: QueryInfo) -> list[str]:
     avg is the count-weighted mean when the query has a count aggregate (exact); without one the
     layout carries nothing to weight by, so the final row's avg is kept (``avg_exact`` false).
     """
-    fin = "kind <> 'correction'"
+    fin = "kind = 'final'"
     w = q(qi.count_col) if qi.count_col else None
     cols = ["window_start", "max(window_end) AS window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
@@ -174,13 +174,13 @@ def folded(qi: QueryInfo, src: Source, rows: str, corrections: bool) -> tuple[st
     keys = [q(k) for k in qi.key_names]
     plain = ", ".join(plain_cols(qi))
     if not corrections:
-        return "", f"(SELECT {plain} FROM {rows} WHERE kind <> 'correction')"
+        return "", f"(SELECT {plain} FROM {rows} WHERE kind = 'final')"
     ctes = (f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE kind = 'correction')"
             f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE kind = 'correction')")  # fmt: skip
     inw = f"(SELECT *, {src.wkh} AS _h FROM (SELECT * FROM {rows} SEMI JOIN cw USING (window_start)))"
     sub = (
-        f"(SELECT {plain} FROM {rows} ANTI JOIN cw USING (window_start) WHERE kind <> 'correction'"
-        f" UNION ALL SELECT {plain} FROM {inw} ANTI JOIN ck USING (_h) WHERE kind <> 'correction'"
+        f"(SELECT {plain} FROM {rows} ANTI JOIN cw USING (window_start) WHERE kind = 'final'"
+        f" UNION ALL SELECT {plain} FROM {inw} ANTI JOIN ck USING (_h) WHERE kind = 'final'"
         f" UNION ALL SELECT {', '.join(fold_cols(qi))} FROM (SELECT * FROM {inw} SEMI JOIN ck USING (_h))"
         f" GROUP BY {', '.join(['window_start', *keys])})"
     )

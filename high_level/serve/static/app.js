@@ -205,6 +205,28 @@ function renderStatus(st) {
   body.append(el("table", { class: "hosts" }, el("thead", {}, head), tb));
 }
 
+// ---- alerts fired on closed windows
+function renderAlerts(a) {
+  const body = document.getElementById("alerts-body");
+  body.textContent = "";
+  if (!a || a.error) { body.append(el("div", { class: "empty", text: (a && a.error) || "alerts not available" })); return; }
+  if (!a.alerts.length) { body.append(el("div", { class: "empty", text: "no alerts fired" })); return; }
+  const head = el("tr", {}, ...["closed (UTC)", "query", "alert", "severity", "window", "group", "values", "webhook"]
+    .map((t) => el("th", { text: t })));
+  const tb = el("tbody");
+  for (const r of a.alerts) {
+    const sev = r.severity === "critical" ? "bad" : r.severity === "warning" ? "warn" : "";
+    tb.append(el("tr", {}, el("td", { text: r.closed_at.replace("T", " ").replace("Z", "") }), el("td", { class: "key", text: r.query }),
+      el("td", { class: "key", text: r.alert }), el("td", { class: sev, text: r.severity }),
+      el("td", { text: `${r.window_start.slice(11, 19)}–${r.window_end.slice(11, 19)}` }),
+      el("td", { class: "key", text: Object.entries(r.group).map(([k, v]) => `${k}=${v}`).join(" ") || "(all)" }),
+      el("td", { class: "key", text: Object.entries(r.values).map(([k, v]) => `${k}=${fmtNum(v)}`).join(" ") }),
+      el("td", { class: r.delivered ? "" : "warn", text: r.delivered ? "delivered" : "pending" })));
+  }
+  body.append(el("table", {}, el("thead", {}, head), tb));
+  document.getElementById("alerts-sub").textContent = `${a.total} fired · newest ${a.returned} shown · once per window and group, at close`;
+}
+
 // ---- one query card
 function card(q) {
   let c = document.getElementById("q-" + q.name);
@@ -281,11 +303,13 @@ async function refresh() {
       state.queries = (await api("/queries")).queries;
       state.queriesAt = Date.now();
     }
-    const [st] = await Promise.all([
+    const [st, al] = await Promise.all([
       api("/status").catch((e) => { if (e instanceof AuthError) throw e; return { available: false, error: e.message }; }),
+      api("/alerts?limit=20").catch((e) => { if (e instanceof AuthError) throw e; return { error: e.message }; }),
       ...state.queries.map((q) => refreshQuery(q)),
     ]);
     renderStatus(st);
+    renderAlerts(al);
     showError(null);
     document.getElementById("meta").innerHTML = "";
     document.getElementById("meta").append(`${state.queries.length} queries · updated `,

@@ -1,0 +1,223 @@
+"""Aggregates beyond sums (issue 14): results in ``benchmarks/results/aggregates.json``, one entry per part.
+
+Parts (``--part``; each run rewrites only its own entry, so parts can be measured separately):
+
+* ``alert_latency``: how long after a window closes its alert reaches the webhook, on the real job.
+  Two emulated capture hosts replay synthetic traffic in *wall-clock* time (data time = now, partials
+  of a pane leave within one pane after its end as evictions would send them, punctuation every
+  200 ms) into a local Kafka broker; the real Spark job (local[2], trigger ``--trigger``, default 1 s)
+  closes 2-s tumbling windows by punctuation and fires an alert for every (window, dst_port) group
+  with at least ``--min-count`` packets; a real HTTP receiver on 127.0.0.1 (Alertmanager v2 path)
+  records when each alert arrives. Latency = arrival - ``startsAt`` (the close: the timestamp of the
+  micro-batch whose punctuation closed the window), so it is the rest of that micro-batch (stateful
+  step, sink, alert file) plus the delivery thread's post. Goal: p95 <= one trigger interval. Also
+  reported: arrival - window end (end to end, includes the hosts' flush delay and punctuation).
+* ``kernel_rates``: reserved for the low-level kernel rates of the new aggregates (another change).
+
+    .venv/bin/python benchmarks/bench_aggregates.py [--part alert_latency] [--seconds 40] [--trigger 1s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import machine  # noqa: E402
+from contract import query as Q  # noqa: E402
+from contract import wire  # noqa: E402
+from high_level.job import HighLevelJob, JobOptions  # noqa: E402
+from high_level.simulate import host_messages, interleave, split_hosts  # noqa: E402
+from tests.packets import make_traffic  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "aggregates.json"
+NS = 1_000_000_000
+HOSTS = ("a", "b")
+QUERY = """
+queries:
+  - name: alert_bench
+    group_by: [dst_port]
+    aggregates:
+      - {{fn: count, as: packets}}
+      - {{fn: sum, field: length, as: bytes}}
+    alerts:
+      - {{name: busy_port, when: packets >= {min_count}, severity: warning}}
+    window: {{range: 2s}}
+    kafka: {{topic: {topic}, partitions: 2}}
+"""
+
+
+class Receiver:
+    """Records each alert's arrival (wall clock) and its payload; answers 200 like Alertmanager."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[float, dict[str, Any]]] = []
+        rec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                now = time.time()
+                rec.arrivals.extend((now, a) for a in body)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v2/alerts"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _ts(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _pct(xs: list[float], p: float) -> float:
+    return round(float(np.percentile(xs, p)), 3) if xs else float("nan")
+
+
+def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    from kafka import KafkaProducer
+
+    from local_stack.kafka_broker import KafkaBroker
+    from local_stack.spark_session import build_spark
+
+    work = Path(tempfile.mkdtemp(prefix="lowwater-bench-aggregates-"))
+    broker = KafkaBroker("aggregates", port=0, state=work / "kafka")
+    trigger_ms = int(Q.parse_duration_ns(args.trigger) // 1_000_000)
+    rx = Receiver()
+    try:
+        broker.start()
+        topic = broker.create_topic("lowwater.alert_bench", 2)
+        q = Q.load_text(QUERY.format(min_count=args.min_count, topic=topic)).queries[0]
+        spark = build_spark("lowwater-bench-aggregates", master=args.master, state=work / "spark-state",
+                            extra_conf={"spark.sql.shuffle.partitions": "2"})  # fmt: skip
+        opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "results"),
+                          checkpoint=str(work / "ckpt"), trigger_ms=trigger_ms, shuffle_partitions=2,
+                          expected_hosts=HOSTS, host_timeout_ms=60_000, alert_webhook=rx.url, name="bench-alerts")  # fmt: skip
+        job = HighLevelJob(spark, [q], opts)
+        submitted: dict[str, float] = {}
+        submit = job.delivery.submit
+
+        def timed_submit(alerts: Any) -> None:  # when the sink hands a batch's alerts over
+            now = time.time()
+            submitted.update((i, now) for i in alerts["id"].to_pylist())
+            submit(alerts)
+
+        job.delivery.submit = timed_submit  # type: ignore[method-assign]
+        job.start()
+        # data time = wall time: traffic from now + 3 s (the job is up) for --seconds
+        t0 = (time.time_ns() // (2 * NS) + 2) * 2 * NS
+        traffic = make_traffic(args.rate * args.seconds, args.groups, t0, args.seconds * NS, seed=3)
+        hix = split_hosts(len(traffic), len(HOSTS), seed=1)
+        rows = traffic.rows()
+        streams = [host_messages(q, rows[hix == i], h, partitions=2, punct_every_ns=NS // 5, seed=i,
+                                 end_mark=wire.END_OF_STREAM)  # the capture's end closes everything
+                   for i, h in enumerate(HOSTS)]  # fmt: skip
+        msgs = interleave(streams, seed=2)
+        log(f"replaying {len(msgs)} messages over {args.seconds} s of wall-clock data time (trigger {trigger_ms} ms)")
+        prod = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1, linger_ms=0)
+        try:
+            for m in msgs:  # send each message when the wall clock reaches its data-time send instant
+                wait = m.t_ns / NS - time.time()
+                if wait > 0:
+                    prod.flush()
+                    time.sleep(wait)
+                prod.send(topic, value=m.value, partition=m.partition)
+            prod.flush()
+        finally:
+            prod.close(5)
+        deadline = time.time() + 30
+        while time.time() < deadline and (job.delivery.queue or not rx.arrivals):
+            time.sleep(0.2)
+        time.sleep(3 * trigger_ms / 1000)
+        job.stop()
+        spark.stop()
+    finally:
+        rx.close()
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    after_close = [t - _ts(a["startsAt"]) for t, a in rx.arrivals]
+    # the two parts: close -> the sink hands the alerts over (the rest of the micro-batch), then the post
+    in_batch = [submitted[a["annotations"]["lowwater_id"]] - _ts(a["startsAt"]) for _, a in rx.arrivals
+                if a["annotations"]["lowwater_id"] in submitted]  # fmt: skip
+    delivery = [t - submitted[a["annotations"]["lowwater_id"]] for t, a in rx.arrivals
+                if a["annotations"]["lowwater_id"] in submitted]  # fmt: skip
+    steady = [x for (t, a), x in zip(rx.arrivals, after_close, strict=True) if _ts(a["labels"]["window_end"]) >= t0 / NS + 10]
+    after_end = [t - _ts(a["labels"]["window_end"]) for t, a in rx.arrivals]
+    ids = [a["annotations"]["lowwater_id"] for _, a in rx.arrivals]
+    ends = sorted({a["labels"]["window_end"] for _, a in rx.arrivals})
+    p95 = _pct(after_close, 95)
+    return {
+        "alerts": len(ids), "distinct_alerts": len(set(ids)), "windows_with_alerts": len(ends),
+        "trigger_s": trigger_ms / 1000, "window_s": 2, "hosts": len(HOSTS), "rate_pkt_per_s": args.rate,
+        "groups": args.groups, "seconds": args.seconds, "punctuation_every_s": 0.2, "master": args.master,
+        "latency_after_close_s": {"p50": _pct(after_close, 50), "p95": p95, "p99": _pct(after_close, 99),
+                                  "max": _pct(after_close, 100)},
+        "latency_after_close_steady_s": {"p50": _pct(steady, 50), "p95": _pct(steady, 95), "n": len(steady),
+                                         "note": "windows ending >= 10 s after the replay started (warm JVM)"},
+        "close_to_sink_handoff_s": {"p50": _pct(in_batch, 50), "p95": _pct(in_batch, 95)},
+        "handoff_to_receiver_s": {"p50": _pct(delivery, 50), "p95": _pct(delivery, 95), "max": _pct(delivery, 100)},
+        "latency_after_window_end_s": {"p50": _pct(after_end, 50), "p95": _pct(after_end, 95),
+                                       "max": _pct(after_end, 100)},
+        "goal": "p95 after close <= 1 trigger interval", "goal_met": bool(p95 <= trigger_ms / 1000),
+        "goal_met_steady": bool(_pct(steady, 95) <= trigger_ms / 1000),
+    }  # fmt: skip
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str, Any]]] = {"alert_latency": alert_latency}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    ap.add_argument("--seconds", type=int, default=40, help="alert_latency: wall-clock seconds of traffic")
+    ap.add_argument("--rate", type=int, default=2000, help="alert_latency: packets per second of data time")
+    ap.add_argument("--groups", type=int, default=50, help="alert_latency: dst_port groups")
+    ap.add_argument("--min-count", type=int, default=20, help="alert_latency: packets per window that fire")
+    ap.add_argument("--trigger", default="1s")
+    ap.add_argument("--master", default="local[2]")
+    args = ap.parse_args()
+    m = machine()
+    t_all = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t_all:6.0f}s] {msg}", flush=True)
+
+    log(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB")
+    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    doc.setdefault("benchmark", "aggregates")
+    doc.setdefault("parts", {})
+    for name, fn in PARTS.items():
+        if args.part in (name, "all"):
+            res = fn(args, log)
+            doc["parts"][name] = {"machine": m, "doc": fn.__doc__ or "", "result": res}
+            log(f"{name}: {json.dumps(res)}")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
