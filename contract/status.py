@@ -139,6 +139,7 @@ class JobSettings(_Model):
     expected_hosts: list[str]
     late_policy: str
     watermark_delay_ms: int
+    alert_webhook: bool = False  # alerts are delivered somewhere (else the page says so, not "pending")
 
 
 class StreamProgress(_Model):
@@ -153,6 +154,9 @@ class StreamProgress(_Model):
 
 
 class StatusDocument(_Model):
+    """``updated_ms`` is when the job last wrote it (it rewrites it while idle: freshness = the job is up);
+    the per-partition ``now_ms`` is when each partition last processed data."""
+
     version: Literal[1] = VERSION
     mode: Literal["oop", "watermark"]
     updated_ms: int

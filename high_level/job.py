@@ -91,7 +91,8 @@ class JobOptions:
         """The settings as the status document reports them."""
         return S.JobSettings(trigger_ms=self.trigger_ms, host_timeout_ms=self.host_timeout_ms,
                              expected_hosts=list(self.expected_hosts), late_policy=self.late_policy,
-                             watermark_delay_ms=self.watermark_delay_ms)  # fmt: skip
+                             watermark_delay_ms=self.watermark_delay_ms,
+                             alert_webhook=bool(self.alert_webhook))  # fmt: skip
 
 
 def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
@@ -340,6 +341,7 @@ class HighLevelJob:
                         raise RuntimeError(f"stream {s.name} failed: {exc}")
                     return
             self.refresh_metrics()
+            self.sink.touch(int(time.time() * 1000))
             if stop_event is not None and stop_event.wait(poll_s):
                 return
             if stop_event is None:

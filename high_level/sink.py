@@ -140,7 +140,17 @@ class ResultSink:
         if self.on_status is not None:
             self.on_status(statuses)
 
+    def touch(self, now_ms: int, every_ms: int = 10_000) -> None:
+        """Rewrite the status document when no micro-batch has for ``every_ms``: an idle job (a finished
+        capture, no data) is still up, and the page must not call its status stale."""
+        with self._lock:
+            if not self.partitions or now_ms - int(self.last_batch.get("written_ms", 0)) < every_ms:
+                return
+            queries = {qn: S.summarize_query(parts) for qn, parts in sorted(self.partitions.items())}
+            self.write_status(queries, now_ms)
+
     def write_status(self, queries: dict[str, S.QueryStatus], now_ms: int) -> None:
+        self.last_batch["written_ms"] = now_ms
         doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),
                                settings=self.settings, queries=queries, hosts=S.summarize_hosts(queries),
                                progress=self.progress())  # fmt: skip

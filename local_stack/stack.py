@@ -100,9 +100,8 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
                 f"(open windows per query: {open_ or why or 'no status yet'})")  # fmt: skip
     packets = seen.get("packets")
     lost = [f"{seen[k]} {k.replace('_', ' ')}" for k in ("parse_errors", "ring_drops", "backlog_lost") if seen.get(k)]
-    closed = sum(q.windows_closed for q in doc.queries.values())
     return (f"capture finished: {packets if packets is not None else '?'} packets"
-            f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed ({closed} window-partitions)")
+            f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed")
 
 
 def main(argv: list[str] | None = None) -> None:

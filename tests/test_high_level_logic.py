@@ -446,3 +446,22 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     r._sink_oop(Batch(), 3)
     assert len(r.seen) == 1 and r.seen[0].num_rows == unpack_rows(packed, r.layouts).num_rows
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "r" / f).read_bytes() for f in files)
+
+
+def test_idle_job_keeps_its_status_fresh(tmp_path):
+    """A job with nothing to read (a finished capture) rewrites its status document now and then, so the
+    page does not call a running job stale; it does not while batches write it anyway."""
+    from high_level.job import HighLevelJob, JobOptions
+
+    q = Q.load_text(CONFIG).query("pairs")
+    job = HighLevelJob(None, [q], JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c")))
+    p = PartitionProcessor([Layout.of(q)], 0, Settings(host_timeout_ms=10**9))
+    st = p.status(p.queries["pairs"], 1_000_000)
+    job.sink.fold_status([st], 7, {})
+    first = S.read(job.store.status_path)
+    job.sink.touch(first.updated_ms + 5_000)  # a batch wrote it 5 s ago: leave it
+    assert S.read(job.store.status_path).updated_ms == first.updated_ms
+    job.sink.touch(first.updated_ms + 30_000)
+    again = S.read(job.store.status_path)
+    assert again.updated_ms == first.updated_ms + 30_000 and again.batch_id == 7 and again.queries == first.queries
+    assert again.settings.alert_webhook is False

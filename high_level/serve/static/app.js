@@ -6,7 +6,7 @@
 const REFRESH_MS = 5000;
 const TOP_N = 10;
 const SVGNS = "http://www.w3.org/2000/svg";
-const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null };
+const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null, webhook: false };
 
 // ---- token: #token=... in the URL, else local storage; asked for on a 401
 function initToken() {
@@ -166,6 +166,7 @@ function fmtMark(ns) {
   return new Date(ns / 1e6).toISOString().replace("T", " ").replace("Z", "");
 }
 function renderStatus(st) {
+  state.webhook = Boolean(st.settings && st.settings.alert_webhook);
   const sub = document.getElementById("status-sub"), body = document.getElementById("status-body");
   body.textContent = "";
   if (!st.available) {
@@ -181,7 +182,7 @@ function renderStatus(st) {
     const item = el("div", {}, el("code", { text: name }), " · open windows ", el("b", { text: fmtNum(q.open_windows) }),
       " · capture hosts live ", el("b", { text: `${q.hosts_live}/${q.hosts_total}` }),
       " · Kafka partitions ", el("b", { text: fmtNum(q.partitions_total) }));
-    if (q.blocked_by && q.blocked_by.length) item.append(" · ", el("span", { class: "warn", text: "waiting for " + q.blocked_by.join(", ") }));
+    if (q.open_windows && q.blocked_by && q.blocked_by.length) item.append(" · ", el("span", { class: "warn", text: "waiting for " + q.blocked_by.join(", ") }));
     row.append(item);
   }
   body.append(row);
@@ -221,7 +222,8 @@ function renderAlerts(a) {
       el("td", { text: `${r.window_start.slice(11, 19)}–${r.window_end.slice(11, 19)}` }),
       el("td", { class: "key", text: Object.entries(r.group).map(([k, v]) => `${k}=${v}`).join(" ") || "(all)" }),
       el("td", { class: "key", text: Object.entries(r.values).map(([k, v]) => `${k}=${fmtNum(v)}`).join(" ") }),
-      el("td", { class: r.delivered ? "" : "warn", text: r.delivered ? "delivered" : "pending" })));
+      el("td", { class: r.delivered || !state.webhook ? "" : "warn",
+        text: r.delivered ? "delivered" : state.webhook ? "pending" : "no webhook set" })));
   }
   body.append(el("table", {}, el("thead", {}, head), tb));
   document.getElementById("alerts-sub").textContent = `${a.total} fired · newest ${a.returned} shown · once per window and group, at close`;
