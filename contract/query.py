@@ -9,6 +9,7 @@ this one model, so they cannot disagree.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from dataclasses import dataclass
@@ -335,7 +336,9 @@ def _parse_group(item: Any) -> KeyPart:
 class QuerySpec(_Strict):
     name: str
     description: str = ""
-    sources: list[str] = Field(default_factory=lambda: ["default"])
+    # capture hosts that run this query: glob patterns over host ids ("cap-*", "edge-1/*" for every worker
+    # of edge-1); the default runs it everywhere
+    sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     filter: str | None = None
     group_by: list[Any] = Field(default_factory=list)
     aggregates: list[AggregateSpec]
@@ -353,6 +356,18 @@ class QuerySpec(_Strict):
         if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", v):
             raise ValueError("a query name is lower-case letters, digits and '_' (starting with a letter)")
         return v
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: list[str]) -> list[str]:
+        for pat in v:
+            if not re.fullmatch(r"[A-Za-z0-9._:/*?\[\]-]{1,128}", pat):
+                raise ValueError(f"source {pat!r}: a host-id glob pattern (letters, digits, . _ : / - and * ? [ ])")
+        return v
+
+    def runs_on(self, host: str) -> bool:
+        """Whether the capture host ``host`` runs this query (its id matches one of ``sources``)."""
+        return any(fnmatch.fnmatchcase(host, pat) for pat in self.sources)
 
     @field_validator("filter")
     @classmethod

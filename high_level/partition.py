@@ -268,7 +268,9 @@ class _QueryState:
     def __init__(self, layout: Layout, settings: Settings) -> None:
         self.layout = layout
         self.rollup = QueryRollup(layout)
-        self.meld = Meld(settings.host_timeout_ms, settings.expected_hosts, settings.max_gap_ms)
+        # an expected host that does not run this query (its `sources`) would hold it open forever
+        expected = [h for h in settings.expected_hosts if layout.runs_on(h)]
+        self.meld = Meld(settings.host_timeout_ms, expected, settings.max_gap_ms)
         # host -> {"late": n, "records": n, "inc": {str(incarnation): [received, sent, missing]}}
         self.hosts: dict[str, dict[str, Any]] = {}
         self.windows_closed = 0

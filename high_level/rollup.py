@@ -11,6 +11,7 @@ state is bounded by the open windows, not by the disorder between hosts (the OOP
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,12 +38,17 @@ class Layout:
     kw: int
     s: int = 1  # panes per slide
     landmark: bool = False  # emit 'update' rows (totals so far) of the open window at every close
+    sources: tuple[str, ...] = ("*",)  # host-id patterns of the hosts that run the query
+
+    def runs_on(self, host: str) -> bool:
+        return any(fnmatch.fnmatchcase(host, p) for p in self.sources)
 
     @classmethod
     def of(cls, q: Q.QuerySpec) -> Layout:
         w = q.window
         return cls(q.name, q.topic, w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark)  # fmt: skip
+                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark,
+                   tuple(q.sources))  # fmt: skip
 
     def first_needed_pane(self, closed: int) -> int:
         """The first pane of the first window not emitted yet (every window < ``closed`` is): older

@@ -242,9 +242,15 @@ def main(argv: list[str] | None = None) -> None:
         cfg = Q.load(s.config)
     except (SettingsError, Q.ConfigError) as exc:
         raise SystemExit(f"lowwater-agent: {exc}") from None
-    queries = [q for q in cfg.queries if not s.queries or q.name in s.queries]
-    if not queries:
+    named = [q for q in cfg.queries if not s.queries or q.name in s.queries]
+    if not named:
         raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
+    queries = [q for q in named if q.runs_on(s.host_id)]  # a query's `sources` name the hosts that run it
+    for q in named:
+        if q not in queries:
+            log.info("query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources))
+    if not queries:
+        raise SystemExit(f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}")
     opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
     control = None
     if s.control_topic:

@@ -153,3 +153,32 @@ def test_compiled_filter_matches_reference_interpreter(expr: str) -> None:
 def test_bad_filters(bad: str) -> None:
     with pytest.raises(FilterError):
         compile_filter(bad)
+
+
+def test_sources_select_the_capture_hosts_that_run_a_query() -> None:
+    """`sources` are host-id patterns: the agent runs only its matching queries, and the job expects only
+    matching hosts for a query (an expected host that does not run it would hold it open forever)."""
+    from high_level.partition import PartitionProcessor, Settings
+    from high_level.rollup import Layout
+
+    cfg = Q.load_text("""
+queries:
+  - name: edge
+    sources: ["edge-*", "core-1/*"]
+    aggregates: [{fn: count}]
+    window: {range: 10s}
+  - name: everywhere
+    aggregates: [{fn: count}]
+    window: {range: 10s}
+""")
+    edge, everywhere = cfg.query("edge"), cfg.query("everywhere")
+    assert edge.runs_on("edge-7") and edge.runs_on("core-1/w0") and not edge.runs_on("core-1") and not edge.runs_on("lab")
+    assert everywhere.sources == ["*"] and everywhere.runs_on("lab")
+    p = PartitionProcessor([Layout.of(edge), Layout.of(everywhere)], 0,
+                           Settings(host_timeout_ms=10_000, expected_hosts=("edge-1", "lab")))  # fmt: skip
+    assert p.queries["edge"].meld.expected == ("edge-1",)
+    assert p.queries["everywhere"].meld.expected == ("edge-1", "lab")
+    with pytest.raises(Q.ConfigError, match="host-id glob pattern"):
+        Q.load_text("queries:\n  - {name: x, sources: ['a b'], aggregates: [{fn: count}], window: {range: 10s}}\n")
+    with pytest.raises(Q.ConfigError, match="sources"):
+        Q.load_text("queries:\n  - {name: x, sources: [], aggregates: [{fn: count}], window: {range: 10s}}\n")
