@@ -87,6 +87,17 @@ def part_path(root: str | Path, query: str, day: date, batch_id: int) -> Path:
     return date_dir(root, query, day) / part_name(batch_id)
 
 
+def date_dirs(root: str | Path, query: str) -> list[tuple[date, Path]]:
+    """(day, directory) of a query's ``date=`` directories, oldest first (other names are skipped)."""
+    base = query_dir(root, query)
+    try:
+        entries = list(base.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = [(d, e) for e in entries if e.is_dir() and (d := parse_date_dir(e.name)) is not None]
+    return sorted(out)
+
+
 def parse_date_dir(name: str) -> date | None:
     """The day of a ``date=YYYY-MM-DD`` directory name, None for anything else."""
     m = DATE_DIR.match(name)

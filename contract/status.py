@@ -140,6 +140,7 @@ class JobSettings(_Model):
     late_policy: str
     watermark_delay_ms: int
     alert_webhook: bool = False  # alerts are delivered somewhere (else the page says so, not "pending")
+    retention_days: int | None = None  # result files of older windows are deleted (None: kept)
 
 
 class StreamProgress(_Model):
@@ -165,6 +166,7 @@ class StatusDocument(_Model):
     queries: dict[str, QueryStatus]
     hosts: list[HostStatus]
     progress: dict[str, StreamProgress] = Field(default_factory=dict)
+    store_bytes: int | None = None  # size of the results directory at the last retention check
 
     def stream_ended(self, host: str, incarnation: int) -> bool:
         """``host`` (this ``incarnation`` of its agent, not an earlier run's) has sent its end-of-stream

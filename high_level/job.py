@@ -64,6 +64,7 @@ class JobOptions:
     kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     control_topic: str | None = None  # ask blocking hosts for punctuation on this topic (oop mode)
+    retention_days: int | None = None  # delete result files of windows older than this
     alert_webhook: str | None = None  # Alertmanager v2 endpoint, e.g. http://am:9093/api/v2/alerts
     alert_timeout_ms: int = 2000
     alert_queue: int = 10_000
@@ -92,7 +93,7 @@ class JobOptions:
         return S.JobSettings(trigger_ms=self.trigger_ms, host_timeout_ms=self.host_timeout_ms,
                              expected_hosts=list(self.expected_hosts), late_policy=self.late_policy,
                              watermark_delay_ms=self.watermark_delay_ms,
-                             alert_webhook=bool(self.alert_webhook))  # fmt: skip
+                             alert_webhook=bool(self.alert_webhook), retention_days=self.retention_days)  # fmt: skip
 
 
 def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
@@ -341,7 +342,9 @@ class HighLevelJob:
                         raise RuntimeError(f"stream {s.name} failed: {exc}")
                     return
             self.refresh_metrics()
-            self.sink.touch(int(time.time() * 1000))
+            now_ms = int(time.time() * 1000)
+            self.sink.maintain(now_ms, self.opts.retention_days)
+            self.sink.touch(now_ms)
             if stop_event is not None and stop_event.wait(poll_s):
                 return
             if stop_event is None:

@@ -48,6 +48,7 @@ class JobSettings(RoleSettings):
     driver_host: str | None = None
     spark_jars: list[str] = Field(default_factory=list)
     control_topic: str | None = None
+    retention_days: int | None = Field(default=None, ge=1, description="delete results of windows older than this")
     alert_webhook: str | None = Field(default=None, description="Alertmanager v2 URL, e.g. http://am:9093/api/v2/alerts")
     alert_timeout: str = "2s"
     alert_queue: int = Field(default=10_000, ge=1)
@@ -103,5 +104,5 @@ class JobSettings(RoleSettings):
             shuffle_partitions=self.shuffle_partitions or (int(m.group(1)) if m else None),
             kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
             alert_webhook=self.alert_webhook, alert_timeout_ms=ms(self.alert_timeout), alert_queue=self.alert_queue,
-            alert_generator_url=self.alert_generator_url, control_topic=self.control_topic,
+            alert_generator_url=self.alert_generator_url, control_topic=self.control_topic, retention_days=self.retention_days,
         )  # fmt: skip

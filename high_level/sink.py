@@ -13,9 +13,11 @@ only hands it Arrow tables.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from high_level.partition import unpack_windows
 from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table
 
+log = logging.getLogger("lowwater.sink")
 _KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
 
 
@@ -53,6 +56,8 @@ class ResultSink:
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.last_batch: dict[str, Any] = {}
+        self._maintained_ms = 0
+        self.store_bytes: int | None = None
         try:
             prev = S.read(store.status_path)
         except S.StatusUnavailable:
@@ -140,6 +145,20 @@ class ResultSink:
         if self.on_status is not None:
             self.on_status(statuses)
 
+    def maintain(self, now_ms: int, retention_days: int | None, every_ms: int = 600_000) -> None:
+        """Every ``every_ms``: delete result days older than ``retention_days`` and measure the store (for
+        the status document). Runs on the driver between batches, never inside one."""
+        if now_ms - self._maintained_ms < every_ms:
+            return
+        self._maintained_ms = now_ms
+        if retention_days:
+            today = datetime.fromtimestamp(now_ms / 1000, UTC).date()
+            with self._lock:  # not while a batch writes (a late correction may touch an old day)
+                gone = self.store.expire(today, retention_days)
+            for d in gone:
+                log.info("retention: deleted %s (windows older than %d days)", d, retention_days)
+        self.store_bytes = self.store.size_bytes()
+
     def touch(self, now_ms: int, every_ms: int = 10_000) -> None:
         """Rewrite the status document when no micro-batch has for ``every_ms``: an idle job (a finished
         capture, no data) is still up, and the page must not call its status stale."""
@@ -153,6 +172,6 @@ class ResultSink:
         self.last_batch["written_ms"] = now_ms
         doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),
                                settings=self.settings, queries=queries, hosts=S.summarize_hosts(queries),
-                               progress=self.progress())  # fmt: skip
+                               progress=self.progress(), store_bytes=self.store_bytes)  # fmt: skip
         self.store.write_status(doc)
 

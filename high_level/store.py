@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -351,6 +352,32 @@ class ResultStore:
             pq.write_table(tbl.filter(pc.equal(tbl["query"], name)), tmp, compression="zstd")
             os.replace(tmp, path)
         return tbl
+
+    def expire(self, today: date, days: int) -> list[Path]:
+        """Delete the result files of windows that started more than ``days`` days before ``today`` (UTC),
+        a whole ``date=`` directory at a time; returns the directories removed.
+
+        Readers index files by directory and tolerate files that vanish between listing and reading.
+        """
+        cutoff = today - timedelta(days=days)
+        gone = []
+        for name in sorted(self.queries):
+            for day, d in R.date_dirs(self.root, name):
+                if day < cutoff:
+                    shutil.rmtree(d, ignore_errors=True)
+                    gone.append(d)
+        return gone
+
+    def size_bytes(self) -> int:
+        """Bytes of every file under the store (results, alerts, status)."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, f)).st_size
+                except FileNotFoundError:
+                    continue
+        return total
 
     def write_status(self, doc: S.StatusDocument) -> None:
         """Replace ``_status.json`` atomically (write + rename) with a document of the status contract."""

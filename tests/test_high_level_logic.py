@@ -7,9 +7,11 @@ import json
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from contract import query as Q
+from contract import results as R
 from contract import status as S
 from contract import wire
 from high_level import codec
@@ -465,3 +467,35 @@ def test_idle_job_keeps_its_status_fresh(tmp_path):
     again = S.read(job.store.status_path)
     assert again.updated_ms == first.updated_ms + 30_000 and again.batch_id == 7 and again.queries == first.queries
     assert again.settings.alert_webhook is False
+
+
+def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
+    """Retention removes whole days of windows older than the setting (and nothing newer); the status
+    document carries the store's size and the setting."""
+    from high_level.job import HighLevelJob, JobOptions
+
+    q = Q.load_text(CONFIG).query("pairs")
+    opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), retention_days=2)
+    job = HighLevelJob(None, [q], opts)
+    lay = Layout.of(q)
+    day_ns = 86_400 * 10**9
+    now_ms = 1_700_000_000_000 + 10 * 86_400_000
+    for days_ago in (5, 3, 1, 0):  # one final window per day, each in its own batch
+        start = now_ms * 10**6 - days_ago * day_ns
+        w = np.array([(start - lay.origin_ns) // lay.pane_ns - lay.k + 1], np.int64)
+        end = lay.window_end_ns(w)
+        job.store.write_query(10 - days_ago, q, w, np.array([1], np.int8), pa.array(["final"]), end - lay.range_ns, end,
+                              np.zeros((1, Q.key_width(q)), np.int64), np.ones((1, lay.na), np.int64),
+                              np.array([now_ms]), np.array([1], np.int32))  # fmt: skip
+    days = [d for d, _ in R.date_dirs(job.store.root, q.name)]
+    assert len(days) == 4
+    p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9))
+    job.sink.fold_status([p.status(p.queries["pairs"], now_ms)], 11, {})
+    job.sink.maintain(now_ms, opts.retention_days)
+    assert [d for d, _ in R.date_dirs(job.store.root, q.name)] == days[2:]  # 5 and 3 days ago are gone
+    job.sink.touch(now_ms + 60_000)
+    doc = S.read(job.store.status_path)
+    assert doc.settings.retention_days == 2 and doc.store_bytes is not None and doc.store_bytes > 0
+    assert abs(doc.store_bytes - job.store.size_bytes()) < 4096  # measured just before the status was rewritten
+    job.sink.maintain(now_ms + 1000, opts.retention_days)  # within the check interval: nothing to do
+    assert len(R.date_dirs(job.store.root, q.name)) == 2

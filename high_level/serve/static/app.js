@@ -176,6 +176,10 @@ function renderStatus(st) {
   const age = st.age_s === null ? "unknown" : fmtDur(st.age_s) + " ago";
   sub.textContent = "";
   sub.append(`status written ${age}`);
+  if (st.store_bytes !== null && st.store_bytes !== undefined) {
+    const keep = st.settings && st.settings.retention_days ? `, kept ${st.settings.retention_days} days` : "";
+    sub.append(` · results store ${fmtNum(Math.round(st.store_bytes / 1e6))} MB${keep}`);
+  }
   if (st.stale) sub.append(" ", el("span", { class: "warn", text: "(stale: is the high-level job running?)" }));
   const row = el("div", { class: "statusrow" });
   for (const [name, q] of Object.entries(st.queries || {})) {
