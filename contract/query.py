@@ -198,6 +198,16 @@ class HeartbeatSpec(_Strict):
         return v
 
 
+class ExportSpec(_Strict):
+    """Export the last closed window's top ``top`` groups by aggregate ``by`` as Prometheus series.
+
+    Bounded on purpose: at most ``top`` series per aggregate of the query, replaced at every window.
+    """
+
+    top: int = Field(default=10, ge=1, le=1000)
+    by: str | None = None  # default: the first aggregate
+
+
 class KafkaSpec(_Strict):
     topic: str | None = None
     partitions: int = 1
@@ -344,6 +354,7 @@ class QuerySpec(_Strict):
     aggregates: list[AggregateSpec]
     having: str | None = None
     alerts: list[AlertSpec] = Field(default_factory=list)
+    export: ExportSpec | None = None
     window: WindowSpec
     table: TableSpec = TableSpec()
     flush: FlushSpec = FlushSpec()
@@ -418,6 +429,13 @@ class QuerySpec(_Strict):
             except ValueError as exc:
                 raise ValueError(f"alert {a.name!r} (#{i}) when: {exc}") from None
         return v
+
+    @model_validator(mode="after")
+    def _export(self) -> QuerySpec:
+        names = [a.name for a in self.aggregates]
+        if self.export is not None and self.export.by is not None and self.export.by not in names:
+            raise ValueError(f"export.by: {self.export.by!r} is not an aggregate of the query ({', '.join(names)})")
+        return self
 
     @model_validator(mode="after")
     def _alert_labels(self) -> QuerySpec:

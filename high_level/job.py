@@ -25,6 +25,7 @@ from contract import query as Q
 from contract import status as S
 from contract.kafka_security import KafkaSecurity
 from high_level.alerts import AlertDelivery
+from high_level.export import ResultExporter
 from high_level.metrics import JobMetrics
 from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
 from high_level.placement import checkpoint_shuffle_partitions, placement_salts
@@ -137,6 +138,10 @@ class HighLevelJob:
         self.opts = opts
         self.metrics = metrics or JobMetrics()
         self.store = ResultStore(opts.results, self.queries)
+        self.exporter = ResultExporter(self.queries)
+        if self.exporter.queries:  # results as Prometheus series, from the rows the store writes
+            self.store.on_written.append(self.exporter.observe)
+            self.metrics.registry.register(self.exporter)
         self.layouts = {q.name: Layout.of(q) for q in self.queries}
         self.streams: list[Any] = []
         self._dropped: dict[str, int] = {}

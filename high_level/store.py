@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -204,6 +204,7 @@ class ResultStore:
         for q in self.queries.values():
             R.check_names(q)
         self.status_path = R.status_path(self.root)
+        self.on_written: list[Callable[[Q.QuerySpec, pa.Table], None]] = []
         self.having = {q.name: Q.condition(q, q.having) for q in self.queries.values() if q.having}
         self.alert_rules = {q.name: [(a, Q.condition(q, a.when)) for a in q.alerts]
                             for q in self.queries.values() if q.alerts}  # fmt: skip
@@ -266,6 +267,8 @@ class ResultStore:
         typed = self._having(batch_id, q, typed)
         if typed.num_rows == 0:
             return 0
+        for listener in self.on_written:  # e.g. the Prometheus exporter of results (high_level/export.py)
+            listener(q, typed)
         start_us = np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
         day = start_us // (NS_PER_DAY // 1000)
         if np.any(np.diff(day) < 0):

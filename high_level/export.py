@@ -1,0 +1,108 @@
+"""Results as Prometheus series: the last closed window's top groups of every query with ``export``.
+
+Why in the job: it is where a window becomes final, so a series is never a half-arrived window. The
+store hands each batch's stored rows to :meth:`ResultExporter.observe`; a scrape of the job's
+``/metrics`` then yields, per exported query,
+
+* ``lowwater_job_result{query, aggregate, <group-by columns>}``: the top ``export.top`` groups by
+  ``export.by`` of the newest closed window, one series per group and aggregate;
+* ``lowwater_job_result_window_total{query, aggregate}``: the aggregate over every group of that window
+  (sum for count/sum, min/max for min/max; avg has no total);
+
+each sample stamped with the window's end, so a graph puts the value where the traffic was, not
+where the scrape happened. Cardinality is bounded by ``top`` x aggregates per query: a new window
+replaces the old series, it does not add to them. Prometheus refuses samples stamped more than about
+an hour in the past: export live traffic, not replays of old captures.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client.core import GaugeMetricFamily
+
+from contract import query as Q
+from contract import results as R
+
+
+@dataclass(frozen=True)
+class _Window:
+    end_ms: int
+    top: pa.Table  # key columns + aggregate columns, at most ``top`` rows
+    totals: dict[str, float]
+
+
+class ResultExporter:
+    """Keeps the newest closed window per exported query; a prometheus_client collector."""
+
+    def __init__(self, queries: Sequence[Q.QuerySpec]) -> None:
+        self.queries = {q.name: q for q in queries if q.export is not None}
+        self._last: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, q: Q.QuerySpec, rows: pa.Table) -> None:
+        """Rows the store just wrote for ``q``: keep the newest window's final rows, if newer."""
+        spec = q.export
+        if spec is None or q.name not in self.queries or rows.num_rows == 0:
+            return
+        final = rows.filter(pc.equal(rows["kind"], "final"))
+        if final.num_rows == 0:
+            return
+        end_us = final["window_end"].cast(pa.int64())
+        newest = pc.max(end_us).as_py()
+        with self._lock:
+            prev = self._last.get(q.name)
+            if prev is not None and prev.end_ms > newest // 1000:
+                return
+        win = final.filter(pc.equal(end_us, newest))
+        aggs = R.aggregate_columns(q)
+        by = spec.by or aggs[0][0]
+        order = np.argsort(-np.nan_to_num(win[by].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf),
+                           kind="stable")[: spec.top]  # fmt: skip
+        keys = [n for n, _ in R.key_columns(q)]
+        top = win.take(pa.array(order)).select(keys + [a for a, _ in aggs])
+        totals: dict[str, float] = {}
+        for a, fn in aggs:
+            col = win[a]
+            if fn in ("count", "sum"):
+                totals[a] = float(pc.sum(col).as_py() or 0)
+            elif fn in ("min", "max"):
+                v = (pc.min if fn == "min" else pc.max)(col).as_py()
+                if v is not None:
+                    totals[a] = float(v)
+        with self._lock:
+            prev = self._last.get(q.name)
+            if prev is None or prev.end_ms <= newest // 1000:
+                self._last[q.name] = _Window(newest // 1000, top, totals)
+
+    def describe(self) -> list:
+        return []  # do not let the registry call collect() at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            last = dict(self._last)
+        values = GaugeMetricFamily("lowwater_job_result", "Top groups of the newest closed window of an exported query "
+                                   "(sample time: the window's end)")  # fmt: skip
+        totals = GaugeMetricFamily("lowwater_job_result_window_total", "An aggregate over every group of the newest "
+                                   "closed window of an exported query (sample time: the window's end)")  # fmt: skip
+        for name, w in sorted(last.items()):
+            q = self.queries[name]
+            keys = [n for n, _ in R.key_columns(q)]
+            cols = {c: w.top[c].to_pylist() for c in w.top.column_names}
+            for a, _fn in R.aggregate_columns(q):
+                for i in range(w.top.num_rows):
+                    v = cols[a][i]
+                    if v is None:
+                        continue
+                    labels = {"query": name, "aggregate": a, **{k: str(cols[k][i]) for k in keys}}
+                    values.add_sample("lowwater_job_result", labels, float(v), timestamp=w.end_ms / 1000)
+                if a in w.totals:
+                    totals.add_sample("lowwater_job_result_window_total", {"query": name, "aggregate": a}, w.totals[a],
+                                      timestamp=w.end_ms / 1000)  # fmt: skip
+        yield values
+        yield totals
