@@ -5,7 +5,10 @@ that Kafka auto-created with one partition would make those sends fail. The agen
 deployment's init step all call :func:`ensure_topics`; it is idempotent.
 
 * missing topic -> created with the config's partitions;
-* existing topic with fewer partitions -> partitions added (or refused with ``grow=False``);
+* existing topic with fewer partitions -> refused (:class:`PartitionChangeRefused`), unless the
+  caller passes ``grow=True`` (``create_topics.py --grow``, run by an operator following the
+  procedure in deploy/README.md): adding partitions moves groups to other partitions, so a window
+  open across the change would be split over two state groups;
 * existing topic with more partitions -> left alone (extra partitions stay empty), reported.
 """
 
@@ -51,11 +54,24 @@ def existing_partitions(admin: Any, topics: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, grow: bool = True,
+class PartitionChangeRefused(RuntimeError):
+    """A topic has fewer partitions than the config asks for, and growing it was not asked for."""
+
+
+def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, grow: bool = False,
                   timeout_ms: int = 30_000) -> dict[str, str]:  # fmt: skip
     """Make every topic of ``wanted`` exist with at least its partitions; return topic -> action."""
     have = existing_partitions(admin, sorted(wanted))
     actions: dict[str, str] = {}
+    grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
+    if grow_to and not grow:
+        raise PartitionChangeRefused(
+            ", ".join(f"topic {t} has {have[t]} partitions, the config asks for {n}" for t, n in sorted(grow_to.items()))
+            + ": lowwater does not add partitions by itself (a group's partials would move to another partition,"
+            " splitting the windows open across the change). To change it: stop the agents, wait until /status"
+            " shows no open windows, run create_topics.py --grow, restart the job and the agents"
+            " (deploy/README.md, 'Changing a query's partition count')"
+        )
     create = {t: n for t, n in wanted.items() if t not in have}
     if create:
         admin.create_topics(
@@ -63,12 +79,6 @@ def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, g
             timeout_ms=timeout_ms,
         )
         actions.update({t: f"created with {n} partitions" for t, n in create.items()})
-    grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
-    if grow_to and not grow:
-        raise RuntimeError(
-            "topics with fewer partitions than the config (and --no-grow): "
-            + ", ".join(f"{t} has {have[t]}, config wants {n}" for t, n in sorted(grow_to.items()))
-        )
     if grow_to:
         admin.create_partitions(dict(sorted(grow_to.items())), timeout_ms=timeout_ms)
         actions.update({t: f"grown from {have[t]} to {n} partitions" for t, n in grow_to.items()})

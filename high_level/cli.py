@@ -19,6 +19,7 @@ from typing import Any
 
 from contract import query as Q
 from contract.settings import SettingsError, load
+from contract.topics import PartitionChangeRefused
 from high_level.job import MODES, HighLevelJob
 from high_level.partition import LATE_POLICIES
 from high_level.settings import JobSettings
@@ -130,7 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    job.start()
+    try:
+        job.start()
+    except PartitionChangeRefused as exc:
+        print(f"lowwater-job: {exc}", file=sys.stderr)
+        spark.stop()
+        return 2
     log.info("started %s mode for %s; results in %s", opts.mode, [q.name for q in queries], opts.results)
     try:
         job.await_termination(stop_event=stop)

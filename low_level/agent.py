@@ -194,6 +194,12 @@ class Agent:
                 self.source.stop()
                 self.source.join(5)
                 log.info("source stopped: %s", self.source.stats())
+            if not self.finished:
+                self.step()  # what the ring still holds
+                # a graceful stop promises nothing more below the current mark: flush and say so, so
+                # the windows this host holds open close now rather than after its host timeout
+                for i in range(len(self.queries)):
+                    self.punctuate(i, idle=True, timer=True)
             self.emitter.flush(10)
             self.emitter.close()
 

@@ -80,6 +80,8 @@ class Emitter:
     def _connect(self) -> None:
         from kafka import KafkaProducer
 
+        from contract.topics import PartitionChangeRefused
+
         cfg = dict(
             bootstrap_servers=self.bootstrap,
             acks="all",
@@ -101,6 +103,11 @@ class Emitter:
                 if self.ensure_topics:
                     self._ensure_topics()
                 self.producer = KafkaProducer(**cfg)
+            except PartitionChangeRefused as exc:  # reachable, but the topic does not fit the config
+                self.connect_errors += 1
+                log.error("%s; capture goes on into the bounded backlog, retrying in 30 s", exc)
+                time.sleep(30)
+                continue
             except Exception as exc:  # noqa: BLE001 - any bootstrap failure: retry with backoff
                 self.connect_errors += 1
                 log.warning("Kafka not reachable at %s (%s; check the address and any --kafka-security "

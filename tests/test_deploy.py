@@ -763,14 +763,15 @@ def test_create_topics_plan(create_topics: ModuleType) -> None:
     wanted = create_topics.wanted_topics(cfg.queries)
     assert wanted == {q.topic: q.kafka.partitions for q in cfg.queries}
     admin = FakeAdmin({"lowwater.q4_pairs": 1, "lowwater.syn_per_port": 4})
-    actions = create_topics.ensure_topics(admin, wanted)
+    with pytest.raises(create_topics.PartitionChangeRefused, match="lowwater.q4_pairs has 1 partitions, the config asks for 2"):
+        create_topics.ensure_topics(admin, wanted)  # never grown by default: groups would move mid-window
+    assert admin.topics == {"lowwater.q4_pairs": 1, "lowwater.syn_per_port": 4}  # refused before changing anything
+    actions = create_topics.ensure_topics(admin, wanted, grow=True)
     assert admin.topics["lowwater.q4_pairs"] == 2 and "grown" in actions["lowwater.q4_pairs"]
     assert admin.topics["lowwater.bytes_per_dst24"] == 2 and "created" in actions["lowwater.bytes_per_dst24"]
     assert admin.topics["lowwater.syn_per_port"] == 4 and "exists" in actions["lowwater.syn_per_port"]
     assert create_topics.ensure_topics(admin, wanted) == {t: ("exists" if n == 2 else actions[t])
                                                           for t, n in admin.topics.items()}  # fmt: skip
-    with pytest.raises(RuntimeError, match="fewer partitions"):
-        create_topics.ensure_topics(FakeAdmin({"lowwater.q4_pairs": 1}), wanted, grow=False)
     shared = [SimpleNamespace(name=n, topic="t", kafka=SimpleNamespace(partitions=p)) for n, p in (("a", 2), ("b", 3))]
     with pytest.raises(ValueError, match="share topic"):
         create_topics.wanted_topics(shared)
@@ -782,7 +783,10 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
     try:
         assert create_topics.ensure_topics(admin, {name: 2}) == {name: "created with 2 partitions"}
         assert create_topics.ensure_topics(admin, {name: 2}) == {name: "exists"}
-        assert create_topics.ensure_topics(admin, {name: 3}) == {name: "grown from 2 to 3 partitions"}
+        with pytest.raises(create_topics.PartitionChangeRefused, match="--grow"):
+            create_topics.ensure_topics(admin, {name: 3})
+        assert create_topics.existing_partitions(admin, [name]) == {name: 2}
+        assert create_topics.ensure_topics(admin, {name: 3}, grow=True) == {name: "grown from 2 to 3 partitions"}
         assert create_topics.existing_partitions(admin, [name]) == {name: 3}
     finally:
         admin.close()

@@ -5,9 +5,8 @@ a topic that Kafka auto-created with one partition would make those sends fail. 
 once (service ``kafka-init``) before the job and the agents start; it is idempotent.
 
 * missing topic -> created with the config's partitions and ``--replication-factor``;
-* existing topic with fewer partitions -> partitions added (``--no-grow`` refuses instead). Adding
-  partitions does not move data; the job reads every partition of the topic, and agents started with
-  the new config address the new partitions;
+* existing topic with fewer partitions -> refused, unless ``--grow``: adding partitions moves groups
+  to other partitions, so do it only as deploy/README.md says (agents stopped, no window open);
 * existing topic with more partitions -> left alone (extra partitions stay empty), reported.
 
 Usage: ``python /app/deploy/docker/create_topics.py --config Q.yaml --bootstrap kafka:9092
@@ -24,7 +23,14 @@ from collections.abc import Sequence
 
 from contract import query as Q
 from contract.kafka_security import KafkaSecurity
-from contract.topics import connect, ensure_topics, existing_partitions, wait_partitions, wanted_topics
+from contract.topics import (  # noqa: F401 - re-exported for the tests
+    PartitionChangeRefused,
+    connect,
+    ensure_topics,
+    existing_partitions,
+    wait_partitions,
+    wanted_topics,
+)
 
 __all__ = ["connect", "ensure_topics", "existing_partitions", "main", "wait_partitions", "wanted_topics"]
 log = logging.getLogger("lowwater.create_topics")
@@ -35,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", default="/etc/lowwater/queries.yaml", help="queries YAML (same as agents and job)")
     ap.add_argument("--bootstrap", default="kafka:9092", help="Kafka bootstrap servers")
     ap.add_argument("--replication-factor", type=int, default=1)
-    ap.add_argument("--no-grow", action="store_true", help="fail instead of adding partitions")
+    ap.add_argument("--grow", action="store_true",
+                    help="add partitions to topics that have fewer than the config (only with the agents stopped and "
+                         "no window open: deploy/README.md, 'Changing a query's partition count')")
     ap.add_argument("--kafka-security", default=None,
                     help="the Kafka security block as JSON (protocol, sasl_mechanism, username, password, ca_file, ...; "
                          "the same block every lowwater role takes, deploy/SECURITY.md)")
@@ -55,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"create_topics: {exc}", file=sys.stderr)
         return 1
     try:
-        for topic, action in ensure_topics(admin, wanted, args.replication_factor, grow=not args.no_grow).items():
+        for topic, action in ensure_topics(admin, wanted, args.replication_factor, grow=args.grow).items():
             log.info("%s: %s", topic, action)
     except RuntimeError as exc:
         print(f"create_topics: {exc}", file=sys.stderr)
