@@ -273,3 +273,45 @@ def test_idle_live_host_mark_follows_the_wall_clock() -> None:
     skew_panes = q.heartbeat.skew_ns // q.window.pane_ns
     expected = (time.time_ns() // q.window.pane_ns) - skew_panes
     assert agent.last_mark_pane[0] >= expected - 1, "the mark stayed at the old packet's pane"
+
+
+class _StoppedLiveSource:
+    """A live source that was asked to stop: nothing more comes from it."""
+
+    live_clock = True
+    finished = False
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def join(self, timeout: float) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+
+def test_graceful_stop_flushes_and_punctuates_the_clock() -> None:
+    """An agent stopped gracefully sends what it holds and then a mark at its clock on every partition,
+    so the windows it held open close now, not after its host timeout."""
+    import time
+
+    q = make_query("lazy", 256, window="{range: 1s}", partitions=2)
+    now = time.time_ns()
+    traffic = make_traffic(500, 20, now - 3 * NS, 2 * NS, seed=4)  # the last seconds of traffic
+    prod = RecordingProducer()
+    agent = Agent([q], None, "stopping", None, producer=prod, idle_after_s=0)
+    agent.source = _StoppedLiveSource()
+    push_frames(agent.ring, *build_frames(traffic))
+    agent.stopping = True  # SIGTERM before the loop ran: the ring still holds every packet
+    agent.run()
+    sent = [wire.decode(v) for _t, _p, v in prod.sent]
+    partials = [b for b in sent if isinstance(b, wire.Partials)]
+    last_mark = {b.partition: b.mark_pane for b in sent if isinstance(b, wire.Punctuation)}
+    assert sum(int(b.state[:, 0].sum()) for b in partials) == 500  # everything it held was sent
+    expected = time.time_ns() // q.window.pane_ns - q.heartbeat.skew_ns // q.window.pane_ns
+    assert set(last_mark) == {0, 1} and min(last_mark.values()) >= expected - 1
+    assert all(b.pane.max() < last_mark[b.partition] for b in partials)
