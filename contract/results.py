@@ -36,7 +36,9 @@ record that every capture host the job knows for the (query, Kafka partition) ca
 
 ``complete`` is written as ``hosts_in_mark == hosts_expected and late_partials == 0 and
 missing_records == 0``; a reader folding a (window, key) group ANDs it over the group's final and
-late rows and sums ``late_partials``. Landmark ``update`` rows are provisional, hence never complete.
+late rows and sums ``late_partials``. Landmark ``update`` rows are provisional, hence never complete;
+the watermark baseline (``--mode watermark``) knows no hosts and drops late records silently, so its
+rows are never complete either. Shed panes (load shedding) will add a term here once they exist.
 Files written before these columns existed do not follow the schema and are skipped and counted by
 the API as any other file with the wrong layout (no version negotiation: one layout, one reader).
 A query with ``having`` stores only the final rows that pass it, and the corrections of those. A

@@ -10,9 +10,12 @@ Endpoints (all GET; OpenAPI at /docs):
   ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as 10.0.0.0/8 or 2001:db8::/32 for
   address columns; several filters on one column are OR-ed, different columns AND-ed); ``order_by``;
   ``top`` (top-N groups per window, with a ``rank`` column); ``limit`` (<= 10000) and ``offset``
-  paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count).
-* ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format).
-* ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
+  paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count);
+  ``complete=true|false``: only complete / incomplete rows (with ``top``: ranked among those).
+* ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format,
+  complete).
+* ``/queries/{name}/series``: per-window totals over all groups (what the page charts), with the
+  window's completeness; ``complete=true|false`` keeps the windows whose groups are all complete / not.
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
   query and partition: the job's status document (:mod:`contract.status`), validated.
 * ``/alerts``: alerts fired on closed windows (newest first; ``query``, ``alert``, ``start`` = closed at or
@@ -25,7 +28,10 @@ Corrections are folded into the final row of their window and group: count and s
 max take the min/max, avg is recomputed exactly as the count-weighted mean when the query also has a
 ``count`` aggregate. A query with avg but no count cannot be folded exactly: its avg stays the final
 row's value (``avg_exact: false`` in /queries); the row's ``corrections`` column says how many
-correction rows were folded in.
+correction rows were folded in. ``late`` rows (late policy drop) are never added to a value: they add
+their ``late_partials`` to the group and make it incomplete. Every row carries its completeness
+(``hosts_expected``, ``hosts_in_mark``, ``late_partials``, ``missing_records``, ``complete``; what
+complete means is :mod:`contract.results`'s).
 
 With a token configured, every endpoint except /health and the static shells that hold no data (the
 page, /docs, /openapi.json) needs ``Authorization: Bearer <token>``; that includes /metrics (give
