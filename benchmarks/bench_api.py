@@ -48,7 +48,9 @@ queries:
 SCHEMA = pa.schema([
     ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
     ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
-    ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()), ("kind", pa.string()),
+    ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()), ("hosts_expected", pa.int32()),
+    ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()), ("missing_records", pa.int64()),
+    ("complete", pa.bool_()), ("kind", pa.string()),
 ])  # fmt: skip
 
 
@@ -99,7 +101,10 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
             "src_ip": srcs.take(pa.array(src_idx)), "dst_ip": dsts.take(pa.array(dst_idx)),
             "packets": pa.array(packets, pa.int64()),
             "closed_at": pa.array([ws + timedelta(minutes=1, seconds=3)] * n, pa.timestamp("us", tz="UTC")),
-            "hosts": pa.array(np.full(n, 3, np.int32)), "kind": pa.array(kind, pa.string()),
+            "hosts": pa.array(np.full(n, 3, np.int32)), "hosts_expected": pa.array(np.full(n, 3, np.int32)),
+            "hosts_in_mark": pa.array(np.full(n, 3, np.int32)), "late_partials": pa.array(np.zeros(n, np.int64)),
+            "missing_records": pa.array(np.zeros(n, np.int64)), "complete": pa.array(np.ones(n, bool)),
+            "kind": pa.array(kind, pa.string()),
         }, schema=SCHEMA)  # fmt: skip
         d = root / f"query={QUERY}" / f"date={ws.date().isoformat()}"
         d.mkdir(parents=True, exist_ok=True)

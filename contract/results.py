@@ -13,8 +13,34 @@ Layout::
 
 One Parquet file per (query, day of window_start, micro-batch). Its columns are exactly
 :func:`schema` of the query: the window bounds, the key columns, the aggregate columns, when the
-window closed, how many hosts were live, and the row kind. A ``correction`` row adds to the ``final``
-row of the same window and key (count/sum add, min/max fold); rows go out ordered by (window, kind).
+window closed, how many hosts were live, how complete the row is, and the row kind. A ``correction``
+row adds to the ``final`` row of the same window and key (count/sum add, min/max fold); a ``late``
+row (late policy ``drop``) carries what late partials would have added to a closed (window, key) and
+is *not* folded into its value: it only says the stored value lacks ``late_partials`` records. Rows go
+out ordered by (window, kind).
+
+**Completeness.** A row is ``complete`` when its value is certainly the exact aggregate of every
+record that every capture host the job knows for the (query, Kafka partition) captured, i.e. when
+
+* ``hosts_in_mark == hosts_expected``: every known host (configured expected hosts plus every host
+  heard from on that partition) had a mark past the window's end when the row was written. A host
+  that died *after* its mark passed the window has sent all of it; one that died before (the window
+  closed without it, host timeout) or was never heard has not. ``hosts`` stays what it was: the live
+  hosts whose min is the low-water mark at close.
+* ``late_partials == 0``: no partial record of the (window, key) arrived after the window closed and
+  was dropped (``late`` rows carry the count; a ``correction`` row folds the record in, so it counts
+  in ``late_partials`` but does not make the folded value incomplete).
+* ``missing_records == 0``: no sequence gap (records a host sent that never reached the job) overlaps
+  the window. A gap found at a punctuation with mark M, after the host's previous mark P, is
+  attributed to every window overlapping panes [P, M] (its keys are unknown: the whole window).
+
+``complete`` is written as ``hosts_in_mark == hosts_expected and late_partials == 0 and
+missing_records == 0``; a reader folding a (window, key) group ANDs it over the group's final and
+late rows and sums ``late_partials``. Landmark ``update`` rows are provisional, hence never complete;
+the watermark baseline (``--mode watermark``) knows no hosts and drops late records silently, so its
+rows are never complete either. Shed panes (load shedding) will add a term here once they exist.
+Files written before these columns existed do not follow the schema and are skipped and counted by
+the API as any other file with the wrong layout (no version negotiation: one layout, one reader).
 A query with ``having`` stores only the final rows that pass it, and the corrections of those. A
 landmark query also writes ``update`` rows: the totals so far of its open window, per group, each
 time the low-water mark passes a pane (provisional; the ``final`` row at the landmark's end is exact).
@@ -40,8 +66,9 @@ STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
-ROW_KINDS = ("correction", "final", "update")  # in text order: the order rows of one window are written in
-FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", "kind")
+ROW_KINDS = ("correction", "final", "late", "update")  # in text order: the order rows of one window are written in
+COMPLETENESS_COLUMNS = ("hosts_expected", "hosts_in_mark", "late_partials", "missing_records", "complete")
+FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", *COMPLETENESS_COLUMNS, "kind")
 RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ALERTS_DIR = "_alerts"
@@ -141,7 +168,8 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     """The exact Arrow schema of every result file of ``q`` (what the job writes, what the API expects).
 
     Addresses are text (IPv4 dotted, IPv6 compressed); integers int64; avg float64 (NaN for an empty
-    group); times microseconds UTC; ``hosts`` the live hosts when the window closed.
+    group); times microseconds UTC; ``hosts`` the live hosts when the window closed; then the
+    completeness columns (module docstring).
     """
     check_names(q)
     fields = [pa.field("window_start", TIMESTAMP, nullable=False), pa.field("window_end", TIMESTAMP, nullable=False)]
@@ -150,6 +178,11 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     fields += [
         pa.field("closed_at", TIMESTAMP, nullable=False),
         pa.field("hosts", pa.int32(), nullable=False),
+        pa.field("hosts_expected", pa.int32(), nullable=False),
+        pa.field("hosts_in_mark", pa.int32(), nullable=False),
+        pa.field("late_partials", pa.int64(), nullable=False),
+        pa.field("missing_records", pa.int64(), nullable=False),
+        pa.field("complete", pa.bool_(), nullable=False),
         pa.field("kind", pa.string(), nullable=False),
     ]
     return pa.schema(fields, metadata={b"lowwater.query": q.name.encode()})

@@ -28,13 +28,20 @@ LATE_POLICIES = ("drop", "correction")
 MAX_INCARNATIONS = 4  # per host: record counters kept for the newest few incarnations
 
 # The generic output schema of the stateful step (one schema for all queries).
+# Completeness of each window row (see contract/results.py): hosts_expected (hosts the partition knows),
+# hosts_in_mark (known hosts whose mark passed the window's end), late_partials, missing_records.
 OUTPUT_COLUMNS = ("query", "partition", "window", "window_start_ns", "window_end_ns", "key", "state",
-                  "kind", "closed_at_ms", "hosts", "status")  # fmt: skip
+                  "kind", "closed_at_ms", "hosts", "hosts_expected", "hosts_in_mark", "late_partials",
+                  "missing_records", "status")  # fmt: skip
 GENERIC_SCHEMA = pa.schema([
     ("query", pa.string()), ("partition", pa.int32()), ("window", pa.int64()), ("window_start_ns", pa.int64()),
     ("window_end_ns", pa.int64()), ("key", pa.list_(pa.int64())), ("state", pa.list_(pa.int64())),
-    ("kind", pa.string()), ("closed_at_ms", pa.int64()), ("hosts", pa.int32()), ("status", pa.string()),
+    ("kind", pa.string()), ("closed_at_ms", pa.int64()), ("hosts", pa.int32()), ("hosts_expected", pa.int32()),
+    ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()), ("missing_records", pa.int64()),
+    ("status", pa.string()),
 ])  # fmt: skip
+COMPLETENESS = ("hosts_in_mark", "late_partials", "missing_records")  # per-row columns of _Part.comp
+NO_MARK = -(2**62)  # the "previous mark" of a host's first punctuation: any pane may have lost records
 
 
 # What the stateful step hands to the JVM: the generic rows *packed*. Each 'final'/'correction' row of
@@ -45,11 +52,13 @@ GENERIC_SCHEMA = pa.schema([
 # ``list(value)`` per row in Python, and the serializer pads its state column per output row); a few
 # large binary values cost a memcpy. :func:`unpack_rows` turns the packed rows back into generic rows
 # on the driver without per-row work. No pickle: ``data`` is an Arrow IPC stream of plain numbers.
-PACKED_COLUMNS = ("query", "partition", "kind", "closed_at_ms", "hosts", "status", "rows", "kw", "na", "data")
-OUTPUT_DDL = ("query string, partition int, kind string, closed_at_ms long, hosts int, status string, "
-              "rows int, kw int, na int, data binary")  # fmt: skip
+PACKED_COLUMNS = ("query", "partition", "kind", "closed_at_ms", "hosts", "hosts_expected", "status", "rows", "kw",
+                  "na", "data")  # fmt: skip
+OUTPUT_DDL = ("query string, partition int, kind string, closed_at_ms long, hosts int, hosts_expected int, "
+              "status string, rows int, kw int, na int, data binary")  # fmt: skip
 PACK_BYTES = 16 << 20  # at most this many bytes of int64 columns per packed row (before compression)
-# The columns travel as one LZ4-compressed Arrow IPC record batch (w, k0.., s0..): every byte moved
+# The columns travel as one LZ4-compressed Arrow IPC record batch (w, k0.., s0.., then m, l, x: the
+# row's hosts_in_mark, late_partials, missing_records): every byte moved
 # Python -> JVM -> driver costs time in the stateful stage, and LZ4 removes far more of that than it
 # costs (benchmarks/bench_stages.py shows the stages). The IPC reader checks every decompressed
 # length, so a damaged value fails loudly.
@@ -57,9 +66,13 @@ PACK_CODEC = "lz4"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression=PACK_CODEC)
 
 
-def _ipc_bytes(window: np.ndarray, key: np.ndarray, state: np.ndarray) -> bytes:
-    cols = [window, *(key[:, i] for i in range(key.shape[1])), *(state[:, j] for j in range(state.shape[1]))]
-    names = ["w", *(f"k{i}" for i in range(key.shape[1])), *(f"s{j}" for j in range(state.shape[1]))]
+_COMP_NAMES = ("m", "l", "x")  # COMPLETENESS in the packed IPC batch
+
+
+def _ipc_bytes(window: np.ndarray, key: np.ndarray, state: np.ndarray, comp: np.ndarray) -> bytes:
+    cols = [window, *(key[:, i] for i in range(key.shape[1])), *(state[:, j] for j in range(state.shape[1])),
+            *(comp[:, c] for c in range(len(_COMP_NAMES)))]  # fmt: skip
+    names = ["w", *(f"k{i}" for i in range(key.shape[1])), *(f"s{j}" for j in range(state.shape[1])), *_COMP_NAMES]
     batch = pa.RecordBatch.from_arrays([pa.array(np.ascontiguousarray(c, I64)) for c in cols], names)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS) as wr:
@@ -78,6 +91,8 @@ class _Part:
     hosts: int
     windows: Windows | None = None  # None for a status row
     status: str | None = None
+    hosts_expected: int = 0
+    comp: np.ndarray | None = None  # int64[n, 3]: COMPLETENESS per window row (None: status row)
 
     def __len__(self) -> int:
         return 1 if self.windows is None else len(self.windows)
@@ -92,7 +107,10 @@ class _Part:
             "window_end_ns": np.zeros(1, I64) if w is None else lay.window_end_ns(win),
             "key": np.empty((1, 0), I64) if w is None else w.key, "state": np.empty((1, 0), I64) if w is None else w.state,
             "kind": np.full(n, self.kind, object), "closed_at_ms": np.full(n, self.closed_at_ms, I64),
-            "hosts": np.full(n, self.hosts, np.int32), "status": np.full(n, self.status, object),
+            "hosts": np.full(n, self.hosts, np.int32), "hosts_expected": np.full(n, self.hosts_expected, np.int32),
+            **{c: np.zeros(1, I64) if self.comp is None else self.comp[:, j].astype(np.int32 if j == 0 else I64)
+               for j, c in enumerate(COMPLETENESS)},
+            "status": np.full(n, self.status, object),
         }  # fmt: skip
 
 
@@ -102,7 +120,8 @@ def pack_parts(parts: Sequence[_Part]) -> pd.DataFrame:
 
     def row(p: _Part, n: int, kw: int, na: int, data: bytes) -> None:
         for c, v in (("query", p.lay.name), ("partition", p.partition), ("kind", p.kind),
-                     ("closed_at_ms", p.closed_at_ms), ("hosts", p.hosts), ("status", p.status),
+                     ("closed_at_ms", p.closed_at_ms), ("hosts", p.hosts), ("hosts_expected", p.hosts_expected),
+                     ("status", p.status),
                      ("rows", n), ("kw", kw), ("na", na), ("data", data)):  # fmt: skip
             out[c].append(v)
 
@@ -115,33 +134,34 @@ def pack_parts(parts: Sequence[_Part]) -> pd.DataFrame:
         step = max(1, PACK_BYTES // (8 * (1 + kw + na)))
         for s in range(0, n, step):
             e = min(n, s + step)
-            row(p, e - s, kw, na, _ipc_bytes(w.window[s:e], w.key[s:e], w.state[s:e]))
+            row(p, e - s, kw, na, _ipc_bytes(w.window[s:e], w.key[s:e], w.state[s:e], p.comp[s:e]))
     return pd.DataFrame({
         "query": np.array(out["query"], object), "partition": np.array(out["partition"], np.int32),
         "kind": np.array(out["kind"], object), "closed_at_ms": np.array(out["closed_at_ms"], I64),
-        "hosts": np.array(out["hosts"], np.int32), "status": np.array(out["status"], object),
+        "hosts": np.array(out["hosts"], np.int32), "hosts_expected": np.array(out["hosts_expected"], np.int32),
+        "status": np.array(out["status"], object),
         "rows": np.array(out["rows"], np.int32), "kw": np.array(out["kw"], np.int32),
         "na": np.array(out["na"], np.int32), "data": np.array(out["data"], object),
     })  # fmt: skip
 
 
 def _read_pack(data: pa.BinaryScalar, lay: Layout, i: int, n: int, kw: int, na: int) -> tuple[np.ndarray, ...]:
-    """One packed 'final'/'correction' row -> (window int64[n], key int64[n, kw], state int64[n, na]),
-    checked against the query layout (names, widths, row count, no nulls)."""
+    """One packed window row -> (window int64[n], key int64[n, kw], state int64[n, na], completeness
+    int64[n, 3]), checked against the query layout (names, widths, row count, no nulls)."""
     if (kw, na) != (lay.kw, lay.na):
         raise ValueError(f"query {lay.name!r}: output has {kw}/{na} key/state columns, layout {lay.kw}/{lay.na}")
     raw = data.as_buffer()
     if raw is None:
         raise ValueError(f"packed row {i} of {lay.name!r} holds no windows")
     t = pa.ipc.open_stream(raw).read_all()
-    want = ["w", *(f"k{c}" for c in range(kw)), *(f"s{c}" for c in range(na))]
+    want = ["w", *(f"k{c}" for c in range(kw)), *(f"s{c}" for c in range(na)), *_COMP_NAMES]
     if t.column_names != want or t.num_rows != n or any(f.type != pa.int64() or f.nullable and t[f.name].null_count
                                                         for f in t.schema):  # fmt: skip
         raise ValueError(f"packed row {i}: columns {t.column_names} x {t.num_rows}, expected {want} x {n}")
     cols = [np.asarray(t[c].to_numpy(), I64) for c in want]
     key = np.column_stack(cols[1 : 1 + kw]) if kw else np.zeros((n, 0), I64)
-    state = np.column_stack(cols[1 + kw :]) if na else np.zeros((n, 0), I64)
-    return cols[0], key, state
+    state = np.column_stack(cols[1 + kw : 1 + kw + na]) if na else np.zeros((n, 0), I64)
+    return cols[0], key, state, np.column_stack(cols[1 + kw + na :])
 
 
 @dataclass
@@ -154,6 +174,8 @@ class QueryWindows:
     state: np.ndarray  # int64[n, na]
     closed_at_ms: np.ndarray  # int64[n]
     hosts: np.ndarray  # int32[n]
+    hosts_expected: np.ndarray  # int32[n]
+    comp: np.ndarray  # int64[n, 3]: COMPLETENESS
 
     @property
     def final(self) -> np.ndarray:
@@ -182,13 +204,14 @@ def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dic
         if lay is None:
             raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
         n = int(meta["rows"][i])
-        w, key, state = _read_pack(data[i], lay, i, n, int(meta["kw"][i]), int(meta["na"][i]))
+        w, key, state, comp = _read_pack(data[i], lay, i, n, int(meta["kw"][i]), int(meta["na"][i]))
         runs.setdefault(lay.name, []).append((w, np.full(n, R.ROW_KINDS.index(kind), np.int8), key, state,
                                               np.full(n, int(meta["closed_at_ms"][i]), I64),
-                                              np.full(n, int(meta["hosts"][i]), np.int32)))  # fmt: skip
+                                              np.full(n, int(meta["hosts"][i]), np.int32),
+                                              np.full(n, int(meta["hosts_expected"][i]), np.int32), comp))  # fmt: skip
     out = {}
     for name, rs in runs.items():
-        cols = [np.concatenate([r[j] for r in rs]) if len(rs) > 1 else rs[0][j] for j in range(6)]
+        cols = [np.concatenate([r[j] for r in rs]) if len(rs) > 1 else rs[0][j] for j in range(8)]
         out[name] = QueryWindows(*cols)
     return out, statuses
 
@@ -204,20 +227,22 @@ def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) 
     meta = packed.select([c for c in PACKED_COLUMNS if c != "data"]).to_pydict()
     data = packed["data"]
     seg = np.ones(m, I64)
-    windows, starts, ends, keys, states, kws, nas = [], [], [], [], [], [], []
+    windows, starts, ends, keys, states, kws, nas, comps = [], [], [], [], [], [], [], []
     for i in range(m):
         n, kw, na, kind = int(meta["rows"][i]), int(meta["kw"][i]), int(meta["na"][i]), meta["kind"][i]
         if kind == "status":
             windows.append(np.array([-1], I64))
             starts.append(np.zeros(1, I64))
             ends.append(np.zeros(1, I64))
+            comps.append(np.zeros((1, len(COMPLETENESS)), I64))
             kws.append(0)
             nas.append(0)
             continue
         lay = layouts.get(meta["query"][i])
         if lay is None:
             raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
-        w, key, state = _read_pack(data[i], lay, i, n, kw, na)
+        w, key, state, comp = _read_pack(data[i], lay, i, n, kw, na)
+        comps.append(comp)
         seg[i] = n
         windows.append(w)
         starts.append(lay.window_start_ns(w))
@@ -243,6 +268,8 @@ def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) 
         "window_end_ns": pa.array(np.concatenate(ends)), "key": lists(keys, per_row_kw),
         "state": lists(states, per_row_na), "kind": packed["kind"].take(take),
         "closed_at_ms": packed["closed_at_ms"].take(take), "hosts": packed["hosts"].take(take),
+        "hosts_expected": packed["hosts_expected"].take(take),
+        **{c: pa.array(np.concatenate(comps)[:, j]) for j, c in enumerate(COMPLETENESS)},
         "status": packed["status"].take(take),
     }  # fmt: skip
     return pa.table(cols).cast(GENERIC_SCHEMA)
@@ -275,6 +302,40 @@ class _QueryState:
         self.hosts: dict[str, dict[str, Any]] = {}
         self.windows_closed = 0
         self.records = 0
+        # [first pane, last pane, records]: sequence gaps seen at a punctuation, kept until every window
+        # they overlap has closed (the records a host sends between two punctuations with marks P
+        # and M belong to panes >= P; the gap is attributed to the windows overlapping [P, M])
+        self.gaps: list[list[int]] = []
+
+    def completeness(self, window: np.ndarray, late: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+        """(hosts the partition knows, int64[n, 3] COMPLETENESS) of window rows, decided now.
+
+        A known host is in a window's mark when its latest mark passed the window's end (``mark >
+        w``): live or not, it promised nothing more for the window. Expected hosts never heard are known
+        and in no mark. Why per window and not "live at close": a host that died after its mark passed
+        a window has sent everything of that window, one that died before has not.
+        """
+        meld = self.meld
+        known = set(meld.hosts) | set(meld.expected) | set(self.hosts)
+        marks = np.sort(np.array([meld.hosts[h].mark_pane for h in known if h in meld.hosts], I64))
+        w = np.asarray(window, I64)
+        comp = np.zeros((len(w), len(COMPLETENESS)), I64)
+        comp[:, 0] = len(marks) - np.searchsorted(marks, w, side="right")
+        if late is not None:
+            comp[:, 1] = late
+        if self.gaps:
+            g = np.array(self.gaps, I64)
+            first = w - self.layout.k + 1
+            hit = (g[None, :, 0] <= w[:, None]) & (g[None, :, 1] >= first[:, None])
+            comp[:, 2] = hit.astype(I64) @ g[:, 2]
+        return len(known), comp
+
+    def purge_gaps(self) -> None:
+        """Forget gaps that no window still to close overlaps (state stays bounded)."""
+        closed = self.rollup.closed
+        if closed is not None and self.gaps:
+            first_open = self.layout.first_needed_pane(closed)
+            self.gaps = [g for g in self.gaps if g[1] >= first_open]
 
     def host(self, name: str) -> dict[str, Any]:
         h = self.hosts.get(name)
@@ -313,7 +374,7 @@ class PartitionProcessor:
             r = qs.rollup
             meta["queries"][name] = {
                 "closed": r.closed, "meld": qs.meld.to_dict(), "hosts": qs.hosts,
-                "windows_closed": qs.windows_closed, "records": qs.records,
+                "windows_closed": qs.windows_closed, "records": qs.records, "gaps": qs.gaps,
             }  # fmt: skip
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
         return codec.pack(meta, arrays)
@@ -341,6 +402,7 @@ class PartitionProcessor:
             qs.hosts = qm["hosts"]
             qs.windows_closed = qm.get("windows_closed", 0)
             qs.records = qm.get("records", 0)
+            qs.gaps = [list(map(int, g)) for g in qm.get("gaps", [])]
         return p
 
     # -- processing -----------------------------------------------------------------------------
@@ -378,8 +440,12 @@ class PartitionProcessor:
                 bq["records"] += b.n
             else:
                 inc[1] = int(b.seq)
-                inc[2] = max(0, int(b.seq) - inc[0])
+                missing = max(0, int(b.seq) - inc[0])
                 prev = qs.meld.hosts.get(b.host)
+                if missing > inc[2]:  # records sent since this incarnation's previous punctuation never came
+                    since = prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
+                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2]])
+                inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
                     # the agent restarted: what its old incarnation held unflushed (panes from its last
                     # mark on) is lost; report the range of windows that may be incomplete
@@ -423,13 +489,18 @@ class PartitionProcessor:
             key = np.concatenate([p[2] for p in pending])
             state = np.concatenate([p[3] for p in pending])
             host_idx = np.repeat(np.array([hix[p[0]] for p in pending], I64), [len(p[1]) for p in pending])
-            res = qs.rollup.add(pane, key, state, host_idx, len(hosts), self.settings.late_policy == "correction")
+            res = qs.rollup.add(pane, key, state, host_idx, len(hosts))
             for h, n in zip(hosts, res.late_per_host.tolist(), strict=True):
                 if n:
                     qs.host(h)["late"] += n
                     late_batch[h] = n
             if res.corrections is not None and len(res.corrections):
-                parts.append(_Part(lay, self.partition, "correction", now_ms, len(qs.meld.live_hosts()), res.corrections))
+                # policy correction: stored as deltas to fold; policy drop: 'late' rows that only say
+                # which closed (window, group) rows lost how many records (their values stay as closed)
+                kind = "correction" if self.settings.late_policy == "correction" else "late"
+                expected, comp = qs.completeness(res.corrections.window, res.late_records)
+                parts.append(_Part(lay, self.partition, kind, now_ms, len(qs.meld.live_hosts()), res.corrections,
+                                   hosts_expected=expected, comp=comp))  # fmt: skip
             qs.records += len(pane)
         lwm = qs.meld.low_water_mark()
         before = qs.rollup.closed
@@ -437,11 +508,15 @@ class PartitionProcessor:
         n_live = len(qs.meld.live_hosts())
         if len(closed):
             qs.windows_closed += len(closed)
-            parts.append(_Part(lay, self.partition, "final", now_ms, n_live, closed))
+            expected, comp = qs.completeness(closed.window)
+            parts.append(_Part(lay, self.partition, "final", now_ms, n_live, closed, hosts_expected=expected, comp=comp))
         if lay.landmark and qs.rollup.closed != before:
             upd = qs.rollup.landmark_update()
             if len(upd):
-                parts.append(_Part(lay, self.partition, "update", now_ms, n_live, upd))
+                expected, comp = qs.completeness(upd.window)
+                parts.append(_Part(lay, self.partition, "update", now_ms, n_live, upd, hosts_expected=expected,
+                                   comp=comp))  # fmt: skip
+        qs.purge_gaps()
         status = self.status(qs, now_ms, batch, late_batch, len(closed))
         parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, status.model_dump_json()))
         return parts

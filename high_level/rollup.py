@@ -176,10 +176,12 @@ def assemble(pane: np.ndarray, key: np.ndarray, state: np.ndarray, lo: int, hi: 
 
 @dataclass
 class AddResult:
-    """What happened to one batch of partials: how many were late, per host index, and corrections."""
+    """What happened to one batch of partials: how many were late, per host index, and per closed
+    (window, key) they touch: the correction rows and how many late records each one folds."""
 
     late_per_host: np.ndarray  # int64[hosts]
-    corrections: Windows | None = None
+    corrections: Windows | None = None  # the late contribution per closed (window, key)
+    late_records: np.ndarray | None = None  # int64[len(corrections)]: late partial records per row
 
 
 @dataclass
@@ -202,12 +204,14 @@ class QueryRollup:
         return int(self.pane.shape[0])
 
     def add(self, pane: np.ndarray, key: np.ndarray, state: np.ndarray, host_idx: np.ndarray | None = None,
-            n_hosts: int = 1, corrections: bool = False) -> AddResult:  # fmt: skip
+            n_hosts: int = 1) -> AddResult:  # fmt: skip
         """Merge partial records into the pane table.
 
         A record with ``pane < closed`` touches a window already emitted: it is late (counted per
-        host). Its contribution to still-open windows (sliding) is kept; its contribution to closed
-        windows is dropped, or returned as correction rows when ``corrections`` is set.
+        host). Its contribution to still-open windows (sliding) is kept. Its contribution to closed
+        windows is always returned per (window, key) with the number of late records in it (so the
+        caller can mark exactly those rows incomplete, or store them as correction rows); an
+        emitted window itself never changes.
         """
         lay = self.layout
         pane = np.asarray(pane, I64)
@@ -215,15 +219,19 @@ class QueryRollup:
         state = np.asarray(state, I64).reshape(len(pane), lay.na)
         hidx = np.zeros(len(pane), I64) if host_idx is None else np.asarray(host_idx, I64)
         late_per_host = np.zeros(n_hosts, I64)
-        corr = None
+        corr, n_late = None, None
         if self.closed is not None and len(pane):
             late = pane < self.closed
             if late.any():
                 late_per_host = np.bincount(hidx[late], minlength=n_hosts).astype(I64)
-                if corrections:
-                    keys, lst = group_reduce(np.column_stack([pane[late], key[late]]), state[late], lay.ops)
-                    lp, lk, ls = keys[:, 0], keys[:, 1:], lst
-                    corr = assemble(lp, lk, ls, int(lp.min()), self.closed, lay.k, lay.ops, lay.s)
+                # one extra summed column counts the late records behind each (window, key)
+                ops = (*lay.ops, Q.MERGE_SUM)
+                st1 = np.column_stack([state[late], np.ones(int(late.sum()), I64)])
+                keys, lst = group_reduce(np.column_stack([pane[late], key[late]]), st1, ops)
+                lp, lk = keys[:, 0], keys[:, 1:]
+                both = assemble(lp, lk, lst, int(lp.min()), self.closed, lay.k, ops, lay.s)
+                corr = Windows(both.window, both.key, np.ascontiguousarray(both.state[:, :-1]))
+                n_late = np.ascontiguousarray(both.state[:, -1])
                 keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
                 pane, key, state = pane[keep], key[keep], state[keep]
         if len(pane):
@@ -232,7 +240,7 @@ class QueryRollup:
                 np.concatenate([self.state, state]), lay.ops,
             )
             self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
-        return AddResult(late_per_host, corr)
+        return AddResult(late_per_host, corr, n_late)
 
     def close(self, lwm: int | None) -> Windows:
         """Emit every window ``w < lwm`` not emitted before, then purge panes no open window needs.

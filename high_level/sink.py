@@ -80,7 +80,7 @@ class ResultSink:
                     rank = w.rank
                     written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
                                                            end_ns - lay.range_ns, end_ns, w.key, w.state,
-                                                           w.closed_at_ms, w.hosts)  # fmt: skip
+                                                           w.closed_at_ms, w.hosts, w.hosts_expected, w.comp)  # fmt: skip
                 n_final = int(np.count_nonzero(w.final))
                 self.metrics.windows.labels(name).inc(n_final)
                 self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))

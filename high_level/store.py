@@ -32,7 +32,7 @@ from contract import fields as F
 from contract import query as Q
 from contract import results as R
 from contract import status as S
-from high_level.partition import GENERIC_SCHEMA
+from high_level.partition import COMPLETENESS, GENERIC_SCHEMA
 
 TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -109,11 +109,18 @@ def typed_table(q: Q.QuerySpec, rows: pd.DataFrame | pa.Table) -> pa.Table:
     n = rows.num_rows
     return _typed(q, _ints(rows["window_start_ns"]), _ints(rows["window_end_ns"]), _matrix(rows["key"], n, Q.key_width(q)),
                   _matrix(rows["state"], n, len(Q.state_columns(q))), _ints(rows["closed_at_ms"]),
-                  _ints(rows["hosts"], np.int32), rows["kind"].combine_chunks().cast(pa.string()))  # fmt: skip
+                  _ints(rows["hosts"], np.int32), rows["kind"].combine_chunks().cast(pa.string()),
+                  _ints(rows["hosts_expected"], np.int32), _completeness(rows, np.arange(n)))  # fmt: skip
+
+
+def _completeness(rows: pa.Table, sel: np.ndarray) -> np.ndarray:
+    """int64[len(sel), 3] of the generic rows' COMPLETENESS columns (hosts_in_mark, late, missing)."""
+    return np.column_stack([_ints(rows[c])[sel] for c in COMPLETENESS]) if len(sel) else np.zeros((0, 3), np.int64)
 
 
 def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
-           closed_at_ms: np.ndarray, hosts: np.ndarray, kind: pa.Array) -> pa.Table:  # fmt: skip
+           closed_at_ms: np.ndarray, hosts: np.ndarray, kind: pa.Array, hosts_expected: np.ndarray,
+           comp: np.ndarray) -> pa.Table:  # fmt: skip
     cols: dict[str, pa.Array] = {
         "window_start": pa.array(start_ns // 1000, TS),
         "window_end": pa.array(end_ns // 1000, TS),
@@ -138,6 +145,13 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
             j += 1
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())
+    cols["hosts_expected"] = pa.array(hosts_expected, pa.int32())
+    cols["hosts_in_mark"] = pa.array(comp[:, 0], pa.int32())
+    cols["late_partials"] = pa.array(comp[:, 1], pa.int64())
+    cols["missing_records"] = pa.array(comp[:, 2], pa.int64())
+    # decided once, here, from the columns next to it (contract.results: what "complete" means)
+    provisional = np.asarray(pc.equal(kind, "update").to_numpy(zero_copy_only=False), bool)
+    cols["complete"] = pa.array((comp[:, 0] == hosts_expected) & (comp[:, 1] == 0) & (comp[:, 2] == 0) & ~provisional)
     cols["kind"] = kind
     return pa.table(cols, schema=R.schema(q))
 
@@ -232,6 +246,7 @@ class ResultStore:
         kind_rank = np.asarray(pc.index_in(kind, value_set=kinds).to_numpy(zero_copy_only=False), np.int64)
         start_all, end_all = _ints(tbl["window_start_ns"]), _ints(tbl["window_end_ns"])
         closed_all, hosts_all = _ints(tbl["closed_at_ms"]), _ints(tbl["hosts"], np.int32)
+        expected_all = _ints(tbl["hosts_expected"], np.int32)
         for name in sorted(pc.unique(pc.filter(query, pa.array(is_data))).to_pylist()):
             q = self.queries.get(str(name))
             if q is None:
@@ -241,12 +256,13 @@ class ResultStore:
             state = _rows_matrix(tbl["state"], sel, len(Q.state_columns(q)))
             written[str(name)] = self.write_query(batch_id, q, window[sel], kind_rank[sel], kind.take(pa.array(sel)),
                                                   start_all[sel], end_all[sel], key, state, closed_all[sel],
-                                                  hosts_all[sel])  # fmt: skip
+                                                  hosts_all[sel], expected_all[sel], _completeness(tbl, sel))  # fmt: skip
         return written
 
     def write_query(self, batch_id: int, q: Q.QuerySpec, window: np.ndarray, kind_rank: np.ndarray, kind: pa.Array,
                     start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
-                    closed_at_ms: np.ndarray, hosts: np.ndarray) -> int:  # fmt: skip
+                    closed_at_ms: np.ndarray, hosts: np.ndarray, hosts_expected: np.ndarray,
+                    comp: np.ndarray) -> int:  # fmt: skip
         """Write one query's 'final'/'correction' rows of a batch given as numpy columns (one row per
         window and key; ``kind_rank`` orders kinds as their text does); returns the row count.
 
@@ -262,7 +278,8 @@ class ResultStore:
             order = np.lexsort((kind_rank, window))
             window, kind, key, state = window[order], kind.take(pa.array(order)), key[order], state[order]
             start_ns, end_ns, closed_at_ms, hosts = start_ns[order], end_ns[order], closed_at_ms[order], hosts[order]
-        typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind)
+            hosts_expected, comp = hosts_expected[order], comp[order]
+        typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind, hosts_expected, comp)
         self._fire(q, typed)
         typed = self._having(batch_id, q, typed)
         if typed.num_rows == 0:
@@ -297,7 +314,8 @@ class ResultStore:
             return typed
         kind = typed["kind"]
         final = np.asarray(pc.equal(kind, "final").to_numpy(zero_copy_only=False), bool)
-        corr = np.asarray(pc.equal(kind, "correction").to_numpy(zero_copy_only=False), bool)
+        # late rows (policy drop) are annotations of a final row: kept exactly as corrections are
+        corr = np.asarray(pc.is_in(kind, pa.array(["correction", "late"])).to_numpy(zero_copy_only=False), bool)
         keep = ~corr & condlang.evaluate(cond, _aggregate_columns(q, typed), typed.num_rows)  # finals, updates
         if corr.any():
             keep |= corr & self._stored_finals(batch_id, q, typed, keep & final)

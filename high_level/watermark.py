@@ -68,6 +68,9 @@ def to_generic(lay: Layout, pdf: pd.DataFrame, closed_at_ms: int) -> pd.DataFram
         "window_start_ns": pdf["start_us"].to_numpy(I64) * 1000, "window_end_ns": end_ns,
         "key": list(key), "state": list(state), "kind": np.full(n, "final", object),
         "closed_at_ms": np.full(n, closed_at_ms, I64), "hosts": np.zeros(n, np.int32),
+        # the baseline knows no hosts and Spark drops late records silently: never claim completeness
+        "hosts_expected": np.ones(n, np.int32), "hosts_in_mark": np.zeros(n, np.int32),
+        "late_partials": np.zeros(n, I64), "missing_records": np.zeros(n, I64),
         "status": np.full(n, None, object),
     })  # fmt: skip
 

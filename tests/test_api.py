@@ -35,7 +35,17 @@ from high_level.serve.api import create_app
 from high_level.serve.columns import QueryInfo
 from high_level.serve.params import parse_filters
 from high_level.serve.reader import Reader
-from tests.test_api_support import DST24, PORTS, Store, folded, iso, make_store, write_status
+from tests.test_api_support import (
+    DST24,
+    INCOMPLETE_DEAD,
+    INCOMPLETE_LATE,
+    PORTS,
+    Store,
+    folded,
+    iso,
+    make_store,
+    write_status,
+)
 
 Q4_KEYS = ["src_ip", "dst_ip"]
 TOKEN = "s3cret-token"
@@ -308,7 +318,8 @@ def test_csv(client: TestClient, store: Store) -> None:
     r = client.get("/queries/q4_pairs/results", params={"format": "csv", "top": "2", "limit": "15"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     lines = r.text.strip().split("\n")
-    assert lines[0] == "window_start,window_end,src_ip,dst_ip,packets,hosts,closed_at,corrections,rank"
+    assert lines[0] == ("window_start,window_end,src_ip,dst_ip,packets,hosts,closed_at,corrections,"
+                        "hosts_expected,hosts_in_mark,late_partials,missing_records,complete,rank")
     assert len(lines) == 16 and int(r.headers["x-total-count"]) == 2 * 20
     first = lines[1].split(",")
     assert first[0] == iso(store.first) and first[-1] == "1"
@@ -330,9 +341,10 @@ def test_latest_window(client: TestClient, store: Store) -> None:
 
 def test_series_totals(client: TestClient, store: Store) -> None:
     body = client.get("/queries/q4_pairs/series").json()
-    assert body["columns"] == ["window_start", "window_end", "groups", "packets"]
+    assert body["columns"] == ["window_start", "window_end", "groups", "packets", "complete", "incomplete_groups",
+                               "hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]
     df = store.rows["q4_pairs"]
-    exp = df.groupby("window_start")["packets"].sum()
+    exp = df[df["kind"] != "late"].groupby("window_start")["packets"].sum()  # late rows are no value
     groups = df[df["kind"] == "final"].groupby("window_start").size()
     assert [r["packets"] for r in body["rows"]] == exp.tolist()
     assert [r["groups"] for r in body["rows"]] == groups.tolist()
@@ -342,6 +354,51 @@ def test_series_totals(client: TestClient, store: Store) -> None:
     w = (d["avg_len"] * d["packets"]).groupby(d["window_start"]).sum() / d.groupby("window_start")["packets"].sum()
     assert np.allclose([r["avg_len"] for r in b], w.tolist())
     assert client.get("/queries/q4_pairs/series", params={"format": "csv"}).text.startswith("window_start,window_end,groups,packets")
+
+
+# ---- completeness
+def test_results_complete_filter_and_columns(client: TestClient, store: Store) -> None:
+    """complete=true|false splits the rows exactly; a late row marks only its group and adds nothing."""
+    everything = frame(all_rows(client, "q4_pairs"))
+    exp = expected_q4(store)
+    merged = everything.merge(exp, on=["window_start", *Q4_KEYS], suffixes=("", "_exp"))
+    assert len(merged) == len(exp) == len(everything)
+    assert (merged["complete"] == merged["complete_exp"]).all()
+    assert (merged["late_partials"] == merged["late_partials_exp"]).all()
+    assert (merged["packets"] == merged["packets_exp"]).all()  # the late row's 999 packets are not added
+    dead, late = iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)), iso(store.first + timedelta(minutes=INCOMPLETE_LATE))
+    bad = everything[~everything["complete"]]
+    assert set(bad["window_start"]) == {dead, late}
+    assert (bad[bad["window_start"] == dead]["hosts_in_mark"] == 1).all()
+    assert len(bad[bad["window_start"] == late]) == 1 and bad[bad["window_start"] == late]["late_partials"].iloc[0] == 3
+    yes, no = frame(all_rows(client, "q4_pairs", complete="true")), frame(all_rows(client, "q4_pairs", complete="false"))
+    assert yes["complete"].all() and not no["complete"].any() and len(yes) + len(no) == len(everything)
+    assert len(no) == len(bad)
+    top = frame(all_rows(client, "q4_pairs", complete="true", top="3"))  # ranked among complete rows only
+    assert top["complete"].all() and set(top.groupby("window_start").size()) == {3}
+    assert dead not in set(top["window_start"])
+
+
+def test_series_and_latest_complete_filter(client: TestClient, store: Store) -> None:
+    dead, late = iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)), iso(store.first + timedelta(minutes=INCOMPLETE_LATE))
+    rows = client.get("/queries/q4_pairs/series").json()["rows"]
+    assert {r["window_start"] for r in rows if not r["complete"]} == {dead, late}
+    assert {r["window_start"]: r["incomplete_groups"] for r in rows}[late] == 1
+    assert {r["window_start"]: r["late_partials"] for r in rows}[late] == 3
+    no = client.get("/queries/q4_pairs/series", params={"complete": "false"}).json()["rows"]
+    assert [r["window_start"] for r in no] == [dead, late]
+    yes = client.get("/queries/q4_pairs/series", params={"complete": "true"}).json()["rows"]
+    assert len(yes) + len(no) == len(rows) and all(r["complete"] for r in yes)
+    latest = client.get("/queries/q4_pairs/latest", params={"complete": "false"}).json()
+    assert latest["complete"] is False and latest["rows"] == []  # the newest window is complete
+    assert client.get("/queries/q4_pairs/latest", params={"complete": "true"}).json()["rows"]
+
+
+@pytest.mark.parametrize("path", ["results", "latest", "series"])
+@pytest.mark.parametrize("value", ["yes", "1", "", "TRUE1"])
+def test_complete_parameter_rejects_anything_but_true_false(plain: TestClient, path: str, value: str) -> None:
+    r = plain.get(f"/queries/q4_pairs/{path}", params={"complete": value})
+    assert r.status_code == 400 and "complete" in r.json()["detail"]
 
 
 # ---- status
@@ -540,7 +597,9 @@ def _q4_table(store: Store, ws: pd.Timestamp, pairs: list[tuple[str, int]], kind
     n = len(pairs)
     return pa.table({"window_start": [ws] * n, "window_end": [ws + pd.Timedelta(minutes=1)] * n,
                      "src_ip": [p[0] for p in pairs], "dst_ip": ["8.8.8.8"] * n, "packets": [p[1] for p in pairs],
-                     "closed_at": [ws + pd.Timedelta(minutes=2)] * n, "hosts": [2] * n, "kind": [kind] * n},
+                     "closed_at": [ws + pd.Timedelta(minutes=2)] * n, "hosts": [2] * n, "hosts_expected": [2] * n,
+                     "hosts_in_mark": [2] * n, "late_partials": [0] * n, "missing_records": [0] * n,
+                     "complete": [True] * n, "kind": [kind] * n},
                     schema=R.schema(load(store.config).query("q4_pairs")))  # fmt: skip
 
 
@@ -562,9 +621,17 @@ def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, st
                              "packets": pa.array([30, 40], pa.int32())}), d / "part-000000000002.parquet")  # fmt: skip
     pq.write_table(good.set_column(4, "packets", good.column("packets").cast(pa.int32())), d / "part-000000000003.parquet")
     pq.write_table(good.append_column("extra", pa.array([1, 2])), d / "part-000000000004.parquet")
-    pq.write_table(good.set_column(7, "kind", pa.array(["final", "bogus"])), d / "part-000000000005.parquet")
+    kind_at = good.schema.get_field_index("kind")
+    pq.write_table(good.set_column(kind_at, "kind", pa.array(["final", "bogus"])), d / "part-000000000005.parquet")
+    # the layout before completeness columns: rejected and counted like any other (no second version)
+    pq.write_table(good.select([c for c in good.column_names if c not in R.COMPLETENESS_COLUMNS]),
+                   d / "part-000000000006.parquet")  # fmt: skip
     reasons = {
-        "part-000000000002.parquet": "missing ['closed_at', 'hosts', 'kind']; window_start: timestamp[ns, tz=UTC]",
+        "part-000000000002.parquet": "missing ['closed_at', 'hosts', 'hosts_expected', 'hosts_in_mark', "
+                                     "'late_partials', 'missing_records', 'complete', 'kind']; "
+                                     "window_start: timestamp[ns, tz=UTC]",
+        "part-000000000006.parquet": "missing ['hosts_expected', 'hosts_in_mark', 'late_partials', "
+                                     "'missing_records', 'complete']",
         "part-000000000003.parquet": "packets: int32 (want int64)",
         "part-000000000004.parquet": "unexpected ['extra']",
         "part-000000000005.parquet": "row kinds ['bogus', 'final']",
@@ -574,7 +641,7 @@ def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, st
             rows = all_rows(c, "q4_pairs")["rows"]
             assert sorted((r["src_ip"], r["packets"], r["hosts"]) for r in rows) == [("10.0.0.1", 3, 2), ("10.0.0.2", 2, 2)]
         assert c.get("/queries/q4_pairs/latest").json()["window_start"] == iso(store.last)
-        assert c.get("/health").json()["rejected_files"] == {"total": 4, "current": 4}
+        assert c.get("/health").json()["rejected_files"] == {"total": 5, "current": 5}
         now = {Path(p).name: why for p, why in c.app.state.reader.index.rejected().items()}
     assert set(now) == set(reasons)
     for name, why in reasons.items():
@@ -600,7 +667,9 @@ def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, 
     base = store.first
     schema = pa.schema([("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
                         ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
-                        ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()), ("kind", pa.string())])  # fmt: skip
+                        ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()),
+                        ("hosts_expected", pa.int32()), ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()),
+                        ("missing_records", pa.int64()), ("complete", pa.bool_()), ("kind", pa.string())])  # fmt: skip
     batch = 0
 
     def write(recs: list[dict]) -> None:
@@ -613,7 +682,9 @@ def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, 
     def rec(w: int, g: int, p: int, kind: str) -> dict:
         ws = base + timedelta(minutes=w)
         return {"window_start": ws, "window_end": ws + timedelta(minutes=1), "src_ip": f"10.0.{g // 7}.{g}",
-                "dst_ip": "8.8.8.8" if g % 2 else "2001:db8::5", "packets": p, "closed_at": ws, "hosts": 1, "kind": kind}
+                "dst_ip": "8.8.8.8" if g % 2 else "2001:db8::5", "packets": p, "closed_at": ws, "hosts": 1,
+                "hosts_expected": 1, "hosts_in_mark": 1, "late_partials": int(kind != "final"),
+                "missing_records": 0, "complete": kind != "late", "kind": kind}
 
     for w0 in range(0, n_windows, per_file):
         recs = [rec(w, g, int(rng.integers(1, 8)), "final")  # small values: many ties
@@ -624,7 +695,8 @@ def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, 
         else:
             write(recs)
     if corrections:
-        write([rec(w % n_windows, g, p, "correction") for w, g, p in corrections])
+        # every third one a late row (policy drop): no value, marks its group incomplete
+        write([rec(w % n_windows, g, p, "late" if p % 3 == 0 else "correction") for w, g, p in corrections])
     qi = QueryInfo.of(load(store.config).query("q4_pairs"))
     start, end = base + timedelta(minutes=first_in_range), base + timedelta(minutes=10)
     fast = Reader(root).results(qi, start, end, [], [], top, 10000, 0)
@@ -748,14 +820,18 @@ def test_reads_what_the_real_writer_writes(tmp_path: Path, store: Store) -> None
         state = [sum(lens), len(lens), sum(lens), len(lens), max(lens)]  # bytes, packets, avg_len.{sum,count}, max_len
         return {"query": q.name, "partition": 0, "window": 0, "window_start_ns": ws_ns, "window_end_ns": ws_ns + 60 * 10**9,
                 "key": [F.to_int64(hi), F.to_int64(lo)], "state": state, "kind": kind, "closed_at_ms": batch_ms,
-                "hosts": 2, "status": None}  # fmt: skip
+                "hosts": 2, "hosts_expected": 2, "hosts_in_mark": 2, "late_partials": int(kind != "final"),
+                "missing_records": 0, "status": None}  # fmt: skip
 
     t = ws_ns // 10**6 + 65_000
     writer.write_batch(1, pd.DataFrame([row("final", "10.9.9.0", [100, 300], t), row("final", "2001:db8:aa::", [1500], t)]))
     writer.write_batch(2, pd.DataFrame([row("correction", "10.9.9.0", [800], t + 5000)]))
+    writer.write_batch(3, pd.DataFrame([row("late", "2001:db8:aa::", [9000], t + 6000)]))  # policy drop: no value
     for cache in (512, 0):
         with TestClient(create_app(store.config, root, cache_mb=cache)) as c:
             rows = all_rows(c, q.name, start=iso(store.first), end=iso(store.first + timedelta(minutes=1)), top="5")["rows"]
             got = {r["dst_ip_24"]: (r["bytes"], r["packets"], r["avg_len"], r["max_len"], r["corrections"]) for r in rows}
             assert got == {"10.9.9.0": (1200, 3, 400.0, 800, 1), "2001:db8:aa::": (1500, 1, 1500.0, 1500, 0)}
+            flags = {r["dst_ip_24"]: (r["complete"], r["late_partials"]) for r in rows}
+            assert flags == {"10.9.9.0": (True, 1), "2001:db8:aa::": (False, 1)}  # folded late record / dropped one
             assert c.get(f"/queries/{q.name}/latest").json()["window_start"] == iso(store.first)

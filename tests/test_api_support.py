@@ -60,6 +60,8 @@ DST24 = ["10.9.9.0", "8.8.8.0", "192.0.2.0", "2001:db8:aa::", "2001:db8:bb::"]
 PORTS = [22, 53, 80, 443, 8080, 3306]
 TS = pa.timestamp("us", tz="UTC")
 N_WINDOWS = 20
+INCOMPLETE_DEAD = 12  # q4_pairs: the window closed while a host was dead (every group incomplete)
+INCOMPLETE_LATE = 15  # q4_pairs: one group of this window lost 3 late partials (policy drop)
 
 
 @dataclass
@@ -82,7 +84,9 @@ def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Sche
 
 def _schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
     return pa.schema([("window_start", TS), ("window_end", TS), *keys, *aggs,
-                      ("closed_at", TS), ("hosts", pa.int32()), ("kind", pa.string())])  # fmt: skip
+                      ("closed_at", TS), ("hosts", pa.int32()), ("hosts_expected", pa.int32()),
+                      ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()), ("missing_records", pa.int64()),
+                      ("complete", pa.bool_()), ("kind", pa.string())])  # fmt: skip
 
 
 def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
@@ -102,6 +106,11 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         df.insert(1, "window_end", pd.Timestamp(ws + timedelta(seconds=range_s)))
         df["closed_at"] = pd.Timestamp(ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0)))
         df["hosts"] = np.int32(2)
+        df["hosts_expected"] = np.int32(2)
+        df["hosts_in_mark"] = np.int32(2)
+        df["late_partials"] = np.int64(0)
+        df["missing_records"] = np.int64(0)
+        df["complete"] = True
         df["kind"] = kind
         return df
 
@@ -116,6 +125,9 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
                 for s in SRC for d in DST if rng.random() < 0.8]  # fmt: skip
         recs[0]["packets"] = recs[1]["packets"] = 77  # a tie, broken by the key columns
         df = frame(ws, 60, recs, "final")
+        if w == INCOMPLETE_DEAD:  # closed after a host died before its mark passed the window
+            df["hosts"] = df["hosts_in_mark"] = np.int32(1)
+            df["complete"] = False
         if w == 7:
             _write(root, "q4_pairs", batch, df.iloc[: len(df) // 2], schema)
             batch += 1
@@ -136,6 +148,14 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             _write(root, "q4_pairs", batch, cdf, schema)
             batch += 1
             frames.append(cdf)
+        if w == INCOMPLETE_LATE + 1:  # late partials dropped for one group of the previous window
+            ldf = frame(first + timedelta(minutes=INCOMPLETE_LATE), 60,
+                        [{**finals[INCOMPLETE_LATE].iloc[1][["src_ip", "dst_ip"]].to_dict(), "packets": 999}], "late")
+            ldf["late_partials"] = np.int64(3)
+            ldf["complete"] = False
+            _write(root, "q4_pairs", batch, ldf, schema)
+            batch += 1
+            frames.append(ldf)
     rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
     # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
@@ -234,8 +254,12 @@ def write_status(root: Path, now: datetime) -> dict:
 
 
 def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:
-    """Expected rows: corrections folded into finals (count/sum add, min/max, avg weighted by packets)."""
-    df = store.rows[query].copy()
+    """Expected rows: corrections folded into finals (count/sum add, min/max, avg weighted by packets);
+    late rows add nothing to the values, their late partials, and make their group incomplete."""
+    all_rows = store.rows[query]
+    flags = all_rows.groupby(["window_start", *keys], as_index=False).agg(
+        late_partials=("late_partials", "sum"), complete=("complete", "all"))
+    df = all_rows[all_rows["kind"] != "late"].copy()
     aggs = {c: ("sum" if c in ("packets", "bytes", "syns") else "max" if c.startswith("max") else "min")
             for c in df.columns if c in ("packets", "bytes", "syns", "max_len", "min_ttl")}  # fmt: skip
     g = df.groupby(["window_start", *keys], as_index=False)
@@ -249,7 +273,7 @@ def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:
         out["avg_len"] = [fin.get(tuple(r), np.nan) if keys else fin.get(r[0], np.nan)
                           for r in out[["window_start", *keys]].itertuples(index=False)]  # fmt: skip
     out["corrections"] = g["kind"].agg(lambda s: int((s == "correction").sum()))["kind"].to_numpy()
-    return out
+    return out.merge(flags, on=["window_start", *keys], how="left")
 
 
 def iso(t: datetime | pd.Timestamp) -> str:

@@ -220,7 +220,8 @@ def ports_rows(q: Q.QuerySpec, lay: Layout, windows, ports, counts, lengths, kin
         "query": q.name, "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
         "window_end_ns": lay.window_end_ns(w), "key": [np.array([p], np.int64) for p in ports],
         "state": [np.array([c, c * ln, c], np.int64) for c, ln in zip(counts, lengths, strict=True)],
-        "kind": kind, "closed_at_ms": int(time.time() * 1000), "hosts": 3, "status": None,
+        "kind": kind, "closed_at_ms": int(time.time() * 1000), "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
+        "late_partials": 0, "missing_records": 0, "status": None,
     }, index=range(n))  # fmt: skip
 
 

@@ -202,10 +202,11 @@ def test_late_partials_counted_dropped_or_corrected():
     # pane 8 only feeds closed windows (8..10): late. pane 11 feeds 11 (closed) and 12, 13 (open): late too,
     # but its contribution to the open windows is kept.
     res = r.add(np.array([8, 11, 12]), np.array([[80], [80], [80]]), np.array([[5, 1], [7, 3], [1, 9]]),
-                host_idx=np.array([0, 1, 1]), n_hosts=2, corrections=True)  # fmt: skip
+                host_idx=np.array([0, 1, 1]), n_hosts=2)  # fmt: skip
     assert res.late_per_host.tolist() == [1, 1]
     corr = {int(w): tuple(s) for w, s in zip(res.corrections.window, res.corrections.state, strict=True)}
     assert corr == {8: (5, 1), 9: (5, 1), 10: (5, 1), 11: (7, 3)}
+    assert dict(zip(res.corrections.window.tolist(), res.late_records.tolist(), strict=True)) == {8: 1, 9: 1, 10: 1, 11: 1}
     final = r.close(100)
     got = {int(w): tuple(s) for w, s in zip(final.window, final.state, strict=True)}
     assert got == {12: (1 + 1 + 7 + 1, 3), 13: (1 + 7 + 1, 3), 14: (1, 9)}
@@ -277,6 +278,10 @@ def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, n
         last = {s["partition"]: s for s in st}
         assert all(h["late_partials"] == 0 and h["missing_records"] == 0 for s in last.values() for h in s["hosts"].values())
         assert all(s["state_rows"] == 0 and s["open_windows"] == 0 for s in last.values())
+        fin = df[df["kind"] == "final"]  # the normal case: every row complete, nothing late
+        assert (fin["hosts_expected"] == 3).all() and (fin["hosts_in_mark"] == 3).all()
+        assert (fin["late_partials"] == 0).all() and (fin["missing_records"] == 0).all()
+        assert not (df["kind"] == "late").any()
 
 
 def test_processor_never_closes_early(cfg, traffic):
@@ -306,6 +311,74 @@ def test_processor_staggered_start_without_expected_hosts_counts_late(cfg, traff
         last[s["partition"]] = s
     late = {h: sum(s["hosts"][h]["late_partials"] for s in last.values()) for h in HOSTS}
     assert late["h0"] == 0 and late["h2"] > 0  # the 40 s-lagging host joined after windows closed
+
+
+def _complete_windows_are_exact(df: pd.DataFrame, q: Q.QuerySpec, exp: pd.DataFrame) -> tuple[set, set]:
+    """(complete windows, incomplete windows) of the output; the complete ones equal the oracle.
+
+    A window counts as complete when every final and late row of it says so (the store writes
+    ``complete`` from exactly these columns)."""
+    rows = df[(df["query"] == q.name) & df["kind"].isin(["final", "late"])]
+    ok = ((rows["hosts_in_mark"] == rows["hosts_expected"]) & (rows["late_partials"] == 0)
+          & (rows["missing_records"] == 0))  # fmt: skip
+    by_win = ok.groupby(rows["window"].to_numpy()).all()
+    complete = {int(w) for w in by_win[by_win].index}
+    got = _finals(df, q)
+    g = got[got["window"].isin(complete)].reset_index(drop=True)
+    e = exp[exp["window"].isin(complete)].reset_index(drop=True)
+    assert g.equals(e)
+    return complete, {int(w) for w in by_win.index} - complete
+
+
+def test_completeness_host_dead_at_close(cfg, traffic):
+    """h2 crashes: windows that closed after its last mark (without it) are incomplete, the ones its
+    mark had passed are complete and exact."""
+    q = cfg.query("pairs")
+    exp = window_oracle(q, oracle(q, traffic))
+    msgs = _messages(q, traffic, 1, end=False)
+    own = [i for i, m in enumerate(msgs) if m.host == "h2"]
+    cut = own[len(own) // 2]
+    last_mark = max(m.mark_pane for m in msgs[:cut] if m.host == "h2" and m.is_punctuation)
+    df = _run_offline([q], msgs, 1, Settings(host_timeout_ms=1500, expected_hosts=HOSTS),
+                      drop={i for i in own if i >= cut})  # fmt: skip
+    complete, incomplete = _complete_windows_are_exact(df, q, exp)
+    assert complete and incomplete
+    assert all(w < last_mark for w in complete) and all(w >= last_mark for w in incomplete)
+    fin = df[(df["kind"] == "final") & (df["window"] >= last_mark)]
+    assert (fin["hosts_in_mark"] == 2).all() and (fin["hosts_expected"] == 3).all()
+
+
+def test_completeness_late_partials_dropped(cfg, traffic):
+    """Policy drop: a host that joins after windows closed sends late partials; 'late' rows name the
+    (window, key) rows that lack them and how many records, and those windows are incomplete."""
+    q = cfg.query("pairs")
+    exp = window_oracle(q, oracle(q, traffic))
+    df = _run_offline([q], _messages(q, traffic, 1), 1, Settings(host_timeout_ms=10**9))
+    late = df[df["kind"] == "late"]
+    st = json.loads(df[df["kind"] == "status"]["status"].iloc[-1])
+    n_late = sum(h["late_partials"] for h in st["hosts"].values())
+    assert n_late > 0 and int(late["late_partials"].sum()) == n_late  # tumbling: one window per record
+    complete, incomplete = _complete_windows_are_exact(df, q, exp)
+    assert set(late["window"].astype(int)) <= incomplete and complete
+    diff = _finals(df, q).merge(exp, how="outer", indicator=True)
+    assert set(diff[diff["_merge"] != "both"]["window"].astype(int)) <= incomplete
+
+
+def test_completeness_missing_records(cfg, traffic):
+    """A partial message lost between h1 and the job: the windows it fed are incomplete (missing
+    records), every complete window is exact."""
+    q = cfg.query("ports9x3")
+    exp = window_oracle(q, oracle(q, traffic))
+    msgs = _messages(q, traffic, 1)
+    victim = next(i for i, m in enumerate(msgs) if not m.is_punctuation and m.host == "h1" and i > len(msgs) // 3)
+    lost = wire.decode(msgs[victim].value)
+    df = _run_offline([q], msgs, 1, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS), drop={victim})
+    complete, incomplete = _complete_windows_are_exact(df, q, exp)
+    lay = Layout.of(q)
+    fed = {int(p) + d for p in lost.pane for d in range(lay.k)}  # the windows the lost panes feed
+    assert fed <= incomplete and complete
+    fin = df[df["kind"] == "final"]
+    assert set(fin[fin["missing_records"] > 0]["missing_records"]) == {lost.n}
 
 
 def test_processor_missing_records_and_bad_messages(cfg, traffic):
@@ -364,7 +437,8 @@ def test_store_typed_layout_and_replay_overwrites(cfg, tmp_path):
     rows = pd.DataFrame({
         "query": "pairs", "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
         "window_end_ns": lay.window_end_ns(w), "key": list(key), "state": list(state), "kind": "final",
-        "closed_at_ms": 1_700_000_100_000, "hosts": 3, "status": None,
+        "closed_at_ms": 1_700_000_100_000, "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
+        "late_partials": 0, "missing_records": np.where(np.arange(n) == 0, 5, 0), "status": None,
     })  # fmt: skip
     store = ResultStore(tmp_path, [q])
     assert store.write_batch(7, rows) == {"pairs": n}
@@ -379,6 +453,7 @@ def test_store_typed_layout_and_replay_overwrites(cfg, tmp_path):
     tbl = typed_table(q, rows)
     assert str(tbl.schema.field("window_start").type) == "timestamp[us, tz=UTC]"
     assert str(tbl.schema.field("hosts").type) == "int32"
+    assert tbl["complete"].to_pylist() == [i != 0 for i in range(n)]  # row 0: a sequence gap overlaps it
     d = tbl.to_pandas()
     for i in range(n):
         assert d.loc[i, "src_ip"] == Q.decode_key(q, key[i])["src_ip"]

@@ -298,6 +298,9 @@ def test_silent_host_stops_blocking_after_timeout_and_late_partials_count(spark,
         assert time.monotonic() - heard >= timeout_ms / 1000 * 0.95
         got = windows_of(job, q)[p0 + 1]
         assert got["n"].tolist() == [2] * len(PORTS) and (got["hosts"] == 2).all()
+        # closed without h2 (dead before its mark passed p0+1): incomplete; p0 was complete
+        assert not got["complete"].any() and (got["hosts_in_mark"] == 2).all() and (got["hosts_expected"] == 3).all()
+        assert windows_of(job, q)[p0]["complete"].all()
         st = status(job)["queries"]["gate_timeout"]["hosts"]
         assert not st["h2"]["live"] and st["h0"]["live"]
         # h2 comes back with partials of the closed window: late, counted, corrected; h2 is live again
@@ -307,6 +310,7 @@ def test_silent_host_stops_blocking_after_timeout_and_late_partials_count(spark,
         assert st["h2"]["late_partials"] == 3 and st["h2"]["live"]
         corr = windows_of(job, q, "correction")
         assert list(corr) == [p0 + 1] and corr[p0 + 1]["n"].tolist() == [1, 1, 1]
+        assert corr[p0 + 1]["late_partials"].tolist() == [1, 1, 1]  # a folded late record, counted
         assert windows_of(job, q)[p0 + 1]["n"].tolist() == [2] * len(PORTS)  # finals are never rewritten
         text = generate_latest(job.metrics.registry).decode()
         assert 'lowwater_job_late_partials_total{host="h2",query="gate_timeout"} 3.0' in text

@@ -101,6 +101,9 @@ def test_page_renders_queries_top_rows_chart_and_hosts(server: str, tmp_path: Pa
     assert "2001:db8:aa::" in dom and "10.0.0.1" in dom
     assert len(re.findall(r'<svg class="chart"', dom)) == 4
     assert dom.count('class="line"') == 4 and 'class="area"' in dom
+    # q4_pairs' two incomplete windows are hatched points saying why (a dead host, late partials)
+    assert dom.count('class="dot incomplete"') == 2
+    assert "incomplete: 1 of 2 capture hosts had not passed the window" in dom and "3 late partial records" in dom
     assert "cap-a" in dom and "cap-b" in dom and "dot-dead" in dom and "dot-live" in dom
     assert 'id="error" style="display: none;"' in dom or "Could not refresh" not in dom
 

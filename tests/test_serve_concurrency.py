@@ -63,7 +63,8 @@ def _generic(b: int) -> pd.DataFrame:
         out.append({"query": QUERY, "partition": 0, "window": r["w"], "window_start_ns": ws_ns,
                     "window_end_ns": ws_ns + 60 * 10**9, "key": [F.to_int64(hi), F.to_int64(lo)],
                     "state": [sum(lens), len(lens), sum(lens), len(lens), max(lens)], "kind": r["kind"],
-                    "closed_at_ms": ws_ns // 10**6 + 61_000 + b, "hosts": 2, "status": None})  # fmt: skip
+                    "closed_at_ms": ws_ns // 10**6 + 61_000 + b, "hosts": 2, "hosts_expected": 2,
+                    "hosts_in_mark": 2, "late_partials": 0, "missing_records": 0, "status": None})  # fmt: skip
     return pd.DataFrame(out)
 
 

@@ -10,9 +10,12 @@ Endpoints (all GET; OpenAPI at /docs):
   ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as 10.0.0.0/8 or 2001:db8::/32 for
   address columns; several filters on one column are OR-ed, different columns AND-ed); ``order_by``;
   ``top`` (top-N groups per window, with a ``rank`` column); ``limit`` (<= 10000) and ``offset``
-  paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count).
-* ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format).
-* ``/queries/{name}/series``: per-window totals over all groups (what the page charts).
+  paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count);
+  ``complete=true|false``: only complete / incomplete rows (with ``top``: ranked among those).
+* ``/queries/{name}/latest``: the newest window that has final rows (same filters, top, paging, format,
+  complete).
+* ``/queries/{name}/series``: per-window totals over all groups (what the page charts), with the
+  window's completeness; ``complete=true|false`` keeps the windows whose groups are all complete / not.
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
   query and partition: the job's status document (:mod:`contract.status`), validated.
 * ``/alerts``: alerts fired on closed windows (newest first; ``query``, ``alert``, ``start`` = closed at or
@@ -25,7 +28,10 @@ Corrections are folded into the final row of their window and group: count and s
 max take the min/max, avg is recomputed exactly as the count-weighted mean when the query also has a
 ``count`` aggregate. A query with avg but no count cannot be folded exactly: its avg stays the final
 row's value (``avg_exact: false`` in /queries); the row's ``corrections`` column says how many
-correction rows were folded in.
+correction rows were folded in. ``late`` rows (late policy drop) are never added to a value: they add
+their ``late_partials`` to the group and make it incomplete. Every row carries its completeness
+(``hosts_expected``, ``hosts_in_mark``, ``late_partials``, ``missing_records``, ``complete``; what
+complete means is :mod:`contract.results`'s).
 
 With a token configured, every endpoint except /health and the static shells that hold no data (the
 page, /docs, /openapi.json) needs ``Authorization: Bearer <token>``; that includes /metrics (give
@@ -73,9 +79,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     SWAGGER_UI = None
 TOKEN_ENV = "LOWWATER_API_TOKEN"
 log = logging.getLogger("lowwater.api")
-_RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format"}
-_LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format"}
-_SERIES_PARAMS = {"start", "end", "filter", "format"}
+_RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format", "complete"}
+_LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format", "complete"}
+_SERIES_PARAMS = {"start", "end", "filter", "format", "complete"}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
 Start = Annotated[str | None, Query(
@@ -99,6 +105,9 @@ Top = Annotated[int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups
 Limit = Annotated[int, Query(ge=1, le=P.MAX_LIMIT, description=f"Page size (1..{P.MAX_LIMIT}).")]
 Offset = Annotated[int, Query(ge=0, le=P.MAX_OFFSET, description="Rows to skip (paging).")]
 Format = Annotated[Literal["json", "csv"], Query(alias="format", description="json (default) or csv.")]
+Complete = Annotated[str | None, Query(max_length=16, description=(
+    "true: only complete rows (windows for /series), false: only incomplete ones; default all. Complete: every "
+    "known capture host's mark passed the window, no late partial dropped, no records missing."))]
 _BEARER = HTTPBearer(auto_error=False, description="Needed when the API runs with --token / LOWWATER_API_TOKEN.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
@@ -341,15 +350,16 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def results_(request: Request, name: str, start: Start = None, end: End = None,
                  filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
                  order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
-                 offset: Offset = 0, fmt: Format = "json") -> Response:  # fmt: skip
+                 offset: Offset = 0, fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
         qi = info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
         s, e = P.time_range(start, end, now())
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         order = P.parse_order(order_by, qi.order_columns)
-        rs = reader.results(qi, s, e, flt, order, top, limit, offset)
+        only = P.parse_complete(complete)
+        rs = reader.results(qi, s, e, flt, order, top, limit, offset, only)
         body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)), "top": top,
-                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt],
+                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only,
                 "paging": paging(rs, limit, offset)}  # fmt: skip
         return respond(body, rs, fmt, f"{name}-results")
 
@@ -357,18 +367,20 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                  responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
     def latest(request: Request, name: str, filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
                order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
-               offset: Offset = 0, fmt: Format = "json") -> Response:  # fmt: skip
+               offset: Offset = 0, fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
         qi = info(name)
         keys = _check_params(request, _LATEST_PARAMS)
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         order = P.parse_order(order_by, qi.order_columns)
+        only = P.parse_complete(complete)
         ws = reader.latest_window(qi)
         body: dict[str, Any] = {"query": name, "window_start": None, "window_end": None, "top": top,
-                                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt]}  # fmt: skip
+                                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt],
+                                "complete": only}  # fmt: skip
         if ws is None:
             rs = ResultSet(list(qi.output_columns) + (["rank"] if top else []), [], 0, frozenset())
         else:
-            rs = reader.results(qi, ws, ws + timedelta(microseconds=1), flt, order, top, limit, offset)
+            rs = reader.results(qi, ws, ws + timedelta(microseconds=1), flt, order, top, limit, offset, only)
             body["window_start"] = iso_of_us(us_of(ws))
             body["window_end"] = iso_of_us(us_of(ws) + qi.spec.window.range_ns // 1000)
         body["paging"] = paging(rs, limit, offset)
@@ -378,14 +390,15 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                  responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
     def series(request: Request, name: str, start: Start = None, end: End = None,
                filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
-               fmt: Format = "json") -> Response:  # fmt: skip
+               fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
         qi = info(name)
         keys = _check_params(request, _SERIES_PARAMS)
         s, e = P.time_range(start, end, now())
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
-        rs = reader.series(qi, s, e, flt)
+        only = P.parse_complete(complete)
+        rs = reader.series(qi, s, e, flt, only)
         body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
-                "filters": [f"{f.column}:{f.text}" for f in flt]}  # fmt: skip
+                "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only}  # fmt: skip
         return respond(body, rs, fmt, f"{name}-series")
 
     @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")

@@ -59,4 +59,5 @@ class QueryInfo:
 
     @property
     def output_columns(self) -> list[str]:
-        return ["window_start", "window_end", *self.key_names, *self.agg_names, "hosts", "closed_at", "corrections"]
+        return ["window_start", "window_end", *self.key_names, *self.agg_names, "hosts", "closed_at", "corrections",
+                *R.COMPLETENESS_COLUMNS]

@@ -163,6 +163,17 @@ def split_filter_param(value: str) -> tuple[str, str]:
     return column.strip(), raw
 
 
+def parse_complete(value: str | None) -> bool | None:
+    """``complete=true|false`` -> only complete / only incomplete rows (contract.results says what
+    complete means); None: every row. Anything else is a 400, not a silent "every row"."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text not in ("true", "false"):
+        raise ParamError(f"complete: {value!r} is not true or false")
+    return text == "true"
+
+
 @dataclass(frozen=True)
 class OrderTerm:
     column: str

@@ -36,8 +36,9 @@ T = TypeVar("T")
 
 
 def _corrections(files: list[FileStats]) -> bool:
-    """Whether any of the files may hold correction rows (the footers say which hold finals only)."""
-    return any(f.kinds is None or "correction" in f.kinds for f in files)
+    """Whether any of the files may hold correction or late rows (the footers' min/max kinds say which
+    hold finals only; any other pair of kinds may hide a late row between them)."""
+    return any(f.kinds is None or bool(f.kinds - {"final"}) for f in files)
 
 
 def _retry_once(fn: Callable[..., T]) -> Callable[..., T]:
@@ -183,7 +184,8 @@ class Reader:
             t = t.slice(0, need)
             cols = [t.column("window_start").cast(pa.int64()).to_pylist(), t.column("window_end").cast(pa.int64()).to_pylist()]
             cols += [t.column(c).to_pylist() for c in (*qi.key_names, *qi.agg_names, "hosts")]
-            cols += [t.column("closed_at").cast(pa.int64()).to_pylist(), [0] * t.num_rows, t.column("_rank").to_pylist()]
+            cols += [t.column("closed_at").cast(pa.int64()).to_pylist(), [0] * t.num_rows]
+            cols += [t.column(c).to_pylist() for c in S.COMPLETENESS] + [t.column("_rank").to_pylist()]
             simple_rows = list(zip(*cols, strict=True))
 
         complex_rows: list[tuple] = []
@@ -224,14 +226,17 @@ class Reader:
     # ---- requests
     @_retry_once
     def results(self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter],
-                order: list[OrderTerm], top: int | None, limit: int, offset: int) -> ResultSet:  # fmt: skip
+                order: list[OrderTerm], top: int | None, limit: int, offset: int,
+                complete: bool | None = None) -> ResultSet:  # fmt: skip
         """Folded rows of windows with window_start in [start, end), optionally top-N per window, one page.
 
         Ordering: without ``top`` the rows are sorted by ``order`` (then window_start and the keys, so
         pages are stable). With ``top`` the first aggregate in ``order`` (default: the query's first
         aggregate, descending) ranks the groups of each window, ties broken by the key columns; rows
         come grouped by window (ascending unless ``order`` says ``-window_start``) in rank order, with
-        a ``rank`` column.
+        a ``rank`` column. ``complete``: only complete (True) or incomplete (False) rows, decided
+        after folding (a late row makes its group incomplete); with ``top`` the groups are ranked
+        among those rows.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
         columns = list(qi.output_columns) + (["rank"] if top else [])
@@ -240,12 +245,12 @@ class Reader:
             return ResultSet(columns, [], 0, times)
         keys = [S.q(k) for k in qi.key_names]
         sel = ["epoch_us(window_start)", "epoch_us(window_end)", *keys, *[S.q(a) for a in qi.agg_names],
-               "hosts", "epoch_us(closed_at)", "corrections"]  # fmt: skip
+               "hosts", "epoch_us(closed_at)", "corrections", *S.COMPLETENESS]  # fmt: skip
         aggs = set(qi.agg_names)
         default = OrderTerm(qi.agg_names[0], True)
         term = next((t for t in order if t.column in aggs), default)
         ws_desc = any(t.column == "window_start" and t.descending for t in order)
-        if top and not filters and term == default:
+        if top and not filters and term == default and complete is None:
             got = self._fast_top(qi, files, start, end, int(top), ws_desc, limit, offset, sel)
             if got is not None:
                 return ResultSet(columns, got[0], got[1], times)
@@ -255,12 +260,13 @@ class Reader:
             params = {**src.params, "start": start, "end": end, "limit": limit, "offset": offset}
             rows_sql = S.scan(src, filters, params)
             if top:
-                with_ = S.ranked_sql(qi, src, rows_sql, term, int(top), True, _corrections(files))
+                with_ = S.ranked_sql(qi, src, rows_sql, term, int(top), True, _corrections(files), complete, params)
                 sql = (f"{with_} SELECT {', '.join(sel)}, rank, count(*) OVER () FROM ranked"
                        f" ORDER BY window_start {'DESC' if ws_desc else 'ASC'}, rank LIMIT $limit OFFSET $offset")  # fmt: skip
                 count_sql = f"{with_} SELECT count(*) FROM ranked"
             else:
                 ctes, folded = S.folded(qi, src, rows_sql, _corrections(files))
+                folded = S.only_complete(folded, complete, params)
                 order_sql = [f"{S.q(t.column)} {'DESC' if t.descending else 'ASC'} NULLS LAST" for t in order]
                 order_sql += ["window_start", *keys]
                 sql = (f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {folded}"
@@ -278,39 +284,54 @@ class Reader:
         return ResultSet(columns, [r[:-1] for r in rows], total, times)
 
     @_retry_once
-    def series(self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter]) -> ResultSet:
+    def series(self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter],
+               complete: bool | None = None) -> ResultSet:
         """Per window over all (filtered) groups: the number of groups and each aggregate's total.
 
         Totals need no per-group folding, so this is one pass over finals and corrections together:
         count/sum add up, min/max take the min/max, avg is the count-weighted mean when the query has a
         count aggregate (exact, corrections included), else the plain mean of the final rows' averages.
-        ``groups`` counts the groups that have a final row.
+        ``groups`` counts the groups that have a final row. Late rows add nothing to the totals. A
+        window is ``complete`` when every final and late row of it is (``complete`` filters on that);
+        ``incomplete_groups`` counts its groups that are not, ``hosts_in_mark`` is the smallest and
+        ``hosts_expected`` the largest over its rows (Kafka partitions), ``missing_records`` the largest.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
-        columns = ["window_start", "window_end", "groups", *qi.agg_names]
+        columns = ["window_start", "window_end", "groups", *qi.agg_names, "complete", "incomplete_groups",
+                   "hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]  # fmt: skip
         times = frozenset({"window_start", "window_end"})
         if not files:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
         fin = "kind = 'final'"
+        val = f"FILTER (WHERE {S.VALUE_ROWS})"
         sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
         for a, fn in qi.aggs:
             c = S.q(a)
             if fn in ("count", "sum"):
-                sel.append(f"sum({c})")
+                sel.append(f"sum({c}) {val}")
             elif fn in ("min", "max"):
-                sel.append(f"{fn}({c})")
+                sel.append(f"{fn}({c}) {val}")
             elif w is not None:
-                ok = f"{w} > 0 AND isfinite({c})"
+                ok = f"{w} > 0 AND isfinite({c}) AND {S.VALUE_ROWS}"
                 sel.append(f"sum(CASE WHEN {ok} THEN {c} * {w} END) / nullif(sum(CASE WHEN {ok} THEN {w} END), 0)")
             else:
                 sel.append(f"avg(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")
+        judged = "kind IN ('final', 'late')"
+        done = f"coalesce(bool_and(complete) FILTER (WHERE {judged}), false)"
+        sel += [done, f"count(DISTINCT {S.key_hash(qi)}) FILTER (WHERE {judged} AND NOT complete)",
+                "max(hosts_expected)", f"min(hosts_in_mark) FILTER (WHERE {fin})", "CAST(sum(late_partials) AS BIGINT)",
+                f"max(missing_records) FILTER (WHERE {fin})"]  # fmt: skip
         cur = self.db.cursor()
         try:
             src = self._source(cur, qi, files)
             params = {**src.params, "start": start, "end": end}
+            having = ""
+            if complete is not None:
+                params["complete"] = complete
+                having = f" HAVING {done} = $complete"
             sql = (f"SELECT {', '.join(sel)} FROM {S.scan(src, filters, params)}"
-                   " GROUP BY window_start ORDER BY window_start")  # fmt: skip
+                   f" GROUP BY window_start{having} ORDER BY window_start")  # fmt: skip
             rows = self._exec(cur, sql, params)
         finally:
             cur.close()

@@ -10,10 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract import results as R
 from high_level.serve.columns import QueryInfo
 from high_level.serve.params import KeyFilter, OrderTerm
 
 _U64 = (1 << 64) - 1
+COMPLETENESS = list(R.COMPLETENESS_COLUMNS)
+VALUE_ROWS = "kind <> 'late'"  # rows whose aggregates count: a late row only annotates its final row
+FOLDED_KINDS = "kind IN ('correction', 'late')"  # rows that belong to a final row of the same (window, key)
 
 MACROS = [
     # dotted IPv4 text -> integer (NULL for anything else); used for prefixes not on octet boundaries
@@ -125,26 +129,28 @@ def plain_cols(qi: QueryInfo) -> list[str]:
     cols = ["window_start", "window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
         cols.append(f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if fn == "avg" else q(a))
-    return [*cols, "hosts", "closed_at", "CAST(0 AS BIGINT) AS corrections"]
+    return [*cols, "hosts", "closed_at", "CAST(0 AS BIGINT) AS corrections", *COMPLETENESS]
 
 
 def fold_cols(qi: QueryInfo) -> list[str]:
-    """Aggregates folding finals and corrections of one (window, key) group.
+    """Aggregates folding finals, corrections and late rows of one (window, key) group.
 
     avg is the count-weighted mean when the query has a count aggregate (exact); without one the
-    layout carries nothing to weight by, so the final row's avg is kept (``avg_exact`` false).
+    layout carries nothing to weight by, so the final row's avg is kept (``avg_exact`` false). Late
+    rows add nothing to the values; they add their ``late_partials`` and make the group incomplete.
     """
     fin = "kind = 'final'"
+    val = f"FILTER (WHERE {VALUE_ROWS})"
     w = q(qi.count_col) if qi.count_col else None
     cols = ["window_start", "max(window_end) AS window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
         c = q(a)
         if fn in ("count", "sum"):
-            cols.append(f"CAST(sum({c}) AS BIGINT) AS {c}")
+            cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
         elif fn in ("min", "max"):
-            cols.append(f"{fn}({c}) AS {c}")
+            cols.append(f"{fn}({c}) {val} AS {c}")
         elif w is not None:
-            ok = f"{w} > 0 AND isfinite({c})"
+            ok = f"{w} > 0 AND isfinite({c}) AND {VALUE_ROWS}"
             cols.append(f"sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END)"
                         f" / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0) AS {c}")  # fmt: skip
         else:
@@ -154,6 +160,11 @@ def fold_cols(qi: QueryInfo) -> list[str]:
         f"coalesce(max(hosts) FILTER (WHERE {fin}), max(hosts)) AS hosts",
         f"coalesce(max(closed_at) FILTER (WHERE {fin}), max(closed_at)) AS closed_at",
         "count(*) FILTER (WHERE kind = 'correction') AS corrections",
+        f"coalesce(max(hosts_expected) FILTER (WHERE {fin}), max(hosts_expected)) AS hosts_expected",
+        f"coalesce(max(hosts_in_mark) FILTER (WHERE {fin}), max(hosts_in_mark)) AS hosts_in_mark",
+        "CAST(sum(late_partials) AS BIGINT) AS late_partials",
+        f"coalesce(max(missing_records) FILTER (WHERE {fin}), max(missing_records)) AS missing_records",
+        "coalesce(bool_and(complete) FILTER (WHERE kind IN ('final', 'late')), bool_and(complete)) AS complete",
     ]
 
 
@@ -175,29 +186,39 @@ def folded(qi: QueryInfo, src: Source, rows: str, corrections: bool) -> tuple[st
     plain = ", ".join(plain_cols(qi))
     if not corrections:
         return "", f"(SELECT {plain} FROM {rows} WHERE kind = 'final')"
-    ctes = (f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE kind = 'correction')"
-            f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE kind = 'correction')")  # fmt: skip
+    ctes = (f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE {FOLDED_KINDS})"
+            f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE {FOLDED_KINDS})")  # fmt: skip
     inw = f"(SELECT *, {src.wkh} AS _h FROM (SELECT * FROM {rows} SEMI JOIN cw USING (window_start)))"
     sub = (
         f"(SELECT {plain} FROM {rows} ANTI JOIN cw USING (window_start) WHERE kind = 'final'"
         f" UNION ALL SELECT {plain} FROM {inw} ANTI JOIN ck USING (_h) WHERE kind = 'final'"
         f" UNION ALL SELECT {', '.join(fold_cols(qi))} FROM (SELECT * FROM {inw} SEMI JOIN ck USING (_h))"
-        f" GROUP BY {', '.join(['window_start', *keys])})"
+        f" GROUP BY {', '.join(['window_start', *keys])} HAVING count(*) FILTER (WHERE {VALUE_ROWS}) > 0)"
     )
     return ctes, sub
 
 
+def only_complete(sub: str, complete: bool | None, params: dict[str, Any]) -> str:
+    """Folded rows restricted to complete (True) or incomplete (False) ones; None: all of them."""
+    if complete is None:
+        return sub
+    params["complete"] = complete
+    return f"(SELECT * FROM {sub} WHERE complete = $complete)"
+
+
 def ranked_sql(qi: QueryInfo, src: Source, rows: str, term: OrderTerm, n: int, narrow: bool,
-               corrections: bool) -> str:  # fmt: skip
+               corrections: bool, complete: bool | None = None, params: dict[str, Any] | None = None) -> str:  # fmt: skip
     """``WITH ... ranked AS (...)``: the top-n folded rows of every window, with ``rank``.
 
     ``narrow``: first bound the candidates by the n-th value of each window (ties stay in), so
-    the window function sorts only those rows.
+    the window function sorts only those rows. ``complete``: rank only the complete (True) or
+    incomplete (False) rows (its value goes into ``params``).
     """
     v = q(term.column)
     rdir = "DESC" if term.descending else "ASC"
     keys = "".join(", " + q(k) for k in qi.key_names)
     ctes, cand = folded(qi, src, rows, corrections)
+    cand = only_complete(cand, complete, params if params is not None else {})
     if narrow:
         pick, cmp, ext = ("max", ">=", "list_min") if term.descending else ("min", "<=", "list_max")
         ctes += (f", th AS (SELECT window_start, CASE WHEN count({v}) >= {n}"

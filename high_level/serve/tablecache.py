@@ -67,7 +67,7 @@ class Prepared:
     """One file in memory, prepared for cheap top-N selection.
 
     ``table``: all rows, finals first sorted by ``_rank`` (so "rank <= k" is a prefix), then the
-    corrections; ``corr``: the correction rows alone; ``ranks``: ``_rank`` of the finals (ascending);
+    corrections and late rows; ``corr``: those alone (both belong to a final row of their group); ``ranks``: ``_rank`` of the finals (ascending);
     ``wkh_sorted`` / ``wkh_order``: the finals' window-and-key hashes sorted, and their row numbers;
     ``final_windows``: the windows the file has finals of.
     """
@@ -83,7 +83,8 @@ class Prepared:
     def of(cls, table: pa.Table) -> Prepared:
         """``table`` must already be sorted by ``_rank`` (nulls, i.e. corrections, last)."""
         table = table.combine_chunks()
-        n = table.num_rows - pc.sum(pc.equal(table.column("kind"), "correction")).as_py() if table.num_rows else 0
+        folded = pc.is_in(table.column("kind"), value_set=pa.array(["correction", "late"]))
+        n = table.num_rows - pc.sum(folded).as_py() if table.num_rows else 0
         ranks = table.column("_rank").slice(0, n).to_numpy()
         wkh = table.column("_wkh").slice(0, n).to_numpy()
         order = np.argsort(wkh, kind="stable")

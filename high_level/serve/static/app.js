@@ -87,6 +87,19 @@ function fmtSpan(ns) {
   return s % 3600 === 0 ? s / 3600 + "h" : s % 60 === 0 ? s / 60 + "m" : s + "s";
 }
 
+// ---- completeness: why a window (or a group of it) is not known to be exact (contract/results.py)
+function incompleteWhy(r) {
+  if (r.complete !== false) return "";
+  const why = [];
+  if (r.hosts_in_mark < r.hosts_expected) {
+    why.push(`${r.hosts_expected - r.hosts_in_mark} of ${r.hosts_expected} capture hosts had not passed the window when it closed (dead or not heard)`);
+  }
+  if (r.late_partials > 0) why.push(`${fmtNum(r.late_partials)} late partial records counted`);
+  if (r.missing_records > 0) why.push(`${fmtNum(r.missing_records)} records missing (sequence gap)`);
+  if (r.incomplete_groups > 0) why.push(`${fmtNum(r.incomplete_groups)} groups incomplete`);
+  return "incomplete: " + (why.join("; ") || "provisional");
+}
+
 // ---- the chart (inline SVG, drawn by hand)
 function niceStep(span, target) {
   const raw = span / Math.max(1, target);
@@ -113,6 +126,9 @@ function drawChart(host, points, label) {
   const Y = (v) => m.t + ih - ((v - y0) / (y1 - y0)) * ih;
 
   const s = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label });
+  const hatch = svg("pattern", { id: "lw-hatch", width: 4, height: 4, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" });
+  hatch.append(svg("rect", { width: 4, height: 4, class: "hatch-bg" }), svg("line", { x1: 0, y1: 0, x2: 0, y2: 4, class: "hatch-line" }));
+  const defs = svg("defs"); defs.append(hatch); s.append(defs);
   const grid = svg("g", { class: "grid" }), axis = svg("g", { class: "axis" });
   for (let v = y0; v <= y1 + ystep / 2; v += ystep) {
     grid.append(svg("line", { x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }));
@@ -131,11 +147,12 @@ function drawChart(host, points, label) {
     s.append(svg("path", { class: "area", d: line + `L${X(pts[pts.length - 1].t).toFixed(1)},${Y(Math.max(0, y0))}L${X(pts[0].t).toFixed(1)},${Y(Math.max(0, y0))}Z` }));
   }
   s.append(svg("path", { class: "line", d: line }));
-  if (pts.length <= 90 || pts.length === 1) {
-    for (const p of pts) {
-      const c = svg("circle", { class: "dot", cx: X(p.t), cy: Y(p.v), r: pts.length <= 30 ? 2.6 : 1.6 });
-      const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}`; c.append(tt); s.append(c);
-    }
+  for (const p of pts) {  // every incomplete window is marked (a hatched point); complete ones only when few
+    if (!p.why && pts.length > 90) continue;
+    const c = svg("circle", { class: p.why ? "dot incomplete" : "dot", cx: X(p.t), cy: Y(p.v),
+      r: p.why ? 4.2 : pts.length <= 30 ? 2.6 : 1.6 });
+    const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}${p.why ? "\n" + p.why : ""}`;
+    c.append(tt); s.append(c);
   }
   // hover read-out
   const hover = svg("g", { class: "hover", visibility: "hidden" });
@@ -148,7 +165,7 @@ function drawChart(host, points, label) {
     for (const p of pts) if (Math.abs(p.t - t) < Math.abs(best.t - t)) best = p;
     const x = X(best.t);
     hl.setAttribute("x1", x); hl.setAttribute("x2", x);
-    txt.textContent = `${fmtTime(best.t, true)}  ${fmtNum(best.v)}`;
+    txt.textContent = `${fmtTime(best.t, true)}  ${fmtNum(best.v)}${best.why ? "  (incomplete)" : ""}`;
     const w = txt.textContent.length * 6.4 + 12, bx = Math.min(Math.max(m.l, x - w / 2), W - m.r - w);
     box.setAttribute("x", bx); box.setAttribute("y", m.t); box.setAttribute("width", w);
     txt.setAttribute("x", bx + 6); txt.setAttribute("y", m.t + 14);
@@ -270,7 +287,8 @@ function renderTop(host, q, latest) {
       const bar = el("i"); bar.style.width = (100 * Math.abs(r[a] || 0) / max).toFixed(1) + "%";
       return el("td", { class: "num bar" }, bar, el("span", { text: fmtNum(r[a]) }));
     });
-    tb.append(el("tr", { class: "top-row" }, el("td", { class: "rank", text: r.rank }),
+    const why = incompleteWhy(r);
+    tb.append(el("tr", why ? { class: "top-row incomplete", title: why } : { class: "top-row" }, el("td", { class: "rank", text: r.rank }),
       ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })), ...cells));
   }
   host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
@@ -287,12 +305,13 @@ async function refreshQuery(q) {
   }
   const series = await api(seriesUrl);
   const agg = state.chartAgg[q.name] || q.aggregate_columns[0].name;
-  const pts = series.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg] }));
+  const pts = series.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) }));
   drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per window`);
   c.querySelector(".range").textContent = pts.length
     ? `· ${pts.length} windows, ${fmtTime(pts[0].t)}–${fmtTime(pts[pts.length - 1].t)} UTC` : "";
+  const partial = latest.rows.some((r) => r.complete === false) ? " · incomplete (hover the hatched rows)" : "";
   c.querySelector(".latest").textContent = latest.window_start
-    ? `${fmtTime(Date.parse(latest.window_start), true)}–${fmtTime(Date.parse(latest.window_end), true)} UTC` : "";
+    ? `${fmtTime(Date.parse(latest.window_start), true)}–${fmtTime(Date.parse(latest.window_end), true)} UTC${partial}` : "";
   renderTop(c.querySelector(".top-host"), q, latest);
 }
 
