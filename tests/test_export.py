@@ -35,7 +35,8 @@ def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: lis
     key = np.array([[r[0]] for r in rows], np.int64)
     state = np.array([list(r[1:]) for r in rows], np.int64)
     job.store.write_query(batch, q, w, np.ones(n, np.int8), pa.array(["final"] * n), end - lay.range_ns, end, key, state,
-                          np.full(n, 1), np.ones(n, np.int32))  # fmt: skip
+                          np.full(n, 1), np.ones(n, np.int32), np.ones(n, np.int32),
+                          np.tile(np.array([1, 0, 0], np.int64), (n, 1)))  # complete: 1 of 1 host, nothing late or missing  # fmt: skip
 
 
 def _scrape(job: HighLevelJob) -> dict[str, list]:

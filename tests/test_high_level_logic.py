@@ -561,7 +561,8 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
         end = lay.window_end_ns(w)
         job.store.write_query(10 - days_ago, q, w, np.array([1], np.int8), pa.array(["final"]), end - lay.range_ns, end,
                               np.zeros((1, Q.key_width(q)), np.int64), np.ones((1, lay.na), np.int64),
-                              np.array([now_ms]), np.array([1], np.int32))  # fmt: skip
+                              np.array([now_ms]), np.array([1], np.int32), np.array([1], np.int32),
+                              np.array([[1, 0, 0]], np.int64))  # fmt: skip
     days = [d for d, _ in R.date_dirs(job.store.root, q.name)]
     assert len(days) == 4
     p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9))
