@@ -26,7 +26,13 @@ VLAN = 11  # outer 802.1Q VLAN id, 0 when untagged
 TTL = 12  # IPv4 TTL or IPv6 hop limit
 TOS = 13  # IPv4 TOS byte or IPv6 traffic class
 IFACE = 14  # capture interface index within the host's configured interface list
-NFIELDS = 15
+ETHERTYPE = 15  # the ethertype after any VLAN tags (0x0800, 0x86dd, 0x0806, 0x8847 for MPLS ...); 0 if cut
+SRC_MAC = 16  # Ethernet source address as a 48-bit unsigned int; 0 if the Ethernet header is cut
+DST_MAC = 17
+TCP_WINDOW = 18  # TCP window field (unscaled); -1 when not TCP or not captured (0 is a real zero window)
+ICMP_TYPE = 19  # ICMP / ICMPv6 type; -1 when not ICMP (0 is echo reply)
+ICMP_CODE = 20  # ICMP / ICMPv6 code; -1 when not ICMP
+NFIELDS = 21
 
 IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 
@@ -65,6 +71,12 @@ CATALOG: dict[str, Field] = {
         _f("tos", "int", (TOS,), "IPv4 TOS / IPv6 traffic class byte"),
         _f("dscp", "int", (TOS,), "DSCP = tos >> 2"),
         _f("interface", "int", (IFACE,), "capture interface index"),
+        _f("ethertype", "int", (ETHERTYPE,), "ethertype after VLAN tags (0x0800 IPv4, 0x86dd IPv6, ...)"),
+        _f("src_mac", "int", (SRC_MAC,), "Ethernet source address as a 48-bit integer (0x0200000000ff)"),
+        _f("dst_mac", "int", (DST_MAC,), "Ethernet destination address as a 48-bit integer"),
+        _f("tcp_window", "int", (TCP_WINDOW,), "TCP window field, unscaled (-1 if not TCP)"),
+        _f("icmp_type", "int", (ICMP_TYPE,), "ICMP / ICMPv6 type (-1 if not ICMP)"),
+        _f("icmp_code", "int", (ICMP_CODE,), "ICMP / ICMPv6 code (-1 if not ICMP)"),
     )
 }
 
@@ -85,6 +97,19 @@ def words_to_ip(hi: int, lo: int) -> str:
     if hi == 0 and (lo >> 32) == 0xFFFF:
         return str(ipaddress.IPv4Address(lo & 0xFFFF_FFFF))
     return str(ipaddress.IPv6Address((hi << 64) | lo))
+
+
+def mac_to_int(text: str) -> int:
+    """``aa:bb:cc:dd:ee:ff`` -> the 48-bit integer the parser stores in SRC_MAC / DST_MAC (and filters compare)."""
+    parts = text.split(":")
+    if len(parts) != 6 or not all(len(x) == 2 for x in parts):
+        raise ValueError(f"not a MAC address: {text!r}")
+    return int("".join(parts), 16)
+
+
+def int_to_mac(v: int) -> str:
+    """Inverse of :func:`mac_to_int`, for printing a MAC column of results."""
+    return ":".join(f"{(v >> s) & 0xFF:02x}" for s in range(40, -8, -8))
 
 
 def to_int64(u: int) -> int:

@@ -9,6 +9,11 @@ Decisions worth knowing:
 
 * VLAN tags (TPIDs 0x8100, 0x88a8, 0x9100, 0x9200, any stacking) are walked up to ``MAX_VLAN_TAGS``;
   VLAN is the outer tag's 12-bit id. A frame with more tags ends up as ``non_ip``.
+* ETHERTYPE is the ethertype after the VLAN tags (set on ``non_ip`` too, 0 when a tag or the Ethernet
+  header is cut); SRC_MAC / DST_MAC are the 48-bit addresses as integers, 0 when the header is cut.
+* TCP_WINDOW, ICMP_TYPE and ICMP_CODE are -1 when absent (not TCP / not ICMP, a non-first fragment, or
+  the bytes not captured): 0 is a meaningful value of each (zero window, echo reply). They are filled
+  on ``truncated_l4`` when their bytes are within caplen, like ports and flags.
 * Ports mean TCP/UDP ports only: ICMP/ICMPv6 (and every other protocol) keep SPORT = DPORT = 0.
   ICMP is still checked for a complete 4-byte header so that a cut ICMP header is ``truncated_l4``.
 * An L4 header counts as complete when its fixed part (TCP 20, UDP 8, ICMP/ICMPv6 4 bytes) is within
@@ -38,6 +43,10 @@ from contract.fields import (
     DPORT,
     DST_HI,
     DST_LO,
+    DST_MAC,
+    ETHERTYPE,
+    ICMP_CODE,
+    ICMP_TYPE,
     IFACE,
     IPV4_MAPPED_PREFIX,
     IPVER,
@@ -47,7 +56,9 @@ from contract.fields import (
     SPORT,
     SRC_HI,
     SRC_LO,
+    SRC_MAC,
     TCP_FLAGS,
+    TCP_WINDOW,
     TOS,
     TS,
     TTL,
@@ -160,6 +171,12 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
     row[VLAN] = 0
     row[TTL] = 0
     row[TOS] = 0
+    row[ETHERTYPE] = 0
+    row[SRC_MAC] = 0
+    row[DST_MAC] = 0
+    row[TCP_WINDOW] = -1
+    row[ICMP_TYPE] = -1
+    row[ICMP_CODE] = -1
     status = PARSE_OK
     proto = np.int64(-1)
     l4 = np.int64(-1)  # offset of a TCP/UDP/ICMP header to read, -1 when there is none
@@ -168,6 +185,8 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
             status = ERR_TRUNCATED_ETHERNET
             break
         et = _be16(data, off + 12)
+        row[DST_MAC] = (_be16(data, off) << 32) | _be32(data, off + 2)
+        row[SRC_MAC] = (_be16(data, off + 6) << 32) | _be32(data, off + 8)
         p = off + ETH_HDR_LEN
 
         # VLAN tags: the outer one sets VLAN; keep walking (bounded) to reach the real ethertype.
@@ -183,6 +202,7 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
             ntags += 1
         if status != PARSE_OK:
             break
+        row[ETHERTYPE] = et
 
         if et == ETHERTYPE_IPV4:
             if p + 20 > end:
@@ -267,11 +287,16 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
                 if proto == 6:
                     if l4 + 14 <= end:
                         row[TCP_FLAGS] = np.int64(data[l4 + 13])
+                    if l4 + 16 <= end:
+                        row[TCP_WINDOW] = _be16(data, l4 + 14)
                     if l4 + 20 > end:
                         status = ERR_TRUNCATED_L4
                 elif l4 + 8 > end:
                     status = ERR_TRUNCATED_L4
         elif proto == 1 or proto == 58:
+            if l4 + 2 <= end:
+                row[ICMP_TYPE] = np.int64(data[l4])
+                row[ICMP_CODE] = np.int64(data[l4 + 1])
             if l4 + 4 > end:
                 status = ERR_TRUNCATED_L4
     row[PROTO] = proto

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import (
+    ICMPv6DestUnreach,
     ICMPv6EchoRequest,
     IPv6,
     IPv6ExtHdrDestOpt,
@@ -31,6 +32,10 @@ from contract.fields import (
     DPORT,
     DST_HI,
     DST_LO,
+    DST_MAC,
+    ETHERTYPE,
+    ICMP_CODE,
+    ICMP_TYPE,
     IFACE,
     IPVER,
     LEN,
@@ -39,12 +44,16 @@ from contract.fields import (
     SPORT,
     SRC_HI,
     SRC_LO,
+    SRC_MAC,
     TCP_FLAGS,
+    TCP_WINDOW,
     TOS,
     TS,
     TTL,
     VLAN,
+    int_to_mac,
     ip_to_words,
+    mac_to_int,
     to_int64,
     words_to_ip,
 )
@@ -163,6 +172,21 @@ BASE: dict[str, bytes] = {
     "v6_ah_tcp": _ah_frame(),
     "v6_no_next": bytes(eth() / IPv6(src=V6A, dst=V6B, nh=59) / Raw(b"\x00" * 8)),
     "v6_dstopt_udp": bytes(eth() / IPv6(src=V6A, dst=V6B) / IPv6ExtHdrDestOpt() / UDP(sport=3, dport=4)),
+    # the newer fields: MACs with the top bit set, zero / full TCP windows, ICMP type 0 and code != 0
+    "v4_tcp_zero_window": bytes(
+        Ether(src="fe:dc:ba:98:76:54", dst="ff:ff:ff:ff:ff:ff")
+        / IP(src=V4A, dst=V4B)
+        / TCP(sport=80, dport=5000, flags="A", window=0)
+    ),
+    "v4_tcp_max_window": bytes(eth() / IP(src=V4A, dst=V4B) / TCP(sport=81, dport=5001, flags="A", window=65535)),
+    "v4_icmp_echo_reply": bytes(eth() / IP(src=V4B, dst=V4A) / ICMP(type=0, code=0) / Raw(b"pong")),
+    "v4_icmp_unreach": bytes(
+        Ether(src="00:1b:21:0a:0b:0c", dst="3c:fd:fe:01:02:03") / IP(src=V4B, dst=V4A) / ICMP(type=3, code=13)
+    ),
+    "v6_icmp_unreach": bytes(eth() / IPv6(src=V6B, dst=V6A) / ICMPv6DestUnreach(code=4) / Raw(b"\x00" * 8)),
+    "v6_dot1q_icmp": bytes(
+        eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)
+    ),
 }
 
 
@@ -174,6 +198,9 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     e = dpkt.ethernet.Ethernet(frame)
     tags = getattr(e, "vlan_tags", None)
     v: dict[int, int] = {VLAN: tags[0].id if tags else 0, SPORT: 0, DPORT: 0, TCP_FLAGS: 0}
+    v[SRC_MAC], v[DST_MAC] = int.from_bytes(e.src, "big"), int.from_bytes(e.dst, "big")
+    v[ETHERTYPE] = tags[-1].type if tags else e.type  # dpkt keeps the outer TPID in e.type
+    v[TCP_WINDOW] = v[ICMP_TYPE] = v[ICMP_CODE] = -1
     ip = e.data
     if isinstance(ip, dpkt.ip.IP):
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.p
@@ -193,7 +220,9 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
         v[SPORT], v[DPORT] = l4.sport, l4.dport
     if isinstance(l4, dpkt.tcp.TCP):
-        v[TCP_FLAGS] = l4.flags
+        v[TCP_FLAGS], v[TCP_WINDOW] = l4.flags, l4.win
+    if isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
+        v[ICMP_TYPE], v[ICMP_CODE] = l4.type, l4.code
     v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(src))
     v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(dst))
     return v
@@ -211,7 +240,16 @@ def scapy_view(frame: bytes) -> dict[int, int]:
         SPORT: 0,
         DPORT: 0,
         TCP_FLAGS: 0,
+        SRC_MAC: mac_to_int(p.src),
+        DST_MAC: mac_to_int(p.dst),
+        TCP_WINDOW: -1,
+        ICMP_TYPE: -1,
+        ICMP_CODE: -1,
     }
+    inner = p.payload
+    while isinstance(inner, Dot1Q):
+        inner = inner.payload
+    v[ETHERTYPE] = inner.underlayer.type
     if IP in p:
         ip = p[IP]
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
@@ -229,7 +267,14 @@ def scapy_view(frame: bytes) -> dict[int, int]:
         if cls in p:
             v[SPORT], v[DPORT] = p[cls].sport, p[cls].dport
     if TCP in p:
-        v[TCP_FLAGS] = int(p[TCP].flags)
+        v[TCP_FLAGS], v[TCP_WINDOW] = int(p[TCP].flags), p[TCP].window
+    if ICMP in p:
+        v[ICMP_TYPE], v[ICMP_CODE] = p[ICMP].type, p[ICMP].code
+    elif IPv6 in p and v[PROTO] == 58:
+        icmp6 = p[IPv6].payload
+        while isinstance(icmp6, _V6_EXT):
+            icmp6 = icmp6.payload
+        v[ICMP_TYPE], v[ICMP_CODE] = icmp6.type, icmp6.code
     v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(ip.src))
     v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(ip.dst))
     return v
@@ -519,8 +564,12 @@ CUT_FRAMES = [
     "v6_ext_chain_nonfirst",
     "v6_frag_nonfirst_off1",
     "v6_dstopt_udp",
+    "v4_tcp_zero_window",
+    "v4_icmp_unreach",
+    "v6_icmp_unreach",
+    "v6_dot1q_icmp",
 ]
-_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN]
+_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN, ETHERTYPE, SRC_MAC, DST_MAC]
 
 
 @pytest.mark.parametrize("name", CUT_FRAMES)
@@ -551,6 +600,54 @@ def test_every_cut_length(name: str) -> None:
             assert outs[0][c].tolist() == full.tolist(), c
         elif e == ERR_TRUNCATED_L4:  # what was parsed is filled in
             assert outs[0][c][_L3_FIELDS].tolist() == full[_L3_FIELDS].tolist(), c
+
+
+@pytest.mark.parametrize("name", ["v4_tcp_zero_window", "v4_tcp_max_window", "v4_icmp_unreach", "v6_icmp_unreach",
+                                  "v6_dot1q_icmp", "v4_dot1q"])
+def test_new_fields_at_every_cut(name: str) -> None:
+    """MACs need the whole Ethernet header, ETHERTYPE every VLAN tag too; the TCP window and the ICMP
+    type/code appear exactly when their own bytes are captured (also on truncated_l4), else -1."""
+    frame = BASE[name]
+    bounds, _ = _layout(frame)
+    full, _ = parse_one(frame)
+    l3_end = [end for end, reason in bounds if reason != ERR_TRUNCATED_L4][-1]
+    vlan_end = max([14] + [end for end, reason in bounds if reason == ERR_TRUNCATED_VLAN])
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    for c in range(len(frame) + 1):
+        row = out[c]
+        assert (row[SRC_MAC], row[DST_MAC]) == ((full[SRC_MAC], full[DST_MAC]) if c >= 14 else (0, 0)), c
+        assert row[ETHERTYPE] == (full[ETHERTYPE] if c >= vlan_end else 0), c
+        tcp = full[PROTO] == 6
+        assert row[TCP_WINDOW] == (full[TCP_WINDOW] if tcp and c >= l3_end + 16 else -1), c
+        icmp = full[PROTO] in (1, 58)
+        assert row[ICMP_TYPE] == (full[ICMP_TYPE] if icmp and c >= l3_end + 2 else -1), c
+        assert row[ICMP_CODE] == (full[ICMP_CODE] if icmp and c >= l3_end + 2 else -1), c
+
+
+def test_new_fields_explicit_values() -> None:
+    """The newer fields spelled out, independent of dpkt and scapy."""
+    row, _ = parse_one(BASE["v4_tcp_zero_window"])
+    assert row[SRC_MAC] == 0xFEDC_BA98_7654 and row[DST_MAC] == 0xFFFF_FFFF_FFFF
+    assert int_to_mac(int(row[SRC_MAC])) == "fe:dc:ba:98:76:54" and mac_to_int("FF:ff:ff:ff:ff:ff") == row[DST_MAC]
+    assert (row[ETHERTYPE], row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (0x0800, 0, -1, -1)
+    row, _ = parse_one(BASE["v4_tcp_max_window"])
+    assert row[TCP_WINDOW] == 65535
+    row, _ = parse_one(BASE["v4_icmp_echo_reply"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[TCP_WINDOW], row[SPORT]) == (0, 0, -1, 0)
+    row, _ = parse_one(BASE["v4_icmp_unreach"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE]) == (3, 13) and row[DST_MAC] == 0x3CFD_FE01_0203
+    row, _ = parse_one(BASE["v6_icmp_unreach"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE]) == (1, 4, 0x86DD)
+    row, _ = parse_one(BASE["v6_dot1q_icmp"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE], row[VLAN]) == (128, 0, 0x86DD, 9)
+    row, _ = parse_one(BASE["v4_udp"])
+    assert (row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (-1, -1, -1)
+    row, _ = parse_one(BASE["v4_frag_nonfirst"])
+    assert (row[TCP_WINDOW], row[ICMP_TYPE]) == (-1, -1)
+    row, status = parse_one(bytes(eth() / Dot1Q(vlan=5) / ARP()))
+    assert status == ERR_NON_IP and row[ETHERTYPE] == 0x0806 and row[SRC_MAC] == mac_to_int(MAC["src"])
+    with pytest.raises(ValueError):
+        mac_to_int("02:00:00:00:01")
 
 
 def test_every_cut_length_ah() -> None:
