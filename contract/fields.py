@@ -32,7 +32,8 @@ DST_MAC = 17
 TCP_WINDOW = 18  # TCP window field (unscaled); -1 when not TCP or not captured (0 is a real zero window)
 ICMP_TYPE = 19  # ICMP / ICMPv6 type; -1 when not ICMP (0 is echo reply)
 ICMP_CODE = 20  # ICMP / ICMPv6 code; -1 when not ICMP
-NFIELDS = 21
+MPLS_LABEL = 21  # outer (top) MPLS label, 20 bits; -1 when the frame has no MPLS stack (label 0 is IPv4 null)
+NFIELDS = 22
 
 IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 
@@ -77,6 +78,7 @@ CATALOG: dict[str, Field] = {
         _f("tcp_window", "int", (TCP_WINDOW,), "TCP window field, unscaled (-1 if not TCP)"),
         _f("icmp_type", "int", (ICMP_TYPE,), "ICMP / ICMPv6 type (-1 if not ICMP)"),
         _f("icmp_code", "int", (ICMP_CODE,), "ICMP / ICMPv6 code (-1 if not ICMP)"),
+        _f("mpls_label", "int", (MPLS_LABEL,), "outer MPLS label (-1 if no MPLS)"),
     )
 }
 

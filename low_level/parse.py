@@ -14,6 +14,11 @@ Decisions worth knowing:
 * TCP_WINDOW, ICMP_TYPE and ICMP_CODE are -1 when absent (not TCP / not ICMP, a non-first fragment, or
   the bytes not captured): 0 is a meaningful value of each (zero window, echo reply). They are filled
   on ``truncated_l4`` when their bytes are within caplen, like ports and flags.
+* MPLS (ethertypes 0x8847, 0x8848): MPLS_LABEL is the top label (-1 without MPLS; ETHERTYPE stays
+  0x8847). The stack is walked to its bottom-of-stack entry, at most ``MAX_MPLS_LABELS`` (more is
+  ``non_ip``); the first nibble under it selects IPv4 (4) or IPv6 (6), which are then parsed as
+  usual; anything else (pseudowire, control word) is ``non_ip``. A stack cut short, or nothing
+  captured under it, is ``truncated_mpls``.
 * Ports mean TCP/UDP ports only: ICMP/ICMPv6 (and every other protocol) keep SPORT = DPORT = 0.
   ICMP is still checked for a complete 4-byte header so that a cut ICMP header is ``truncated_l4``.
 * An L4 header counts as complete when its fixed part (TCP 20, UDP 8, ICMP/ICMPv6 4 bytes) is within
@@ -51,6 +56,7 @@ from contract.fields import (
     IPV4_MAPPED_PREFIX,
     IPVER,
     LEN,
+    MPLS_LABEL,
     NFIELDS,
     PROTO,
     SPORT,
@@ -76,6 +82,7 @@ ERR_TRUNCATED_IPV6_EXT = 6
 ERR_TRUNCATED_L4 = 7
 ERR_NON_IP = 8
 ERR_BAD_IP_VERSION = 9
+ERR_TRUNCATED_MPLS = 10
 
 PARSE_ERROR_NAMES: tuple[str, ...] = (
     "ok",
@@ -88,15 +95,19 @@ PARSE_ERROR_NAMES: tuple[str, ...] = (
     "truncated_l4",
     "non_ip",
     "bad_ip_version",
+    "truncated_mpls",
 )
 NERR = len(PARSE_ERROR_NAMES)
 
 MAX_VLAN_TAGS = 4
+MAX_MPLS_LABELS = 8
 MAX_IPV6_EXT = 8
 
 ETH_HDR_LEN = 14
 ETHERTYPE_IPV4 = 0x0800
 ETHERTYPE_IPV6 = 0x86DD
+ETHERTYPE_MPLS = 0x8847
+ETHERTYPE_MPLS_MCAST = 0x8848
 
 _MAPPED = np.int64(IPV4_MAPPED_PREFIX)
 
@@ -109,8 +120,10 @@ __all__ = [
     "ERR_TRUNCATED_IPV6",
     "ERR_TRUNCATED_IPV6_EXT",
     "ERR_TRUNCATED_L4",
+    "ERR_TRUNCATED_MPLS",
     "ERR_TRUNCATED_VLAN",
     "MAX_IPV6_EXT",
+    "MAX_MPLS_LABELS",
     "MAX_VLAN_TAGS",
     "NERR",
     "PARSE_ERROR_NAMES",
@@ -177,6 +190,7 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
     row[TCP_WINDOW] = -1
     row[ICMP_TYPE] = -1
     row[ICMP_CODE] = -1
+    row[MPLS_LABEL] = -1
     status = PARSE_OK
     proto = np.int64(-1)
     l4 = np.int64(-1)  # offset of a TCP/UDP/ICMP header to read, -1 when there is none
@@ -203,6 +217,31 @@ def parse_frame(data, off, caplen, wirelen, ts_ns, iface, row):
         if status != PARSE_OK:
             break
         row[ETHERTYPE] = et
+
+        # MPLS: the top label is MPLS_LABEL; walk to the bottom of the stack (bounded), then the
+        # first nibble under it says IPv4 or IPv6 (anything else, e.g. a pseudowire, is non_ip).
+        if et == ETHERTYPE_MPLS or et == ETHERTYPE_MPLS_MCAST:
+            et = 0
+            for nl in range(MAX_MPLS_LABELS):
+                if p + 4 > end:
+                    status = ERR_TRUNCATED_MPLS
+                    break
+                lse = _be32(data, p)
+                if nl == 0:
+                    row[MPLS_LABEL] = lse >> 12
+                p += 4
+                if (lse >> 8) & 1:  # bottom of stack
+                    if p >= end:
+                        status = ERR_TRUNCATED_MPLS  # nothing captured under the stack
+                        break
+                    nib = np.int64(data[p]) >> 4
+                    if nib == 4:
+                        et = ETHERTYPE_IPV4
+                    elif nib == 6:
+                        et = ETHERTYPE_IPV6
+                    break
+            if status != PARSE_OK:
+                break
 
         if et == ETHERTYPE_IPV4:
             if p + 20 > end:

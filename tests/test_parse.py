@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scapy.contrib.mpls import MPLS
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import (
     ICMPv6DestUnreach,
@@ -39,6 +40,7 @@ from contract.fields import (
     IFACE,
     IPVER,
     LEN,
+    MPLS_LABEL,
     NFIELDS,
     PROTO,
     SPORT,
@@ -66,6 +68,7 @@ from low_level.parse import (
     ERR_TRUNCATED_IPV6,
     ERR_TRUNCATED_IPV6_EXT,
     ERR_TRUNCATED_L4,
+    ERR_TRUNCATED_MPLS,
     ERR_TRUNCATED_VLAN,
     NERR,
     PARSE_ERROR_NAMES,
@@ -184,6 +187,14 @@ BASE: dict[str, bytes] = {
         Ether(src="00:1b:21:0a:0b:0c", dst="3c:fd:fe:01:02:03") / IP(src=V4B, dst=V4A) / ICMP(type=3, code=13)
     ),
     "v6_icmp_unreach": bytes(eth() / IPv6(src=V6B, dst=V6A) / ICMPv6DestUnreach(code=4) / Raw(b"\x00" * 8)),
+    "mpls_v4_tcp": bytes(
+        eth() / MPLS(label=16000, s=0, ttl=64) / MPLS(label=3, s=1, ttl=64) / IP(src=V4A, dst=V4B, ttl=7)
+        / TCP(sport=179, dport=40179, flags="PA", window=1000)
+    ),
+    "mpls_v6_udp": bytes(
+        eth() / MPLS(label=0xFFFFF, s=1) / IPv6(src=V6A, dst=V6B) / UDP(sport=4000, dport=53) / Raw(b"m" * 8)
+    ),
+    "mpls_null_v4_icmp": bytes(eth() / MPLS(label=0, s=1) / IP(src=V4B, dst=V4A) / ICMP(type=11, code=0)),
     "v6_dot1q_icmp": bytes(
         eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)
     ),
@@ -201,6 +212,8 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     v[SRC_MAC], v[DST_MAC] = int.from_bytes(e.src, "big"), int.from_bytes(e.dst, "big")
     v[ETHERTYPE] = tags[-1].type if tags else e.type  # dpkt keeps the outer TPID in e.type
     v[TCP_WINDOW] = v[ICMP_TYPE] = v[ICMP_CODE] = -1
+    labels = getattr(e, "mpls_labels", None)
+    v[MPLS_LABEL] = labels[0].val if labels else -1
     ip = e.data
     if isinstance(ip, dpkt.ip.IP):
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.p
@@ -250,6 +263,7 @@ def scapy_view(frame: bytes) -> dict[int, int]:
     while isinstance(inner, Dot1Q):
         inner = inner.payload
     v[ETHERTYPE] = inner.underlayer.type
+    v[MPLS_LABEL] = p[MPLS].label if MPLS in p else -1
     if IP in p:
         ip = p[IP]
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
@@ -313,7 +327,7 @@ def names(status: np.ndarray) -> list[str]:
 
 
 def test_error_names_consistent() -> None:
-    assert NERR == len(PARSE_ERROR_NAMES) == 10
+    assert NERR == len(PARSE_ERROR_NAMES) == 11
     assert PARSE_ERROR_NAMES[PARSE_OK] == "ok"
     codes = {
         ERR_TRUNCATED_ETHERNET: "truncated_ethernet",
@@ -325,6 +339,7 @@ def test_error_names_consistent() -> None:
         ERR_TRUNCATED_L4: "truncated_l4",
         ERR_NON_IP: "non_ip",
         ERR_BAD_IP_VERSION: "bad_ip_version",
+        ERR_TRUNCATED_MPLS: "truncated_mpls",
     }
     for code, name in codes.items():
         assert PARSE_ERROR_NAMES[code] == name
@@ -521,6 +536,13 @@ def _layout(frame: bytes) -> tuple[list[tuple[int, int]], int]:
         hl = len(bytes(layer)) - len(bytes(layer.payload))
         if isinstance(layer, Dot1Q):
             reason = ERR_TRUNCATED_VLAN
+        elif isinstance(layer, MPLS):
+            reason = ERR_TRUNCATED_MPLS
+            if layer.s:  # the parser also needs one byte under the stack to tell IPv4 from IPv6
+                bounds.append((pos + hl + 1, reason))
+                pos += hl
+                layer = layer.payload
+                continue
         elif isinstance(layer, IP):
             reason, proto, l3 = ERR_TRUNCATED_IPV4, layer.proto, pos
             if layer.frag != 0:
@@ -568,8 +590,11 @@ CUT_FRAMES = [
     "v4_icmp_unreach",
     "v6_icmp_unreach",
     "v6_dot1q_icmp",
+    "mpls_v4_tcp",
+    "mpls_v6_udp",
+    "mpls_null_v4_icmp",
 ]
-_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN, ETHERTYPE, SRC_MAC, DST_MAC]
+_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN, ETHERTYPE, SRC_MAC, DST_MAC, MPLS_LABEL]
 
 
 @pytest.mark.parametrize("name", CUT_FRAMES)
@@ -648,6 +673,33 @@ def test_new_fields_explicit_values() -> None:
     assert status == ERR_NON_IP and row[ETHERTYPE] == 0x0806 and row[SRC_MAC] == mac_to_int(MAC["src"])
     with pytest.raises(ValueError):
         mac_to_int("02:00:00:00:01")
+
+
+def test_mpls_explicit_values_and_cuts() -> None:
+    """Outer label of a stack, labels 0 and 2^20-1, VLAN + MPLS (which dpkt does not decode), too deep a
+    stack and a pseudowire under it; MPLS_LABEL appears once the top entry is captured."""
+    row, status = parse_one(BASE["mpls_v4_tcp"])
+    assert status == PARSE_OK and (row[MPLS_LABEL], row[ETHERTYPE], row[TTL], row[DPORT]) == (16000, 0x8847, 7, 40179)
+    row, _ = parse_one(BASE["mpls_v6_udp"])
+    assert (row[MPLS_LABEL], row[IPVER], row[DPORT]) == (0xFFFFF, 6, 53)
+    row, _ = parse_one(BASE["mpls_null_v4_icmp"])
+    assert (row[MPLS_LABEL], row[ICMP_TYPE]) == (0, 11)
+    row, _ = parse_one(BASE["v4_tcp_syn"])
+    assert row[MPLS_LABEL] == -1
+    row, status = parse_one(bytes(eth() / Dot1Q(vlan=30) / MPLS(label=77, s=1) / IP(src=V4A, dst=V4B) / UDP(dport=9)))
+    assert status == PARSE_OK and (row[VLAN], row[MPLS_LABEL], row[ETHERTYPE], row[DPORT]) == (30, 77, 0x8847, 9)
+    deep = eth()
+    for i in range(9):
+        deep = deep / MPLS(label=100 + i, s=int(i == 8))
+    row, status = parse_one(bytes(deep / IP(src=V4A, dst=V4B) / TCP()))
+    assert status == ERR_NON_IP and row[MPLS_LABEL] == 100 and row[IPVER] == 0
+    pw = bytes(eth() / MPLS(label=5, s=1)) + b"\x00\x00\x00\x00" + bytes(eth() / IP() / TCP())  # control word
+    row, status = parse_one(pw)
+    assert status == ERR_NON_IP and row[MPLS_LABEL] == 5
+    frame = BASE["mpls_v4_tcp"]
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    assert [int(v) for v in out[:, MPLS_LABEL]] == [-1] * 18 + [16000] * (len(frame) - 17)
+    assert names(status[14:23]) == ["truncated_mpls"] * 9 and names(status[23:24]) == ["truncated_ipv4"]
 
 
 def test_every_cut_length_ah() -> None:
