@@ -19,11 +19,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from contract import fields as F
-from contract.filterlang import compile_filter
+from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, compile_filter
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
 from contract.query import key_program as query_key_program
 from low_level import jitcache
 from low_level.filter import statements as filter_statements
+from low_level.parse import EXTRA_COLUMNS
 from low_level.tables import QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
 
 BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
@@ -240,7 +241,7 @@ from numba import njit
 
 from contract import fields as F
 from low_level import flush
-from low_level.parse import PARSE_OK, parse_frame
+from low_level.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.ring import HEAD, TAIL
 from low_level.refcount import pin
 from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, prefetch_w, slot_hash_at
@@ -269,7 +270,7 @@ def fused_pass({args}):
         for i in range(bn):
             slot = (seq0 + b0 + i) & smask
             ifc = iface[slot] if use_iface else 0
-            status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            status = {parse}(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
             if status == PARSE_OK:
                 nok += 1
                 ro = i * NF
@@ -321,6 +322,23 @@ _FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n,
                "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs")
 
 
+def columns_read(shapes: list[dict]) -> set[int]:
+    """Parsed-packet columns the queries' filters, keys and states read (decides which parser to call)."""
+    cols: set[int] = set()
+    for s in shapes:
+        for col, is_ip, *_ in s["key"]:
+            cols |= {col, col + 1} if is_ip else {F.TOS if col == SRC_DSCP else col}
+        cols |= {F.TOS if src == SRC_DSCP else src for src, _ in s["state"] if src != SRC_ONE}
+        for op, a0, *_ in s["filter"]:
+            if op == OP_LOAD:
+                cols.add(a0)
+            elif op == OP_IP_MATCH:
+                cols |= {a0, a0 + 1}
+            elif op == OP_LOAD_DSCP:
+                cols.add(F.TOS)
+    return cols
+
+
 def kernel_source(shapes: list[dict]) -> str:
     """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
     parts = [_HEADER.format(block=BLOCK)]
@@ -345,7 +363,9 @@ def kernel_source(shapes: list[dict]) -> str:
     if any(src == SRC_DSCP for s in shapes for src, _ in s["state"]):
         needed.add(F.TOS)
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
+    # the full parser only when a query reads one of the columns the lean one leaves unwritten
+    parse = "parse_frame" if columns_read(shapes) & set(EXTRA_COLUMNS) else "parse_frame_lean"
+    parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
                                select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
                                args=_FUSED_ARGS))
     return "".join(parts)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numba import njit
 from scapy.contrib.mpls import MPLS
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import (
@@ -70,12 +71,14 @@ from low_level.parse import (
     ERR_TRUNCATED_L4,
     ERR_TRUNCATED_MPLS,
     ERR_TRUNCATED_VLAN,
+    EXTRA_COLUMNS,
     NERR,
     PARSE_ERROR_NAMES,
     PARSE_OK,
     empty_outputs,
     frames_to_arrays,
     parse_batch,
+    parse_frame_lean,
 )
 
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
@@ -796,13 +799,38 @@ def test_mutated_truncated_frames_never_crash(frames: list[bytes], wirelen: int)
 # ---------------------------------------------------------------- performance guard
 
 
-def test_parse_frame_has_no_refcount_calls() -> None:
+@njit(cache=True)
+def _lean_batch(data, offsets, caplens, wirelens, ts, out, status):
+    row = np.full(NFIELDS, -77, np.int64)  # columns the lean parser must not write keep this
+    for i in range(offsets.shape[0]):
+        row[:] = -77
+        status[i] = parse_frame_lean(data, offsets[i], caplens[i], wirelens[i], ts[i], 3, row)
+        out[i, :] = row
+
+
+def test_lean_parser_differs_only_in_extra_columns() -> None:
+    """Kernels whose queries read none of EXTRA_COLUMNS call parse_frame_lean: same status and same
+    other columns as parse_frame on every base frame and every cut of it; the extra columns untouched."""
+    frames = [f[:c] for f in _BASE_LIST for c in range(0, len(f) + 1, 3)]
+    full, st_full, _, _ = run(frames)
+    data, offs, caps, wls, ts = frames_to_arrays([(f, 1_000 + i, len(f)) for i, f in enumerate(frames)])
+    lean, st_lean = np.zeros_like(full), np.zeros(len(frames), np.int64)
+    _lean_batch(data, offs, caps, wls, ts, lean, st_lean)
+    assert st_lean.tolist() == st_full.tolist()
+    other = [k for k in range(NFIELDS) if k not in EXTRA_COLUMNS]
+    assert lean[:, other].tolist() == full[:, other].tolist()
+    assert (lean[:, list(EXTRA_COLUMNS)] == -77).all()
+    assert set(EXTRA_COLUMNS) == {ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL}
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_parse_frame_has_no_refcount_calls(lean: bool) -> None:
     """parse_frame must compile without NRT incref/decref (they cost ~3x throughput in the hot loop)."""
     from numba import njit, types
 
-    from low_level.parse import parse_frame
+    from low_level.parse import parse_frame, parse_frame_lean
 
-    fresh = njit(nogil=True)(parse_frame.py_func)  # uncached copy, so its LLVM IR can be inspected
+    fresh = njit(nogil=True)((parse_frame_lean if lean else parse_frame).py_func)  # uncached copy, so its LLVM IR can be inspected
     sig = (
         types.uint8[::1],
         types.int64,
