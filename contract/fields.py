@@ -33,7 +33,16 @@ TCP_WINDOW = 18  # TCP window field (unscaled); -1 when not TCP or not captured 
 ICMP_TYPE = 19  # ICMP / ICMPv6 type; -1 when not ICMP (0 is echo reply)
 ICMP_CODE = 20  # ICMP / ICMPv6 code; -1 when not ICMP
 MPLS_LABEL = 21  # outer (top) MPLS label, 20 bits; -1 when the frame has no MPLS stack (label 0 is IPv4 null)
-NFIELDS = 22
+INNER_IPVER = 22  # 4 or 6: the IP header inside a GRE or VXLAN tunnel; 0 when there is none
+INNER_SRC_HI = 23  # inner addresses, same 128-bit layout as SRC_HI..DST_LO; all 0 when INNER_IPVER is 0
+INNER_SRC_LO = 24
+INNER_DST_HI = 25
+INNER_DST_LO = 26
+NFIELDS = 27
+
+# Column holding the address family (4 / 6) of each address field's first column: group-by prefixes
+# cut an address by its own header's family (an IPv4 tunnel may carry IPv6 and vice versa).
+FAMILY_COLUMN = {SRC_HI: IPVER, DST_HI: IPVER, INNER_SRC_HI: INNER_IPVER, INNER_DST_HI: INNER_IPVER}
 
 IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 
@@ -79,6 +88,9 @@ CATALOG: dict[str, Field] = {
         _f("icmp_type", "int", (ICMP_TYPE,), "ICMP / ICMPv6 type (-1 if not ICMP)"),
         _f("icmp_code", "int", (ICMP_CODE,), "ICMP / ICMPv6 code (-1 if not ICMP)"),
         _f("mpls_label", "int", (MPLS_LABEL,), "outer MPLS label (-1 if no MPLS)"),
+        _f("inner_ip_version", "int", (INNER_IPVER,), "4 / 6 inside a GRE or VXLAN tunnel, 0 if none"),
+        _f("inner_src_ip", "ip", (INNER_SRC_HI, INNER_SRC_LO), "source address inside a GRE/VXLAN tunnel"),
+        _f("inner_dst_ip", "ip", (INNER_DST_HI, INNER_DST_LO), "destination address inside a GRE/VXLAN tunnel"),
     )
 }
 

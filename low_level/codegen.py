@@ -58,7 +58,7 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
                 out.append(f"{ind}keys[ko + {w}] = row[{col}]")
                 out.append(f"{ind}keys[ko + {w + 1}] = row[{col + 1}]")
             else:
-                out.append(f"{ind}if row[F.IPVER] == 4:")
+                out.append(f"{ind}if row[{F.FAMILY_COLUMN[col]}] == 4:")
                 out.append(f"{ind}    keys[ko + {w}] = row[{col}] & np.int64({m4h})")
                 out.append(f"{ind}    keys[ko + {w + 1}] = row[{col + 1}] & np.int64({m4l})")
                 out.append(f"{ind}else:")
@@ -327,7 +327,7 @@ def columns_read(shapes: list[dict]) -> set[int]:
     cols: set[int] = set()
     for s in shapes:
         for col, is_ip, *_ in s["key"]:
-            cols |= {col, col + 1} if is_ip else {F.TOS if col == SRC_DSCP else col}
+            cols |= {col, col + 1, F.FAMILY_COLUMN[col]} if is_ip else {F.TOS if col == SRC_DSCP else col}
         cols |= {F.TOS if src == SRC_DSCP else src for src, _ in s["state"] if src != SRC_ONE}
         for op, a0, *_ in s["filter"]:
             if op == OP_LOAD:

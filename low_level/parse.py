@@ -19,6 +19,11 @@ Decisions worth knowing:
   ``non_ip``); the first nibble under it selects IPv4 (4) or IPv6 (6), which are then parsed as
   usual; anything else (pseudowire, control word) is ``non_ip``. A stack cut short, or nothing
   captured under it, is ``truncated_mpls``.
+* Tunnels: for GRE (version 0, payload IPv4, IPv6 or Ethernet 0x6558) and VXLAN (UDP destination
+  port 4789, I flag set; inner Ethernet with at most one VLAN tag), INNER_IPVER and the INNER_*
+  addresses describe the IP header inside. Absent (no tunnel, or the inner header not captured in
+  full, or not IP) is INNER_IPVER 0 with all-zero address words, and never an error: a capture's
+  snaplen often ends inside the inner packet, and the outer packet is still worth counting.
 * Ports mean TCP/UDP ports only: ICMP/ICMPv6 (and every other protocol) keep SPORT = DPORT = 0.
   ICMP is still checked for a complete 4-byte header so that a cut ICMP header is ``truncated_l4``.
 * An L4 header counts as complete when its fixed part (TCP 20, UDP 8, ICMP/ICMPv6 4 bytes) is within
@@ -53,6 +58,11 @@ from contract.fields import (
     ICMP_CODE,
     ICMP_TYPE,
     IFACE,
+    INNER_DST_HI,
+    INNER_DST_LO,
+    INNER_IPVER,
+    INNER_SRC_HI,
+    INNER_SRC_LO,
     IPV4_MAPPED_PREFIX,
     IPVER,
     LEN,
@@ -100,7 +110,8 @@ PARSE_ERROR_NAMES: tuple[str, ...] = (
 NERR = len(PARSE_ERROR_NAMES)
 
 # Columns only parse_frame fills (parse_frame_lean skips them); same status and other columns either way.
-EXTRA_COLUMNS: tuple[int, ...] = (ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL)
+EXTRA_COLUMNS: tuple[int, ...] = (ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL,
+                                  INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO)
 
 MAX_VLAN_TAGS = 4
 MAX_MPLS_LABELS = 8
@@ -111,6 +122,8 @@ ETHERTYPE_IPV4 = 0x0800
 ETHERTYPE_IPV6 = 0x86DD
 ETHERTYPE_MPLS = 0x8847
 ETHERTYPE_MPLS_MCAST = 0x8848
+ETHERTYPE_TEB = 0x6558  # transparent Ethernet bridging: an Ethernet frame inside GRE (NVGRE)
+VXLAN_PORT = 4789
 
 _MAPPED = np.int64(IPV4_MAPPED_PREFIX)
 
@@ -201,6 +214,11 @@ def _parse(data, off, caplen, wirelen, ts_ns, iface, row, extra):
         row[ICMP_TYPE] = -1
         row[ICMP_CODE] = -1
         row[MPLS_LABEL] = -1
+        row[INNER_IPVER] = 0
+        row[INNER_SRC_HI] = 0
+        row[INNER_SRC_LO] = 0
+        row[INNER_DST_HI] = 0
+        row[INNER_DST_LO] = 0
     status = PARSE_OK
     proto = np.int64(-1)
     l4 = np.int64(-1)  # offset of a TCP/UDP/ICMP header to read, -1 when there is none
@@ -350,6 +368,37 @@ def _parse(data, off, caplen, wirelen, ts_ns, iface, row, extra):
                 row[ICMP_CODE] = np.int64(data[l4 + 1])
             if l4 + 4 > end:
                 status = ERR_TRUNCATED_L4
+    if extra and l4 >= 0 and status == PARSE_OK:
+        # Tunnels: the inner IP header of GRE (version 0, IP or Ethernet payload) or VXLAN (UDP 4789,
+        # I flag set). Not captured in full or not IP: no inner fields, and the status stays OK.
+        inner = np.int64(-1)
+        iet = np.int64(0)
+        if proto == 47 and l4 + 4 <= end:
+            gflags = _be16(data, l4)
+            if (gflags & 0x4007) == 0:  # version 0 without source routing
+                inner = l4 + 4 + (((gflags >> 15) & 1) + ((gflags >> 13) & 1) + ((gflags >> 12) & 1)) * 4
+                iet = _be16(data, l4 + 2)
+        elif proto == 17 and row[DPORT] == VXLAN_PORT and l4 + 16 <= end and (data[l4 + 8] & 0x08) != 0:
+            inner = l4 + 16
+            iet = ETHERTYPE_TEB
+        if iet == ETHERTYPE_TEB:  # inner Ethernet, at most one VLAN tag
+            iet = 0
+            if inner + 14 <= end:
+                iet = _be16(data, inner + 12)
+                inner += 14
+                if iet == 0x8100 and inner + 4 <= end:
+                    iet = _be16(data, inner + 2)
+                    inner += 4
+        if iet == ETHERTYPE_IPV4 and inner + 20 <= end and (data[inner] >> 4) == 4:
+            row[INNER_IPVER] = 4
+            row[INNER_SRC_LO] = _MAPPED | _be32(data, inner + 12)
+            row[INNER_DST_LO] = _MAPPED | _be32(data, inner + 16)
+        elif iet == ETHERTYPE_IPV6 and inner + 40 <= end and (data[inner] >> 4) == 6:
+            row[INNER_IPVER] = 6
+            row[INNER_SRC_HI] = _be64(data, inner + 8)
+            row[INNER_SRC_LO] = _be64(data, inner + 16)
+            row[INNER_DST_HI] = _be64(data, inner + 24)
+            row[INNER_DST_LO] = _be64(data, inner + 32)
     row[PROTO] = proto
     # Always false (end was clamped above); it is the final use of `data` that pins its lifetime to
     # this single exit, see the docstring.

@@ -38,6 +38,9 @@ class Traffic:
     src_mac: np.ndarray | None = None  # int64 48-bit; None = 02:00:00:00:00:02 for all
     dst_mac: np.ndarray | None = None  # None = 02:00:00:00:00:01 for all
     window: np.ndarray | None = None  # TCP window; None = 0 for all
+    gre: np.ndarray | None = None  # bool: GRE (proto must be 47) carrying an IPv4 header with inner_src/dst
+    inner_src: np.ndarray | None = None  # uint32 IPv4, used where gre
+    inner_dst: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -74,6 +77,12 @@ class Traffic:
         r[:, F.DST_MAC] = 0x0200_0000_0001 if self.dst_mac is None else self.dst_mac
         if self.tos is not None:
             r[:, F.TOS] = self.tos
+        if self.gre is not None:
+            g = self.gre
+            r[g, F.SPORT] = r[g, F.DPORT] = 0
+            r[g, F.INNER_IPVER] = 4
+            r[g, F.INNER_SRC_LO] = F.IPV4_MAPPED_PREFIX | self.inner_src[g].astype(np.int64)
+            r[g, F.INNER_DST_LO] = F.IPV4_MAPPED_PREFIX | self.inner_dst[g].astype(np.int64)
         if self.v6 is not None:
             r[self.v6, F.IPVER] = 6
             r[self.v6, F.ETHERTYPE] = 0x86DD
@@ -186,6 +195,16 @@ def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         if t.window is not None:
             f[tcp6, 68] = t.window[tcp6] >> 8
             f[tcp6, 69] = t.window[tcp6] & 0xFF
+    if t.gre is not None:  # GRE (no optional words, payload 0x0800) and the inner IPv4 header
+        v6 = t.v6 if t.v6 is not None else np.zeros(n, bool)
+        for rows, l4 in ((t.gre & ~v6, 34), (t.gre & v6, 54)):
+            f[rows, l4:] = 0
+            f[rows, l4 + 2] = 0x08
+            f[rows, l4 + 4] = 0x45
+            f[rows, l4 + 6] = 20
+            for k in range(4):
+                f[rows, l4 + 16 + k] = (t.inner_src[rows] >> (24 - 8 * k)) & 0xFF
+                f[rows, l4 + 20 + k] = (t.inner_dst[rows] >> (24 - 8 * k)) & 0xFF
     caplen = np.full(n, snap, dtype=np.int64)
     return f, caplen, t.length.astype(np.int64), t.ts.astype(np.int64)
 

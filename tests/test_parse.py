@@ -27,7 +27,8 @@ from scapy.layers.inet6 import (
     IPv6ExtHdrRouting,
     RouterAlert,
 )
-from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
+from scapy.layers.l2 import ARP, GRE, Dot1AD, Dot1Q, Ether
+from scapy.layers.vxlan import VXLAN
 from scapy.packet import NoPayload, Padding, Raw
 
 from contract.fields import (
@@ -39,6 +40,11 @@ from contract.fields import (
     ICMP_CODE,
     ICMP_TYPE,
     IFACE,
+    INNER_DST_HI,
+    INNER_DST_LO,
+    INNER_IPVER,
+    INNER_SRC_HI,
+    INNER_SRC_LO,
     IPVER,
     LEN,
     MPLS_LABEL,
@@ -198,6 +204,32 @@ BASE: dict[str, bytes] = {
         eth() / MPLS(label=0xFFFFF, s=1) / IPv6(src=V6A, dst=V6B) / UDP(sport=4000, dport=53) / Raw(b"m" * 8)
     ),
     "mpls_null_v4_icmp": bytes(eth() / MPLS(label=0, s=1) / IP(src=V4B, dst=V4A) / ICMP(type=11, code=0)),
+    # tunnels: inner addresses (GRE with every optional word, GRE over IPv6, NVGRE-style Ethernet, VXLAN)
+    "gre_v4_in_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47) / GRE() / IP(src="172.16.0.1", dst="172.16.9.9") / UDP(dport=7)
+    ),
+    "gre_opts_v6_in_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47)
+        / GRE(chksum_present=1, key_present=1, key=0xABCD, seqnum_present=1, sequence_number=5)
+        / IPv6(src="2001:db8:a::1", dst="fd00::ff") / TCP(sport=1, dport=2)
+    ),
+    "gre_v4_in_v6": bytes(
+        eth() / IPv6(src=V6A, dst=V6B, nh=47) / GRE() / IP(src="100.64.0.5", dst="8.8.8.8") / ICMP()
+    ),
+    "gre_teb_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47) / GRE(proto=0x6558)
+        / Ether(src="0a:00:00:00:00:01", dst="0a:00:00:00:00:02") / IP(src="192.0.2.1", dst="192.0.2.2") / UDP()
+    ),
+    "vxlan_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B) / UDP(sport=51000, dport=4789) / VXLAN(flags=0x08, vni=4242)
+        / Ether(src="0a:00:00:00:00:03", dst="0a:00:00:00:00:04") / IP(src="10.200.0.1", dst="10.200.0.2")
+        / TCP(sport=3, dport=4)
+    ),
+    "vxlan_v6_vlan_in_v6": bytes(
+        eth() / IPv6(src=V6A, dst=V6B) / UDP(sport=51001, dport=4789) / VXLAN(flags=0x08, vni=1)
+        / Ether(src="0a:00:00:00:00:05", dst="0a:00:00:00:00:06") / Dot1Q(vlan=77)
+        / IPv6(src="2001:db8:beef::7", dst="2001:db8:beef::8") / UDP(sport=5, dport=6)
+    ),
     "v6_dot1q_icmp": bytes(
         eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)
     ),
@@ -239,6 +271,19 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
         v[TCP_FLAGS], v[TCP_WINDOW] = l4.flags, l4.win
     if isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
         v[ICMP_TYPE], v[ICMP_CODE] = l4.type, l4.code
+    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+    inner = None
+    if isinstance(l4, dpkt.gre.GRE):
+        inner = l4.data
+    elif isinstance(l4, dpkt.udp.UDP) and l4.dport == 4789:  # dpkt has no VXLAN: its 8 bytes, then Ethernet
+        inner = dpkt.ethernet.Ethernet(l4.data[8:])
+    if isinstance(inner, dpkt.ethernet.Ethernet):
+        inner = inner.data
+    if isinstance(inner, dpkt.ip.IP | dpkt.ip6.IP6):
+        fam = socket.AF_INET if isinstance(inner, dpkt.ip.IP) else socket.AF_INET6
+        v[INNER_IPVER] = 4 if fam == socket.AF_INET else 6
+        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.src)))
+        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.dst)))
     v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(src))
     v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(dst))
     return v
@@ -267,11 +312,19 @@ def scapy_view(frame: bytes) -> dict[int, int]:
         inner = inner.payload
     v[ETHERTYPE] = inner.underlayer.type
     v[MPLS_LABEL] = p[MPLS].label if MPLS in p else -1
-    if IP in p:
-        ip = p[IP]
+    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+    tunnel = p.getlayer(GRE) or p.getlayer(VXLAN)
+    inner_ip = (tunnel.getlayer(IP) or tunnel.getlayer(IPv6)) if tunnel is not None else None
+    if inner_ip is not None:
+        v[INNER_IPVER] = inner_ip.version
+        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(inner_ip.src))
+        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(inner_ip.dst))
+    ip = p.payload
+    while not isinstance(ip, IP | IPv6):  # the outer IP header (a tunnel may hold the other family)
+        ip = ip.payload
+    if isinstance(ip, IP):
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
     else:
-        ip = p[IPv6]
         v[IPVER], v[TOS], v[TTL] = 6, ip.tc, ip.hlim
         nh, layer = ip.nh, ip.payload
         while isinstance(layer, _V6_EXT):
@@ -280,13 +333,16 @@ def scapy_view(frame: bytes) -> dict[int, int]:
                 break
             layer = layer.payload
         v[PROTO] = nh
+    outer = p.copy()  # outer L4 only: the tunnel's payload has TCP/UDP/ICMP layers of its own
+    if tunnel is not None:
+        (outer.getlayer(GRE) or outer.getlayer(VXLAN)).remove_payload()
     for cls in (TCP, UDP):
-        if cls in p:
-            v[SPORT], v[DPORT] = p[cls].sport, p[cls].dport
-    if TCP in p:
-        v[TCP_FLAGS], v[TCP_WINDOW] = int(p[TCP].flags), p[TCP].window
-    if ICMP in p:
-        v[ICMP_TYPE], v[ICMP_CODE] = p[ICMP].type, p[ICMP].code
+        if cls in outer:
+            v[SPORT], v[DPORT] = outer[cls].sport, outer[cls].dport
+    if TCP in outer:
+        v[TCP_FLAGS], v[TCP_WINDOW] = int(outer[TCP].flags), outer[TCP].window
+    if ICMP in outer:
+        v[ICMP_TYPE], v[ICMP_CODE] = outer[ICMP].type, outer[ICMP].code
     elif IPv6 in p and v[PROTO] == 58:
         icmp6 = p[IPv6].payload
         while isinstance(icmp6, _V6_EXT):
@@ -705,6 +761,50 @@ def test_mpls_explicit_values_and_cuts() -> None:
     assert names(status[14:23]) == ["truncated_mpls"] * 9 and names(status[23:24]) == ["truncated_ipv4"]
 
 
+TUNNELS = ["gre_v4_in_v4", "gre_opts_v6_in_v4", "gre_v4_in_v6", "gre_teb_v4", "vxlan_v4", "vxlan_v6_vlan_in_v6"]
+
+
+@pytest.mark.parametrize("name", TUNNELS)
+def test_inner_addresses_at_every_cut(name: str) -> None:
+    """Inner fields appear exactly once the inner IP header's fixed part is captured; before that they
+    are absent (0) and the status is whatever the outer headers give (a cut tunnel is not an error)."""
+    frame = BASE[name]
+    p = Ether(frame)
+    tunnel = p[GRE] if GRE in p else p[VXLAN]
+    inner_ip = tunnel.getlayer(IP) or tunnel.getlayer(IPv6)
+    inner_end = len(frame) - len(bytes(inner_ip)) + (20 if inner_ip.version == 4 else 40)
+    bounds, _ = _layout(frame)
+    full, _ = parse_one(frame)
+    assert full[INNER_IPVER] == inner_ip.version
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    inner_cols = [INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]
+    for c in range(len(frame) + 1):
+        assert status[c] == _expected_cut(bounds, c), c
+        want = full[inner_cols].tolist() if c >= inner_end else [0] * 5
+        assert out[c][inner_cols].tolist() == want, c
+
+
+def test_inner_explicit_values_and_non_tunnels() -> None:
+    """Inner addresses spelled out; GRE version 1 (PPTP), a cut GRE payload, UDP 4789 without the I
+    flag, and plain traffic have none."""
+    row, _ = parse_one(BASE["gre_v4_in_v4"])
+    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO]))) == (4, "172.16.0.1")
+    assert words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO])) == "172.16.9.9" and row[PROTO] == 47
+    row, _ = parse_one(BASE["gre_opts_v6_in_v4"])
+    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO]))) == (6, "fd00::ff")
+    row, _ = parse_one(BASE["vxlan_v6_vlan_in_v6"])
+    assert words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO])) == "2001:db8:beef::7"
+    assert (row[DPORT], row[VLAN], row[IPVER]) == (4789, 0, 6)  # outer fields stay the outer packet's
+    for frame in (
+        BASE["v4_gre"],
+        BASE["v4_tcp_syn"],
+        bytes(eth() / IP(src=V4A, dst=V4B, proto=47) / GRE(version=1) / IP(src="1.1.1.1", dst="2.2.2.2")),
+        bytes(eth() / IP(src=V4A, dst=V4B) / UDP(dport=4789) / VXLAN(flags=0) / Ether() / IP(src="1.1.1.1")),
+    ):
+        row, status = parse_one(frame)
+        assert status == PARSE_OK and row[[INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]].tolist() == [0] * 5
+
+
 def test_every_cut_length_ah() -> None:
     """AH (length in 4-byte units, +2): scapy leaves its payload undecoded, so the layout is spelled out."""
     frame = BASE["v6_ah_tcp"]
@@ -820,7 +920,8 @@ def test_lean_parser_differs_only_in_extra_columns() -> None:
     other = [k for k in range(NFIELDS) if k not in EXTRA_COLUMNS]
     assert lean[:, other].tolist() == full[:, other].tolist()
     assert (lean[:, list(EXTRA_COLUMNS)] == -77).all()
-    assert set(EXTRA_COLUMNS) == {ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL}
+    assert set(EXTRA_COLUMNS) == {ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL,
+                                  INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO}
 
 
 @pytest.mark.parametrize("lean", [False, True])
