@@ -3,6 +3,13 @@
 A parsed packet is a row of ``NFIELDS`` int64 values. IP addresses of both families live in one
 128-bit space as two int64 words holding the unsigned bit pattern (high word, low word): IPv6 as is,
 IPv4 as the IPv4-mapped address ``::ffff:a.b.c.d`` (high word 0, low word ``0xffff_0000_0000 | addr``).
+
+Absent values: fields where 0 is meaningful say "absent" with -1 (TCP_WINDOW, ICMP_TYPE/CODE,
+MPLS_LABEL, and PROTO without IP); the others use 0 (ports, VLAN, ETHERTYPE and MACs of a cut header,
+the inner addresses with INNER_IPVER 0, which print as ``::`` and match no IPv4 prefix). MACs are
+48-bit integers (result columns are int64; :func:`int_to_mac` formats one). Columns from ETHERTYPE on
+are filled only by the full parser, which a host's kernel uses when one of its queries reads them
+(``low_level.parse.EXTRA_COLUMNS``).
 """
 
 from __future__ import annotations
