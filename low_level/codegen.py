@@ -249,7 +249,7 @@ from low_level.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_I, QP_IFMASK,
                               QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
                               QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
 
-NF = F.NFIELDS
+NF = {nf}  # row stride of the block's copied rows: up to the columns this kernel's parser writes
 BLOCK = {block}
 HC_PACKETS, HC_PARSED_OK = 0, 1
 '''
@@ -341,7 +341,13 @@ def columns_read(shapes: list[dict]) -> set[int]:
 
 def kernel_source(shapes: list[dict]) -> str:
     """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
-    parts = [_HEADER.format(block=BLOCK)]
+    # The full parser only when a query reads one of the columns the lean one leaves unwritten. Those
+    # come last in the row, so a lean kernel also keeps its block of copied rows at the short stride
+    # (less cache for the same 128 packets).
+    full = bool(columns_read(shapes) & set(EXTRA_COLUMNS))
+    assert set(EXTRA_COLUMNS) == set(range(min(EXTRA_COLUMNS), F.NFIELDS)), "extra columns must come last"
+    parse, nf = ("parse_frame", "F.NFIELDS") if full else ("parse_frame_lean", str(min(EXTRA_COLUMNS)))
+    parts = [_HEADER.format(block=BLOCK, nf=nf)]
     for q, s in enumerate(shapes):
         kw = s["kw"]
         key_eq = " and ".join(f"tab[pos + {1 + w}] == keys[ko + {w}]" for w in range(kw))
@@ -363,8 +369,6 @@ def kernel_source(shapes: list[dict]) -> str:
     if any(src == SRC_DSCP for s in shapes for src, _ in s["state"]):
         needed.add(F.TOS)
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    # the full parser only when a query reads one of the columns the lean one leaves unwritten
-    parse = "parse_frame" if columns_read(shapes) & set(EXTRA_COLUMNS) else "parse_frame_lean"
     parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
                                select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
                                args=_FUSED_ARGS))

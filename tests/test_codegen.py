@@ -102,7 +102,10 @@ def test_the_lean_parser_serves_queries_that_read_no_extra_column() -> None:
     unless some query of the host reads one: in a filter, a key or an aggregate."""
     def parser(*queries) -> str:
         text = codegen.kernel_source(codegen.shape_of(Tables.build(list(queries))))
-        return "parse_frame_lean(" if "parse_frame_lean(frames" in text else "parse_frame("
+        lean = "parse_frame_lean(frames" in text
+        # the lean kernel's block of rows has the short stride: only the columns its parser writes
+        assert ("NF = 15 " in text) == lean and ("NF = F.NFIELDS " in text) == (not lean)
+        return "parse_frame_lean(" if lean else "parse_frame("
 
     assert parser(*mixed_queries()) == "parse_frame_lean("
     assert parser(make_query("lazy", 64), make_query("lazy", 64, name="w", flt="tcp_window == 0")) == "parse_frame("
