@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.queries import q4  # noqa: E402
+from contract import fields as F  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from low_level.kernel import Kernel  # noqa: E402
@@ -206,7 +207,7 @@ def main() -> None:
         # parse into one scratch row per packet (we only time parsing)
         status = np.zeros(n, dtype=np.int64)
         errs = np.zeros(16, dtype=np.int64)
-        rows_out = np.zeros((1 << 20, 15), np.int64)
+        rows_out = np.zeros((1 << 20, F.NFIELDS), np.int64)
         t0, c0 = time.perf_counter(), time.process_time()
         for s in range(0, n, 1 << 20):
             e = min(n, s + (1 << 20))

@@ -34,6 +34,7 @@ from benchmarks.bench_sources import drain_rate  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
 from benchmarks.queries import q4  # noqa: E402
+from contract.fields import NFIELDS  # noqa: E402
 from high_level.partition import PartitionProcessor, Settings  # noqa: E402
 from high_level.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
@@ -100,7 +101,7 @@ def main() -> None:
     flat = np.ascontiguousarray(frames).reshape(-1)
     offs = np.arange(n, dtype=np.int64) * 64
     ifs = np.zeros(n, dtype=np.int64)
-    out = np.zeros((n, 15), dtype=np.int64)
+    out = np.zeros((n, NFIELDS), dtype=np.int64)
     st = np.zeros(n, dtype=np.int64)
     errs = np.zeros(16, dtype=np.int64)
     parse_batch(flat[:6400], offs[:100], caplen[:100], wirelen[:100], ts[:100], ifs[:100], 100, out, st, errs)

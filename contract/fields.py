@@ -3,6 +3,13 @@
 A parsed packet is a row of ``NFIELDS`` int64 values. IP addresses of both families live in one
 128-bit space as two int64 words holding the unsigned bit pattern (high word, low word): IPv6 as is,
 IPv4 as the IPv4-mapped address ``::ffff:a.b.c.d`` (high word 0, low word ``0xffff_0000_0000 | addr``).
+
+Absent values: fields where 0 is meaningful say "absent" with -1 (TCP_WINDOW, ICMP_TYPE/CODE,
+MPLS_LABEL, and PROTO without IP); the others use 0 (ports, VLAN, ETHERTYPE and MACs of a cut header,
+the inner addresses with INNER_IPVER 0, which print as ``::`` and match no IPv4 prefix). MACs are
+48-bit integers (result columns are int64; :func:`int_to_mac` formats one). Columns from ETHERTYPE on
+are filled only by the full parser, which a host's kernel uses when one of its queries reads them
+(``low_level.parse.EXTRA_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -26,7 +33,23 @@ VLAN = 11  # outer 802.1Q VLAN id, 0 when untagged
 TTL = 12  # IPv4 TTL or IPv6 hop limit
 TOS = 13  # IPv4 TOS byte or IPv6 traffic class
 IFACE = 14  # capture interface index within the host's configured interface list
-NFIELDS = 15
+ETHERTYPE = 15  # the ethertype after any VLAN tags (0x0800, 0x86dd, 0x0806, 0x8847 for MPLS ...); 0 if cut
+SRC_MAC = 16  # Ethernet source address as a 48-bit unsigned int; 0 if the Ethernet header is cut
+DST_MAC = 17
+TCP_WINDOW = 18  # TCP window field (unscaled); -1 when not TCP or not captured (0 is a real zero window)
+ICMP_TYPE = 19  # ICMP / ICMPv6 type; -1 when not ICMP (0 is echo reply)
+ICMP_CODE = 20  # ICMP / ICMPv6 code; -1 when not ICMP
+MPLS_LABEL = 21  # outer (top) MPLS label, 20 bits; -1 when the frame has no MPLS stack (label 0 is IPv4 null)
+INNER_IPVER = 22  # 4 or 6: the IP header inside a GRE or VXLAN tunnel; 0 when there is none
+INNER_SRC_HI = 23  # inner addresses, same 128-bit layout as SRC_HI..DST_LO; all 0 when INNER_IPVER is 0
+INNER_SRC_LO = 24
+INNER_DST_HI = 25
+INNER_DST_LO = 26
+NFIELDS = 27
+
+# Column holding the address family (4 / 6) of each address field's first column: group-by prefixes
+# cut an address by its own header's family (an IPv4 tunnel may carry IPv6 and vice versa).
+FAMILY_COLUMN = {SRC_HI: IPVER, DST_HI: IPVER, INNER_SRC_HI: INNER_IPVER, INNER_DST_HI: INNER_IPVER}
 
 IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 
@@ -65,6 +88,16 @@ CATALOG: dict[str, Field] = {
         _f("tos", "int", (TOS,), "IPv4 TOS / IPv6 traffic class byte"),
         _f("dscp", "int", (TOS,), "DSCP = tos >> 2"),
         _f("interface", "int", (IFACE,), "capture interface index"),
+        _f("ethertype", "int", (ETHERTYPE,), "ethertype after VLAN tags (0x0800 IPv4, 0x86dd IPv6, ...)"),
+        _f("src_mac", "int", (SRC_MAC,), "Ethernet source address as a 48-bit integer (0x0200000000ff)"),
+        _f("dst_mac", "int", (DST_MAC,), "Ethernet destination address as a 48-bit integer"),
+        _f("tcp_window", "int", (TCP_WINDOW,), "TCP window field, unscaled (-1 if not TCP)"),
+        _f("icmp_type", "int", (ICMP_TYPE,), "ICMP / ICMPv6 type (-1 if not ICMP)"),
+        _f("icmp_code", "int", (ICMP_CODE,), "ICMP / ICMPv6 code (-1 if not ICMP)"),
+        _f("mpls_label", "int", (MPLS_LABEL,), "outer MPLS label (-1 if no MPLS)"),
+        _f("inner_ip_version", "int", (INNER_IPVER,), "4 / 6 inside a GRE or VXLAN tunnel, 0 if none"),
+        _f("inner_src_ip", "ip", (INNER_SRC_HI, INNER_SRC_LO), "source address inside a GRE/VXLAN tunnel"),
+        _f("inner_dst_ip", "ip", (INNER_DST_HI, INNER_DST_LO), "destination address inside a GRE/VXLAN tunnel"),
     )
 }
 
@@ -85,6 +118,19 @@ def words_to_ip(hi: int, lo: int) -> str:
     if hi == 0 and (lo >> 32) == 0xFFFF:
         return str(ipaddress.IPv4Address(lo & 0xFFFF_FFFF))
     return str(ipaddress.IPv6Address((hi << 64) | lo))
+
+
+def mac_to_int(text: str) -> int:
+    """``aa:bb:cc:dd:ee:ff`` -> the 48-bit integer the parser stores in SRC_MAC / DST_MAC (and filters compare)."""
+    parts = text.split(":")
+    if len(parts) != 6 or not all(len(x) == 2 for x in parts):
+        raise ValueError(f"not a MAC address: {text!r}")
+    return int("".join(parts), 16)
+
+
+def int_to_mac(v: int) -> str:
+    """Inverse of :func:`mac_to_int`, for printing a MAC column of results."""
+    return ":".join(f"{(v >> s) & 0xFF:02x}" for s in range(40, -8, -8))
 
 
 def to_int64(u: int) -> int:

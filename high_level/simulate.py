@@ -77,7 +77,8 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     for p in q.key_parts:
         if p.field.kind == "ip":
             c = p.field.columns[0]
-            words.extend(_masked_addresses(r[:, F.IPVER], r[:, c], r[:, c + 1], p.prefix4, p.prefix6))
+            fam = r[:, F.FAMILY_COLUMN[c]]  # the address's own header's family (inner ones: INNER_IPVER)
+            words.extend(_masked_addresses(fam, r[:, c], r[:, c + 1], p.prefix4, p.prefix6))
         else:
             words.append(_field_values(r, p.field.name))
     key = np.column_stack(words) if words else np.zeros((len(r), 1), np.int64)

@@ -19,11 +19,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from contract import fields as F
-from contract.filterlang import compile_filter
+from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, compile_filter
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
 from contract.query import key_program as query_key_program
 from low_level import jitcache
 from low_level.filter import statements as filter_statements
+from low_level.parse import EXTRA_COLUMNS
 from low_level.tables import QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
 
 BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
@@ -57,7 +58,7 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
                 out.append(f"{ind}keys[ko + {w}] = row[{col}]")
                 out.append(f"{ind}keys[ko + {w + 1}] = row[{col + 1}]")
             else:
-                out.append(f"{ind}if row[F.IPVER] == 4:")
+                out.append(f"{ind}if row[{F.FAMILY_COLUMN[col]}] == 4:")
                 out.append(f"{ind}    keys[ko + {w}] = row[{col}] & np.int64({m4h})")
                 out.append(f"{ind}    keys[ko + {w + 1}] = row[{col + 1}] & np.int64({m4l})")
                 out.append(f"{ind}else:")
@@ -240,7 +241,7 @@ from numba import njit
 
 from contract import fields as F
 from low_level import flush
-from low_level.parse import PARSE_OK, parse_frame
+from low_level.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.ring import HEAD, TAIL
 from low_level.refcount import pin
 from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, prefetch_w, slot_hash_at
@@ -248,7 +249,7 @@ from low_level.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_I, QP_IFMASK,
                               QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
                               QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
 
-NF = F.NFIELDS
+NF = {nf}  # row stride of the block's copied rows: up to the columns this kernel's parser writes
 BLOCK = {block}
 HC_PACKETS, HC_PARSED_OK = 0, 1
 '''
@@ -269,7 +270,7 @@ def fused_pass({args}):
         for i in range(bn):
             slot = (seq0 + b0 + i) & smask
             ifc = iface[slot] if use_iface else 0
-            status = parse_frame(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            status = {parse}(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
             if status == PARSE_OK:
                 nok += 1
                 ro = i * NF
@@ -321,9 +322,32 @@ _FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n,
                "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs")
 
 
+def columns_read(shapes: list[dict]) -> set[int]:
+    """Parsed-packet columns the queries' filters, keys and states read (decides which parser to call)."""
+    cols: set[int] = set()
+    for s in shapes:
+        for col, is_ip, *_ in s["key"]:
+            cols |= {col, col + 1, F.FAMILY_COLUMN[col]} if is_ip else {F.TOS if col == SRC_DSCP else col}
+        cols |= {F.TOS if src == SRC_DSCP else src for src, _ in s["state"] if src != SRC_ONE}
+        for op, a0, *_ in s["filter"]:
+            if op == OP_LOAD:
+                cols.add(a0)
+            elif op == OP_IP_MATCH:
+                cols |= {a0, a0 + 1}
+            elif op == OP_LOAD_DSCP:
+                cols.add(F.TOS)
+    return cols
+
+
 def kernel_source(shapes: list[dict]) -> str:
     """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
-    parts = [_HEADER.format(block=BLOCK)]
+    # The full parser only when a query reads one of the columns the lean one leaves unwritten. Those
+    # come last in the row, so a lean kernel also keeps its block of copied rows at the short stride
+    # (less cache for the same 128 packets).
+    full = bool(columns_read(shapes) & set(EXTRA_COLUMNS))
+    assert set(EXTRA_COLUMNS) == set(range(min(EXTRA_COLUMNS), F.NFIELDS)), "extra columns must come last"
+    parse, nf = ("parse_frame", "F.NFIELDS") if full else ("parse_frame_lean", str(min(EXTRA_COLUMNS)))
+    parts = [_HEADER.format(block=BLOCK, nf=nf)]
     for q, s in enumerate(shapes):
         kw = s["kw"]
         key_eq = " and ".join(f"tab[pos + {1 + w}] == keys[ko + {w}]" for w in range(kw))
@@ -345,7 +369,7 @@ def kernel_source(shapes: list[dict]) -> str:
     if any(src == SRC_DSCP for s in shapes for src, _ in s["state"]):
         needed.add(F.TOS)
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    parts.append(_FUSED.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
+    parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
                                select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
                                args=_FUSED_ARGS))
     return "".join(parts)

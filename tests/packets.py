@@ -27,7 +27,7 @@ class Traffic:
     dst: np.ndarray
     sport: np.ndarray
     dport: np.ndarray
-    proto: np.ndarray  # 6 or 17
+    proto: np.ndarray  # 6 or 17, or ICMP (1; 58 for IPv6) whose type/code are sport's two bytes
     flags: np.ndarray  # tcp flags
     length: np.ndarray  # wire length
     ttl: np.ndarray
@@ -35,6 +35,12 @@ class Traffic:
     v6: np.ndarray | None = None  # bool: an IPv6 packet, addresses in src6/dst6; None = all IPv4
     src6: np.ndarray | None = None  # int64 (n, 2) words (hi, lo), used where v6
     dst6: np.ndarray | None = None
+    src_mac: np.ndarray | None = None  # int64 48-bit; None = 02:00:00:00:00:02 for all
+    dst_mac: np.ndarray | None = None  # None = 02:00:00:00:00:01 for all
+    window: np.ndarray | None = None  # TCP window; None = 0 for all
+    gre: np.ndarray | None = None  # bool: GRE (proto must be 47) carrying an IPv4 header with inner_src/dst
+    inner_src: np.ndarray | None = None  # uint32 IPv4, used where gre
+    inner_dst: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -55,16 +61,31 @@ class Traffic:
         r[:, F.IPVER] = 4
         r[:, F.SRC_LO] = F.IPV4_MAPPED_PREFIX | self.src.astype(np.int64)
         r[:, F.DST_LO] = F.IPV4_MAPPED_PREFIX | self.dst.astype(np.int64)
-        r[:, F.SPORT] = self.sport
-        r[:, F.DPORT] = self.dport
+        icmp = (self.proto == 1) | (self.proto == 58)
+        tcp = self.proto == 6
+        r[:, F.SPORT] = np.where(icmp, 0, self.sport)
+        r[:, F.DPORT] = np.where(icmp, 0, self.dport)
+        r[:, F.ICMP_TYPE] = np.where(icmp, self.sport >> 8, -1)
+        r[:, F.ICMP_CODE] = np.where(icmp, self.sport & 0xFF, -1)
         r[:, F.PROTO] = self.proto
         r[:, F.LEN] = self.length
-        r[:, F.TCP_FLAGS] = np.where(self.proto == 6, self.flags, 0)
+        r[:, F.TCP_FLAGS] = np.where(tcp, self.flags, 0)
+        r[:, F.TCP_WINDOW] = np.where(tcp, 0 if self.window is None else self.window, -1)
         r[:, F.TTL] = self.ttl
+        r[:, F.ETHERTYPE] = 0x0800
+        r[:, F.SRC_MAC] = 0x0200_0000_0002 if self.src_mac is None else self.src_mac
+        r[:, F.DST_MAC] = 0x0200_0000_0001 if self.dst_mac is None else self.dst_mac
         if self.tos is not None:
             r[:, F.TOS] = self.tos
+        if self.gre is not None:
+            g = self.gre
+            r[g, F.SPORT] = r[g, F.DPORT] = 0
+            r[g, F.INNER_IPVER] = 4
+            r[g, F.INNER_SRC_LO] = F.IPV4_MAPPED_PREFIX | self.inner_src[g].astype(np.int64)
+            r[g, F.INNER_DST_LO] = F.IPV4_MAPPED_PREFIX | self.inner_dst[g].astype(np.int64)
         if self.v6 is not None:
             r[self.v6, F.IPVER] = 6
+            r[self.v6, F.ETHERTYPE] = 0x86DD
             r[self.v6, F.SRC_HI : F.SRC_LO + 1] = self.src6[self.v6]
             r[self.v6, F.DST_HI : F.DST_LO + 1] = self.dst6[self.v6]
         return r
@@ -138,6 +159,13 @@ def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     tcp = t.proto == 6
     f[tcp, 46] = 0x50
     f[tcp, 47] = t.flags[tcp]
+    if t.window is not None:
+        f[tcp, 48] = t.window[tcp] >> 8
+        f[tcp, 49] = t.window[tcp] & 0xFF
+    for base, mac in ((0, t.dst_mac), (6, t.src_mac)):
+        if mac is not None:
+            for k in range(6):
+                f[:, base + k] = (mac >> (40 - 8 * k)) & 0xFF
     if t.tos is not None:
         f[:, 15] = t.tos
     if t.has_v6:
@@ -164,6 +192,19 @@ def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         tcp6 = v6 & tcp
         f[tcp6, 66] = 0x50
         f[tcp6, 67] = t.flags[tcp6]
+        if t.window is not None:
+            f[tcp6, 68] = t.window[tcp6] >> 8
+            f[tcp6, 69] = t.window[tcp6] & 0xFF
+    if t.gre is not None:  # GRE (no optional words, payload 0x0800) and the inner IPv4 header
+        v6 = t.v6 if t.v6 is not None else np.zeros(n, bool)
+        for rows, l4 in ((t.gre & ~v6, 34), (t.gre & v6, 54)):
+            f[rows, l4:] = 0
+            f[rows, l4 + 2] = 0x08
+            f[rows, l4 + 4] = 0x45
+            f[rows, l4 + 6] = 20
+            for k in range(4):
+                f[rows, l4 + 16 + k] = (t.inner_src[rows] >> (24 - 8 * k)) & 0xFF
+                f[rows, l4 + 20 + k] = (t.inner_dst[rows] >> (24 - 8 * k)) & 0xFF
     caplen = np.full(n, snap, dtype=np.int64)
     return f, caplen, t.length.astype(np.int64), t.ts.astype(np.int64)
 

@@ -95,3 +95,20 @@ def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
     compiled = agent.kernel.compiled
     assert compiled.process_frames.signatures and compiled.process_arrays.signatures
     assert agent.kernel.hc[0] == 0 and agent.ring.fill == 0  # nothing was consumed or counted
+
+
+def test_the_lean_parser_serves_queries_that_read_no_extra_column() -> None:
+    """Columns only the full parser writes (MACs, TCP window, ICMP, MPLS, ethertype) cost nothing
+    unless some query of the host reads one: in a filter, a key or an aggregate."""
+    def parser(*queries) -> str:
+        text = codegen.kernel_source(codegen.shape_of(Tables.build(list(queries))))
+        lean = "parse_frame_lean(frames" in text
+        # the lean kernel's block of rows has the short stride: only the columns its parser writes
+        assert ("NF = 15 " in text) == lean and ("NF = F.NFIELDS " in text) == (not lean)
+        return "parse_frame_lean(" if lean else "parse_frame("
+
+    assert parser(*mixed_queries()) == "parse_frame_lean("
+    assert parser(make_query("lazy", 64), make_query("lazy", 64, name="w", flt="tcp_window == 0")) == "parse_frame("
+    assert parser(make_query("lazy", 64, group="[src_mac]")) == "parse_frame("
+    assert parser(make_query("lazy", 64, group="[]", aggs="[{fn: max, field: icmp_type, as: t}]")) == "parse_frame("
+    assert parser(make_query("lazy", 64, flt="src_ip in [10.0.0.0/8] and dscp > 3")) == "parse_frame_lean("

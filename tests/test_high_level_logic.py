@@ -463,6 +463,40 @@ def test_store_typed_layout_and_replay_overwrites(cfg, tmp_path):
             assert d.loc[i, a.name] == pytest.approx(fin[a.name], rel=1e-15)
 
 
+def test_store_and_api_columns_of_the_newer_fields(tmp_path):
+    """MACs and ICMP/MPLS fields are int64 key columns (absent -1 stays -1), inner addresses are text
+    like outer ones (absent prints '::'): through the store to Parquet and in the API's key kinds."""
+    from contract import fields as F
+    from high_level.serve.columns import QueryInfo
+
+    q = Q.load_text("""
+queries:
+  - name: tun
+    group_by: [src_mac, inner_src_ip/16, icmp_type, mpls_label]
+    aggregates: [{fn: count, as: n}]
+    window: {range: 10s}
+    table: {size: 64}
+""").queries[0]
+    lay = Layout.of(q)
+    mac, inner = 0xFEDC_BA98_7654, F.IPV4_MAPPED_PREFIX | 0x0A32_0000
+    key = np.array([[mac, 0, inner, 3, -1], [0x0200_0000_0001, 0, 0, -1, 16000]], np.int64)
+    w = np.array([T0 // lay.pane_ns] * 2)
+    rows = pd.DataFrame({
+        "query": "tun", "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
+        "window_end_ns": lay.window_end_ns(w), "key": list(key), "state": [np.array([5]), np.array([2])],
+        "kind": "final", "closed_at_ms": 1_700_000_100_000, "hosts": 1, "status": None,
+    })  # fmt: skip
+    assert ResultStore(tmp_path, [q]).write_batch(1, rows) == {"tun": 2}
+    got = duckdb.sql(f"select * from read_parquet('{tmp_path}/query=tun/**/*.parquet', hive_partitioning=true)").df()
+    names = [p.name for p in q.key_parts]
+    assert [got[c].dtype.kind for c in names] == ["i", "O", "i", "i"]
+    assert got[names[0]].tolist() == [mac, 0x0200_0000_0001]
+    assert F.int_to_mac(int(got[names[0]][0])) == "fe:dc:ba:98:76:54"
+    assert got[names[1]].tolist() == ["10.50.0.0", "::"]
+    assert got[names[2]].tolist() == [3, -1] and got[names[3]].tolist() == [-1, 16000]
+    assert QueryInfo.of(q).key_kinds == dict(zip(names, ["int", "ip", "int", "int"], strict=True))
+
+
 def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     """The OOP sink's packed path (``handle_packed``) writes the same Parquet bytes, status and metrics
     as the generic-rows path, for tumbling/sliding queries with finals and corrections in one batch;

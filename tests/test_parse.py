@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numba import njit
+from scapy.contrib.mpls import MPLS
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_RR
 from scapy.layers.inet6 import (
+    ICMPv6DestUnreach,
     ICMPv6EchoRequest,
     IPv6,
     IPv6ExtHdrDestOpt,
@@ -24,27 +27,42 @@ from scapy.layers.inet6 import (
     IPv6ExtHdrRouting,
     RouterAlert,
 )
-from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
+from scapy.layers.l2 import ARP, GRE, Dot1AD, Dot1Q, Ether
+from scapy.layers.vxlan import VXLAN
 from scapy.packet import NoPayload, Padding, Raw
 
 from contract.fields import (
     DPORT,
     DST_HI,
     DST_LO,
+    DST_MAC,
+    ETHERTYPE,
+    ICMP_CODE,
+    ICMP_TYPE,
     IFACE,
+    INNER_DST_HI,
+    INNER_DST_LO,
+    INNER_IPVER,
+    INNER_SRC_HI,
+    INNER_SRC_LO,
     IPVER,
     LEN,
+    MPLS_LABEL,
     NFIELDS,
     PROTO,
     SPORT,
     SRC_HI,
     SRC_LO,
+    SRC_MAC,
     TCP_FLAGS,
+    TCP_WINDOW,
     TOS,
     TS,
     TTL,
     VLAN,
+    int_to_mac,
     ip_to_words,
+    mac_to_int,
     to_int64,
     words_to_ip,
 )
@@ -57,13 +75,16 @@ from low_level.parse import (
     ERR_TRUNCATED_IPV6,
     ERR_TRUNCATED_IPV6_EXT,
     ERR_TRUNCATED_L4,
+    ERR_TRUNCATED_MPLS,
     ERR_TRUNCATED_VLAN,
+    EXTRA_COLUMNS,
     NERR,
     PARSE_ERROR_NAMES,
     PARSE_OK,
     empty_outputs,
     frames_to_arrays,
     parse_batch,
+    parse_frame_lean,
 )
 
 MAC = {"src": "02:00:00:00:00:01", "dst": "02:00:00:00:00:02"}
@@ -163,6 +184,55 @@ BASE: dict[str, bytes] = {
     "v6_ah_tcp": _ah_frame(),
     "v6_no_next": bytes(eth() / IPv6(src=V6A, dst=V6B, nh=59) / Raw(b"\x00" * 8)),
     "v6_dstopt_udp": bytes(eth() / IPv6(src=V6A, dst=V6B) / IPv6ExtHdrDestOpt() / UDP(sport=3, dport=4)),
+    # the newer fields: MACs with the top bit set, zero / full TCP windows, ICMP type 0 and code != 0
+    "v4_tcp_zero_window": bytes(
+        Ether(src="fe:dc:ba:98:76:54", dst="ff:ff:ff:ff:ff:ff")
+        / IP(src=V4A, dst=V4B)
+        / TCP(sport=80, dport=5000, flags="A", window=0)
+    ),
+    "v4_tcp_max_window": bytes(eth() / IP(src=V4A, dst=V4B) / TCP(sport=81, dport=5001, flags="A", window=65535)),
+    "v4_icmp_echo_reply": bytes(eth() / IP(src=V4B, dst=V4A) / ICMP(type=0, code=0) / Raw(b"pong")),
+    "v4_icmp_unreach": bytes(
+        Ether(src="00:1b:21:0a:0b:0c", dst="3c:fd:fe:01:02:03") / IP(src=V4B, dst=V4A) / ICMP(type=3, code=13)
+    ),
+    "v6_icmp_unreach": bytes(eth() / IPv6(src=V6B, dst=V6A) / ICMPv6DestUnreach(code=4) / Raw(b"\x00" * 8)),
+    "mpls_v4_tcp": bytes(
+        eth() / MPLS(label=16000, s=0, ttl=64) / MPLS(label=3, s=1, ttl=64) / IP(src=V4A, dst=V4B, ttl=7)
+        / TCP(sport=179, dport=40179, flags="PA", window=1000)
+    ),
+    "mpls_v6_udp": bytes(
+        eth() / MPLS(label=0xFFFFF, s=1) / IPv6(src=V6A, dst=V6B) / UDP(sport=4000, dport=53) / Raw(b"m" * 8)
+    ),
+    "mpls_null_v4_icmp": bytes(eth() / MPLS(label=0, s=1) / IP(src=V4B, dst=V4A) / ICMP(type=11, code=0)),
+    # tunnels: inner addresses (GRE with every optional word, GRE over IPv6, NVGRE-style Ethernet, VXLAN)
+    "gre_v4_in_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47) / GRE() / IP(src="172.16.0.1", dst="172.16.9.9") / UDP(dport=7)
+    ),
+    "gre_opts_v6_in_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47)
+        / GRE(chksum_present=1, key_present=1, key=0xABCD, seqnum_present=1, sequence_number=5)
+        / IPv6(src="2001:db8:a::1", dst="fd00::ff") / TCP(sport=1, dport=2)
+    ),
+    "gre_v4_in_v6": bytes(
+        eth() / IPv6(src=V6A, dst=V6B, nh=47) / GRE() / IP(src="100.64.0.5", dst="8.8.8.8") / ICMP()
+    ),
+    "gre_teb_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B, proto=47) / GRE(proto=0x6558)
+        / Ether(src="0a:00:00:00:00:01", dst="0a:00:00:00:00:02") / IP(src="192.0.2.1", dst="192.0.2.2") / UDP()
+    ),
+    "vxlan_v4": bytes(
+        eth() / IP(src=V4A, dst=V4B) / UDP(sport=51000, dport=4789) / VXLAN(flags=0x08, vni=4242)
+        / Ether(src="0a:00:00:00:00:03", dst="0a:00:00:00:00:04") / IP(src="10.200.0.1", dst="10.200.0.2")
+        / TCP(sport=3, dport=4)
+    ),
+    "vxlan_v6_vlan_in_v6": bytes(
+        eth() / IPv6(src=V6A, dst=V6B) / UDP(sport=51001, dport=4789) / VXLAN(flags=0x08, vni=1)
+        / Ether(src="0a:00:00:00:00:05", dst="0a:00:00:00:00:06") / Dot1Q(vlan=77)
+        / IPv6(src="2001:db8:beef::7", dst="2001:db8:beef::8") / UDP(sport=5, dport=6)
+    ),
+    "v6_dot1q_icmp": bytes(
+        eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)
+    ),
 }
 
 
@@ -174,6 +244,11 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     e = dpkt.ethernet.Ethernet(frame)
     tags = getattr(e, "vlan_tags", None)
     v: dict[int, int] = {VLAN: tags[0].id if tags else 0, SPORT: 0, DPORT: 0, TCP_FLAGS: 0}
+    v[SRC_MAC], v[DST_MAC] = int.from_bytes(e.src, "big"), int.from_bytes(e.dst, "big")
+    v[ETHERTYPE] = tags[-1].type if tags else e.type  # dpkt keeps the outer TPID in e.type
+    v[TCP_WINDOW] = v[ICMP_TYPE] = v[ICMP_CODE] = -1
+    labels = getattr(e, "mpls_labels", None)
+    v[MPLS_LABEL] = labels[0].val if labels else -1
     ip = e.data
     if isinstance(ip, dpkt.ip.IP):
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.p
@@ -193,7 +268,22 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
         v[SPORT], v[DPORT] = l4.sport, l4.dport
     if isinstance(l4, dpkt.tcp.TCP):
-        v[TCP_FLAGS] = l4.flags
+        v[TCP_FLAGS], v[TCP_WINDOW] = l4.flags, l4.win
+    if isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
+        v[ICMP_TYPE], v[ICMP_CODE] = l4.type, l4.code
+    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+    inner = None
+    if isinstance(l4, dpkt.gre.GRE):
+        inner = l4.data
+    elif isinstance(l4, dpkt.udp.UDP) and l4.dport == 4789:  # dpkt has no VXLAN: its 8 bytes, then Ethernet
+        inner = dpkt.ethernet.Ethernet(l4.data[8:])
+    if isinstance(inner, dpkt.ethernet.Ethernet):
+        inner = inner.data
+    if isinstance(inner, dpkt.ip.IP | dpkt.ip6.IP6):
+        fam = socket.AF_INET if isinstance(inner, dpkt.ip.IP) else socket.AF_INET6
+        v[INNER_IPVER] = 4 if fam == socket.AF_INET else 6
+        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.src)))
+        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.dst)))
     v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(src))
     v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(dst))
     return v
@@ -211,12 +301,30 @@ def scapy_view(frame: bytes) -> dict[int, int]:
         SPORT: 0,
         DPORT: 0,
         TCP_FLAGS: 0,
+        SRC_MAC: mac_to_int(p.src),
+        DST_MAC: mac_to_int(p.dst),
+        TCP_WINDOW: -1,
+        ICMP_TYPE: -1,
+        ICMP_CODE: -1,
     }
-    if IP in p:
-        ip = p[IP]
+    inner = p.payload
+    while isinstance(inner, Dot1Q):
+        inner = inner.payload
+    v[ETHERTYPE] = inner.underlayer.type
+    v[MPLS_LABEL] = p[MPLS].label if MPLS in p else -1
+    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+    tunnel = p.getlayer(GRE) or p.getlayer(VXLAN)
+    inner_ip = (tunnel.getlayer(IP) or tunnel.getlayer(IPv6)) if tunnel is not None else None
+    if inner_ip is not None:
+        v[INNER_IPVER] = inner_ip.version
+        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(inner_ip.src))
+        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(inner_ip.dst))
+    ip = p.payload
+    while not isinstance(ip, IP | IPv6):  # the outer IP header (a tunnel may hold the other family)
+        ip = ip.payload
+    if isinstance(ip, IP):
         v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
     else:
-        ip = p[IPv6]
         v[IPVER], v[TOS], v[TTL] = 6, ip.tc, ip.hlim
         nh, layer = ip.nh, ip.payload
         while isinstance(layer, _V6_EXT):
@@ -225,11 +333,21 @@ def scapy_view(frame: bytes) -> dict[int, int]:
                 break
             layer = layer.payload
         v[PROTO] = nh
+    outer = p.copy()  # outer L4 only: the tunnel's payload has TCP/UDP/ICMP layers of its own
+    if tunnel is not None:
+        (outer.getlayer(GRE) or outer.getlayer(VXLAN)).remove_payload()
     for cls in (TCP, UDP):
-        if cls in p:
-            v[SPORT], v[DPORT] = p[cls].sport, p[cls].dport
-    if TCP in p:
-        v[TCP_FLAGS] = int(p[TCP].flags)
+        if cls in outer:
+            v[SPORT], v[DPORT] = outer[cls].sport, outer[cls].dport
+    if TCP in outer:
+        v[TCP_FLAGS], v[TCP_WINDOW] = int(outer[TCP].flags), outer[TCP].window
+    if ICMP in outer:
+        v[ICMP_TYPE], v[ICMP_CODE] = outer[ICMP].type, outer[ICMP].code
+    elif IPv6 in p and v[PROTO] == 58:
+        icmp6 = p[IPv6].payload
+        while isinstance(icmp6, _V6_EXT):
+            icmp6 = icmp6.payload
+        v[ICMP_TYPE], v[ICMP_CODE] = icmp6.type, icmp6.code
     v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(ip.src))
     v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(ip.dst))
     return v
@@ -268,7 +386,7 @@ def names(status: np.ndarray) -> list[str]:
 
 
 def test_error_names_consistent() -> None:
-    assert NERR == len(PARSE_ERROR_NAMES) == 10
+    assert NERR == len(PARSE_ERROR_NAMES) == 11
     assert PARSE_ERROR_NAMES[PARSE_OK] == "ok"
     codes = {
         ERR_TRUNCATED_ETHERNET: "truncated_ethernet",
@@ -280,6 +398,7 @@ def test_error_names_consistent() -> None:
         ERR_TRUNCATED_L4: "truncated_l4",
         ERR_NON_IP: "non_ip",
         ERR_BAD_IP_VERSION: "bad_ip_version",
+        ERR_TRUNCATED_MPLS: "truncated_mpls",
     }
     for code, name in codes.items():
         assert PARSE_ERROR_NAMES[code] == name
@@ -476,6 +595,13 @@ def _layout(frame: bytes) -> tuple[list[tuple[int, int]], int]:
         hl = len(bytes(layer)) - len(bytes(layer.payload))
         if isinstance(layer, Dot1Q):
             reason = ERR_TRUNCATED_VLAN
+        elif isinstance(layer, MPLS):
+            reason = ERR_TRUNCATED_MPLS
+            if layer.s:  # the parser also needs one byte under the stack to tell IPv4 from IPv6
+                bounds.append((pos + hl + 1, reason))
+                pos += hl
+                layer = layer.payload
+                continue
         elif isinstance(layer, IP):
             reason, proto, l3 = ERR_TRUNCATED_IPV4, layer.proto, pos
             if layer.frag != 0:
@@ -519,8 +645,15 @@ CUT_FRAMES = [
     "v6_ext_chain_nonfirst",
     "v6_frag_nonfirst_off1",
     "v6_dstopt_udp",
+    "v4_tcp_zero_window",
+    "v4_icmp_unreach",
+    "v6_icmp_unreach",
+    "v6_dot1q_icmp",
+    "mpls_v4_tcp",
+    "mpls_v6_udp",
+    "mpls_null_v4_icmp",
 ]
-_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN]
+_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN, ETHERTYPE, SRC_MAC, DST_MAC, MPLS_LABEL]
 
 
 @pytest.mark.parametrize("name", CUT_FRAMES)
@@ -551,6 +684,125 @@ def test_every_cut_length(name: str) -> None:
             assert outs[0][c].tolist() == full.tolist(), c
         elif e == ERR_TRUNCATED_L4:  # what was parsed is filled in
             assert outs[0][c][_L3_FIELDS].tolist() == full[_L3_FIELDS].tolist(), c
+
+
+@pytest.mark.parametrize("name", ["v4_tcp_zero_window", "v4_tcp_max_window", "v4_icmp_unreach", "v6_icmp_unreach",
+                                  "v6_dot1q_icmp", "v4_dot1q"])
+def test_new_fields_at_every_cut(name: str) -> None:
+    """MACs need the whole Ethernet header, ETHERTYPE every VLAN tag too; the TCP window and the ICMP
+    type/code appear exactly when their own bytes are captured (also on truncated_l4), else -1."""
+    frame = BASE[name]
+    bounds, _ = _layout(frame)
+    full, _ = parse_one(frame)
+    l3_end = [end for end, reason in bounds if reason != ERR_TRUNCATED_L4][-1]
+    vlan_end = max([14] + [end for end, reason in bounds if reason == ERR_TRUNCATED_VLAN])
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    for c in range(len(frame) + 1):
+        row = out[c]
+        assert (row[SRC_MAC], row[DST_MAC]) == ((full[SRC_MAC], full[DST_MAC]) if c >= 14 else (0, 0)), c
+        assert row[ETHERTYPE] == (full[ETHERTYPE] if c >= vlan_end else 0), c
+        tcp = full[PROTO] == 6
+        assert row[TCP_WINDOW] == (full[TCP_WINDOW] if tcp and c >= l3_end + 16 else -1), c
+        icmp = full[PROTO] in (1, 58)
+        assert row[ICMP_TYPE] == (full[ICMP_TYPE] if icmp and c >= l3_end + 2 else -1), c
+        assert row[ICMP_CODE] == (full[ICMP_CODE] if icmp and c >= l3_end + 2 else -1), c
+
+
+def test_new_fields_explicit_values() -> None:
+    """The newer fields spelled out, independent of dpkt and scapy."""
+    row, _ = parse_one(BASE["v4_tcp_zero_window"])
+    assert row[SRC_MAC] == 0xFEDC_BA98_7654 and row[DST_MAC] == 0xFFFF_FFFF_FFFF
+    assert int_to_mac(int(row[SRC_MAC])) == "fe:dc:ba:98:76:54" and mac_to_int("FF:ff:ff:ff:ff:ff") == row[DST_MAC]
+    assert (row[ETHERTYPE], row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (0x0800, 0, -1, -1)
+    row, _ = parse_one(BASE["v4_tcp_max_window"])
+    assert row[TCP_WINDOW] == 65535
+    row, _ = parse_one(BASE["v4_icmp_echo_reply"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[TCP_WINDOW], row[SPORT]) == (0, 0, -1, 0)
+    row, _ = parse_one(BASE["v4_icmp_unreach"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE]) == (3, 13) and row[DST_MAC] == 0x3CFD_FE01_0203
+    row, _ = parse_one(BASE["v6_icmp_unreach"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE]) == (1, 4, 0x86DD)
+    row, _ = parse_one(BASE["v6_dot1q_icmp"])
+    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE], row[VLAN]) == (128, 0, 0x86DD, 9)
+    row, _ = parse_one(BASE["v4_udp"])
+    assert (row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (-1, -1, -1)
+    row, _ = parse_one(BASE["v4_frag_nonfirst"])
+    assert (row[TCP_WINDOW], row[ICMP_TYPE]) == (-1, -1)
+    row, status = parse_one(bytes(eth() / Dot1Q(vlan=5) / ARP()))
+    assert status == ERR_NON_IP and row[ETHERTYPE] == 0x0806 and row[SRC_MAC] == mac_to_int(MAC["src"])
+    with pytest.raises(ValueError):
+        mac_to_int("02:00:00:00:01")
+
+
+def test_mpls_explicit_values_and_cuts() -> None:
+    """Outer label of a stack, labels 0 and 2^20-1, VLAN + MPLS (which dpkt does not decode), too deep a
+    stack and a pseudowire under it; MPLS_LABEL appears once the top entry is captured."""
+    row, status = parse_one(BASE["mpls_v4_tcp"])
+    assert status == PARSE_OK and (row[MPLS_LABEL], row[ETHERTYPE], row[TTL], row[DPORT]) == (16000, 0x8847, 7, 40179)
+    row, _ = parse_one(BASE["mpls_v6_udp"])
+    assert (row[MPLS_LABEL], row[IPVER], row[DPORT]) == (0xFFFFF, 6, 53)
+    row, _ = parse_one(BASE["mpls_null_v4_icmp"])
+    assert (row[MPLS_LABEL], row[ICMP_TYPE]) == (0, 11)
+    row, _ = parse_one(BASE["v4_tcp_syn"])
+    assert row[MPLS_LABEL] == -1
+    row, status = parse_one(bytes(eth() / Dot1Q(vlan=30) / MPLS(label=77, s=1) / IP(src=V4A, dst=V4B) / UDP(dport=9)))
+    assert status == PARSE_OK and (row[VLAN], row[MPLS_LABEL], row[ETHERTYPE], row[DPORT]) == (30, 77, 0x8847, 9)
+    deep = eth()
+    for i in range(9):
+        deep = deep / MPLS(label=100 + i, s=int(i == 8))
+    row, status = parse_one(bytes(deep / IP(src=V4A, dst=V4B) / TCP()))
+    assert status == ERR_NON_IP and row[MPLS_LABEL] == 100 and row[IPVER] == 0
+    pw = bytes(eth() / MPLS(label=5, s=1)) + b"\x00\x00\x00\x00" + bytes(eth() / IP() / TCP())  # control word
+    row, status = parse_one(pw)
+    assert status == ERR_NON_IP and row[MPLS_LABEL] == 5
+    frame = BASE["mpls_v4_tcp"]
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    assert [int(v) for v in out[:, MPLS_LABEL]] == [-1] * 18 + [16000] * (len(frame) - 17)
+    assert names(status[14:23]) == ["truncated_mpls"] * 9 and names(status[23:24]) == ["truncated_ipv4"]
+
+
+TUNNELS = ["gre_v4_in_v4", "gre_opts_v6_in_v4", "gre_v4_in_v6", "gre_teb_v4", "vxlan_v4", "vxlan_v6_vlan_in_v6"]
+
+
+@pytest.mark.parametrize("name", TUNNELS)
+def test_inner_addresses_at_every_cut(name: str) -> None:
+    """Inner fields appear exactly once the inner IP header's fixed part is captured; before that they
+    are absent (0) and the status is whatever the outer headers give (a cut tunnel is not an error)."""
+    frame = BASE[name]
+    p = Ether(frame)
+    tunnel = p[GRE] if GRE in p else p[VXLAN]
+    inner_ip = tunnel.getlayer(IP) or tunnel.getlayer(IPv6)
+    inner_end = len(frame) - len(bytes(inner_ip)) + (20 if inner_ip.version == 4 else 40)
+    bounds, _ = _layout(frame)
+    full, _ = parse_one(frame)
+    assert full[INNER_IPVER] == inner_ip.version
+    out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
+    inner_cols = [INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]
+    for c in range(len(frame) + 1):
+        assert status[c] == _expected_cut(bounds, c), c
+        want = full[inner_cols].tolist() if c >= inner_end else [0] * 5
+        assert out[c][inner_cols].tolist() == want, c
+
+
+def test_inner_explicit_values_and_non_tunnels() -> None:
+    """Inner addresses spelled out; GRE version 1 (PPTP), a cut GRE payload, UDP 4789 without the I
+    flag, and plain traffic have none."""
+    row, _ = parse_one(BASE["gre_v4_in_v4"])
+    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO]))) == (4, "172.16.0.1")
+    assert words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO])) == "172.16.9.9" and row[PROTO] == 47
+    row, _ = parse_one(BASE["gre_opts_v6_in_v4"])
+    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO]))) == (6, "fd00::ff")
+    row, _ = parse_one(BASE["vxlan_v6_vlan_in_v6"])
+    assert words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO])) == "2001:db8:beef::7"
+    assert (row[DPORT], row[VLAN], row[IPVER]) == (4789, 0, 6)  # outer fields stay the outer packet's
+    for frame in (
+        BASE["v4_gre"],
+        BASE["v4_tcp_syn"],
+        bytes(eth() / IP(src=V4A, dst=V4B, proto=47) / GRE(version=1) / IP(src="1.1.1.1", dst="2.2.2.2")),
+        bytes(eth() / IP(src=V4A, dst=V4B) / UDP(dport=4789) / VXLAN(flags=0) / Ether() / IP(src="1.1.1.1")),
+    ):
+        row, status = parse_one(frame)
+        assert status == PARSE_OK and row[[INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]].tolist() == [0] * 5
 
 
 def test_every_cut_length_ah() -> None:
@@ -647,13 +899,39 @@ def test_mutated_truncated_frames_never_crash(frames: list[bytes], wirelen: int)
 # ---------------------------------------------------------------- performance guard
 
 
-def test_parse_frame_has_no_refcount_calls() -> None:
+@njit(cache=True)
+def _lean_batch(data, offsets, caplens, wirelens, ts, out, status):
+    row = np.full(NFIELDS, -77, np.int64)  # columns the lean parser must not write keep this
+    for i in range(offsets.shape[0]):
+        row[:] = -77
+        status[i] = parse_frame_lean(data, offsets[i], caplens[i], wirelens[i], ts[i], 3, row)
+        out[i, :] = row
+
+
+def test_lean_parser_differs_only_in_extra_columns() -> None:
+    """Kernels whose queries read none of EXTRA_COLUMNS call parse_frame_lean: same status and same
+    other columns as parse_frame on every base frame and every cut of it; the extra columns untouched."""
+    frames = [f[:c] for f in _BASE_LIST for c in range(0, len(f) + 1, 3)]
+    full, st_full, _, _ = run(frames)
+    data, offs, caps, wls, ts = frames_to_arrays([(f, 1_000 + i, len(f)) for i, f in enumerate(frames)])
+    lean, st_lean = np.zeros_like(full), np.zeros(len(frames), np.int64)
+    _lean_batch(data, offs, caps, wls, ts, lean, st_lean)
+    assert st_lean.tolist() == st_full.tolist()
+    other = [k for k in range(NFIELDS) if k not in EXTRA_COLUMNS]
+    assert lean[:, other].tolist() == full[:, other].tolist()
+    assert (lean[:, list(EXTRA_COLUMNS)] == -77).all()
+    assert set(EXTRA_COLUMNS) == {ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL,
+                                  INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO}
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_parse_frame_has_no_refcount_calls(lean: bool) -> None:
     """parse_frame must compile without NRT incref/decref (they cost ~3x throughput in the hot loop)."""
     from numba import njit, types
 
-    from low_level.parse import parse_frame
+    from low_level.parse import parse_frame, parse_frame_lean
 
-    fresh = njit(nogil=True)(parse_frame.py_func)  # uncached copy, so its LLVM IR can be inspected
+    fresh = njit(nogil=True)((parse_frame_lean if lean else parse_frame).py_func)  # uncached copy, so its LLVM IR can be inspected
     sig = (
         types.uint8[::1],
         types.int64,

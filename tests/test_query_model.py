@@ -39,7 +39,7 @@ BASE = """queries:
 
 MALFORMED = [
     # (document, line, field fragment, reason fragment)
-    (BASE.replace("group_by: [src_ip]", "group_by: [src_mac]"), 3, "group_by", "unknown field 'src_mac'"),
+    (BASE.replace("group_by: [src_ip]", "group_by: [src_mca]"), 3, "group_by", "unknown field 'src_mca'"),
     (BASE.replace("{fn: count}", "{fn: median}"), 5, "aggregates.0.fn", "Input should be"),
     (BASE.replace("{fn: count}", "{fn: sum, field: src_ip}"), 5, "aggregates.0", "numeric field"),
     (BASE.replace("{fn: count}", "{fn: sum}"), 5, "aggregates.0", "needs a field"),
