@@ -484,7 +484,8 @@ queries:
     rows = pd.DataFrame({
         "query": "tun", "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
         "window_end_ns": lay.window_end_ns(w), "key": list(key), "state": [np.array([5]), np.array([2])],
-        "kind": "final", "closed_at_ms": 1_700_000_100_000, "hosts": 1, "status": None,
+        "kind": "final", "closed_at_ms": 1_700_000_100_000, "hosts": 1, "hosts_expected": 1, "hosts_in_mark": 1,
+        "late_partials": 0, "missing_records": 0, "status": None,
     })  # fmt: skip
     assert ResultStore(tmp_path, [q]).write_batch(1, rows) == {"tun": 2}
     got = duckdb.sql(f"select * from read_parquet('{tmp_path}/query=tun/**/*.parquet', hive_partitioning=true)").df()
