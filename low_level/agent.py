@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from contract import query as Q
+from contract import wire
 from low_level.emit import Emitter
 from low_level.kernel import Kernel
 from low_level.punctuate import advance
@@ -196,8 +197,12 @@ class Agent:
                 log.info("source stopped: %s", self.source.stats())
             if not self.finished:
                 self.step()  # what the ring still holds
-                # a graceful stop promises nothing more below the current mark: flush and say so, so
-                # the windows this host holds open close now rather than after its host timeout
+                # a graceful stop: nothing more comes from this incarnation, so send everything the
+                # tables hold, then a mark at the clock, so the windows this host holds open close now
+                # rather than after its host timeout (a restart's packets are newer than the clock)
+                for i in range(len(self.queries)):
+                    self.kernel.flush_below(i, wire.END_OF_STREAM)
+                self.drain()
                 for i in range(len(self.queries)):
                     self.punctuate(i, idle=True, timer=True)
             self.emitter.flush(10)
