@@ -79,7 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--control-topic", help="ask the hosts that block a window for punctuation on this topic "
                    "(e.g. lowwater.control; agents run with the same --control-topic)")
     p.add_argument("--retention-days", type=int, help="delete the results of windows older than this many days "
-                   "(checked every 10 minutes; default: keep everything)")
+                   "(checked every minute; default: keep everything)")
     p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars (default: what ./lw setup fetched)")
     p.add_argument("--alert-webhook", metavar="URL",
                    help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts")

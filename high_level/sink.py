@@ -145,7 +145,7 @@ class ResultSink:
         if self.on_status is not None:
             self.on_status(statuses)
 
-    def maintain(self, now_ms: int, retention_days: int | None, every_ms: int = 600_000) -> None:
+    def maintain(self, now_ms: int, retention_days: int | None, every_ms: int = 60_000) -> None:
         """Every ``every_ms``: delete result days older than ``retention_days`` and measure the store (for
         the status document). Runs on the driver between batches, never inside one."""
         if now_ms - self._maintained_ms < every_ms:
