@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from contract import condlang
+from contract import condlang, sketch
 from contract import fields as F
 from contract.filterlang import FilterError, compile_filter
 
@@ -228,15 +228,28 @@ class KafkaSpec(_Strict):
 
 
 AGGREGATES = ("count", "sum", "min", "max", "avg")
+HOLISTIC = ("count_distinct", "quantiles", "top")  # two-stage: a sub-key per (group, value), reduced at close
+_PARAMS = {"approx": ("count_distinct",), "precision": ("count_distinct",), "q": ("quantiles",),
+           "accuracy": ("quantiles",), "k": ("top",), "by": ("top",)}
 
 
 class AggregateSpec(_Strict):
-    fn: Literal["count", "sum", "min", "max", "avg"]
+    fn: Literal["count", "sum", "min", "max", "avg", "count_distinct", "quantiles", "top"]
     field: str | None = None
     alias: str | None = Field(default=None, alias="as")
+    # holistic parameters (contract.sketch): count_distinct approx/precision, quantiles q/accuracy, top k/by
+    approx: Literal["hll"] | None = None
+    precision: int | None = None
+    q: list[float] | None = None
+    accuracy: float | None = None
+    k: int | None = None
+    by: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> AggregateSpec:
+        for param, fns in _PARAMS.items():
+            if getattr(self, param) is not None and self.fn not in fns:
+                raise ValueError(f"{param!r} is a parameter of {' / '.join(fns)}, not of {self.fn}")
         if self.fn == "count":
             if self.field is not None:
                 raise ValueError("count takes no field (it counts packets)")
@@ -246,13 +259,74 @@ class AggregateSpec(_Strict):
             fld = F.CATALOG.get(self.field)
             if fld is None:
                 raise ValueError(f"unknown field {self.field!r}; known: {', '.join(sorted(F.CATALOG))}")
-            if fld.kind != "int":
+            if self.fn in ("count_distinct", "top"):
+                if fld.kind not in ("int", "ip"):
+                    raise ValueError(f"{self.fn} needs a numeric or address field, {self.field!r} is {fld.kind}")
+            elif fld.kind != "int":
                 raise ValueError(f"{self.fn} needs a numeric field, {self.field!r} is {fld.kind}")
+        if self.precision is not None and self.approx is None:
+            raise ValueError("precision applies to approx: hll")
+        if self.precision is not None and not sketch.HLL_MIN_P <= self.precision <= sketch.HLL_MAX_P:
+            raise ValueError(f"precision must be {sketch.HLL_MIN_P}..{sketch.HLL_MAX_P} (HLL registers 2^p)")
+        if self.fn == "quantiles":
+            if not self.q:
+                raise ValueError("quantiles needs q: a list of quantiles in (0, 1), e.g. [0.5, 0.95, 0.99]")
+            bad = [x for x in self.q if not 0 < x < 1]
+            if bad:
+                raise ValueError(f"quantile {bad[0]} is outside (0, 1)")
+            if len(set(self.q)) != len(self.q):
+                raise ValueError("duplicate quantiles")
+            if self.accuracy is not None and not 0 <= self.accuracy <= 0.5:
+                raise ValueError("accuracy (relative error) must be 0 (exact) .. 0.5")
+        if self.fn == "top":
+            if self.k is None or self.k < 1:
+                raise ValueError("top needs k >= 1 (how many items per group)")
+            if self.by is not None:
+                b = F.CATALOG.get(self.by)
+                if b is None:
+                    raise ValueError(f"unknown field {self.by!r} in by; known: {', '.join(sorted(F.CATALOG))}")
+                if b.kind != "int":
+                    raise ValueError(f"top by needs a numeric field, {self.by!r} is {b.kind}")
         return self
 
     @property
     def name(self) -> str:
-        return self.alias or (self.fn if self.field is None else f"{self.fn}_{self.field}")
+        if self.alias:
+            return self.alias
+        if self.fn in HOLISTIC:
+            return f"{'distinct' if self.fn == 'count_distinct' else self.fn}_{self.field}"
+        return self.fn if self.field is None else f"{self.fn}_{self.field}"
+
+    @property
+    def holistic(self) -> bool:
+        return self.fn in HOLISTIC
+
+    @property
+    def hll_precision(self) -> int | None:
+        """HLL precision of an approximate distinct count, None when exact."""
+        return (self.precision or sketch.HLL_DEFAULT_P) if self.approx == "hll" else None
+
+    @property
+    def quantile_accuracy(self) -> float:
+        """The relative accuracy as both levels use it (rounded to parts per 10^9, as the kernel's literal)."""
+        return accuracy_ppb(DEFAULT_ACCURACY if self.accuracy is None else self.accuracy) / 1e9
+
+    def output_columns(self) -> list[tuple[str, str]]:
+        """(result column, kind) this aggregate writes: quantiles one per q (``<name>_p95``), top its
+        weight and rank; kind 'avg'/'quantile' are float64, the rest int64."""
+        if self.fn == "quantiles":
+            return [(f"{self.name}_{quantile_suffix(x)}", "quantile") for x in self.q or []]
+        if self.fn == "top":
+            return [(self.name, "top"), (f"{self.name}_rank", "rank")]
+        return [(self.name, self.fn)]
+
+
+DEFAULT_ACCURACY = 0.01
+
+
+def quantile_suffix(x: float) -> str:
+    """0.5 -> 'p50', 0.95 -> 'p95', 0.999 -> 'p99_9'."""
+    return "p" + f"{round(x * 100, 6):g}".replace(".", "_")
 
 
 SEVERITIES = ("critical", "warning", "info")
@@ -405,9 +479,13 @@ class QuerySpec(_Strict):
     def _aggs(cls, v: list[AggregateSpec]) -> list[AggregateSpec]:
         if not v:
             raise ValueError("at least one aggregate is needed")
-        names = [a.name for a in v]
+        names = [n for a in v for n, _ in a.output_columns()]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate aggregate names {names}")
+        hol = [a for a in v if a.holistic]
+        if len(hol) > 1:
+            raise ValueError(f"at most one holistic aggregate (count_distinct, quantiles, top) per query, got "
+                             f"{', '.join(a.name for a in hol)}: split them into queries")
         return v
 
     @field_validator("having")
@@ -432,7 +510,7 @@ class QuerySpec(_Strict):
 
     @model_validator(mode="after")
     def _export(self) -> QuerySpec:
-        names = [a.name for a in self.aggregates]
+        names = result_names(self)
         if self.export is not None and self.export.by is not None and self.export.by not in names:
             raise ValueError(f"export.by: {self.export.by!r} is not an aggregate of the query ({', '.join(names)})")
         return self
@@ -440,6 +518,11 @@ class QuerySpec(_Strict):
     @model_validator(mode="after")
     def _alert_labels(self) -> QuerySpec:
         keys = {p.name for p in self.key_parts}
+        h = holistic(self)
+        if h is not None and h.fn == "top" and h.field in keys:
+            raise ValueError(f"top's item column {h.field!r} clashes with a group-by column (group by it 'as' another name)")
+        if h is not None and h.fn == "top":
+            keys.add(h.field or "")
         for a in self.alerts:
             clash = sorted(set(a.labels) & keys)
             if clash:
@@ -460,20 +543,48 @@ def _check_condition(text: str, aggs: list[AggregateSpec] | None) -> None:
     if aggs is None:  # the aggregates themselves are invalid: that error is reported instead
         return
     try:
-        condlang.parse(text, [a.name for a in aggs])
+        condlang.parse(text, [n for a in aggs for n, _ in a.output_columns()])
     except condlang.ConditionError as exc:
         raise ValueError(str(exc)) from None
 
 
 def condition(q: QuerySpec, text: str) -> condlang.Cond:
     """A validated condition of ``q`` (its HAVING or an alert's ``when``) as an AST."""
-    return condlang.parse(text, [a.name for a in q.aggregates])
+    return condlang.parse(text, result_names(q))
+
+
+def result_names(q: QuerySpec) -> list[str]:
+    """The aggregate result columns of ``q`` (what HAVING, alerts and export may name)."""
+    return [n for a in q.aggregates for n, _ in a.output_columns()]
+
+
+def holistic(q: QuerySpec) -> AggregateSpec | None:
+    """The query's holistic aggregate (at most one), whose sub-key extends the group key."""
+    return next((a for a in q.aggregates if a.holistic), None)
 
 
 # --- layouts derived from the model, shared by both levels
 MERGE_SUM, MERGE_MIN, MERGE_MAX = 0, 1, 2
 SRC_ONE = -1  # count: add 1 per packet
 SRC_DSCP = -2  # tos >> 2
+# computed sources (holistic aggregates): SRC_COMPUTED - code, code = col << 7 | dscp << 6 | (words - 1) << 5 | p
+SRC_COMPUTED = -16  # HLL rank of the hashed value words (contract.sketch.hll_register_rank)
+# key program kinds (column 1 of a key program row)
+KEY_INT, KEY_IP, KEY_HLL, KEY_BUCKET = 0, 1, 2, 3
+
+
+def hll_rank_source(field_name: str, p: int) -> int:
+    """The state source 'HLL rank of this field's value at precision p' as one int."""
+    fld = F.CATALOG[field_name]
+    dscp = field_name == "dscp"
+    col = F.TOS if dscp else fld.columns[0]
+    return SRC_COMPUTED - ((col << 7) | (int(dscp) << 6) | ((2 if fld.kind == "ip" else 1) - 1) << 5 | p)
+
+
+def decode_computed(src: int) -> tuple[int, bool, int, int]:
+    """(column, dscp, words, precision) of a computed source (src <= SRC_COMPUTED)."""
+    c = SRC_COMPUTED - src
+    return c >> 7, bool((c >> 6) & 1), ((c >> 5) & 1) + 1, c & 31
 
 
 @dataclass(frozen=True)
@@ -499,15 +610,48 @@ def state_columns(q: QuerySpec) -> list[StateColumn]:
             cols.append(StateColumn(a.name, MERGE_MIN, _source_of(a.field or "")))
         elif a.fn == "max":
             cols.append(StateColumn(a.name, MERGE_MAX, _source_of(a.field or "")))
-        else:  # avg
+        elif a.fn == "avg":
             cols.append(StateColumn(f"{a.name}.sum", MERGE_SUM, _source_of(a.field or "")))
             cols.append(StateColumn(f"{a.name}.count", MERGE_SUM, SRC_ONE))
+    # a holistic aggregate's state per sub-key comes last (high_level.holistic reads it there)
+    h = holistic(q)
+    if h is not None:
+        if h.fn == "count_distinct" and h.hll_precision is not None:
+            cols.append(StateColumn(f"{h.name}.rank", MERGE_MAX, hll_rank_source(h.field or "", h.hll_precision)))
+        elif h.fn == "top" and h.by is not None:
+            cols.append(StateColumn(f"{h.name}.weight", MERGE_SUM, _source_of(h.by)))
+        else:  # packets per value / bucket / item
+            cols.append(StateColumn(f"{h.name}.n", MERGE_SUM, SRC_ONE))
     return cols
 
 
+def group_width(q: QuerySpec) -> int:
+    """Words of the group key proper. At least 1 for plain queries (one constant word without
+    group-by); a holistic query's key is group words + sub-key, and 0 group words is fine there."""
+    w = sum(p.words for p in q.key_parts)
+    return w if holistic(q) is not None else max(1, w)
+
+
+def subkey_width(q: QuerySpec) -> int:
+    """Words of the holistic sub-key: the value (1 or 2 words), its HLL register or its bucket."""
+    h = holistic(q)
+    if h is None:
+        return 0
+    if h.fn == "count_distinct" and h.hll_precision is not None:
+        return 1
+    return 2 if F.CATALOG[h.field or ""].kind == "ip" else 1
+
+
 def key_width(q: QuerySpec) -> int:
-    """Group-key words per partial (at least 1: a query without group-by has one constant word)."""
-    return max(1, sum(p.words for p in q.key_parts))
+    """Key words per partial: the group key, then a holistic aggregate's sub-key."""
+    return group_width(q) + subkey_width(q)
+
+
+def partition_width(q: QuerySpec) -> int:
+    """Leading key words the Kafka partition is a hash of: the whole key of a plain query (unchanged),
+    the group words only of a holistic one, so every sub-key of a (window, group) meets in one
+    partition and the second stage sees all of them."""
+    return group_width(q) if holistic(q) is not None else key_width(q)
 
 
 def key_program(q: QuerySpec) -> np.ndarray:
@@ -522,7 +666,28 @@ def key_program(q: QuerySpec) -> np.ndarray:
             rows.append([p.field.columns[0], 1, F.to_int64(m4 >> 64), F.to_int64(m4), F.to_int64(m6 >> 64), F.to_int64(m6)])
         else:
             rows.append([_source_of(p.field.name), 0, 0, 0, 0, 0])
+    h = holistic(q)
+    if h is not None:
+        rows.append(_subkey_row(h))
     return np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+def _subkey_row(h: AggregateSpec) -> list[int]:
+    """The key program row of a holistic sub-key: [source, kind, a, b, 0, 0] with KEY_HLL a = value
+    words, b = precision; KEY_BUCKET a = accuracy in parts per 10^9; plain value rows as group parts."""
+    fld = F.CATALOG[h.field or ""]
+    src = _source_of(fld.name) if fld.kind != "ip" else fld.columns[0]
+    if h.fn == "count_distinct" and h.hll_precision is not None:
+        return [src, KEY_HLL, 2 if fld.kind == "ip" else 1, h.hll_precision, 0, 0]
+    if h.fn == "quantiles" and h.quantile_accuracy > 0:
+        return [src, KEY_BUCKET, accuracy_ppb(h.quantile_accuracy), 0, 0, 0]
+    if fld.kind == "ip":
+        return [src, KEY_IP, -1, -1, -1, -1]
+    return [src, KEY_INT, 0, 0, 0, 0]
+
+
+def accuracy_ppb(accuracy: float) -> int:
+    return int(round(accuracy * 1e9))
 
 
 def merge_ops(q: QuerySpec) -> np.ndarray:

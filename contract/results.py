@@ -60,6 +60,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from contract import fields as F
 from contract import query as Q
 
 STATUS_FILE = "_status.json"
@@ -143,13 +144,23 @@ def parse_part_name(name: str) -> int | None:
 
 
 def key_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
-    """(column, 'ip' | 'int') of the query's group-by parts, in key order."""
-    return [(p.name, "ip" if p.field.kind == "ip" else "int") for p in q.key_parts]
+    """(column, 'ip' | 'int') of the query's group-by parts, in key order; a top aggregate's item
+    (named as its field) follows them: the stored rows of a top query are one per (group, item)."""
+    cols = [(p.name, "ip" if p.field.kind == "ip" else "int") for p in q.key_parts]
+    h = Q.holistic(q)
+    if h is not None and h.fn == "top":
+        cols.append((h.field or "", "ip" if F.CATALOG[h.field or ""].kind == "ip" else "int"))
+    return cols
 
 
 def aggregate_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
-    """(column, fn) of the query's aggregates, in config order."""
-    return [(a.name, a.fn) for a in q.aggregates]
+    """(column, fn) of the query's aggregate results, in config order. Holistic aggregates write their
+    final values (the sub-key is gone after the second stage): count_distinct one int64 column,
+    quantiles one float64 column per q (fn 'quantile'), top its weight (fn 'top') and rank (fn 'rank')."""
+    return [c for a in q.aggregates for c in a.output_columns()]
+
+
+FLOAT_FNS = ("avg", "quantile")  # aggregate result kinds stored as float64 (the rest int64)
 
 
 def check_names(q: Q.QuerySpec) -> None:
@@ -174,7 +185,7 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     check_names(q)
     fields = [pa.field("window_start", TIMESTAMP, nullable=False), pa.field("window_end", TIMESTAMP, nullable=False)]
     fields += [pa.field(n, pa.string() if kind == "ip" else pa.int64()) for n, kind in key_columns(q)]
-    fields += [pa.field(n, pa.float64() if fn == "avg" else pa.int64()) for n, fn in aggregate_columns(q)]
+    fields += [pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64()) for n, fn in aggregate_columns(q)]
     fields += [
         pa.field("closed_at", TIMESTAMP, nullable=False),
         pa.field("hosts", pa.int32(), nullable=False),

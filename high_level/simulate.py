@@ -18,7 +18,7 @@ import pandas as pd
 
 from contract import fields as F
 from contract import query as Q
-from contract import wire
+from contract import sketch, wire
 from contract.filterlang import compile_filter, evaluate
 
 
@@ -81,7 +81,9 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
             words.extend(_masked_addresses(fam, r[:, c], r[:, c + 1], p.prefix4, p.prefix6))
         else:
             words.append(_field_values(r, p.field.name))
-    key = np.column_stack(words) if words else np.zeros((len(r), 1), np.int64)
+    h = Q.holistic(q)
+    if not words and h is None:
+        words.append(np.zeros(len(r), np.int64))
     ones = np.ones(len(r), np.int64)
     cols = []
     for a in q.aggregates:
@@ -89,8 +91,23 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
             cols.append(ones)
         elif a.fn == "avg":  # travels as (sum, count)
             cols.extend([_field_values(r, a.field or ""), ones])
-        else:
+        elif not a.holistic:
             cols.append(_field_values(r, a.field or ""))
+    if h is not None:  # the sub-key and its state (contract.sketch), from the aggregate's own terms
+        fld = F.CATALOG[h.field or ""]
+        value = (np.column_stack([r[:, fld.columns[0]], r[:, fld.columns[0] + 1]]) if fld.kind == "ip"
+                 else _field_values(r, fld.name).reshape(-1, 1)).astype(np.int64)  # fmt: skip
+        if h.fn == "count_distinct" and h.hll_precision is not None:
+            reg, rank = sketch.hll_register_rank(value, h.hll_precision)
+            words.append(reg)
+            cols.append(rank)
+        else:
+            if h.fn == "quantiles":
+                words.append(sketch.log_bucket(value[:, 0], h.quantile_accuracy))
+            else:
+                words.extend(value.T)
+            cols.append(_field_values(r, h.by) if h.fn == "top" and h.by else ones)
+    key = np.column_stack(words) if words else np.zeros((len(r), 0), np.int64)
     return idx, pane.astype(np.int64), key.astype(np.int64), np.column_stack(cols).astype(np.int64)
 
 
@@ -139,7 +156,7 @@ def host_messages(
     sk = df[[c for c in df.columns if c.startswith("s")]].to_numpy(np.int64)
     half = w.pane_ns // 2
     send = w.origin_ns + (pk + 1) * w.pane_ns + df["ev"].to_numpy(np.int64) * half
-    part = wire.partition_of(kk, partitions) if len(df) else np.empty(0, np.int64)
+    part = wire.partition_of(kk[:, : Q.partition_width(q)], partitions) if len(df) else np.empty(0, np.int64)
     events: list[tuple[int, int, int, bytes, int | None]] = []  # (t, order, partition, value, mark)
     seq = [0] * partitions
     order = 0

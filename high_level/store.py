@@ -32,6 +32,7 @@ from contract import fields as F
 from contract import query as Q
 from contract import results as R
 from contract import status as S
+from high_level import holistic
 from high_level.partition import COMPLETENESS, GENERIC_SCHEMA
 
 TS = R.TIMESTAMP
@@ -121,20 +122,28 @@ def _completeness(rows: pa.Table, sel: np.ndarray) -> np.ndarray:
 def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
            closed_at_ms: np.ndarray, hosts: np.ndarray, kind: pa.Array, hosts_expected: np.ndarray,
            comp: np.ndarray) -> pa.Table:  # fmt: skip
+    values: dict[str, np.ndarray] | None = None
+    if Q.holistic(q) is not None:  # the second stage: sub-keys of each (window, kind, group) reduced
+        kind_codes, _ = pd.factorize(np.asarray(kind.to_numpy(zero_copy_only=False), object), sort=True)
+        red = holistic.reduce(q, start_ns, np.asarray(kind_codes, np.int64), key, state, hosts, hosts_expected,
+                              comp, closed_at_ms)  # fmt: skip
+        start_ns, end_ns, kind = start_ns[red.rows], end_ns[red.rows], kind.take(pa.array(red.rows))
+        key, values, comp = red.key, red.values, red.comp
+        hosts, hosts_expected, closed_at_ms = red.hosts, red.hosts_expected, red.closed_at_ms
     cols: dict[str, pa.Array] = {
         "window_start": pa.array(start_ns // 1000, TS),
         "window_end": pa.array(end_ns // 1000, TS),
     }
     i = 0
-    for p in q.key_parts:
-        if p.field.kind == "ip":
-            cols[p.name] = ip_strings(key[:, i], key[:, i + 1])
+    for name, kk in R.key_columns(q):
+        if kk == "ip":
+            cols[name] = ip_strings(key[:, i], key[:, i + 1])
             i += 2
         else:
-            cols[p.name] = pa.array(key[:, i], pa.int64())
+            cols[name] = pa.array(key[:, i], pa.int64())
             i += 1
     j = 0
-    for a in q.aggregates:
+    for a in q.aggregates if values is None else ():
         if a.fn == "avg":
             s, c = state[:, j].astype(np.float64), state[:, j + 1]
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -143,6 +152,8 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
         else:
             cols[a.name] = pa.array(state[:, j], pa.int64())
             j += 1
+    for name, fn in R.aggregate_columns(q) if values is not None else ():
+        cols[name] = pa.array(values[name], pa.float64() if fn in R.FLOAT_FNS else pa.int64())
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())
     cols["hosts_expected"] = pa.array(hosts_expected, pa.int32())
@@ -158,8 +169,8 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
 
 def _aggregate_columns(q: Q.QuerySpec, typed: pa.Table) -> dict[str, np.ndarray]:
     """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on)."""
-    return {a.name: np.asarray(typed[a.name].to_numpy(), np.float64 if a.fn == "avg" else np.int64)
-            for a in q.aggregates}  # fmt: skip
+    return {n: np.asarray(typed[n].to_numpy(), np.float64 if fn in R.FLOAT_FNS else np.int64)
+            for n, fn in R.aggregate_columns(q)}  # fmt: skip
 
 
 def _json_value(v: object) -> object:
@@ -171,7 +182,8 @@ def alert_rows(q: Q.QuerySpec, rule: Q.AlertSpec, rows: pa.Table, keys: list[str
 
     Per fired row Python work (JSON texts): alerts are the rare rows, by definition of a threshold.
     """
-    d = rows.select(["window_start", "window_end", "closed_at", *keys, *[a.name for a in q.aggregates]]).to_pydict()
+    aggs = Q.result_names(q)
+    d = rows.select(["window_start", "window_end", "closed_at", *keys, *aggs]).to_pydict()
     us = {c: rows[c].combine_chunks().cast(pa.int64()).to_pylist() for c in ("window_start", "window_end")}
     out: dict[str, list] = {f.name: [] for f in R.ALERT_SCHEMA}
     for i in range(rows.num_rows):
@@ -182,7 +194,7 @@ def alert_rows(q: Q.QuerySpec, rule: Q.AlertSpec, rows: pa.Table, keys: list[str
                   "severity": rule.severity, "query": q.name,
                   "window_start": ws.isoformat().replace("+00:00", "Z"),
                   "window_end": we.isoformat().replace("+00:00", "Z")}  # fmt: skip
-        values = {a.name: _json_value(d[a.name][i]) for a in q.aggregates}
+        values = {a: _json_value(d[a][i]) for a in aggs}
         out["id"].append(R.alert_id(q.name, rule.name, us["window_start"][i], gtext))
         out["query"].append(q.name)
         out["alert"].append(rule.name)

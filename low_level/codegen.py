@@ -19,8 +19,21 @@ from __future__ import annotations
 from types import ModuleType
 
 from contract import fields as F
+from contract import sketch
 from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, compile_filter
-from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
+from contract.query import (
+    KEY_BUCKET,
+    KEY_HLL,
+    KEY_IP,
+    MERGE_MAX,
+    MERGE_MIN,
+    MERGE_SUM,
+    SRC_COMPUTED,
+    SRC_DSCP,
+    SRC_ONE,
+    decode_computed,
+    state_columns,
+)
 from contract.query import key_program as query_key_program
 from low_level import jitcache
 from low_level.filter import statements as filter_statements
@@ -52,8 +65,16 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
     if not shape["key"]:
         return [f"{ind}keys[ko] = 0"]
     w = 0
-    for col, is_ip, m4h, m4l, m6h, m6l in shape["key"]:
-        if is_ip:
+    for col, kind, m4h, m4l, m6h, m6l in shape["key"]:
+        src = "row[F.TOS] >> 2" if col == SRC_DSCP else f"row[{col}]"
+        if kind == KEY_HLL:  # register index of the hashed value (m4h = value words, m4l = precision)
+            h = f"value_hash2(row[{col}], row[{col + 1}])" if m4h == 2 else f"value_hash1({src})"
+            out.append(f"{ind}keys[ko + {w}] = hll_register({h}, {m4l})")
+            w += 1
+        elif kind == KEY_BUCKET:  # DDSketch bucket of the value (m4h = accuracy in parts per 10^9)
+            out.append(f"{ind}keys[ko + {w}] = log_bucket({src}, {sketch.inv_log_gamma(m4h / 1e9)!r})")
+            w += 1
+        elif kind == KEY_IP:
             if m4h == m4l == m6h == m6l == -1:  # whole addresses: no family test, no masking
                 out.append(f"{ind}keys[ko + {w}] = row[{col}]")
                 out.append(f"{ind}keys[ko + {w + 1}] = row[{col + 1}]")
@@ -66,10 +87,31 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
                 out.append(f"{ind}    keys[ko + {w + 1}] = row[{col + 1}] & np.int64({m6l})")
             w += 2
         else:
-            src = "row[F.TOS] >> 2" if col == SRC_DSCP else f"row[{col}]"
             out.append(f"{ind}keys[ko + {w}] = {src}")
             w += 1
     return out
+
+
+def _computed_value(src: int, row: str) -> str:
+    """The expression of a computed state source (the HLL rank of the value words) over ``row[...]``."""
+    col, dscp, words, p = decode_computed(src)
+    if words == 2:
+        h = f"value_hash2({row}[{col}], {row}[{col + 1}])"
+    else:
+        h = f"value_hash1({row}[{col}] >> 2)" if dscp else f"value_hash1({row}[{col}])"
+    return f"hll_rank({h}, {p})"
+
+
+def _source_columns(src: int) -> set[int]:
+    """Parsed-packet columns a state source reads."""
+    if src == SRC_ONE:
+        return set()
+    if src == SRC_DSCP:
+        return {F.TOS}
+    if src <= SRC_COMPUTED:
+        col, _, words, _ = decode_computed(src)
+        return {col, col + 1} if words == 2 else {col}
+    return {src}
 
 
 def _phase1(q: int, shape: dict, ind: str) -> list[str]:
@@ -113,6 +155,8 @@ def _fold_lines(shape: dict, ind: str) -> list[str]:
             v = "np.int64(1)"
         elif src == SRC_DSCP:
             v = "rows[ro + F.TOS] >> 2"
+        elif src <= SRC_COMPUTED:
+            v = _computed_value(src, "rows").replace("rows[", "rows[ro + ")
         else:
             v = f"rows[ro + {src}]"
         out.append(f"{ind}v = {v}")
@@ -244,6 +288,7 @@ from low_level import flush
 from low_level.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.ring import HEAD, TAIL
 from low_level.refcount import pin
+from low_level.sketchkey import hll_rank, hll_register, log_bucket, value_hash1, value_hash2
 from low_level.subaggregate import PANE_MAX, emit_packet_at, emit_slot, prefetch_w, slot_hash_at
 from low_level.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_I, QP_IFMASK, QP_M,
                               QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
@@ -326,9 +371,15 @@ def columns_read(shapes: list[dict]) -> set[int]:
     """Parsed-packet columns the queries' filters, keys and states read (decides which parser to call)."""
     cols: set[int] = set()
     for s in shapes:
-        for col, is_ip, *_ in s["key"]:
-            cols |= {col, col + 1, F.FAMILY_COLUMN[col]} if is_ip else {F.TOS if col == SRC_DSCP else col}
-        cols |= {F.TOS if src == SRC_DSCP else src for src, _ in s["state"] if src != SRC_ONE}
+        for col, kind, m4h, *_ in s["key"]:
+            if kind == KEY_IP:
+                cols |= {col, col + 1, F.FAMILY_COLUMN[col]}
+            elif kind == KEY_HLL and m4h == 2:
+                cols |= {col, col + 1}
+            else:
+                cols |= {F.TOS if col == SRC_DSCP else col}
+        for src, _ in s["state"]:
+            cols |= _source_columns(src)
         for op, a0, *_ in s["filter"]:
             if op == OP_LOAD:
                 cols.add(a0)
@@ -365,9 +416,7 @@ def kernel_source(shapes: list[dict]) -> str:
     fold = [f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
             for q in range(len(shapes))]
     # phase 2 reads only the timestamp and the state columns' sources of the copied row
-    needed = {F.TS} | {src for s in shapes for src, _ in s["state"] if src >= 0}
-    if any(src == SRC_DSCP for s in shapes for src, _ in s["state"]):
-        needed.add(F.TOS)
+    needed = {F.TS} | {c for s in shapes for src, _ in s["state"] for c in _source_columns(src)}
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
     parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
                                select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),

@@ -125,7 +125,8 @@ class Emitter:
         if nparts == 1:
             self.backlog.add_partials(query, 0, Block(pane, key, state))
             return
-        part = wire.partition_of(key, nparts)
+        # a holistic query partitions by its group words only (contract.query.partition_width)
+        part = wire.partition_of(key[:, : Q.partition_width(q)], nparts)
         for p in range(nparts):
             sel = part == p
             if sel.any():

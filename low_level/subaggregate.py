@@ -17,8 +17,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from contract import fields as F
-from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE
+from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_COMPUTED, SRC_DSCP, SRC_ONE
 from low_level.refcount import pin
+from low_level.sketchkey import hll_rank, value_hash1, value_hash2
 from low_level.tables import (
     EMPTY,
     PANE_RING,
@@ -88,6 +89,16 @@ def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
     v = 1
     if src == SRC_DSCP:
         v = row[roff + F.TOS] >> 2
+    elif src <= SRC_COMPUTED:  # HLL rank of the value words (contract.query.decode_computed)
+        c = SRC_COMPUTED - src
+        col, p = c >> 7, c & 31
+        if (c >> 5) & 1:
+            h = value_hash2(row[roff + col], row[roff + col + 1])
+        elif (c >> 6) & 1:
+            h = value_hash1(row[roff + col] >> 2)
+        else:
+            h = value_hash1(row[roff + col])
+        v = hll_rank(h, p)
     elif src != SRC_ONE:
         v = row[roff + src]
     pin(row)

@@ -62,6 +62,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from contract import results as R
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.serve import params as P
 from high_level.serve.alerts import AlertReader
@@ -148,8 +149,8 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
             for p in spec.key_parts
         ],  # fmt: skip
         "aggregate_columns": [
-            {"name": a.name, "fn": a.fn, "field": a.field, "type": "float64" if a.fn == "avg" else "int64"}
-            for a in spec.aggregates
+            {"name": n, "fn": fn, "field": a.field, "type": "float64" if fn in R.FLOAT_FNS else "int64"}
+            for a in spec.aggregates for n, fn in a.output_columns()
         ],
         "result_columns": qi.output_columns,
         "avg_exact": qi.count_col is not None or not any(fn == "avg" for _, fn in qi.aggs),

@@ -65,7 +65,7 @@ def parquet_source(qi: QueryInfo, paths: list[str]) -> Source:
 def rank_value(qi: QueryInfo) -> str:
     """The value ranking groups: the first aggregate (an avg's NaN ranks last, as NULL)."""
     a, fn = qi.aggs[0]
-    return f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END" if fn == "avg" else q(a)
+    return f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END" if fn in ("avg", "quantile") else q(a)
 
 
 def key_hash(qi: QueryInfo) -> str:
@@ -149,6 +149,10 @@ def fold_cols(qi: QueryInfo) -> list[str]:
             cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
         elif fn in ("min", "max"):
             cols.append(f"{fn}({c}) {val} AS {c}")
+        elif fn == "count_distinct":  # a correction counts only its late values: the sum bounds from above
+            cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
+        elif fn in ("quantile", "top", "rank"):  # sketch results are decided at close: the final row's
+            cols.append(f"max({c}) FILTER (WHERE {fin}) AS {c}")
         elif w is not None:
             ok = f"{w} > 0 AND isfinite({c}) AND {VALUE_ROWS}"
             cols.append(f"sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END)"

@@ -1,0 +1,370 @@
+"""Holistic aggregates (distinct count, quantiles, top-k): computed sub-keys in the generated kernel,
+the roll-up under disorder, the second stage against a brute-force oracle, the HLL and quantile
+error bounds, the store's columns, HAVING and alerts over the new aggregates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from contract import query as Q
+from contract import results as R
+from contract import sketch
+from high_level import holistic
+from high_level.partition import Settings
+from high_level.simulate import packet_partials, window_oracle
+from high_level.store import ResultStore, typed_table
+from low_level import sketchkey
+from low_level.tables import Tables
+from tests.packets import make_mixed_traffic, make_traffic, merge_partials, oracle
+from tests.test_high_level_logic import HOSTS, _finals, _messages, _run_offline
+from tests.test_subaggregate import NS, T0, run_kernel
+
+CONFIG = """
+queries:
+  - name: scan
+    group_by: [dst_ip]
+    aggregates:
+      - {fn: count, as: packets}
+      - {fn: count_distinct, field: src_ip, as: sources}
+      - {fn: avg, field: length, as: avg_len}
+      - {fn: max, field: ttl, as: max_ttl}
+    having: sources > 3
+    alerts:
+      - {name: scan, when: sources >= 10, severity: critical}
+    window: {range: 10s, slide: 5s}
+    table: {size: 256}
+  - name: scanhll
+    group_by: [dst_ip]
+    aggregates:
+      - {fn: count_distinct, field: src_ip, approx: hll, precision: 8, as: sources}
+      - {fn: count, as: packets}
+    window: {range: 10s}
+    table: {size: 256}
+  - name: porthll
+    aggregates:
+      - {fn: count_distinct, field: src_port, approx: hll, as: ports}
+    window: {range: 9s, slide: 3s}
+    table: {size: 1024}
+  - name: sizes
+    group_by: [protocol]
+    aggregates:
+      - {fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}
+      - {fn: sum, field: length, as: bytes}
+    having: len_p95 > 100
+    window: {range: 10s}
+    table: {size: 128}
+  - name: ttls
+    group_by: [dst_port]
+    aggregates:
+      - {fn: quantiles, field: ttl, q: [0.1, 0.5, 0.9], accuracy: 0, as: ttl}
+    window: {range: 10s}
+    table: {size: 64}
+  - name: talkers
+    group_by: [dst_ip/24]
+    aggregates:
+      - {fn: top, field: src_ip, k: 3, by: length, as: bytes}
+      - {fn: count, as: packets}
+    window: {range: 10s}
+    table: {size: 512}
+  - name: dscps
+    group_by: [protocol]
+    aggregates:
+      - {fn: count_distinct, field: dscp, approx: hll, precision: 4, as: n}
+    window: {range: 10s}
+    table: {size: 16}
+"""
+NAMES = ("scan", "scanhll", "porthll", "sizes", "ttls", "talkers", "dscps")
+
+
+@pytest.fixture(scope="module")
+def cfg() -> Q.Config:
+    return Q.load_text(CONFIG)
+
+
+def _spread(t, seed: int, sources: int = 2000):
+    """Many sources per destination (scans), lengths spread over decades (quantile buckets)."""
+    rng = np.random.default_rng(seed)
+    t.src = (0x0A000000 + rng.integers(0, sources, len(t))).astype(np.uint32)
+    t.length = np.minimum(60 + rng.lognormal(4.5, 1.2, len(t)).astype(np.int64), 9000)
+    return t
+
+
+@pytest.fixture(scope="module")
+def traffic():
+    return _spread(make_traffic(12000, 300, T0, 60 * NS, seed=21), 3)
+
+
+# -- the per-packet computed keys ------------------------------------------------------------------
+def test_numba_sketch_keys_equal_the_numpy_reference() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.integers(-(1 << 63), (1 << 63) - 1, (20000, 2), dtype=np.int64)
+    for p in (4, 14, 18):
+        reg2, rank2 = sketch.hll_register_rank(w, p)
+        reg1, rank1 = sketch.hll_register_rank(w[:, :1], p)
+        for i in range(0, 20000, 97):
+            h2 = np.uint64(sketchkey.value_hash2(w[i, 0], w[i, 1]))
+            h1 = np.uint64(sketchkey.value_hash1(w[i, 0]))
+            assert (sketchkey.hll_register(h2, p), sketchkey.hll_rank(h2, p)) == (reg2[i], rank2[i])
+            assert (sketchkey.hll_register(h1, p), sketchkey.hll_rank(h1, p)) == (reg1[i], rank1[i])
+        assert rank2.min() >= 1 and rank2.max() <= 65 - p
+    v = np.r_[rng.integers(-(10**9), 10**9, 5000), -1, 0, 1, 2, 3, np.int64(2**62)]
+    for acc in (0.01, 0.05, 0.001):
+        ref = sketch.log_bucket(v, acc)
+        inv = sketch.inv_log_gamma(acc)
+        assert [sketchkey.log_bucket(x, inv) for x in v.tolist()] == ref.tolist()
+        assert np.all(np.diff(ref[np.argsort(v)]) >= 0)  # monotone: sorted buckets are sorted values
+
+
+def test_kernel_computes_sub_keys_and_ranks_exactly(cfg) -> None:
+    """One generated pass over every holistic shape (address and port HLL, dscp, buckets, values,
+    top by bytes) with small tables (evictions, overdue packets): merged partials equal the oracle,
+    whose sub-keys come from contract.sketch, not from the kernel's key program."""
+    qs = [cfg.query(n) for n in NAMES]
+    t = _spread(make_mixed_traffic(20000, 400, T0, 20 * NS, seed=5), 6)
+    recs = run_kernel(qs, t)
+    for i, q in enumerate(qs):
+        got = merge_partials(q, *Tables.build([q]).split(0, recs[i]))
+        assert got.equals(oracle(q, t)), q.name
+
+
+# -- the second stage against brute force ----------------------------------------------------------
+def _packets_per_window(q: Q.QuerySpec, t) -> pd.DataFrame:
+    """Per matching packet and window containing it: the window id, group words and the raw values."""
+    rows = t.rows()
+    idx, pane, key, _ = packet_partials(q, rows)
+    r = rows[idx]
+    k, s = q.window.panes_per_window, q.window.panes_per_slide
+    gw = Q.group_width(q)
+    out = []
+    for j in range(k):
+        w = pane + j
+        ok = (w - (k - 1)) % s == 0
+        d = {"window": w[ok], **{f"g{i}": key[ok, i] for i in range(gw)}}
+        d["len"], d["src_lo"], d["ttl"] = r[ok, 9], r[ok, 3], r[ok, 12]
+        out.append(pd.DataFrame(d))
+    return pd.concat(out, ignore_index=True)
+
+
+def _stage2(q: Q.QuerySpec, wo: pd.DataFrame) -> pd.DataFrame:
+    kc = [c for c in wo.columns if c.startswith("k")]
+    sc = [c for c in wo.columns if c.startswith("s")]
+    return holistic.offline(
+        q, wo["window"].to_numpy(np.int64), wo[kc].to_numpy(np.int64), wo[sc].to_numpy(np.int64)
+    )
+
+
+def test_second_stage_equals_brute_force(cfg, traffic) -> None:
+    # distinct sources per destination, sliding windows: the union of pane sets
+    q = cfg.query("scan")
+    got = _stage2(q, window_oracle(q, oracle(q, traffic))).sort_values(["window", "k0", "k1"])
+    raw = _packets_per_window(q, traffic)
+    exp = (
+        raw.groupby(["window", "g0", "g1"])
+        .agg(
+            sources=("src_lo", "nunique"),
+            packets=("len", "size"),
+            avg_len=("len", "mean"),
+            max_ttl=("ttl", "max"),
+        )
+        .reset_index()
+    )
+    assert len(got) == len(exp) and exp["sources"].max() > 10
+    assert np.array_equal(got["sources"], exp["sources"]) and np.array_equal(got["packets"], exp["packets"])
+    assert np.array_equal(got["max_ttl"], exp["max_ttl"]) and np.allclose(got["avg_len"], exp["avg_len"])
+    # exact quantiles (accuracy 0): the nearest-rank value itself
+    q = cfg.query("ttls")
+    got = _stage2(q, window_oracle(q, oracle(q, traffic))).sort_values(["window", "k0"])
+    raw = _packets_per_window(q, traffic)
+    for x, col in ((0.1, "ttl_p10"), (0.5, "ttl_p50"), (0.9, "ttl_p90")):
+        exp = raw.groupby(["window", "g0"])["ttl"].apply(
+            lambda v, x=x: np.sort(v.to_numpy())[int(sketch.quantile_rank(x, np.array([len(v)]))[0]) - 1]
+        )
+        assert np.array_equal(got[col].to_numpy(), exp.to_numpy().astype(float)), col
+    # top 3 sources by bytes per /24: weight desc, then smaller address first
+    q = cfg.query("talkers")
+    got = _stage2(q, window_oracle(q, oracle(q, traffic)))
+    raw = _packets_per_window(q, traffic)
+    w = raw.groupby(["window", "g0", "g1", "src_lo"], as_index=False).agg(
+        bytes=("len", "sum"), packets=("len", "size")
+    )
+    w = w.sort_values(["window", "g0", "g1", "bytes", "src_lo"], ascending=[True, True, True, False, True])
+    w["rank"] = w.groupby(["window", "g0", "g1"]).cumcount() + 1
+    exp = w[w["rank"] <= 3].reset_index(drop=True)
+    assert np.array_equal(got["k3"], exp["src_lo"]) and np.array_equal(got["bytes"], exp["bytes"])
+    assert np.array_equal(got["bytes_rank"], exp["rank"]) and np.array_equal(got["packets"], exp["packets"])
+
+
+def test_quantile_sketch_within_its_relative_accuracy(cfg, traffic) -> None:
+    """Every sketch quantile is within accuracy (1%) of the true nearest-rank value, and equals the
+    representative of the true value's bucket exactly (same buckets under any order)."""
+    q = cfg.query("sizes")
+    got = _stage2(q, window_oracle(q, oracle(q, traffic))).sort_values(["window", "k0"])
+    raw = _packets_per_window(q, traffic)
+    acc = q.aggregates[0].quantile_accuracy
+    assert acc == 0.01
+    for x, col in ((0.5, "len_p50"), (0.95, "len_p95"), (0.99, "len_p99")):
+        true = (
+            raw.groupby(["window", "g0"])["len"]
+            .apply(
+                lambda v, x=x: np.sort(v.to_numpy())[int(sketch.quantile_rank(x, np.array([len(v)]))[0]) - 1]
+            )
+            .to_numpy()
+        )
+        est = got[col].to_numpy()
+        assert np.all(np.abs(est - true) <= acc * true + 1e-9), col
+        assert np.array_equal(est, sketch.bucket_value(sketch.log_bucket(true, acc), acc))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_hll_error_at_the_default_precision_over_a_million_values(seed: int) -> None:
+    """p = 14 (std error 0.81%): within 2% over 10^6 distinct addresses, through the second stage."""
+    q = Q.load_text("""
+queries:
+  - name: d
+    aggregates: [{fn: count_distinct, field: src_ip, approx: hll}]
+    window: {range: 10s}
+""").queries[0]
+    p = q.aggregates[0].hll_precision
+    assert p == sketch.HLL_DEFAULT_P and sketch.hll_relative_error(p) < 0.0082
+    rng = np.random.default_rng(seed)
+    n = 1_000_000
+    words = np.column_stack([np.zeros(n, np.int64), 0xFFFF_0000_0000 + rng.choice(1 << 32, n, replace=False)])
+    reg, rank = sketch.hll_register_rank(words, p)
+    regs = pd.Series(rank).groupby(reg).max()  # what the roll-up's max merge leaves per register
+    est = _stage2(
+        q, pd.DataFrame({"window": 0, "k0": regs.index.to_numpy(np.int64), "s0": regs.to_numpy(np.int64)})
+    )
+    assert abs(int(est["distinct_src_ip"].iloc[0]) / n - 1) <= 0.02
+    # small cardinalities: linear counting is close to exact
+    few = rng.choice(1 << 32, 500, replace=False).reshape(-1, 1).astype(np.int64)
+    reg, rank = sketch.hll_register_rank(few, p)
+    regs = pd.Series(rank).groupby(reg).max()
+    est = _stage2(
+        q, pd.DataFrame({"window": 0, "k0": regs.index.to_numpy(np.int64), "s0": regs.to_numpy(np.int64)})
+    )
+    assert abs(int(est["distinct_src_ip"].iloc[0]) - 500) <= 5
+
+
+def test_hll_error_agrees_with_datasketches_magnitude() -> None:
+    """An independent implementation (Apache DataSketches HLL, same precision) on the same values
+    errs by the same order of magnitude: both within 3 standard errors."""
+    ds = pytest.importorskip("datasketches")
+    rng = np.random.default_rng(7)
+    n, p = 200_000, 12
+    vals = rng.choice(1 << 40, n, replace=False).astype(np.int64)
+    reg, rank = sketch.hll_register_rank(vals.reshape(-1, 1), p)
+    regs = pd.Series(rank).groupby(reg).max()
+    z = np.ldexp(1.0, -regs.to_numpy()).sum()
+    ours = float(sketch.hll_estimate(np.array([z]), np.array([len(regs)]), p)[0])
+    h = ds.hll_sketch(p, ds.tgt_hll_type.HLL_8)
+    for v in vals.tolist():
+        h.update(v)
+    bound = 3 * sketch.hll_relative_error(p)
+    assert abs(ours / n - 1) <= bound and abs(h.get_estimate() / n - 1) <= bound
+
+
+# -- the roll-up under disorder: the first stage is a plain key, exact ---------------------------------
+@pytest.mark.parametrize("name", ["scan", "sizes", "talkers", "porthll"])
+def test_processor_exact_for_holistic_under_disorder(cfg, traffic, name) -> None:
+    q = cfg.query(name)
+    exp = window_oracle(q, oracle(q, traffic))
+    want = _stage2(q, exp)
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
+    for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2)):
+        msgs = _messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
+        df = _run_offline([q], msgs, partitions, settings, batches=11)
+        assert _finals(df, q).equals(exp), (partitions, punct)
+        # each partition completes its groups: the second stage per partition gives the whole answer
+        fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
+        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        got = pd.concat(parts, ignore_index=True)
+        kc = [c for c in got.columns if c.startswith("k")]
+        got = got.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
+        w2 = want.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, w2, check_dtype=False)
+
+
+def test_partition_is_a_hash_of_the_group_words_only(cfg) -> None:
+    from contract import wire
+
+    q = cfg.query("scan")
+    assert Q.partition_width(q) == 2 and Q.key_width(q) == 4
+    plain = Q.load_text(
+        "queries: [{name: p, group_by: [src_ip, dst_ip], aggregates: [{fn: count}], window: {range: 1s}}]"
+    )
+    assert Q.partition_width(plain.queries[0]) == Q.key_width(plain.queries[0]) == 4  # unchanged
+    key = np.array([[0, 5, 0, 1], [0, 5, 0, 2], [0, 5, 7, 9]], np.int64)
+    part = wire.partition_of(key[:, : Q.partition_width(q)], 8)
+    assert part[0] == part[1] == part[2]
+
+
+# -- the store: final columns, HAVING, alerts, corrections -----------------------------------------
+def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) -> None:
+    qs = [cfg.query(n) for n in ("scan", "sizes", "talkers")]
+    store = ResultStore(tmp_path, qs)
+    for q in qs:
+        wo = window_oracle(q, oracle(q, traffic))
+        want = _stage2(q, wo)
+        n = len(wo)
+        lay_end = q.window.origin_ns + (wo["window"].to_numpy(np.int64) + 1) * q.window.pane_ns
+        kc = [c for c in wo.columns if c.startswith("k")]
+        sc = [c for c in wo.columns if c.startswith("s")]
+        kind = np.where(np.arange(n) % 50 == 7, "correction", "final")
+        rows = pd.DataFrame({
+            "query": q.name, "partition": 0, "window": wo["window"], "window_start_ns": lay_end - q.window.range_ns,
+            "window_end_ns": lay_end, "key": list(wo[kc].to_numpy(np.int64)), "state": list(wo[sc].to_numpy(np.int64)),
+            "kind": kind, "closed_at_ms": 1, "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
+            "late_partials": 0, "missing_records": 0, "status": None})  # fmt: skip
+        typed = typed_table(q, rows)
+        assert typed.schema == R.schema(q)
+        assert [c for c, _ in R.aggregate_columns(q)] == [
+            c for c in typed.column_names if c in Q.result_names(q)
+        ]
+        fin = typed.filter(pa.compute.equal(typed["kind"], "final")).to_pandas()
+        if q.name == "scan":  # the final rows lack the correction rows' values: fewer or equal sources
+            assert set(typed.column_names) >= {"dst_ip", "sources", "packets", "avg_len", "max_ttl"}
+            assert (fin["sources"] <= np.sort(want["sources"])[-1]).all() and len(fin) >= len(want) * 0.5
+        if q.name == "talkers":
+            assert {"dst_ip_24", "src_ip", "bytes", "bytes_rank"} <= set(typed.column_names)
+            assert fin["bytes_rank"].between(1, 3).all()
+        store.write_batch(1, rows)
+    fired = store.write_alerts(1)
+    assert fired.num_rows > 0 and set(fired["alert"].to_pylist()) == {"scan"}
+    assert store.having_dropped.get("scan", 0) > 0
+
+
+def test_reduce_keeps_kinds_apart_and_merges_completeness() -> None:
+    q = Q.load_text("""
+queries:
+  - name: d
+    group_by: [dst_port]
+    aggregates: [{fn: count_distinct, field: src_port, as: n}, {fn: count, as: c}]
+    window: {range: 10s}
+""").queries[0]
+    window = np.array([5, 5, 5, 5, 6], np.int64)
+    kind = np.array([1, 1, 0, 1, 1], np.int64)
+    key = np.array([[80, 1], [80, 2], [80, 1], [443, 9], [80, 1]], np.int64)
+    state = np.array([[3, 3], [1, 1], [2, 2], [4, 4], [1, 1]], np.int64)
+    comp = np.array([[3, 0, 0], [2, 1, 0], [3, 4, 1], [3, 0, 0], [3, 0, 2]], np.int64)
+    hosts = np.array([3, 3, 3, 3, 3], np.int32)
+    red = holistic.reduce(
+        q, window, kind, key, state, hosts, hosts, comp, np.array([1, 2, 3, 4, 5], np.int64)
+    )
+    # (5, correction, 80), (5, final, 80), (5, final, 443), (6, final, 80)
+    assert red.key[:, 0].tolist() == [80, 80, 443, 80]
+    assert red.values["n"].tolist() == [1, 2, 1, 1] and red.values["c"].tolist() == [2, 4, 4, 1]
+    assert red.comp.tolist() == [[3, 4, 1], [2, 1, 0], [3, 0, 0], [3, 0, 2]]
+    assert red.closed_at_ms.tolist() == [3, 2, 4, 5]
+
+
+def test_result_names_and_api_types(cfg) -> None:
+    q = cfg.query("sizes")
+    assert Q.result_names(q) == ["len_p50", "len_p95", "len_p99", "bytes"]
+    assert [f.type for f in R.schema(q) if f.name.startswith("len_")] == [pa.float64()] * 3
+    assert Q.quantile_suffix(0.999) == "p99_9" and Q.quantile_suffix(0.5) == "p50"
+    assert math.isclose(sketch.hll_relative_error(14), 0.0081, rel_tol=0.01)
