@@ -12,9 +12,20 @@ Parts (``--part``; each run rewrites only its own entry, so parts can be measure
   micro-batch whose punctuation closed the window), so it is the rest of that micro-batch (stateful
   step, sink, alert file) plus the delivery thread's post. Goal: p95 <= one trigger interval. Also
   reported: arrival - window end (end to end, includes the hosts' flush delay and punctuation).
-* ``kernel_rates``: reserved for the low-level kernel rates of the new aggregates (another change).
+* ``kernel_rates``: low-level Mpkt/s on one core of a distinct count (exact and HLL), a top-k and a
+  quantile query next to the Q4 count query, in the same run on the same ring (the timed loop of
+  ``bench_kernel.py``, variants interleaved, best of ``--repeat``); ``min_ratio_vs_q4`` over the
+  holistic ones (goal >= 0.5). Each holistic query groups by (group, sub-key), so its table holds
+  more entries than the group count: the rate includes those extra evictions.
+* ``hll_error``: HyperLogLog relative error vs memory, precision 10..16, over 10^6 distinct values
+  and several seeds, through the second stage (``high_level.holistic``); memory = registers x the
+  wire record's bytes (pane, group, register, rank words).
+* ``adaptwid``: exact distinct count on the high level, the dissertation's section 6.3 comparison:
+  per-pane distinct (group, value) sets merged into windows (what lowwater does) vs buffering the
+  raw values of each pane and computing every window at close; sliding windows of k panes. Time and
+  rows held, measured.
 
-    .venv/bin/python benchmarks/bench_aggregates.py [--part alert_latency] [--seconds 40] [--trigger 1s]
+    .venv/bin/python benchmarks/bench_aggregates.py [--part alert_latency|kernel_rates|hll_error|adaptwid]
 """
 
 from __future__ import annotations
@@ -186,7 +197,149 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     }  # fmt: skip
 
 
-PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str, Any]]] = {"alert_latency": alert_latency}
+HOLISTIC_QUERIES = """
+queries:
+  - name: distinct_src_per_dst
+    group_by: [dst_ip]
+    aggregates: [{fn: count_distinct, field: src_ip, as: sources}]
+    window: {range: 1m}
+    table: {size: 524288}
+  - name: hll_src_per_dst
+    group_by: [dst_ip]
+    aggregates: [{fn: count_distinct, field: src_ip, approx: hll, precision: 12, as: sources}]
+    window: {range: 1m}
+    table: {size: 524288}
+  - name: top_src_per_dst24
+    group_by: [dst_ip/24]
+    aggregates: [{fn: top, field: src_ip, k: 10, by: length, as: bytes}]
+    window: {range: 1m}
+    table: {size: 524288}
+  - name: len_quantiles_per_proto
+    group_by: [protocol]
+    aggregates: [{fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}]
+    window: {range: 1m}
+    table: {size: 4096}
+"""
+
+
+def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    """Low-level Mpkt/s of the holistic queries vs Q4 (count per (src, dst)) in one run, one core."""
+    from benchmarks.bench_kernel import fill_ring, run_kernel
+    from benchmarks.queries import q4
+    from low_level.sources.generator import generate_frames
+
+    frames, caplen, wirelen, ts = generate_frames(args.packets, groups=args.kgroups, seed=7, snaplen=64)
+    ring = fill_ring(frames, caplen, wirelen, ts)
+    del frames
+    hol = Q.load_text(HOLISTIC_QUERIES).queries
+    variants = {"Q4 count (lazy)": [q4(524288, "lazy")], **{q.name: [q] for q in hol}}
+    warm = fill_ring(*generate_frames(2000, groups=100, snaplen=64))
+    for qs in variants.values():
+        run_kernel(warm, qs, 2000)  # compile
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    emitted: dict[str, int] = {}
+    for r in range(args.repeat):
+        for name, qs in variants.items():
+            secs, _cpu, st = run_kernel(ring, qs, args.packets)
+            runs[name].append(secs)
+            emitted[name] = st.get("emitted", 0)
+        log(f"round {r + 1}: " + ", ".join(f"{n} {args.packets / runs[n][-1] / 1e6:.2f}" for n in variants))
+    mpps = {n: args.packets / min(v) / 1e6 for n, v in runs.items()}
+    q4_rate = mpps["Q4 count (lazy)"]
+    ratios = {n: round(m / q4_rate, 3) for n, m in mpps.items() if n != "Q4 count (lazy)"}
+    return {"packets": args.packets, "groups": args.kgroups, "repeat": args.repeat,
+            "mpps": {n: round(m, 3) for n, m in mpps.items()},
+            "all_mpps": {n: [round(args.packets / s / 1e6, 3) for s in v] for n, v in runs.items()},
+            "records_emitted": emitted, "ratio_vs_q4": ratios, "min_ratio_vs_q4": min(ratios.values()),
+            "goal_min_ratio": 0.5}  # fmt: skip
+
+
+def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    """HLL relative error vs memory (registers) at precision 10..16 over 10^6 distinct values."""
+    import pandas as pd
+
+    from contract import sketch
+    from high_level import holistic
+
+    n, seeds = args.distinct, args.seeds
+    rows = []
+    for p in range(10, 17):
+        q = Q.load_text(f"""
+queries:
+  - name: d
+    aggregates: [{{fn: count_distinct, field: src_ip, approx: hll, precision: {p}}}]
+    window: {{range: 10s}}
+""").queries[0]
+        errs = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(1000 + seed)
+            vals = rng.choice(1 << 40, n, replace=False).astype(np.int64)
+            words = np.column_stack([vals >> 32, vals])  # two address words
+            reg, rank = sketch.hll_register_rank(words, p)
+            regs = pd.Series(rank).groupby(reg).max()
+            est = holistic.offline(q, np.zeros(len(regs), np.int64), regs.index.to_numpy(np.int64).reshape(-1, 1),
+                                   regs.to_numpy(np.int64).reshape(-1, 1))  # fmt: skip
+            errs.append(float(est.iloc[0, -1]) / n - 1)
+        rec = 8 * (1 + Q.key_width(q) + len(Q.state_columns(q)))  # bytes of one wire record (pane, key, state)
+        row = {"precision": p, "registers": 1 << p, "max_record_bytes": (1 << p) * rec,
+               "std_error_theory": round(sketch.hll_relative_error(p), 5),
+               "rms_error": round(float(np.sqrt(np.mean(np.square(errs)))), 5),
+               "max_abs_error": round(float(np.max(np.abs(errs))), 5), "errors": [round(e, 5) for e in errs]}  # fmt: skip
+        log(f"p={p}: rms {row['rms_error']:.4f} (theory {row['std_error_theory']:.4f}), max {row['max_abs_error']:.4f}")
+        rows.append(row)
+    return {"distinct": n, "seeds": seeds, "by_precision": rows, "default_precision": sketch.HLL_DEFAULT_P}
+
+
+def adaptwid(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    """Exact distinct per (window, group), sliding k panes: pane sets merged vs raw values buffered.
+
+    Timed: the high level's work from what it receives (pane sets: expand to windows, count values per
+    (window, group); raw: per window, count values of its panes' packets), same pandas primitive for
+    both; rows held = records the high level receives and keeps (the Kafka volume too)."""
+    import pandas as pd
+
+    from high_level.rollup import expand_windows, group_reduce
+
+    rng = np.random.default_rng(3)
+    out = []
+    for k, per_pane, groups, values in ((6, 200_000, 1000, 50_000), (6, 200_000, 1000, 2_000), (2, 200_000, 1000, 50_000)):
+        panes = 20
+        pane = np.repeat(np.arange(panes, dtype=np.int64), per_pane)
+        grp = rng.integers(0, groups, len(pane))
+        val = rng.zipf(1.3, len(pane)) % values
+        # lowwater: the low level ships per-pane distinct (group, value) rows (deduplicated there) ...
+        keys = np.column_stack([pane, grp, val]).astype(np.int64)
+        ukeys, _ = group_reduce(keys, np.ones((len(keys), 1), np.int64), (Q.MERGE_SUM,))
+        held_sets = len(ukeys)
+        t0 = time.perf_counter()
+        # ... the high level puts each pane row in its k windows and counts values per (window, group)
+        rows, win = expand_windows(ukeys[:, 0], 0, panes + k - 1, k)
+        d = pd.DataFrame({"w": win, "g": ukeys[rows, 1], "v": ukeys[rows, 2]})
+        a = d.groupby(["w", "g"])["v"].nunique()
+        t_sets = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        # AdaptWID's alternative: buffer the raw values per pane, compute each window at close
+        held_raw = len(pane)
+        res = []
+        for w in range(panes + k - 1):
+            sel = (pane > w - k) & (pane <= w)
+            d = pd.DataFrame({"g": grp[sel], "v": val[sel]})
+            if len(d):
+                res.append(d.groupby("g")["v"].nunique().rename(w))
+        b = pd.concat(res) if res else pd.Series(dtype=np.int64)
+        t_raw = time.perf_counter() - t0
+        assert int(a.sum()) == int(b.sum()), "both strategies must count the same"
+        row = {"panes_per_window": k, "packets_per_pane": per_pane, "groups": groups, "value_domain": values,
+               "rows_held_pane_sets": held_sets, "rows_held_raw": held_raw, "seconds_pane_sets": round(t_sets, 3),
+               "seconds_raw_buffer": round(t_raw, 3), "faster": "pane_sets" if t_sets < t_raw else "raw_buffer",
+               "records_shipped_ratio_raw_vs_sets": round(held_raw / held_sets, 2)}  # fmt: skip
+        log(json.dumps(row))
+        out.append(row)
+    return {"cases": out}
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str, Any]]] = {
+    "alert_latency": alert_latency, "kernel_rates": kernel_rates, "hll_error": hll_error, "adaptwid": adaptwid}
 
 
 def main() -> None:
@@ -198,6 +351,11 @@ def main() -> None:
     ap.add_argument("--min-count", type=int, default=20, help="alert_latency: packets per window that fire")
     ap.add_argument("--trigger", default="1s")
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--packets", type=int, default=4_000_000, help="kernel_rates: packets in the ring")
+    ap.add_argument("--kgroups", type=int, default=65536, help="kernel_rates: generator groups")
+    ap.add_argument("--repeat", type=int, default=3, help="kernel_rates: interleaved rounds (best is reported)")
+    ap.add_argument("--distinct", type=int, default=1_000_000, help="hll_error: distinct values")
+    ap.add_argument("--seeds", type=int, default=5, help="hll_error: seeds per precision")
     args = ap.parse_args()
     m = machine()
     t_all = time.monotonic()

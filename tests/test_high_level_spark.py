@@ -388,3 +388,80 @@ def test_watermark_baseline_writes_same_layout_and_drops_lagging_host(spark, kaf
     assert fin["packets"].sum() < closed["packets"].sum(), "closed windows are exact: nothing was dropped"
     (p,) = prog.values()
     assert p["stateRows"] > 0
+
+
+# -- holistic aggregates end to end ----------------------------------------------------------------
+HOLISTIC = """
+queries:
+  - name: {p}_sources
+    group_by: [dst_ip]
+    aggregates:
+      - {{fn: count_distinct, field: src_ip, as: sources}}
+      - {{fn: count, as: packets}}
+    having: sources > 1
+    window: {{range: 10s, slide: 5s}}
+    kafka: {{topic: {t1}, partitions: 2}}
+  - name: {p}_sizes
+    group_by: [protocol]
+    aggregates:
+      - {{fn: quantiles, field: length, q: [0.5, 0.99], as: len}}
+    window: {{range: 10s}}
+    kafka: {{topic: {t2}, partitions: 2}}
+"""
+
+
+def test_holistic_distinct_and_quantiles_through_kafka_spark_store_and_api(spark, kafka, topic_factory, tmp_path):
+    """Distinct sources per destination (sliding) and packet-size percentiles on 2 partitions, three
+    skewed hosts: the stored rows equal the second stage over the oracle, and the API serves them."""
+    from fastapi.testclient import TestClient
+
+    from high_level import holistic
+    from high_level.serve.api import create_app
+
+    t = make_traffic(6000, 150, T0, 60 * 10**9, seed=17)
+    rng = np.random.default_rng(17)
+    t.src = (0x0A000000 + rng.integers(0, 400, len(t))).astype(np.uint32)
+    t.length = np.minimum(60 + rng.lognormal(4.5, 1.2, len(t)).astype(np.int64), 9000)
+    text = HOLISTIC.format(p="hol", t1=topic_factory(partitions=2, prefix="hl-hol1"),
+                           t2=topic_factory(partitions=2, prefix="hl-hol2"))  # fmt: skip
+    cfg_path = tmp_path / "holistic.yaml"
+    cfg_path.write_text(text)
+    queries = Q.load(cfg_path).queries
+    msgs = traffic_messages(queries, t)
+    job = start_job(spark, queries, tmp_path, "holistic", bootstrap=kafka.bootstrap_servers, expected_hosts=HOSTS,
+                    host_timeout_ms=600_000)  # fmt: skip
+    try:
+        produce(kafka, msgs)
+        job.process_all_available()
+    finally:
+        job.stop()
+    results = Path(job.opts.results)
+    for q in queries:
+        wo = window_oracle(q, oracle(q, t))
+        kc, sc = [c for c in wo.columns if c.startswith("k")], [c for c in wo.columns if c.startswith("s")]
+        exp = holistic.offline(q, wo["window"].to_numpy(np.int64), wo[kc].to_numpy(np.int64), wo[sc].to_numpy(np.int64))
+        if q.having:
+            exp = exp[exp["sources"] > 1]
+        exp["window_end"] = pd.to_datetime(q.window.origin_ns + (exp["window"] + 1) * q.window.pane_ns, utc=True)
+        key = q.key_parts[0].name
+        exp[key] = [str(Q.decode_key(q, np.array(k))[key]) for k in exp[[f"k{i}" for i in range(Q.group_width(q))]].to_numpy()]
+        got = read_results(results, q.name)
+        got = got[got["kind"] == "final"].copy()
+        got[key] = got[key].astype(str)
+        cols = ["window_end", key, *Q.result_names(q)]
+        g = got[cols].sort_values(cols[:2]).reset_index(drop=True)
+        e = exp[cols].sort_values(cols[:2]).reset_index(drop=True)
+        g["window_end"] = pd.to_datetime(g["window_end"], utc=True).astype("datetime64[ns, UTC]")
+        e["window_end"] = e["window_end"].astype("datetime64[ns, UTC]")
+        assert len(g) > 10
+        pd.testing.assert_frame_equal(g, e, check_dtype=False)
+    assert read_results(results, "hol_sources")["sources"].max() > 5
+    with TestClient(create_app(cfg_path, results)) as c:
+        body = c.get("/queries/hol_sizes/results", params={"start": "2023-11-14T00:00:00Z",
+                                                          "end": "2023-11-15T00:00:00Z"}).json()  # fmt: skip
+        assert body["rows"] and {"len_p50", "len_p99"} <= set(body["rows"][0])
+        assert all(r["len_p50"] <= r["len_p99"] for r in body["rows"])
+        csv = c.get("/queries/hol_sources/latest", params={"format": "csv"})
+        assert csv.status_code == 200 and "sources" in csv.text.splitlines()[0]
+        info = c.get("/queries/hol_sizes").json()
+        assert [a["name"] for a in info["aggregate_columns"]] == ["len_p50", "len_p99"]

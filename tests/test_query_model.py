@@ -69,7 +69,45 @@ MALFORMED = [
      "clash with the group-by columns"),
     (BASE + "    alerts:\n      - {name: a, when: count > 1}\n      - {name: a, when: count > 2}\n", 7, "alerts",
      "duplicate alert names"),
+    # holistic aggregates (count_distinct, quantiles, top): parameters checked, one per query
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip}\n      - {fn: top, field: dst_port, k: 3}"),
+     4, "aggregates", "at most one holistic aggregate"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, k: 3}"), 5, "aggregates.0",
+     "'k' is a parameter of top, not of count_distinct"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, colour: 3}"), 5, "aggregates.0.colour",
+     "unknown field"),
+    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5, 1.5]}"), 5, "aggregates.0",
+     "quantile 1.5 is outside (0, 1)"),
+    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0]}"), 5, "aggregates.0", "outside (0, 1)"),
+    (BASE.replace("{fn: count}", "{fn: quantiles, field: length}"), 5, "aggregates.0", "needs q"),
+    (BASE.replace("{fn: count}", "{fn: quantiles, field: src_ip, q: [0.5]}"), 5, "aggregates.0", "numeric field"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 3}"), 5,
+     "aggregates.0", "precision must be 4..18"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 19}"), 5,
+     "aggregates.0", "precision must be 4..18"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, precision: 12}"), 5, "aggregates.0",
+     "precision applies to approx: hll"),
+    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: kmv}"), 5, "aggregates.0.approx",
+     "Input should be"),
+    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 0}"), 5, "aggregates.0", "k >= 1"),
+    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, by: src_ip}"), 5, "aggregates.0",
+     "top by needs a numeric field"),
+    (BASE.replace("{fn: count}", "{fn: top, field: src_ip, k: 5}"), 2, "query", "clashes with a group-by column"),
+    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5], as: len}") + "    having: len > 1\n",
+     7, "having", "unknown aggregate 'len' (the query's aggregates: len_p50)"),
 ]
+
+
+def test_holistic_names_work_in_having_alerts_and_export() -> None:
+    doc = BASE.replace("{fn: count}", "{fn: count}\n      - {fn: count_distinct, field: dst_ip, as: dsts}")
+    doc += "    having: dsts > 100 and count > 5\n    alerts:\n      - {name: scan, when: dsts >= 1000}\n"
+    doc += "    export: {by: dsts}\n"
+    q = Q.load_text(doc).queries[0]
+    assert Q.result_names(q) == ["count", "dsts"] and Q.key_width(q) == 4 and Q.partition_width(q) == 2
+    doc = BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5, 0.99], as: len}")
+    q = Q.load_text(doc + "    having: len_p99 > 1000\n").queries[0]
+    assert Q.result_names(q) == ["len_p50", "len_p99"]
+
 
 
 @pytest.mark.parametrize(("doc", "line", "field", "reason"), MALFORMED)
