@@ -240,6 +240,28 @@ def main() -> None:
                       f" (warm: p95 {st['p95']:.2f} s); of which the webhook post (sink hand-off -> receiver): "
                       f"p50 {h['p50'] * 1e3:.0f} ms, p95 {h['p95'] * 1e3:.0f} ms. Goal p95 <= 1 trigger: "
                       f"{'met' if r['goal_met'] else 'not met (the rest of the micro-batch dominates)'}."]
+        kr = d.get("parts", {}).get("kernel_rates")
+        if kr:
+            r = kr["result"]
+            parts += ["## Holistic aggregates: kernel rates vs Q4 (same run, one core)", machine(kr),
+                      table(["query", "Mpkt/s", "vs Q4"],
+                            [[n, f"{m:.2f}", f"{r['ratio_vs_q4'].get(n, 1.0):.2f}"] for n, m in r["mpps"].items()]),
+                      f"**min_ratio_vs_q4 {r['min_ratio_vs_q4']:.2f}** (goal >= {r['goal_min_ratio']})."]
+        he = d.get("parts", {}).get("hll_error")
+        if he:
+            r = he["result"]
+            parts += [f"## HyperLogLog error vs memory ({r['distinct']:,} distinct values, {r['seeds']} seeds)",
+                      machine(he),
+                      table(["precision", "registers", "max bytes per (pane, group)", "theory", "rms", "max |error|"],
+                            [[x["precision"], x["registers"], x["max_record_bytes"], f"{x['std_error_theory']:.4f}",
+                              f"{x['rms_error']:.4f}", f"{x['max_abs_error']:.4f}"] for x in r["by_precision"]])]
+        aw = d.get("parts", {}).get("adaptwid")
+        if aw:
+            parts += ["## Exact distinct: pane sets vs buffered raw values (AdaptWID, dissertation 6.3)", machine(aw),
+                      table(["panes/window", "value domain", "rows held (sets)", "rows held (raw)", "s (sets)",
+                             "s (raw)"],
+                            [[c["panes_per_window"], c["value_domain"], c["rows_held_pane_sets"], c["rows_held_raw"],
+                              c["seconds_pane_sets"], c["seconds_raw_buffer"]] for c in aw["result"]["cases"]])]
     (RESULTS / "README.md").write_text("\n\n".join(p for p in parts if p) + "\n")
     print(f"wrote {RESULTS / 'README.md'}")
 

@@ -336,6 +336,23 @@ def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) ->
     fired = store.write_alerts(1)
     assert fired.num_rows > 0 and set(fired["alert"].to_pylist()) == {"scan"}
     assert store.having_dropped.get("scan", 0) > 0
+    # the API serves the final columns (a top query's item is a key column), as JSON and CSV
+    from fastapi.testclient import TestClient
+
+    from high_level.serve.api import create_app
+
+    (tmp_path / "q.yaml").write_text(CONFIG)
+    span = {"start": "2023-11-14T22:00:00Z", "end": "2023-11-14T23:00:00Z"}
+    with TestClient(create_app(tmp_path / "q.yaml", tmp_path)) as c:
+        info = c.get("/queries/talkers").json()
+        assert [k["name"] for k in info["key_columns"]] == ["dst_ip_24", "src_ip"]
+        assert [a["name"] for a in info["aggregate_columns"]] == ["bytes", "bytes_rank", "packets"]
+        rows = c.get("/queries/talkers/results", params=span).json()["rows"]
+        assert rows and all(1 <= r["bytes_rank"] <= 3 and "." in r["src_ip"] for r in rows)
+        csv = c.get("/queries/sizes/results", params={**span, "format": "csv"})
+        assert csv.status_code == 200 and "len_p95" in csv.text.splitlines()[0]
+        rows = c.get("/queries/scan/results", params={**span, "order_by": "-sources"}).json()["rows"]
+        assert rows and rows[0]["sources"] >= rows[-1]["sources"] and all(r["sources"] > 3 for r in rows)
 
 
 def test_reduce_keeps_kinds_apart_and_merges_completeness() -> None:

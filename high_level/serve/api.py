@@ -143,11 +143,12 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
             "range_ns": w.range_ns, "slide_ns": w.slide, "pane_ns": w.pane_ns, "origin_ns": w.origin_ns,
             "tumbling": w.tumbling and not w.landmark, "landmark": w.landmark,
         },  # fmt: skip
-        "key_columns": [
+        "key_columns": [  # the group-by parts, then a top aggregate's item
             {"name": p.name, "field": p.field.name, "kind": "ip" if p.field.kind == "ip" else "int",
              "type": "string" if p.field.kind == "ip" else "int64", "prefix4": p.prefix4, "prefix6": p.prefix6}
             for p in spec.key_parts
-        ],  # fmt: skip
+        ] + [{"name": n, "field": n, "kind": k, "type": "string" if k == "ip" else "int64", "prefix4": None,
+              "prefix6": None} for n, k in R.key_columns(spec)[len(spec.key_parts):]],  # fmt: skip
         "aggregate_columns": [
             {"name": n, "fn": fn, "field": a.field, "type": "float64" if fn in R.FLOAT_FNS else "int64"}
             for a in spec.aggregates for n, fn in a.output_columns()
