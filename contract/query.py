@@ -274,6 +274,8 @@ class AggregateSpec(_Strict):
             bad = [x for x in self.q if not 0 < x < 1]
             if bad:
                 raise ValueError(f"quantile {bad[0]} is outside (0, 1)")
+            if any(abs(round(x, 4) - x) > 1e-12 for x in self.q):
+                raise ValueError("a quantile has at most 4 decimals (0.5, 0.95, 0.999, 0.9999)")
             if len(set(self.q)) != len(self.q):
                 raise ValueError("duplicate quantiles")
             if self.accuracy is not None and not 0 <= self.accuracy <= 0.5:
