@@ -82,6 +82,9 @@ class ResultSink:
                                                            end_ns - lay.range_ns, end_ns, w.key, w.state,
                                                            w.closed_at_ms, w.hosts, w.hosts_expected, w.comp)  # fmt: skip
                 n_final = int(np.count_nonzero(w.final))
+                if q is not None and Q.holistic(q) is not None and n_final:  # groups, not (group, sub-key) rows
+                    n_final = len(np.unique(np.column_stack([w.window[w.final], w.key[w.final][:, : Q.group_width(q)]]),
+                                            axis=0))  # fmt: skip
                 self.metrics.windows.labels(name).inc(n_final)
                 self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
                 if n_final:

@@ -440,6 +440,7 @@ def test_holistic_distinct_and_quantiles_through_kafka_spark_store_and_api(spark
         wo = window_oracle(q, oracle(q, t))
         kc, sc = [c for c in wo.columns if c.startswith("k")], [c for c in wo.columns if c.startswith("s")]
         exp = holistic.offline(q, wo["window"].to_numpy(np.int64), wo[kc].to_numpy(np.int64), wo[sc].to_numpy(np.int64))
+        assert job.metrics.windows.labels(q.name)._value.get() == len(exp)  # (window, group)s, not sub-keys
         if q.having:
             exp = exp[exp["sources"] > 1]
         exp["window_end"] = pd.to_datetime(q.window.origin_ns + (exp["window"] + 1) * q.window.pane_ns, utc=True)
