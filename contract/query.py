@@ -926,10 +926,11 @@ class JoinSpec(_Strict):
         names = [a.alias for a in self.aggregates]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate aggregate names {names}")
-        if self.type == "anti":
+        if self.type != "inner":
             for item in [*self.group_by, *(a.expr or "" for a in self.aggregates)]:
                 if "right." in item:
-                    raise ValueError(f"an anti join outputs left rows only: {item!r} reads the right side")
+                    raise ValueError(f"a {self.type} join's aggregates see left rows without a match too: "
+                                     f"{item!r} reads the right side (aggregate it with an inner join)")
         return self
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from contract.filterlang import compile_filter, evaluate
+from high_level.simulate import select_oracle
 from low_level.kernel import Kernel
 from low_level.selection import SS_LATE, SelectBuffers, SelectOutbox
 from low_level.tables import Tables
@@ -61,13 +61,6 @@ def run_selects(selects: list, queries: list, traffic, chunk: int = 512) -> tupl
         k.flush_below(i, wire.END_OF_STREAM)
         recs[i].append(tables.drain(i))
     return [np.concatenate(r) for r in rows], [np.concatenate(r) for r in recs]
-
-
-def select_oracle(s: Q.SelectSpec, parsed: np.ndarray) -> np.ndarray:
-    """The rows a select must produce, from the contract's parsed rows (never from our parser)."""
-    prog = compile_filter(s.filter)
-    keep = np.array([evaluate(prog, r) for r in parsed], dtype=bool)
-    return parsed[keep][:, [0] + [c for _, c in s.columns]]
 
 
 def test_selected_rows_equal_the_oracle_next_to_aggregates() -> None:
