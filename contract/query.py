@@ -629,6 +629,13 @@ class Config:
                 return q
         raise KeyError(name)
 
+    @property
+    def stored_queries(self) -> list[QuerySpec]:
+        """Every query whose windows go to the results store: the aggregates, then each windowed join's
+        aggregate (:func:`join_result_query`), so the store, API and page serve them alike."""
+        sel = {s.name: s for s in self.selects}
+        return [*self.queries, *(join_result_query(j, sel[j.left], sel[j.right]) for j in self.joins if j.window)]
+
     def select(self, name: str) -> SelectSpec:
         for s in self.selects:
             if s.name == name:
@@ -1015,3 +1022,18 @@ def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int
             raise ConfigError(path, item["__lines__"].get(field, item["__line__"]), f"query {j.name!r}: {field}",
                               reason)
     return selects, [j for j, _ in joins]
+
+
+def join_result_query(j: JoinSpec, left: SelectSpec, right: SelectSpec) -> QuerySpec:
+    """The result shape of a windowed join as an aggregate query: its group-by columns (``left.dst_port``
+    -> ``dst_port``) and aggregates (avg as sum + count), so the store's schema, the roll-up layout and the
+    API derive from it unchanged. Built without validation (an aggregate's ``field`` stands for the join
+    expression: its state column is the expression's value), never sent to a capture host."""
+    assert j.window is not None
+    aggs = [AggregateSpec.model_construct(fn=a.fn, field=None if a.fn == "count" else "length", alias=a.alias)
+            for a in j.aggregates]
+    return QuerySpec.model_construct(
+        name=j.name, description=j.description or f"{j.type} join of {left.name} and {right.name}",
+        sources=["*"], filter=None, group_by=[g.split(".")[1] for g in j.group_by], aggregates=aggs, having=None,
+        alerts=[], export=None, window=j.window, table=TableSpec(), flush=FlushSpec(), heartbeat=HeartbeatSpec(),
+        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1))

@@ -270,39 +270,10 @@ class BandJoin:
         return out
 
     # -- aggregation over the output ---------------------------------------------------------------
-    def _values(self, words: tuple[int, ...], side: str, out: JoinOutput, unmatched: bool) -> np.ndarray:
-        if unmatched:
-            ts, cols = out.u_ts, out.u_cols
-        else:
-            ts, cols = (out.l_ts, out.l_cols) if side == "left" else (out.r_ts, out.r_cols)
-        return np.column_stack([ts if w < 0 else cols[:, w] for w in words]).reshape(len(ts), len(words))
-
-    def _partials(self, out: JoinOutput, unmatched: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lay, rl = self.layout, self.layout.rollup
-        assert rl is not None
-        ts = out.u_ts if unmatched else out.l_ts
-        n = len(ts)
-        pane = (ts - rl.origin_ns) // rl.pane_ns
-        key = np.concatenate([self._values(ws, side, out, unmatched) for side, ws in lay.group], axis=1) \
-            if lay.group else np.zeros((n, 1), I64)  # fmt: skip
-        state = []
-        for fn, _, terms in lay.aggs:
-            v = np.zeros(n, I64)
-            for sign, side, ws in terms:
-                v = v + sign * self._values(ws, side, out, unmatched)[:, 0]
-            if fn == "count":
-                state.append(np.ones(n, I64))
-            elif fn == "avg":
-                state += [v, np.ones(n, I64)]
-            else:
-                state.append(v)
-        return pane, key.reshape(n, rl.kw), np.column_stack(state).reshape(n, rl.na)
-
     def _aggregate(self, out: JoinOutput) -> None:
         assert self.rollup is not None
-        for unmatched in (False, True):
-            if (out.u_ts if unmatched else out.l_ts).shape[0]:
-                self.rollup.add(*self._partials(out, unmatched))
+        for pane, key, state in output_partials(self.layout, out):
+            self.rollup.add(pane, key, state)
         rl = self.rollup.layout
         if self.mark_ns is None:
             out.windows = Windows.empty(rl.kw, rl.na)
@@ -349,6 +320,34 @@ class BandJoin:
         for s in SIDES:
             j.melds[s].load_dict(head["melds"][s])
         return j
+
+
+def output_partials(layout: JoinLayout, out: JoinOutput) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(pane, key, state) partial records of one step's output rows (pairs and/or unmatched left rows)."""
+    rl = layout.rollup
+    assert rl is not None
+    res = []
+    for unmatched in (False, True):
+        ts = out.u_ts if unmatched else out.l_ts
+        if not len(ts):
+            continue
+        n = len(ts)
+
+        def vals(side: str, words: tuple[int, ...], unmatched: bool = unmatched, n: int = n) -> np.ndarray:
+            t, c = (out.u_ts, out.u_cols) if unmatched else (out.l_ts, out.l_cols) if side == "left" else \
+                (out.r_ts, out.r_cols)  # fmt: skip
+            return np.column_stack([t if w < 0 else c[:, w] for w in words]).reshape(n, len(words))
+
+        key = np.concatenate([vals(side, ws) for side, ws in layout.group], axis=1) if layout.group else \
+            np.zeros((n, 1), I64)  # fmt: skip
+        state = []
+        for fn, _, terms in layout.aggs:
+            v = np.zeros(n, I64)
+            for sign, side, ws in terms:
+                v = v + sign * vals(side, ws)[:, 0]
+            state += [np.ones(n, I64)] if fn == "count" else [v, np.ones(n, I64)] if fn == "avg" else [v]
+        res.append(((ts - rl.origin_ns) // rl.pane_ns, key.reshape(n, rl.kw), np.column_stack(state).reshape(n, rl.na)))
+    return res
 
 
 def merge_partitions(layout: JoinLayout, parts: list[Windows]) -> Windows:

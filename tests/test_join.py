@@ -5,6 +5,8 @@ bounded by punctuation; checkpointed state resumes exactly."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -262,3 +264,112 @@ def test_match_pairs_checks_every_word_not_only_the_hash() -> None:
     rk = np.array([[1, 2], [3, 4], [1, 3]])
     li, ri = match_pairs(lk, np.array([0, 10, 0]), rk, np.array([2, 1, 5]), 3)
     assert sorted(zip(li.tolist(), ri.tolist(), strict=True)) == [(0, 0), (2, 1)]
+
+
+def _topics(cfg: Q.Config, t1: str, t2: str, partitions: int) -> Q.Config:
+    text = HANDSHAKE.replace("partitions: 4}", f"partitions: {partitions}}}")
+    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t1}, partitions: {partitions}}}", 1)
+    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t2}, partitions: {partitions}}}", 1)
+    return Q.load_text(text)
+
+
+def handshake_messages(cfg: Q.Config, left: np.ndarray, right: np.ndarray, hosts: int, skew_s: int,
+                       seed: int) -> list[tuple[str, int, bytes]]:
+    """(topic, partition, value) of every emulated host's messages for both selects, merged by send time."""
+    rng = np.random.default_rng(seed)
+    tagged = []
+    for s, rows in zip(cfg.selects, (left, right), strict=True):
+        hidx = rng.integers(0, hosts, len(rows))
+        streams = [simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // max(1, hosts - 1))
+                   for h in range(hosts)]
+        tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=seed)]
+    tagged.sort(key=lambda x: x[0])
+    return [(t, p, v) for _, t, p, v in tagged]
+
+
+def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    pairs, unmatched = oracle(lay, left, right)
+    w = window_oracle(lay, pairs, unmatched)
+    rl = lay.rollup
+    w["window_end"] = pd.to_datetime(rl.origin_ns + (w["window"] + 1) * rl.pane_ns, utc=True)
+    w["dst_port"] = [k[0] for k in w["key"]]
+    return w[["window_end", "dst_port", "completed", "avg_latency_ns"]].sort_values(["window_end", "dst_port"]) \
+        .reset_index(drop=True)
+
+
+def test_job_step_merges_partitions_into_exact_windows() -> None:
+    """The job's state group (all partitions of one join, one roll-up) through its packed output."""
+    from high_level.joinstep import JoinProcessor
+    from high_level.partition import Settings, unpack_rows
+
+    cfg = config(4)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    left, right = rows_of(cfg, 1200, seed=21)
+    msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=30, seed=3)
+    settings = Settings(10**9, ("cap-0", "cap-1", "cap-2"), "drop")
+    proc = JoinProcessor(lay, settings)
+    got, statuses = [], []
+    for i in range(0, len(msgs), 97):
+        by_part: dict[int, list[bytes]] = {}
+        for _, p, v in msgs[i : i + 97]:
+            by_part.setdefault(p, []).append(v)
+        rows = unpack_rows(proc.process_packed(by_part, i), {lay.name: lay.rollup})
+        proc = JoinProcessor.from_bytes(proc.to_bytes(), lay, settings)
+        d = rows.to_pandas()
+        got.append(d[d["kind"] == "final"])
+        statuses += [s for s in d.loc[d["kind"] == "status", "status"]]
+    g = pd.concat(got, ignore_index=True)
+    g["key"] = [tuple(k) for k in g["key"]]
+    assert not g.duplicated(["window", "key"]).any()
+    assert (g["hosts_in_mark"] == 3).all() and (g["hosts_expected"] == 3).all()
+    fin = finalize(lay, np.array(g["state"].tolist()))
+    got_df = pd.DataFrame({"window_end": pd.to_datetime(g["window_end_ns"], utc=True),
+                           "dst_port": [k[0] for k in g["key"]], **fin})
+    got_df = got_df.sort_values(["window_end", "dst_port"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got_df, expected_windows(cfg, left, right), check_dtype=False)
+    peak = max(__import__("json").loads(s)["state_rows"] for s in statuses)
+    assert peak > 0
+
+
+def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
+    """Select batches of 3 skewed hosts in real Kafka -> the real job -> stored windows equal the oracle;
+    the join state shows in /status; a join over a topic that does not exist is a clear error."""
+    from high_level.job import HighLevelJob, JobOptions
+    from high_level.joinjob import MissingInputTopic
+    from tests.test_high_level_spark import produce, read_results
+
+    t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
+    cfg = _topics(config(2), t1, t2, 2)
+    left, right = rows_of(cfg, 800, seed=31)
+    produce(kafka, handshake_messages(cfg, left, right, hosts=3, skew_s=20, seed=4))
+    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
+                      trigger_ms=300, shuffle_partitions=2, name="t-join", create_topics=False,
+                      expected_hosts=("cap-0", "cap-1", "cap-2"))  # fmt: skip
+    job = HighLevelJob(spark, [], opts, config=cfg)
+    job.start()
+    try:
+        job.process_all_available()
+        time.sleep(0.5)
+        job.process_all_available()
+    finally:
+        job.stop()
+    got = read_results(tmp_path / "res", "handshakes")
+    fin = got[got["kind"] == "final"].copy()
+    assert fin["complete"].all()
+    fin["window_end"] = pd.to_datetime(fin["window_end"], utc=True).astype("datetime64[ns, UTC]")
+    g = fin[["window_end", "dst_port", "completed", "avg_latency_ns"]].sort_values(["window_end", "dst_port"])
+    want = expected_windows(cfg, left, right)
+    want["window_end"] = want["window_end"].astype("datetime64[ns, UTC]")
+    pd.testing.assert_frame_equal(g.reset_index(drop=True), want, check_dtype=False)
+    st = __import__("json").loads((tmp_path / "res" / "_status.json").read_text())
+    parts = st["queries"]["handshakes"]["partitions"]
+    assert set(parts) == {"0", "1"} and all("state_bytes" in p for p in parts.values())
+    # a join whose input topic is missing: a clear error before anything runs, nothing written
+    bad = _topics(config(2), t1, "no-such-topic-" + t2, 2)
+    job2 = HighLevelJob(spark, [], JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res2"),
+                                              checkpoint=str(tmp_path / "ck2"), name="t-join2", create_topics=False),
+                        config=bad)  # fmt: skip
+    with pytest.raises(MissingInputTopic, match="no-such-topic"):
+        job2.start()
+    assert not list((tmp_path / "res2").glob("query=*"))
