@@ -167,8 +167,9 @@ def main() -> None:
     spark = None
     if not args.no_spark:
         from high_level.session import build_spark
+        from local_stack.jars import spark_kafka_jars
 
-        spark = build_spark("bench-join", "local[2]", {"spark.sql.shuffle.partitions": "2"}, jars=[],
+        spark = build_spark("bench-join", "local[2]", {"spark.sql.shuffle.partitions": "2"}, jars=spark_kafka_jars(),
                             state=tempfile.mkdtemp(prefix="lw-bench-join-state-"))  # fmt: skip
     rows = []
     for skew in [int(x) for x in args.skews.split(",")]:
