@@ -14,7 +14,11 @@ Rates are wall clock (``kernel_mpps`` = lazy, best of --repeat, the variants int
 noisy neighbour hits all of them alike); CPU-time rates are shown too, since on a shared machine
 wall time also counts time the process was not running. Writes benchmarks/results/kernel.json.
 
-    .venv/bin/python benchmarks/bench_kernel.py [--packets 8000000] [--groups 260000] [--table 524288]
+``--select`` measures only Q4 next to Q4 plus the two select queries of configs/handshake.yaml (SYNs and
+SYN-ACKs out of the mixed traffic, rows drained per kernel call as the agent does) in the same rounds, and
+adds ``select_kernel_mpps`` / ``select_vs_q4`` to kernel.json without touching its other figures.
+
+    .venv/bin/python benchmarks/bench_kernel.py [--packets 8000000] [--groups 260000] [--table 524288] [--select]
 """
 
 from __future__ import annotations
@@ -128,18 +132,22 @@ def fill_ring(frames: np.ndarray, caplen, wirelen, ts) -> Ring:
     return ring
 
 
-def run_kernel(ring: Ring, queries: list[Q.QuerySpec], n: int, keep: bool = False) -> tuple[float, float, dict]:
+def run_kernel(ring: Ring, queries: list[Q.QuerySpec], n: int, keep: bool = False,
+               selects: list[Q.SelectSpec] | None = None) -> tuple[float, float, dict]:
     """One timed pass over the ring: (wall s, CPU s, stats of the first query). No queries = the fused
     pass alone (parse into the kernel's scratch row only: the floor for the whole kernel). ``keep``
     also returns the first query's records (evicted, then flushed at end of stream) in stats["recs"]."""
     tables = Tables.build(queries, chunk=CHUNK)
-    k = Kernel(tables)
+    sels = selects or []
+    k = Kernel(tables, sels)
     ring.ctr[TAIL] = 0
     parts = []
     t0, c0 = time.perf_counter(), time.process_time()
-    emitted = 0
+    emitted = selected = 0
     while ring.ctr[TAIL] < n:
         k.run_ring(ring)
+        for s in range(len(sels)):
+            selected += len(k.sel_buf.drain(s))
         for q in range(len(queries)):
             recs = tables.drain(q)
             emitted += len(recs)
@@ -151,6 +159,8 @@ def run_kernel(ring: Ring, queries: list[Q.QuerySpec], n: int, keep: bool = Fals
         st = {name: tables.stat(0, name) for name in ("evictions", "flush_slow", "flush_sweep", "flush_iop",
                                                       "burst_max")}
         st["emitted"] = emitted
+    if sels:
+        st["selected"] = selected
     if keep:
         k.flush_below(0, wire.END_OF_STREAM)
         parts.append(tables.drain(0))
@@ -179,6 +189,7 @@ def main() -> None:
     ap.add_argument("--table", type=int, default=1 << 19)
     ap.add_argument("--pps", type=int, default=100_000, help="synthetic packet rate (sets windows crossed)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--select", action="store_true", help="only Q4 vs Q4 + the handshake selects (adds to kernel.json)")
     args = ap.parse_args()
     m = machine()
     print(f"machine: {m['cpu']} ({m.get('cpu_id', '')}), {m['cores']} cores, {m['memory_gib']} GiB")
@@ -189,6 +200,8 @@ def main() -> None:
     print(f"data time span {(ts[-1] - ts[0]) / 1e9:.0f} s = {(ts[-1] - ts[0]) / 60e9:.1f} one-minute windows")
     ring = fill_ring(frames, caplen, wirelen, ts)
     del frames
+    if args.select:
+        return select_main(args, ring, n, m)
     three = Q.load(CONFIG).queries
     # warm-up: compile everything on a small prefix
     warm = fill_ring(*generate_frames(1000, groups=100, snaplen=64))
@@ -271,6 +284,49 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "kernel.json").write_text(json.dumps(result, indent=2))
     print(f"\nkernel_mpps (lazy) = {lazy:.2f}; wrote {RESULTS / 'kernel.json'}")
+
+
+def select_main(args: argparse.Namespace, ring: Ring, n: int, m: dict) -> None:
+    """Q4 alone vs Q4 + the SYN and SYN-ACK selects in one pass, interleaved rounds; merged into kernel.json."""
+    selects = Q.load(Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml").selects
+    warm = fill_ring(*generate_frames(1000, groups=100, snaplen=64))
+    run_kernel(warm, [q4(1024, "lazy")], 1000)
+    run_kernel(warm, [q4(1024, "lazy")], 1000, selects=selects)
+    runs: dict[str, list] = {"Q4 kernel, lazy": [], "Q4 + SYN/SYN-ACK selects": []}
+    for _ in range(args.repeat):
+        runs["Q4 kernel, lazy"].append(run_kernel(ring, [q4(args.table, "lazy")], n))
+        runs["Q4 + SYN/SYN-ACK selects"].append(run_kernel(ring, [q4(args.table, "lazy")], n, selects=selects))
+    q4_mpps = n / min(r[0] for r in runs["Q4 kernel, lazy"]) / 1e6
+    sel_mpps = n / min(r[0] for r in runs["Q4 + SYN/SYN-ACK selects"]) / 1e6
+    q4_cpu = n / min(r[1] for r in runs["Q4 kernel, lazy"]) / 1e6
+    sel_cpu = n / min(r[1] for r in runs["Q4 + SYN/SYN-ACK selects"]) / 1e6
+    per_round = [round(runs["Q4 kernel, lazy"][i][0] / runs["Q4 + SYN/SYN-ACK selects"][i][0], 3)
+                 for i in range(args.repeat)]  # fmt: skip
+    selected = runs["Q4 + SYN/SYN-ACK selects"][0][2]["selected"]
+    for name, rs in runs.items():
+        print(f"{name:30s} {n / min(r[0] for r in rs) / 1e6:8.2f} Mpkt/s  all runs "
+              f"{[round(n / r[0] / 1e6, 2) for r in rs]}")
+    print(f"select_kernel_mpps = {sel_mpps:.2f} = {sel_mpps / q4_mpps:.2f} of Q4 in the same run "
+          f"({selected:,} rows selected of {n:,} packets); per round {per_round}; by CPU time "
+          f"{sel_cpu:.2f} vs {q4_cpu:.2f} = {sel_cpu / q4_cpu:.2f}")
+    path = RESULTS / "kernel.json"
+    result = json.loads(path.read_text()) if path.exists() else {"benchmark": "kernel"}
+    result.update({
+        "select_kernel_mpps": round(sel_mpps, 2),
+        "select_q4_mpps_same_run": round(q4_mpps, 2),
+        "select_vs_q4": round(sel_mpps / q4_mpps, 3),
+        "select_vs_q4_per_round": per_round,
+        "select_kernel_mpps_cpu": round(sel_cpu, 2),
+        "select_vs_q4_cpu": round(sel_cpu / q4_cpu, 3),
+        "select_rows": int(selected),
+        "select_packets": n,
+        "select_queries": "Q4 (lazy) + configs/handshake.yaml syns and synacks in one generated pass, rows drained "
+                          "per kernel call",
+        "select_machine": m,
+    })  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -262,6 +262,25 @@ def main() -> None:
                              "s (raw)"],
                             [[c["panes_per_window"], c["value_domain"], c["rows_held_pane_sets"], c["rows_held_raw"],
                               c["seconds_pane_sets"], c["seconds_raw_buffer"]] for c in aw["result"]["cases"]])]
+    if d := load("join"):
+        parts += ["## Handshake join: OA-Join closed by punctuation vs Spark's stream-stream join", machine(d),
+                  f"{d['query']}: {d['syn_rows']:,} SYN and {d['synack_rows']:,} SYN-ACK rows over 3 hosts, "
+                  f"{d['batch_messages']} Kafka messages per micro-batch; peak join state per skew (Spark: the "
+                  "watermark delay = the skew). **oa_state_rows_ratio_vs_spark_at_40s = "
+                  f"{d.get('oa_state_rows_ratio_vs_spark_at_40s')}**; OA-Join input rows/s on one core (in-process): "
+                  f"{d['oa_input_tuples_per_s_one_core']:,}.",
+                  table(["skew s", "OA rows", "OA MiB", "OA rows/s", "Spark rows", "Spark MiB", "Spark pairs - oracle"],
+                        [[r["skew_s"], f"{r['oa']['peak_state_rows']:,}", f"{r['oa']['peak_state_bytes'] / 2**20:.1f}",
+                          f"{r['oa']['input_tuples_per_s_one_core']:,}",
+                          f"{r['spark']['peak_state_rows']:,}" if "spark" in r else "-",
+                          f"{r['spark']['peak_state_bytes'] / 2**20:.1f}" if "spark" in r else "-",
+                          r["spark"]["pairs_vs_oracle"] if "spark" in r else "-"] for r in d["rows"]]),
+                  img("join")]
+    if (d := load("kernel")) and "select_kernel_mpps" in d:
+        parts += [f"Select queries in the kernel (`bench_kernel.py --select`): Q4 + the SYN and SYN-ACK selects of "
+                  f"configs/handshake.yaml in one pass, **select_kernel_mpps = {d['select_kernel_mpps']}** = "
+                  f"{d['select_vs_q4']} of Q4 in the same rounds (per round {d['select_vs_q4_per_round']}; by CPU "
+                  f"time {d['select_vs_q4_cpu']}), {d['select_rows']:,} rows of {d['select_packets']:,} packets."]
     (RESULTS / "README.md").write_text("\n\n".join(p for p in parts if p) + "\n")
     print(f"wrote {RESULTS / 'README.md'}")
 

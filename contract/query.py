@@ -13,6 +13,7 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -786,11 +787,26 @@ _ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "in
 class Config:
     path: str
     queries: list[QuerySpec]
+    selects: list[SelectSpec] = dc_field(default_factory=list)  # kind: select (contract.query.SelectSpec)
+    joins: list[JoinSpec] = dc_field(default_factory=list)  # kind: join
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
             if q.name == name:
                 return q
+        raise KeyError(name)
+
+    @property
+    def stored_queries(self) -> list[QuerySpec]:
+        """Every query whose windows go to the results store: the aggregates, then each windowed join's
+        aggregate (:func:`join_result_query`), so the store, API and page serve them alike."""
+        sel = {s.name: s for s in self.selects}
+        return [*self.queries, *(join_result_query(j, sel[j.left], sel[j.right]) for j in self.joins if j.window)]
+
+    def select(self, name: str) -> SelectSpec:
+        for s in self.selects:
+            if s.name == name:
+                return s
         raise KeyError(name)
 
 
@@ -821,9 +837,18 @@ def load_text(text: str, path: str = "<string>") -> Config:
         raise ConfigError(path, doc["__lines__"]["queries"], "queries", "must be a non-empty list of queries")
     queries: list[QuerySpec] = []
     seen: dict[str, int] = {}
+    other: list[dict] = []  # kind: select / join, validated after the aggregates
     for idx, item in enumerate(items):
         if not isinstance(item, dict):
             raise ConfigError(path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping")
+        if item.get("kind") in ("select", "join"):
+            other.append(item)
+            continue
+        if "kind" in item:
+            if item["kind"] != "aggregate":
+                raise ConfigError(path, item["__lines__"]["kind"], f"query {item.get('name', f'#{idx}')!r}: kind",
+                                  f"unknown kind {item['kind']!r} (aggregate, select or join)")
+            item = {k: v for k, v in item.items() if k != "kind"}
         try:
             q = QuerySpec.model_validate(_strip(item))
         except ValidationError as exc:
@@ -843,7 +868,10 @@ def load_text(text: str, path: str = "<string>") -> Config:
                               f"duplicate query name (first defined on line {seen[q.name]})")
         seen[q.name] = item["__lines__"].get("name", 0)
         queries.append(q)
-    return Config(path, queries)
+    if not other:
+        return Config(path, queries)
+    selects, joins = load_selects_joins(other, path, seen)
+    return Config(path, queries, selects, joins)
 
 
 def load(path: str | Path) -> Config:
@@ -854,3 +882,325 @@ def load(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(str(p), None, "", f"cannot read: {exc.strerror}") from None
     return load_text(text, str(p))
+
+
+# --- selection and join queries (``kind: select`` / ``kind: join``; a query without ``kind`` is an aggregate)
+_SIDE_FIELD = re.compile(r"^(left|right)\.([a-z_]+)$")
+
+
+def _projectable(name: str) -> F.Field:
+    fld = F.CATALOG.get(name)
+    if fld is None:
+        raise ValueError(f"unknown field {name!r}; known: {', '.join(sorted(F.CATALOG))}")
+    if fld.kind == "time":
+        raise ValueError("timestamp is always selected (it is the row's first column); do not list it")
+    if name == "dscp":
+        raise ValueError("select tos and shift it (dscp is not a packet column of its own)")
+    return fld
+
+
+class SelectSpec(_Strict):
+    """A selection: the timestamp and ``fields`` of every packet that passes ``filter``, no grouping.
+
+    Rows go to Kafka partitioned by ``partition_by`` (fields of the row, in the declared order: two
+    selects that declare the same words in the same order land equal keys in the same partition, which is
+    how a SYN and its SYN-ACK meet: one side declares ``[src_ip, src_port, dst_ip, dst_port]``, the
+    other ``[dst_ip, dst_port, src_ip, src_port]``). ``retain`` bounds how far back a join may hold this
+    input's rows: a join's band must not exceed it.
+    """
+
+    kind: Literal["select"]
+    name: str
+    description: str = ""
+    sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    filter: str | None = None
+    fields: list[str] = Field(min_length=1)
+    partition_by: list[str] = Field(default_factory=list)
+    retain_ns: int = Field(default=60 * NS, alias="retain")
+    heartbeat: HeartbeatSpec = HeartbeatSpec()
+    kafka: KafkaSpec = KafkaSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return QuerySpec._name(v)
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: list[str]) -> list[str]:
+        return QuerySpec._sources(v)
+
+    @field_validator("filter")
+    @classmethod
+    def _filter(cls, v: str | None) -> str | None:
+        return QuerySpec._filter(v)
+
+    def runs_on(self, host: str) -> bool:
+        """Whether the capture host ``host`` runs this selection (its id matches one of ``sources``)."""
+        return any(fnmatch.fnmatchcase(host, pat) for pat in self.sources)
+
+    @field_validator("retain_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, v: list[str]) -> list[str]:
+        for name in v:
+            _projectable(name)
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate fields {v}")
+        if sum(2 if F.CATALOG[n].kind == "ip" else 1 for n in v) > 32:
+            raise ValueError("a selected row holds at most 32 words (an address takes 2)")
+        return v
+
+    @model_validator(mode="after")
+    def _partition(self) -> SelectSpec:
+        missing = [f for f in self.partition_by if f not in self.fields]
+        if missing:
+            raise ValueError(f"partition_by: {missing} not among the selected fields {self.fields}")
+        if len(set(self.partition_by)) != len(self.partition_by):
+            raise ValueError(f"partition_by: duplicate fields {self.partition_by}")
+        if self.retain_ns <= 0:
+            raise ValueError("retain must be positive")
+        return self
+
+    @property
+    def topic(self) -> str:
+        return self.kafka.topic or f"lowwater.{self.name}"
+
+    @property
+    def columns(self) -> list[tuple[str, int]]:
+        """The row's words after the timestamp: (name, parsed-packet column); an address is ``name.hi``/``name.lo``."""
+        out: list[tuple[str, int]] = []
+        for n in self.fields:
+            fld = F.CATALOG[n]
+            if fld.kind == "ip":
+                out += [(f"{n}.hi", fld.columns[0]), (f"{n}.lo", fld.columns[1])]
+            else:
+                out.append((n, fld.columns[0]))
+        return out
+
+    @property
+    def width(self) -> int:
+        """Words per row after the timestamp."""
+        return len(self.columns)
+
+    def word_index(self, name: str) -> list[int]:
+        """Row-word indices (0 = first word after the timestamp) of a selected field."""
+        return [i for i, (c, _) in enumerate(self.columns) if c == name or c.startswith(name + ".")]
+
+    @property
+    def partition_words(self) -> list[int]:
+        """Row-word indices hashed for the Kafka partition, in ``partition_by`` order."""
+        return [i for n in self.partition_by for i in self.word_index(n)]
+
+
+class JoinOn(_Strict):
+    left: list[str] = Field(min_length=1)
+    right: list[str] = Field(min_length=1)
+
+
+class JoinAggregate(_Strict):
+    """An aggregate over the join output: ``expr`` is ``left.f``, ``right.f`` or a sum/difference of them."""
+
+    fn: Literal["count", "sum", "min", "max", "avg"]
+    expr: str | None = None
+    alias: str = Field(alias="as")
+
+    @model_validator(mode="after")
+    def _check(self) -> JoinAggregate:
+        if self.fn == "count" and self.expr is not None:
+            raise ValueError("count takes no expr (it counts joined rows)")
+        if self.fn != "count" and self.expr is None:
+            raise ValueError(f"{self.fn} needs an expr such as 'right.timestamp - left.timestamp'")
+        return self
+
+
+def parse_join_expr(text: str) -> list[tuple[int, str, str]]:
+    """'right.timestamp - left.timestamp' -> [(+1, 'right', 'timestamp'), (-1, 'left', 'timestamp')]."""
+    toks = re.findall(r"[+-]|[a-z_]+\.[a-z_]+|\S+", text)
+    terms: list[tuple[int, str, str]] = []
+    sign, want_term = 1, True
+    for t in toks:
+        if want_term:
+            if t in "+-":
+                sign = -sign if t == "-" else sign
+                continue
+            m = _SIDE_FIELD.match(t)
+            if not m:
+                raise ValueError(f"{t!r} is not left.<field> or right.<field>")
+            terms.append((sign, m.group(1), m.group(2)))
+            want_term = False
+        else:
+            if t not in "+-" or not t:
+                raise ValueError(f"expected + or - after a term, got {t!r}")
+            sign, want_term = (1 if t == "+" else -1), True
+    if want_term:
+        raise ValueError(f"expression {text!r} is incomplete")
+    return terms
+
+
+class JoinSpec(_Strict):
+    """An order-agnostic band join of two selections (``high_level.join``), closed by punctuation.
+
+    Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
+    ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``
+    (only left rows without a match). With ``aggregates`` the output is aggregated per window and
+    ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp.
+    """
+
+    kind: Literal["join"]
+    name: str
+    description: str = ""
+    left: str
+    right: str
+    on: JoinOn
+    within_ns: int = Field(alias="within")
+    type: Literal["inner", "left", "anti"] = "inner"
+    group_by: list[str] = Field(default_factory=list)
+    aggregates: list[JoinAggregate] = Field(default_factory=list)
+    window: WindowSpec | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return QuerySpec._name(v)
+
+    @field_validator("within_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
+
+    @field_validator("group_by")
+    @classmethod
+    def _group(cls, v: list[str]) -> list[str]:
+        for g in v:
+            if not _SIDE_FIELD.match(g):
+                raise ValueError(f"group-by item {g!r} must be left.<field> or right.<field>")
+        names = [g.split(".")[1] for g in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group-by names {names} are not distinct")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> JoinSpec:
+        if self.within_ns < 0:
+            raise ValueError("within must not be negative")
+        if len(self.on.left) != len(self.on.right):
+            raise ValueError(f"on: {len(self.on.left)} left keys but {len(self.on.right)} right keys")
+        if self.aggregates and self.window is None:
+            raise ValueError("aggregates over a join need a window")
+        if self.window is not None and not self.aggregates:
+            raise ValueError("a window needs aggregates")
+        for a in self.aggregates:
+            if a.expr is not None:
+                parse_join_expr(a.expr)
+        names = [a.alias for a in self.aggregates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate aggregate names {names}")
+        if self.type != "inner":
+            for item in [*self.group_by, *(a.expr or "" for a in self.aggregates)]:
+                if "right." in item:
+                    raise ValueError(f"a {self.type} join's aggregates see left rows without a match too: "
+                                     f"{item!r} reads the right side (aggregate it with an inner join)")
+        return self
+
+
+def check_join(j: JoinSpec, selects: dict[str, SelectSpec]) -> tuple[str, str] | None:
+    """Cross-query checks of a join against its inputs: (field, reason) of the first problem, or None."""
+    for side in ("left", "right"):
+        if getattr(j, side) not in selects:
+            return side, f"unknown query {getattr(j, side)!r} (a join reads select queries: {sorted(selects) or 'none'})"
+    sl, sr = selects[j.left], selects[j.right]
+    for lk, rk in zip(j.on.left, j.on.right, strict=True):
+        for side, s, k in (("left", sl, lk), ("right", sr, rk)):
+            if k != "timestamp" and k not in s.fields:
+                return "on", f"{side} key {k!r} is not a field of select {s.name!r} ({s.fields})"
+        fl, fr = F.CATALOG.get(lk), F.CATALOG.get(rk)
+        if fl is None or fr is None or fl.kind != fr.kind or len(fl.columns) != len(fr.columns):
+            return "on", (f"keys {lk!r} and {rk!r} differ in type or width "
+                          f"({fl.kind if fl else '?'} vs {fr.kind if fr else '?'})")
+    for s in (sl, sr):
+        if j.within_ns > s.retain_ns:
+            return "within", (f"band {j.within_ns / NS:g}s is larger than what input {s.name!r} can hold "
+                              f"(retain {s.retain_ns / NS:g}s)")
+    if sl.kafka.partitions != sr.kafka.partitions:
+        return "right", (f"inputs have {sl.kafka.partitions} and {sr.kafka.partitions} Kafka partitions: "
+                         "equal keys must meet in the same partition")
+    if sl.kafka.partitions > 1:
+        pl, pr = sl.partition_by, sr.partition_by
+        pairs = dict(zip(j.on.left, j.on.right, strict=True))
+        if not pl or len(pl) != len(pr) or any(pairs.get(a) != b for a, b in zip(pl, pr, strict=True)):
+            return "on", (f"the inputs' partition_by ({pl} / {pr}) must be join keys in the same order on both "
+                          "sides, so that matching rows land in the same partition")
+    for item in [*j.group_by, *(t for a in j.aggregates if a.expr for t in
+                                (f"{s}.{f}" for _, s, f in parse_join_expr(a.expr)))]:
+        side, fname = item.split(".")
+        s = sl if side == "left" else sr
+        if fname != "timestamp" and fname not in s.fields:
+            return "group_by", f"{item!r}: {fname!r} is not a field of select {s.name!r} ({s.fields})"
+        if fname != "timestamp" and F.CATALOG[fname].kind == "ip" and item not in j.group_by:
+            return "aggregates", f"{item!r}: an address cannot be summed"
+    return None
+
+
+def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int]) -> tuple[list, list]:
+    """Validate the ``kind: select`` / ``kind: join`` items of a config (already line-annotated)."""
+    selects: list[SelectSpec] = []
+    joins: list[tuple[JoinSpec, dict]] = []
+    seen = dict(aggregate_names)
+    for idx, item in enumerate(text_doc):
+        kind = item.get("kind")
+        if True in item:  # YAML 1.1 reads the key `on` as the boolean true
+            item = {("on" if k is True else k): v for k, v in item.items()}
+            item["__lines__"] = {("on" if k is True else k): v for k, v in item["__lines__"].items()}
+        cls = SelectSpec if kind == "select" else JoinSpec
+        try:
+            spec = cls.model_validate(_strip(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = tuple(_ALIASES.get(p, p) if isinstance(p, str) else p for p in err["loc"])
+            loc = tuple({"retain_ns": "retain", "within_ns": "within"}.get(p, p) if isinstance(p, str) else p
+                        for p in loc)
+            reason = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                reason = "unknown field"
+            elif err["type"] == "missing":
+                reason = "required field is missing" + (" (the time band, e.g. 'within: 3s')" if loc == ("within",)
+                                                        else "")
+            field = ".".join(str(p) for p in loc) or "query"
+            raise ConfigError(path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}",
+                              reason) from None
+        if spec.name in seen:
+            raise ConfigError(path, item["__lines__"].get("name"), f"query {spec.name!r}: name",
+                              f"duplicate query name (first defined on line {seen[spec.name]})")
+        seen[spec.name] = item["__lines__"].get("name", 0)
+        if isinstance(spec, SelectSpec):
+            selects.append(spec)
+        else:
+            joins.append((spec, item))
+    by_name = {s.name: s for s in selects}
+    for j, item in joins:
+        problem = check_join(j, by_name)
+        if problem is not None:
+            field, reason = problem
+            raise ConfigError(path, item["__lines__"].get(field, item["__line__"]), f"query {j.name!r}: {field}",
+                              reason)
+    return selects, [j for j, _ in joins]
+
+
+def join_result_query(j: JoinSpec, left: SelectSpec, right: SelectSpec) -> QuerySpec:
+    """The result shape of a windowed join as an aggregate query: its group-by columns (``left.dst_port``
+    -> ``dst_port``) and aggregates (avg as sum + count), so the store's schema, the roll-up layout and the
+    API derive from it unchanged. Built without validation (an aggregate's ``field`` stands for the join
+    expression: its state column is the expression's value), never sent to a capture host."""
+    assert j.window is not None
+    aggs = [AggregateSpec.model_construct(fn=a.fn, field=None if a.fn == "count" else "length", alias=a.alias)
+            for a in j.aggregates]
+    return QuerySpec.model_construct(
+        name=j.name, description=j.description or f"{j.type} join of {left.name} and {right.name}",
+        sources=["*"], filter=None, group_by=[g.split(".")[1] for g in j.group_by], aggregates=aggs, having=None,
+        alerts=[], export=None, window=j.window, table=TableSpec(), flush=FlushSpec(), heartbeat=HeartbeatSpec(),
+        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1))

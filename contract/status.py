@@ -71,6 +71,7 @@ class PartitionStatus(_Model):
     live_hosts: int
     open_windows: int
     state_rows: int
+    state_bytes: int = 0  # join queries: bytes of the stored input rows (state_rows counts them)
     windows_closed: int
     windows_closed_batch: int = 0
     records: int

@@ -20,6 +20,13 @@ must decompress to exactly ``raw_len`` bytes (at most ``MAX_RAW``), or the batch
 PUNCT body: ``mark_pane i64 | mark_ns i64 | sent_wall_ns i64`` plus stats ``i64[8]`` (see PUNCT_STATS).
 A punctuation with mark_pane P promises: every partial of this host, query and partition with
 pane < P has already been sent (it is ordered before the punctuation in the partition).
+
+ROWS body (a select query's rows): ``n u32 | w u8 | ts i64[n] | column 0 i64[n] | ... | column w-1 i64[n]``,
+column-major, so the receiver takes each column with one ``numpy.frombuffer`` and the sender writes
+the kernel's row block with one transpose; ROWS_LZ4 is ``raw_len u32 | LZ4 frame of a ROWS body``
+(from ``COMPRESS_MIN`` bytes, as partials). ``seq`` counts rows. A punctuation on a select topic
+carries its mark in nanoseconds (``mark_pane == mark_ns``): every selected row of this host, query and
+partition with timestamp < mark was sent before it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ VERSION = 1
 KIND_PARTIALS = 1
 KIND_PUNCT = 2
 KIND_PARTIALS_LZ4 = 3
+KIND_ROWS = 4  # selected rows of a select query (see encode_rows)
+KIND_ROWS_LZ4 = 5
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
@@ -118,6 +127,40 @@ def encode_partials(
     return _frame(KIND_PARTIALS, query, host, incarnation, partition, seq, body)
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A batch of selected rows: ``ts[n]`` and ``cols[n, w]`` (the select query's words after the timestamp)."""
+
+    query: str
+    host: str
+    incarnation: int
+    partition: int
+    seq: int
+    ts: np.ndarray  # int64[n]
+    cols: np.ndarray  # int64[n, w] (a column-major view: each column is contiguous)
+
+    @property
+    def n(self) -> int:
+        return int(self.ts.shape[0])
+
+
+_ROWS = struct.Struct("<IB")
+
+
+def encode_rows(query: str, host: str, incarnation: int, partition: int, seq: int, rows: np.ndarray,
+                compress: bool = True) -> bytes:
+    """One batch of selected rows from an int64[n, 1 + w] block (timestamp first), column-major on the wire."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n, w1 = rows.shape
+    if not 1 < w1 <= 256:
+        raise WireError("a selected row has a timestamp and 1..255 words")
+    body = _ROWS.pack(n, w1 - 1) + np.ascontiguousarray(rows.T, dtype="<i8").tobytes()
+    if compress and len(body) >= COMPRESS_MIN:
+        packed = pa.compress(body, codec="lz4", asbytes=True)
+        return _frame(KIND_ROWS_LZ4, query, host, incarnation, partition, seq, _RAW.pack(len(body)) + packed)
+    return _frame(KIND_ROWS, query, host, incarnation, partition, seq, body)
+
+
 def encode_punctuation(p: Punctuation) -> bytes:
     stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
     body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
@@ -139,7 +182,7 @@ def _read_str(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
         raise WireError(f"{what} is not UTF-8") from None
 
 
-def decode(buf: bytes | memoryview) -> Partials | Punctuation:
+def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
     """Decode one batch; raise WireError on anything malformed (never returns garbage)."""
     _need(buf, 0, _HEAD.size + _CRC.size, "header")
     magic, version, kind = _HEAD.unpack_from(buf, 0)
@@ -157,7 +200,7 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation:
     _need(view, pos, _MID.size, "batch header")
     incarnation, partition, seq = _MID.unpack_from(view, pos)
     pos += _MID.size
-    if kind == KIND_PARTIALS_LZ4:
+    if kind in (KIND_PARTIALS_LZ4, KIND_ROWS_LZ4):
         _need(view, pos, _RAW.size, "compressed partials header")
         (raw_len,) = _RAW.unpack_from(view, pos)
         if raw_len > MAX_RAW:
@@ -169,7 +212,17 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation:
             raise WireError(f"compressed partials do not decompress: {exc}") from None
         if len(raw) != raw_len:
             raise WireError(f"compressed partials decompress to {len(raw)} bytes, header says {raw_len}")
-        view, pos, end, kind = raw, 0, len(raw), KIND_PARTIALS
+        view, pos, end, kind = raw, 0, len(raw), (KIND_PARTIALS if kind == KIND_PARTIALS_LZ4 else KIND_ROWS)
+    if kind == KIND_ROWS:
+        _need(view, pos, _ROWS.size, "rows header")
+        n, w = _ROWS.unpack_from(view, pos)
+        pos += _ROWS.size
+        if w == 0:
+            raise WireError("a selected row needs at least one word after the timestamp")
+        if pos + 8 * n * (1 + w) != end:
+            raise WireError(f"rows body is {end - pos} bytes, header says {8 * n * (1 + w)} (n={n}, w={w})")
+        arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False).reshape(1 + w, n)
+        return Rows(query, host, incarnation, partition, seq, arr[0], arr[1:].T)
     if kind == KIND_PARTIALS:
         _need(view, pos, _PART.size, "partials header")
         n, kw, na = _PART.unpack_from(view, pos)

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(s.checkpoint).resolve().parent)
     spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=_jars(s), state=state, driver_host=s.driver_host)
-    job = HighLevelJob(spark, queries, opts)
+    job = HighLevelJob(spark, queries, opts, config=cfg)
     if s.metrics_port:
         job.metrics.serve(s.metrics_port)
     stop = threading.Event()

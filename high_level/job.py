@@ -130,14 +130,18 @@ class HighLevelJob:
     """Builds, starts and feeds the streaming queries; owns the result store and the metrics."""
 
     def __init__(self, spark: Any, queries: Sequence[Q.QuerySpec], opts: JobOptions,
-                 metrics: JobMetrics | None = None) -> None:  # fmt: skip
-        if not queries:
+                 metrics: JobMetrics | None = None, config: Q.Config | None = None) -> None:  # fmt: skip
+        # join queries (high_level/joinjob.py) come with the config that names their select inputs
+        self.joins = list(config.joins) if config is not None else []
+        if not queries and not self.joins:
             raise ValueError("no queries")
         self.spark = spark
         self.queries = list(queries)
+        self.config = config
         self.opts = opts
         self.metrics = metrics or JobMetrics()
-        self.store = ResultStore(opts.results, self.queries)
+        stored = self.queries + (config.stored_queries[len(config.queries):] if config is not None else [])
+        self.store = ResultStore(opts.results, stored)
         self.exporter = ResultExporter(self.queries)
         if self.exporter.queries:  # results as Prometheus series, from the rows the store writes
             self.store.on_written.append(self.exporter.observe)
@@ -156,7 +160,7 @@ class HighLevelJob:
         if opts.alert_webhook:
             self.delivery = AlertDelivery(opts.results, opts.alert_webhook, self.metrics, timeout_s=opts.alert_timeout_ms / 1e3,
                                           queue_size=opts.alert_queue, generator_url=opts.alert_generator_url)  # fmt: skip
-        self.sink = ResultSink(self.store, self.queries, opts.mode, opts.status_settings, self.metrics,
+        self.sink = ResultSink(self.store, stored, opts.mode, opts.status_settings, self.metrics,
                                self.stream_progress, self.delivery, self.asker.observe if self.asker else None)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
@@ -180,7 +184,11 @@ class HighLevelJob:
         if self.delivery is not None:
             self.delivery.start()
         if self.opts.mode == "oop":
-            self.streams = [self._start_oop()]
+            self.streams = [self._start_oop()] if self.queries else []
+            if self.joins:
+                from high_level.joinjob import start_joins
+
+                self.streams += start_joins(self)
         else:
             from high_level.watermark import start_watermark
 
@@ -193,8 +201,10 @@ class HighLevelJob:
         from contract.topics import connect, ensure_topics, wanted_topics
 
         admin = connect(self.opts.bootstrap, self.opts.kafka_security.kafka_python(), deadline_s)
+        inputs = [] if self.config is None else [s for s in self.config.selects
+                                                 if any(s.name in (j.left, j.right) for j in self.joins)]
         try:
-            actions = ensure_topics(admin, wanted_topics(self.queries))
+            actions = ensure_topics(admin, wanted_topics([*self.queries, *inputs]))
         finally:
             admin.close()
         for topic, action in actions.items():

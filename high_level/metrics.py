@@ -37,6 +37,10 @@ class JobMetrics:
         self.state_rows = Gauge("lowwater_job_state_rows", "Rows in the pane tables (OOP) or Spark state store",
                                 ["query"], registry=r)  # fmt: skip
         self.state_bytes = Gauge("lowwater_job_state_memory_bytes", "Spark state store memory", ["query"], registry=r)
+        self.join_state_rows = Gauge("lowwater_job_join_state_rows", "Input rows a join holds (both inputs)",
+                                     ["query", "partition"], registry=r)  # fmt: skip
+        self.join_state_bytes = Gauge("lowwater_job_join_state_bytes", "Bytes of the input rows a join holds",
+                                      ["query", "partition"], registry=r)  # fmt: skip
         self.dropped = Gauge("lowwater_job_rows_dropped_by_watermark", "Rows Spark's watermark dropped since the job started (baseline mode)",
                              ["query"], registry=r)  # fmt: skip
         self.batch_duration = Histogram(
@@ -83,6 +87,9 @@ class JobMetrics:
     def on_batch_status(self, statuses: list[S.PartitionStatus]) -> None:
         """Count what one batch's status rows report as new (records, late partials)."""
         for st in statuses:
+            if "stored_left" in st.batch:  # a join partition (high_level/joinstep.py)
+                self.join_state_rows.labels(st.query, str(st.partition)).set(st.state_rows)
+                self.join_state_bytes.labels(st.query, str(st.partition)).set(st.state_bytes)
             self.records.inc(int(st.batch.get("records", 0)))
             for host, hs in st.hosts.items():
                 if hs.late_batch:

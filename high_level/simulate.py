@@ -237,3 +237,60 @@ def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
     d = d[(d["window"] - (k - 1)) % q.window.panes_per_slide == 0]  # windows start every slide
     out = d.groupby(["window", *kcols], as_index=False).agg({s: aggs[s] for s in scols})
     return out.sort_values(["window", *kcols]).reset_index(drop=True)
+
+
+def select_messages(
+    s: Q.SelectSpec, rows: np.ndarray, host: str, *, incarnation: int = 1, punct_every_ns: int | None = 1_000_000_000,
+    batch_ns: int = 100_000_000, skew_ns: int = 0, end: bool = True,
+) -> list[Message]:  # fmt: skip
+    """What one host sends for select ``s`` over its selected rows (int64[n, 1 + width], timestamp first).
+
+    Rows leave in batches every ``batch_ns`` of data time (at the batch's end), split by the partition of
+    their ``partition_by`` words; punctuation every ``punct_every_ns`` (None: only the closing one) carries
+    the host's clock, as the agent does: every row below it has left. Send times are data time + skew.
+    """
+    rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    parts = s.kafka.partitions
+    part = wire.partition_of(rows[:, [1 + i for i in s.partition_words]], parts) if s.partition_by and len(rows) \
+        else np.zeros(len(rows), np.int64)  # fmt: skip
+    events: list[tuple[int, int, int, bytes, int | None]] = []
+    seq = [0] * parts
+    order = 0
+    bt = (rows[:, 0] // batch_ns + 1) * batch_ns if len(rows) else np.empty(0, np.int64)  # batch send time
+    ticks: list[int] = []
+    if punct_every_ns is not None and len(rows):
+        t0, t1 = int(rows[0, 0]), int(bt[-1])
+        ticks = list(range(t0 - t0 % punct_every_ns + punct_every_ns, t1 + punct_every_ns, punct_every_ns))
+    keys = pd.DataFrame({"t": bt, "p": part}).groupby(["t", "p"], sort=True).indices if len(rows) else {}
+    batches = sorted(((int(t), int(p), ix) for (t, p), ix in keys.items()), key=lambda x: (x[0], x[1]))
+    bi = 0
+    for tick in [*ticks, None]:
+        while bi < len(batches) and (tick is None or batches[bi][0] <= tick):
+            t, p, ix = batches[bi]
+            events.append((t, order, p, wire.encode_rows(s.name, host, incarnation, p, seq[p], rows[ix]), None))
+            seq[p] += len(ix)
+            order += 1
+            bi += 1
+        if tick is None:
+            break
+        # every row below the mark has left: the clock, held below the oldest row still waiting in a batch
+        mark = min(tick, int(rows[np.concatenate([ix for _, _, ix in batches[bi:]]), 0].min())) \
+            if bi < len(batches) else tick  # fmt: skip
+        for p in range(parts):
+            pu = wire.Punctuation(s.name, host, incarnation, p, seq[p], mark, mark, tick, {})
+            events.append((tick, order, p, wire.encode_punctuation(pu), mark))
+            order += 1
+    if end:
+        t_end = (ticks[-1] if ticks else int(bt[-1]) if len(bt) else 0) + 1
+        for p in range(parts):
+            pu = wire.Punctuation(s.name, host, incarnation, p, seq[p], wire.END_OF_STREAM, wire.END_OF_STREAM, 0, {})
+            events.append((t_end, order, p, wire.encode_punctuation(pu), wire.END_OF_STREAM))
+            order += 1
+    return [Message(t + skew_ns, host, p, v, m) for t, _, p, v, m in events]
+
+
+def select_oracle(s: Q.SelectSpec, parsed: np.ndarray) -> np.ndarray:
+    """The rows select ``s`` yields from parsed-packet rows: int64[n, 1 + width], timestamp first."""
+    prog = compile_filter(s.filter)
+    keep = np.fromiter((evaluate(prog, r) for r in parsed), dtype=bool, count=len(parsed))
+    return parsed[keep][:, [F.TS] + [c for _, c in s.columns]]

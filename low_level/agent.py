@@ -63,7 +63,8 @@ class Agent:
     def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
                  bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
                  producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None) -> None:
+                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None,
+                 selects: list[Q.SelectSpec] | None = None) -> None:
         self.host = host
         self.control = control  # low_level.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
@@ -74,13 +75,17 @@ class Agent:
         self.pump_every_s = 0.02
         self.queries = queries
         self.ring = Ring(ring_slots)
-        self.kernel = Kernel(Tables.build(queries, chunk=chunk))
+        self.selects = list(selects or [])  # select queries: rows per packet, low_level.selection
+        self.kernel = Kernel(Tables.build(queries, chunk=chunk), self.selects)
         # compile before any source starts: a first packet must not wait seconds for the compiler
         took = self.kernel.warm(self.ring)
         if took > 1.0:
             log.info("compiled the packet kernel for %d queries in %.1f s (cached for this query set from now on)",
                      len(queries), took)
-        self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
+        self.emitter = Emitter(queries, host, bootstrap, producer=producer, selects=self.selects,
+                               **(emitter_opts or {}))
+        self.select_next_timer = [0.0] * len(self.selects)
+        self.select_last_on_demand = [0.0] * len(self.selects)
         self.source = None
         if source_spec is not None:
             from low_level.sources import open_source
@@ -113,6 +118,27 @@ class Agent:
             if len(recs):
                 pane, key, state = t.split(i, recs)
                 self.emitter.submit(q.name, pane, key, state)
+        for k, s in enumerate(self.selects):
+            rows = self.kernel.sel_buf.drain(k)
+            if len(rows):
+                self.emitter.outbox.submit(s.name, rows)
+
+    def punctuate_select(self, k: int, idle: bool, end_of_stream: bool = False, timer: bool = True) -> None:
+        """Select k's mark is its clock: drain what the kernel selected, raise the mark, queue it after the rows
+        (on demand only when it moved; the timer re-sends it for liveness)."""
+        self.drain()
+        b = self.kernel.sel_buf
+        prev = int(b.sst[k, 1])
+        mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream)
+        if mark is None or (not timer and mark == prev):
+            return
+        from low_level.selection import SS_LATE, SS_MATCHED
+
+        stats = {"packets": int(self.kernel.hc[0]), "matched": int(b.sst[k, SS_MATCHED]),
+                 "late": int(b.sst[k, SS_LATE]), "ring_drops": int(self.ring.drops),
+                 "backlog_lost": int(self.emitter.outbox.lost),
+                 "parse_errors": int(self.kernel.err_counts[1:].sum())}
+        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats)
 
     def punctuate(self, i: int, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
         q = self.queries[i]
@@ -151,6 +177,13 @@ class Agent:
             elif self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i):
                 self.last_on_demand[i] = now  # asked by the blocked consumer: flush below the clock, punctuate
                 self.punctuate(i, idle=True, timer=False)
+        for k, s in enumerate(self.selects):
+            if now >= self.select_next_timer[k]:
+                self.select_next_timer[k] = now + s.heartbeat.interval_ns / 1e9
+                self.punctuate_select(k, idle)
+            elif idle and s.heartbeat.on_demand and now - self.select_last_on_demand[k] >= self.on_demand_gap_s:
+                self.select_last_on_demand[k] = now
+                self.punctuate_select(k, idle, timer=False)
         if now - self.last_pump >= self.pump_every_s or self.emitter.backlog.records >= 16384:
             self.last_pump = now  # fewer, larger Kafka batches: less per-message work on the capture core
             self.emitter.pump()
@@ -160,6 +193,8 @@ class Agent:
         """End of a finite source: flush every table and send a closing punctuation."""
         for i in range(len(self.queries)):
             self.punctuate(i, idle=True, timer=False, end_of_stream=True)
+        for k in range(len(self.selects)):
+            self.punctuate_select(k, idle=True, end_of_stream=True)
         self.emitter.flush()
         self.finished = True
 
@@ -205,6 +240,8 @@ class Agent:
                 self.drain()
                 for i in range(len(self.queries)):
                     self.punctuate(i, idle=True, timer=True)
+                for k in range(len(self.selects)):
+                    self.punctuate_select(k, idle=True)
             self.emitter.flush(10)
             self.emitter.close()
 
@@ -254,13 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     except (SettingsError, Q.ConfigError) as exc:
         raise SystemExit(f"lowwater-agent: {exc}") from None
     named = [q for q in cfg.queries if not s.queries or q.name in s.queries]
-    if not named:
+    selects = [q for q in cfg.selects if (not s.queries or q.name in s.queries) and q.runs_on(s.host_id)]
+    if not named and not selects:
         raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
     queries = [q for q in named if q.runs_on(s.host_id)]  # a query's `sources` name the hosts that run it
     for q in named:
         if q not in queries:
             log.info("query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources))
-    if not queries:
+    if not queries and not selects:
         raise SystemExit(f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}")
     opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
     control = None
@@ -271,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
                                   consumer_config=opts["producer_config"]).start()
     try:
         agent = Agent(queries, parse_source(s.source), s.host_id, s.bootstrap,
-                      ring_slots=s.ring_slots, emitter_opts=opts, control=control)
+                      ring_slots=s.ring_slots, emitter_opts=opts, control=control, selects=selects)
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
         raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
     if s.metrics_port:
@@ -287,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("host %s: %d queries, source %s, Kafka %s", s.host_id, len(queries), s.source, s.bootstrap)
+    log.info("host %s: %d queries, %d select queries, source %s, Kafka %s", s.host_id, len(queries), len(selects),
+             s.source, s.bootstrap)
     agent.run(s.duration, exit_at_end=not s.linger)
     if s.summary:
         import json

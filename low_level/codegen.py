@@ -31,6 +31,7 @@ from contract.query import (
     SRC_COMPUTED,
     SRC_DSCP,
     SRC_ONE,
+    SelectSpec,
     decode_computed,
     state_columns,
 )
@@ -38,6 +39,7 @@ from contract.query import key_program as query_key_program
 from low_level import jitcache
 from low_level.filter import statements as filter_statements
 from low_level.parse import EXTRA_COLUMNS
+from low_level.selection import SS_BASE, SS_LATE, SS_MARK, SS_MATCHED, SS_MAXTS, SS_N
 from low_level.tables import QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
 
 BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
@@ -321,6 +323,7 @@ def fused_pass({args}):
                 ro = i * NF
 {copy}
 {select}
+{selects}
             else:
                 err_counts[status] += 1
 {fold}
@@ -333,25 +336,25 @@ def fused_pass({args}):
 
 @njit(cache=True, nogil=True)
 def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst):
     """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
     nslots = caplen.shape[0]
     start = ctr[TAIL]
     avail = ctr[HEAD] - start
     n = avail if avail < limit else limit
     fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst)
     ctr[TAIL] = start + n
     return n
 
 
 @njit(cache=True, nogil=True)
 def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst):
     """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
     flat = frames2d.reshape(-1)
     fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst)
     return stop - start
 '''
 
@@ -362,9 +365,56 @@ def _pins(args: str) -> str:
     return "\n".join(f"    pin({a.strip()})" for a in args.split(",") if a.strip() not in scalars)
 
 
+def select_shape(s: SelectSpec) -> dict:
+    """What the generated code depends on for one select query: its filter and the columns it copies."""
+    return {"filter": compile_filter(s.filter).tolist(), "cols": [c for _, c in s.columns]}
+
+
+def _select_lines(k: int, shape: dict, ind: str) -> list[str]:
+    """Select query k on one parsed packet: filter, then its row (timestamp, columns) appended to sout.
+
+    Rows below the query's last punctuation mark are late (counted, never sent: the mark promised them
+    away). The output region holds one chunk of rows, and a call never takes more than a chunk.
+    """
+    # the clock is every parsed packet's time, not only the selected ones': a select that matches rarely
+    # still punctuates as far as the host's traffic has gone
+    lines = [f"{ind}# select {k}", f"{ind}if row[F.TS] > sst[{k}, {SS_MAXTS}]:",
+             f"{ind}    sst[{k}, {SS_MAXTS}] = row[F.TS]"]
+    body = ind
+    if shape["filter"]:
+        flines, result = filter_statements(shape["filter"], f"s{k}_")
+        lines += [ind + line for line in flines]
+        lines.append(f"{ind}if {result} != 0:")
+        body = ind + "    "
+    w1 = 1 + len(shape["cols"])
+    lines += [
+        f"{body}st_t = row[F.TS]",
+        f"{body}if st_t < sst[{k}, {SS_MARK}]:",
+        f"{body}    sst[{k}, {SS_LATE}] += 1",
+        f"{body}else:",
+        f"{body}    st_n = sst[{k}, {SS_N}]",
+        f"{body}    st_o = sst[{k}, {SS_BASE}] + st_n * {w1}",
+        f"{body}    sout[st_o] = st_t",
+    ]
+    lines += [f"{body}    sout[st_o + {i + 1}] = row[{c}]" for i, c in enumerate(shape["cols"])]
+    lines += [
+        f"{body}    sst[{k}, {SS_N}] = st_n + 1",
+        f"{body}    sst[{k}, {SS_MATCHED}] += 1",
+    ]
+    return lines
+
+
+def _select_columns(select_shapes: list[dict]) -> set[int]:
+    cols: set[int] = set()
+    for s in select_shapes:
+        cols |= set(s["cols"])
+        cols |= columns_read([{"key": [], "state": [], "filter": s["filter"]}])
+    return cols
+
+
 _AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
 _FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
-               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs")
+               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst")
 
 
 def columns_read(shapes: list[dict]) -> set[int]:
@@ -390,12 +440,13 @@ def columns_read(shapes: list[dict]) -> set[int]:
     return cols
 
 
-def kernel_source(shapes: list[dict]) -> str:
+def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -> str:
     """The generated module's text for these query shapes (deterministic: same shapes and sources, same text)."""
     # The full parser only when a query reads one of the columns the lean one leaves unwritten. Those
     # come last in the row, so a lean kernel also keeps its block of copied rows at the short stride
     # (less cache for the same 128 packets).
-    full = bool(columns_read(shapes) & set(EXTRA_COLUMNS))
+    select_shapes = select_shapes or []
+    full = bool((columns_read(shapes) | _select_columns(select_shapes)) & set(EXTRA_COLUMNS))
     assert set(EXTRA_COLUMNS) == set(range(min(EXTRA_COLUMNS), F.NFIELDS)), "extra columns must come last"
     parse, nf = ("parse_frame", "F.NFIELDS") if full else ("parse_frame_lean", str(min(EXTRA_COLUMNS)))
     parts = [_HEADER.format(block=BLOCK, nf=nf)]
@@ -410,6 +461,7 @@ def kernel_source(shapes: list[dict]) -> str:
             args=_AGG_ARGS))
     ind = " " * 16
     select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
+    selects = [line for k, s in enumerate(select_shapes) for line in _select_lines(k, s, ind)]
     bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
              for q in range(len(shapes))]
     zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
@@ -419,11 +471,11 @@ def kernel_source(shapes: list[dict]) -> str:
     needed = {F.TS} | {c for s in shapes for src, _ in s["state"] for c in _source_columns(src)}
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
     parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
-                               select="\n".join(select), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
+                               select="\n".join(select), selects="\n".join(selects), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
                                args=_FUSED_ARGS))
     return "".join(parts)
 
 
-def load(tables: Tables) -> ModuleType:
-    """The compiled kernel module for these tables' query shapes (generated and imported once)."""
-    return jitcache.load_generated(kernel_source(shape_of(tables)), "kernel")
+def load(tables: Tables, selects: list[SelectSpec] | None = None) -> ModuleType:
+    """The compiled kernel module for these tables' query shapes and select queries (generated and imported once)."""
+    return jitcache.load_generated(kernel_source(shape_of(tables), [select_shape(s) for s in selects or []]), "kernel")

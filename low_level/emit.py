@@ -19,6 +19,7 @@ import numpy as np
 from contract import query as Q
 from contract import wire
 from low_level.backlog import Backlog, Block
+from low_level.selection import SelectOutbox
 
 log = logging.getLogger(__name__)
 MAX_BATCH_RECORDS = 16384
@@ -47,6 +48,7 @@ class Emitter:
     producer: object | None = None  # a kafka.KafkaProducer, or any object with send(topic, value=, partition=)
     ensure_topics: bool = True  # create/grow the queries' topics on connect
     max_inflight_bytes: int = 64 << 20  # unacknowledged bytes handed to the producer; beyond it data waits here
+    selects: list[Q.SelectSpec] = field(default_factory=list)  # select queries: rows go through self.outbox
 
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
@@ -58,6 +60,7 @@ class Emitter:
         self._lock = threading.Lock()
         self._closing = False
         self.connect_errors = 0
+        self.outbox = SelectOutbox(self.selects, self.host, self.incarnation)
         self._connector: threading.Thread | None = None
         if self.producer is None and self.bootstrap:
             # connect in the background: Kafka may be down when capture starts, and a blocking
@@ -72,7 +75,7 @@ class Emitter:
         security = {k: v for k, v in self.producer_config.items() if k.startswith(("security_", "sasl_", "ssl_"))}
         admin = connect(self.bootstrap or "", security, 10)
         try:
-            for topic, action in ensure_topics(admin, wanted_topics(self.queries)).items():
+            for topic, action in ensure_topics(admin, wanted_topics([*self.queries, *self.selects])).items():
                 log.info("topic %s: %s", topic, action)
         finally:
             admin.close()
@@ -208,6 +211,8 @@ class Emitter:
                     self.stats.punctuations_sent += 1
                     fifo.popleft()
                 handed += 1
+        if self.inflight_bytes <= self.max_inflight_bytes:
+            handed += self.outbox.pump(self._send)
         return handed
 
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -215,7 +220,7 @@ class Emitter:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.pump()
-            if self.backlog.records == 0 and not any(self.backlog.fifos.values()):
+            if self.backlog.records == 0 and not any(self.backlog.fifos.values()) and self.outbox.empty:
                 if self.producer is not None and hasattr(self.producer, "flush"):
                     self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
                 return True

@@ -15,6 +15,7 @@ import numpy as np
 from contract import fields as F
 from low_level import codegen, flush
 from low_level.parse import NERR
+from low_level.selection import SelectBuffers
 from low_level.tables import MAXKW, Tables
 
 # host-level counters (one int64 array, shared with metrics)
@@ -26,8 +27,9 @@ BLOCK = codegen.BLOCK
 class Kernel:
     """Scratch memory and counters around the compiled pass for one host's queries."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, selects: list | None = None) -> None:
         self.t = tables
+        self.sel_buf = SelectBuffers(selects or [], tables.chunk)  # select queries' rows (low_level.selection)
         self.err_counts = np.zeros(NERR, dtype=np.int64)
         self.hc = np.zeros(NHC, dtype=np.int64)
         self.row = np.zeros(F.NFIELDS, dtype=np.int64)
@@ -37,10 +39,11 @@ class Kernel:
         self.keys = np.zeros(nq * BLOCK * MAXKW, dtype=np.int64)
         self.sel = np.zeros((nq, BLOCK), dtype=np.int64)
         self.hs = np.zeros((nq, BLOCK), dtype=np.uint64)
-        self.compiled = codegen.load(tables)
+        self.compiled = codegen.load(tables, selects)
 
     def _scratch(self) -> tuple:
-        return (self.err_counts, self.hc, self.row, self.rows, self.keys, self.sel, self.hs)
+        return (self.err_counts, self.hc, self.row, self.rows, self.keys, self.sel, self.hs, self.sel_buf.sout,
+                self.sel_buf.sst)
 
     def run_ring(self, ring) -> int:
         """Process what the ring holds, at most one chunk; returns the frames taken."""

@@ -217,3 +217,30 @@ def oracle(q: Q.QuerySpec, t: Traffic) -> pd.DataFrame:
 def merge_partials(q: Q.QuerySpec, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> pd.DataFrame:
     """Roll partial records up to one row per (pane, key), the way the high level must."""
     return simulate.aggregate(q, {"pane": pane}, key, state)
+
+
+def make_handshake_traffic(n_syn: int, t0_ns: int, span_ns: int, seed: int = 0, answered: float = 0.7,
+                           max_latency_ns: int = 2_000_000_000, noise: int = 0) -> Traffic:
+    """TCP handshakes: ``n_syn`` SYNs client -> server, a share ``answered`` of them followed by the
+    server's SYN-ACK (addresses and ports swapped) 0..max_latency later, plus ``noise`` ACK packets;
+    sorted by time."""
+    rng = np.random.default_rng(seed)
+    cli = (0x0A000000 + rng.integers(0, 4000, n_syn)).astype(np.uint32)
+    srv = (0xC0A80000 + rng.integers(0, 64, n_syn)).astype(np.uint32)
+    cport = rng.integers(1024, 65535, n_syn).astype(np.int64)
+    sport = rng.choice(np.array([22, 80, 443, 8080]), n_syn).astype(np.int64)
+    t_syn = rng.integers(t0_ns, t0_ns + span_ns, n_syn).astype(np.int64)
+    ans = rng.random(n_syn) < answered
+    t_ack = t_syn[ans] + rng.integers(0, max_latency_ns, int(ans.sum()))
+    na = int(ans.sum())
+    src = np.concatenate([cli, srv[ans], rng.integers(0, 1 << 31, noise).astype(np.uint32)])
+    dst = np.concatenate([srv, cli[ans], rng.integers(0, 1 << 31, noise).astype(np.uint32)])
+    sp = np.concatenate([cport, sport[ans], rng.integers(1, 65535, noise)])
+    dp = np.concatenate([sport, cport[ans], rng.integers(1, 65535, noise)])
+    flags = np.concatenate([np.full(n_syn, 2), np.full(na, 18), np.full(noise, 16)]).astype(np.int64)
+    ts = np.concatenate([t_syn, t_ack, rng.integers(t0_ns, t0_ns + span_ns, noise)]).astype(np.int64)
+    n = len(ts)
+    t = Traffic(ts=ts, src=src, dst=dst, sport=sp.astype(np.int64), dport=dp.astype(np.int64),
+                proto=np.full(n, 6, dtype=np.int64), flags=flags, length=np.full(n, 60, dtype=np.int64),
+                ttl=np.full(n, 64, dtype=np.int64))
+    return t.take(np.argsort(t.ts, kind="stable"))

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_example_configs_load() -> None:
     for path in (REPO / "configs").glob("*.yaml"):
         cfg = Q.load(path)
-        assert cfg.queries
+        assert cfg.queries or cfg.stored_queries
     cfg = Q.load(REPO / "configs" / "default.yaml")
     q4 = cfg.query("q4_pairs")
     assert q4.window.tumbling and q4.window.pane_ns == 60 * Q.NS and Q.key_width(q4) == 4

@@ -228,7 +228,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     whose files exceed half of it read Parquet directly, slower).
     """
     cfg = load(config_path)
-    infos = {q.name: QueryInfo.of(q) for q in cfg.queries}
+    infos = {q.name: QueryInfo.of(q) for q in cfg.stored_queries}  # aggregates and windowed joins
     fragments = _yaml_fragments(config_path)
     results = Path(results_dir)
     reader = Reader(results, cache_mb=cache_mb)

@@ -1,0 +1,160 @@
+"""The stateful step of a join query in the Spark job: every Kafka partition's band join, one aggregation.
+
+A join is partitioned by its key (the connection's 4-tuple) but aggregated by something else (the
+server port): one group's window gets rows from every partition. So one state group holds all of a
+join's partitions (:class:`high_level.join.BandJoin` each, the pairs and unmatched rows found there)
+and one roll-up (:class:`high_level.rollup.QueryRollup`) over their output; a window closes when the
+output mark of *every* partition has passed its end. The output is the packed form of the aggregate
+queries' step (:func:`high_level.partition.pack_parts`), so the sink, store, API and page take join
+windows as they take any query's: 'final' rows with the completeness columns, and one 'status' row
+per partition with the join's state (rows and bytes of stored input rows).
+
+Completeness: a window's ``hosts_in_mark`` counts the hosts whose punctuation passed its end on both
+inputs of every partition; a host declared dead by the timeout (its mark stays behind) leaves its
+windows flagged incomplete, which for an anti join means "some SYN-ACKs may be missing: unanswered
+counts may be too high".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from contract import wire
+from contract.status import PartitionStatus
+from high_level.join import SIDES, BandJoin, JoinLayout, output_partials
+from high_level.partition import Settings, _Part, pack_parts
+from high_level.rollup import QueryRollup
+
+I64 = np.int64
+
+
+class JoinProcessor:
+    """One join query's state in the job: its partitions' band joins and the roll-up of their output."""
+
+    def __init__(self, layout: JoinLayout, settings: Settings) -> None:
+        assert layout.rollup is not None, "the job stores a join's windows: the query needs a window"
+        self.layout = layout
+        self.settings = settings
+        bare = replace(layout, rollup=None)
+        self.joins = {p: BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts)
+                      for p in range(layout.partitions)}  # fmt: skip
+        self.rollup = QueryRollup(layout.rollup)
+        self.windows_closed = 0
+        self.records = 0
+
+    # -- persistence (no pickle: npz of numbers and a JSON header)
+    def to_bytes(self) -> bytes:
+        r = self.rollup
+        head = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records}
+        arrays = {"head": np.frombuffer(json.dumps(head).encode(), np.uint8), "pane": r.pane, "key": r.key,
+                  "state": r.state}  # fmt: skip
+        for p, j in self.joins.items():
+            arrays[f"join{p}"] = np.frombuffer(j.to_bytes(), np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings) -> JoinProcessor:
+        jp = cls(layout, settings)
+        bare = replace(layout, rollup=None)
+        with np.load(io.BytesIO(buf), allow_pickle=False) as z:
+            head = json.loads(bytes(z["head"]).decode())
+            jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
+            for p in jp.joins:
+                jp.joins[p] = BandJoin.from_bytes(bytes(z[f"join{p}"]), bare, settings.host_timeout_ms,
+                                                  settings.expected_hosts)  # fmt: skip
+        jp.rollup.closed = head["closed"]
+        jp.windows_closed, jp.records = head["windows_closed"], head["records"]
+        return jp
+
+    # -- one micro-batch
+    def process_packed(self, values: dict[int, list[bytes]], now_ms: int) -> pd.DataFrame:
+        """Messages of both input topics by Kafka partition (each topic-partition in offset order)."""
+        lay, rl = self.layout, self.layout.rollup
+        assert rl is not None
+        errors: dict[int, str] = {}
+        for p, j in self.joins.items():
+            try:
+                out = j.process(values.get(p, []), now_ms)
+            except wire.WireError as exc:  # a damaged batch: counted per partition, never a crash
+                errors[p] = str(exc)
+                j.advance(now_ms)
+                out = j.step()
+            for pane, key, state in output_partials(lay, out):
+                self.records += len(pane)
+                self.rollup.add(pane, key, state)
+        marks = [j.mark_ns for j in self.joins.values()]
+        lwm = None
+        if all(m is not None for m in marks):
+            m = min(marks)  # type: ignore[type-var]
+            lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
+        closed = self.rollup.close(lwm)
+        hosts = self._host_marks()
+        live = sorted({h for j in self.joins.values() for s in SIDES for h in j.melds[s].live_hosts()})
+        parts = []
+        if len(closed):
+            self.windows_closed += len(closed)
+            end = rl.window_end_ns(closed.window)
+            in_mark = np.zeros(len(closed), I64)
+            for mark in hosts.values():
+                in_mark += (mark >= end) if mark is not None else 0
+            comp = np.column_stack([in_mark, np.zeros((len(closed), 2), I64)])
+            parts.append(_Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+        for p, j in self.joins.items():
+            st = self.status(p, j, now_ms, errors.get(p, ""))
+            parts.append(_Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
+        return pack_parts(parts)
+
+    def _host_marks(self) -> dict[str, int | None]:
+        """Per known host: the lowest mark it sent on any input and partition (None: silent somewhere it is
+        expected). A host whose mark passed a window's end on everything is 'in mark' for that window."""
+        out: dict[str, int | None] = {}
+        for j in self.joins.values():
+            for s in SIDES:
+                meld = j.melds[s]
+                for h in set(meld.hosts) | set(meld.expected):
+                    hm = meld.hosts.get(h)
+                    mark = hm.mark_ns if hm is not None and meld.is_live(h) else None
+                    prev = out.get(h, wire.END_OF_STREAM) if h in out else wire.END_OF_STREAM
+                    out[h] = None if mark is None or prev is None else min(prev, mark)
+        return out
+
+    def status(self, p: int, j: BandJoin, now_ms: int, error: str = "") -> PartitionStatus:
+        """The status contract's partition snapshot for one join partition: marks of both inputs per host,
+        and the join state (stored rows of both inputs) in ``state_rows`` / ``state_bytes``."""
+        hosts = {}
+        for h in sorted({h for s in SIDES for h in set(j.melds[s].hosts) | set(j.melds[s].expected)}):
+            hm = [j.melds[s].hosts.get(h) for s in SIDES]
+            known = [m for m in hm if m is not None]
+            mark = min((m.mark_ns for m in known), default=None)
+            hosts[h] = {
+                "live": all(j.melds[s].is_live(h) for s in SIDES if h in j.melds[s].hosts) and bool(known),
+                "expected": h in j.melds["left"].expected, "mark_pane": mark, "mark_ns": mark,
+                "lag_s": (now_ms * 1_000_000 - mark) / 1e9 if mark is not None and 0 < mark < wire.END_OF_STREAM
+                else None,
+                "last_heard_ms": max((m.last_heard_ms for m in known), default=None),
+                "silent_s": min((m.silent_ms for m in known), default=0) / 1e3 if known else None,
+                "punctuations": sum(m.punctuations for m in known), "incarnation": known[0].incarnation if known else None,
+                "records": 0, "sent_records": 0, "received_records": 0, "missing_records": 0,
+                "late_partials": 0,
+            }  # fmt: skip
+        mark = j.mark_ns
+        return PartitionStatus.model_validate({
+            "query": self.layout.name, "partition": p, "now_ms": now_ms,
+            "low_water_mark_pane": mark, "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM
+            else None, "closed_before_window": self.rollup.closed,
+            "blocked_by": sorted(set(j.melds["left"].blocking_hosts()) | set(j.melds["right"].blocking_hosts())),
+            "live_hosts": len(set(j.melds["left"].live_hosts()) | set(j.melds["right"].live_hosts())),
+            "open_windows": self.rollup.open_windows(), "state_rows": j.state_rows, "state_bytes": j.state_bytes,
+            "windows_closed": self.windows_closed, "records": self.records,
+            "batch": {"late_left": j.late["left"], "late_right": j.late["right"],
+                      "stored_left": len(j.store["left"]), "stored_right": len(j.store["right"])},
+            "errors": {"wire": 1} if error else {}, "last_error": error, "hosts": hosts,
+        })  # fmt: skip
+

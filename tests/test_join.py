@@ -1,0 +1,375 @@
+"""The order-agnostic band join against an offline oracle: identical pairs, unmatched rows and windows for
+1-3 hosts, inter-host skew 0-40 s, shuffled arrival, punctuation every 1 s / 10 s / only at the end,
+1/2/4 partitions; unmatched rows never before the right input's punctuation passes their band; state
+bounded by punctuation; checkpointed state resumes exactly."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from contract import query as Q
+from contract import wire
+from high_level import simulate
+from high_level.join import BandJoin, JoinLayout, finalize, match_pairs, merge_partitions
+from tests.packets import make_handshake_traffic
+from tests.test_select import HANDSHAKE
+
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS
+BAND = 3 * NS
+
+
+def config(partitions: int, kind: str = "inner", window: str = "{range: 10s}") -> Q.Config:
+    text = HANDSHAKE.replace("partitions: 4", f"partitions: {partitions}").replace("range: 1m}", window[1:])
+    text = text.replace("window: {", "window: {") + ""
+    if kind != "inner":
+        text = text.replace("    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_ip]\n")
+        text = text.replace("      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
+                            "      - {fn: max, expr: left.src_port, as: max_port}\n")
+    return Q.load_text(text)
+
+
+def rows_of(cfg: Q.Config, n_syn: int, seed: int, dup: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Selected SYN and SYN-ACK rows of handshake traffic (answered 70 %, latency 0-4 s around the 3-s band),
+    with retransmitted SYNs and duplicate SYN-ACKs when ``dup``."""
+    t = make_handshake_traffic(n_syn, T0, 60 * NS, seed=seed, max_latency_ns=4 * NS, noise=n_syn // 2)
+    parsed = t.rows()
+    left, right = (simulate.select_oracle(s, parsed) for s in cfg.selects)
+    if dup:
+        rng = np.random.default_rng(seed)
+        rl = left[rng.random(len(left)) < 0.1].copy()
+        rl[:, 0] += rng.integers(0, 2 * NS, len(rl))  # retransmitted SYN
+        rr = right[rng.random(len(right)) < 0.1].copy()
+        rr[:, 0] += rng.integers(0, NS, len(rr))  # duplicate SYN-ACK
+        left, right = np.concatenate([left, rl]), np.concatenate([right, rr])
+    return left, right
+
+
+def oracle(lay: JoinLayout, left: np.ndarray, right: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Brute-force join (pandas merge on the key words, band filter): pairs and unmatched left rows."""
+    ldf = pd.DataFrame(left, columns=["ts"] + [f"l{i}" for i in range(lay.lw)])
+    rdf = pd.DataFrame(right, columns=["ts"] + [f"r{i}" for i in range(lay.rw)])
+    lk = [("ts" if w < 0 else f"l{w}") for w in lay.lkey]
+    rk = [("ts" if w < 0 else f"r{w}") for w in lay.rkey]
+    ldf["lid"] = np.arange(len(ldf))
+    m = ldf.merge(rdf, left_on=lk, right_on=rk, suffixes=("", "_r"))
+    m = m[(m["ts_r"] - m["ts"] >= 0) & (m["ts_r"] - m["ts"] <= lay.band_ns)]
+    pairs = m[["ts"] + [f"l{i}" for i in range(lay.lw)] + ["ts_r"] + [f"r{i}" for i in range(lay.rw)]]
+    unmatched = ldf[~ldf["lid"].isin(m["lid"])].drop(columns="lid")
+    return _sorted(pairs.to_numpy(np.int64)), _sorted(unmatched.to_numpy(np.int64))
+
+
+def _sorted(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, np.int64)
+    return a[np.lexsort(a.T[::-1])] if len(a) else a
+
+
+def window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray) -> pd.DataFrame:
+    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows."""
+    rl = lay.rollup
+    rows = []
+    src = [] if lay.type == "anti" else [(pairs, True)]
+    if lay.type != "inner":
+        src.append((unmatched, False))
+    for a, is_pair in src:
+        for r in a:
+            lts, lcols = r[0], r[1 : 1 + lay.lw]
+            rts, rcols = (r[1 + lay.lw], r[2 + lay.lw :]) if is_pair else (0, None)
+
+            def val(side: str, ws: tuple[int, ...], lts=lts, lcols=lcols, rts=rts, rcols=rcols) -> list[int]:
+                ts, cols = (lts, lcols) if side == "left" else (rts, rcols)
+                return [int(ts) if w < 0 else int(cols[w]) for w in ws]
+
+            key = tuple(v for side, ws in lay.group for v in val(side, ws)) or (0,)
+            vals = {alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms) for _, alias, terms in lay.aggs}
+            pane = (lts - rl.origin_ns) // rl.pane_ns
+            for w in range(pane, pane + rl.k):
+                if (w - rl.k + 1) % rl.s == 0:
+                    rows.append({"window": w, "key": key, **vals})
+    df = pd.DataFrame(rows)
+    agg = {alias: {"count": "size", "avg": "mean"}.get(fn, fn) for fn, alias, _ in lay.aggs}
+    first = next(iter(agg))
+    out = df.groupby(["window", "key"]).agg({a: (f if f != "size" else "size") for a, f in agg.items()
+                                              if a != first or f != "size"})
+    if agg[first] == "size":
+        out[first] = df.groupby(["window", "key"]).size()
+    return out.reset_index().sort_values(["window", "key"]).reset_index(drop=True)[["window", "key", *agg]]
+
+
+def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, skew_s: float, punct: int | None,
+             seed: int, checkpoint: bool = False) -> tuple[np.ndarray, np.ndarray, pd.DataFrame, list[BandJoin]]:
+    """Emulated hosts -> shuffled arrival -> one BandJoin per partition in random micro-batches."""
+    j = cfg.joins[0]
+    sl, sr = cfg.selects
+    lay = JoinLayout.of(j, sl, sr)
+    rng = np.random.default_rng(seed)
+    streams = []
+    for s, rows in ((sl, left), (sr, right)):
+        hidx = rng.integers(0, hosts, len(rows))  # asymmetric routing: any host may see either packet
+        for h in range(hosts):
+            skew = int(skew_s * NS * h / max(1, hosts - 1))
+            msgs = simulate.select_messages(s, rows[hidx == h], f"cap-{h}", punct_every_ns=punct, skew_ns=skew,
+                                            batch_ns=int(rng.choice([50, 200, 700])) * 1_000_000)
+            for p in range(s.kafka.partitions):  # Kafka keeps order per (topic, partition, producer) only
+                streams.append([m for m in msgs if m.partition == p])
+    # shuffled arrival: each stream delayed by a random amount, merged by send time
+    for st in streams:
+        d = int(rng.integers(0, 5 * NS))
+        st[:] = [simulate.Message(m.t_ns + d, m.host, m.partition, m.value, m.mark_pane) for m in st]
+    arrival = simulate.interleave(streams, seed=seed)
+    expected = tuple(f"cap-{h}" for h in range(hosts))  # exact from the start: every host is known
+    joins = [BandJoin(lay, host_timeout_ms=10**12, expected_hosts=expected) for _ in range(lay.partitions)]
+    pairs, unmatched, wins = [], [], []
+    i = 0
+    while i < len(arrival):
+        n = int(rng.integers(1, 60))
+        chunk = arrival[i : i + n]
+        i += n
+        now_ms = chunk[-1].t_ns // 1_000_000
+        for p in range(lay.partitions):
+            vals = [m.value for m in chunk if m.partition == p]
+            if not vals:
+                continue
+            out = joins[p].process(vals, now_ms)
+            pairs.append(np.column_stack([out.l_ts, out.l_cols, out.r_ts, out.r_cols]))
+            unmatched.append(np.column_stack([out.u_ts, out.u_cols]))
+            if out.windows is not None and len(out.windows):
+                wins.append(out.windows)
+            if checkpoint and rng.random() < 0.2:  # a restart: the state from its bytes alone
+                joins[p] = BandJoin.from_bytes(joins[p].to_bytes(), lay, host_timeout_ms=10**12,
+                                               expected_hosts=expected)
+    w = merge_partitions(lay, wins)  # a group's window is closed on every partition: merge the partials
+    got_w = pd.DataFrame({"window": w.window, "key": [tuple(k) for k in w.key.tolist()]})
+    for k, v in finalize(lay, w.state).items():
+        got_w[k] = v
+    got_w = got_w.sort_values(["window", "key"]).reset_index(drop=True)
+    return _sorted(np.concatenate(pairs)), _sorted(np.concatenate(unmatched)), got_w, joins
+
+
+def assert_exact(cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, seed: int, checkpoint: bool = False) -> None:
+    left, right = rows_of(cfg, 1500, seed)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    want_p, want_u = oracle(lay, left, right)
+    assert len(want_p) > 200 and len(want_u) > 100
+    got_p, got_u, got_w, joins = run_join(cfg, left, right, hosts=hosts, skew_s=skew_s, punct=punct, seed=seed,
+                                          checkpoint=checkpoint)
+    if lay.type != "anti":
+        np.testing.assert_array_equal(got_p, want_p)
+    else:
+        assert len(got_p) == 0
+    if lay.type != "inner":
+        np.testing.assert_array_equal(got_u, want_u)
+    else:
+        assert len(got_u) == 0
+    want_w = window_oracle(lay, want_p, want_u)
+    pd.testing.assert_frame_equal(got_w, want_w, check_dtype=False)
+    assert all(j.state_rows == 0 for j in joins), "the closing punctuation empties the state"
+    assert all(j.late == {"left": 0, "right": 0} for j in joins)
+
+
+@pytest.mark.parametrize(("hosts", "skew_s", "punct", "partitions"), [
+    (1, 0, NS, 1),
+    (2, 10, 10 * NS, 2),
+    (3, 40, NS, 4),
+    (3, 40, None, 2),
+    (3, 25, 10 * NS, 1),
+])
+def test_inner_join_equals_the_oracle_under_disorder(hosts: int, skew_s: float, punct: int | None,
+                                                     partitions: int) -> None:
+    assert_exact(config(partitions), hosts, skew_s, punct, seed=hosts * 7 + partitions)
+
+
+@pytest.mark.parametrize(("kind", "hosts", "skew_s", "punct", "partitions"), [
+    ("anti", 1, 0, 10 * NS, 1),
+    ("anti", 3, 40, NS, 4),
+    ("anti", 2, 5, None, 2),
+    ("left", 3, 40, 10 * NS, 2),
+])
+def test_anti_and_left_joins_equal_the_oracle_under_disorder(kind: str, hosts: int, skew_s: float,
+                                                             punct: int | None, partitions: int) -> None:
+    assert_exact(config(partitions, kind), hosts, skew_s, punct, seed=hosts * 3 + partitions + 100)
+
+
+def test_sliding_windows_and_restarts_from_checkpointed_state() -> None:
+    assert_exact(config(2, window="{range: 20s, slide: 5s}"), 3, 20, NS, seed=5, checkpoint=True)
+    assert_exact(config(2, "anti", window="{range: 20s, slide: 5s}"), 2, 40, NS, seed=6, checkpoint=True)
+
+
+def test_an_unanswered_syn_is_never_reported_before_the_right_input_passes_its_band() -> None:
+    cfg = config(1, "anti")
+    sl, sr = cfg.selects
+    lay = JoinLayout.of(cfg.joins[0], sl, sr)
+    left, right = rows_of(cfg, 400, seed=9, dup=False)
+    _, want_u = oracle(lay, left, right)
+    j = BandJoin(lay, host_timeout_ms=10**12)
+    # the left input is complete and punctuated to its end; the right input is held back
+    for m in simulate.select_messages(sl, left, "cap-0", punct_every_ns=NS):
+        assert len(j.process([m.value], 0).u_ts) == 0
+    emitted = []
+    right_msgs = simulate.select_messages(sr, right, "cap-1", punct_every_ns=NS)
+    b_right = None
+    for m in right_msgs:
+        out = j.process([m.value], 0)
+        if m.is_punctuation:
+            b_right = m.mark_pane
+        if len(out.u_ts):
+            assert b_right is not None and (out.u_ts + lay.band_ns < b_right).all(), "anti row before its band closed"
+            # and no later than needed: every unmatched row whose band the right mark passed is out now
+        if b_right is not None:
+            due = want_u[(want_u[:, 0] + lay.band_ns < b_right)]
+            emitted += list(map(tuple, np.column_stack([out.u_ts, out.u_cols]).tolist()))
+            assert len(emitted) == len(due)
+    assert _sorted(np.array(emitted)).tolist() == want_u.tolist()
+
+
+def test_state_is_bounded_by_the_other_inputs_mark() -> None:
+    cfg = config(1)
+    sl, sr = cfg.selects
+    lay = JoinLayout.of(cfg.joins[0], sl, sr)
+    j = BandJoin(lay, host_timeout_ms=10**12)
+    left, right = rows_of(cfg, 2000, seed=4, dup=False)
+    msgs = simulate.interleave([simulate.select_messages(sl, left, "a", punct_every_ns=NS),
+                                simulate.select_messages(sr, right, "a", punct_every_ns=NS)])
+    peak = 0
+    for m in msgs:
+        j.process([m.value], 0)
+        bl, br = j.b["left"], j.b["right"]
+        if bl is not None and br is not None and br < wire.END_OF_STREAM:
+            assert (j.store["left"].ts >= br - lay.band_ns).all() and (j.store["right"].ts >= bl).all()
+        peak = max(peak, j.state_rows)
+    assert 0 < peak < (len(left) + len(right)) / 5  # a few seconds of rows, not the minute
+    assert j.mark_ns == wire.END_OF_STREAM and j.state_rows == 0
+
+
+def test_rows_below_their_inputs_mark_are_late_never_joined() -> None:
+    cfg = config(1)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    j = BandJoin(lay, host_timeout_ms=10**12)
+    j.observe("left", "a", 1, 100, 0, 0)
+    j.observe("right", "a", 1, 100, 0, 0)
+    j.step()
+    cols = np.zeros((2, lay.lw), np.int64)
+    j.add("left", np.array([99, 100]), cols)
+    j.add("right", np.array([99, 100]), np.zeros((2, lay.rw), np.int64))
+    out = j.step()
+    assert j.late == {"left": 1, "right": 1} and out.pairs == 1
+
+
+def test_match_pairs_checks_every_word_not_only_the_hash() -> None:
+    lk = np.array([[1, 2], [1, 2], [3, 4]])
+    rk = np.array([[1, 2], [3, 4], [1, 3]])
+    li, ri = match_pairs(lk, np.array([0, 10, 0]), rk, np.array([2, 1, 5]), 3)
+    assert sorted(zip(li.tolist(), ri.tolist(), strict=True)) == [(0, 0), (2, 1)]
+
+
+def _topics(cfg: Q.Config, t1: str, t2: str, partitions: int) -> Q.Config:
+    text = HANDSHAKE.replace("partitions: 4}", f"partitions: {partitions}}}")
+    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t1}, partitions: {partitions}}}", 1)
+    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t2}, partitions: {partitions}}}", 1)
+    return Q.load_text(text)
+
+
+def handshake_messages(cfg: Q.Config, left: np.ndarray, right: np.ndarray, hosts: int, skew_s: int,
+                       seed: int) -> list[tuple[str, int, bytes]]:
+    """(topic, partition, value) of every emulated host's messages for both selects, merged by send time."""
+    rng = np.random.default_rng(seed)
+    tagged = []
+    for s, rows in zip(cfg.selects, (left, right), strict=True):
+        hidx = rng.integers(0, hosts, len(rows))
+        streams = [simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // max(1, hosts - 1))
+                   for h in range(hosts)]
+        tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=seed)]
+    tagged.sort(key=lambda x: x[0])
+    return [(t, p, v) for _, t, p, v in tagged]
+
+
+def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    pairs, unmatched = oracle(lay, left, right)
+    w = window_oracle(lay, pairs, unmatched)
+    rl = lay.rollup
+    w["window_end"] = pd.to_datetime(rl.origin_ns + (w["window"] + 1) * rl.pane_ns, utc=True)
+    w["dst_port"] = [k[0] for k in w["key"]]
+    return w[["window_end", "dst_port", "completed", "avg_latency_ns"]].sort_values(["window_end", "dst_port"]) \
+        .reset_index(drop=True)
+
+
+def test_job_step_merges_partitions_into_exact_windows() -> None:
+    """The job's state group (all partitions of one join, one roll-up) through its packed output."""
+    from high_level.joinstep import JoinProcessor
+    from high_level.partition import Settings, unpack_rows
+
+    cfg = config(4)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    left, right = rows_of(cfg, 1200, seed=21)
+    msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=30, seed=3)
+    settings = Settings(10**9, ("cap-0", "cap-1", "cap-2"), "drop")
+    proc = JoinProcessor(lay, settings)
+    got, statuses = [], []
+    for i in range(0, len(msgs), 97):
+        by_part: dict[int, list[bytes]] = {}
+        for _, p, v in msgs[i : i + 97]:
+            by_part.setdefault(p, []).append(v)
+        rows = unpack_rows(proc.process_packed(by_part, i), {lay.name: lay.rollup})
+        proc = JoinProcessor.from_bytes(proc.to_bytes(), lay, settings)
+        d = rows.to_pandas()
+        got.append(d[d["kind"] == "final"])
+        statuses += [s for s in d.loc[d["kind"] == "status", "status"]]
+    g = pd.concat(got, ignore_index=True)
+    g["key"] = [tuple(k) for k in g["key"]]
+    assert not g.duplicated(["window", "key"]).any()
+    assert (g["hosts_in_mark"] == 3).all() and (g["hosts_expected"] == 3).all()
+    fin = finalize(lay, np.array(g["state"].tolist()))
+    got_df = pd.DataFrame({"window_end": pd.to_datetime(g["window_end_ns"], utc=True),
+                           "dst_port": [k[0] for k in g["key"]], **fin})
+    got_df = got_df.sort_values(["window_end", "dst_port"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got_df, expected_windows(cfg, left, right), check_dtype=False)
+    peak = max(__import__("json").loads(s)["state_rows"] for s in statuses)
+    assert peak > 0
+
+
+def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
+    """Select batches of 3 skewed hosts in real Kafka -> the real job -> stored windows equal the oracle;
+    the join state shows in /status; a join over a topic that does not exist is a clear error."""
+    from high_level.job import HighLevelJob, JobOptions
+    from high_level.joinjob import MissingInputTopic
+    from tests.test_high_level_spark import produce, read_results
+
+    t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
+    cfg = _topics(config(2), t1, t2, 2)
+    left, right = rows_of(cfg, 800, seed=31)
+    produce(kafka, handshake_messages(cfg, left, right, hosts=3, skew_s=20, seed=4))
+    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
+                      trigger_ms=300, shuffle_partitions=2, name="t-join", create_topics=False,
+                      expected_hosts=("cap-0", "cap-1", "cap-2"))  # fmt: skip
+    job = HighLevelJob(spark, [], opts, config=cfg)
+    job.start()
+    try:
+        job.process_all_available()
+        time.sleep(0.5)
+        job.process_all_available()
+    finally:
+        job.stop()
+    got = read_results(tmp_path / "res", "handshakes")
+    fin = got[got["kind"] == "final"].copy()
+    assert fin["complete"].all()
+    fin["window_end"] = pd.to_datetime(fin["window_end"], utc=True).astype("datetime64[ns, UTC]")
+    g = fin[["window_end", "dst_port", "completed", "avg_latency_ns"]].sort_values(["window_end", "dst_port"])
+    want = expected_windows(cfg, left, right)
+    want["window_end"] = want["window_end"].astype("datetime64[ns, UTC]")
+    pd.testing.assert_frame_equal(g.reset_index(drop=True), want, check_dtype=False)
+    st = __import__("json").loads((tmp_path / "res" / "_status.json").read_text())
+    parts = st["queries"]["handshakes"]["partitions"]
+    assert set(parts) == {"0", "1"} and all("state_bytes" in p for p in parts.values())
+    # a join whose input topic is missing: a clear error before anything runs, nothing written
+    bad = _topics(config(2), t1, "no-such-topic-" + t2, 2)
+    job2 = HighLevelJob(spark, [], JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res2"),
+                                              checkpoint=str(tmp_path / "ck2"), name="t-join2", create_topics=False),
+                        config=bad)  # fmt: skip
+    with pytest.raises(MissingInputTopic, match="no-such-topic"):
+        job2.start()
+    assert not list((tmp_path / "res2").glob("query=*"))
