@@ -82,7 +82,7 @@ class LivePublisher:
         if producer is None:
             from kafka import KafkaProducer
 
-            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1, compression_type="lz4",
+            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1,
                                      **dict(producer_config or {}))  # fmt: skip
         self.producer = producer
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
