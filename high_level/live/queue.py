@@ -17,8 +17,9 @@ service slot); between two slots any number of updates may arrive. Policies:
 Window-aware delivery ("all or nothing", "no undo"):
 
 * a final value supersedes every provisional one of its key (``inplace``/``linecutting`` overwrite
-  the cell; ``fifo``/``random`` drop the key's queued provisionals), and a provisional value offered
-  after its key's final is refused and counted: none is ever delivered after its final;
+  the cell; ``fifo``/``random`` drop the key's queued provisionals, unless ``supersede=False``: the
+  seed's plain append baseline, which still delivers them, before the final), and a provisional value
+  offered after its key's final is refused and counted: none is ever delivered after its final;
 * a window whose final values cannot all be delivered (a final would be shed by random drop, or the
   queue is full) is skipped whole: its queued updates are dropped, later ones refused, a
   :class:`Skipped` notice is served so the consumer can drop what it shows, and it is counted. A window
@@ -33,6 +34,7 @@ live endpoint on the wall clock.
 from __future__ import annotations
 
 import random
+import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -92,7 +94,8 @@ class UpdateQueue:
     """The update queue of one consumer (module docstring)."""
 
     def __init__(self, policy: str = "inplace", service_s: float = 0.01, max_cells: int = 100_000,
-                 drop_p: float = 0.0, seed: int = 0, meter: StalenessMeter | None = None) -> None:  # fmt: skip
+                 drop_p: float = 0.0, seed: int = 0, meter: StalenessMeter | None = None,
+                 supersede: bool = True) -> None:  # fmt: skip
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if service_s <= 0 or max_cells < 1 or not 0 <= drop_p < 1:
@@ -103,6 +106,7 @@ class UpdateQueue:
             int(max_cells),
             drop_p,
         )
+        self.supersede = supersede
         self.rng = random.Random(seed)
         self.meter = meter if meter is not None else StalenessMeter()
         self.stats = QueueStats()
@@ -162,9 +166,10 @@ class UpdateQueue:
                 self._skip(u.window)  # shedding a final would leave the window short: all or nothing
                 st.skipped_updates += 1
                 return
-            before = len(self.fifo)
-            self.fifo = deque(x for x in self.fifo if x.final or x.key != u.key)
-            st.superseded += before - len(self.fifo)
+            if self.supersede:
+                before = len(self.fifo)
+                self.fifo = deque(x for x in self.fifo if x.final or x.key != u.key)
+                st.superseded += before - len(self.fifo)
         elif self.policy == "random" and self.rng.random() < self.drop_p:
             st.dropped += 1
             return
@@ -305,12 +310,16 @@ class UpdateQueue:
 
 
 def replay(
-    queue: UpdateQueue, timed: list[tuple[float, Update]], until: float | None = None
+    queue: UpdateQueue,
+    timed: list[tuple[float, Update]],
+    until: float | None = None,
+    charge_cpu: bool = False,
 ) -> list[tuple[float, Update | Skipped]]:
     """Serve ``(arrival time, update)`` pairs (time order) through ``queue`` at its service rate on a
     simulated clock: a work-conserving server takes the next item whenever it is free and the queue
     holds one, each take occupying ``service_s``. Returns (delivery time, item); stops at ``until``
-    (default: when everything is served)."""
+    (default: when everything is served). ``charge_cpu`` adds the measured CPU time of each ``take``
+    (the policy's decision) to its service time, so a costlier policy serves fewer updates."""
     out: list[tuple[float, Update | Skipped]] = []
     c = queue.service_s
     i, n, free = 0, len(timed), 0.0
@@ -320,10 +329,12 @@ def replay(
             t = max(free, queue.last_time)
             if until is not None and t > until:
                 break
+            t0 = time.process_time() if charge_cpu else 0.0
             item = queue.take(t)
+            spent = time.process_time() - t0 if charge_cpu else 0.0
             if item is not None:
                 out.append((t, item))
-            free = t + c
+            free = t + c + spent
         elif nxt is not None:
             if until is not None and nxt > until:
                 break
