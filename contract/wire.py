@@ -20,6 +20,14 @@ must decompress to exactly ``raw_len`` bytes (at most ``MAX_RAW``), or the batch
 PUNCT body: ``mark_pane i64 | mark_ns i64 | sent_wall_ns i64`` plus stats ``i64[8]`` (see PUNCT_STATS).
 A punctuation with mark_pane P promises: every partial of this host, query and partition with
 pane < P has already been sent (it is ordered before the punctuation in the partition).
+
+PUNCT_SHED body (kind 4, an extension of PUNCT within wire version 1): the PUNCT body, then
+``n u32 | (first_pane i64, last_pane i64, records i64)[n]``: whole panes this host shed from its
+uplink backlog (this query and partition) since its previous punctuation, and how many records they
+held. "Sent" in the promise above then includes "shed and reported here": the high level marks every
+window overlapping those panes incomplete. Only a punctuation that reports shed panes uses kind 4, so
+a reader of the plain kinds sees no change until a host sheds (an older reader then rejects that one
+punctuation as an unknown kind and counts it; the host's next one moves its mark on).
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ VERSION = 1
 KIND_PARTIALS = 1
 KIND_PUNCT = 2
 KIND_PARTIALS_LZ4 = 3
+KIND_PUNCT_SHED = 4
+MAX_SHED_RANGES = 65_536  # shed pane ranges one punctuation may carry
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
@@ -48,6 +58,7 @@ _PART = struct.Struct("<IBB")
 _PUNCT = struct.Struct("<qqq8q")
 _CRC = struct.Struct("<I")
 _RAW = struct.Struct("<I")
+_COUNT = struct.Struct("<I")
 
 
 class WireError(ValueError):
@@ -81,6 +92,7 @@ class Punctuation:
     mark_ns: int
     sent_wall_ns: int
     stats: dict[str, int] = field(default_factory=dict)
+    shed: tuple[tuple[int, int, int], ...] = ()  # (first pane, last pane, records) shed from the backlog
 
 
 def _str(s: str) -> bytes:
@@ -121,7 +133,15 @@ def encode_partials(
 def encode_punctuation(p: Punctuation) -> bytes:
     stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
     body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
-    return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+    if not p.shed:
+        return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+    if len(p.shed) > MAX_SHED_RANGES:
+        raise WireError(f"{len(p.shed)} shed pane ranges, at most {MAX_SHED_RANGES} per punctuation")
+    ranges = np.array(p.shed, dtype="<i8").reshape(-1, 3)
+    if (ranges[:, 0] > ranges[:, 1]).any() or (ranges[:, 2] < 0).any():
+        raise WireError("shed pane ranges need first <= last and records >= 0")
+    body += _COUNT.pack(len(ranges)) + ranges.tobytes()
+    return _frame(KIND_PUNCT_SHED, p.query, p.host, p.incarnation, p.partition, p.seq, body)
 
 
 def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
@@ -190,6 +210,19 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation:
         vals = _PUNCT.unpack_from(view, pos)
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats)
+    if kind == KIND_PUNCT_SHED:
+        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with shed panes")
+        vals = _PUNCT.unpack_from(view, pos)
+        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
+        at = pos + _PUNCT.size + _COUNT.size
+        if n == 0 or n > MAX_SHED_RANGES or end - at != 24 * n:
+            raise WireError(f"shed pane ranges: {n} claimed, {end - at} bytes of them")
+        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 3)
+        if (r[:, 0] > r[:, 1]).any() or (r[:, 2] < 0).any():
+            raise WireError("shed pane ranges need first <= last and records >= 0")
+        shed = tuple((int(a), int(b), int(c)) for a, b, c in r.tolist())
+        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
+        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
     raise WireError(f"unknown batch kind {kind}")
 
 

@@ -457,6 +457,9 @@ class PartitionProcessor:
                     h["restarts"] = h.get("restarts", 0) + 1
                     h["last_restart"] = {"old_incarnation": prev.incarnation, "new_incarnation": b.incarnation,
                                          "incomplete_from_pane": prev.mark_pane, "new_mark_pane": int(b.mark_pane)}
+                for lo, hi, n in b.shed:  # whole panes the host shed from its uplink backlog: windows short
+                    qs.gaps.append([int(lo), int(hi), int(n)])
+                    qs.host(b.host)["shed"] = qs.host(b.host).get("shed", 0) + int(n)
                 qs.meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, now_ms)
                 bq["punctuations"] += 1
         parts = []

@@ -51,7 +51,8 @@ class Emitter:
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
         self.by_name = {q.name: q for q in self.queries}
-        self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records)
+        self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records,
+                               pane_time={q.name: (q.window.origin_ns, q.window.pane_ns) for q in self.queries})
         self.seq: dict[tuple[str, int], int] = {}
         self.stats = EmitStats()
         self.inflight_bytes = 0
@@ -200,9 +201,11 @@ class Emitter:
                     else:
                         fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
                 else:
+                    shed = self.backlog.take_shed(query, part)  # whole panes shed: the high level flags them
                     p = wire.Punctuation(item.query, item.host, item.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats)
+                                         item.mark_ns, item.sent_wall_ns, item.stats, shed)
                     if not self._send(topic, part, wire.encode_punctuation(p)):
+                        self.backlog.give_back_shed(query, part, shed)
                         return handed
                     self.stats.punctuations_sent += 1
                     fifo.popleft()

@@ -28,7 +28,9 @@ def _read_live(kafka, query: str, want: int, timeout_s: float = 30.0) -> list[L.
         c.close()
 
 
-def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic(spark, kafka, topic_factory, tmp_path):
+def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic(
+    spark, kafka, topic_factory, tmp_path
+):
     q = variant(topic_factory, "gate", "livegate", 1)
     h = {n: Host(n, q) for n in HOSTS}
     p0 = q.window.origin_ns // q.window.pane_ns + 1_700_000_000 // 10
@@ -63,8 +65,14 @@ def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic
             last[u.key] = u
         fin = {u.group["dst_port"]: u for u in last.values()}
         assert all(u.final and u.complete for u in fin.values())
-        assert {p: u.values["n"] for p, u in fin.items()} == dict(zip(stored["dst_port"], stored["n"], strict=True))
+        assert {p: u.values["n"] for p, u in fin.items()} == dict(
+            zip(stored["dst_port"], stored["n"], strict=True)
+        )
         assert {p: u.values["n"] for p, u in fin.items()} == dict.fromkeys(PORTS, 7)
-        assert job.live is not None and job.live.errors == 0 and job.live.published[q.name]["final"] == len(PORTS)
+        assert (
+            job.live is not None
+            and job.live.errors == 0
+            and job.live.published[q.name]["final"] == len(PORTS)
+        )
     finally:
         job.stop()
