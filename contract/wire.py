@@ -24,8 +24,9 @@ pane < P has already been sent (it is ordered before the punctuation in the part
 PUNCT_SHED body (kind 4, an extension of PUNCT within wire version 1): the PUNCT body, then
 ``n u32 | (first_pane i64, last_pane i64, records i64)[n]``: whole panes this host shed from its
 uplink backlog (this query and partition) since its previous punctuation, and how many records they
-held. "Sent" in the promise above then includes "shed and reported here": the high level marks every
-window overlapping those panes incomplete. Only a punctuation that reports shed panes uses kind 4, so
+held. "Sent" in the promise above then includes "shed and reported here", and ``seq`` counts shed
+records as sent (so a lost punctuation still leaves a visible gap): the high level marks every window
+overlapping those panes incomplete. Only a punctuation that reports shed panes uses kind 4, so
 a reader of the plain kinds sees no change until a host sheds (an older reader then rejects that one
 punctuation as an unknown kind and counts it; the host's next one moves its mark on).
 """

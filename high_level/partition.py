@@ -446,9 +446,10 @@ class PartitionProcessor:
                 inc[1] = int(b.seq)
                 missing = max(0, int(b.seq) - inc[0])
                 prev = qs.meld.hosts.get(b.host)
-                if missing > inc[2]:  # records sent since this incarnation's previous punctuation never came
+                shed_now = sum(int(r[2]) for r in b.shed)  # in seq too; attributed to their panes below
+                if missing > inc[2] + shed_now:  # records sent since the previous punctuation never came
                     since = prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
-                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2]])
+                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
                     # the agent restarted: what its old incarnation held unflushed (panes from its last

@@ -71,6 +71,13 @@ class Backlog:
         default_factory=dict
     )  # (query, part) -> pane -> records
     unsent_shed: dict[tuple[str, int], tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    shed_unseq: dict[tuple[str, int], int] = field(default_factory=dict)  # shed records not yet in seq
+
+    def take_shed_records(self, query: str, partition: int) -> int:
+        """Records shed for (query, partition) since the last call: the emitter counts them in its sequence
+        number as if sent, so a punctuation carrying the shed ranges that is itself lost in flight still
+        shows up at the high level as missing records (a sequence gap) and no window ends silently short."""
+        return self.shed_unseq.pop((query, partition), 0)
 
     def take_shed(self, query: str, partition: int) -> tuple[tuple[int, int, int], ...]:
         """The pane ranges (first, last, records) shed for (query, partition) since the last call, for the
@@ -167,6 +174,7 @@ class Backlog:
                         for p, n in zip(u.tolist(), c.tolist(), strict=True):
                             shed_here[p] = shed_here.get(p, 0) + n
                         dropped = int(out.sum())
+                        self.shed_unseq[(query, part)] = self.shed_unseq.get((query, part), 0) + dropped
                         self.lost += dropped
                         self.records -= dropped
                         fifo[i] = Block(b.pane[~out], b.key[~out], b.state[~out])
