@@ -205,6 +205,18 @@ def main() -> None:
                         [[r["disorder"], r["plan"], "-" if r["slack_ms"] is None else r["slack_ms"], r["m"] or "-",
                           f"{r['latency_mean_s']:.3f}", f"{r['mean_error_pct']:.3f}", f"{r['wrong_results_pct']:.2f}",
                           f"{r['late_packets']:,}"] for r in d["rows"]]), img("disorder"), _disorder_sentence(d["rows"])]
+    if d := load("upstream"):
+        parts += ["## Live results under overload (UpStream's experiment)", machine(d),
+                  f"Average staleness (s, the seed's Definitions 9-10) of one live consumer vs load factor; "
+                  f"{d['groups']} groups, {d['packets_per_s']} pkt/s, {d['seconds']} s of data; updates from the real "
+                  f"partition processor. **inplace_vs_fifo_staleness_at_lf4 = {d['inplace_vs_fifo_staleness_at_lf4']}** "
+                  f"(vs the window-aware FIFO {d['inplace_vs_fifo_final_staleness_at_lf4']}); "
+                  f"**linecutting_vs_inplace_staleness_skewed = {d['linecutting_vs_inplace_staleness_skewed']}** with "
+                  f"{100 * d['linecutting_throughput_loss_skewed']:.2f} % throughput loss (at LF 4).",
+                  table(["keys", "LF", "policy", "staleness s", "delivered", "overwrites", "skipped windows", "max cells"],
+                        [[r["distribution"], r["load_factor"], r["policy"], f"{r['staleness_s']:.3f}", f"{r['delivered']:,}",
+                          f"{r['overwrites']:,}", r["skipped_windows"], r["max_cells"]] for r in d["rows"]]),
+                  img("upstream")]
     if d := load("on_demand"):
         parts += ["## On-demand punctuation, on request and periodic heartbeats (dense + sparse host, real agents)", machine(d),
                   table(["setting", "windows", "mean latency s", "p50 s", "max s", "punctuations/s", "requests/s"],

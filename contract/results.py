@@ -38,7 +38,11 @@ record that every capture host the job knows for the (query, Kafka partition) ca
 missing_records == 0``; a reader folding a (window, key) group ANDs it over the group's final and
 late rows and sums ``late_partials``. Landmark ``update`` rows are provisional, hence never complete;
 the watermark baseline (``--mode watermark``) knows no hosts and drops late records silently, so its
-rows are never complete either. Shed panes (load shedding) will add a term here once they exist.
+rows are never complete either. Shed panes count as missing: a capture host whose uplink backlog
+overflowed (Kafka slow or down) sheds whole (query, pane) units and reports them in its next
+punctuation (``wire.Punctuation.shed``); every window overlapping a shed pane gets the pane range's
+records in ``missing_records`` and is not complete (a pane shed after its windows closed cannot
+change rows already written).
 Files written before these columns existed do not follow the schema and are skipped and counted by
 the API as any other file with the wrong layout (no version negotiation: one layout, one reader).
 A query with ``having`` stores only the final rows that pass it, and the corrections of those. A

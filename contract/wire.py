@@ -27,6 +27,14 @@ the kernel's row block with one transpose; ROWS_LZ4 is ``raw_len u32 | LZ4 frame
 (from ``COMPRESS_MIN`` bytes, as partials). ``seq`` counts rows. A punctuation on a select topic
 carries its mark in nanoseconds (``mark_pane == mark_ns``): every selected row of this host, query and
 partition with timestamp < mark was sent before it.
+PUNCT_SHED body (kind 6, an extension of PUNCT within wire version 1): the PUNCT body, then
+``n u32 | (first_pane i64, last_pane i64, records i64)[n]``: whole panes this host shed from its
+uplink backlog (this query and partition) since its previous punctuation, and how many records they
+held. "Sent" in the promise above then includes "shed and reported here", and ``seq`` counts shed
+records as sent (so a lost punctuation still leaves a visible gap): the high level marks every window
+overlapping those panes incomplete. Only a punctuation that reports shed panes uses kind 6, so
+a reader of the plain kinds sees no change until a host sheds (an older reader then rejects that one
+punctuation as an unknown kind and counts it; the host's next one moves its mark on).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ KIND_PUNCT = 2
 KIND_PARTIALS_LZ4 = 3
 KIND_ROWS = 4  # selected rows of a select query (see encode_rows)
 KIND_ROWS_LZ4 = 5
+KIND_PUNCT_SHED = 6
+MAX_SHED_RANGES = 65_536  # shed pane ranges one punctuation may carry
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
@@ -57,6 +67,7 @@ _PART = struct.Struct("<IBB")
 _PUNCT = struct.Struct("<qqq8q")
 _CRC = struct.Struct("<I")
 _RAW = struct.Struct("<I")
+_COUNT = struct.Struct("<I")
 
 
 class WireError(ValueError):
@@ -90,6 +101,7 @@ class Punctuation:
     mark_ns: int
     sent_wall_ns: int
     stats: dict[str, int] = field(default_factory=dict)
+    shed: tuple[tuple[int, int, int], ...] = ()  # (first pane, last pane, records) shed from the backlog
 
 
 def _str(s: str) -> bytes:
@@ -164,7 +176,15 @@ def encode_rows(query: str, host: str, incarnation: int, partition: int, seq: in
 def encode_punctuation(p: Punctuation) -> bytes:
     stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
     body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
-    return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+    if not p.shed:
+        return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+    if len(p.shed) > MAX_SHED_RANGES:
+        raise WireError(f"{len(p.shed)} shed pane ranges, at most {MAX_SHED_RANGES} per punctuation")
+    ranges = np.array(p.shed, dtype="<i8").reshape(-1, 3)
+    if (ranges[:, 0] > ranges[:, 1]).any() or (ranges[:, 2] < 0).any():
+        raise WireError("shed pane ranges need first <= last and records >= 0")
+    body += _COUNT.pack(len(ranges)) + ranges.tobytes()
+    return _frame(KIND_PUNCT_SHED, p.query, p.host, p.incarnation, p.partition, p.seq, body)
 
 
 def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
@@ -243,6 +263,19 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         vals = _PUNCT.unpack_from(view, pos)
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats)
+    if kind == KIND_PUNCT_SHED:
+        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with shed panes")
+        vals = _PUNCT.unpack_from(view, pos)
+        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
+        at = pos + _PUNCT.size + _COUNT.size
+        if n == 0 or n > MAX_SHED_RANGES or end - at != 24 * n:
+            raise WireError(f"shed pane ranges: {n} claimed, {end - at} bytes of them")
+        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 3)
+        if (r[:, 0] > r[:, 1]).any() or (r[:, 2] < 0).any():
+            raise WireError("shed pane ranges need first <= last and records >= 0")
+        shed = tuple((int(a), int(b), int(c)) for a, b, c in r.tolist())
+        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
+        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
     raise WireError(f"unknown batch kind {kind}")
 
 

@@ -84,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--alert-webhook", metavar="URL",
                    help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts")
     p.add_argument("--alert-timeout", help="timeout of one webhook post (default 2s)")
+    p.add_argument("--live", action="store_true", default=None,
+                   help="publish provisional values of open windows (and finals) to lowwater.live.<query>")
     a = p.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}
     if a.expected_hosts is not None:

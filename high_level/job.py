@@ -70,6 +70,7 @@ class JobOptions:
     alert_timeout_ms: int = 2000
     alert_queue: int = 10_000
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
+    live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -81,7 +82,8 @@ class JobOptions:
 
     @property
     def settings(self) -> Settings:
-        return Settings(self.host_timeout_ms, tuple(self.expected_hosts), self.late_policy)
+        return Settings(self.host_timeout_ms, tuple(self.expected_hosts), self.late_policy,
+                        live=self.live and self.mode == "oop")  # fmt: skip
 
     @property
     def source_options(self) -> dict[str, str]:
@@ -160,8 +162,14 @@ class HighLevelJob:
         if opts.alert_webhook:
             self.delivery = AlertDelivery(opts.results, opts.alert_webhook, self.metrics, timeout_s=opts.alert_timeout_ms / 1e3,
                                           queue_size=opts.alert_queue, generator_url=opts.alert_generator_url)  # fmt: skip
+        self.live = None
+        if opts.live and opts.mode == "oop":
+            from high_level.live.publish import LivePublisher
+
+            self.live = LivePublisher(self.queries, opts.bootstrap, producer_config=opts.kafka_security.kafka_python())
         self.sink = ResultSink(self.store, stored, opts.mode, opts.status_settings, self.metrics,
-                               self.stream_progress, self.delivery, self.asker.observe if self.asker else None)  # fmt: skip
+                               self.stream_progress, self.delivery, self.asker.observe if self.asker else None,
+                               live=self.live)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -205,6 +213,10 @@ class HighLevelJob:
                                                  if any(s.name in (j.left, j.right) for j in self.joins)]
         try:
             actions = ensure_topics(admin, wanted_topics([*self.queries, *inputs]))
+            if self.live is not None:
+                from high_level.live.publish import ensure_live_topics
+
+                actions.update(ensure_live_topics(admin, self.queries))
         finally:
             admin.close()
         for topic, action in actions.items():
@@ -344,6 +356,8 @@ class HighLevelJob:
                 log.warning("stopping %s: %s", s.name, exc)
         if self.asker is not None:
             self.asker.close()
+        if self.live is not None:
+            self.live.close()
         if self.delivery is not None:
             self.delivery.stop()
 

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from contract import results as R
 from contract import wire
+from contract.live import PROVISIONAL_KIND
 from contract.status import PartitionStatus
 from high_level import codec
 from high_level.meld import Meld
@@ -186,9 +187,11 @@ class QueryWindows:
         return self.rank == R.ROW_KINDS.index("correction")
 
 
-def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dict[str, QueryWindows], list[str]]:
+def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout],
+                   kinds: Sequence[str] = R.ROW_KINDS) -> tuple[dict[str, QueryWindows], list[str]]:  # fmt: skip
     """Packed rows -> per query its windows as numpy columns (in packed-row order) and the status JSON
-    texts. Same checks as :func:`unpack_rows`, without building generic rows: the OOP sink's fast path."""
+    texts. Same checks as :func:`unpack_rows`, without building generic rows: the OOP sink's fast path.
+    ``rank`` is the index of the row kind in ``kinds`` (the live publisher reads 'provisional' rows)."""
     meta = packed.select([c for c in PACKED_COLUMNS if c != "data"]).to_pydict()
     data = packed["data"]
     statuses: list[str] = []
@@ -198,14 +201,14 @@ def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout]) -> tuple[dic
         if kind == "status":
             statuses.append(meta["status"][i])
             continue
-        if kind not in R.ROW_KINDS:
+        if kind not in kinds:
             raise ValueError(f"packed row {i}: unknown kind {kind!r}")
         lay = layouts.get(meta["query"][i])
         if lay is None:
             raise ValueError(f"output rows of unknown query {meta['query'][i]!r}")
         n = int(meta["rows"][i])
         w, key, state, comp = _read_pack(data[i], lay, i, n, int(meta["kw"][i]), int(meta["na"][i]))
-        runs.setdefault(lay.name, []).append((w, np.full(n, R.ROW_KINDS.index(kind), np.int8), key, state,
+        runs.setdefault(lay.name, []).append((w, np.full(n, kinds.index(kind), np.int8), key, state,
                                               np.full(n, int(meta["closed_at_ms"][i]), I64),
                                               np.full(n, int(meta["hosts"][i]), np.int32),
                                               np.full(n, int(meta["hosts_expected"][i]), np.int32), comp))  # fmt: skip
@@ -283,6 +286,7 @@ class Settings:
     expected_hosts: tuple[str, ...] = ()
     late_policy: str = "drop"
     max_gap_ms: int | None = None
+    live: bool = False  # emit 'provisional' rows of the open windows a batch changed (contract/live.py)
 
     def __post_init__(self) -> None:
         if self.late_policy not in LATE_POLICIES:
@@ -442,9 +446,10 @@ class PartitionProcessor:
                 inc[1] = int(b.seq)
                 missing = max(0, int(b.seq) - inc[0])
                 prev = qs.meld.hosts.get(b.host)
-                if missing > inc[2]:  # records sent since this incarnation's previous punctuation never came
+                shed_now = sum(int(r[2]) for r in b.shed)  # in seq too; attributed to their panes below
+                if missing > inc[2] + shed_now:  # records sent since the previous punctuation never came
                     since = prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
-                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2]])
+                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
                     # the agent restarted: what its old incarnation held unflushed (panes from its last
@@ -453,6 +458,9 @@ class PartitionProcessor:
                     h["restarts"] = h.get("restarts", 0) + 1
                     h["last_restart"] = {"old_incarnation": prev.incarnation, "new_incarnation": b.incarnation,
                                          "incomplete_from_pane": prev.mark_pane, "new_mark_pane": int(b.mark_pane)}
+                for lo, hi, n in b.shed:  # whole panes the host shed from its uplink backlog: windows short
+                    qs.gaps.append([int(lo), int(hi), int(n)])
+                    qs.host(b.host)["shed"] = qs.host(b.host).get("shed", 0) + int(n)
                 qs.meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, now_ms)
                 bq["punctuations"] += 1
         parts = []
@@ -516,10 +524,24 @@ class PartitionProcessor:
                 expected, comp = qs.completeness(upd.window)
                 parts.append(_Part(lay, self.partition, "update", now_ms, n_live, upd, hosts_expected=expected,
                                    comp=comp))  # fmt: skip
+        if self.settings.live and pending:
+            parts.extend(self._provisional(qs, pending, now_ms, n_live))
         qs.purge_gaps()
         status = self.status(qs, now_ms, batch, late_batch, len(closed))
         parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, status.model_dump_json()))
         return parts
+
+    def _provisional(self, qs: _QueryState, pending: list, now_ms: int, n_live: int) -> list[_Part]:
+        """Live results (contract/live.py): the current value of every open window and group the batch's
+        partials changed, as 'provisional' rows with their coverage (hosts_in_mark of hosts_expected)."""
+        pane = np.concatenate([p[1] for p in pending])
+        key = np.concatenate([p[2] for p in pending])
+        upd = qs.rollup.provisional(pane, key)
+        if not len(upd):
+            return []
+        expected, comp = qs.completeness(upd.window)
+        return [_Part(qs.layout, self.partition, PROVISIONAL_KIND, now_ms, n_live, upd, hosts_expected=expected,
+                      comp=comp)]  # fmt: skip
 
     def status(self, qs: _QueryState, now_ms: int, batch: dict[str, int] | None = None,
                late_batch: dict[str, int] | None = None, closed_batch: int = 0) -> PartitionStatus:  # fmt: skip

@@ -286,6 +286,32 @@ class QueryRollup:
         keys, st = group_reduce(self.key[sel], self.state[sel], lay.ops)
         return Windows(np.full(len(keys), w, I64), keys, st)
 
+    def provisional(self, pane: np.ndarray, key: np.ndarray) -> Windows:
+        """The current value of every open (not emitted) window and group that the partial records
+        ``(pane, key)`` touched: provisional, a later partial or a host behind the mark still changes it.
+
+        Call after :meth:`add` and :meth:`close` of the batch; cost is the touched groups' panes, not
+        the whole table (a 64-bit hash selects the touched groups and (window, group) pairs: a collision
+        only adds an unchanged row, never loses one).
+        """
+        lay = self.layout
+        pane = np.asarray(pane, I64)
+        if len(pane) == 0 or len(self.pane) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        key = np.asarray(key, I64).reshape(len(pane), lay.kw)
+        lo = int(pane.min()) if self.closed is None else self.closed
+        idx, w = expand_windows(pane, lo, int(pane.max()) + lay.k, lay.k, lay.s)
+        if len(idx) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        sel = np.isin(wire.key_hash(self.key), wire.key_hash(key[idx]))
+        out = assemble(self.pane[sel], self.key[sel], self.state[sel], int(w.min()), int(w.max()) + 1, lay.k,
+                       lay.ops, lay.s)  # fmt: skip
+        keep = np.isin(wire.key_hash(np.column_stack([out.window, out.key])),
+                       wire.key_hash(np.column_stack([w, key[idx]])))  # fmt: skip
+        order = np.lexsort([*(out.key[:, j] for j in reversed(range(lay.kw))), out.window])  # by window, group
+        o = order[keep[order]]
+        return Windows(out.window[o], np.ascontiguousarray(out.key[o]), np.ascontiguousarray(out.state[o]))
+
     def open_windows(self) -> int:
         """Windows that hold data and are not emitted yet."""
         if len(self.pane) == 0:

@@ -29,6 +29,7 @@ from contract import query as Q
 from contract import results as R
 from contract import status as S
 from high_level.alerts import AlertDelivery
+from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
 from high_level.partition import unpack_windows
 from high_level.rollup import Layout
@@ -44,7 +45,8 @@ class ResultSink:
     def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
                  metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
                  delivery: AlertDelivery | None = None,
-                 on_status: Callable[[list[S.PartitionStatus]], object] | None = None) -> None:  # fmt: skip
+                 on_status: Callable[[list[S.PartitionStatus]], object] | None = None,
+                 live: LivePublisher | None = None) -> None:  # fmt: skip
         self.store = store
         self.delivery = delivery
         self.layouts = {q.name: Layout.of(q) for q in queries}
@@ -53,6 +55,7 @@ class ResultSink:
         self.metrics = metrics
         self.progress = progress
         self.on_status = on_status  # e.g. the punctuation asker (high_level/ondemand.py)
+        self.live = live  # provisional and final values to the live topics (contract/live.py)
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.last_batch: dict[str, Any] = {}
@@ -69,6 +72,10 @@ class ResultSink:
     def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
         """The stateful step's packed output: the same files, status and metrics as :meth:`handle_rows`,
         without building generic rows first (their list columns cost more than the Parquet encoding)."""
+        prov = None
+        if self.live is not None:  # provisional rows go to the live topics only, never to the store
+            prov_packed, packed = split_provisional(packed)
+            prov, _ = unpack_windows(prov_packed, self.layouts, LIVE_KINDS)
         wins, texts = unpack_windows(packed, self.layouts)
         with self._lock:
             written: dict[str, int] = {}
@@ -93,6 +100,8 @@ class ResultSink:
                     for end, at_ms in zip(last.index.tolist(), last.tolist(), strict=True):
                         self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
             self.after_write(batch_id)
+            if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
+                self.live.publish(batch_id, prov or {}, wins)
             self.fold_status([S.PartitionStatus.model_validate_json(t) for t in texts], batch_id, written)
             return written
 

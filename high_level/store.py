@@ -167,6 +167,9 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
     return pa.table(cols, schema=R.schema(q))
 
 
+typed_columns = _typed  # the same typed columns for the live publisher (high_level/live/publish.py)
+
+
 def _aggregate_columns(q: Q.QuerySpec, typed: pa.Table) -> dict[str, np.ndarray]:
     """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on)."""
     return {n: np.asarray(typed[n].to_numpy(), np.float64 if fn in R.FLOAT_FNS else np.int64)

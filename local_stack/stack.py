@@ -171,10 +171,10 @@ def main(argv: list[str] | None = None) -> None:
         print("[stack] starting the high-level Spark job (local mode) ...", flush=True)
         spawn("job", [_bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
                       "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
-                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC,
+                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC, "--live",
                       *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else [])])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
-                            "--port", str(args.api_port)])
+                            "--port", str(args.api_port), "--live-bootstrap", bootstrap])
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)
         print("[stack] starting the capture agent ...", flush=True)
         agent = spawn("agent", [_bin("lowwater-agent"), "--config", args.config, "--source", args.source,

@@ -6,7 +6,10 @@ When Kafka is slow or down the backlog grows; past ``merge_at`` records it is co
 merged per (pane, key) into one block placed first, and only the newest punctuation is kept after it.
 Moving a partial *ahead* of a punctuation never breaks grammar, so compaction loses nothing; memory
 is then bounded by the number of distinct (query, pane, key). Only past ``max_records`` after
-compaction are the oldest panes dropped, and every dropped record is counted.
+compaction are panes shed, and then all or nothing: whole (query, pane) units, oldest pane start
+first, in every partition at once; every shed record is counted, and each (query, partition) keeps the
+pane ranges it shed until its next punctuation carries them to the high level
+(``wire.Punctuation.shed``), which marks every window overlapping them incomplete: never silently short.
 """
 
 from __future__ import annotations
@@ -62,6 +65,40 @@ class Backlog:
     merges: int = 0  # compactions done
     merged_away: int = 0  # records absorbed by in-place merging
     lost: int = 0  # records dropped beyond max_records (counted, never silent)
+    pane_time: dict[str, tuple[int, int]] = field(default_factory=dict)  # query -> (origin_ns, pane_ns)
+    shed_panes: int = 0  # (query, pane) units shed
+    shed: dict[tuple[str, int], dict[int, int]] = field(
+        default_factory=dict
+    )  # (query, part) -> pane -> records
+    unsent_shed: dict[tuple[str, int], tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    shed_unseq: dict[tuple[str, int], int] = field(default_factory=dict)  # shed records not yet in seq
+
+    def take_shed_records(self, query: str, partition: int) -> int:
+        """Records shed for (query, partition) since the last call: the emitter counts them in its sequence
+        number as if sent, so a punctuation carrying the shed ranges that is itself lost in flight still
+        shows up at the high level as missing records (a sequence gap) and no window ends silently short."""
+        return self.shed_unseq.pop((query, partition), 0)
+
+    def take_shed(self, query: str, partition: int) -> tuple[tuple[int, int, int], ...]:
+        """The pane ranges (first, last, records) shed for (query, partition) since the last call, for the
+        next punctuation of that partition; contiguous panes form one range."""
+        back = self.unsent_shed.pop((query, partition), ())
+        panes = self.shed.pop((query, partition), None)
+        if not panes:
+            return back
+        out: list[list[int]] = [list(r) for r in back]
+        for p in sorted(panes):
+            if out and out[-1][1] == p - 1:
+                out[-1][1] = p
+                out[-1][2] += panes[p]
+            else:
+                out.append([p, p, panes[p]])
+        return tuple((a, b, c) for a, b, c in out)
+
+    def give_back_shed(self, query: str, partition: int, ranges: tuple[tuple[int, int, int], ...]) -> None:
+        """Ranges taken for a punctuation that could not be handed to Kafka: the next one carries them."""
+        if ranges:
+            self.unsent_shed[(query, partition)] = ranges + self.unsent_shed.get((query, partition), ())
 
     def add_partials(self, query: str, partition: int, block: Block) -> None:
         if block.n:
@@ -99,15 +136,47 @@ class Backlog:
             self._shed(self.records - self.max_records)
 
     def _shed(self, excess: int) -> None:
-        """Drop the oldest panes' records first: the ones whose windows are most likely already late."""
-        allpanes = np.concatenate([b.pane for f in self.fifos.values() for b in f if isinstance(b, Block)])
-        cutoff = np.partition(allpanes, excess - 1)[excess - 1]
-        for fifo in self.fifos.values():
+        """Shed whole (query, pane) units, oldest pane start first, until ``excess`` records are gone: a
+        unit goes from every partition at once (all or nothing), and what went is recorded per (query,
+        partition) for the next punctuation. Pane starts order the units across queries of different
+        pane lengths (pane numbers alone do not compare)."""
+        per_unit: dict[tuple[str, int], int] = {}
+        for (query, _part), fifo in self.fifos.items():
+            for b in fifo:
+                if isinstance(b, Block) and b.n:
+                    u, c = np.unique(b.pane, return_counts=True)
+                    for p, n in zip(u.tolist(), c.tolist(), strict=True):
+                        per_unit[(query, p)] = per_unit.get((query, p), 0) + n
+
+        def start(unit: tuple[str, int]) -> int:
+            origin, pane_ns = self.pane_time.get(unit[0], (0, 1))
+            return origin + unit[1] * pane_ns
+
+        drop: dict[str, set[int]] = {}
+        gone = 0
+        for unit in sorted(per_unit, key=lambda u: (start(u), u[0])):
+            if gone >= excess:
+                break
+            drop.setdefault(unit[0], set()).add(unit[1])
+            gone += per_unit[unit]
+            self.shed_panes += 1
+        for (query, part), fifo in self.fifos.items():
+            panes = drop.get(query)
+            if not panes:
+                continue
+            shed_here = self.shed.setdefault((query, part), {})
+            sel_panes = np.fromiter(panes, np.int64, len(panes))
             for i, b in enumerate(fifo):
                 if isinstance(b, Block):
-                    keep = b.pane > cutoff
-                    dropped = int(b.n - keep.sum())
-                    if dropped:
+                    out = np.isin(b.pane, sel_panes)
+                    if out.any():
+                        u, c = np.unique(b.pane[out], return_counts=True)
+                        for p, n in zip(u.tolist(), c.tolist(), strict=True):
+                            shed_here[p] = shed_here.get(p, 0) + n
+                        dropped = int(out.sum())
+                        self.shed_unseq[(query, part)] = self.shed_unseq.get((query, part), 0) + dropped
                         self.lost += dropped
                         self.records -= dropped
-                        fifo[i] = Block(b.pane[keep], b.key[keep], b.state[keep])
+                        fifo[i] = Block(b.pane[~out], b.key[~out], b.state[~out])
+            if not shed_here:
+                del self.shed[(query, part)]

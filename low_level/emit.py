@@ -53,7 +53,8 @@ class Emitter:
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
         self.by_name = {q.name: q for q in self.queries}
-        self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records)
+        self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records,
+                               pane_time={q.name: (q.window.origin_ns, q.window.pane_ns) for q in self.queries})
         self.seq: dict[tuple[str, int], int] = {}
         self.stats = EmitStats()
         self.inflight_bytes = 0
@@ -188,6 +189,9 @@ class Emitter:
                 if isinstance(fifo[0], Block) and len(fifo) > 1 and isinstance(fifo[1], Block):
                     _coalesce(fifo)  # many small drained blocks -> fewer, larger Kafka messages
                 item = fifo[0]
+                shed = self.backlog.take_shed_records(query, part)  # shed records count as sent (a gap)
+                if shed:
+                    self.seq[(query, part)] = self.seq.get((query, part), 0) + shed
                 seq = self.seq.get((query, part), 0)
                 if isinstance(item, Block):
                     n = min(item.n, MAX_BATCH_RECORDS)
@@ -204,9 +208,11 @@ class Emitter:
                     else:
                         fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
                 else:
+                    ranges = self.backlog.take_shed(query, part)  # whole panes shed: the high level flags them
                     p = wire.Punctuation(item.query, item.host, item.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats)
+                                         item.mark_ns, item.sent_wall_ns, item.stats, ranges)
                     if not self._send(topic, part, wire.encode_punctuation(p)):
+                        self.backlog.give_back_shed(query, part, ranges)
                         return handed
                     self.stats.punctuations_sent += 1
                     fifo.popleft()

@@ -58,12 +58,14 @@ import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
 from contract import results as R
 from contract.query import NS, ConfigError, QuerySpec, load
+from high_level.live.hub import MAX_SUBSCRIBERS, KafkaLiveSource, LiveHub
+from high_level.live.hub import stream as live_stream_body
 from high_level.serve import params as P
 from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
@@ -221,7 +223,8 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
 
 
 def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None,
-               cache_mb: int = 512) -> FastAPI:
+               cache_mb: int = 512, live_bootstrap: str | None = None,
+               live_source: Callable[[LiveHub], Any] | None = None) -> FastAPI:  # fmt: skip
     """Build the API for one config and one results directory.
 
     ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
@@ -236,6 +239,9 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     metrics = ApiMetrics()
     token = token or None
     warmed = threading.Event()
+    hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
+    # the reader of the live topics; tests may pass another source (anything with start/stop)
+    live_source = live_source(hub) if live_source else KafkaLiveSource(hub, live_bootstrap) if live_bootstrap else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -243,10 +249,14 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         stop = threading.Event()
         warm = threading.Thread(target=_warm, args=(reader, list(infos.values()), stop, warmed), name="lowwater-api-warm")
         warm.start()
+        if live_source is not None:
+            live_source.start()
         try:
             yield
         finally:  # never leave a thread inside DuckDB when the process exits
             stop.set()
+            if live_source is not None:
+                live_source.stop()
             warm.join(30)
 
     app = FastAPI(
@@ -417,6 +427,31 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         since = us_of(P.parse_time("start", start, now())) if start is not None else None
         return alert_reader.alerts(query, alert, since, limit)
 
+    @guarded.get("/live", summary="Live results: the reader of the live topics and every live consumer's queue")
+    def live_stats() -> dict[str, Any]:
+        return {"enabled": live_source is not None, **hub.stats()}
+
+    @guarded.get("/live/{name}/values", summary="The newest values (provisional or final) of a query's last windows")
+    def live_values(name: str) -> dict[str, Any]:
+        info(name)
+        return {"query": name, "enabled": live_source is not None, "values": hub.snapshot(name)}
+
+    @guarded.get("/live/{name}", summary="Server-Sent Events: a query's live values through an update queue",
+                 response_class=StreamingResponse)  # fmt: skip
+    async def live_stream(name: str, request: Request,
+                          policy: Annotated[Literal["fifo", "inplace", "linecutting"], Query()] = "inplace",
+                          rate: Annotated[float, Query(gt=0, le=10_000, description="updates per second")] = 50.0,
+                          max_s: Annotated[float | None, Query(gt=0, le=86_400, description="end after")] = None,
+                          ) -> StreamingResponse:  # fmt: skip
+        info(name)
+        if live_source is None:
+            raise HTTPException(404, "live results are not enabled (lowwater-api --live-bootstrap, job --live)")
+        if len(hub.subs) >= MAX_SUBSCRIBERS:
+            raise HTTPException(503, f"{MAX_SUBSCRIBERS} live consumers already")
+        body = live_stream_body(hub, name, policy, rate, max_s, request.is_disconnected)
+        return StreamingResponse(body, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
+
     @guarded.get("/metrics", summary="Prometheus metrics of the API", response_class=Response)
     def metrics_() -> Response:
         data, ctype = metrics.render()
@@ -445,11 +480,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-mb", type=int,
                     help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly")
     ap.add_argument("--log-level", help="uvicorn log level (default info)")
+    ap.add_argument("--live-bootstrap", help="Kafka to read the live topics from (lowwater.live.<query>); "
+                    "without it /live/{query} serves nothing")
     a = ap.parse_args(argv)
     try:
         s = load(ApiSettings, {k: v for k, v in vars(a).items() if k != "settings"}, a.settings)
         token = s.token.get_secret_value() if s.token is not None else None
-        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb)
+        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap)
     except (SettingsError, ConfigError) as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)

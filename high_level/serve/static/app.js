@@ -7,6 +7,7 @@ const REFRESH_MS = 5000;
 const TOP_N = 10;
 const SVGNS = "http://www.w3.org/2000/svg";
 const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null, webhook: false };
+const initialHash = location.hash; // read before the token is taken out of it (live_s, live_query)
 
 // ---- token: #token=... in the URL, else local storage; asked for on a 401
 function initToken() {
@@ -352,3 +353,127 @@ async function refresh() {
 
 initToken();
 refresh();
+
+// ---- live panel: /live/{query} (Server-Sent Events through the API's update queue, read with fetch so
+// the bearer token travels in a header). Provisional values of the open window update in place and
+// turn final when it closes; a window the queue skipped (all or nothing) disappears.
+const LIVE_RATE = Number((/(?:^|[#&])live_rate=(\d+)/.exec(initialHash) || [])[1]) || 20; // updates/s asked for
+const live = { query: null, policy: "inplace", rows: new Map(), abort: null, dirty: false, skipped: 0,
+               maxS: Number((/(?:^|[#&])live_s=(\d+)/.exec(initialHash) || [])[1]) || 300 };
+
+function liveKey(u) { return u.window_start_us + "|" + JSON.stringify(Object.values(u.group)); }
+
+function liveEvent(ev, data) {
+  if (ev === "update") {
+    const u = JSON.parse(data);
+    live.rows.set(liveKey(u), u);
+    const starts = [...new Set([...live.rows.values()].map((r) => r.window_start_us))].sort((a, b) => a - b);
+    if (starts.length > 2) for (const [k, r] of live.rows) if (r.window_start_us < starts[starts.length - 2]) live.rows.delete(k);
+    live.dirty = true;
+  } else if (ev === "skip") {
+    const w = JSON.parse(data).window_start_us;
+    for (const [k, r] of live.rows) if (r.window_start_us === w) live.rows.delete(k);
+    live.skipped += 1;
+    live.dirty = true;
+  } else if (ev === "stats" || ev === "end") {
+    const s = JSON.parse(data);
+    document.getElementById("live-stats").textContent =
+      `${s.policy} queue · staleness now ${s.staleness_now_s.toFixed(2)} s (avg ${s.staleness_avg_s.toFixed(2)} s) · ` +
+      `load factor ${s.load_factor.toFixed(2)} · delivered ${s.delivered} of ${s.offered} · overwrites ${s.overwrites} · ` +
+      `skipped windows ${s.skipped_windows}`;
+  }
+}
+
+function renderLive() {
+  if (!live.dirty) return;
+  live.dirty = false;
+  const host = document.getElementById("live-body");
+  const q = (state.queries || []).find((x) => x.name === live.query);
+  const rows = [...live.rows.values()];
+  if (!q || !rows.length) { host.replaceChildren(el("div", { class: "empty", text: "waiting for live values…" })); return; }
+  const newest = Math.max(...rows.map((r) => r.window_start_us));
+  const win = rows.filter((r) => r.window_start_us === newest);
+  const agg = q.aggregate_columns[0].name;
+  win.sort((a, b) => (b.values[agg] ?? -Infinity) - (a.values[agg] ?? -Infinity));
+  const allFinal = win.every((r) => r.final);
+  const cov = win.reduce((m, r) => Math.min(m, r.hosts_in_mark), Infinity);
+  const exp = win.reduce((m, r) => Math.max(m, r.hosts_expected), 0);
+  const head = el("div", { class: "sub" },
+    el("span", { class: "badge " + (allFinal ? "final" : "provisional"), text: allFinal ? "final" : "open" }), " ",
+    `window ${fmtTime(newest / 1000, true)}–${fmtTime(win[0].window_end_us / 1000, true)} UTC · ${win.length} groups`,
+    allFinal ? "" : ` · ${cov} of ${exp} capture hosts past it`);
+  const gcols = q.key_columns.map((c) => c.name);
+  const acols = q.aggregate_columns.map((c) => c.name);
+  const table = el("table", {}, el("thead", {}, el("tr", {}, ...gcols.map((c) => el("th", { text: c })),
+    ...acols.map((c) => el("th", { class: "num", text: c })), el("th", { text: "state" }))));
+  const body = el("tbody");
+  for (const r of win.slice(0, TOP_N)) {
+    body.append(el("tr", { class: "live-row " + (r.final ? "live-final" : "live-provisional") },
+      ...gcols.map((c) => el("td", { class: "key", text: String(r.group[c]) })),
+      ...acols.map((c) => el("td", { class: "num", text: r.values[c] === null ? "–" : fmtNum(r.values[c]) })),
+      el("td", {}, el("span", { class: "badge " + (r.final ? "final" : "provisional"),
+                                text: r.final ? "final" : `provisional ${r.hosts_in_mark}/${r.hosts_expected}` }))));
+  }
+  table.append(body);
+  host.replaceChildren(head, table);
+}
+
+async function liveStream() {
+  if (live.abort) live.abort.abort();
+  const ctl = new AbortController();
+  live.abort = ctl;
+  live.rows.clear();
+  live.dirty = true;
+  const headers = { Accept: "text/event-stream" };
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  const url = `/live/${encodeURIComponent(live.query)}?policy=${live.policy}&rate=${LIVE_RATE}&max_s=${live.maxS}`;
+  try {
+    const r = await fetch(url, { headers, cache: "no-store", signal: ctl.signal });
+    if (!r.ok) throw new Error(`${url}: ${r.status}`);
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const msg = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        let ev = "message", data = "";
+        for (const line of msg.split("\n")) {
+          if (line.startsWith("event: ")) ev = line.slice(7); else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        liveEvent(ev, data);
+      }
+      renderLive();
+    }
+  } catch (e) {
+    if (ctl.signal.aborted) return;
+    document.getElementById("live-stats").textContent = "live stream: " + e.message;
+  }
+  if (live.abort === ctl) setTimeout(liveStream, 1000); // the stream ends after max_s: reconnect
+}
+
+async function initLive() {
+  try {
+    const st = await api("/live");
+    if (!st.enabled) return;
+    if (!state.queries) state.queries = (await api("/queries")).queries;
+  } catch (e) {
+    return; // no live results (or no token yet): the panel stays hidden
+  }
+  const sel = document.getElementById("live-query");
+  sel.replaceChildren(...state.queries.map((q) => el("option", { value: q.name, text: q.name })));
+  live.query = state.queries[0].name;
+  sel.addEventListener("change", () => { live.query = sel.value; liveStream(); });
+  const pol = document.getElementById("live-policy");
+  pol.addEventListener("change", () => { live.policy = pol.value; liveStream(); });
+  const m = /(?:^|[#&])live_query=([a-z0-9_]+)/.exec(initialHash);
+  if (m && state.queries.some((q) => q.name === m[1])) { live.query = m[1]; sel.value = m[1]; }
+  document.getElementById("live").style.display = "block";
+  liveStream();
+}
+
+initLive();

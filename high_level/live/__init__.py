@@ -1,0 +1,2 @@
+"""Live results with update semantics (UpStream): provisional values of open windows, the update queue
+that serves them to one consumer under overload, and the staleness it achieves."""

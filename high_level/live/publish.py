@@ -1,0 +1,136 @@
+"""The job's half of the live seam (:mod:`contract.live`): each micro-batch's provisional values of open
+windows and final values of closed ones to the query's compacted live topic.
+
+Runs on the driver, in the sink, after the batch's result files are written: a final value is in
+Kafka only once it is in the store. Best effort: a Kafka error is logged and counted, the batch (and
+the exact results) go on; a replayed batch publishes the same values with the same version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from contract import live as L
+from contract import query as Q
+from contract import results as R
+from high_level.partition import QueryWindows
+from high_level.rollup import Layout
+from high_level.store import typed_columns
+
+log = logging.getLogger("lowwater.live")
+LIVE_KINDS = (L.PROVISIONAL_KIND,)
+
+
+def split_provisional(packed: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(the packed rows of kind 'provisional', every other packed row)."""
+    is_prov = pc.fill_null(pc.equal(packed["kind"], L.PROVISIONAL_KIND), False)
+    return packed.filter(is_prov), packed.filter(pc.invert(is_prov))
+
+
+def live_messages(
+    q: Q.QuerySpec, lay: Layout, w: QueryWindows, final: bool, batch_id: int
+) -> list[tuple[bytes, bytes]]:
+    """(key, value) messages of :mod:`contract.live` for one query's rows (all of them, or its finals)."""
+    sel = np.flatnonzero(w.final) if final else np.arange(len(w.window))
+    if not len(sel):
+        return []
+    end_ns = lay.window_end_ns(w.window[sel])
+    kind = pa.array(["final" if final else L.PROVISIONAL_KIND] * len(sel))
+    typed = typed_columns(q, end_ns - lay.range_ns, end_ns, w.key[sel], w.state[sel], w.closed_at_ms[sel],
+                          w.hosts[sel], kind, w.hosts_expected[sel], w.comp[sel])  # fmt: skip
+    gnames = [n for n, _ in R.key_columns(q)]
+    vnames = [n for n, _ in R.aggregate_columns(q)]
+    gcols = [typed[n].to_pylist() for n in gnames]
+    vcols = [typed[n].to_pylist() for n in vnames]
+    complete = typed["complete"].to_pylist() if final else [False] * len(sel)
+    starts = ((end_ns - lay.range_ns) // 1000).tolist()
+    ends = (end_ns // 1000).tolist()
+    at = w.closed_at_ms[sel].tolist()
+    in_mark = w.comp[sel, 0].tolist()
+    expected = w.hosts_expected[sel].tolist()
+    out = []
+    for i in range(len(sel)):
+        group = [c[i] for c in gcols]
+        values = {
+            n: (None if isinstance(c[i], float) and math.isnan(c[i]) else c[i])
+            for n, c in zip(vnames, vcols, strict=True)
+        }
+        doc = {"v": 1, "query": q.name, "window_start_us": starts[i], "window_end_us": ends[i],
+               "group": dict(zip(gnames, group, strict=True)), "values": values, "final": final,
+               "version": int(batch_id), "published_ms": int(at[i]), "hosts_in_mark": int(in_mark[i]),
+               "hosts_expected": int(expected[i]), "complete": bool(complete[i])}  # fmt: skip
+        key = json.dumps([starts[i], group], separators=(",", ":")).encode()
+        out.append((key, json.dumps(doc, separators=(",", ":")).encode()))
+    return out
+
+
+class LivePublisher:
+    """Publishes live values to ``lowwater.live.<query>`` (one producer on the driver)."""
+
+    def __init__(self, queries: Sequence[Q.QuerySpec], bootstrap: str | None = None, producer: Any = None,
+                 producer_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.queries = {q.name: q for q in queries}
+        self.layouts = {q.name: Layout.of(q) for q in queries}
+        if producer is None:
+            from kafka import KafkaProducer
+
+            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1,
+                                     **dict(producer_config or {}))  # fmt: skip
+        self.producer = producer
+        self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
+        self.errors = 0
+
+    def publish(self, batch_id: int, provisional: Mapping[str, QueryWindows],
+                closed: Mapping[str, QueryWindows]) -> int:  # fmt: skip
+        """Send one batch's provisional values and final values; returns the messages sent."""
+        n = 0
+        try:
+            for name in sorted(set(provisional) | set(closed)):
+                q, lay = self.queries.get(name), self.layouts.get(name)
+                if q is None:
+                    continue
+                topic = L.live_topic(name)
+                for final, src in ((False, provisional), (True, closed)):
+                    if name not in src:
+                        continue
+                    msgs = live_messages(q, lay, src[name], final, batch_id)
+                    for key, value in msgs:
+                        self.producer.send(topic, key=key, value=value)
+                    self.published[name]["final" if final else "provisional"] += len(msgs)
+                    n += len(msgs)
+            if n:
+                self.producer.flush(timeout=10)
+        except Exception as exc:  # noqa: BLE001 - live values are best effort, the store is exact
+            self.errors += 1
+            log.warning("live publish of batch %d failed: %s", batch_id, exc)
+        return n
+
+    def close(self) -> None:
+        try:
+            self.producer.close(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def ensure_live_topics(admin: Any, queries: Sequence[Q.QuerySpec], replication: int = 1) -> dict[str, str]:
+    """Create the queries' compacted live topics that are missing (idempotent); topic -> action."""
+    from kafka.admin import NewTopic
+
+    want = [L.live_topic(q.name) for q in queries]
+    have = set(admin.list_topics())
+    new = [
+        NewTopic(t, L.TOPIC_PARTITIONS, replication, topic_configs=dict(L.TOPIC_CONFIG))
+        for t in want
+        if t not in have
+    ]
+    if new:
+        admin.create_topics(new, timeout_ms=30_000)
+    return {t: ("created (compacted)" if t not in have else "exists") for t in want}

@@ -1,0 +1,226 @@
+"""Live results in the API and on the page: /live/{query} (SSE through the update queue) fed from the real
+compacted live topic, and the live panel in real headless Chromium (values update, then turn final)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from contract import live as L
+from contract import query as Q
+from high_level.live.hub import LiveHub
+from high_level.serve.api import create_app
+from tests.test_api_support import Store, make_store
+from tests.test_results_page import CHROMIUM, REPO, _chromium, _free_port, _stop
+
+ARTIFACT = REPO / "benchmarks" / "results" / "live_panel.png"
+W0 = 1_764_000_000_000_000  # a window start (us)
+
+
+def _upd(
+    group: tuple[str, str], packets: int, final: bool, version: int, w0: int = W0, in_mark: int = 1
+) -> L.LiveUpdate:
+    return L.LiveUpdate(query="q4_pairs", window_start_us=w0, window_end_us=w0 + 60_000_000,
+                        group={"src_ip": group[0], "dst_ip": group[1]}, values={"packets": packets}, final=final,
+                        version=version, published_ms=version * 1000, hosts_in_mark=2 if final else in_mark,
+                        hosts_expected=2, complete=final)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    return make_store(tmp_path_factory.mktemp("live") / "results")
+
+
+class _Source:
+    """Stands in for the Kafka reader in the pure SSE test: ingests a fixed sequence on start."""
+
+    def __init__(self, hub: LiveHub, updates: list[L.LiveUpdate]) -> None:
+        self.hub, self.updates = hub, updates
+
+    def start(self) -> None:
+        for u in self.updates:
+            self.hub.ingest_raw(*L.encode(u))
+        self.hub.ingest_raw(b"x", b"{not json")  # refused and counted, never guessed at
+
+    def stop(self) -> None:
+        pass
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for msg in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in msg.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_sse_serves_the_newest_values_final_last_and_counts_bad_messages(store: Store) -> None:
+    a, b = ("10.0.0.1", "10.0.0.2"), ("10.0.0.3", "10.0.0.4")
+    ups = [
+        _upd(a, 5, False, 1),
+        _upd(b, 2, False, 1),
+        _upd(a, 9, False, 2),
+        _upd(a, 12, True, 3),
+        _upd(a, 7, False, 2),
+    ]  # fmt: skip  (the last: an older version after the final, ignored)
+    app = create_app(store.config, store.root, live_source=lambda hub: _Source(hub, ups))
+    with TestClient(app) as c:
+        st = c.get("/live").json()
+        assert st["enabled"] and st["received"] == 5 and st["ignored"] == 1 and st["rejected"] == 1
+        vals = c.get("/live/q4_pairs/values").json()["values"]
+        assert {(tuple(v["group"].values()), v["values"]["packets"], v["final"]) for v in vals} == {
+            (a, 12, True),
+            (b, 2, False),
+        }
+        r = c.get("/live/q4_pairs", params={"policy": "linecutting", "rate": 200, "max_s": 0.5})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        ev = _events(r.text)
+        assert ev[0] == (
+            "hello",
+            {"query": "q4_pairs", "policy": "linecutting", "rate": 200.0, "consumer": 1},
+        )
+        got = [
+            (tuple(d["group"].values()), d["values"]["packets"], d["final"]) for e, d in ev if e == "update"
+        ]
+        assert sorted(got) == [(a, 12, True), (b, 2, False)]
+        assert ev[-1][0] == "end" and ev[-1][1]["delivered"] == 2 and ev[-1][1]["policy"] == "linecutting"
+        assert c.get("/live/nope").status_code == 404
+        assert c.get("/live/q4_pairs", params={"policy": "random"}).status_code == 400
+        assert c.get("/live/q4_pairs", params={"rate": 0}).status_code == 400
+        assert c.get("/live").json()["consumers"] == []  # the stream unsubscribed at its end
+    off = create_app(store.config, store.root)
+    with TestClient(off) as c:
+        assert c.get("/live").json()["enabled"] is False
+        assert c.get("/live/q4_pairs").status_code == 404
+
+
+def _serve_live(store: Store, bootstrap: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(store.config),
+           "--results", str(store.root), "--port", str(port), "--log-level", "warning", "--live-bootstrap", bootstrap]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("LOWWATER_API_TOKEN", None)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the API did not come up")
+        time.sleep(0.1)
+
+
+def _panel(dom: str) -> str:
+    """The live panel's part of a dumped page."""
+    i = dom.find('<section class="card" id="live"')
+    return dom[i : dom.find("</section>", i)] if i >= 0 else ""
+
+
+def _page(base: str, profile: Path, ok, what: str) -> str:
+    """The dumped page once ``ok(dom)`` holds (Chromium's virtual time may dump before the stream
+    delivered everything: try again, a few times)."""
+    for i in range(4):
+        dom = _chromium(
+            f"{base}/ui#live_s=3&live_rate=500&live_query=q4_pairs", profile / str(i), "--dump-dom"
+        ).stdout
+        if ok(dom):
+            return dom
+    raise AssertionError(f"{what}: {_panel(dom) or dom[-2000:]}")
+
+
+def _wait(base: str, pred, what: str, timeout: float = 30.0) -> dict:
+    end = time.monotonic() + timeout
+    while True:
+        st = httpx.get(f"{base}/live", timeout=5).json()
+        if pred(st):
+            return st
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: {st}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def live_topic(kafka, store: Store) -> Iterator[object]:
+    from kafka import KafkaAdminClient, KafkaProducer
+
+    from high_level.live.publish import ensure_live_topics
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    cfg = Q.load(store.config)
+    ensure_live_topics(admin, cfg.queries)
+    desc = admin.describe_configs([__import__("kafka.admin", fromlist=["ConfigResource"]).ConfigResource(
+        "TOPIC", L.live_topic("q4_pairs"))])  # fmt: skip
+    admin.close()
+    assert "compact" in str(desc)
+    prod = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks=1)
+    try:
+        yield prod
+    finally:
+        prod.close()
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium, or ./lw setup)"
+)
+def test_live_panel_updates_and_turns_final_from_the_real_topic(
+    kafka, live_topic, store: Store, tmp_path: Path
+) -> None:
+    prod = live_topic
+    w0 = (int(time.time()) // 60) * 60 * 1_000_000
+    pairs = [(f"10.0.0.{i}", f"192.168.1.{i}") for i in range(1, 7)]
+
+    def send(ups: list[L.LiveUpdate]) -> None:
+        for u in ups:
+            k, v = L.encode(u)
+            prod.send(L.live_topic("q4_pairs"), key=k, value=v)
+        prod.flush(10)
+
+    send([_upd(p, 10 * (i + 1), False, 1, w0) for i, p in enumerate(pairs)])
+    send([_upd(p, 10 * (i + 1) + 5, False, 2, w0) for i, p in enumerate(pairs)])  # the open window grows
+    proc, base = _serve_live(store, kafka.bootstrap_servers)
+    try:
+        _wait(
+            base, lambda s: s["received"] >= 12 and s["windows"]["q4_pairs"] >= 1, "live values never arrived"
+        )
+        dom = _page(
+            base, tmp_path / "p1", lambda d: _panel(d).count("live-row live-provisional") == 6, "provisional"
+        )
+        assert 'id="live" style="display: block;"' in dom, dom[-3000:]
+        assert dom.count('class="live-row live-provisional"') == 6 and "provisional 1/2" in dom
+        panel = _panel(dom)
+        assert ">65<" in panel and ">15<" in panel and ">10<" not in panel  # the newest provisional values
+        assert "1 of 2 capture hosts past it" in dom
+        send([_upd(p, 10 * (i + 1) + 7, True, 3, w0) for i, p in enumerate(pairs)])  # the window closes
+        _wait(base, lambda s: s["received"] >= 18, "finals never arrived")
+        dom = _page(base, tmp_path / "p2", lambda d: _panel(d).count("live-row live-final") == 6, "final")
+        assert dom.count('class="live-row live-final"') == 6 and "live-provisional" not in _panel(dom)
+        assert ">67<" in _panel(dom) and 'class="badge final">final<' in _panel(dom)
+        shot = tmp_path / "live.png"
+        _chromium(
+            f"{base}/ui#live_s=3&live_rate=500&live_query=q4_pairs", tmp_path / "p3", f"--screenshot={shot}"
+        )
+        assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, ARTIFACT)
+        # the SSE stream straight from the real topic: the current (final) values, through the queue
+        with httpx.stream("GET", f"{base}/live/q4_pairs", params={"rate": 100, "max_s": 1}, timeout=10) as r:
+            ev = _events(r.read().decode())
+        fin = [d for e, d in ev if e == "update"]
+        assert len(fin) == 6 and all(d["final"] and d["complete"] for d in fin)
+    finally:
+        _stop(proc)

@@ -1,0 +1,203 @@
+"""The capture host's backlog, all or nothing: when it overflows it sheds whole (query, pane) units, tells
+the high level in its next punctuation (wire kind PUNCT_SHED), and every affected window ends flagged
+incomplete in the results and the API, never silently short."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+
+from contract import query as Q
+from contract import wire
+from high_level.partition import PartitionProcessor, Settings
+from high_level.rollup import Layout
+from high_level.serve.api import create_app
+from high_level.store import ResultStore
+from low_level.agent import Agent
+from low_level.backlog import Backlog, Block
+from tests.packets import make_traffic, oracle
+from tests.test_faults_kafka import NS, T0, feed, query
+
+OPS = {"a": np.array([Q.MERGE_SUM]), "b": np.array([Q.MERGE_SUM])}
+
+
+def test_punctuation_carries_shed_pane_ranges_and_plain_ones_are_unchanged():
+    p = wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {"packets": 3}, ((3, 4, 10), (6, 6, 2)))
+    got = wire.decode(wire.encode_punctuation(p))
+    assert got.shed == ((3, 4, 10), (6, 6, 2)) and got.mark_pane == 10 and got.stats["packets"] == 3
+    plain = wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}))
+    assert (
+        plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
+    )  # no shed panes: the old kind, byte for byte
+    shed = wire.encode_punctuation(p)
+    assert shed[3] == wire.KIND_PUNCT_SHED
+    with pytest.raises(wire.WireError, match="first <= last"):
+        wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}, ((5, 4, 1),)))
+    # a count that does not match the bytes, or a reversed range, is refused (CRC recomputed: not a checksum error)
+    import struct
+    import zlib
+
+    body = shed[:-4]
+    n_at = len(body) - 2 * 24 - 4
+    for bad in (
+        body[:n_at] + struct.pack("<I", 3) + body[n_at + 4 :],
+        body[: n_at + 4] + struct.pack("<qqq", 9, 8, 1) + body[n_at + 28 :],
+    ):
+        with pytest.raises(wire.WireError, match="shed pane ranges"):
+            wire.decode(bad + struct.pack("<I", zlib.crc32(bad)))
+
+
+def _fill(b: Backlog) -> None:
+    rng = np.random.default_rng(0)
+    for part in (0, 1):
+        for p in range(5):
+            b.add_partials(
+                "a", part, Block(np.full(6, p), rng.integers(0, 100, (6, 1)), np.ones((6, 1), np.int64))
+            )
+            b.add_partials(
+                "b",
+                part,
+                Block(np.full(6, p * 10 + 5), rng.integers(0, 100, (6, 1)), np.ones((6, 1), np.int64)),
+            )
+
+
+def test_backlog_sheds_whole_query_panes_oldest_start_first_in_every_partition():
+    # query a: 10-ns panes; query b: 1-ns panes numbered 5, 15, ...: b's pane 5 starts at 5, a's pane 1 at 10
+    b = Backlog(OPS, merge_at=10, max_records=20, pane_time={"a": (0, 10), "b": (0, 1)})
+    held = {}
+    _fill(b)
+    for (q, part), fifo in b.fifos.items():
+        for x in fifo:
+            if isinstance(x, Block):
+                held.setdefault((q, part), set()).update(x.pane.tolist())
+    assert b.records <= 20 and b.lost > 0 and b.shed_panes > 0
+    ranges = {(q, p): b.take_shed(q, p) for q in "ab" for p in (0, 1)}
+    shed_units = {
+        (q, pane) for (q, _), rs in ranges.items() for lo, hi, _ in rs for pane in range(lo, hi + 1)
+    }
+    kept_units = {(q, pane) for (q, _), ps in held.items() for pane in ps}
+    assert not shed_units & kept_units  # whole units: nothing of a shed pane is left in any partition
+    start = {("a", p): p * 10 for p in range(5)} | {("b", p * 10 + 5): p * 10 + 5 for p in range(5)}
+    assert max(start[u] for u in shed_units) <= min(start[u] for u in kept_units)  # the oldest went first
+    assert sum(r[2] for rs in ranges.values() for r in rs) == b.lost  # every shed record is reported
+    assert all(b.take_shed(q, p) == () for q in "ab" for p in (0, 1))  # reported once
+    b.give_back_shed("a", 0, ((1, 2, 7),))
+    assert b.take_shed("a", 0) == ((1, 2, 7),)
+
+
+def test_shed_panes_make_exactly_their_windows_incomplete():
+    q = query("t", partitions=1)
+    lay = Layout.of(q)
+    proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=("h0", "h1")))
+    p0 = 1000
+    msgs = []
+    for h in ("h0", "h1"):
+        msgs.append(wire.encode_partials(q.name, h, 1, 0, 0, np.array([p0, p0 + 1, p0 + 2]), np.array([[0, 1, 0, 2]] * 3),
+                                         np.array([[1, 60, 60]] * 3)))  # fmt: skip
+    msgs.append(wire.encode_punctuation(wire.Punctuation(q.name, "h0", 1, 0, 3, p0 + 3, 0, 0, {})))
+    msgs.append(
+        wire.encode_punctuation(
+            # seq counts the 4 shed records as sent: reported once, at their pane, not again as a gap
+            wire.Punctuation(q.name, "h1", 1, 0, 7, p0 + 3, 0, 0, {}, ((p0 + 1, p0 + 1, 4),))
+        )
+    )
+    df = proc.process(msgs, 1000)
+    fin = df[df["kind"] == "final"].set_index("window")
+    assert fin.loc[p0 + 1, "missing_records"] == 4
+    assert fin.loc[p0, "missing_records"] == 0 and fin.loc[p0 + 2, "missing_records"] == 0
+    st = [s for s in df["status"] if isinstance(s, str)]
+    assert st and proc.queries[q.name].hosts["h1"]["shed"] == 4
+
+
+def _yaml(q: Q.QuerySpec) -> str:
+    return f"""
+queries:
+  - name: {q.name}
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: bytes}}, {{fn: max, field: length, as: mx}}]
+    window: {{range: 1s}}
+    table: {{size: 256}}
+    flush: {{policy: lazy, m: 2}}
+    kafka: {{topic: {q.topic}, partitions: {q.kafka.partitions}}}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic_factory, tmp_path) -> None:
+    q = query(topic_factory(partitions=2))
+    traffic = make_traffic(60_000, 500, T0, 8 * NS, seed=23)  # 8 one-second panes x 500 groups
+    agent = Agent([q], None, "h-shed", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048,
+                  emitter_opts={"merge_at": 600, "max_records": 1200})  # fmt: skip
+    feed(agent, traffic, 0, 5_000)
+    assert agent.emitter.flush(30)
+    kafka.stop()
+    try:
+        for s in range(5_000, 50_000, 5000):  # capture goes on; the small backlog overflows
+            feed(agent, traffic, s, s + 5000)
+        assert agent.emitter.backlog.shed_panes > 0 and agent.emitter.backlog.lost > 0
+        assert agent.emitter.backlog.records <= 1200 + 5000
+    finally:
+        kafka.start()
+    feed(agent, traffic, 50_000, 60_000)
+    agent.finish()
+    assert agent.emitter.flush(90)
+    agent.emitter.close()
+    lost = agent.emitter.backlog.lost
+    # the high level, as the Spark step runs it, over what really reached Kafka (offset order per partition)
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(
+        bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False, consumer_timeout_ms=5000
+    )
+    tps = [TopicPartition(q.topic, p) for p in range(q.kafka.partitions)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    values: dict[int, list[bytes]] = {0: [], 1: []}
+    reported = 0
+    for m in c:
+        values[m.partition].append(m.value)
+        b = wire.decode(m.value)
+        if isinstance(b, wire.Punctuation):
+            reported += sum(r[2] for r in b.shed)
+    c.close()
+    assert reported == lost  # every shed record was reported in a punctuation
+    lay = Layout.of(q)
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=("h-shed",))
+    frames = [
+        PartitionProcessor([lay], p, settings).process(values[p], int(time.time() * 1000)) for p in (0, 1)
+    ]
+    df = pd.concat(frames, ignore_index=True)
+    fin = df[df["kind"] == "final"]
+    exp = oracle(q, traffic)  # per (pane, key): tumbling 1 s windows, a pane is a window
+    kcols = [f"k{i}" for i in range(Q.key_width(q))]
+    exp_map = {(int(p), *map(int, k)): int(n) for p, k, n in
+               zip(exp["pane"], exp[kcols].to_numpy(), exp["s0"], strict=True)}  # fmt: skip
+    got = {(int(w), *map(int, k)): (int(s[0]), int(x)) for w, k, s, x in
+           zip(fin["window"], fin["key"], fin["state"], fin["missing_records"], strict=True)}  # fmt: skip
+    short = {k for k, v in exp_map.items() if got.get(k, (0, 0))[0] != v}
+    assert short, "the outage was meant to shed records"
+    flagged_windows = {k[0] for k, (_, x) in got.items() if x > 0}
+    # never silently short: every (window, group) that lacks records is in a flagged window...
+    assert {k[0] for k in short} <= flagged_windows
+    # ... and a window with nothing shed is exact and complete
+    for k, (n, x) in got.items():
+        if k[0] not in flagged_windows:
+            assert x == 0 and n == exp_map[k]
+    # the results store and the API say so: complete=false returns exactly the flagged windows
+    root = tmp_path / "results"
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(_yaml(q))
+    qq = Q.load(cfg).queries[0]
+    ResultStore(root, [qq]).write_batch(0, df[df["kind"] != "status"].reset_index(drop=True))
+    with TestClient(create_app(cfg, root)) as api:
+        span = {"start": str(T0 // NS - 60), "end": str(T0 // NS + 60), "limit": 10000}
+        bad = api.get(f"/queries/{q.name}/results", params={**span, "complete": "false"}).json()["rows"]
+        good = api.get(f"/queries/{q.name}/results", params={**span, "complete": "true"}).json()["rows"]
+    starts = {r["window_start"] for r in bad}
+    assert bad and good and all(r["missing_records"] > 0 and not r["complete"] for r in bad)
+    assert len(starts) == len(flagged_windows)
+    assert not starts & {r["window_start"] for r in good}
