@@ -12,10 +12,11 @@ import pytest
 
 from contract import live as L
 from contract import query as Q
+from contract import results as R
 from contract import wire
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
-from high_level.partition import PartitionProcessor, Settings, unpack_windows
+from high_level.partition import PartitionProcessor, QueryWindows, Settings, unpack_windows
 from high_level.rollup import Layout
 from high_level.simulate import window_oracle
 from tests.packets import make_traffic, oracle
@@ -182,3 +183,31 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
         assert not last.get(k, (0, False))[1], "a message after the key's final"
         assert u.version >= last.get(k, (0, False))[0]
         last[k] = (u.version, u.final)
+
+
+def test_live_messages_of_a_holistic_query_carry_the_second_stage_per_group():
+    """A distinct count's rows are per (window, group, value) until the second stage: the live message is
+    one per (window, group) with the reduced value, its window and completeness read back in step."""
+    q = Q.load_text("""
+queries:
+  - name: fanin
+    group_by: [dst_port]
+    aggregates: [{fn: count_distinct, field: src_port, as: sources}, {fn: count, as: packets}]
+    window: {range: 10s}
+""").query("fanin")
+    lay = Layout.of(q)
+    # window 7: dst_port 80 from src ports 1, 2, 3 (2 packets each), dst_port 443 from 9; window 8: 80 from 5
+    key = np.array([[80, 1], [80, 2], [80, 3], [443, 9], [80, 5]], np.int64)
+    n = len(key)
+    w = QueryWindows(window=np.array([7, 7, 7, 7, 8], np.int64), rank=np.full(n, R.ROW_KINDS.index("final"), np.int8), key=key,
+                     state=np.full((n, 1), 2, np.int64), closed_at_ms=np.array([5, 5, 5, 5, 6], np.int64),
+                     hosts=np.ones(n, np.int32), hosts_expected=np.array([2, 2, 2, 2, 1], np.int32),
+                     comp=np.array([[1, 0, 0]] * n, np.int64))  # fmt: skip
+    docs = {(u.window_end_us, u.group["dst_port"]): u for u in (L.decode(k, v) for k, v in live_messages(q, lay, w, True, 3))}
+    end7, end8 = (lay.window_end_ns(np.array([7, 8])) // 1000).tolist()
+    assert set(docs) == {(end7, 80), (end7, 443), (end8, 80)}
+    assert docs[(end7, 80)].values == {"sources": 3, "packets": 6}
+    assert docs[(end7, 443)].values == {"sources": 1, "packets": 2}
+    assert docs[(end8, 80)].values == {"sources": 1, "packets": 2}
+    assert docs[(end8, 80)].complete and not docs[(end7, 80)].complete  # 1 of 2 hosts in mark vs 1 of 1
+    assert docs[(end7, 80)].hosts_expected == 2 and docs[(end8, 80)].published_ms == 6

@@ -50,14 +50,17 @@ def live_messages(
     vnames = [n for n, _ in R.aggregate_columns(q)]
     gcols = [typed[n].to_pylist() for n in gnames]
     vcols = [typed[n].to_pylist() for n in vnames]
-    complete = typed["complete"].to_pylist() if final else [False] * len(sel)
-    starts = ((end_ns - lay.range_ns) // 1000).tolist()
-    ends = (end_ns // 1000).tolist()
-    at = w.closed_at_ms[sel].tolist()
-    in_mark = w.comp[sel, 0].tolist()
-    expected = w.hosts_expected[sel].tolist()
+    # read back from the typed table: a holistic query's second stage reduces its sub-key rows, so the
+    # typed rows are not the input rows one for one
+    n = typed.num_rows
+    complete = typed["complete"].to_pylist() if final else [False] * n
+    starts = typed["window_start"].cast(pa.int64()).to_pylist()
+    ends = typed["window_end"].cast(pa.int64()).to_pylist()
+    at = (np.asarray(typed["closed_at"].cast(pa.int64()).to_numpy()) // 1000).tolist()
+    in_mark = typed["hosts_in_mark"].to_pylist()
+    expected = typed["hosts_expected"].to_pylist()
     out = []
-    for i in range(len(sel)):
+    for i in range(n):
         group = [c[i] for c in gcols]
         values = {
             n: (None if isinstance(c[i], float) and math.isnan(c[i]) else c[i])
