@@ -484,6 +484,8 @@ class StateColumn:
 
 
 def _source_of(field_name: str) -> int:
+    if field_name in F.ENRICH_FIELDS:  # looked up in the networks file (contract.networks)
+        return F.ENRICH_FIELDS[field_name]
     return SRC_DSCP if field_name == "dscp" else F.CATALOG[field_name].columns[0]
 
 
@@ -619,6 +621,7 @@ _ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "in
 class Config:
     path: str
     queries: list[QuerySpec]
+    networks: str | None = None  # the networks file (contract.networks) of the enrichment fields, if any
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -645,7 +648,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
         raise ConfigError(path, None, "", f"YAML error: {exc}") from None
     if not isinstance(doc, dict) or "queries" not in doc:
         raise ConfigError(path, 1, "queries", "the document must be a mapping with a 'queries' list")
-    extra = set(_strip(doc)) - {"queries"}
+    extra = set(_strip(doc)) - {"queries", "networks"}
     if extra:
         key = sorted(extra)[0]
         raise ConfigError(path, doc["__lines__"].get(key), key, "unknown top-level key")
@@ -676,7 +679,30 @@ def load_text(text: str, path: str = "<string>") -> Config:
                               f"duplicate query name (first defined on line {seen[q.name]})")
         seen[q.name] = item["__lines__"].get("name", 0)
         queries.append(q)
-    return Config(path, queries)
+    networks = _networks_path(doc, path)
+    if networks is None:
+        for item, q in zip(items, queries, strict=True):
+            if uses_enrichment(q):
+                raise ConfigError(path, item["__line__"], f"query {q.name!r}",
+                                  "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file")
+    return Config(path, queries, networks)
+
+
+def uses_enrichment(q: QuerySpec) -> bool:
+    """Whether the query groups or filters by a networks-file field (contract.networks)."""
+    from contract.filterlang import OP_LOAD_NET
+
+    return any(p.field.kind == "enrich" for p in q.key_parts) or bool((compile_filter(q.filter)[:, 0] == OP_LOAD_NET).any())
+
+
+def _networks_path(doc: dict, path: str) -> str | None:
+    """The top-level ``networks:`` file, relative to the config file's directory."""
+    value = doc.get("networks")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(path, doc["__lines__"].get("networks"), "networks", "must be the path of a networks file")
+    return str(Path(path).parent / value) if not Path(value).is_absolute() and path != "<string>" else value
 
 
 def load(path: str | Path) -> Config:

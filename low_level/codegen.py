@@ -19,7 +19,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from contract import fields as F
-from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, compile_filter
+from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, OP_LOAD_NET, compile_filter
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_DSCP, SRC_ONE, state_columns
 from contract.query import key_program as query_key_program
 from low_level import jitcache
@@ -67,6 +67,8 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
             w += 2
         else:
             src = "row[F.TOS] >> 2" if col == SRC_DSCP else f"row[{col}]"
+            if col in F.ENRICH_SOURCES:  # longest-prefix match in the networks file (low_level.lpm)
+                src = "enrich(nets, row, {}, {})".format(*F.ENRICH_SOURCES[col])
             out.append(f"{ind}keys[ko + {w}] = {src}")
             w += 1
     return out
@@ -241,6 +243,7 @@ from numba import njit
 
 from contract import fields as F
 from low_level import flush
+from low_level.lpm import enrich
 from low_level.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.ring import HEAD, TAIL
 from low_level.refcount import pin
@@ -288,25 +291,25 @@ def fused_pass({args}):
 
 @njit(cache=True, nogil=True)
 def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, nets):
     """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
     nslots = caplen.shape[0]
     start = ctr[TAIL]
     avail = ctr[HEAD] - start
     n = avail if avail < limit else limit
     fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, nets)
     ctr[TAIL] = start + n
     return n
 
 
 @njit(cache=True, nogil=True)
 def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, nets):
     """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
     flat = frames2d.reshape(-1)
     fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, nets)
     return stop - start
 '''
 
@@ -319,7 +322,7 @@ def _pins(args: str) -> str:
 
 _AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
 _FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
-               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs")
+               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, nets")
 
 
 def columns_read(shapes: list[dict]) -> set[int]:
@@ -327,11 +330,18 @@ def columns_read(shapes: list[dict]) -> set[int]:
     cols: set[int] = set()
     for s in shapes:
         for col, is_ip, *_ in s["key"]:
+            if col in F.ENRICH_SOURCES:
+                addr = F.ENRICH_SOURCES[col][0]
+                cols |= {addr, addr + 1, F.IPVER}
+                continue
             cols |= {col, col + 1, F.FAMILY_COLUMN[col]} if is_ip else {F.TOS if col == SRC_DSCP else col}
         cols |= {F.TOS if src == SRC_DSCP else src for src, _ in s["state"] if src != SRC_ONE}
         for op, a0, *_ in s["filter"]:
             if op == OP_LOAD:
                 cols.add(a0)
+            elif op == OP_LOAD_NET:
+                addr = F.ENRICH_SOURCES[a0][0]
+                cols |= {addr, addr + 1, F.IPVER}
             elif op == OP_IP_MATCH:
                 cols |= {a0, a0 + 1}
             elif op == OP_LOAD_DSCP:
