@@ -54,7 +54,11 @@ def parse_source(text: str) -> dict[str, Any]:
         if not ifaces:
             raise ValueError("afpacket source needs interfaces: afpacket:eth0[+eth1][,promisc]")
         return {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
-    raise ValueError(f"unknown source {text!r}: use generator, pcap:PATH or afpacket:IFACE")
+    if kind == "flows":  # NetFlow v5/v9/IPFIX collector (low_level.flowagent)
+        from low_level.flowagent import parse_flow_source
+
+        return parse_flow_source(rest)
+    raise ValueError(f"unknown source {text!r}: use generator, pcap:PATH, afpacket:IFACE or flows:HOST:PORT")
 
 
 class Agent:
@@ -311,13 +315,19 @@ def main(argv: list[str] | None = None) -> None:
         control = RequestListener(s.host_id, queries, s.bootstrap, topic=s.control_topic,
                                   consumer_config=opts["producer_config"]).start()
     try:
-        agent = Agent(queries, parse_source(s.source), s.host_id, s.bootstrap,
-                      ring_slots=s.ring_slots, emitter_opts=opts, control=control, networks=cfg.networks)
+        spec = parse_source(s.source)
+        if spec["type"] == "flows":
+            from low_level.flowagent import FlowAgent
+
+            agent: Any = FlowAgent(queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks)
+        else:
+            agent = Agent(queries, spec, s.host_id, s.bootstrap,
+                          ring_slots=s.ring_slots, emitter_opts=opts, control=control, networks=cfg.networks)
     except Q.ConfigError as exc:  # a bad networks file: file, line and reason
         raise SystemExit(f"lowwater-agent: {exc}") from None
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
         raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
-    if s.metrics_port:
+    if s.metrics_port and isinstance(agent, Agent):  # the flow collector reports in --summary only, for now
         from prometheus_client import REGISTRY, start_http_server
 
         from low_level.metrics import AgentCollector

@@ -111,6 +111,10 @@ class FlowKernel:
     def set_networks(self, nets: np.ndarray) -> None:
         self.nets = nets
 
+    def warm(self) -> None:
+        """Compile the pass now, on no records: a collector is ready only once it can fold at speed."""
+        self.run(np.zeros((0, F.NFIELDS), dtype=np.int64), np.zeros(0, dtype=np.int64), 0)
+
     def run(self, frows: np.ndarray, weights: np.ndarray, n: int) -> int:
         """Fold records 0..n-1; callers keep n <= tables.chunk and drain between calls (output room)."""
         t = self.t

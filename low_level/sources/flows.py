@@ -124,6 +124,11 @@ class FlowCollector:
         return len(self._offs)
 
     # --- decoding
+    def warm(self) -> None:
+        """Compile the decoder now (no datagrams), before the first export arrives."""
+        D.decode(self.buf, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0, self.tmpl,
+                 self.doms, 1, self.rows, self.weights, self.rate, self.errs, self.res)
+
     def decode(self) -> FlowBatch:
         """Decode the queued datagrams (all of them, or as many as fill one batch of records)."""
         n = len(self._offs)
