@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.machine import machine
 from contract import query as Q
 from low_level.flowkernel import FlowKernel
