@@ -53,6 +53,17 @@ FAMILY_COLUMN = {SRC_HI: IPVER, DST_HI: IPVER, INNER_SRC_HI: INNER_IPVER, INNER_
 
 IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 
+# Enrichment fields (kind "enrich", see contract.networks): no parsed column of their own, but the
+# longest-prefix match of an address in the networks file. Their group-by/filter source codes (packet
+# columns are >= 0, contract.query's SRC_ONE -1 and SRC_DSCP -2) -> (the address's first column, the
+# lookup table row to read: LPM_NET the net id, LPM_ASN the AS number).
+LPM_NET, LPM_ASN = 2, 3
+SRC_NET, DST_NET, SRC_ASN, DST_ASN = -3, -4, -5, -6
+ENRICH_SOURCES: dict[int, tuple[int, int]] = {
+    SRC_NET: (SRC_HI, LPM_NET), DST_NET: (DST_HI, LPM_NET), SRC_ASN: (SRC_HI, LPM_ASN), DST_ASN: (DST_HI, LPM_ASN),
+}
+ENRICH_FIELDS: dict[str, int] = {"src_net": SRC_NET, "dst_net": DST_NET, "src_asn": SRC_ASN, "dst_asn": DST_ASN}
+
 TCP_FLAG_BITS = {"FIN": 1, "SYN": 2, "RST": 4, "PSH": 8, "ACK": 16, "URG": 32, "ECE": 64, "CWR": 128}
 PROTOCOL_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "icmpv6": 58, "gre": 47, "esp": 50, "sctp": 132}
 
@@ -62,7 +73,7 @@ class Field:
     """A field users can name in a filter or a group-by."""
 
     name: str
-    kind: str  # "int" | "ip" | "time"
+    kind: str  # "int" | "ip" | "time" | "enrich" (an int looked up from an address, contract.networks)
     columns: tuple[int, ...]  # parsed-packet columns it occupies (2 for an IP address)
     doc: str
 
@@ -98,6 +109,10 @@ CATALOG: dict[str, Field] = {
         _f("inner_ip_version", "int", (INNER_IPVER,), "4 / 6 inside a GRE or VXLAN tunnel, 0 if none"),
         _f("inner_src_ip", "ip", (INNER_SRC_HI, INNER_SRC_LO), "source address inside a GRE/VXLAN tunnel"),
         _f("inner_dst_ip", "ip", (INNER_DST_HI, INNER_DST_LO), "destination address inside a GRE/VXLAN tunnel"),
+        _f("src_net", "enrich", (SRC_HI, SRC_LO), "id of the networks-file net holding src_ip (0 if none)"),
+        _f("dst_net", "enrich", (DST_HI, DST_LO), "id of the networks-file net holding dst_ip (0 if none)"),
+        _f("src_asn", "enrich", (SRC_HI, SRC_LO), "AS number of the networks-file net holding src_ip (0 if none)"),
+        _f("dst_asn", "enrich", (DST_HI, DST_LO), "AS number of the networks-file net holding dst_ip (0 if none)"),
     )
 }
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE = 5, 6, 7, 8, 9, 10
 OP_AND, OP_OR, OP_NOT = 11, 12, 13
 OP_IP_MATCH = 14  # push ((row[a0] & a3) == a1) and ((row[a0+1] & a4) == a2)
 OP_TRUTHY = 15
+OP_LOAD_NET = 16  # push the networks-file lookup of an enrichment field (a0: F.SRC_NET .. F.DST_ASN)
 MAX_STACK = 32  # deepest expression accepted (values live at once); the generated code itself has no stack
 
 CONSTANTS = {**{k: v for k, v in F.TCP_FLAG_BITS.items()}, **{k.upper(): v for k, v in F.PROTOCOL_NUMBERS.items()}}
@@ -305,6 +307,8 @@ def _emit(node: Node, code: list[list[int]]) -> int:
         fld: F.Field = node.args[0]
         if fld.name == "dscp":
             _ins(code, OP_LOAD_DSCP)
+        elif fld.kind == "enrich":
+            _ins(code, OP_LOAD_NET, F.ENRICH_FIELDS[fld.name])
         else:
             _ins(code, OP_LOAD, fld.columns[0])
         return 1
@@ -343,14 +347,18 @@ _BINARY = {
 }
 
 
-def evaluate(program: np.ndarray, row: np.ndarray) -> bool:
+def evaluate(program: np.ndarray, row: np.ndarray, enrich: Any = None) -> bool:
     """Reference interpreter in plain Python: the oracle the generated filter statements
-    (``low_level.filter``) and the tests' offline aggregates are checked against."""
+    (``low_level.filter``) and the tests' offline aggregates are checked against.
+
+    ``enrich(source, row) -> int`` gives the enrichment fields (contract.networks); without it they are 0."""
     stack: list[int] = []
     for ins in program:
         op = int(ins[0])
         if op == OP_CONST:
             stack.append(int(ins[1]))
+        elif op == OP_LOAD_NET:
+            stack.append(0 if enrich is None else int(enrich(int(ins[1]), row)))
         elif op == OP_LOAD:
             stack.append(int(row[int(ins[1])]))
         elif op == OP_LOAD_DSCP:

@@ -598,6 +598,8 @@ class StateColumn:
 
 
 def _source_of(field_name: str) -> int:
+    if field_name in F.ENRICH_FIELDS:  # looked up in the networks file (contract.networks)
+        return F.ENRICH_FIELDS[field_name]
     return SRC_DSCP if field_name == "dscp" else F.CATALOG[field_name].columns[0]
 
 
@@ -789,6 +791,7 @@ class Config:
     queries: list[QuerySpec]
     selects: list[SelectSpec] = dc_field(default_factory=list)  # kind: select (contract.query.SelectSpec)
     joins: list[JoinSpec] = dc_field(default_factory=list)  # kind: join
+    networks: str | None = None  # the networks file (contract.networks) of the enrichment fields, if any
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -828,7 +831,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
         raise ConfigError(path, None, "", f"YAML error: {exc}") from None
     if not isinstance(doc, dict) or "queries" not in doc:
         raise ConfigError(path, 1, "queries", "the document must be a mapping with a 'queries' list")
-    extra = set(_strip(doc)) - {"queries"}
+    extra = set(_strip(doc)) - {"queries", "networks"}
     if extra:
         key = sorted(extra)[0]
         raise ConfigError(path, doc["__lines__"].get(key), key, "unknown top-level key")
@@ -838,6 +841,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
     queries: list[QuerySpec] = []
     seen: dict[str, int] = {}
     other: list[dict] = []  # kind: select / join, validated after the aggregates
+    agg_items: list[dict] = []  # the aggregate queries' items (for their lines)
     for idx, item in enumerate(items):
         if not isinstance(item, dict):
             raise ConfigError(path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping")
@@ -868,10 +872,34 @@ def load_text(text: str, path: str = "<string>") -> Config:
                               f"duplicate query name (first defined on line {seen[q.name]})")
         seen[q.name] = item["__lines__"].get("name", 0)
         queries.append(q)
+        agg_items.append(item)
+    networks = _networks_path(doc, path)
+    if networks is None:
+        for item, q in zip(agg_items, queries, strict=True):
+            if uses_enrichment(q):
+                raise ConfigError(path, item["__line__"], f"query {q.name!r}",
+                                  "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file")
     if not other:
-        return Config(path, queries)
+        return Config(path, queries, networks=networks)
     selects, joins = load_selects_joins(other, path, seen)
-    return Config(path, queries, selects, joins)
+    return Config(path, queries, selects, joins, networks)
+
+
+def uses_enrichment(q: QuerySpec) -> bool:
+    """Whether the query groups or filters by a networks-file field (contract.networks)."""
+    from contract.filterlang import OP_LOAD_NET
+
+    return any(p.field.kind == "enrich" for p in q.key_parts) or bool((compile_filter(q.filter)[:, 0] == OP_LOAD_NET).any())
+
+
+def _networks_path(doc: dict, path: str) -> str | None:
+    """The top-level ``networks:`` file, relative to the config file's directory."""
+    value = doc.get("networks")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(path, doc["__lines__"].get("networks"), "networks", "must be the path of a networks file")
+    return str(Path(path).parent / value) if not Path(value).is_absolute() and path != "<string>" else value
 
 
 def load(path: str | Path) -> Config:

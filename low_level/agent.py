@@ -54,7 +54,11 @@ def parse_source(text: str) -> dict[str, Any]:
         if not ifaces:
             raise ValueError("afpacket source needs interfaces: afpacket:eth0[+eth1][,promisc]")
         return {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
-    raise ValueError(f"unknown source {text!r}: use generator, pcap:PATH or afpacket:IFACE")
+    if kind == "flows":  # NetFlow v5/v9/IPFIX collector (low_level.flowagent)
+        from low_level.flowagent import parse_flow_source
+
+        return parse_flow_source(rest)
+    raise ValueError(f"unknown source {text!r}: use generator, pcap:PATH, afpacket:IFACE or flows:HOST:PORT")
 
 
 class Agent:
@@ -64,8 +68,12 @@ class Agent:
                  bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
                  producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
                  on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None,
-                 selects: list[Q.SelectSpec] | None = None) -> None:
+                 selects: list[Q.SelectSpec] | None = None, networks: str | None = None) -> None:
         self.host = host
+        self.networks_path = networks  # the networks file of the enrichment fields (contract.networks)
+        self.reload_requested = False  # set by SIGHUP; the loop reloads between two kernel calls
+        self.networks_reloads = 0
+        self.networks_reload_errors = 0
         self.control = control  # low_level.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
         # idle = ring empty and no packet for this long: a ring that a fast replay merely drained is not idle
@@ -76,7 +84,7 @@ class Agent:
         self.queries = queries
         self.ring = Ring(ring_slots)
         self.selects = list(selects or [])  # select queries: rows per packet, low_level.selection
-        self.kernel = Kernel(Tables.build(queries, chunk=chunk), self.selects)
+        self.kernel = Kernel(Tables.build(queries, chunk=chunk), self.selects, nets=self._networks_table())
         # compile before any source starts: a first packet must not wait seconds for the compiler
         took = self.kernel.warm(self.ring)
         if took > 1.0:
@@ -100,6 +108,31 @@ class Agent:
         self.last_on_demand = [0.0] * nq
         self.stopping = False
         self.finished = False
+
+    def _networks_table(self) -> np.ndarray:
+        """The lookup table of the networks file (raises ConfigError with file and line for a bad line)."""
+        from contract import networks
+        from low_level import lpm
+
+        return lpm.build(networks.load(self.networks_path) if self.networks_path else None)
+
+    def reload_networks(self) -> bool:
+        """Re-read the networks file (SIGHUP) and use it from the next packet on; the tables keep their
+        state (partials already folded keep the nets they were matched to). A bad file is logged with its
+        line and the previous table stays."""
+        from contract.query import ConfigError
+
+        self.reload_requested = False
+        try:
+            table = self._networks_table()
+        except ConfigError as exc:
+            self.networks_reload_errors += 1
+            log.error("networks file not reloaded, keeping the previous one: %s", exc)
+            return False
+        self.kernel.set_networks(table)
+        self.networks_reloads += 1
+        log.info("networks file %s reloaded: %d intervals", self.networks_path, table.shape[1])
+        return True
 
     @property
     def live_clock(self) -> bool:
@@ -161,6 +194,8 @@ class Agent:
 
     def step(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
+        if self.reload_requested:
+            self.reload_networks()
         n = self.kernel.run_ring(self.ring)
         self.drain()
         now = time.monotonic()
@@ -246,6 +281,15 @@ class Agent:
             self.emitter.close()
 
 
+def watch_sighup(agent: Agent) -> None:
+    """SIGHUP reloads the networks file at the loop's next turn (never inside a kernel call)."""
+
+    def _hup(*_: object) -> None:
+        agent.reload_requested = True
+
+    signal.signal(signal.SIGHUP, _hup)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The flags the user gave (as settings fields) and the settings file, if any."""
     ap = argparse.ArgumentParser(prog="lowwater-agent", description="lowwater capture-host agent. Every flag can "
@@ -308,11 +352,22 @@ def main(argv: list[str] | None = None) -> None:
         control = RequestListener(s.host_id, queries, s.bootstrap, topic=s.control_topic,
                                   consumer_config=opts["producer_config"]).start()
     try:
-        agent = Agent(queries, parse_source(s.source), s.host_id, s.bootstrap,
-                      ring_slots=s.ring_slots, emitter_opts=opts, control=control, selects=selects)
+        spec = parse_source(s.source)
+        if spec["type"] == "flows":
+            from low_level.flowagent import FlowAgent
+
+            if selects:
+                raise SystemExit("lowwater-agent: select queries need packets; a flow source has none "
+                                 f"({', '.join(x.name for x in selects)})")
+            agent: Any = FlowAgent(queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks)
+        else:
+            agent = Agent(queries, spec, s.host_id, s.bootstrap, ring_slots=s.ring_slots, emitter_opts=opts,
+                          control=control, selects=selects, networks=cfg.networks)
+    except Q.ConfigError as exc:  # a bad networks file: file, line and reason
+        raise SystemExit(f"lowwater-agent: {exc}") from None
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
         raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
-    if s.metrics_port:
+    if s.metrics_port and isinstance(agent, Agent):  # the flow collector reports in --summary only, for now
         from prometheus_client import REGISTRY, start_http_server
 
         from low_level.metrics import AgentCollector
@@ -325,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    watch_sighup(agent)
     log.info("host %s: %d queries, %d select queries, source %s, Kafka %s", s.host_id, len(queries), len(selects),
              s.source, s.bootstrap)
     agent.run(s.duration, exit_at_end=not s.linger)

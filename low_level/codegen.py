@@ -20,7 +20,7 @@ from types import ModuleType
 
 from contract import fields as F
 from contract import sketch
-from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, compile_filter
+from contract.filterlang import OP_IP_MATCH, OP_LOAD, OP_LOAD_DSCP, OP_LOAD_NET, compile_filter
 from contract.query import (
     KEY_BUCKET,
     KEY_HLL,
@@ -69,6 +69,8 @@ def _key_lines(shape: dict, ind: str) -> list[str]:
     w = 0
     for col, kind, m4h, m4l, m6h, m6l in shape["key"]:
         src = "row[F.TOS] >> 2" if col == SRC_DSCP else f"row[{col}]"
+        if col in F.ENRICH_SOURCES:  # longest-prefix match in the networks file (low_level.lpm)
+            src = "enrich(nets, row, {}, {})".format(*F.ENRICH_SOURCES[col])
         if kind == KEY_HLL:  # register index of the hashed value (m4h = value words, m4l = precision)
             h = f"value_hash2(row[{col}], row[{col + 1}])" if m4h == 2 else f"value_hash1({src})"
             out.append(f"{ind}keys[ko + {w}] = hll_register({h}, {m4l})")
@@ -287,6 +289,7 @@ from numba import njit
 
 from contract import fields as F
 from low_level import flush
+from low_level.lpm import enrich
 from low_level.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.ring import HEAD, TAIL
 from low_level.refcount import pin
@@ -336,25 +339,25 @@ def fused_pass({args}):
 
 @njit(cache=True, nogil=True)
 def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets):
     """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
     nslots = caplen.shape[0]
     start = ctr[TAIL]
     avail = ctr[HEAD] - start
     n = avail if avail < limit else limit
     fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets)
     ctr[TAIL] = start + n
     return n
 
 
 @njit(cache=True, nogil=True)
 def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
-                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst):
+                   qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets):
     """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
     flat = frames2d.reshape(-1)
     fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
-               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst)
+               qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets)
     return stop - start
 '''
 
@@ -414,7 +417,7 @@ def _select_columns(select_shapes: list[dict]) -> set[int]:
 
 _AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
 _FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
-               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst")
+               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets")
 
 
 def columns_read(shapes: list[dict]) -> set[int]:
@@ -422,7 +425,10 @@ def columns_read(shapes: list[dict]) -> set[int]:
     cols: set[int] = set()
     for s in shapes:
         for col, kind, m4h, *_ in s["key"]:
-            if kind == KEY_IP:
+            if col in F.ENRICH_SOURCES:  # the address the networks file is looked up with
+                addr = F.ENRICH_SOURCES[col][0]
+                cols |= {addr, addr + 1, F.IPVER}
+            elif kind == KEY_IP:
                 cols |= {col, col + 1, F.FAMILY_COLUMN[col]}
             elif kind == KEY_HLL and m4h == 2:
                 cols |= {col, col + 1}
@@ -433,6 +439,9 @@ def columns_read(shapes: list[dict]) -> set[int]:
         for op, a0, *_ in s["filter"]:
             if op == OP_LOAD:
                 cols.add(a0)
+            elif op == OP_LOAD_NET:
+                addr = F.ENRICH_SOURCES[a0][0]
+                cols |= {addr, addr + 1, F.IPVER}
             elif op == OP_IP_MATCH:
                 cols |= {a0, a0 + 1}
             elif op == OP_LOAD_DSCP:

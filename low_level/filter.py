@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from contract import fields as F
 from contract.filterlang import (
     OP_AND,
     OP_BITAND,
@@ -25,6 +26,7 @@ from contract.filterlang import (
     OP_LE,
     OP_LOAD,
     OP_LOAD_DSCP,
+    OP_LOAD_NET,
     OP_LT,
     OP_NE,
     OP_NOT,
@@ -53,6 +55,8 @@ def statements(program: np.ndarray | list, prefix: str, row: str = "row") -> tup
             lines.append(f"{v} = {row}[{a0}]")
         elif op == OP_LOAD_DSCP:
             lines.append(f"{v} = {row}[F.TOS] >> 2")
+        elif op == OP_LOAD_NET:  # the enclosing function has the networks table ``nets`` (low_level.lpm)
+            lines.append(f"{v} = enrich(nets, {row}, {F.ENRICH_SOURCES[a0][0]}, {F.ENRICH_SOURCES[a0][1]})")
         elif op == OP_IP_MATCH:
             lines.append(f"{v} = 1 if (({row}[{a0}] & np.int64({a3})) == np.int64({a1}) and "
                          f"({row}[{a0 + 1}] & np.int64({a4})) == np.int64({a2})) else 0")
@@ -83,10 +87,14 @@ import numpy as np
 from numba import njit
 
 from contract import fields as F
+from low_level.lpm import enrich
+
+NETS = np.zeros((4, 1), dtype=np.int64)  # no networks: the enrichment fields read 0 here
 
 
 @njit(cache=True, nogil=True)
 def accept(row):
+    nets = NETS
 {body}
     return {result} != 0
 '''

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from contract import fields as F
-from low_level import codegen, flush
+from low_level import codegen, flush, lpm
 from low_level.parse import NERR
 from low_level.selection import SelectBuffers
 from low_level.tables import MAXKW, Tables
@@ -27,9 +27,11 @@ BLOCK = codegen.BLOCK
 class Kernel:
     """Scratch memory and counters around the compiled pass for one host's queries."""
 
-    def __init__(self, tables: Tables, selects: list | None = None) -> None:
+    def __init__(self, tables: Tables, selects: list | None = None, nets: np.ndarray | None = None) -> None:
         self.t = tables
         self.sel_buf = SelectBuffers(selects or [], tables.chunk)  # select queries' rows (low_level.selection)
+        # networks-file lookup table (low_level.lpm); swap it between calls with set_networks
+        self.nets = lpm.build(None) if nets is None else nets
         self.err_counts = np.zeros(NERR, dtype=np.int64)
         self.hc = np.zeros(NHC, dtype=np.int64)
         self.row = np.zeros(F.NFIELDS, dtype=np.int64)
@@ -43,7 +45,11 @@ class Kernel:
 
     def _scratch(self) -> tuple:
         return (self.err_counts, self.hc, self.row, self.rows, self.keys, self.sel, self.hs, self.sel_buf.sout,
-                self.sel_buf.sst)
+                self.sel_buf.sst, self.nets)
+
+    def set_networks(self, nets: np.ndarray) -> None:
+        """Use a new networks table from the next call on (a reload: the tables and their state stay)."""
+        self.nets = nets
 
     def run_ring(self, ring) -> int:
         """Process what the ring holds, at most one chunk; returns the frames taken."""

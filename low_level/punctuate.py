@@ -27,11 +27,17 @@ class Mark:
     flushed: int
 
 
-def target_pane(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, skew_ns: int) -> int | None:
-    """The pane the host's clock has reached (everything before it may be closed), or None if unknown."""
+def target_pane(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, skew_ns: int,
+                clock_ns: int | None = None) -> int | None:
+    """The pane the host's clock has reached (everything before it may be closed), or None if unknown.
+
+    ``clock_ns`` replaces the data clock where the source itself promises how far it got (a flow
+    collector: its exporters' clocks minus their timeouts, low_level.sources.flows)."""
     t = kernel.t
     qp = t.queries[q].window
     data_ns = int(t.qs[q, QS_MAXTS]) if t.qs[q, QS_STARTED] else None
+    if clock_ns is not None:
+        return (clock_ns - qp.origin_ns) // qp.pane_ns
     clock_ns = data_ns
     if live_clock and idle:
         wall = now_ns - skew_ns
@@ -50,7 +56,7 @@ def _oldest_held(kernel: Kernel, q: int, target: int) -> int:
 
 
 def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False,
-            hold_panes: int = 0) -> Mark | None:
+            hold_panes: int = 0, clock_ns: int | None = None) -> Mark | None:
     """Flush what the new mark needs and return it (the caller drains, queues, then sends it).
 
     Returns None when the mark does not advance. Sets the kernel's mark, so later packets below it
@@ -67,7 +73,7 @@ def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, e
         flushed = kernel.flush_below(q, wire.END_OF_STREAM)
         mark = wire.END_OF_STREAM
     else:
-        target = target_pane(kernel, q, now_ns, idle, live_clock, spec.heartbeat.skew_ns)
+        target = target_pane(kernel, q, now_ns, idle, live_clock, spec.heartbeat.skew_ns, clock_ns)
         if target is None:
             return None
         if not idle:

@@ -71,6 +71,7 @@ from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
 from high_level.serve.metrics import ApiMetrics, MetricsMiddleware
+from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
 from high_level.serve.status import read_status
 from high_level.serve.timefmt import iso_of_us, us_of
@@ -232,6 +233,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     """
     cfg = load(config_path)
     infos = {q.name: QueryInfo.of(q) for q in cfg.stored_queries}  # aggregates and windowed joins
+    net_names = NetNames(cfg.networks)
     fragments = _yaml_fragments(config_path)
     results = Path(results_dir)
     reader = Reader(results, cache_mb=cache_mb)
@@ -316,12 +318,14 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def now() -> datetime:
         return datetime.now(UTC)
 
-    def respond(body: dict[str, Any], rs: ResultSet, fmt: str, filename: str) -> Response:
+    def respond(body: dict[str, Any], rs: ResultSet, fmt: str, filename: str, qi: QueryInfo | None = None) -> Response:
         if fmt == "csv":
             headers = {"X-Total-Count": str(rs.total), "Content-Disposition": f'inline; filename="{filename}.csv"'}
             return Response(_csv(rs), media_type="text/csv; charset=utf-8", headers=headers)
         body["columns"] = rs.columns
         body["rows"] = _rows(rs)
+        if qi is not None and cfg.networks:  # src_net / dst_net ids -> names (high_level.serve.netnames)
+            body["net_names"] = net_names.for_rows(qi.spec, rs.columns, rs.rows)
         return JSONResponse(body)
 
     def paging(rs: ResultSet, limit: int, offset: int) -> dict[str, Any]:
@@ -373,7 +377,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)), "top": top,
                 "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only,
                 "paging": paging(rs, limit, offset)}  # fmt: skip
-        return respond(body, rs, fmt, f"{name}-results")
+        return respond(body, rs, fmt, f"{name}-results", qi)
 
     @guarded.get("/queries/{name}/latest", summary="The newest closed window (all groups, or top-N)",
                  responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
@@ -396,7 +400,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
             body["window_start"] = iso_of_us(us_of(ws))
             body["window_end"] = iso_of_us(us_of(ws) + qi.spec.window.range_ns // 1000)
         body["paging"] = paging(rs, limit, offset)
-        return respond(body, rs, fmt, f"{name}-latest")
+        return respond(body, rs, fmt, f"{name}-latest", qi)
 
     @guarded.get("/queries/{name}/series", summary="Per-window totals over all groups (for charts)",
                  responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip

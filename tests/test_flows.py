@@ -1,0 +1,393 @@
+"""Flow collection: NetFlow v5/v9/IPFIX exported by softflowd from a pcap decodes to the records nfdump
+(nfcapd) decodes from the same datagrams; their weighted sub-aggregation gives nfdump's per-window
+totals per (src, dst); sampling renormalises; bad datagrams are counted by reason and never crash."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import dpkt
+import numpy as np
+import pytest
+
+from contract import fields as F
+from contract import query as Q
+from contract import wire
+from low_level.flowkernel import FlowKernel
+from low_level.sources.flows import FlowCollector
+from low_level.tables import Tables
+from tests.packets import build_frames, make_traffic
+
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS
+PEERS = shutil.which("softflowd") and shutil.which("nfcapd") and shutil.which("nfdump")
+needs_peers = pytest.mark.skipif(not PEERS, reason="softflowd / nfdump not installed (./lw setup installs them)")
+
+
+def _pcap(path: Path, n: int, seed: int) -> None:
+    """A microsecond pcap of n packets over 12 s whose 5-tuples repeat: flows of many packets."""
+    t = make_traffic(n, 120, T0, 12 * NS, seed=seed)
+    t.sport = 1024 + t.sport % 6
+    t.ts = (t.ts // 1000) * 1000
+    frames, cap, wl, ts = build_frames(t)
+    with path.open("wb") as fh:
+        w = dpkt.pcap.Writer(fh)
+        for i in range(n):
+            w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
+
+
+def _export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
+    """softflowd's export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(5)
+    args = ["softflowd", "-r", str(pcap), "-n", f"127.0.0.1:{rx.getsockname()[1]}", "-v", version, "-d", "-a",
+            "-c", "none", "-p", str(tmp / f"softflowd{version}.pid")]
+    if version == "10":
+        args += ["-A", "milli"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    sent = int(proc.stderr.split("Flows exported: ")[1].split(" ")[0]) if "Flows exported" in proc.stderr else None
+    out = []
+    try:
+        while True:
+            out.append(rx.recv(65535))
+    except TimeoutError:
+        pass
+    finally:
+        rx.close()
+    assert out, proc.stderr
+    return out, sent
+
+
+def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
+    """nfcapd collects the datagrams, nfdump lists the records: (end ms, src, dst, sport, dport, pkts, bytes)."""
+    d = tmp / "nfcapd"
+    d.mkdir(exist_ok=True)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    cap = subprocess.Popen(["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for x in datagrams:
+            tx.sendto(x, ("127.0.0.1", port))
+            time.sleep(0.0005)
+        tx.close()
+        time.sleep(0.5)
+    finally:
+        cap.terminate()
+        cap.wait(10)
+    files = sorted(str(p) for p in d.iterdir() if p.name.startswith("nfcapd."))
+    assert files
+    # %te, not %ter: nfdump 1.7.1 prints %ter's milliseconds without their leading digit
+    out = subprocess.run(["nfdump", "-q", "-N", "-o", "fmt:%te,%sa,%da,%sp,%dp,%pkt,%byt", "-r", files[-1]],
+                         capture_output=True, text=True, env={**os.environ, "TZ": "UTC"}, check=True).stdout
+    recs = []
+    for line in out.splitlines():
+        te, sa, da, sp, dp, pk, by = (x.strip() for x in line.split(","))
+        t = datetime.datetime.strptime(te, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC)
+        ms = 0 if t.year < 1980 else int(t.timestamp() * 1000 + 0.5)
+        recs.append((ms, sa, da, int(sp), int(dp), int(pk), int(by)))
+    return recs
+
+
+def _records(col: FlowCollector) -> list[tuple]:
+    b = col.decode()
+    r = b.rows[: b.n]
+    return [(int(x[F.TS]) // 1_000_000, F.words_to_ip(int(x[F.SRC_HI]), int(x[F.SRC_LO])),
+             F.words_to_ip(int(x[F.DST_HI]), int(x[F.DST_LO])), int(x[F.SPORT]), int(x[F.DPORT]), int(w), int(x[F.LEN]))
+            for x, w in zip(r, b.weights[: b.n], strict=True)]  # fmt: skip
+
+
+def _query(size: int = 256, m: int = 2) -> Q.QuerySpec:
+    return Q.load_text(f"""
+queries:
+  - name: pairs
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
+    window: {{range: 2s}}
+    table: {{size: {size}}}
+    flush: {{policy: lazy, m: {m}}}
+""").queries[0]
+
+
+def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int = 512) -> Counter:
+    """The flow kernel over the records: merged (pane, src, dst) -> [packets, bytes]."""
+    tables = Tables.build([q], chunk=chunk)
+    k = FlowKernel(tables)
+    parts = []
+    for s in range(0, len(rows), chunk):
+        e = min(len(rows), s + chunk)
+        k.run(np.ascontiguousarray(rows[s:e]), np.ascontiguousarray(weights[s:e]), e - s)
+        parts.append(tables.drain(0))
+    k.flush_below(0, wire.END_OF_STREAM)
+    parts.append(tables.drain(0))
+    pane, key, state = tables.split(0, np.concatenate(parts))
+    got: Counter = Counter()
+    for p, kk, st in zip(pane, key, state, strict=True):
+        got[(int(p), int(kk[1]), int(kk[3]), "packets")] += int(st[0])
+        got[(int(p), int(kk[1]), int(kk[3]), "bytes")] += int(st[1])
+    return got
+
+
+@needs_peers
+@pytest.mark.parametrize("version", ["5", "9", "10"])
+def test_softflowd_export_decodes_as_nfdump_decodes_it(version: str, tmp_path: Path) -> None:
+    pcap = tmp_path / "t.pcap"
+    _pcap(pcap, 6000, seed=4)
+    datagrams, sent = _export(pcap, version, tmp_path)
+    col = FlowCollector()
+    col.feed(datagrams)
+    mine = sorted(_records(col))
+    assert col.errs[1:].sum() == 0, col.stats()
+    theirs = sorted(_nfdump(datagrams, tmp_path))
+    assert sent is None or len(mine) == sent  # every record softflowd sent was received and decoded
+    assert len(mine) == len(theirs) > 100
+    # nfdump leaves a v9/v5 end time at 0 when it precedes the exporter's boot (uptime wrap); we do not
+    timed = [r for r in theirs if r[0]]
+    assert len(timed) >= 0.95 * len(theirs)
+    assert Counter(r[1:] for r in mine) == Counter(r[1:] for r in theirs)
+    assert Counter(timed) <= Counter(mine)
+    assert max(r[5] for r in mine) > 1  # flows of several packets: weights matter
+
+
+@needs_peers
+def test_per_window_totals_per_pair_equal_nfdumps(tmp_path: Path) -> None:
+    """pcap -> softflowd (IPFIX) -> lowwater's decoder and weighted kernel, and -> nfcapd/nfdump: per 1 s
+    pane (by end time) and (src, dst), packets and bytes agree."""
+    pcap = tmp_path / "t.pcap"
+    _pcap(pcap, 8000, seed=7)
+    datagrams, _ = _export(pcap, "10", tmp_path)
+    col = FlowCollector()
+    col.feed(datagrams)
+    b = col.decode()
+    q = _query(size=64)  # small table: evictions and overdue one-record partials happen too
+    got = _aggregate(q, b.rows[: b.n].copy(), b.weights[: b.n].copy())
+    want: Counter = Counter()
+    for ms, sa, da, _sp, _dp, pk, by in _nfdump(datagrams, tmp_path):
+        pane = (ms * 1_000_000 - q.window.origin_ns) // q.window.pane_ns
+        src, dst = F.ip_to_words(sa)[1], F.ip_to_words(da)[1]
+        want[(pane, F.to_int64(src), F.to_int64(dst), "packets")] += pk
+        want[(pane, F.to_int64(src), F.to_int64(dst), "bytes")] += by
+    assert got == want
+    assert sum(v for k, v in want.items() if k[3] == "packets") == 8000
+
+
+def test_weighted_kernel_is_exact_under_disorder() -> None:
+    """Synthetic records, shuffled: count adds the weight (in the table and in overdue partials)."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    rows = np.zeros((n, F.NFIELDS), np.int64)
+    rows[:, F.TS] = T0 + np.sort(rng.integers(0, 30 * NS, n))
+    rows[:, F.TS] += rng.integers(-3 * NS, 1, n)  # records end up to 3 s out of order
+    rows[:, F.IPVER] = 4
+    rows[:, F.SRC_LO] = F.IPV4_MAPPED_PREFIX | (0x0A000000 + rng.integers(0, 40, n))
+    rows[:, F.DST_LO] = F.IPV4_MAPPED_PREFIX | (0xC0A80000 + rng.integers(0, 30, n))
+    rows[:, F.LEN] = rng.integers(40, 100_000, n)
+    w = rng.integers(1, 500, n).astype(np.int64)
+    q = _query(size=128, m=1)
+    got = _aggregate(q, rows, w)
+    want: Counter = Counter()
+    pane = (rows[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
+    for p, r, wi in zip(pane, rows, w, strict=True):
+        want[(int(p), int(r[F.SRC_LO]), int(r[F.DST_LO]), "packets")] += int(wi)
+        want[(int(p), int(r[F.SRC_LO]), int(r[F.DST_LO]), "bytes")] += int(r[F.LEN])
+    assert got == want
+
+
+def _v9(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010, uptime_ms: int = 10_000) -> bytes:
+    body = b"".join(sets)
+    return (9).to_bytes(2, "big") + b"\x00\x01" + uptime_ms.to_bytes(4, "big") + clock_s.to_bytes(4, "big") + \
+        b"\x00\x00\x00\x01" + domain.to_bytes(4, "big") + body
+
+
+def _set(sid: int, payload: bytes) -> bytes:
+    pad = (-len(payload)) % 4
+    return sid.to_bytes(2, "big") + (len(payload) + 4 + pad).to_bytes(2, "big") + payload + b"\x00" * pad
+
+
+def _template(tid: int, fields: list[tuple[int, int]]) -> bytes:
+    return _set(0, tid.to_bytes(2, "big") + len(fields).to_bytes(2, "big") +
+                b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in fields))
+
+
+_FIELDS = [(8, 4), (12, 4), (2, 4), (1, 4), (21, 4), (4, 1)]
+
+
+def _record(src: int, dst: int, pkts: int, octets: int, last_ms: int, proto: int = 6) -> bytes:
+    return (src.to_bytes(4, "big") + dst.to_bytes(4, "big") + pkts.to_bytes(4, "big") + octets.to_bytes(4, "big") +
+            last_ms.to_bytes(4, "big") + bytes([proto]))
+
+
+def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
+    """A v9 options record says 1-in-100: records count 100x, per (exporter, domain); the same template
+    id means different layouts in two domains; an unknown or expired template is counted, not guessed."""
+    opts = _set(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
+                b"\x00\x01\x00\x04" + b"\x00\x22\x00\x04" + b"\x00\x23\x00\x01")
+    opt_data = _set(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
+    col = FlowCollector()
+    col.feed([
+        _v9(1, [_template(256, _FIELDS), opts, opt_data]),
+        _v9(1, [_set(256, _record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
+        _v9(2, [_template(256, list(reversed(_FIELDS)))]),
+        _v9(2, [_set(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
+                     + (0x0A000009).to_bytes(4, "big") + (0x0A000003).to_bytes(4, "big"))]),
+        _v9(3, [_set(256, _record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
+        _v9(1, [_set(256, _record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
+    ])
+    b = col.decode()
+    assert b.n == 2
+    r = b.rows
+    assert (b.weights[0], r[0, F.LEN], b.sampling_rate[0]) == (300, 30_000, 100)
+    assert r[0, F.TS] == 1_700_000_010 * NS - 1_000 * 1_000_000  # end = export clock - (uptime - last)
+    assert (b.weights[1], r[1, F.LEN], b.sampling_rate[1], r[1, F.PROTO]) == (1, 70, 1, 17)
+    assert r[1, F.DST_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000009 and r[1, F.SRC_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000003
+    st = col.stats()
+    assert st["errors"]["unknown_template"] == 1 and st["errors"]["expired_template"] == 1
+    assert st["sampling_rate"] == {"('127.0.0.1', 0)/1": 100, "('127.0.0.1', 0)/2": 1, "('127.0.0.1', 0)/3": 1}
+
+
+def test_low_water_mark_follows_the_slowest_exporter_and_late_records_are_counted() -> None:
+    col = FlowCollector()
+    col.timeouts.inactive_ns, col.timeouts.slack_ns = 15 * NS, 1 * NS
+    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_100)], exporter=("10.0.0.1", 2055))
+    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_060)], exporter=("10.0.0.2", 2055))
+    col.decode()
+    assert col.clock_mark_ns() == (1_700_000_060 - 16) * NS  # the slower exporter holds the mark
+    # exporter 2 silent for longer than exporter_timeout: it stops holding the mark
+    assert col.clock_mark_ns(now_ns=(1_700_000_060 + 301) * NS) == (1_700_000_100 - 16) * NS
+    # a record ending before the promised mark is late
+    col.feed([_v9(1, [_set(256, _record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
+             exporter=("10.0.0.1", 2055))
+    col.decode()
+    assert col.late_records == 1
+
+
+def test_fuzzed_datagrams_are_counted_never_crash() -> None:
+    """Random bytes and mutated real-looking datagrams (v5, v9, IPFIX): every datagram is counted once
+    (read whole, or under one reason), nothing is read outside its bytes."""
+    rng = np.random.default_rng(0)
+    base = [_v9(1, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)])]
+    v5 = bytearray(24 + 48 * 2)
+    v5[0:2] = (5).to_bytes(2, "big")
+    v5[2:4] = (2).to_bytes(2, "big")
+    base.append(bytes(v5))
+    ipfix = bytearray(_v9(7, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)]))
+    ipfix[0:2] = (10).to_bytes(2, "big")
+    del ipfix[4:8]  # IPFIX has no uptime word
+    ipfix[2:4] = len(ipfix).to_bytes(2, "big")
+    ipfix[16:18] = (2).to_bytes(2, "big")  # template set id
+    base.append(bytes(ipfix))
+    col = FlowCollector(capacity=1 << 16, buffer_bytes=1 << 23)
+    total = 0
+    for rnd in range(40):
+        grams = []
+        for _ in range(500):
+            x = bytearray(base[int(rng.integers(0, len(base)))])
+            if rng.random() < 0.2:
+                x = bytearray(rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes())
+            else:
+                for _ in range(int(rng.integers(1, 6))):
+                    if len(x):
+                        x[int(rng.integers(0, len(x)))] = int(rng.integers(0, 256))
+                x = x[: int(rng.integers(0, len(x) + 1))] if rng.random() < 0.3 else x
+            grams.append(bytes(x))
+        col.feed(grams, exporter=("fuzz", rnd % 3))
+        while col.pending:
+            col.decode()
+        total += len(grams)
+    st = col.stats()
+    assert col.datagrams == total
+    assert col.records > 0 and sum(st["errors"].values()) > 0
+    assert {"truncated", "wrong_version", "bad_set_length", "unknown_template"} <= {k for k, v in st["errors"].items() if v}
+
+
+@needs_peers
+def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path) -> None:
+    """softflowd's IPFIX export of a pcap, sent to ``lowwater-agent --source flows:...`` and to nfcapd:
+    the partials in Kafka roll up to nfdump's per-window packets and bytes per (src, dst), and the
+    closing punctuation covers them."""
+    import signal
+    import sys
+
+    from tests.test_agent_kafka import read_all
+
+    topic = topic_factory(partitions=2)
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(f"""
+queries:
+  - name: pairs
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
+    window: {{range: 2s}}
+    table: {{size: 256}}
+    kafka: {{topic: {topic}, partitions: 2}}
+""")
+    pcap = tmp_path / "t.pcap"
+    _pcap(pcap, 5000, seed=12)
+    datagrams, _ = _export(pcap, "10", tmp_path)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
+         "--host-id", "router-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0",
+         "--summary", str(tmp_path / "summary.json")],
+        stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    try:
+        for line in agent.stderr:  # ready once it says which source it runs
+            if "queries, source" in line:
+                break
+        rest: list[str] = []  # keep reading its log: a full pipe would block the agent
+        reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
+        reader.start()
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for x in datagrams:
+            tx.sendto(x, ("127.0.0.1", port))
+            time.sleep(0.0005)
+        tx.close()
+        time.sleep(1.5)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+        reader.join(10)
+    assert agent.returncode == 0, "".join(rest)[-3000:]
+    q = Q.load(cfg).queries[0]
+    got: Counter = Counter()
+    marks = {}
+    for part, b in read_all(kafka.bootstrap_servers, topic, 2):
+        if isinstance(b, wire.Partials):
+            for p, k, s in zip(b.pane, b.key, b.state, strict=True):
+                got[(int(p), int(k[1]), int(k[3]), "packets")] += int(s[0])
+                got[(int(p), int(k[1]), int(k[3]), "bytes")] += int(s[1])
+        else:
+            marks[part] = b.mark_pane
+    want: Counter = Counter()
+    for ms, sa, da, _sp, _dp, pk, by in _nfdump(datagrams, tmp_path):
+        pane = (ms * 1_000_000 - q.window.origin_ns) // q.window.pane_ns
+        src, dst = F.to_int64(F.ip_to_words(sa)[1]), F.to_int64(F.ip_to_words(da)[1])
+        want[(pane, src, dst, "packets")] += pk
+        want[(pane, src, dst, "bytes")] += by
+    assert got == want
+    # the mark is what the exporter promised (its clock - inactive - slack), not the stop: it may still send
+    clock_ns = max(int.from_bytes(x[4:8], "big") for x in datagrams) * NS
+    assert marks == {p: (clock_ns - 17 * NS - q.window.origin_ns) // q.window.pane_ns for p in (0, 1)}
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["source"]["records"] > 0 and summary["source"]["late_records"] == 0
