@@ -30,6 +30,7 @@ the interface's ordinal counted over the whole file (== its id for the usual sin
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -43,6 +44,8 @@ from numba import njit
 from low_level.refcount import pin
 from low_level.ring import BYTES, CAPTURED, HEAD, TAIL, TRUNCATED, Ring, copy_words, load_u64, ring_push
 from low_level.sources.base import NST_BASE, ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Backoff, Source
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------
 # kernel state (int64 array shared with Python) and parameters
@@ -557,6 +560,7 @@ class PcapSource(Source):
         self.passes = 0
         self.malformed_tail = False
         self.reason: str | None = None
+        self._pulled = False
 
         size = os.path.getsize(self.path)
         if size < 24:
@@ -670,6 +674,53 @@ class PcapSource(Source):
         finally:
             if bar is not None:
                 bar.close()
+
+    # --- pulled by the consumer ---------------------------------------------------------------
+    @property
+    def can_pull(self) -> bool:
+        """A fast replay can also be driven by its consumer (:meth:`pull`) instead of its own thread."""
+        return self.mode == "fast" and self._thread is None
+
+    def pull(self, max_frames: int) -> int:
+        """Replay up to ``max_frames`` more records into the ring from the caller's thread; returns the
+        frames pushed (0 once the replay is over: see ``finished`` and ``error``).
+
+        For a consumer that has one core to itself and the reader: there a reader thread only adds
+        thread switches, and with the ring's whole length between the writer and the reader the frames
+        have left the cache when the kernel reads them. Pulled a few thousand at a time, the consumer
+        reads them while they are still there. Never start() a source that is pulled."""
+        if self._thread is not None or self.mode != "fast":
+            raise RuntimeError("pull() is for a fast replay without its own thread")
+        if self._finished or self.error is not None or self._stop_evt.is_set() or self._buf.size == 0:
+            return 0  # over, failed, stopped or closed
+        st, p = self._st, self._p
+        if not self._pulled:
+            self._pulled = True
+            p[P_WAIT] = 1
+            p[P_ELAPSED] = FOREVER
+            self._scale = 1.0
+            self._new_pass()
+        p[P_MAXN] = max_frames
+        before = int(st[ST_PUSHED])
+        try:
+            rc = self._call()
+            if rc in (RC_EOF, RC_MALFORMED):  # as in _run
+                if rc == RC_MALFORMED and not self.malformed_tail:
+                    self.malformed_tail = True
+                    self.reason = self._bad_reason()
+                self.passes += 1
+                if self.loop and st[S_PASS_READ] > 0:
+                    self._new_pass()
+                else:
+                    self._finished = True
+            elif rc == RC_LINKTYPE:
+                where = f" (interface block at offset {int(st[S_BAD_POS])})"
+                self.reason = _linktype_msg(self.path, int(st[S_BAD_A]), where)
+                raise UnsupportedLinktypeError(self.reason)
+        except Exception as exc:  # as a source thread does: reported via .error and the log, never raised
+            self.error = exc
+            log.exception("%s source failed", self.kind)
+        return int(st[ST_PUSHED]) - before
 
     def _bad_reason(self) -> str:
         st = self._st
