@@ -397,3 +397,50 @@ def test_inner_addresses_group_and_filter_are_exact() -> None:
     absent = (nets["k0"] == 0) & (nets["k1"] == 0)
     assert absent.any() and (~absent).any() and set(nets["k2"]) == {4, 6}
     assert Q.decode_key(qs[1], np.array([0, 0, 4]))[qs[1].key_parts[0].name] == "::"
+
+
+def _write_pcap_ns(path, frames, cap, wl, ts) -> None:
+    import struct
+
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1))
+        for i in range(len(ts)):  # a test fixture's writer: a few thousand records
+            t, k = int(ts[i]), min(int(cap[i]), int(wl[i]))  # frames shorter than 64 bytes come padded
+            fh.write(struct.pack("<IIII", t // 1_000_000_000, t % 1_000_000_000, k, int(wl[i])))
+            fh.write(bytes(frames[i, :k]))
+
+
+@pytest.mark.parametrize("one_cpu", [True, False])
+def test_agent_on_one_cpu_pulls_a_pcap_replay_exactly(tmp_path, monkeypatch, one_cpu: bool) -> None:
+    """Pinned to one CPU the agent drives a fast pcap replay from its own loop (no reader thread, a ring of
+    pull_frames slots); with more CPUs the reader has its thread. Both must give the exact aggregate and
+    close every partition at the end."""
+    import os
+
+    q = make_query("lazy", 512, window="{range: 1s}", partitions=2)
+    traffic = make_traffic(20_000, 900, T0, 12 * NS, seed=12)
+    path = tmp_path / "t.pcap"
+    _write_pcap_ns(path, *build_frames(traffic))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0} if one_cpu else {0, 1})
+    monkeypatch.setattr(Agent, "pull_frames", 4096)  # several pulls, around the ring several times
+    prod = RecordingProducer()
+    agent = Agent([q], {"type": "pcap", "path": str(path), "mode": "fast", "progress": False}, "h1", None,
+                  ring_slots=1 << 16, producer=prod)
+    assert agent.pull == one_cpu
+    assert agent.ring.nslots == (4096 if one_cpu else 1 << 16)
+    agent.run()
+    assert agent.source.finished and agent.source.error is None
+    assert (agent.source._thread is None) == one_cpu
+    panes, keys, states, closed = [], [], [], set()
+    for _topic, part, value in prod.sent:
+        b = wire.decode(value)
+        if isinstance(b, wire.Punctuation):
+            if b.mark_pane == wire.END_OF_STREAM:
+                closed.add(part)
+        else:
+            panes.append(b.pane)
+            keys.append(b.key)
+            states.append(b.state)
+    assert closed == {0, 1}
+    got = merge_partials(q, np.concatenate(panes), np.concatenate(keys), np.concatenate(states))
+    assert got.equals(oracle(q, traffic))
