@@ -100,6 +100,9 @@ class Agent:
                      len(queries), took)
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, selects=self.selects,
                                **(emitter_opts or {}))
+        # drained partials wait in ``pending`` for at most a small fraction of the backlog's bound, so the
+        # memory the uplink may hold stays what max_records says (a Kafka outage sheds as configured)
+        self.pending_max = min(self.pump_records, max(64, self.emitter.backlog.max_records // 8))
         self.select_next_timer = [0.0] * len(self.selects)
         self.select_last_on_demand = [0.0] * len(self.selects)
         self.source = None
@@ -254,8 +257,10 @@ class Agent:
             elif idle and s.heartbeat.on_demand and now - self.select_last_on_demand[k] >= self.on_demand_gap_s:
                 self.select_last_on_demand[k] = now
                 self.punctuate_select(k, idle, timer=False)
+        if self.pending_records >= self.pending_max:
+            self.submit()  # into the backlog, whose merge and bound (max_records) then apply
         if (self.punctuated or now - self.last_pump >= self.pump_every_s
-                or self.pending_records + self.emitter.backlog.records >= self.pump_records):
+                or self.emitter.backlog.records >= self.pump_records):
             # fewer, larger Kafka batches: the client's work is per message and per request, on the capture core
             self.last_pump = now
             self.punctuated = False
