@@ -42,7 +42,10 @@ def _hash(frame: bytes) -> int:
 
 
 def test_flow_hash_is_symmetric_and_spreads_flows() -> None:
-    e1, e2 = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02"), dict(src="02:00:00:00:00:02", dst="02:00:00:00:00:01")
+    e1, e2 = (
+        dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02"),
+        dict(src="02:00:00:00:00:02", dst="02:00:00:00:00:01"),
+    )
     pairs = [
         (Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1234, dport=80),
          Ether(**e2) / IP(src="10.0.0.2", dst="10.0.0.1") / TCP(sport=80, dport=1234)),
@@ -58,7 +61,12 @@ def test_flow_hash_is_symmetric_and_spreads_flows() -> None:
     other_port = Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1235, dport=80)
     assert _hash(bytes(base)) != _hash(bytes(other_port))
     # every fragment of a datagram hashes alike (the later ones have no ports)
-    first = Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2", flags="MF", id=9) / UDP(sport=1, dport=2) / Raw(b"a" * 32)
+    first = (
+        Ether(**e1)
+        / IP(src="10.0.0.1", dst="10.0.0.2", flags="MF", id=9)
+        / UDP(sport=1, dport=2)
+        / Raw(b"a" * 32)
+    )
     later = Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2", frag=5, id=9, proto=17) / Raw(b"b" * 32)
     assert _hash(bytes(first)) == _hash(bytes(later))
     assert _hash(b"\x00" * 5) == 0  # a runt frame hashes, it does not read out of bounds
@@ -89,7 +97,9 @@ def write_pcap(path: Path, t) -> None:
     cap = np.minimum(cap, wl)
     out = [struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1)]
     for i in range(len(ts)):
-        out.append(struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes())
+        out.append(
+            struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
+        )
     path.write_bytes(b"".join(out))
 
 
@@ -97,7 +107,9 @@ def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
     out = []
     for seq in range(int(ring.ctr[TAIL]), int(ring.ctr[HEAD])):
         s = seq & (ring.nslots - 1)
-        out.append((bytes(ring.frames[s * ring.snaplen : s * ring.snaplen + ring.caplen[s]]), int(ring.ts[s])))
+        out.append(
+            (bytes(ring.frames[s * ring.snaplen : s * ring.snaplen + ring.caplen[s]]), int(ring.ts[s]))
+        )
     ring.ctr[TAIL] = ring.ctr[HEAD]
     return out
 
@@ -175,7 +187,9 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     cfg2.write_text(CONFIG.format(topic=two, sources="cap-1"))  # a worker runs what its host runs
     summary = tmp_path / "summary.json"
     run_agent(cfg1, f"pcap:{pcap}", "cap-1", kafka.bootstrap_servers)
-    run_agent(cfg2, f"pcap:{pcap}", "cap-1", kafka.bootstrap_servers, "--workers", "2", "--summary", str(summary))
+    run_agent(
+        cfg2, f"pcap:{pcap}", "cap-1", kafka.bootstrap_servers, "--workers", "2", "--summary", str(summary)
+    )
 
     g1, h1, e1 = merged(read_all(kafka.bootstrap_servers, one, 2))
     g2, h2, e2 = merged(read_all(kafka.bootstrap_servers, two, 2))
@@ -255,8 +269,8 @@ sendp(frames, iface=iface, verbose=False)
 
 @pytest.mark.netns
 @pytest.mark.kafka
-def test_live_fanout_counts_every_packet_once_over_two_workers(veth_pair, kafka, topic_factory, tmp_path: Path):  # noqa: F811
-    ns, host_if, peer = veth_pair
+def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, topic_factory, tmp_path: Path):
+    ns, host_if, peer = request.getfixturevalue("veth_pair")  # tests/test_sources.py's namespace
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
     cfg.write_text(CONFIG.format(topic=topic, sources="'edge-1/*'"))
@@ -265,8 +279,12 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(veth_pair, kafka,
     for i in range(n):
         f = i % flows
         # dst MAC not the host end's: the host stack discards them (PACKET_OTHERHOST), nothing replies
-        pkt = Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99") / IP(src=f"10.77.{f}.2", dst="10.77.200.1") / UDP(
-            sport=40000 + f, dport=9) / Raw(struct.pack(">I", i))
+        pkt = (
+            Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99")
+            / IP(src=f"10.77.{f}.2", dst="10.77.200.1")
+            / UDP(sport=40000 + f, dport=9)
+            / Raw(struct.pack(">I", i))
+        )
         frames.append(bytes(pkt))
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
@@ -291,7 +309,9 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(veth_pair, kafka,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    assert 'worker="w0"' in text and 'worker="w1"' in text and 'lowwater_agent_worker_up{host="edge-1"' in text
+    assert (
+        'worker="w0"' in text and 'worker="w1"' in text and 'lowwater_agent_worker_up{host="edge-1"' in text
+    )
     s = json.loads(summary.read_text())
     per = {h: w["packets"] for h, w in s["workers"].items()}
     assert sum(per.values()) == n, per  # each frame went to exactly one worker
@@ -336,3 +356,69 @@ def wait_metrics(port: int, hosts: set[str], timeout: float) -> None:
             return
         time.sleep(0.3)
     raise AssertionError(f"workers {hosts} did not serve metrics in {timeout} s")
+
+
+# -- the status document and the page group workers under their capture host ---------------------------
+
+
+def worker_status_doc(now_ms: int) -> dict:
+    """A status document with capture host edge-9 as two workers (w1 silent) and a host without workers."""
+    from contract import status as S
+
+    def host(live: bool, mark_ns: int, records: int) -> S.HostOnPartition:
+        return S.HostOnPartition(live=live, expected=True, mark_pane=mark_ns // 10**10, mark_ns=mark_ns, lag_s=1.0,
+                                 last_heard_ms=now_ms, silent_s=0.5, punctuations=3, incarnation=1, records=records,
+                                 sent_records=records, received_records=records, missing_records=0, late_partials=0)  # fmt: skip
+
+    mark = now_ms * 10**6 - 20 * NS
+    hosts = {
+        "edge-9/w0": host(True, mark, 70),
+        "edge-9/w1": host(False, mark - 5 * NS, 30),
+        "solo": host(True, mark, 5),
+    }
+    part = S.PartitionStatus(query="q4_pairs", partition=0, now_ms=now_ms, low_water_mark_pane=mark // 10**10,
+                             low_water_mark_ns=mark, closed_before_window=None, blocked_by=[], live_hosts=2,
+                             open_windows=1, state_rows=3, windows_closed=1, records=105, hosts=hosts)  # fmt: skip
+    queries = {"q4_pairs": S.summarize_query({0: part})}
+    doc = S.StatusDocument(mode="oop", updated_ms=now_ms, batch_id=1,
+                           settings=S.JobSettings(trigger_ms=1000, host_timeout_ms=10_000, expected_hosts=sorted(hosts),
+                                                  late_policy="drop", watermark_delay_ms=10_000),
+                           queries=queries, hosts=S.summarize_hosts(queries))  # fmt: skip
+    return doc.model_dump(mode="json")
+
+
+def test_status_groups_workers_under_their_capture_host(tmp_path: Path) -> None:
+    from contract import status as S
+    from high_level.serve.status import read_status
+
+    now_ms = int(time.time() * 1000)
+    (tmp_path / "_status.json").write_text(json.dumps(worker_status_doc(now_ms)))
+    st = read_status(tmp_path)
+    assert st["available"], st["error"]
+    by = {h["host"]: h for h in st["hosts"]}
+    assert by["edge-9/w1"]["capture_host"] == "edge-9" and by["edge-9/w1"]["worker"] == "w1"
+    assert by["solo"]["capture_host"] is None and by["solo"]["worker"] is None
+    caps = {g["host"]: g for g in st["capture_hosts"]}
+    assert set(caps) == {"edge-9", "solo"}
+    e9 = caps["edge-9"]
+    assert e9["workers"] == ["edge-9/w0", "edge-9/w1"] and e9["workers_live"] == 1 and not e9["live"]
+    assert e9["records"] == 100 and e9["low_water_mark_ns"] == by["edge-9/w1"]["low_water_mark_ns"]
+    assert caps["solo"]["workers"] == ["solo"] and caps["solo"]["live"]
+    assert S.split_worker("a/b/w12") == ("a/b", "w12") and S.split_worker("a/wx") == ("a/wx", None)
+
+
+def test_page_shows_workers_under_their_host(tmp_path: Path) -> None:
+    from tests.test_api_support import make_store
+    from tests.test_results_page import CHROMIUM, _chromium, _serve, _stop
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium, or ./lw setup)")
+    store = make_store(tmp_path / "results")
+    (store.root / "_status.json").write_text(json.dumps(worker_status_doc(int(time.time() * 1000))))
+    proc, base = _serve(store)
+    try:
+        dom = _chromium(f"{base}/ui", tmp_path / "profile", "--dump-dom").stdout
+    finally:
+        _stop(proc)
+    assert "1/2 workers live" in dom, dom[-3000:]
+    assert dom.index(">edge-9<") < dom.index("edge-9/w0") < dom.index("edge-9/w1") < dom.index(">solo<")
