@@ -219,7 +219,7 @@ class FanoutAfPacketSource(AfPacketSource):
     def __init__(self, ring: Ring, interfaces: list[str], group: int, mode: str = "hash", **kw: Any) -> None:
         if mode not in FANOUT_MODES:
             raise ValueError(f"fanout mode must be one of {sorted(FANOUT_MODES)}, not {mode!r}")
-        if not 0 <= group <= 0xFFFF - len(interfaces):
+        if not 0 <= group <= 0xFFFF:  # interface k joins (group + k) mod 2^16
             raise ValueError(f"fanout group {group} out of range")
         super().__init__(ring, interfaces, **kw)
         self.group, self.mode = int(group), mode
@@ -269,7 +269,10 @@ def worker_source(spec: dict[str, Any], ring: Ring, index: int, count: int, grou
     return ShareSource(spec, ring, index, count)
 
 
-def fanout_group_base(seed: int) -> int:
-    """A group id for this agent (the kernel's groups are per network namespace: two agents on one host
-    must not share one)."""
-    return (seed * 2654435761 & 0xFFFF) & ~0xFF  # room for 256 interfaces
+def fanout_group_base(pid: int) -> int:
+    """The fanout group id of an agent: its supervisor's pid (mod 2^16). Groups are per network
+    namespace; a socket joining an existing id on the same interface joins that group silently, so two
+    agents must not share one: ids of concurrently running processes differ unless their pids are
+    equal mod 65536. Interface k of the agent uses ``id + k``; the same id on another interface is
+    refused by the kernel (the worker then fails to start and says so)."""
+    return pid & 0xFFFF
