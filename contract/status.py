@@ -12,11 +12,12 @@ Units are in the names: ``*_ns`` nanoseconds since the epoch, ``*_ms`` milliseco
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contract.wire import END_OF_STREAM
 
@@ -128,9 +129,22 @@ class QueryStatus(_Model):
 
 
 class HostStatus(_HostTotals):
-    """One capture host over every query: what the results page's host table shows."""
+    """One capture host over every query: what the results page's host table shows. A worker ``H/wN``
+    of a capture host run with ``--workers`` says which host it belongs to (``capture_host``, ``worker``)."""
 
     host: str
+    queries: list[str] = Field(default_factory=list)
+    capture_host: str | None = None
+    worker: str | None = None
+
+
+class CaptureHostStatus(_HostTotals):
+    """A capture host with all its workers (a host run without workers is its own single worker):
+    dead if any worker is dead, the lowest mark, the largest lag, counters summed."""
+
+    host: str
+    workers: list[str] = Field(default_factory=list)
+    workers_live: int = 0
     queries: list[str] = Field(default_factory=list)
 
 
@@ -168,6 +182,14 @@ class StatusDocument(_Model):
     hosts: list[HostStatus]
     progress: dict[str, StreamProgress] = Field(default_factory=dict)
     store_bytes: int | None = None  # size of the results directory at the last retention check
+    # the hosts grouped per capture host (workers H/wN under H): derived from ``hosts`` when not given
+    capture_hosts: list[CaptureHostStatus] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _group_workers(self) -> StatusDocument:
+        if self.hosts and not self.capture_hosts:
+            self.capture_hosts = group_workers(self.hosts)
+        return self
 
     def stream_ended(self, host: str, incarnation: int) -> bool:
         """``host`` (this ``incarnation`` of its agent, not an earlier run's) has sent its end-of-stream
@@ -216,12 +238,39 @@ def summarize_query(parts: Mapping[int, PartitionStatus]) -> QueryStatus:
     )
 
 
+_WORKER = re.compile(r"(?P<host>.+)/(?P<worker>w[0-9]+)")
+
+
+def split_worker(host_id: str) -> tuple[str, str | None]:
+    """``edge-1/w3`` -> (``edge-1``, ``w3``); a host id without a worker suffix -> (itself, None)."""
+    m = _WORKER.fullmatch(host_id)
+    return (m["host"], m["worker"]) if m else (host_id, None)
+
+
+def group_workers(hosts: list[HostStatus]) -> list[CaptureHostStatus]:
+    """The hosts' workers folded per capture host (sorted by host; workers in worker order)."""
+    out: dict[str, CaptureHostStatus] = {}
+    for h in hosts:
+        cap, worker = split_worker(h.host)
+        g = out.setdefault(cap, CaptureHostStatus(host=cap))
+        g.workers.append(h.host)
+        g.workers_live += int(h.live)
+        g.queries += [q for q in h.queries if q not in g.queries]
+        g.fold(h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records,
+               h.restarts)  # fmt: skip
+    for g in out.values():
+        g.workers.sort(key=lambda w: (len(w), w))
+    return [out[k] for k in sorted(out)]
+
+
 def summarize_hosts(queries: Mapping[str, QueryStatus]) -> list[HostStatus]:
     """Per capture host over every query (dead anywhere is dead; lowest mark, largest lag, sums)."""
     out: dict[str, HostStatus] = {}
     for qname, q in sorted(queries.items()):
         for name, h in q.hosts.items():
-            agg = out.setdefault(name, HostStatus(host=name))
+            cap, worker = split_worker(name)
+            worker_of = {"capture_host": cap, "worker": worker} if worker else {}
+            agg = out.setdefault(name, HostStatus(host=name, **worker_of))
             agg.queries.append(qname)
             agg.fold(h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records, h.restarts)
     return [out[k] for k in sorted(out)]

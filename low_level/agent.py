@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -361,6 +362,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | Non
                     help="answer punctuation requests of the high level on this topic (e.g. lowwater.control)")
     ap.add_argument("--summary", metavar="FILE",
                     help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit")
+    ap.add_argument("--workers", type=int, help="worker processes on this host (AF_PACKET fanout or a replay split "
+                    "by flow; each punctuates as host H/wI); default: half the cores for afpacket, else 1")
+    ap.add_argument("--fanout", choices=("hash", "cpu"), help="AF_PACKET fanout mode of the workers (default hash)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # INDEX/COUNT/GROUP, set by the supervisor
     a = ap.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_security")}
     if a.kafka_security is not None:
@@ -385,15 +390,32 @@ def main(argv: list[str] | None = None) -> None:
     except (SettingsError, Q.ConfigError) as exc:
         raise SystemExit(f"lowwater-agent: {exc}") from None
     named = [q for q in cfg.queries if not s.queries or q.name in s.queries]
-    selects = [q for q in cfg.selects if (not s.queries or q.name in s.queries) and q.runs_on(s.host_id)]
-    if not named and not selects:
+    named_selects = [q for q in cfg.selects if not s.queries or q.name in s.queries]
+    if not named and not named_selects:
         raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
-    queries = [q for q in named if q.runs_on(s.host_id)]  # a query's `sources` name the hosts that run it
+    from low_level import workers as W
+
+    worker = W.parse_worker(s.worker) if s.worker else None
+    nworkers = s.workers or W.default_workers(s.source)
+    capture_host = s.host_id.rpartition("/w")[0] if worker else s.host_id
+    # a query's `sources` name the hosts that run it; a worker H/wI runs what H runs (and what H/wI does)
+    hosts = {s.host_id, capture_host}
+    if nworkers > 1 and not worker:
+        hosts |= {W.worker_host_id(s.host_id, i) for i in range(nworkers)}
+    queries = [q for q in named if any(q.runs_on(h) for h in hosts)]
+    selects = [q for q in named_selects if any(q.runs_on(h) for h in hosts)]
     for q in named:
         if q not in queries:
             log.info("query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources))
     if not queries and not selects:
         raise SystemExit(f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}")
+    if nworkers > 1 and worker is None:
+        try:
+            parse_source(s.source)
+        except ValueError as exc:
+            raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
+        raise SystemExit(W.supervise(list(sys.argv[1:] if argv is None else argv), s.host_id, nworkers, s.source,
+                                     s.metrics_port, s.summary))  # fmt: skip
     opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
     control = None
     if s.control_topic:
@@ -406,13 +428,20 @@ def main(argv: list[str] | None = None) -> None:
         if spec["type"] == "flows":
             from low_level.flowagent import FlowAgent
 
+            if worker:
+                raise SystemExit("lowwater-agent: a flow collector runs as one process (--workers 1)")
+
             if selects:
                 raise SystemExit("lowwater-agent: select queries need packets; a flow source has none "
                                  f"({', '.join(x.name for x in selects)})")
             agent: Any = FlowAgent(queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks)
         else:
-            agent = Agent(queries, spec, s.host_id, s.bootstrap, ring_slots=s.ring_slots, emitter_opts=opts,
-                          control=control, selects=selects, networks=cfg.networks)
+            agent = Agent(queries, None if worker else spec, s.host_id, s.bootstrap, ring_slots=s.ring_slots,
+                          emitter_opts=opts, control=control, selects=selects, networks=cfg.networks)
+            if worker:  # a fanout member (live) or a flow share (replay): low_level/fanout.py
+                from low_level.fanout import worker_source
+
+                agent.source = worker_source(spec, agent.ring, *worker, fanout=s.fanout)
     except Q.ConfigError as exc:  # a bad networks file: file, line and reason
         raise SystemExit(f"lowwater-agent: {exc}") from None
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec

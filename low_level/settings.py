@@ -8,6 +8,7 @@ shares (:class:`contract.kafka_security.KafkaSecurity`); in a container, prefer 
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -31,3 +32,7 @@ class AgentSettings(RoleSettings):
     summary: str | None = None
     control_topic: str | None = None  # answer the high level's punctuation requests (low_level/ondemand.py)
     kafka_security: KafkaSecurity = KafkaSecurity()
+    # worker processes of this host (low_level/workers.py); None: low_level.workers.default_workers
+    workers: int | None = Field(default=None, ge=1, le=256)
+    fanout: Literal["hash", "cpu"] = "hash"  # AF_PACKET fanout mode of the workers
+    worker: str | None = None  # set by the supervisor for its workers: INDEX/COUNT/GROUP

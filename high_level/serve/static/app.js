@@ -215,15 +215,24 @@ function renderStatus(st) {
     el("th", { class: "num", text: "lag" }), ...counters.map((c) => el("th", { class: "num", text: c.replace(/_/g, " ") })),
     el("th", { text: "queries" }));
   const tb = el("tbody");
-  for (const h of hosts) {
+  const hostRow = (h, label, state) => {
     const dot = h.live ? "dot-live" : "dot-dead";
     const lag = el("td", { class: "num", text: fmtDur(h.lag_s) });
     if (h.lag_s !== null && h.lag_s > 30) lag.className = "num warn";
-    tb.append(el("tr", {}, el("td", { class: "key", text: h.host }),
-      el("td", {}, el("span", { class: dot }), h.live ? "live" : "silent"),
+    return el("tr", {}, el("td", { class: "key", text: label }),
+      el("td", {}, el("span", { class: dot }), state || (h.live ? "live" : "silent")),
       el("td", { text: fmtMark(h.low_water_mark_ns) }),
       lag, ...counters.map((c) => el("td", { class: "num" + (h[c] && c !== "records" ? " warn" : ""), text: fmtNum(h[c]) })),
-      el("td", { text: (h.queries || []).join(", ") })));
+      el("td", { text: (h.queries || []).join(", ") }));
+  };
+  // workers H/w0 ... of a capture host run with --workers: one row for the host, its workers under it
+  const byName = Object.fromEntries(hosts.map((h) => [h.host, h]));
+  const groups = st.capture_hosts && st.capture_hosts.length ? st.capture_hosts : hosts.map((h) => ({ ...h, workers: [h.host] }));
+  for (const g of groups) {
+    const solo = g.workers.length === 1 && g.workers[0] === g.host;
+    if (solo) { tb.append(hostRow(byName[g.host] || g, g.host)); continue; }
+    tb.append(hostRow(g, g.host, `${g.workers_live}/${g.workers.length} workers live`));
+    for (const w of g.workers) if (byName[w]) tb.append(hostRow(byName[w], "\u2003" + w));
   }
   body.append(el("table", { class: "hosts" }, el("thead", {}, head), tb));
 }

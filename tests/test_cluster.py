@@ -1,0 +1,225 @@
+"""Real clusters in the suite, started once together (JVM start-up is most of the cost):
+
+* a Spark standalone cluster: a master and two workers from the pyspark distribution
+  (``bin/spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``); the job runs against it
+  with ``--master spark://...`` in a process of its own (one SparkContext per process: the session's
+  local one stays in the test process);
+* a 3-broker KRaft Kafka cluster (``local_stack/kafka_cluster.py``), topics with replication factor 3
+  and ``min.insync.replicas`` 2.
+
+Emulated hosts' partials and punctuations go to the Kafka cluster while the leader of a partition is
+SIGKILLed mid-stream and then restarted: nothing is lost, duplicated or reordered, and the job on the
+standalone cluster's executors gives results equal to the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contract import query as Q
+from local_stack.kafka_broker import free_port
+from local_stack.kafka_cluster import KafkaCluster
+from tests.packets import make_traffic
+from tests.test_high_level_spark import HOSTS, assert_exact, traffic_messages
+from tests.topic_reader import read_topic
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000_000_000_000
+
+pytestmark = pytest.mark.cluster
+
+QUERY = """
+queries:
+  - name: {name}
+    group_by: [src_ip, dst_ip]
+    aggregates:
+      - {{fn: count, as: packets}}
+      - {{fn: sum, field: length, as: bytes}}
+      - {{fn: avg, field: length, as: avg_len}}
+      - {{fn: max, field: ttl, as: max_ttl}}
+    window: {{range: 10s}}
+    kafka: {{topic: {topic}, partitions: 2}}
+"""
+
+# the job on the cluster, in its own process: prints what the driver saw of the cluster as JSON
+DRIVER = """
+import json, sys
+from contract import query as Q
+from high_level.job import HighLevelJob, JobOptions
+from high_level.session import build_spark
+from local_stack.jars import spark_kafka_jars
+
+master, cfg, bootstrap, results, ckpt, state, hosts = sys.argv[1:8]
+conf = {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2",
+        "spark.driver.memory": "512m", "spark.sql.shuffle.partitions": "2"}
+spark = build_spark("lowwater-cluster-test", master, conf, jars=spark_kafka_jars(), state=state,
+                    driver_host="127.0.0.1")
+job = HighLevelJob(spark, Q.load(cfg).queries, JobOptions(bootstrap=bootstrap, results=results, checkpoint=ckpt,
+                   trigger_ms=300, expected_hosts=tuple(hosts.split(",")), host_timeout_ms=600_000,
+                   shuffle_partitions=2, name="cluster"))
+job.start()
+try:
+    job.process_all_available()
+finally:
+    job.stop()
+sc = spark.sparkContext
+print("CLUSTER " + json.dumps({"master": sc.master, "block_managers": sc._jsc.sc().getExecutorMemoryStatus().size()}))
+spark.stop()
+"""
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def _get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, KafkaCluster]]:
+    """A standalone master and two 1-core workers on loopback, and a 3-node Kafka cluster, started side
+    by side; yields (the master URL, the Kafka cluster)."""
+    home = _spark_home()
+    work = tmp_path_factory.mktemp("spark-cluster")
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
+           "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}  # fmt: skip
+    port, ui = free_port(), free_port()
+    master = f"spark://127.0.0.1:{port}"
+    cls = str(home / "bin" / "spark-class")
+    procs: list[subprocess.Popen] = []
+    logs = []
+    kafka: KafkaCluster | None = None
+
+    def start(name: str, *args: str) -> None:
+        log = (work / f"{name}.log").open("wb")
+        logs.append(log)
+        procs.append(subprocess.Popen([cls, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                                      start_new_session=True))  # fmt: skip
+
+    try:
+        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+              "--webui-port", str(ui))  # fmt: skip
+        for i in range(2):
+            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                  "--memory", "768m", "--webui-port", str(free_port()), "--work-dir", str(work / f"w{i}"), master)  # fmt: skip
+        kafka = KafkaCluster("lw-test", 3, state=tmp_path_factory.mktemp("kafka-cluster")).start(180)
+        deadline = time.monotonic() + 120
+        while True:
+            st = _get_json(f"http://127.0.0.1:{ui}/json/")
+            if st and st.get("aliveworkers") == 2:
+                break
+            dead = [p for p in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                tails = "\n".join(
+                    (work / f"{n}.log").read_text()[-1500:] for n in ("master", "worker0", "worker1")
+                )
+                pytest.fail(f"the standalone cluster did not come up (state {st}):\n{tails}")
+            time.sleep(0.5)
+        yield master, kafka
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        if kafka is not None:
+            kafka.stop()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for log in logs:
+            log.close()
+
+
+def _leader(cluster: KafkaCluster, topic: str, partition: int) -> int:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        (d,) = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    return next(p["leader_id"] for p in d["partitions"] if p["partition_index"] == partition)
+
+
+def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple[str, int, bytes]]) -> float:
+    """Send ``msgs`` (acks=all, idempotent) and SIGKILL partition 0's leader after two thirds were handed
+    to the producer, sends in flight; every send must be acknowledged. Then the victim restarts (it
+    catches up from the others). Returns the seconds the sends took."""
+    from kafka import KafkaProducer
+
+    prod = KafkaProducer(bootstrap_servers=cluster.bootstrap_servers, acks="all", enable_idempotence=True,
+                         linger_ms=2, max_request_size=8 << 20, request_timeout_ms=5000, retry_backoff_ms=200,
+                         delivery_timeout_ms=120_000)  # fmt: skip
+    victim = cluster.nodes[_leader(cluster, topic, 0) - 1]
+    futures = []
+    third = len(msgs) // 3
+    t0 = time.monotonic()
+    try:
+        for i, (_topic, part, value) in enumerate(msgs):
+            futures.append(prod.send(topic, value=value, partition=part))
+            if i == third:
+                prod.flush(60)
+            if i == 2 * third:
+                victim.kill()  # the producer fails over to the new leader
+        prod.flush(120)
+        for f in futures:
+            f.get(timeout=60)
+    finally:
+        prod.close(10)
+    took = time.monotonic() - t0
+    assert not victim.is_running()
+    victim.start(180)
+    return took
+
+
+def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_oracle(
+    clusters, tmp_path: Path
+):
+    master, kafka = clusters
+    topic = kafka.create_topic("lw-rf3-pairs", 2, {"min.insync.replicas": "2"})
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(QUERY.format(name="on_clusters", topic=topic))
+    q = Q.load(cfg).queries[0]
+    t = make_traffic(5000, 120, T0, 60 * 10**9, seed=17)
+    msgs = traffic_messages([q], t)
+    took = produce_killing_a_leader(kafka, topic, msgs)
+    print(f"\n{len(msgs)} messages sent in {took:.1f} s across a leader's SIGKILL")
+
+    sent: dict[int, list[bytes]] = {p: [] for p in range(2)}
+    for _topic, part, value in msgs:
+        sent[part].append(value)
+    got = read_topic(kafka.bootstrap_servers, topic, 2)
+    assert {p: len(v) for p, v in got.items()} == {p: len(v) for p, v in sent.items()}, (
+        "records lost or duplicated"
+    )
+    assert got == sent, "records reordered or altered"
+
+    results = tmp_path / "results"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", DRIVER, master, str(cfg), kafka.bootstrap_servers,
+                           str(results), str(tmp_path / "ckpt"), str(tmp_path / "state"), ",".join(HOSTS)],
+                          capture_output=True, text=True, timeout=400, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    print(f"job on the standalone cluster: {time.monotonic() - t0:.1f} s")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("CLUSTER "))
+    seen = json.loads(line[len("CLUSTER ") :])
+    assert seen["master"] == master
+    assert seen["block_managers"] >= 3, seen  # the driver and an executor on each worker
+    assert_exact(results, q, t)
