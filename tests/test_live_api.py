@@ -104,6 +104,34 @@ def test_sse_serves_the_newest_values_final_last_and_counts_bad_messages(store: 
         assert c.get("/live/q4_pairs").status_code == 404
 
 
+def test_update_queues_are_on_metrics_and_status(store: Store) -> None:
+    """Each live consumer's queue (policy, load factor, staleness, what the policy did) on /metrics and in
+    /status, next to the job's document."""
+    a, b = ("10.0.0.1", "10.0.0.2"), ("10.0.0.3", "10.0.0.4")
+    sources: list[_Source] = []
+
+    def source(hub: LiveHub) -> _Source:
+        sources.append(_Source(hub, [_upd(a, 5, False, 1), _upd(b, 2, False, 1)]))
+        return sources[0]
+
+    app = create_app(store.config, store.root, live_source=source)
+    with TestClient(app) as c:
+        sub = sources[0].hub.subscribe("q4_pairs", "inplace", service_s=0.5)
+        sources[0].hub.ingest(_upd(a, 9, False, 2))  # overwrites a's queued cell in place
+        text = c.get("/metrics").text
+        lab = f'consumer="{sub.id}",policy="inplace",query="q4_pairs"'
+        assert "lowwater_api_live_consumers 1.0" in text
+        assert f"lowwater_api_live_queued{{{lab}}} 2.0" in text
+        assert f"lowwater_api_live_overwrites_total{{{lab}}} 1.0" in text
+        assert f"lowwater_api_live_staleness_seconds{{{lab}}}" in text
+        assert "lowwater_api_live_updates_received_total 3.0" in text
+        live = c.get("/status").json()["live"]
+        assert live["enabled"] and live["received"] == 3
+        assert [(x["id"], x["policy"], x["overwrites"]) for x in live["consumers"]] == [(sub.id, "inplace", 1)]
+        sources[0].hub.unsubscribe(sub)
+        assert "lowwater_api_live_consumers 0.0" in c.get("/metrics").text
+
+
 def _serve_live(store: Store, bootstrap: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(store.config),

@@ -70,7 +70,7 @@ from high_level.serve import params as P
 from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
-from high_level.serve.metrics import ApiMetrics, MetricsMiddleware
+from high_level.serve.metrics import ApiMetrics, LiveCollector, MetricsMiddleware
 from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
 from high_level.serve.status import read_status
@@ -242,6 +242,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     token = token or None
     warmed = threading.Event()
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
+    metrics.registry.register(LiveCollector(hub))  # the update queues' staleness on /metrics
     # the reader of the live topics; tests may pass another source (anything with start/stop)
     live_source = live_source(hub) if live_source else KafkaLiveSource(hub, live_bootstrap) if live_bootstrap else None
 
@@ -419,7 +420,12 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
 
     @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
     def status() -> dict[str, Any]:
-        return read_status(results)
+        # the job's document, plus what only the API knows: its live consumers' queues (UpStream staleness)
+        st = hub.stats()
+        live = {"enabled": live_source is not None, "received": st["received"], "consumers": [
+            {k: c[k] for k in ("id", "query", "policy", "load_factor", "staleness_now_s", "staleness_avg_s",
+                               "overwrites", "skipped_windows", "delivered")} for c in st["consumers"]]}  # fmt: skip
+        return {**read_status(results), "live": live}
 
     @guarded.get("/alerts", summary="Alerts fired on closed windows, newest first")
     def alerts(query: Annotated[str | None, Query(max_length=64, description="only this query")] = None,

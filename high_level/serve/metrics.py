@@ -84,3 +84,45 @@ class MetricsMiddleware:
             method = scope.get("method", "")
             self.metrics.requests.labels(method if method in _METHODS else "other", route, str(status)).inc()
             self.metrics.duration.labels(route).observe(time.perf_counter() - t0)
+
+
+class LiveCollector:
+    """The live results' update queues as Prometheus series, read from the hub at each scrape.
+
+    Per consumer (at most ``hub.MAX_SUBSCRIBERS``, so the labels stay bounded): staleness now and averaged
+    over the stream as the UpStream seed defines them, load factor, queued cells, and the counters of what
+    the policy did (delivered, overwritten, superseded, dropped, windows skipped whole). Hub totals:
+    updates received, ignored (not newer), rejected (did not validate).
+    """
+
+    _GAUGES = (("staleness_now_s", "staleness_seconds", "mean staleness of the keys queued now"),
+               ("staleness_max_now_s", "staleness_max_seconds", "largest staleness of a key queued now"),
+               ("staleness_avg_s", "staleness_stream_avg_seconds", "time-averaged staleness of the stream"),
+               ("load_factor", "load_factor", "offered updates per service time"),
+               ("queued", "queued", "updates held in the queue"))  # fmt: skip
+    _COUNTERS = (("offered", "offered"), ("delivered", "delivered"), ("overwrites", "overwrites"),
+                 ("superseded", "superseded"), ("dropped", "dropped"), ("skipped_windows", "skipped_windows"))  # fmt: skip
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        st = self.hub.stats()
+        for k in ("received", "ignored", "rejected"):
+            yield CounterMetricFamily(f"lowwater_api_live_updates_{k}", f"live updates {k} by the API's hub",
+                                      value=st[k])  # fmt: skip
+        labels = ["consumer", "query", "policy"]
+        cons = st["consumers"]
+        yield GaugeMetricFamily("lowwater_api_live_consumers", "live consumers connected", value=len(cons))
+        for key, name, doc in self._GAUGES:
+            g = GaugeMetricFamily(f"lowwater_api_live_{name}", f"live consumer: {doc}", labels=labels)
+            for c in cons:
+                g.add_metric([str(c["id"]), c["query"], c["policy"]], float(c[key]))
+            yield g
+        for key, name in self._COUNTERS:
+            m = CounterMetricFamily(f"lowwater_api_live_{name}", f"live consumer: updates {name}", labels=labels)
+            for c in cons:
+                m.add_metric([str(c["id"]), c["query"], c["policy"]], float(c[key]))
+            yield m
