@@ -470,3 +470,53 @@ def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
         assert (hit["_merge"] == "both").all()
         top1 += len(sure)
     assert capacity >= 3000 or top1 > 0
+
+
+def test_bounded_top_ranks_items_only_and_reports_the_error_per_group() -> None:
+    from high_level.rollup import ERROR_ITEM
+
+    q = _capacity_query(4)
+    assert [n for n, _ in R.aggregate_columns(q)] == ["bytes", "bytes_rank", "bytes_error", "packets"]
+    assert R.schema(q).field("bytes_error").type == pa.int64()
+    e = ERROR_ITEM
+    window = np.array([5, 5, 5, 5, 5, 6], np.int64)
+    key = np.array(
+        [[0, 7, 0, 1], [0, 7, e, e], [0, 7, 0, 2], [0, 7, 0, 3], [0, 8, 0, 4], [0, 7, 0, 1]], np.int64
+    )
+    state = np.array([[1, 50], [0, 900], [2, 40], [3, 60], [1, 5], [1, 9]], np.int64)
+    got = holistic.offline(q, window, key, state)
+    # the error row (weight 900) is never ranked; it bounds its own (window, group) only
+    assert got["k3"].tolist() == [3, 1, 2, 4, 1] and got["bytes_rank"].tolist() == [1, 2, 3, 1, 1]
+    assert got["bytes_error"].tolist() == [900, 900, 900, 0, 0] and got["packets"].tolist() == [3, 1, 2, 1, 1]
+
+
+def test_misra_gries_bound_holds_through_the_landmark_fold() -> None:
+    from high_level.rollup import Layout, QueryRollup, error_rows
+
+    c, ops = 5, (Q.MERGE_SUM, Q.MERGE_SUM)
+    ru = QueryRollup(Layout("t", "t", 1, 4, 0, 4, ops, 2, s=4, landmark=True, gw=1, top_capacity=c))
+    rng = np.random.default_rng(3)
+    truth: dict[tuple[int, int], int] = {}
+    for pane in range(4):  # one landmark window of 4 panes: the closed ones fold into one pane
+        n = 2000
+        grp, item, w = rng.integers(0, 2, n), rng.zipf(1.3, n) % 300, rng.integers(1, 50, n)
+        for t in zip(grp.tolist(), item.tolist(), w.tolist(), strict=True):
+            truth[t[:2]] = truth.get(t[:2], 0) + t[2]
+        ru.add(
+            np.full(n, pane, np.int64),
+            np.column_stack([grp, item]),
+            np.column_stack([np.ones(n, np.int64), w]),
+        )
+        win = ru.close(pane + 1)
+        per_group = pd.DataFrame({"p": ru.pane, "g": ru.key[:, 0]}).groupby(["p", "g"]).size()
+        assert len(ru) == 0 or per_group.max() <= c + 1
+    assert len(ru) == 0 and len(win) and win.window.tolist() == [3] * len(win)
+    err = error_rows(win.key, 1)
+    bound = dict(zip(win.key[err, 0].tolist(), win.state[err, 1].tolist(), strict=True))
+    got = dict(zip(map(tuple, win.key[~err].tolist()), win.state[~err, 1].tolist(), strict=True))
+    assert (
+        len(bound) == 2 and len(got) <= 2 * 2 * c
+    )  # per group: the folded pane's c items, the last pane's c
+    for (g, i), true in truth.items():
+        assert true - bound[g] <= got.get((g, i), 0) <= true
+        assert true <= bound[g] or (g, i) in got
