@@ -231,7 +231,7 @@ class KafkaSpec(_Strict):
 AGGREGATES = ("count", "sum", "min", "max", "avg")
 HOLISTIC = ("count_distinct", "quantiles", "top")  # two-stage: a sub-key per (group, value), reduced at close
 _PARAMS = {"approx": ("count_distinct",), "precision": ("count_distinct",), "q": ("quantiles",),
-           "accuracy": ("quantiles",), "k": ("top",), "by": ("top",)}
+           "accuracy": ("quantiles",), "k": ("top",), "by": ("top",), "capacity": ("top",)}
 
 
 class AggregateSpec(_Strict):
@@ -245,6 +245,7 @@ class AggregateSpec(_Strict):
     accuracy: float | None = None
     k: int | None = None
     by: str | None = None
+    capacity: int | None = None  # top: Misra-Gries summary of at most this many items per (pane, group)
 
     @model_validator(mode="after")
     def _check(self) -> AggregateSpec:
@@ -284,6 +285,8 @@ class AggregateSpec(_Strict):
         if self.fn == "top":
             if self.k is None or self.k < 1:
                 raise ValueError("top needs k >= 1 (how many items per group)")
+            if self.capacity is not None and not self.k <= self.capacity <= MAX_TOP_CAPACITY:
+                raise ValueError(f"top capacity must be an integer k ({self.k}) .. {MAX_TOP_CAPACITY}")
             if self.by is not None:
                 b = F.CATALOG.get(self.by)
                 if b is None:
@@ -320,11 +323,13 @@ class AggregateSpec(_Strict):
         if self.fn == "quantiles":
             return [(f"{self.name}_{quantile_suffix(x)}", "quantile") for x in self.q or []]
         if self.fn == "top":
-            return [(self.name, "top"), (f"{self.name}_rank", "rank")]
+            err = [(f"{self.name}_error", "top_error")] if self.capacity is not None else []
+            return [(self.name, "top"), (f"{self.name}_rank", "rank"), *err]
         return [(self.name, self.fn)]
 
 
 DEFAULT_ACCURACY = 0.01
+MAX_TOP_CAPACITY = 1_000_000
 
 
 def quantile_suffix(x: float) -> str:

@@ -160,7 +160,8 @@ def key_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
 def aggregate_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
     """(column, fn) of the query's aggregate results, in config order. Holistic aggregates write their
     final values (the sub-key is gone after the second stage): count_distinct one int64 column,
-    quantiles one float64 column per q (fn 'quantile'), top its weight (fn 'top') and rank (fn 'rank')."""
+    quantiles one float64 column per q (fn 'quantile'), top its weight (fn 'top') and rank (fn 'rank'),
+    with a capacity also ``<name>_error`` (fn 'top_error', the Misra-Gries bound: true - error <= weight <= true)."""
     return [c for a in q.aggregates for c in a.output_columns()]
 
 

@@ -9,7 +9,8 @@ the sub-keys of every (window, kind, group) of a micro-batch when its rows are w
 * ``quantiles``: cumulative counts over the sorted buckets, the bucket holding rank
   :func:`contract.sketch.quantile_rank` (nearest rank), its representative value;
 * ``top``: the k sub-keys (items) of largest weight (ties: smaller item first), one row each with
-  its rank; the item stays in the key.
+  its rank; the item stays in the key. With ``capacity`` the roll-up keeps a Misra-Gries summary
+  (:func:`high_level.rollup.misra_gries`): its error rows are not ranked, their sum is ``<name>_error``.
 
 The other aggregates of the query ride along per sub-key and are merged here across the sub-keys
 (sum of sums, min of mins, ...), so they stay exact. Why at write time, on the driver: the Kafka
@@ -30,6 +31,7 @@ import pandas as pd
 
 from contract import query as Q
 from contract import sketch
+from high_level.rollup import ERROR_ITEM
 
 I64 = np.int64
 _UFUNC = {Q.MERGE_SUM: np.add, Q.MERGE_MIN: np.minimum, Q.MERGE_MAX: np.maximum}
@@ -83,11 +85,13 @@ def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray
     hid = state[:, -1] if n else np.zeros(0, I64)
     sub = [key[:, gw + j] for j in range(sw)]
     grp = [key[:, j] for j in range(gw)]
-    if h.fn == "top":  # items by weight, descending, then by item words
-        order = np.lexsort((*reversed(sub), -hid, *reversed(grp), kind, window))
+    bounded = h.fn == "top" and h.capacity is not None
+    err = np.all(key[:, gw:] == ERROR_ITEM, axis=1) if bounded and n else np.zeros(n, bool)
+    if h.fn == "top":  # items by weight, descending, then by item words; a bounded top's error row first
+        order = np.lexsort((*reversed(sub), -hid, ~err, *reversed(grp), kind, window))
     else:
         order = np.lexsort((*reversed(sub), *reversed(grp), kind, window))
-    key, state, hid = key[order], state[order], hid[order]
+    key, state, hid, err = key[order], state[order], hid[order], err[order]
     w, kd = window[order], kind[order]
     new = np.ones(n, bool)
     if n > 1:
@@ -98,12 +102,16 @@ def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray
     starts = np.flatnonzero(new)
     counts = np.diff(np.r_[starts, n])
     if h.fn == "top":
-        pos = np.arange(n) - np.repeat(starts, counts)  # 0-based rank within the group
-        keep = pos < (h.k or 1)
+        ne = np.add.reduceat(err.astype(I64), starts) if n else np.zeros(0, I64)
+        pos = np.arange(n) - np.repeat(starts + ne, counts)  # 0-based rank within the group
+        keep = (pos < (h.k or 1)) & ~err
         sel = np.flatnonzero(keep)
         vals = _finalize_plain(q, state[sel][:, : len(cols) - 1])
         vals[h.name] = hid[sel]
         vals[f"{h.name}_rank"] = (pos[sel] + 1).astype(I64)
+        if bounded:  # the group's Misra-Gries error (sum of its error rows): 0 = exact
+            eg = np.add.reduceat(np.where(err, hid, 0), starts) if n else np.zeros(0, I64)
+            vals[f"{h.name}_error"] = np.repeat(eg, counts)[sel]
         rows = order[sel]
         return Reduced(rows, key[sel], _ordered(q, vals), hosts[rows], hosts_expected[rows], comp[rows],
                        closed_at_ms[rows])  # fmt: skip

@@ -39,6 +39,8 @@ class Layout:
     s: int = 1  # panes per slide
     landmark: bool = False  # emit 'update' rows (totals so far) of the open window at every close
     sources: tuple[str, ...] = ("*",)  # host-id patterns of the hosts that run the query
+    gw: int = 0  # group words before the holistic sub-key (used with top_capacity)
+    top_capacity: int = 0  # top with capacity c: Misra-Gries bound of c items per (pane, group); 0: exact
 
     def runs_on(self, host: str) -> bool:
         return any(fnmatch.fnmatchcase(host, p) for p in self.sources)
@@ -46,9 +48,11 @@ class Layout:
     @classmethod
     def of(cls, q: Q.QuerySpec) -> Layout:
         w = q.window
+        h = Q.holistic(q)
+        cap = h.capacity if h is not None and h.fn == "top" and h.capacity is not None else 0
         return cls(q.name, q.topic, w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
                    tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark,
-                   tuple(q.sources))  # fmt: skip
+                   tuple(q.sources), Q.group_width(q), int(cap))  # fmt: skip
 
     def first_needed_pane(self, closed: int) -> int:
         """The first pane of the first window not emitted yet (every window < ``closed`` is): older
@@ -79,6 +83,61 @@ def _reduce_sorted(state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops
 
 _UFUNC = {Q.MERGE_SUM: np.add, Q.MERGE_MIN: np.minimum, Q.MERGE_MAX: np.maximum}
 _IDENTITY = {Q.MERGE_SUM: 0, Q.MERGE_MIN: np.iinfo(I64).max, Q.MERGE_MAX: np.iinfo(I64).min}
+ERROR_ITEM = np.iinfo(I64).min  # every sub-key word of the row carrying a bounded top's error (weight column)
+
+
+def error_rows(key: np.ndarray, gw: int) -> np.ndarray:
+    """bool[n]: the rows of a bounded top's table that carry its error counter, not an item."""
+    return np.all(key[:, gw:] == ERROR_ITEM, axis=1) if key.shape[1] > gw else np.zeros(len(key), bool)
+
+
+def misra_gries(pane: np.ndarray, key: np.ndarray, state: np.ndarray, gw: int, c: int,
+                ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Bound a (pane, key)-unique top table to ``c`` items + 1 error row per (pane, group).
+
+    Weighted Misra-Gries: a (pane, group) with more than ``c`` items loses the (c+1)-th largest
+    weight ``d`` from every item (those left at <= 0 are dropped) and ``d`` is added to its error row
+    (sub-key words ``ERROR_ITEM``, weight = the last state column, other columns their merge identity).
+    The error rows merge by sum across batches and panes like any weight, so for every item a window
+    reports, true - error <= reported <= true. Why here: it bounds the high level's state per pane.
+    (An item whose every word is ``ERROR_ITEM``, IPv6 ``8000::8000:0:0:0``, would be taken for the error row.)
+    """
+    err = error_rows(key, gw)
+    if c <= 0 or len(pane) <= c:
+        return pane, key, state
+    ri = np.flatnonzero(~err)
+    p, k, wt = pane[ri], key[ri], state[ri, -1]
+    order = np.lexsort((-wt, *(k[:, j] for j in reversed(range(gw))), p))
+    new = np.ones(len(ri), bool)
+    if len(ri) > 1:
+        same = p[order][1:] == p[order][:-1]
+        for j in range(gw):
+            same &= k[order][1:, j] == k[order][:-1, j]
+        new[1:] = ~same
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.r_[starts, len(ri)])
+    big = counts > c
+    if not big.any():
+        return pane, key, state
+    d = np.zeros(len(starts), I64)
+    d[big] = wt[order][starts[big] + c]  # the (c+1)-th largest weight of the group
+    dr = np.repeat(d, counts)
+    rows = ri[order]
+    st = state[rows].copy()
+    st[:, -1] -= dr
+    keep = (dr == 0) | (st[:, -1] > 0)
+    # one new error row per reduced (pane, group): identities, weight d
+    g = starts[big]
+    ek = key[rows[g]].copy()
+    ek[:, gw:] = ERROR_ITEM
+    es = np.array([_IDENTITY[op] for op in ops], I64)[None, :].repeat(len(g), 0)
+    es[:, -1] = d[big]
+    ei = np.flatnonzero(err)
+    ep, ek, es = np.r_[pane[ei], pane[rows[g]]], np.vstack([key[ei], ek]), np.vstack([state[ei], es])
+    ekeys, es = group_reduce(np.column_stack([ep, ek]), es, ops)
+    keep_rows = rows[keep]
+    return (np.r_[pane[keep_rows], ekeys[:, 0]], np.ascontiguousarray(np.vstack([key[keep_rows], ekeys[:, 1:]])),
+            np.ascontiguousarray(np.vstack([st[keep], es])))  # fmt: skip
 
 
 def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -240,6 +299,9 @@ class QueryRollup:
                 np.concatenate([self.state, state]), lay.ops,
             )
             self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
+            if lay.top_capacity:
+                self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
+                                                              lay.top_capacity, lay.ops)  # fmt: skip
         return AddResult(late_per_host, corr, n_late)
 
     def close(self, lwm: int | None) -> Windows:
@@ -269,6 +331,9 @@ class QueryRollup:
             pane = np.where(self.pane < self.closed, self.closed - 1, self.pane)
             keys, st = group_reduce(np.column_stack([pane, self.key]), self.state, lay.ops)
             self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
+            if lay.top_capacity:  # merged summaries: bound the folded pane again
+                self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
+                                                              lay.top_capacity, lay.ops)  # fmt: skip
         return out
 
     def landmark_update(self) -> Windows:

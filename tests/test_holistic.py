@@ -384,3 +384,139 @@ def test_result_names_and_api_types(cfg) -> None:
     assert [f.type for f in R.schema(q) if f.name.startswith("len_")] == [pa.float64()] * 3
     assert Q.quantile_suffix(0.999) == "p99_9" and Q.quantile_suffix(0.5) == "p50"
     assert math.isclose(sketch.hll_relative_error(14), 0.0081, rel_tol=0.01)
+
+
+# -- top with capacity: a Misra-Gries summary per (pane, group) in the roll-up -----------------------------
+def test_misra_gries_bound_and_state_per_pane_and_group() -> None:
+    from high_level.rollup import Layout, QueryRollup, error_rows
+
+    c, gw = 8, 1
+    ru = QueryRollup(Layout("t", "t", 1, 1, 0, 1, (Q.MERGE_SUM, Q.MERGE_SUM), 2, gw=gw, top_capacity=c))
+    rng = np.random.default_rng(7)
+    truth: dict[tuple[int, int, int], int] = {}
+    reduced = 0
+    for _ in range(12):  # batches: the reduction repeats after every merge
+        n = 3000
+        pane, grp = rng.integers(0, 3, n), rng.integers(0, 4, n)
+        item, w = rng.zipf(1.3, n) % 400, rng.integers(1, 50, n)
+        for t in zip(pane.tolist(), grp.tolist(), item.tolist(), w.tolist(), strict=True):
+            truth[t[:3]] = truth.get(t[:3], 0) + t[3]
+        ru.add(pane, np.column_stack([grp, item]), np.column_stack([np.ones(n, np.int64), w]))
+        per_group = pd.DataFrame({"p": ru.pane, "g": ru.key[:, 0]}).groupby(["p", "g"]).size()
+        assert per_group.max() <= c + 1
+    err = error_rows(ru.key, gw)
+    assert err.sum() == 12  # every (pane, group) was reduced
+    p, k, w = ru.pane.tolist(), ru.key.tolist(), ru.state[:, 1].tolist()
+    bound = {(p[j], k[j][0]): w[j] for j in np.flatnonzero(err)}
+    got = {(p[j], k[j][0], k[j][1]): w[j] for j in np.flatnonzero(~err)}
+    for (p, g, i), true in truth.items():
+        e, rep = bound[(p, g)], got.get((p, g, i), 0)
+        assert true - e <= rep <= true, (p, g, i)
+        reduced += rep < true
+        if true > e:  # heavier than the bound: always kept
+            assert (p, g, i) in got
+    assert reduced > 0 and max(bound.values()) > 0
+
+
+def _capacity_query(capacity: int) -> Q.QuerySpec:
+    text = CONFIG[CONFIG.index("  - name: talkers") : CONFIG.index("  - name: dscps")]
+    text = text.replace("k: 3, by: length,", f"k: 3, capacity: {capacity}, by: length,")
+    return Q.load_text("queries:\n" + text).query("talkers")
+
+
+@pytest.fixture(scope="module")
+def skewed():
+    """Zipf sources: heavy hitters above the Misra-Gries bound, a long tail below it."""
+    t = make_traffic(12000, 300, T0, 60 * NS, seed=22)
+    rng = np.random.default_rng(4)
+    t.src = (0x0A000000 + rng.zipf(1.4, len(t)) % 3000).astype(np.uint32)
+    return t
+
+
+@pytest.mark.parametrize("capacity", [100_000, 12])
+def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
+    q = _capacity_query(capacity)
+    exp = window_oracle(q, oracle(q, skewed))
+    want = _stage2(q, exp)  # the exact answer (the oracle does not reduce), error 0
+    kc = [c for c in exp.columns if c.startswith("k")]
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
+    top1 = 0
+    for partitions, punct, seed in ((1, 1, 0), (4, 10, 2)):
+        msgs = _messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
+        df = _run_offline([q], msgs, partitions, settings, batches=11)
+        fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
+        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        got = pd.concat(parts, ignore_index=True).sort_values(["window", *kc], kind="stable")
+        got = got.reset_index(drop=True)
+        if capacity >= 3000:  # every partial state fits: exact
+            w2 = want.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
+            pd.testing.assert_frame_equal(got, w2, check_dtype=False)
+            assert (got["bytes_error"] == 0).all()
+            continue
+        m = got.merge(exp, on=["window", *kc], how="left", validate="one_to_one")
+        true = m["s1"].to_numpy()  # s0 packets, s1 bytes per (window, group, item)
+        assert (m["bytes_error"] > 0).any()
+        assert ((true - m["bytes_error"] <= m["bytes"]) & (m["bytes"] <= true)).all()
+        assert (m["packets"] <= m["s0"]).all()
+        # the true top-1 item of a group is reported when its weight minus the bound beats the true 4th
+        g = exp.sort_values(["window", "k0", "k1", "s1"], ascending=[True, True, True, False])
+        g["pos"] = g.groupby(["window", "k0", "k1"]).cumcount()
+        t1 = g[g["pos"] == 0].set_index(["window", "k0", "k1"])
+        t4 = g[g["pos"] == 3].set_index(["window", "k0", "k1"])["s1"]
+        eb = got.groupby(["window", "k0", "k1"])["bytes_error"].max()
+        t1 = t1.join(eb, how="inner").join(t4.rename("s1_4th"), how="left").fillna({"s1_4th": 0})
+        sure = t1[t1["s1"] - t1["bytes_error"] > t1["s1_4th"]].reset_index()
+        hit = sure.merge(got, on=["window", *kc], how="left", indicator=True)
+        assert (hit["_merge"] == "both").all()
+        top1 += len(sure)
+    assert capacity >= 3000 or top1 > 0
+
+
+def test_bounded_top_ranks_items_only_and_reports_the_error_per_group() -> None:
+    from high_level.rollup import ERROR_ITEM
+
+    q = _capacity_query(4)
+    assert [n for n, _ in R.aggregate_columns(q)] == ["bytes", "bytes_rank", "bytes_error", "packets"]
+    assert R.schema(q).field("bytes_error").type == pa.int64()
+    e = ERROR_ITEM
+    window = np.array([5, 5, 5, 5, 5, 6], np.int64)
+    key = np.array(
+        [[0, 7, 0, 1], [0, 7, e, e], [0, 7, 0, 2], [0, 7, 0, 3], [0, 8, 0, 4], [0, 7, 0, 1]], np.int64
+    )
+    state = np.array([[1, 50], [0, 900], [2, 40], [3, 60], [1, 5], [1, 9]], np.int64)
+    got = holistic.offline(q, window, key, state)
+    # the error row (weight 900) is never ranked; it bounds its own (window, group) only
+    assert got["k3"].tolist() == [3, 1, 2, 4, 1] and got["bytes_rank"].tolist() == [1, 2, 3, 1, 1]
+    assert got["bytes_error"].tolist() == [900, 900, 900, 0, 0] and got["packets"].tolist() == [3, 1, 2, 1, 1]
+
+
+def test_misra_gries_bound_holds_through_the_landmark_fold() -> None:
+    from high_level.rollup import Layout, QueryRollup, error_rows
+
+    c, ops = 5, (Q.MERGE_SUM, Q.MERGE_SUM)
+    ru = QueryRollup(Layout("t", "t", 1, 4, 0, 4, ops, 2, s=4, landmark=True, gw=1, top_capacity=c))
+    rng = np.random.default_rng(3)
+    truth: dict[tuple[int, int], int] = {}
+    for pane in range(4):  # one landmark window of 4 panes: the closed ones fold into one pane
+        n = 2000
+        grp, item, w = rng.integers(0, 2, n), rng.zipf(1.3, n) % 300, rng.integers(1, 50, n)
+        for t in zip(grp.tolist(), item.tolist(), w.tolist(), strict=True):
+            truth[t[:2]] = truth.get(t[:2], 0) + t[2]
+        ru.add(
+            np.full(n, pane, np.int64),
+            np.column_stack([grp, item]),
+            np.column_stack([np.ones(n, np.int64), w]),
+        )
+        win = ru.close(pane + 1)
+        per_group = pd.DataFrame({"p": ru.pane, "g": ru.key[:, 0]}).groupby(["p", "g"]).size()
+        assert len(ru) == 0 or per_group.max() <= c + 1
+    assert len(ru) == 0 and len(win) and win.window.tolist() == [3] * len(win)
+    err = error_rows(win.key, 1)
+    bound = dict(zip(win.key[err, 0].tolist(), win.state[err, 1].tolist(), strict=True))
+    got = dict(zip(map(tuple, win.key[~err].tolist()), win.state[~err, 1].tolist(), strict=True))
+    assert (
+        len(bound) == 2 and len(got) <= 2 * 2 * c
+    )  # per group: the folded pane's c items, the last pane's c
+    for (g, i), true in truth.items():
+        assert true - bound[g] <= got.get((g, i), 0) <= true
+        assert true <= bound[g] or (g, i) in got

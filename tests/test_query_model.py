@@ -93,6 +93,13 @@ MALFORMED = [
     (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, by: src_ip}"), 5, "aggregates.0",
      "top by needs a numeric field"),
     (BASE.replace("{fn: count}", "{fn: top, field: src_ip, k: 5}"), 2, "query", "clashes with a group-by column"),
+    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 4}"), 5, "aggregates.0",
+     "top capacity must be an integer k (5) .. 1000000"),
+    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 2000000}"), 5, "aggregates.0",
+     "top capacity must be"),
+    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 10.5}"), 5, "aggregates.0.capacity",
+     "Input should be a valid integer"),
+    (BASE.replace("{fn: count}", "{fn: count, capacity: 10}"), 5, "aggregates.0", "'capacity' is a parameter of top"),
     (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5], as: len}") + "    having: len > 1\n",
      7, "having", "unknown aggregate 'len' (the query's aggregates: len_p50)"),
 ]

@@ -151,7 +151,8 @@ def fold_cols(qi: QueryInfo) -> list[str]:
             cols.append(f"{fn}({c}) {val} AS {c}")
         elif fn == "count_distinct":  # a correction counts only its late values: the sum bounds from above
             cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
-        elif fn in ("quantile", "top", "rank"):  # decided at close: the final row's (else the late rows')
+        # decided at close: the final row's (else the late rows'); a top's error bound goes with its weight
+        elif fn in ("quantile", "top", "rank", "top_error"):
             cols.append(f"coalesce(max({c}) FILTER (WHERE {fin}), max({c}) {val}) AS {c}")
         elif w is not None:
             ok = f"{w} > 0 AND isfinite({c}) AND {VALUE_ROWS}"
