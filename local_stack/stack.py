@@ -203,6 +203,10 @@ Press Ctrl-C to stop.""", flush=True)
                     line = _capture_finished(summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs)
                     print(f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True)
                     continue
+                if p.returncode in (0, -signal.SIGINT, -signal.SIGTERM, 130, 143):
+                    # Ctrl-C in a terminal reaches every process of its group, and a child may stop before
+                    # this process sees its own SIGINT: give that a moment before calling the exit a failure
+                    time.sleep(2)
                 raise _exited(p, logs)
             time.sleep(1)
     except KeyboardInterrupt:
