@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from low_level.ring import HEAD, TAIL, Ring, ring_push
+from low_level.sketchkey import mix64
 from low_level.sources.afpacket import SOL_PACKET, AfPacketSource
 from low_level.sources.base import NST_BASE, Backoff, Source
 
@@ -33,21 +34,12 @@ PACKET_FANOUT = 18
 FANOUT_MODES = {"hash": 0, "cpu": 2}  # PACKET_FANOUT_HASH, PACKET_FANOUT_CPU
 ST_KEPT, ST_OTHERS = NST_BASE, NST_BASE + 1
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 
 
 def worker_host_id(host: str, index: int) -> str:
     """The host id worker ``index`` of capture host ``host`` punctuates as (``edge-1/w0``)."""
     return f"{host}/w{index}"
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mix(x):
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -101,11 +93,11 @@ def flow_hash(b: np.ndarray, off: int, cap: int) -> np.uint64:
         a1 = _be(b, off + 6, 6)
         d1 = _be(b, off, 6)
         proto = et
-    x = _mix(_mix(a0 ^ _GOLD) ^ a1 ^ (sport << np.uint64(48)))
-    y = _mix(_mix(d0 ^ _GOLD) ^ d1 ^ (dport << np.uint64(48)))
+    x = mix64(mix64(a0 ^ _GOLD) ^ a1 ^ (sport << np.uint64(48)))
+    y = mix64(mix64(d0 ^ _GOLD) ^ d1 ^ (dport << np.uint64(48)))
     lo = x if x < y else y
     hi = y if x < y else x
-    return _mix(_mix(lo ^ proto) + hi)
+    return mix64(mix64(lo ^ proto) + hi)
 
 
 @njit(cache=True, nogil=True)

@@ -18,7 +18,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mix(x: np.uint64) -> np.uint64:
+def mix64(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser (the one the whole low level hashes with; contract.wire has the numpy twin)."""
     x = x ^ (x >> np.uint64(30))
     x = x * _M1
     x = x ^ (x >> np.uint64(27))
@@ -28,13 +29,13 @@ def _mix(x: np.uint64) -> np.uint64:
 
 @njit(cache=True, nogil=True, inline="always")
 def value_hash1(w0: np.int64) -> np.uint64:
-    return _mix(_GOLDEN ^ np.uint64(w0)) + _GOLDEN
+    return mix64(_GOLDEN ^ np.uint64(w0)) + _GOLDEN
 
 
 @njit(cache=True, nogil=True, inline="always")
 def value_hash2(w0: np.int64, w1: np.int64) -> np.uint64:
-    h = _mix(_GOLDEN ^ np.uint64(w0)) + _GOLDEN
-    return _mix(h ^ np.uint64(w1)) + _GOLDEN
+    h = mix64(_GOLDEN ^ np.uint64(w0)) + _GOLDEN
+    return mix64(h ^ np.uint64(w1)) + _GOLDEN
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 from contract import fields as F
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_COMPUTED, SRC_DSCP, SRC_ONE
 from low_level.refcount import pin
-from low_level.sketchkey import hll_rank, value_hash1, value_hash2
+from low_level.sketchkey import hll_rank, mix64, value_hash1, value_hash2
 from low_level.tables import (
     EMPTY,
     PANE_RING,
@@ -34,17 +34,6 @@ from low_level.tables import (
 )
 
 PANE_MAX = np.iinfo(np.int64).max
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mix(x: np.uint64) -> np.uint64:
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 # one odd multiplier per key word (MAXKW = 8): the slot hash's multilinear sum
@@ -62,7 +51,7 @@ def slot_hash_at(buf: np.ndarray, off: int, kw: int) -> np.uint64:
     acc = np.uint64(0)
     for j in range(kw):
         acc += np.uint64(buf[off + j]) * _SLOT_MUL[j]
-    return _mix(acc)
+    return mix64(acc)
 
 
 @intrinsic
