@@ -808,8 +808,11 @@ class Config:
     def stored_queries(self) -> list[QuerySpec]:
         """Every query whose windows go to the results store: the aggregates, then each windowed join's
         aggregate (:func:`join_result_query`), so the store, API and page serve them alike."""
-        sel = {s.name: s for s in self.selects}
-        return [*self.queries, *(join_result_query(j, sel[j.left], sel[j.right]) for j in self.joins if j.window)]
+        from contract.joininputs import inputs, rows_query
+
+        ins = inputs(self.selects, self.queries)
+        return [*self.queries, *(join_result_query(j, ins[j.left], ins[j.right]) if j.aggregates else
+                                 rows_query(j, ins[j.left], ins[j.right]) for j in self.joins)]
 
     def select(self, name: str) -> SelectSpec:
         for s in self.selects:
@@ -886,7 +889,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
                                   "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file")
     if not other:
         return Config(path, queries, networks=networks)
-    selects, joins = load_selects_joins(other, path, seen)
+    selects, joins = load_selects_joins(other, path, seen, queries)
     return Config(path, queries, selects, joins, networks)
 
 
@@ -1091,6 +1094,7 @@ class JoinSpec(_Strict):
     right: str
     on: JoinOn
     within_ns: int = Field(alias="within")
+    same_window: bool = False  # ``within: window``: two aggregate inputs joined on the same window (band 0)
     type: Literal["inner", "left", "anti"] = "inner"
     group_by: list[str] = Field(default_factory=list)
     aggregates: list[JoinAggregate] = Field(default_factory=list)
@@ -1100,6 +1104,13 @@ class JoinSpec(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         return QuerySpec._name(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _same_window(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("within") == "window":
+            data = {**data, "within": 0, "same_window": True}
+        return data
 
     @field_validator("within_ns", mode="before")
     @classmethod
@@ -1125,8 +1136,6 @@ class JoinSpec(_Strict):
             raise ValueError(f"on: {len(self.on.left)} left keys but {len(self.on.right)} right keys")
         if self.aggregates and self.window is None:
             raise ValueError("aggregates over a join need a window")
-        if self.window is not None and not self.aggregates:
-            raise ValueError("a window needs aggregates")
         for a in self.aggregates:
             if a.expr is not None:
                 parse_join_expr(a.expr)
@@ -1141,20 +1150,34 @@ class JoinSpec(_Strict):
         return self
 
 
-def check_join(j: JoinSpec, selects: dict[str, SelectSpec]) -> tuple[str, str] | None:
-    """Cross-query checks of a join against its inputs: (field, reason) of the first problem, or None."""
+def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
+    """Cross-query checks of a join against its inputs (selects, or aggregates' closed windows as
+    :class:`contract.joininputs.ClosedInput`): (field, reason) of the first problem, or None."""
+    from contract.joininputs import ClosedInput, field_type, unsupported
+
     for side in ("left", "right"):
         if getattr(j, side) not in selects:
-            return side, f"unknown query {getattr(j, side)!r} (a join reads select queries: {sorted(selects) or 'none'})"
+            return side, (f"unknown query {getattr(j, side)!r} (a join reads select or aggregate queries: "
+                          f"{sorted(selects) or 'none'})")
+        inp = selects[getattr(j, side)]
+        if isinstance(inp, ClosedInput) and (why := unsupported(inp.query)):
+            return side, why
     sl, sr = selects[j.left], selects[j.right]
+    closed = [isinstance(s, ClosedInput) for s in (sl, sr)]
+    if j.same_window and not all(closed):
+        return "within", "'within: window' joins two aggregate queries' closed windows; give a select a time band"
+    if all(closed) and sl.window != sr.window:
+        return "right", (f"aggregate queries {sl.name!r} and {sr.name!r} have different windows "
+                         f"({_window_text(sl.window)} vs {_window_text(sr.window)}): a join of closed windows "
+                         "compares window starts, give both the same window")
     for lk, rk in zip(j.on.left, j.on.right, strict=True):
         for side, s, k in (("left", sl, lk), ("right", sr, rk)):
             if k != "timestamp" and k not in s.fields:
-                return "on", f"{side} key {k!r} is not a field of select {s.name!r} ({s.fields})"
-        fl, fr = F.CATALOG.get(lk), F.CATALOG.get(rk)
-        if fl is None or fr is None or fl.kind != fr.kind or len(fl.columns) != len(fr.columns):
-            return "on", (f"keys {lk!r} and {rk!r} differ in type or width "
-                          f"({fl.kind if fl else '?'} vs {fr.kind if fr else '?'})")
+                kind = "aggregate query" if isinstance(s, ClosedInput) else "select"
+                return "on", f"{side} key {k!r} is not a field of {kind} {s.name!r} ({s.fields})"
+        tl, tr = field_type(sl, lk), field_type(sr, rk)
+        if tl != tr:
+            return "on", f"keys {lk!r} and {rk!r} differ in type or width ({_type_text(tl)} vs {_type_text(tr)})"
     for s in (sl, sr):
         if j.within_ns > s.retain_ns:
             return "within", (f"band {j.within_ns / NS:g}s is larger than what input {s.name!r} can hold "
@@ -1173,13 +1196,23 @@ def check_join(j: JoinSpec, selects: dict[str, SelectSpec]) -> tuple[str, str] |
         side, fname = item.split(".")
         s = sl if side == "left" else sr
         if fname != "timestamp" and fname not in s.fields:
-            return "group_by", f"{item!r}: {fname!r} is not a field of select {s.name!r} ({s.fields})"
-        if fname != "timestamp" and F.CATALOG[fname].kind == "ip" and item not in j.group_by:
+            return "group_by", f"{item!r}: {fname!r} is not a field of {s.name!r} ({s.fields})"
+        if fname != "timestamp" and field_type(s, fname)[0] == "ip" and item not in j.group_by:
             return "aggregates", f"{item!r}: an address cannot be summed"
     return None
 
 
-def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int]) -> tuple[list, list]:
+def _window_text(w: WindowSpec) -> str:
+    return f"range {w.range_ns / NS:g}s, slide {w.slide / NS:g}s, origin {w.origin_ns / NS:g}s"
+
+
+def _type_text(t: tuple) -> str:
+    kind, words, prefix = t
+    return f"{kind}{'' if prefix is None else f' /{prefix[0]}/{prefix[1]}'}, {words} word{'s' if words > 1 else ''}"
+
+
+def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int],
+                       aggregates: list[QuerySpec] = ()) -> tuple[list, list]:  # fmt: skip
     """Validate the ``kind: select`` / ``kind: join`` items of a config (already line-annotated)."""
     selects: list[SelectSpec] = []
     joins: list[tuple[JoinSpec, dict]] = []
@@ -1214,7 +1247,9 @@ def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int
             selects.append(spec)
         else:
             joins.append((spec, item))
-    by_name = {s.name: s for s in selects}
+    from contract.joininputs import inputs
+
+    by_name = inputs(selects, list(aggregates))
     for j, item in joins:
         problem = check_join(j, by_name)
         if problem is not None:

@@ -202,6 +202,19 @@ def _read_str(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
         raise WireError(f"{what} is not UTF-8") from None
 
 
+def peek(buf: bytes | memoryview) -> tuple[int, str, str, int]:
+    """(kind, query, host, seq) of a batch from its header alone, without checking or decoding the body
+    (a reader that routes or skips batches before decoding them; :func:`decode` still checks everything)."""
+    _need(buf, 0, _HEAD.size, "header")
+    magic, _, kind = _HEAD.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {magic!r}: not a lowwater batch")
+    query, pos = _read_str(buf, _HEAD.size, "query name")
+    host, pos = _read_str(buf, pos, "host id")
+    _need(buf, pos, _MID.size, "batch header")
+    return int(kind), query, host, int(_MID.unpack_from(buf, pos)[2])
+
+
 def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
     """Decode one batch; raise WireError on anything malformed (never returns garbage)."""
     _need(buf, 0, _HEAD.size + _CRC.size, "header")

@@ -167,9 +167,16 @@ class HighLevelJob:
             from high_level.live.publish import LivePublisher
 
             self.live = LivePublisher(self.queries, opts.bootstrap, producer_config=opts.kafka_security.kafka_python())
+        self.feed = None  # closed windows of the aggregate queries that joins read (high_level/joinfeed.py)
+        if config is not None and opts.mode == "oop":
+            from high_level.joinfeed import FeedPublisher, feed_queries
+
+            if feed_queries(config):
+                self.feed = FeedPublisher(feed_queries(config), opts.bootstrap,
+                                          producer_config=opts.kafka_security.kafka_python())  # fmt: skip
         self.sink = ResultSink(self.store, stored, opts.mode, opts.status_settings, self.metrics,
                                self.stream_progress, self.delivery, self.asker.observe if self.asker else None,
-                               live=self.live)  # fmt: skip
+                               live=self.live, feed=self.feed)  # fmt: skip
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -212,7 +219,12 @@ class HighLevelJob:
         inputs = [] if self.config is None else [s for s in self.config.selects
                                                  if any(s.name in (j.left, j.right) for j in self.joins)]
         try:
-            actions = ensure_topics(admin, wanted_topics([*self.queries, *inputs]))
+            wanted = wanted_topics([*self.queries, *inputs])
+            if self.feed is not None:
+                from contract.joininputs import closed_topic
+
+                wanted |= {closed_topic(q): 1 for q in self.feed.queries.values()}
+            actions = ensure_topics(admin, wanted)
             if self.live is not None:
                 from high_level.live.publish import ensure_live_topics
 
@@ -358,6 +370,8 @@ class HighLevelJob:
             self.asker.close()
         if self.live is not None:
             self.live.close()
+        if self.feed is not None:
+            self.feed.close()
         if self.delivery is not None:
             self.delivery.stop()
 

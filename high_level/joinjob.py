@@ -3,7 +3,9 @@
 
 One streaming query per join, with its own checkpoint (``<checkpoint>/join-<name>``). Its input topics
 must exist when it starts: a missing one is a clear error naming the join and the topic, and nothing is
-emitted (with topic creation on, the job creates them first, as for the aggregates).
+emitted (with topic creation on, the job creates them first, as for the aggregates). An input that is an
+aggregate query reads that query's closed-window feed (:mod:`high_level.joinfeed`), which this job
+publishes from its aggregate stream; a join without aggregates stores its rows (:mod:`high_level.joinrows`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 import pandas as pd
 
+from contract import joininputs as JI
 from contract import query as Q
 from high_level.join import JoinLayout
+from high_level.joinrows import layout_of
 from high_level.joinstep import JoinProcessor
 from high_level.partition import OUTPUT_DDL, Settings
 
@@ -29,17 +33,24 @@ class MissingInputTopic(RuntimeError):
 
 
 def layouts(cfg: Q.Config) -> list[JoinLayout]:
-    """The windowed joins of a config with their inputs resolved."""
-    sel = {s.name: s for s in cfg.selects}
-    return [JoinLayout.of(j, sel[j.left], sel[j.right]) for j in cfg.joins if j.window is not None]
+    """The joins of a config with their inputs (selects, aggregates' closed windows) resolved."""
+    ins = JI.inputs(cfg.selects, cfg.queries)
+    return [layout_of(j, ins) for j in cfg.joins]
 
 
-def join_state_function(layout: JoinLayout, settings: Settings, tick_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
+def feed_sides(cfg: Q.Config, lay: JoinLayout) -> tuple[str, ...]:
+    """The sides of a join that read an aggregate query's closed windows."""
+    aggs = {q.name for q in cfg.queries}
+    return tuple(s for s, n in (("left", lay.left), ("right", lay.right)) if n in aggs)
+
+
+def join_state_function(layout: JoinLayout, settings: Settings, tick_ms: int,
+                        feeds: tuple[str, ...] = ()) -> Callable[..., Iterator[pd.DataFrame]]:  # fmt: skip
     """The applyInPandasWithState body of one join: restore, feed the batch per partition in offset order, save."""
 
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        proc = JoinProcessor.from_bytes(state.get[0], layout, settings) if state.exists else \
-            JoinProcessor(layout, settings)  # fmt: skip
+        proc = JoinProcessor.from_bytes(state.get[0], layout, settings, feeds) if state.exists else \
+            JoinProcessor(layout, settings, feeds)  # fmt: skip
         frames = [df for df in pdfs if len(df)]
         values: dict[int, list[bytes]] = {}
         if frames:
@@ -67,8 +78,11 @@ def check_topics(job: Any, lays: list[JoinLayout]) -> None:
     for lay in lays:
         for topic in (lay.left_topic, lay.right_topic):
             if topic not in have:
-                raise MissingInputTopic(f"join {lay.name!r}: input topic {topic!r} does not exist on "
-                                        f"{job.opts.bootstrap} (start the capture agents or create it)")
+                feed = JI.FEED_SUFFIX in topic
+                raise MissingInputTopic(
+                    f"join {lay.name!r}: input topic {topic!r} does not exist on {job.opts.bootstrap} "
+                    + ("(the closed-window feed of an aggregate query: the job creates it when it starts with "
+                       "topic creation on)" if feed else "(start the capture agents or create it)"))
             if have[topic] != lay.partitions:
                 raise MissingInputTopic(f"join {lay.name!r}: input topic {topic!r} has {have[topic]} partitions, "
                                         f"the join expects {lay.partitions}")
@@ -89,7 +103,7 @@ def start_joins(job: Any) -> list[Any]:
         raw = kafka_stream(job.spark, o.bootstrap, [lay.left_topic, lay.right_topic],
                            max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.source_options)  # fmt: skip
         out = raw.withColumn("join", F.lit(lay.name)).groupBy("join").applyInPandasWithState(
-            join_state_function(lay, o.settings, o.trigger_ms),
+            join_state_function(lay, o.settings, o.trigger_ms, feed_sides(job.config, lay)),
             outputStructType=OUTPUT_DDL,
             stateStructType="blob binary",
             outputMode="append",

@@ -26,7 +26,10 @@ import pandas as pd
 
 from contract import wire
 from contract.status import PartitionStatus
-from high_level.join import SIDES, BandJoin, JoinLayout, output_partials
+from high_level.join import SIDES, BandJoin, JoinLayout
+from high_level.joinfeed import FeedDedup
+from high_level.joinrows import partials_of
+from high_level.meld import Meld
 from high_level.partition import Settings, _Part, pack_parts
 from high_level.rollup import QueryRollup
 
@@ -36,21 +39,34 @@ I64 = np.int64
 class JoinProcessor:
     """One join query's state in the job: its partitions' band joins and the roll-up of their output."""
 
-    def __init__(self, layout: JoinLayout, settings: Settings) -> None:
+    def __init__(self, layout: JoinLayout, settings: Settings, feed_sides: tuple[str, ...] = ()) -> None:
         assert layout.rollup is not None, "the job stores a join's windows: the query needs a window"
         self.layout = layout
         self.settings = settings
+        self.feed_sides = tuple(feed_sides)  # inputs that are aggregates' closed windows (high_level/joinfeed.py)
         bare = replace(layout, rollup=None)
-        self.joins = {p: BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts)
+        self.joins = {p: self._feed_melds(BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts))
                       for p in range(layout.partitions)}  # fmt: skip
         self.rollup = QueryRollup(layout.rollup)
+        self.partials = partials_of(layout)
+        self.dedup = FeedDedup([layout.left if s == "left" else layout.right for s in self.feed_sides])
         self.windows_closed = 0
         self.records = 0
+
+    def _feed_melds(self, j: BandJoin) -> BandJoin:
+        """A closed-window feed has one publisher (the job), not the capture hosts: expect none of them there
+        (before its first punctuation the feed's mark is unknown, so nothing is final: safe)."""
+        for s in self.feed_sides:
+            m = Meld(self.settings.host_timeout_ms, (), self.settings.max_gap_ms)
+            m.load_dict(j.melds[s].to_dict())
+            j.melds[s] = m
+        return j
 
     # -- persistence (no pickle: npz of numbers and a JSON header)
     def to_bytes(self) -> bytes:
         r = self.rollup
-        head = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records}
+        head = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
+                "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped}
         arrays = {"head": np.frombuffer(json.dumps(head).encode(), np.uint8), "pane": r.pane, "key": r.key,
                   "state": r.state}  # fmt: skip
         for p, j in self.joins.items():
@@ -60,17 +76,19 @@ class JoinProcessor:
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings) -> JoinProcessor:
-        jp = cls(layout, settings)
+    def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
+                   feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
+        jp = cls(layout, settings, feed_sides)
         bare = replace(layout, rollup=None)
         with np.load(io.BytesIO(buf), allow_pickle=False) as z:
             head = json.loads(bytes(z["head"]).decode())
             jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
             for p in jp.joins:
-                jp.joins[p] = BandJoin.from_bytes(bytes(z[f"join{p}"]), bare, settings.host_timeout_ms,
-                                                  settings.expected_hosts)  # fmt: skip
+                jp.joins[p] = jp._feed_melds(BandJoin.from_bytes(bytes(z[f"join{p}"]), bare, settings.host_timeout_ms,
+                                                                 settings.expected_hosts))  # fmt: skip
         jp.rollup.closed = head["closed"]
         jp.windows_closed, jp.records = head["windows_closed"], head["records"]
+        jp.dedup.fed, jp.dedup.skipped = dict(head.get("fed", {})), int(head.get("fed_skipped", 0))
         return jp
 
     # -- one micro-batch
@@ -81,12 +99,12 @@ class JoinProcessor:
         errors: dict[int, str] = {}
         for p, j in self.joins.items():
             try:
-                out = j.process(values.get(p, []), now_ms)
+                out = j.process(self.dedup.filter(values.get(p, [])), now_ms)
             except wire.WireError as exc:  # a damaged batch: counted per partition, never a crash
                 errors[p] = str(exc)
                 j.advance(now_ms)
                 out = j.step()
-            for pane, key, state in output_partials(lay, out):
+            for pane, key, state in self.partials(lay, out):
                 self.records += len(pane)
                 self.rollup.add(pane, key, state)
         marks = [j.mark_ns for j in self.joins.values()]
@@ -154,7 +172,8 @@ class JoinProcessor:
             "open_windows": self.rollup.open_windows(), "state_rows": j.state_rows, "state_bytes": j.state_bytes,
             "windows_closed": self.windows_closed, "records": self.records,
             "batch": {"late_left": j.late["left"], "late_right": j.late["right"],
-                      "stored_left": len(j.store["left"]), "stored_right": len(j.store["right"])},
+                      "stored_left": len(j.store["left"]), "stored_right": len(j.store["right"]),
+                      **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {})},
             "errors": {"wire": 1} if error else {}, "last_error": error, "hosts": hosts,
         })  # fmt: skip
 

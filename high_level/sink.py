@@ -46,7 +46,7 @@ class ResultSink:
                  metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
                  delivery: AlertDelivery | None = None,
                  on_status: Callable[[list[S.PartitionStatus]], object] | None = None,
-                 live: LivePublisher | None = None) -> None:  # fmt: skip
+                 live: LivePublisher | None = None, feed: Any = None) -> None:  # fmt: skip
         self.store = store
         self.delivery = delivery
         self.layouts = {q.name: Layout.of(q) for q in queries}
@@ -56,6 +56,7 @@ class ResultSink:
         self.progress = progress
         self.on_status = on_status  # e.g. the punctuation asker (high_level/ondemand.py)
         self.live = live  # provisional and final values to the live topics (contract/live.py)
+        self.feed = feed  # closed windows that joins read (high_level/joinfeed.FeedPublisher)
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.last_batch: dict[str, Any] = {}
@@ -102,7 +103,11 @@ class ResultSink:
             self.after_write(batch_id)
             if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
                 self.live.publish(batch_id, prov or {}, wins)
-            self.fold_status([S.PartitionStatus.model_validate_json(t) for t in texts], batch_id, written)
+            statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
+            self.fold_status(statuses, batch_id, written)
+            if self.feed is not None and any(st.query in self.feed.queries for st in statuses):
+                # after the store and the folded frontier: a join sees a window once it is final and stored
+                self.feed.publish(batch_id, wins, self.partitions)
             return written
 
     def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:

@@ -1,0 +1,469 @@
+"""Joins over aggregate queries' closed windows and joins that store their raw rows (contract/joininputs.py,
+high_level/joinfeed.py, high_level/joinrows.py), against the join oracle of tests/test_join.py under
+disorder: emulated capture hosts (high_level/simulate.py) -> the aggregates' partition step -> the
+closed-window feed the sink publishes (with replayed batches) -> the join step, in random micro-batches."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from contract import joininputs as JI
+from contract import query as Q
+from contract import wire
+from high_level import simulate
+from high_level.joinfeed import FeedDedup, FeedPublisher
+from high_level.joinjob import layouts
+from high_level.joinrows import RowsLayout
+from high_level.joinstep import JoinProcessor
+from high_level.partition import PartitionProcessor, Settings, unpack_rows, unpack_windows
+from high_level.rollup import Layout
+from tests.packets import make_handshake_traffic
+from tests.test_join import oracle, window_oracle
+
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS
+HOSTS = ("cap-0", "cap-1", "cap-2")
+
+CONFIG = """
+queries:
+  - name: syn_dst
+    filter: protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK
+    group_by: [dst_ip]
+    aggregates: [{fn: count, as: syns}, {fn: max, field: src_port, as: max_cport}]
+    window: {range: 10s}
+    kafka: {partitions: 2}
+  - name: synack_src
+    filter: protocol == tcp and tcp_flags & SYN and tcp_flags & ACK
+    group_by: [{field: src_ip, as: server}]
+    aggregates: [{fn: count, as: synacks}]
+    window: {range: 10s}
+    kafka: {partitions: 2}
+  - name: answered
+    kind: join
+    left: syn_dst
+    right: synack_src
+    on: {left: [dst_ip], right: [server]}
+    within: window
+    type: inner
+  - name: half_answered
+    kind: join
+    left: syn_dst
+    right: synack_src
+    on: {left: [dst_ip], right: [server]}
+    within: window
+    type: left
+  - name: silent_servers
+    kind: join
+    left: syn_dst
+    right: synack_src
+    on: {left: [dst_ip], right: [server]}
+    within: window
+    type: anti
+    window: {range: 10s}
+  - name: unanswered_syns
+    kind: join
+    left: syn_dst
+    right: synack_src
+    on: {left: [dst_ip], right: [server]}
+    within: window
+    type: anti
+    aggregates: [{fn: count, as: servers}, {fn: sum, expr: left.syns, as: syns}]
+    window: {range: 20s}
+"""
+
+
+@pytest.fixture(scope="module")
+def cfg() -> Q.Config:
+    return Q.load_text(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def traffic():
+    # few SYNs per (server, window) so that servers without any SYN-ACK in a window are common
+    return make_handshake_traffic(500, T0, 80 * NS, seed=3, answered=0.5, max_latency_ns=4 * NS, noise=300)
+
+
+def feed_oracle(q: Q.QuerySpec, traffic) -> np.ndarray:
+    """The closed rows of ``q`` as the feed carries them (window start, key, state), from the offline oracle."""
+    w = simulate.window_oracle(q, simulate.pane_oracle(q, traffic.rows()))
+    lay = Layout.of(q)
+    cols = [c for c in w.columns if c.startswith("k")] + [c for c in w.columns if c.startswith("s")]
+    return np.column_stack([lay.window_start_ns(w["window"].to_numpy()), w[cols].to_numpy(np.int64)])
+
+
+def feed_messages(cfg: Q.Config, traffic, *, skew_s: int, punct_s: int, seed: int, replay: float = 0.2,
+                  ) -> list[tuple[str, bytes]]:  # fmt: skip
+    """What the job's aggregate stream publishes on the feeds: hosts with skew -> shuffled partials -> one
+    PartitionProcessor per (query, partition) in random batches -> sink-side publisher; a share ``replay``
+    of the batches is published twice (a job restarted between publishing and committing)."""
+    rng = np.random.default_rng(seed)
+    aggs = cfg.queries
+    rows = traffic.rows()
+    hix = simulate.split_hosts(len(rows), len(HOSTS), seed=seed)
+    streams = []
+    for q in aggs:
+        for i, h in enumerate(HOSTS):
+            streams.append([(q.name, m) for m in simulate.host_messages(
+                q, rows[hix == i], h, partitions=q.kafka.partitions, skew_ns=skew_s * NS * i // 2,
+                punct_every_ns=punct_s * NS, seed=seed + i, end_mark=wire.END_OF_STREAM)])  # fmt: skip
+    heads = [[m for _, m in s] for s in streams]
+    merged = simulate.interleave(heads, seed=seed)
+    owner = {id(m): qn for s in streams for qn, m in s}
+    settings = Settings(host_timeout_ms=10**12, expected_hosts=HOSTS)
+    lays = {q.name: Layout.of(q) for q in aggs}
+    procs = {(q.name, p): PartitionProcessor([lays[q.name]], p, settings) for q in aggs
+             for p in range(q.kafka.partitions)}  # fmt: skip
+    pub = FeedPublisher(aggs, producer=object())
+    statuses: dict[str, dict[int, object]] = {}
+    out: list[tuple[str, bytes]] = []
+    i, batch = 0, 0
+    while i < len(merged):
+        n = int(rng.integers(1, 80))
+        chunk, i = merged[i : i + n], i + n
+        packed = []
+        for (qn, p), proc in procs.items():
+            vals = [m.value for m in chunk if owner[id(m)] == qn and m.partition == p]
+            packed.append(pa.Table.from_pandas(proc.process_packed(vals, batch), preserve_index=False))
+        wins, texts = unpack_windows(pa.concat_tables(packed), lays)
+        from contract import status as S
+
+        for t in texts:
+            st = S.PartitionStatus.model_validate_json(t)
+            statuses.setdefault(st.query, {})[st.partition] = st
+        msgs = pub.messages(batch, wins, statuses, batch)
+        out += msgs
+        if rng.random() < replay:
+            out += msgs
+        batch += 1
+    return out
+
+
+def arrive(msgs: list[tuple[str, bytes]], seed: int) -> list[bytes]:
+    """Both feed topics merged in a random order that keeps each topic's own order (one partition each)."""
+    rng = np.random.default_rng(seed)
+    by_topic: dict[str, list[bytes]] = {}
+    for t, v in msgs:
+        by_topic.setdefault(t, []).append(v)
+    lists = list(by_topic.values())
+    pos = [0] * len(lists)
+    out = []
+    while any(p < len(x) for p, x in zip(pos, lists, strict=True)):
+        k = int(rng.choice([j for j, x in enumerate(lists) if pos[j] < len(x)]))
+        take = int(rng.integers(1, 6))
+        out += lists[k][pos[k] : pos[k] + take]
+        pos[k] += take
+    return out
+
+
+def run(lay, values: list[bytes], seed: int, feeds=("left", "right")) -> tuple[pd.DataFrame, JoinProcessor]:
+    """The join's state group over the arrival, random micro-batches, state round-tripped through bytes."""
+    rng = np.random.default_rng(seed)
+    settings = Settings(10**12, HOSTS, "drop")
+    proc = JoinProcessor(lay, settings, feeds)
+    got = []
+    i = 0
+    while i < len(values):
+        n = int(rng.integers(1, 12))
+        d = unpack_rows(proc.process_packed({0: values[i : i + n]}, i), {lay.name: lay.rollup}).to_pandas()
+        i += n
+        got.append(d[d["kind"] == "final"])
+        proc = JoinProcessor.from_bytes(proc.to_bytes(), lay, settings, feeds)
+    g = pd.concat(got, ignore_index=True)
+    g["key"] = [tuple(k) for k in g["key"]]
+    return g, proc
+
+
+def rows_oracle(lay, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
+    """Raw output rows (window, key words, rows) from the brute-force join, column by column."""
+    pairs, unmatched = oracle(lay, left, right)
+    out = []
+    src = [] if lay.type == "anti" else [(pairs, True)]
+    if lay.type != "inner":
+        src.append((unmatched, False))
+    for a, is_pair in src:
+        for r in a.tolist():
+            lrow, rrow = r[: 1 + lay.lw], (r[1 + lay.lw :] if is_pair else None)
+            key = []
+            for side, ws in lay.group:
+                if side == "matched":
+                    key.append(int(is_pair))
+                    continue
+                row = lrow if side == "left" else rrow
+                key += [0 if row is None else row[0 if w < 0 else 1 + w] for w in ws]
+            out.append((int((lrow[0] - lay.rollup.origin_ns) // lay.rollup.pane_ns), tuple(key)))
+    df = pd.DataFrame(out, columns=["window", "key"])
+    return df.groupby(["window", "key"]).size().rename("rows").reset_index().sort_values(["window", "key"]) \
+        .reset_index(drop=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("skew_s", "punct_s", "seed"), [(0, 1, 1), (40, 1, 2), (20, 10, 3), (40, 1000, 4)])
+def test_joins_of_closed_windows_equal_the_oracle_under_disorder(cfg, traffic, skew_s, punct_s, seed) -> None:
+    """inner / left / anti raw rows and an aggregated anti join over two aggregates' closed windows: exact,
+    whatever the hosts' skew and punctuation, the batches, the feeds' interleaving and replayed batches."""
+    left, right = (feed_oracle(q, traffic) for q in cfg.queries)
+    values = arrive(feed_messages(cfg, traffic, skew_s=skew_s, punct_s=punct_s, seed=seed), seed)
+    for lay in layouts(cfg):
+        got, proc = run(lay, values, seed)
+        assert not got.duplicated(["window", "key"]).any(), lay.name
+        assert (got["hosts_expected"] == 1).all()  # one publisher: the job
+        if isinstance(lay, RowsLayout):
+            want = rows_oracle(lay, left, right)
+            g = pd.DataFrame(
+                {"window": got["window"], "key": got["key"], "rows": [s[0] for s in got["state"]]}
+            )
+            g = g.sort_values(["window", "key"]).reset_index(drop=True)
+            pd.testing.assert_frame_equal(g, want, check_dtype=False)
+        else:
+            want = window_oracle(lay, *oracle(lay, left, right))
+            g = pd.DataFrame(
+                {
+                    "window": got["window"],
+                    "key": got["key"],
+                    "servers": [s[0] for s in got["state"]],
+                    "syns": [s[1] for s in got["state"]],
+                }
+            )
+            pd.testing.assert_frame_equal(g.sort_values(["window", "key"]).reset_index(drop=True), want,
+                                          check_dtype=False)  # fmt: skip
+        assert proc.dedup.skipped > 0, "replayed feed batches are skipped"
+        assert all(j.state_rows == 0 for j in proc.joins.values())
+        assert len(got) >= 4
+
+
+def test_counts_of_the_oracle_are_not_trivial(cfg, traffic) -> None:
+    left, right = (feed_oracle(q, traffic) for q in cfg.queries)
+    lays = {lay.name: lay for lay in layouts(cfg)}
+    inner = rows_oracle(lays["answered"], left, right)
+    anti = rows_oracle(lays["silent_servers"], left, right)
+    assert len(inner) > 50 and len(anti) > 50 and (inner["rows"] == 1).all()
+
+
+def test_anti_rows_only_once_both_frontiers_passed_their_window(cfg, traffic) -> None:
+    """The right feed is held back: no anti row is emitted; released message by message, a window's rows
+    come exactly when the right feed's mark passes the window (the left one already did)."""
+    lay = {x.name: x for x in layouts(cfg)}["silent_servers"]
+    msgs = feed_messages(cfg, traffic, skew_s=10, punct_s=1, seed=7, replay=0.0)
+    lt, rt = JI.closed_topic(cfg.queries[0]), JI.closed_topic(cfg.queries[1])
+    settings = Settings(10**12, HOSTS, "drop")
+    proc = JoinProcessor(lay, settings, ("left", "right"))
+    d = unpack_rows(
+        proc.process_packed({0: [v for t, v in msgs if t == lt]}, 0), {lay.name: lay.rollup}
+    ).to_pandas()
+    assert not (d["kind"] == "final").any()
+    rl = lay.rollup
+    mark = None
+    emitted = 0
+    for _, v in [m for m in msgs if m[0] == rt]:
+        b = wire.decode(v)
+        if isinstance(b, wire.Punctuation):
+            mark = b.mark_ns
+        d = unpack_rows(proc.process_packed({0: [v]}, 0), {lay.name: lay.rollup}).to_pandas()
+        fin = d[d["kind"] == "final"]
+        if len(fin):
+            assert mark is not None and (rl.window_end_ns(fin["window"].to_numpy()) <= mark).all()
+            emitted += len(fin)
+        # and no later: every window the right mark passed is out (the first open one ends past it)
+        closed = proc.rollup.closed
+        if mark is not None and mark < wire.END_OF_STREAM and closed is not None:
+            assert rl.window_end_ns(np.array([closed]))[0] > mark
+    left, right = (feed_oracle(q, traffic) for q in cfg.queries)
+    assert emitted == len(rows_oracle(lay, left, right)) > 0
+
+
+def test_feed_dedup_skips_replayed_rows_batches_only() -> None:
+    rows = np.array([[5, 1, 2]])
+    a = wire.encode_rows("q", JI.FEED_HOST, 0, 0, 3 << 20, rows)
+    b = wire.encode_rows("q", JI.FEED_HOST, 0, 0, (3 << 20) | 1, rows)
+    p = wire.encode_punctuation(wire.Punctuation("q", JI.FEED_HOST, 0, 0, 3 << 20, 5, 5, 0))
+    other = wire.encode_rows("s", "cap-0", 1, 0, 0, rows)
+    d = FeedDedup(["q"])
+    assert d.filter([a, b, p, a, other, other, p]) == [a, b, p, other, other, p]
+    assert d.filter([b]) == [] and d.skipped == 2
+    assert wire.peek(a) == (wire.KIND_ROWS, "q", JI.FEED_HOST, 3 << 20)
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (("right: synack_src\n    on", "right: nope\n    on"), "unknown query 'nope'"),
+        (
+            (
+                "on: {left: [dst_ip], right: [server]}\n    within: window\n    type: inner",
+                "on: {left: [syns], right: [server]}\n    within: window\n    type: inner",
+            ),
+            "differ in type or width",
+        ),
+        (
+            (
+                "    window: {range: 10s}\n    kafka: {partitions: 2}\n  - name: synack_src",
+                "    window: {range: 20s}\n    kafka: {partitions: 2}\n  - name: synack_src",
+            ),
+            "different windows",
+        ),
+        (
+            ("group_by: [dst_ip]", "group_by: [{field: dst_ip, prefix4: 24, as: dst_ip}]"),
+            "differ in type or width",
+        ),
+        (
+            (
+                "aggregates: [{fn: count, as: synacks}]",
+                "aggregates: [{fn: count, as: synacks}]\n    having: synacks > 2",
+            ),
+            "has 'having'",
+        ),
+        (
+            (
+                "aggregates: [{fn: count, as: synacks}]",
+                "aggregates: [{fn: count_distinct, field: dst_ip, as: synacks}]",
+            ),
+            "holistic",
+        ),
+        (
+            (
+                "on: {left: [dst_ip], right: [server]}\n    within: window\n    type: inner",
+                "on: {left: [dst_ip], right: [nothing]}\n    within: window\n    type: inner",
+            ),
+            "not a field of aggregate",
+        ),
+    ],
+)
+def test_bad_joins_of_aggregates_name_file_line_and_reason(change: tuple[str, str], where: str) -> None:
+    text = CONFIG.replace(*change, 1)
+    assert text != CONFIG
+    with pytest.raises(Q.ConfigError) as e:
+        Q.load_text(text, "x.yaml")
+    assert where in str(e.value) and str(e.value).startswith("x.yaml:"), str(e.value)
+    assert e.value.line is not None
+
+
+def test_same_window_needs_aggregate_inputs_and_a_select_mix_needs_one_partition() -> None:
+    from tests.test_select import HANDSHAKE
+
+    text = HANDSHAKE.replace("within: 3s", "within: window", 1)
+    with pytest.raises(Q.ConfigError, match="'within: window' joins two aggregate"):
+        Q.load_text(text, "x.yaml")
+    mixed = (
+        HANDSHAKE
+        + CONFIG.split("queries:\n", 1)[1].split("  - name: answered")[0]
+        + """
+  - name: syn_vs_window
+    kind: join
+    left: syn
+    right: synack_src
+    on: {left: [dst_ip], right: [server]}
+    within: 10s
+"""
+    )
+    with pytest.raises(Q.ConfigError, match="Kafka partitions"):
+        Q.load_text(mixed, "x.yaml")
+    ok = Q.load_text(mixed.replace("partitions: 4}", "partitions: 1}"), "x.yaml")
+    assert [q.name for q in ok.stored_queries][-1] == "syn_vs_window"
+
+
+def test_raw_rows_schema_and_select_join_rows_equal_the_oracle() -> None:
+    """A select x select join without aggregates stores its rows: columns of both sides and both timestamps."""
+    from contract import results as R
+    from tests.test_join import rows_of
+    from tests.test_select import HANDSHAKE
+
+    text = HANDSHAKE.replace("partitions: 4", "partitions: 2").split("    group_by: [left.dst_port]")[0]
+    cfg = Q.load_text(text, "x.yaml")
+    sq = cfg.stored_queries[-1]
+    names = [f.name for f in R.schema(sq)]
+    sl, sr = cfg.selects
+    want = (
+        [f"left_{f}" for f in sl.fields]
+        + ["left_timestamp"]
+        + [f"right_{f}" for f in sr.fields]
+        + ["right_timestamp"]
+    )
+    assert names[2 : 2 + len(want)] == want and names[2 + len(want)] == "rows"
+    assert (
+        R.schema(sq).field("left_src_ip").type == pa.string()
+        and R.schema(sq).field("left_timestamp").type == pa.int64()
+    )
+    lay = layouts(cfg)[0]
+    left, right = rows_of(cfg, 600, seed=5)
+    from tests.test_join import handshake_messages
+
+    msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=30, seed=2)
+    proc = JoinProcessor(lay, Settings(10**12, HOSTS, "drop"))
+    got = []
+    for i in range(0, len(msgs), 50):
+        by_part: dict[int, list[bytes]] = {}
+        for _, p, v in msgs[i : i + 50]:
+            by_part.setdefault(p, []).append(v)
+        d = unpack_rows(proc.process_packed(by_part, i), {lay.name: lay.rollup}).to_pandas()
+        got.append(d[d["kind"] == "final"])
+    g = pd.concat(got, ignore_index=True)
+    g = pd.DataFrame(
+        {"window": g["window"], "key": [tuple(k) for k in g["key"]], "rows": [s[0] for s in g["state"]]}
+    )
+    pd.testing.assert_frame_equal(g.sort_values(["window", "key"]).reset_index(drop=True),
+                                  rows_oracle(lay, left, right), check_dtype=False)  # fmt: skip
+
+
+def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
+    """Partials of 3 skewed hosts in real Kafka -> the real job's aggregate stream -> its closed-window feeds
+    -> the join streams -> stored raw rows and aggregated anti windows equal the oracle, served by the API."""
+    from fastapi.testclient import TestClient
+
+    from high_level.job import HighLevelJob, JobOptions
+    from high_level.serve.api import create_app
+    from tests.test_high_level_spark import produce, read_results
+
+    t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
+    text = CONFIG.replace(
+        "    kafka: {partitions: 2}\n  - name: synack_src",
+        f"    kafka: {{topic: {t1}, partitions: 2}}\n  - name: synack_src",
+        1,
+    ).replace(
+        "    kafka: {partitions: 2}\n  - name: answered",
+        f"    kafka: {{topic: {t2}, partitions: 2}}\n  - name: answered",
+    )
+    cfg = Q.load_text(text)
+    traffic = make_handshake_traffic(300, T0, 50 * NS, seed=8, answered=0.5, max_latency_ns=4 * NS)
+    rows = traffic.rows()
+    hix = simulate.split_hosts(len(rows), 3, seed=1)
+    tagged = []
+    for q in cfg.queries:
+        streams = [simulate.host_messages(q, rows[hix == i], h, partitions=2, skew_ns=10 * NS * i, seed=i,
+                                          end_mark=wire.END_OF_STREAM) for i, h in enumerate(HOSTS)]  # fmt: skip
+        tagged += [(m.t_ns, q.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=2)]
+    produce(kafka, [(t, p, v) for _, t, p, v in sorted(tagged, key=lambda x: x[0])])
+    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
+                      trigger_ms=300, shuffle_partitions=2, name="t-feed", create_topics=True,
+                      expected_hosts=HOSTS)  # fmt: skip
+    job = HighLevelJob(spark, cfg.queries, opts, config=cfg)
+    job.start()
+    try:
+        for _ in range(4):
+            job.process_all_available()
+            time.sleep(0.3)
+    finally:
+        job.stop()
+    left, right = (feed_oracle(q, traffic) for q in cfg.queries)
+    lays = {lay.name: lay for lay in layouts(cfg)}
+    # raw rows of the anti join: one stored row per silent (window, server), typed columns
+    got = read_results(tmp_path / "res", "silent_servers")
+    want = rows_oracle(lays["silent_servers"], left, right)
+    assert len(got) == len(want) > 0 and got["complete"].all() and (got["rows"] == 1).all()
+    rl = lays["silent_servers"].rollup
+    assert sorted(zip(pd.to_datetime(got["window_start"]).astype("int64").tolist(), got["left_syns"].tolist(),
+                      strict=True)) == sorted(zip((rl.window_start_ns(want["window"].to_numpy()) // 1000 * 1000).tolist(),
+                                                  [k[2] for k in want["key"]], strict=True))  # fmt: skip
+    assert (pd.to_datetime(got["window_start"]).astype("int64") == got["left_timestamp"]).all()
+    inner = read_results(tmp_path / "res", "answered")
+    assert len(inner) == len(rows_oracle(lays["answered"], left, right))
+    agg = read_results(tmp_path / "res", "unanswered_syns")
+    w = window_oracle(lays["unanswered_syns"], *oracle(lays["unanswered_syns"], left, right))
+    assert sorted(agg["syns"].tolist()) == sorted(w["syns"].tolist()) and len(w)
+    (tmp_path / "c.yaml").write_text(text)
+    client = TestClient(create_app(tmp_path / "c.yaml", tmp_path / "res"))
+    r = client.get("/queries/silent_servers/results")
+    assert r.status_code == 200, r.text
