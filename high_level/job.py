@@ -199,6 +199,10 @@ class HighLevelJob:
         if self.delivery is not None:
             self.delivery.start()
         if self.opts.mode == "oop":
+            if self.joins:  # a missing join input is an error before any stream starts (nothing emitted)
+                from high_level.joinjob import check_topics, layouts
+
+                check_topics(self, layouts(self.config))
             self.streams = [self._start_oop()] if self.queries else []
             if self.joins:
                 from high_level.joinjob import start_joins

@@ -414,6 +414,7 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     from fastapi.testclient import TestClient
 
     from high_level.job import HighLevelJob, JobOptions
+    from high_level.joinjob import MissingInputTopic
     from high_level.serve.api import create_app
     from tests.test_high_level_spark import produce, read_results
 
@@ -454,10 +455,12 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     want = rows_oracle(lays["silent_servers"], left, right)
     assert len(got) == len(want) > 0 and got["complete"].all() and (got["rows"] == 1).all()
     rl = lays["silent_servers"].rollup
-    assert sorted(zip(pd.to_datetime(got["window_start"]).astype("int64").tolist(), got["left_syns"].tolist(),
-                      strict=True)) == sorted(zip((rl.window_start_ns(want["window"].to_numpy()) // 1000 * 1000).tolist(),
-                                                  [k[2] for k in want["key"]], strict=True))  # fmt: skip
-    assert (pd.to_datetime(got["window_start"]).astype("int64") == got["left_timestamp"]).all()
+    start_ns = ((got["window_start"] - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(1, "ns")).tolist()
+    want_start = rl.window_start_ns(want["window"].to_numpy()).tolist()
+    assert sorted(zip(start_ns, got["left_syns"].tolist(), strict=True)) == sorted(
+        zip(want_start, [k[2] for k in want["key"]], strict=True)
+    )
+    assert start_ns == got["left_timestamp"].tolist()  # a closed row's timestamp: its window's start
     inner = read_results(tmp_path / "res", "answered")
     assert len(inner) == len(rows_oracle(lays["answered"], left, right))
     agg = read_results(tmp_path / "res", "unanswered_syns")
@@ -466,4 +469,15 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     (tmp_path / "c.yaml").write_text(text)
     client = TestClient(create_app(tmp_path / "c.yaml", tmp_path / "res"))
     r = client.get("/queries/silent_servers/results")
-    assert r.status_code == 200, r.text
+    assert r.status_code == 200 and "left_dst_ip" in r.text and "left_syns" in r.text, r.text
+    assert client.get("/queries/answered/latest").status_code == 200
+    # the feeds of other aggregate topics do not exist (no job created them): a clear error, nothing started
+    t3, t4 = topic_factory(partitions=2), topic_factory(partitions=2)
+    bad = Q.load_text(text.replace(t1, t3).replace(t2, t4))
+    opts2 = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res2"),
+                       checkpoint=str(tmp_path / "ck2"), name="t-feed2", create_topics=False)  # fmt: skip
+    job2 = HighLevelJob(spark, bad.queries, opts2, config=bad)
+    with pytest.raises(MissingInputTopic, match="closed-window feed of an aggregate query"):
+        job2.start()
+    job2.stop()
+    assert not job2.streams and not list((tmp_path / "res2").glob("query=*"))
