@@ -1084,7 +1084,9 @@ class JoinSpec(_Strict):
     Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``
     (only left rows without a match). With ``aggregates`` the output is aggregated per window and
-    ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp.
+    ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp; without, the joined
+    rows themselves are stored (:mod:`contract.joininputs`). An input may be an aggregate query's closed
+    windows; ``within: window`` joins two of them on the same window.
     """
 
     kind: Literal["join"]
