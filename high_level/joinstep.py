@@ -17,8 +17,6 @@ counts may be too high".
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -26,7 +24,8 @@ import pandas as pd
 
 from contract import wire
 from contract.status import PartitionStatus
-from high_level.join import SIDES, BandJoin, JoinLayout, output_partials
+from high_level import codec
+from high_level.join import SIDES, BandJoin, JoinLayout, output_partials, unpack_state
 from high_level.partition import Settings, _Part, pack_parts
 from high_level.rollup import QueryRollup
 
@@ -49,26 +48,29 @@ class JoinProcessor:
 
     # -- persistence (no pickle: npz of numbers and a JSON header)
     def to_bytes(self) -> bytes:
+        """One :mod:`high_level.codec` blob: the roll-up and every partition's join state (``join<p>/...``)."""
         r = self.rollup
-        head = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records}
-        arrays = {"head": np.frombuffer(json.dumps(head).encode(), np.uint8), "pane": r.pane, "key": r.key,
-                  "state": r.state}  # fmt: skip
+        head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records, "joins": {}}
+        arrays = {"pane": r.pane, "key": r.key, "state": r.state}
         for p, j in self.joins.items():
-            arrays[f"join{p}"] = np.frombuffer(j.to_bytes(), np.uint8)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+            jh, ja = j.state()
+            head["joins"][str(p)] = jh
+            arrays |= {f"join{p}/{k}": v for k, v in ja.items()}
+        return codec.pack(head, arrays)
 
     @classmethod
     def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings) -> JoinProcessor:
         jp = cls(layout, settings)
         bare = replace(layout, rollup=None)
-        with np.load(io.BytesIO(buf), allow_pickle=False) as z:
-            head = json.loads(bytes(z["head"]).decode())
-            jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
-            for p in jp.joins:
-                jp.joins[p] = BandJoin.from_bytes(bytes(z[f"join{p}"]), bare, settings.host_timeout_ms,
-                                                  settings.expected_hosts)  # fmt: skip
+        head, z = unpack_state(buf)
+        jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
+        for p in jp.joins:
+            if "joins" in head:
+                pre = f"join{p}/"
+                jh, ja = head["joins"][str(p)], {k[len(pre) :]: v for k, v in z.items() if k.startswith(pre)}
+            else:  # an .npz of earlier builds: each partition's join state nested as bytes
+                jh, ja = unpack_state(z[f"join{p}"].tobytes())
+            jp.joins[p] = BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms, settings.expected_hosts)
         jp.rollup.closed = head["closed"]
         jp.windows_closed, jp.records = head["windows_closed"], head["records"]
         return jp
