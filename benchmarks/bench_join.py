@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -337,6 +338,7 @@ def main() -> None:
     ap.add_argument("--job-skew", type=int, default=0, help="job path: inter-host skew (s)")
     args = ap.parse_args()
     m = machine()
+    load0 = [round(x, 1) for x in os.getloadavg()]  # the VM is shared: say how loaded it was
     cfg, left, right = workload(args.syns)
     band = cfg.joins[0].within_ns
     want = oracle_pairs(left, right, band)
@@ -368,7 +370,7 @@ def main() -> None:
               f"{row['in_order']['latency_s'].get('p50')} s, Spark {sp.get('latency_s', {}).get('p50')} s", flush=True)
     result = {"benchmark": "join", "query": "configs/handshake.yaml handshakes (inner, within 3 s)",
               "syn_rows": len(left), "synack_rows": len(right), "pairs": want, "hosts": 3, "batch_messages": args.batch,
-              "rows": rows, "machine": m}  # fmt: skip
+              "rows": rows, "machine": m, "load_avg_1_5_15_at_start": load0}  # fmt: skip
     at40 = [r for r in rows if r["skew_s"] == 40 and "spark" in r]
     if at40 and at40[0]["spark"]["peak_state_rows"]:
         result["oa_state_rows_ratio_vs_spark_at_40s"] = round(at40[0]["oa"]["peak_state_rows"]
@@ -386,6 +388,7 @@ def main() -> None:
         print(f"job path (Kafka -> the Spark job, local[2]): {job['input_rows']:,} rows, {job['rows_per_message']} per "
               f"message: {job['input_tuples_per_s']:,} rows/s over the warm micro-batches, "
               f"{job['input_tuples_per_s_wall']:,} rows/s start to end", flush=True)
+    result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "join.json").write_text(json.dumps(result, indent=2))
     try:
