@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,8 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level import simulate  # noqa: E402
-from high_level.join import BandJoin, JoinLayout  # noqa: E402
+from high_level.join import BandJoin, JoinLayout, match_pairs  # noqa: E402
+from high_level.meld import Meld  # noqa: E402
 from tests.packets import make_handshake_traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -73,23 +75,97 @@ def oracle_pairs(left: np.ndarray, right: np.ndarray, band: int) -> int:
     return int(((m["rts"] - m["ts"] >= 0) & (m["rts"] - m["ts"] <= band)).sum())
 
 
+def _latency(lat: list[np.ndarray]) -> dict:
+    """p50/p95/max in seconds of (emission clock - the later row's timestamp) over every pair."""
+    x = np.concatenate(lat) / NS if lat else np.zeros(0)
+    if not len(x):
+        return {}
+    return {"p50": round(float(np.percentile(x, 50)), 2), "p95": round(float(np.percentile(x, 95)), 2),
+            "max": round(float(x.max()), 2)}  # fmt: skip
+
+
 def run_oa(cfg: Q.Config, msgs: list[simulate.Message], batch: int) -> dict:
     j = cfg.joins[0]
     lay = JoinLayout.of(j.model_copy(update={"window": None, "aggregates": [], "group_by": []}), *cfg.selects)
     bj = BandJoin(lay, host_timeout_ms=10**12, expected_hosts=("cap-0", "cap-1", "cap-2"))
     peak_rows = peak_bytes = pairs = 0
-    rows_in = 0
     busy = 0.0
+    lat = []
     for i in range(0, len(msgs), batch):
-        vals = [m.value for m in msgs[i : i + batch]]
+        chunk = msgs[i : i + batch]
+        vals = [m.value for m in chunk]
         t0 = time.perf_counter()
         out = bj.process(vals, 0)
         busy += time.perf_counter() - t0
         pairs += out.pairs
+        lat.append(max(m.t_ns for m in chunk) - np.maximum(out.l_ts, out.r_ts))
         peak_rows, peak_bytes = max(peak_rows, bj.state_rows), max(peak_bytes, bj.state_bytes)
     rows_in = sum(wire.decode(m.value).n for m in msgs if not m.is_punctuation)
     return {"pairs": pairs, "peak_state_rows": peak_rows, "peak_state_bytes": peak_bytes,
-            "input_rows": rows_in, "input_tuples_per_s_one_core": round(rows_in / busy)}  # fmt: skip
+            "input_rows": rows_in, "input_tuples_per_s_one_core": round(rows_in / busy),
+            "latency_s": _latency(lat)}  # fmt: skip
+
+
+class InOrderJoin:
+    """The seed's in-order baseline: buffer each input until every input's mark (min over both inputs'
+    hosts) passes a row, i.e. until it is in order, then sort-merge in timestamp order keeping the left
+    rows of the last ``band`` for the right rows still to come. Same marks as the OA-Join."""
+
+    def __init__(self, lay: JoinLayout, hosts: tuple[str, ...]) -> None:
+        self.lay = lay
+        self.melds = {s: Meld(10**12, hosts) for s in ("left", "right")}
+        self.buf = {s: [np.empty(0, np.int64), np.empty((0, w), np.int64)] for s, w in (("left", lay.lw), ("right", lay.rw))}
+        self.window = [np.empty(0, np.int64), np.empty((0, lay.lw), np.int64)]  # released left rows of the band
+
+    def process(self, values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """-> (left ts, right ts) of the pairs this step emits."""
+        lay = self.lay
+        for v in values:
+            b = wire.decode(v)
+            side = lay.side_of(b.query)
+            if isinstance(b, wire.Rows):
+                self.buf[side] = [np.concatenate([self.buf[side][0], b.ts]), np.concatenate([self.buf[side][1], b.cols])]
+            elif isinstance(b, wire.Punctuation):
+                self.melds[side].observe(b.host, b.incarnation, b.mark_ns, b.mark_ns, b.sent_wall_ns, 0)
+        marks = [m.low_water_mark() for m in self.melds.values()]
+        if any(m is None for m in marks):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        front = min(marks)  # everything below is in order on both inputs: release it
+        rel = {}
+        for s in ("left", "right"):
+            ts, cols = self.buf[s]
+            go = ts < front
+            rel[s] = (ts[go], cols[go])
+            self.buf[s] = [ts[~go], cols[~go]]
+        wl = [np.concatenate([self.window[0], rel["left"][0]]), np.concatenate([self.window[1], rel["left"][1]])]
+        li, ri = match_pairs(wl[1][:, list(lay.lkey)], wl[0], rel["right"][1][:, list(lay.rkey)], rel["right"][0],
+                             lay.band_ns)  # fmt: skip
+        keep = wl[0] >= front - lay.band_ns
+        self.window = [wl[0][keep], wl[1][keep]]
+        return wl[0][li], rel["right"][0][ri]
+
+    @property
+    def state_rows(self) -> int:
+        return len(self.buf["left"][0]) + len(self.buf["right"][0]) + len(self.window[0])
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(a.nbytes for a in (*self.buf["left"], *self.buf["right"], *self.window))
+
+
+def run_in_order(cfg: Q.Config, msgs: list[simulate.Message], batch: int) -> dict:
+    j = cfg.joins[0]
+    lay = JoinLayout.of(j.model_copy(update={"window": None, "aggregates": [], "group_by": []}), *cfg.selects)
+    io = InOrderJoin(lay, ("cap-0", "cap-1", "cap-2"))
+    peak_rows = peak_bytes = pairs = 0
+    lat = []
+    for i in range(0, len(msgs), batch):
+        chunk = msgs[i : i + batch]
+        lts, rts = io.process([m.value for m in chunk])
+        pairs += len(lts)
+        lat.append(max(m.t_ns for m in chunk) - np.maximum(lts, rts))
+        peak_rows, peak_bytes = max(peak_rows, io.state_rows), max(peak_bytes, io.state_bytes)
+    return {"pairs": pairs, "peak_state_rows": peak_rows, "peak_state_bytes": peak_bytes, "latency_s": _latency(lat)}
 
 
 def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, delay_s: int, band_ns: int) -> dict:
@@ -102,6 +178,7 @@ def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, de
         for side in (0, 1):
             (tmp / f"in{side}").mkdir()
         k = 0
+        clocks = [max(m.t_ns for m in msgs[i : i + batch]) for i in range(0, len(msgs), batch)]
         for i in range(0, len(msgs), batch):
             per = {0: [], 1: []}
             for m in msgs[i : i + batch]:
@@ -127,8 +204,12 @@ def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, de
                 & (F.col("r_ts") >= F.col("l_ts"))
                 & (F.col("r_ts") <= F.col("l_ts") + F.expr(f"INTERVAL {band_ns // NS} SECONDS")))  # fmt: skip
         joined = left.join(right, cond, "inner")
-        q = joined.writeStream.format("memory").queryName(f"bench_join_{delay_s}_{int(time.time())}") \
-            .outputMode("append").start()  # fmt: skip
+        got: dict[int, pd.DataFrame] = {}
+
+        def collect(df, batch_id: int) -> None:  # the pairs of each micro-batch, for their latency
+            got[batch_id] = df.select("l_ts_ns", "r_ts_ns").toPandas()
+
+        q = joined.writeStream.foreachBatch(collect).outputMode("append").start()
         t0 = time.perf_counter()
         peak = peak_bytes = 0
         seen = -1
@@ -143,13 +224,107 @@ def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, de
             if seen >= k - 1 or time.perf_counter() - t0 > 1800:
                 break
         secs = time.perf_counter() - t0
-        pairs = spark.sql(f"select count(*) from {q.name}").collect()[0][0]
+        data_batches = [p["batchId"] for p in q.recentProgress if p["numInputRows"]]
         q.stop()
+        pairs = sum(len(d) for d in got.values())
+        lat = [clocks[i] - np.maximum(got[b]["l_ts_ns"].to_numpy(), got[b]["r_ts_ns"].to_numpy())
+               for i, b in enumerate(data_batches) if b in got]  # micro-batch i read chunk i (one file each)
         rows_in = sum(wire.decode(m.value).n for m in msgs if not m.is_punctuation)
         return {"pairs": int(pairs), "peak_state_rows": peak, "peak_state_bytes": peak_bytes, "batches": k,
-                "input_tuples_per_s_local2": round(rows_in / secs)}  # fmt: skip
+                "input_tuples_per_s_local2": round(rows_in / secs), "latency_s": _latency(lat)}  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def scaled(left: np.ndarray, right: np.ndarray, copies: int) -> tuple[np.ndarray, np.ndarray]:
+    """``copies`` overlapping copies of the minute of handshakes, each on its own client addresses (the SYN's
+    src_ip high word, the SYN-ACK's dst_ip high word, + copy): ``copies`` x the rate and the pairs."""
+    dl, dr = np.zeros(left.shape[1], np.int64), np.zeros(right.shape[1], np.int64)
+    out = []
+    for side, d, w in ((left, dl, 1), (right, dr, 4)):
+        parts = []
+        for k in range(copies):
+            d[:] = 0
+            d[0], d[w] = k * 7_000_000, k
+            parts.append(side + d)
+        out.append(np.concatenate(parts))
+    return out[0], out[1]
+
+
+def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_messages: int) -> dict:
+    """The job path: the hosts' select batches in a real Kafka broker (2 partitions per input), the real
+    job (:class:`high_level.job.HighLevelJob`, the handshake join only) on ``local[2]``; every stored
+    window's ``completed`` summed must equal the oracle's pairs."""
+    from kafka import KafkaProducer
+
+    from high_level.job import HighLevelJob, JobOptions
+    from local_stack.kafka_broker import KafkaBroker
+    from local_stack.spark_session import build_spark
+    from tests.test_high_level_spark import read_results
+
+    work = Path(tempfile.mkdtemp(prefix="lw-bench-join-job-"))
+    broker = KafkaBroker("bench-join", port=0, state=work / "kafka")
+    broker.start()
+    try:
+        tl, tr = broker.create_topic("bench.syns", 2), broker.create_topic("bench.synacks", 2)
+        text = CONFIG.read_text().replace("topic: lowwater.syns", f"topic: {tl}")
+        cfg = Q.load_text(text.replace("topic: lowwater.synacks", f"topic: {tr}"))
+        cfg = Q.Config(cfg.path, [], cfg.selects, [j for j in cfg.joins if j.name == "handshakes"])
+        rng = np.random.default_rng(2)
+        tagged = []
+        for s, rows in zip(cfg.selects, (left, right), strict=True):
+            hidx = rng.integers(0, 3, len(rows))
+            for h in range(3):
+                tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in
+                           simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // 2)]
+        tagged.sort(key=lambda x: x[0])
+        prod = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1, linger_ms=5, batch_size=1 << 20,
+                             max_request_size=8 << 20)  # fmt: skip
+        for _, topic, part, value in tagged:
+            prod.send(topic, value=value, partition=part)
+        prod.flush()
+        prod.close()
+        cum: dict[tuple[str, int], list[int]] = {}  # rows before each offset, per topic-partition
+        for _, topic, part, value in tagged:
+            c = cum.setdefault((topic, part), [0])
+            b = wire.decode(value)
+            c.append(c[-1] + (b.n if isinstance(b, wire.Rows) else 0))
+        spark = build_spark("bench-join-job", "local[2]", {"spark.sql.shuffle.partitions": "2",
+                                                           "spark.driver.memory": "3g"}, state=work / "spark")  # fmt: skip
+        opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "res"), checkpoint=str(work / "ck"),
+                          trigger_ms=1000, shuffle_partitions=2, name="bench-join", create_topics=False,
+                          expected_hosts=("cap-0", "cap-1", "cap-2"), host_timeout_ms=10**9,
+                          max_offsets_per_trigger=batch_messages)  # fmt: skip
+        job = HighLevelJob(spark, [], opts, config=cfg)
+        t0 = time.perf_counter()
+        job.start()
+        job.process_all_available()
+        wall = time.perf_counter() - t0
+        prog = [p for p in job.streams[0].recentProgress if p["numInputRows"]]
+        job.stop()
+        spark.stop()
+        got = read_results(work / "res", "handshakes")
+        completed = int(got.loc[got["kind"] == "final", "completed"].sum())
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    rows_in = len(left) + len(right)
+
+    def batch_rows(p: dict) -> int:
+        src = p["sources"][0]
+        start, end = (json.loads(x) if isinstance(x, str) else x for x in (src["startOffset"], src["endOffset"]))
+        return sum(cum[(t, int(q))][o] - cum[(t, int(q))][(start or {}).get(t, {}).get(q, 0)]
+                   for t, parts in end.items() for q, o in parts.items())  # fmt: skip
+
+    warm = prog[1:] or prog  # the first micro-batch starts the Python workers and the Kafka consumers
+    busy = sum(p["durationMs"]["triggerExecution"] for p in warm) / 1e3
+    return {"input_rows": rows_in, "messages": len(tagged), "rows_per_message": round(rows_in / len(tagged)),
+            "skew_s": skew_s, "messages_per_batch": batch_messages, "pairs": completed,
+            "pairs_vs_oracle": completed - pairs, "wall_s": round(wall, 1),
+            "batches": [{"messages": p["numInputRows"], "rows": batch_rows(p), "ms": p["durationMs"]["triggerExecution"],
+                         "add_batch_ms": p["durationMs"].get("addBatch")} for p in prog],
+            "input_tuples_per_s": round(sum(batch_rows(p) for p in warm) / busy),
+            "input_tuples_per_s_wall": round(rows_in / wall)}  # fmt: skip
 
 
 def main() -> None:
@@ -158,8 +333,12 @@ def main() -> None:
     ap.add_argument("--skews", default="0,10,20,40")
     ap.add_argument("--batch", type=int, default=30, help="Kafka messages per micro-batch")
     ap.add_argument("--no-spark", action="store_true")
+    ap.add_argument("--job-copies", type=int, default=10, help="job path: copies of the minute of handshakes (0: skip)")
+    ap.add_argument("--job-batch", type=int, default=3000, help="job path: Kafka messages per micro-batch")
+    ap.add_argument("--job-skew", type=int, default=0, help="job path: inter-host skew (s)")
     args = ap.parse_args()
     m = machine()
+    load0 = [round(x, 1) for x in os.getloadavg()]  # the VM is shared: say how loaded it was
     cfg, left, right = workload(args.syns)
     band = cfg.joins[0].within_ns
     want = oracle_pairs(left, right, band)
@@ -176,7 +355,8 @@ def main() -> None:
         msgs = arrival(cfg, left, right, skew)
         oa = run_oa(cfg, msgs, args.batch)
         assert oa["pairs"] == want, f"OA-Join found {oa['pairs']} pairs, oracle {want}"
-        row = {"skew_s": skew, "oa": oa}
+        row = {"skew_s": skew, "oa": oa, "in_order": run_in_order(cfg, msgs, args.batch)}
+        assert row["in_order"]["pairs"] == want
         if spark is not None:
             row["spark"] = run_spark(spark, cfg, msgs, args.batch, max(skew, 1), band)
             row["spark"]["watermark_delay_s"] = max(skew, 1)
@@ -185,15 +365,30 @@ def main() -> None:
         sp = row.get("spark", {})
         print(f"skew {skew:3d} s: OA peak state {oa['peak_state_rows']:8,} rows {oa['peak_state_bytes'] / 2**20:7.2f} MiB, "
               f"{oa['input_tuples_per_s_one_core']:,} rows/s on one core; Spark peak state "
-              f"{sp.get('peak_state_rows', '-')} rows, pairs {sp.get('pairs', '-')} (oracle {want})", flush=True)
+              f"{sp.get('peak_state_rows', '-')} rows, pairs {sp.get('pairs', '-')} (oracle {want}); in-order peak "
+              f"{row['in_order']['peak_state_rows']:,} rows; latency p50 OA {oa['latency_s'].get('p50')} s, in-order "
+              f"{row['in_order']['latency_s'].get('p50')} s, Spark {sp.get('latency_s', {}).get('p50')} s", flush=True)
     result = {"benchmark": "join", "query": "configs/handshake.yaml handshakes (inner, within 3 s)",
               "syn_rows": len(left), "synack_rows": len(right), "pairs": want, "hosts": 3, "batch_messages": args.batch,
-              "rows": rows, "machine": m}  # fmt: skip
+              "rows": rows, "machine": m, "load_avg_1_5_15_at_start": load0}  # fmt: skip
     at40 = [r for r in rows if r["skew_s"] == 40 and "spark" in r]
     if at40 and at40[0]["spark"]["peak_state_rows"]:
         result["oa_state_rows_ratio_vs_spark_at_40s"] = round(at40[0]["oa"]["peak_state_rows"]
                                                               / at40[0]["spark"]["peak_state_rows"], 3)
     result["oa_input_tuples_per_s_one_core"] = min(r["oa"]["input_tuples_per_s_one_core"] for r in rows)
+    if spark is not None:
+        spark.stop()
+        spark = None
+    if args.job_copies:
+        jl, jr = scaled(left, right, args.job_copies)
+        job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch)
+        assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        result["job"] = job
+        result["input_tuples_per_s"] = job["input_tuples_per_s"]
+        print(f"job path (Kafka -> the Spark job, local[2]): {job['input_rows']:,} rows, {job['rows_per_message']} per "
+              f"message: {job['input_tuples_per_s']:,} rows/s over the warm micro-batches, "
+              f"{job['input_tuples_per_s_wall']:,} rows/s start to end", flush=True)
+    result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "join.json").write_text(json.dumps(result, indent=2))
     try:
@@ -202,22 +397,27 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         xs = [r["skew_s"] for r in rows]
-        ax.plot(xs, [r["oa"]["peak_state_rows"] for r in rows], "o-", label="lowwater OA-Join (punctuation)")
-        if all("spark" in r for r in rows):
-            ax.plot(xs, [r["spark"]["peak_state_rows"] for r in rows], "s-", label="Spark stream-stream join (watermark)")
+        series = [("oa", "o-", "lowwater OA-Join (punctuation)"), ("in_order", "^--", "in-order sort-merge (seed baseline)"),
+                  ("spark", "s-", "Spark stream-stream join (watermark = skew)")]  # fmt: skip
+        for k, style, label in series:
+            if all(k in r for r in rows):
+                ax.plot(xs, [r[k]["peak_state_rows"] for r in rows], style, label=label)
+                ax2.plot(xs, [r[k]["latency_s"].get("p50") for r in rows], style, label=f"{label}, p50")
         ax.set_xlabel("inter-host skew (s)")
         ax.set_ylabel("peak join state (rows)")
-        ax.set_title("SYN x SYN-ACK within 3 s, 3 hosts")
-        ax.legend()
+        ax.set_title("SYN x SYN-ACK within 3 s, 3 hosts: state")
+        ax.legend(fontsize=7)
+        ax2.set_xlabel("inter-host skew (s)")
+        ax2.set_ylabel("pair latency p50 (s): emission - later row's ts")
+        ax2.set_title("result latency")
+        ax2.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(RESULTS / "join.png", dpi=110)
     except ImportError:
         pass
     print(f"wrote {RESULTS / 'join.json'}")
-    if spark is not None:
-        spark.stop()
 
 
 if __name__ == "__main__":

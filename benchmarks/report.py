@@ -275,19 +275,33 @@ def main() -> None:
                             [[c["panes_per_window"], c["value_domain"], c["rows_held_pane_sets"], c["rows_held_raw"],
                               c["seconds_pane_sets"], c["seconds_raw_buffer"]] for c in aw["result"]["cases"]])]
     if d := load("join"):
-        parts += ["## Handshake join: OA-Join closed by punctuation vs Spark's stream-stream join", machine(d),
+        def lat(r: dict, k: str) -> str:
+            x = r.get(k, {}).get("latency_s") or {}
+            return f"{x['p50']} / {x['p95']}" if x else "-"
+
+        job = d.get("job")
+        parts += ["## Handshake join: OA-Join closed by punctuation vs Spark's stream-stream join and the in-order "
+                  "baseline", machine(d),
                   f"{d['query']}: {d['syn_rows']:,} SYN and {d['synack_rows']:,} SYN-ACK rows over 3 hosts, "
                   f"{d['batch_messages']} Kafka messages per micro-batch; peak join state per skew (Spark: the "
-                  "watermark delay = the skew). **oa_state_rows_ratio_vs_spark_at_40s = "
+                  "watermark delay = the skew; in-order: buffer until both inputs' marks pass, then sort-merge); "
+                  "latency = emission (arrival clock of the micro-batch) - the later row's timestamp, p50 / p95 s. "
+                  "**oa_state_rows_ratio_vs_spark_at_40s = "
                   f"{d.get('oa_state_rows_ratio_vs_spark_at_40s')}**; OA-Join input rows/s on one core (in-process): "
-                  f"{d['oa_input_tuples_per_s_one_core']:,}.",
-                  table(["skew s", "OA rows", "OA MiB", "OA rows/s", "Spark rows", "Spark MiB", "Spark pairs - oracle"],
+                  f"{d['oa_input_tuples_per_s_one_core']:,}."
+                  + (f" **input_tuples_per_s = {d['input_tuples_per_s']:,}** through Kafka and the Spark job on "
+                     f"local[2] ({job['input_rows']:,} rows, {job['rows_per_message']} per message, skew "
+                     f"{job['skew_s']} s, warm micro-batches of {job['messages_per_batch']} messages; "
+                     f"{job['input_tuples_per_s_wall']:,} rows/s start to end)." if job else ""),
+                  table(["skew s", "OA rows", "OA MiB", "in-order rows", "Spark rows", "Spark MiB",
+                         "latency OA", "latency in-order", "latency Spark", "Spark pairs - oracle"],
                         [[r["skew_s"], f"{r['oa']['peak_state_rows']:,}", f"{r['oa']['peak_state_bytes'] / 2**20:.1f}",
-                          f"{r['oa']['input_tuples_per_s_one_core']:,}",
+                          f"{r['in_order']['peak_state_rows']:,}" if "in_order" in r else "-",
                           f"{r['spark']['peak_state_rows']:,}" if "spark" in r else "-",
                           f"{r['spark']['peak_state_bytes'] / 2**20:.1f}" if "spark" in r else "-",
+                          lat(r, "oa"), lat(r, "in_order"), lat(r, "spark"),
                           r["spark"]["pairs_vs_oracle"] if "spark" in r else "-"] for r in d["rows"]]),
-                  img("join")]
+                  img("join")]  # fmt: skip
     if (d := load("kernel")) and "select_kernel_mpps" in d:
         parts += [f"Select queries in the kernel (`bench_kernel.py --select`): Q4 + the SYN and SYN-ACK selects of "
                   f"configs/handshake.yaml in one pass, **select_kernel_mpps = {d['select_kernel_mpps']}** = "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from contract import query as Q
 from contract import wire
+from high_level import codec
 from high_level.meld import Meld
 from high_level.rollup import Layout, QueryRollup, Windows, group_reduce
 
@@ -95,62 +97,117 @@ class JoinLayout:
         return "left" if query == self.left else "right" if query == self.right else None
 
 
+U64 = np.uint64
+
+
 @dataclass
 class Side:
-    """Stored rows of one input: timestamps, the select's words and (left) whether a match was found."""
+    """Rows of one input: timestamps, the select's words, (left) whether a match was found, and the hash of
+    the join key words. A stored side is kept sorted by that hash: new rows probe it with one
+    ``searchsorted`` (needles sorted too, so the search walks memory forward) and nothing is re-hashed
+    or re-sorted per step; new rows are merged in by position (one copy)."""
 
     ts: np.ndarray
     cols: np.ndarray
     matched: np.ndarray
+    h: np.ndarray
 
     @classmethod
     def empty(cls, w: int) -> Side:
-        return cls(np.empty(0, I64), np.empty((0, w), I64), np.empty(0, bool))
+        return cls(np.empty(0, I64), np.empty((0, w), I64), np.empty(0, bool), np.empty(0, U64))
+
+    @classmethod
+    def of(cls, ts: np.ndarray, cols: np.ndarray, words: tuple[int, ...], matched: np.ndarray | None = None) -> Side:
+        """Rows with their key hash, sorted by it."""
+        h = wire.key_hash(_key(ts, cols, words, slice(None)))
+        order = np.argsort(h)
+        m = np.zeros(len(ts), bool) if matched is None else matched[order]
+        return cls(ts[order], cols[order], m, h[order])
+
+    @classmethod
+    def gather(cls, parts: list[tuple[np.ndarray, np.ndarray]], w: int, words: tuple[int, ...]) -> Side:
+        """One hashed, sorted side from a batch's row blocks, in one copy (pairwise would be quadratic)."""
+        if not parts:
+            return cls.empty(w)
+        ts = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        cols = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        return cls.of(ts, cols, words)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     @property
     def nbytes(self) -> int:
-        return int(self.ts.nbytes + self.cols.nbytes + self.matched.nbytes)
+        return int(self.ts.nbytes + self.cols.nbytes + self.matched.nbytes + self.h.nbytes)
 
     def take(self, idx: np.ndarray) -> Side:
-        return Side(self.ts[idx], self.cols[idx], self.matched[idx])
+        return Side(self.ts[idx], self.cols[idx], self.matched[idx], self.h[idx])
 
-    def concat(self, other: Side) -> Side:
+    def merge(self, other: Side) -> Side:
+        """Both sorted by hash -> one sorted side (``other`` inserted by position: one copy of each)."""
         if not len(other):
             return self
         if not len(self):
             return other
-        return Side(np.concatenate([self.ts, other.ts]), np.concatenate([self.cols, other.cols]),
-                    np.concatenate([self.matched, other.matched]))  # fmt: skip
+        pos = np.searchsorted(self.h, other.h, "right")
+        return Side(np.insert(self.ts, pos, other.ts), np.insert(self.cols, pos, other.cols, axis=0),
+                    np.insert(self.matched, pos, other.matched), np.insert(self.h, pos, other.h))  # fmt: skip
+
+
+def _key(ts: np.ndarray, cols: np.ndarray, words: tuple[int, ...], idx: np.ndarray | slice) -> np.ndarray:
+    """int64[n, len(words)]: the key words of rows ``idx`` (-1 = the timestamp)."""
+    n = len(ts[idx])
+    if not words:
+        return np.zeros((n, 1), I64)
+    return np.column_stack([ts[idx] if w < 0 else cols[idx, w] for w in words]).reshape(n, len(words))
 
 
 def key_words(side: Side, words: tuple[int, ...]) -> np.ndarray:
     """int64[n, len(words)]: the rows' key words (-1 = the timestamp)."""
-    return np.column_stack([side.ts if w < 0 else side.cols[:, w] for w in words]) if len(words) else \
-        np.zeros((len(side), 1), I64)  # fmt: skip
+    return _key(side.ts, side.cols, words, slice(None))
 
 
-def match_pairs(lk: np.ndarray, lts: np.ndarray, rk: np.ndarray, rts: np.ndarray, band: int) -> tuple[np.ndarray, ...]:
-    """Every (i, j) with lk[i] == rk[j] (all words) and 0 <= rts[j] - lts[i] <= band, vectorised:
-    hash the keys, sort the right side, expand equal-hash ranges, then check words and band."""
-    if not len(lk) or not len(rk):
-        return np.empty(0, I64), np.empty(0, I64)
-    lh, rh = wire.key_hash(lk), wire.key_hash(rk)
-    order = np.argsort(rh, kind="stable")
-    rs = rh[order]
-    lo = np.searchsorted(rs, lh, "left")
-    cnt = np.searchsorted(rs, lh, "right") - lo
+def _equal_hash(nh: np.ndarray, hh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (i, j) with nh[i] == hh[j]; ``hh`` sorted (``nh`` sorted too for a forward-walking search)."""
+    lo = np.searchsorted(hh, nh, "left")
+    cnt = np.searchsorted(hh, nh, "right") - lo
     total = int(cnt.sum())
     if total == 0:
         return np.empty(0, I64), np.empty(0, I64)
-    li = np.repeat(np.arange(len(lh), dtype=I64), cnt)
-    starts = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
-    ri = order[starts + np.arange(total, dtype=I64)]
-    d = rts[ri] - lts[li]
-    ok = (d >= 0) & (d <= band) & (lk[li] == rk[ri]).all(axis=1)
-    return li[ok], ri[ok]
+    ni = np.repeat(np.arange(len(nh), dtype=I64), cnt)
+    hi = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=I64)
+    return ni, hi
+
+
+def probe(lay: JoinLayout, left: Side, right: Side, left_is_needle: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Every matching (left index, right index) of two hash-sorted sides: equal hash, then the band,
+    then every key word (a hash collision never joins)."""
+    if not len(left) or not len(right):
+        return np.empty(0, I64), np.empty(0, I64)
+    if left_is_needle:
+        li, ri = _equal_hash(left.h, right.h)
+    else:
+        ri, li = _equal_hash(right.h, left.h)
+    d = right.ts[ri] - left.ts[li]
+    ok = (d >= 0) & (d <= lay.band_ns)
+    li, ri = li[ok], ri[ok]
+    same = (_key(left.ts, left.cols, lay.lkey, li) == _key(right.ts, right.cols, lay.rkey, ri)).all(axis=1)
+    return li[same], ri[same]
+
+
+def match_pairs(lk: np.ndarray, lts: np.ndarray, rk: np.ndarray, rts: np.ndarray, band: int) -> tuple[np.ndarray, ...]:
+    """Every (i, j) with lk[i] == rk[j] (all words) and 0 <= rts[j] - lts[i] <= band, vectorised (hash,
+    sort, ``searchsorted``, then check band and words); indices into the arrays as given."""
+    if not len(lk) or not len(rk):
+        return np.empty(0, I64), np.empty(0, I64)
+    lk, rk = np.asarray(lk, I64).reshape(len(lk), -1), np.asarray(rk, I64).reshape(len(rk), -1)
+    lo, ro = np.argsort(wire.key_hash(lk), kind="stable"), np.argsort(wire.key_hash(rk), kind="stable")
+    words = tuple(range(lk.shape[1]))
+    lay = JoinLayout("", "", "", "", "", band, "inner", words, words, lk.shape[1], rk.shape[1])
+    left = Side(np.asarray(lts, I64)[lo], lk[lo], np.zeros(len(lo), bool), wire.key_hash(lk[lo]))
+    right = Side(np.asarray(rts, I64)[ro], rk[ro], np.zeros(len(ro), bool), wire.key_hash(rk[ro]))
+    li, ri = probe(lay, left, right, True)
+    return lo[li], ro[ri]
 
 
 @dataclass
@@ -184,7 +241,7 @@ class BandJoin:
         self.late = {"left": 0, "right": 0}
         self.rollup = QueryRollup(layout.rollup) if layout.rollup is not None else None
         self.mark_ns: int | None = None
-        self._new = {s: [] for s in SIDES}
+        self._new: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SIDES}
 
     # -- input -------------------------------------------------------------------------------------
     def add(self, side: str, ts: np.ndarray, cols: np.ndarray) -> None:
@@ -197,7 +254,7 @@ class BandJoin:
             self.late[side] += int((~ok).sum())
             ts, cols = ts[ok], cols[ok]
         if len(ts):
-            self._new[side].append(Side(ts, cols, np.zeros(len(ts), bool)))
+            self._new[side].append((ts, cols))
 
     def observe(self, side: str, host: str, incarnation: int, mark_ns: int, sent_wall_ns: int, now_ms: int) -> None:
         """A punctuation of one host on one input."""
@@ -225,46 +282,51 @@ class BandJoin:
     def step(self) -> JoinOutput:
         """Join what arrived since the last step, apply the marks, emit what became final, purge."""
         lay = self.layout
-        new = {s: Side.empty(lay.lw if s == "left" else lay.rw) for s in SIDES}
-        for s in SIDES:
-            for part in self._new[s]:
-                new[s] = new[s].concat(part)
-            self._new[s] = []
+        nl = Side.gather(self._new["left"], lay.lw, lay.lkey)
+        nr = Side.gather(self._new["right"], lay.rw, lay.rkey)
+        self._new = {s: [] for s in SIDES}
         L, R = self.store["left"], self.store["right"]
-        nl, nr = new["left"], new["right"]
-        # new left x (stored right + new right), stored left x new right
-        allr = R.concat(nr)
-        li1, ri1 = match_pairs(key_words(nl, lay.lkey), nl.ts, key_words(allr, lay.rkey), allr.ts, lay.band_ns)
-        li2, ri2 = match_pairs(key_words(L, lay.lkey), L.ts, key_words(nr, lay.rkey), nr.ts, lay.band_ns)
+        # new left x stored right, new left x new right, stored left x new right: the stored side is the
+        # one searched (sorted), the batch's rows are the needles
+        li1, ri1 = probe(lay, nl, R, True)
+        li2, ri2 = probe(lay, nl, nr, True)
+        li3, ri3 = probe(lay, L, nr, False)
         nl.matched[li1] = True
-        L.matched[li2] = True
-        pl_ts = np.concatenate([nl.ts[li1], L.ts[li2]])
-        pl_cols = np.concatenate([nl.cols[li1], L.cols[li2]])
-        pr_ts = np.concatenate([allr.ts[ri1], nr.ts[ri2]])
-        pr_cols = np.concatenate([allr.cols[ri1], nr.cols[ri2]])
-        L, R = L.concat(nl), allr
+        nl.matched[li2] = True
+        L.matched[li3] = True
+        pl_ts = np.concatenate([nl.ts[li1], nl.ts[li2], L.ts[li3]])
+        pl_cols = np.concatenate([nl.cols[li1], nl.cols[li2], L.cols[li3]])
+        pr_ts = np.concatenate([R.ts[ri1], nr.ts[ri2], nr.ts[ri3]])
+        pr_cols = np.concatenate([R.cols[ri1], nr.cols[ri2], nr.cols[ri3]])
         # marks (never decreasing), then what became final
         for s in SIDES:
             lwm = self.melds[s].low_water_mark()
             if lwm is not None and (self.b[s] is None or lwm > self.b[s]):
                 self.b[s] = int(lwm)
-        u = Side.empty(lay.lw)
-        if self.b["right"] is not None and len(L):
-            done = L.ts < self.b["right"] - lay.band_ns if self.b["right"] < wire.END_OF_STREAM else \
-                np.ones(len(L), bool)  # fmt: skip
-            u = L.take(done & ~L.matched)
-            L = L.take(~done)
-        if self.b["left"] is not None and len(R):
-            R = R.take(R.ts >= self.b["left"]) if self.b["left"] < wire.END_OF_STREAM else Side.empty(lay.rw)
+        u_ts, u_cols = np.empty(0, I64), np.empty((0, lay.lw), I64)
+        br, bl = self.b["right"], self.b["left"]
+        if br is not None:  # a left row is final once the right mark passes its band end
+            parts = []
+            for side in (L, nl):
+                done = side.ts < br - lay.band_ns if br < wire.END_OF_STREAM else np.ones(len(side), bool)
+                parts.append((side.take(done & ~side.matched), side.take(~done)))
+            u_ts = np.concatenate([parts[0][0].ts, parts[1][0].ts])
+            u_cols = np.concatenate([parts[0][0].cols, parts[1][0].cols])
+            L, nl = parts[0][1], parts[1][1]
+        if bl is not None:  # a right row can meet no left row once the left mark passes it
+            if bl >= wire.END_OF_STREAM:
+                R, nr = Side.empty(lay.rw), Side.empty(lay.rw)
+            else:
+                R, nr = R.take(R.ts >= bl), nr.take(nr.ts >= bl)
+        L, R = L.merge(nl), R.merge(nr)
         self.store["left"], self.store["right"] = L, R
-        bl = self.b["left"]
         self.mark_ns = None if bl is None else min(bl, int(L.ts.min())) if len(L) else bl
         if lay.type == "anti":
             pl_ts, pl_cols = pl_ts[:0], pl_cols[:0]
             pr_ts, pr_cols = pr_ts[:0], pr_cols[:0]
         if lay.type == "inner":
-            u = Side.empty(lay.lw)
-        out = JoinOutput(pl_ts, pl_cols, pr_ts, pr_cols, u.ts, u.cols, None, self.mark_ns, dict(self.late))
+            u_ts, u_cols = u_ts[:0], u_cols[:0]
+        out = JoinOutput(pl_ts, pl_cols, pr_ts, pr_cols, u_ts, u_cols, None, self.mark_ns, dict(self.late))
         if self.rollup is not None:
             self._aggregate(out)
         return out
@@ -290,36 +352,54 @@ class BandJoin:
     def state_bytes(self) -> int:
         return self.store["left"].nbytes + self.store["right"].nbytes
 
-    def to_bytes(self) -> bytes:
-        """The state as an .npz of plain int64/bool arrays plus a JSON header (no pickle)."""
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The state as a JSON-able header and plain int64/uint64/bool arrays (no pickle)."""
         head = {"b": self.b, "late": self.late, "mark_ns": self.mark_ns,
                 "melds": {s: m.to_dict() for s, m in self.melds.items()},
                 "closed": None if self.rollup is None else self.rollup.closed}  # fmt: skip
-        arrays: dict[str, Any] = {"head": np.frombuffer(json.dumps(head).encode(), np.uint8)}
+        arrays: dict[str, np.ndarray] = {}
         for s in SIDES:
             st = self.store[s]
-            arrays |= {f"{s}_ts": st.ts, f"{s}_cols": st.cols, f"{s}_matched": st.matched}
+            arrays |= {f"{s}_ts": st.ts, f"{s}_cols": st.cols, f"{s}_matched": st.matched, f"{s}_h": st.h}
         if self.rollup is not None:
             arrays |= {"r_pane": self.rollup.pane, "r_key": self.rollup.key, "r_state": self.rollup.state}
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+        return head, arrays
+
+    def to_bytes(self) -> bytes:
+        """:mod:`high_level.codec` bytes (raw buffers: the job saves the state every micro-batch, a zip costs)."""
+        return codec.pack(*self.state())
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layout: JoinLayout, host_timeout_ms: int, expected_hosts: tuple[str, ...] = (),
-                   max_gap_ms: int | None = None) -> BandJoin:  # fmt: skip
+    def from_state(cls, head: dict[str, Any], z: Mapping[str, np.ndarray], layout: JoinLayout, host_timeout_ms: int,
+                   expected_hosts: tuple[str, ...] = (), max_gap_ms: int | None = None) -> BandJoin:  # fmt: skip
         j = cls(layout, host_timeout_ms, expected_hosts, max_gap_ms)
-        with np.load(io.BytesIO(buf), allow_pickle=False) as z:
-            head = json.loads(bytes(z["head"]).decode())
-            for s in SIDES:
-                j.store[s] = Side(z[f"{s}_ts"], z[f"{s}_cols"], z[f"{s}_matched"])
-            if j.rollup is not None:
-                j.rollup.pane, j.rollup.key, j.rollup.state = z["r_pane"], z["r_key"], z["r_state"]
-                j.rollup.closed = head["closed"]
+        for s in SIDES:
+            if f"{s}_h" in z:  # stored sorted by hash
+                j.store[s] = Side(z[f"{s}_ts"], z[f"{s}_cols"], z[f"{s}_matched"], z[f"{s}_h"])
+            else:  # saved before the hash was kept: hash and sort once
+                j.store[s] = Side.of(z[f"{s}_ts"], z[f"{s}_cols"], layout.lkey if s == "left" else layout.rkey,
+                                     z[f"{s}_matched"])  # fmt: skip
+        if j.rollup is not None:
+            j.rollup.pane, j.rollup.key, j.rollup.state = z["r_pane"], z["r_key"], z["r_state"]
+            j.rollup.closed = head["closed"]
         j.b, j.late, j.mark_ns = head["b"], head["late"], head["mark_ns"]
         for s in SIDES:
             j.melds[s].load_dict(head["melds"][s])
         return j
+
+    @classmethod
+    def from_bytes(cls, buf: bytes, layout: JoinLayout, host_timeout_ms: int, expected_hosts: tuple[str, ...] = (),
+                   max_gap_ms: int | None = None) -> BandJoin:  # fmt: skip
+        head, arrays = unpack_state(buf)
+        return cls.from_state(head, arrays, layout, host_timeout_ms, expected_hosts, max_gap_ms)
+
+
+def unpack_state(buf: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Codec bytes, or the .npz (JSON header in array ``head``) that earlier builds saved."""
+    if bytes(buf[:2]) != b"PK":
+        return codec.unpack(buf)
+    with np.load(io.BytesIO(buf), allow_pickle=False) as z:
+        return json.loads(bytes(z["head"]).decode()), {k: z[k] for k in z.files if k != "head"}
 
 
 def output_partials(layout: JoinLayout, out: JoinOutput) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

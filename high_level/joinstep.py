@@ -17,8 +17,6 @@ counts may be too high".
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -26,7 +24,8 @@ import pandas as pd
 
 from contract import wire
 from contract.status import PartitionStatus
-from high_level.join import SIDES, BandJoin, JoinLayout
+from high_level import codec
+from high_level.join import SIDES, BandJoin, JoinLayout, unpack_state
 from high_level.joinfeed import FeedDedup
 from high_level.joinrows import partials_of
 from high_level.meld import Meld
@@ -64,28 +63,32 @@ class JoinProcessor:
 
     # -- persistence (no pickle: npz of numbers and a JSON header)
     def to_bytes(self) -> bytes:
+        """One :mod:`high_level.codec` blob: the roll-up and every partition's join state (``join<p>/...``)."""
         r = self.rollup
-        head = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
-                "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped}
-        arrays = {"head": np.frombuffer(json.dumps(head).encode(), np.uint8), "pane": r.pane, "key": r.key,
-                  "state": r.state}  # fmt: skip
+        head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
+                      "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {}}  # fmt: skip
+        arrays = {"pane": r.pane, "key": r.key, "state": r.state}
         for p, j in self.joins.items():
-            arrays[f"join{p}"] = np.frombuffer(j.to_bytes(), np.uint8)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+            jh, ja = j.state()
+            head["joins"][str(p)] = jh
+            arrays |= {f"join{p}/{k}": v for k, v in ja.items()}
+        return codec.pack(head, arrays)
 
     @classmethod
     def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
                    feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
         jp = cls(layout, settings, feed_sides)
         bare = replace(layout, rollup=None)
-        with np.load(io.BytesIO(buf), allow_pickle=False) as z:
-            head = json.loads(bytes(z["head"]).decode())
-            jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
-            for p in jp.joins:
-                jp.joins[p] = jp._feed_melds(BandJoin.from_bytes(bytes(z[f"join{p}"]), bare, settings.host_timeout_ms,
-                                                                 settings.expected_hosts))  # fmt: skip
+        head, z = unpack_state(buf)
+        jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
+        for p in jp.joins:
+            if "joins" in head:
+                pre = f"join{p}/"
+                jh, ja = head["joins"][str(p)], {k[len(pre) :]: v for k, v in z.items() if k.startswith(pre)}
+            else:  # an .npz of earlier builds: each partition's join state nested as bytes
+                jh, ja = unpack_state(z[f"join{p}"].tobytes())
+            jp.joins[p] = jp._feed_melds(BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms,
+                                                               settings.expected_hosts))  # fmt: skip
         jp.rollup.closed = head["closed"]
         jp.windows_closed, jp.records = head["windows_closed"], head["records"]
         jp.dedup.fed, jp.dedup.skipped = dict(head.get("fed", {})), int(head.get("fed_skipped", 0))
