@@ -34,15 +34,29 @@ log = logging.getLogger("lowwater.partitioncount")
 RECORD = "lowwater-partitions.json"
 
 
+def _local(checkpoint: str | Path) -> Path | None:
+    """The checkpoint as a local directory; None for a URI (hdfs://, s3a://: not checked, see the log)."""
+    text = str(checkpoint)
+    if text.startswith("file:"):
+        return Path("/" + text[5:].lstrip("/"))
+    return None if "://" in text else Path(text)
+
+
 def recorded(checkpoint: str | Path) -> dict[str, dict[str, Any]]:
-    """query -> {"topic", "partitions"} as the checkpoint last ran; {} for a new checkpoint."""
-    p = Path(checkpoint) / RECORD
-    return json.loads(p.read_text()) if p.exists() else {}
+    """query -> {"topic", "partitions"} as the checkpoint last ran; {} for a new (or non-local) checkpoint."""
+    d = _local(checkpoint)
+    p = None if d is None else d / RECORD
+    return json.loads(p.read_text()) if p is not None and p.exists() else {}
 
 
 def record(checkpoint: str | Path, queries: Iterable[Q.QuerySpec]) -> None:
     """Note the queries' partition counts in the checkpoint (kept for queries not running now)."""
-    p = Path(checkpoint) / RECORD
+    d = _local(checkpoint)
+    if d is None:
+        log.warning("checkpoint %s is not a local directory: partition count changes are not checked at start",
+                    checkpoint)  # fmt: skip
+        return
+    p = d / RECORD
     doc = recorded(checkpoint)
     doc.update({q.name: {"topic": q.topic, "partitions": q.kafka.partitions} for q in queries})
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,10 @@ def test_job_start_guard_needs_closed_windows_for_a_changed_count(tmp_path: Path
     R.status_path(results).write_text(status_doc("regrow", 0).model_dump_json())
     (line,) = partitioncount.check_change(ckpt, results, [q4])
     assert "2 -> 4 partitions of t at a clean cut" in line
+    # a checkpoint on HDFS/S3 is not written to as a local path (the check is skipped, and logged)
+    partitioncount.record("s3a://bucket/ckpt", [q2])
+    assert partitioncount.recorded("s3a://bucket/ckpt") == {} and not Path("s3a:").exists()
+    assert partitioncount.recorded(f"file://{ckpt}") == {"regrow": {"topic": "t", "partitions": 2}}
 
 
 def phase(q: Q.QuerySpec, t, hosts: tuple[str, ...], seed: int) -> list[tuple[str, int, bytes]]:
