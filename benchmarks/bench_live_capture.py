@@ -148,6 +148,7 @@ def outer(args: argparse.Namespace, argv: list[str]) -> int:
         build_pcap(warm, WARMUP, 256, args.frame_bytes, dst_net=99)  # outside the query's filter
     ns = f"lwlc{uuid.uuid4().hex[:6]}"
     proc = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM still runs the clean-up below
     try:
         make_namespace(ns)
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, *argv, "--inside", ns,
