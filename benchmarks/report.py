@@ -307,6 +307,31 @@ def main() -> None:
                   f"configs/handshake.yaml in one pass, **select_kernel_mpps = {d['select_kernel_mpps']}** = "
                   f"{d['select_vs_q4']} of Q4 in the same rounds (per round {d['select_vs_q4_per_round']}; by CPU "
                   f"time {d['select_vs_q4_cpu']}), {d['select_rows']:,} rows of {d['select_packets']:,} packets."]
+    if d := load("live_capture"):
+        parts += ["## Live capture over a veth pair: highest rate with <= 0.1 % loss (tcpreplay -> capturer)",
+                  machine(d),
+                  f"{d['frame_bytes']}-byte frames, {d['groups']:,} (src, dst) groups, {d['seconds_per_rate']:g} s per "
+                  f"rate, one fresh capturer per rate; kernel drops from the capture sockets. **lowwater_vs_pmacctd_"
+                  f"nodrop_ratio = {d['lowwater_vs_pmacctd_nodrop_ratio']}** (lowwater {d['lowwater_nodrop_pps']:,} "
+                  f"pkt/s, pmacctd {d['pmacctd_nodrop_pps']:,} pkt/s). {d.get('note', '')}",
+                  table(["capturer", "asked", "senders", "achieved pkt/s", "sent", "counted", "loss %", "kernel drops",
+                         "load"],
+                        [[r["tool"], r["asked_pps"], r["senders"], f"{r['achieved_pps']:,}", f"{r['sent']:,}",
+                          f"{r['counted']:,}", f"{100 * r['loss']:.3f}", f"{r['kernel_drops']:,}",
+                          f"{r['load_avg']:.1f}"] for r in d["rows"]]),
+                  img("live_capture")]
+    if d := load("scaling"):
+        parts += ["## Roll-up scaling on a Spark standalone cluster: Kafka partitions x workers", machine(d),
+                  f"{d['setup']}. {d['records_per_topic']:,} partial records per run, {d['groups']:,} groups, "
+                  f"micro-batches <= {d['batch_records']:,} records. **p2_vs_p1 = {d['p2_vs_p1']}** (2 workers), "
+                  f"p4_vs_p1 {d['p4_vs_p1']}, 2 vs 1 worker at P = 2: {d['w2_vs_w1_at_p2']}. {d.get('limit', '')}",
+                  table(["workers", "P", "records/s sustained", "batches", "first batch s", "executor CPU s",
+                         "executor cores busy", "records per executor CPU s"],
+                        [[r["workers"], r["partitions"], f"{r['sustained_records_per_s']:,}", r["batches"],
+                          r["first_batch_seconds"], r["executor_cpu_seconds"], r.get("executor_cores_busy", "-"),
+                          f"{r['records_per_executor_cpu_s']:,}" if "records_per_executor_cpu_s" in r else "-"]
+                         for r in d["rows"]]),
+                  img("scaling")]
     (RESULTS / "README.md").write_text("\n\n".join(p for p in parts if p) + "\n")
     print(f"wrote {RESULTS / 'README.md'}")
 

@@ -9,7 +9,10 @@ deployment's init step all call :func:`ensure_topics`; it is idempotent.
   caller passes ``grow=True`` (``create_topics.py --grow``, run by an operator following the
   procedure in deploy/README.md): adding partitions moves groups to other partitions, so a window
   open across the change would be split over two state groups;
-* existing topic with more partitions -> left alone (extra partitions stay empty), reported.
+* existing topic with more partitions -> left alone (extra partitions stay empty), reported; refused
+  with ``exact=True``, which the agents and the job pass: every role must place and read by the
+  topic's own count, or a capture host whose config is stale would send a group to another partition
+  than the hosts already on the new count.
 """
 
 from __future__ import annotations
@@ -58,11 +61,24 @@ class PartitionChangeRefused(RuntimeError):
     """A topic has fewer partitions than the config asks for, and growing it was not asked for."""
 
 
+PROCEDURE = "deploy/README.md, 'Changing a query's partition count'"
+
+
 def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, grow: bool = False,
-                  timeout_ms: int = 30_000) -> dict[str, str]:  # fmt: skip
-    """Make every topic of ``wanted`` exist with at least its partitions; return topic -> action."""
+                  timeout_ms: int = 30_000, exact: bool = False) -> dict[str, str]:  # fmt: skip
+    """Make every topic of ``wanted`` exist with at least its partitions; return topic -> action.
+
+    ``exact``: a topic with more partitions than wanted is refused too (agents, job), not reported."""
     have = existing_partitions(admin, sorted(wanted))
     actions: dict[str, str] = {}
+    more = {t: n for t, n in wanted.items() if t in have and have[t] > n}
+    if more and exact:
+        raise PartitionChangeRefused(
+            ", ".join(f"topic {t} has {have[t]} partitions, the config asks for {n}" for t, n in sorted(more.items()))
+            + ": the config's kafka.partitions must equal the topic's (partials are placed by hash mod partitions;"
+            " hosts on two counts would split a group over two partitions). Set kafka.partitions to the topic's"
+            f" count on every capture host and the job, at a clean cut ({PROCEDURE})"
+        )
     grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
     if grow_to and not grow:
         raise PartitionChangeRefused(
@@ -70,7 +86,7 @@ def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, g
             + ": lowwater does not add partitions by itself (a group's partials would move to another partition,"
             " splitting the windows open across the change). To change it: stop the agents, wait until /status"
             " shows no open windows, run create_topics.py --grow, restart the job and the agents"
-            " (deploy/README.md, 'Changing a query's partition count')"
+            f" ({PROCEDURE})"
         )
     create = {t: n for t, n in wanted.items() if t not in have}
     if create:

@@ -20,6 +20,7 @@ from typing import Any
 from contract import query as Q
 from contract.settings import SettingsError, load
 from contract.topics import PartitionChangeRefused
+from high_level import partitioncount
 from high_level.job import MODES, HighLevelJob
 from high_level.partition import LATE_POLICIES
 from high_level.settings import JobSettings
@@ -111,6 +112,24 @@ def _jars(s: JobSettings) -> list[str]:
     return spark_kafka_jars()
 
 
+def guard_partitions(s: JobSettings, opts: Any, queries: Sequence[Q.QuerySpec]) -> None:
+    """PartitionChangeRefused if a query's Kafka partition count changed under open windows, or a topic's
+    count is not the config's (high_level/partitioncount.py)."""
+    for line in partitioncount.check_change(s.checkpoint, s.results, queries):
+        log.info("%s", line)
+    from contract.topics import connect
+
+    try:
+        admin = connect(opts.bootstrap, opts.kafka_security.kafka_python(), 60)
+    except RuntimeError as exc:  # the job's own provisioning reports an unreachable broker
+        log.warning("partition counts not checked: %s", exc)
+        return
+    try:
+        partitioncount.check_topics(admin, queries)
+    finally:
+        admin.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``lowwater-job``: run until SIGINT/SIGTERM or a stream failure."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -134,11 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        guard_partitions(s, opts, queries)
         job.start()
     except PartitionChangeRefused as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         spark.stop()
         return 2
+    partitioncount.record(s.checkpoint, queries)
     log.info("started %s mode for %s; results in %s", opts.mode, [q.name for q in queries], opts.results)
     try:
         job.await_termination(stop_event=stop)

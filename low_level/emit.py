@@ -76,7 +76,8 @@ class Emitter:
         security = {k: v for k, v in self.producer_config.items() if k.startswith(("security_", "sasl_", "ssl_"))}
         admin = connect(self.bootstrap or "", security, 10)
         try:
-            for topic, action in ensure_topics(admin, wanted_topics([*self.queries, *self.selects])).items():
+            for topic, action in ensure_topics(admin, wanted_topics([*self.queries, *self.selects]),
+                                              exact=True).items():
                 log.info("topic %s: %s", topic, action)
         finally:
             admin.close()

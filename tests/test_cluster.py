@@ -15,19 +15,17 @@ standalone cluster's executors gives results equal to the oracle.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from contract import query as Q
-from local_stack.kafka_broker import free_port
 from local_stack.kafka_cluster import KafkaCluster
+from local_stack.spark_cluster import SparkCluster, SparkClusterError
 from tests.packets import make_traffic
 from tests.test_high_level_spark import HOSTS, assert_exact, traffic_messages
 from tests.topic_reader import read_topic
@@ -77,74 +75,24 @@ spark.stop()
 """
 
 
-def _spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
-def _get_json(url: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
-
-
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, KafkaCluster]]:
-    """A standalone master and two 1-core workers on loopback, and a 3-node Kafka cluster, started side
-    by side; yields (the master URL, the Kafka cluster)."""
-    home = _spark_home()
-    work = tmp_path_factory.mktemp("spark-cluster")
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
-           "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}  # fmt: skip
-    port, ui = free_port(), free_port()
-    master = f"spark://127.0.0.1:{port}"
-    cls = str(home / "bin" / "spark-class")
-    procs: list[subprocess.Popen] = []
-    logs = []
+    """A standalone master and two 1-core workers on loopback (``local_stack/spark_cluster.py``), and a
+    3-node Kafka cluster, started side by side; yields (the master URL, the Kafka cluster)."""
+    spark = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="768m")
     kafka: KafkaCluster | None = None
-
-    def start(name: str, *args: str) -> None:
-        log = (work / f"{name}.log").open("wb")
-        logs.append(log)
-        procs.append(subprocess.Popen([cls, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
-                                      start_new_session=True))  # fmt: skip
-
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(ui))  # fmt: skip
-        for i in range(2):
-            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                  "--memory", "768m", "--webui-port", str(free_port()), "--work-dir", str(work / f"w{i}"), master)  # fmt: skip
+        spark.spawn()
         kafka = KafkaCluster("lw-test", 3, state=tmp_path_factory.mktemp("kafka-cluster")).start(180)
-        deadline = time.monotonic() + 120
-        while True:
-            st = _get_json(f"http://127.0.0.1:{ui}/json/")
-            if st and st.get("aliveworkers") == 2:
-                break
-            dead = [p for p in procs if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                tails = "\n".join(
-                    (work / f"{n}.log").read_text()[-1500:] for n in ("master", "worker0", "worker1")
-                )
-                pytest.fail(f"the standalone cluster did not come up (state {st}):\n{tails}")
-            time.sleep(0.5)
-        yield master, kafka
+        try:
+            spark.wait_ready(120)
+        except SparkClusterError as exc:
+            pytest.fail(str(exc))
+        yield spark.master, kafka
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
+        spark.stop()
         if kafka is not None:
             kafka.stop()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for log in logs:
-            log.close()
 
 
 def _leader(cluster: KafkaCluster, topic: str, partition: int) -> int:

@@ -1,0 +1,252 @@
+"""Scaling of the roll-up on a Spark standalone cluster: P = 1, 2, 4 Kafka partitions x 1 and 2 workers.
+
+``.venv/bin/python benchmarks/bench_scaling.py [--records 3000000] [--groups 100000] [--partitions 1,2,4]
+[--workers 1,2]`` starts a Kafka broker and, per worker count W, a standalone cluster (master + W
+workers of one core each, ``local_stack/spark_cluster.py``, the processes ``tests/test_cluster.py``
+runs), and drives the real job against it (``--master spark://...``) in a process of its own, one
+executor of one core per worker. The same partial records (``bench_rollup.make_messages``: the Q4
+shape from 3 emulated hosts) are written to one topic per P, placed by ``hash mod P`` as agents
+place them; each (W, P) reads its topic from a fresh checkpoint with ``spark.sql.shuffle.partitions``
+= P and micro-batches of at most ``--batch-records``, after a warm-up run on a topic of its own.
+The rate is ``bench_rollup.run_config``'s sustained rate (records after the first micro-batch over
+the time from its end to the last one's). Executor CPU seconds are read from /proc (the workers'
+process trees). Writes ``benchmarks/results/scaling.json`` (``p2_vs_p1``: P = 2 vs P = 1 on 2
+workers) and ``scaling.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_rollup import QUERY, make_messages, run_config, tree_cpu_seconds  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
+from contract import query as Q  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def query_for(topic: str, partitions: int) -> Q.QuerySpec:
+    q = Q.load_text(QUERY).queries[0]
+    return q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=partitions)})
+
+
+def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm: str) -> dict[str, int]:
+    """The same records into one topic per partition count (placed by hash mod P), and a warm-up topic."""
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(t, p, 1) for p, t in topics.items()] + [NewTopic(warm, 2, 1)])
+    admin.close()
+    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
+                         batch_size=1 << 20)  # fmt: skip
+    totals = {}
+    for p, t in [*topics.items(), (2, warm)]:
+        n = a.records if t != warm else a.records // 10
+        msgs = make_messages(query_for(t, p), n, a.groups, a.hosts, a.panes, a.batch)
+        for part, v, _ in msgs:
+            prod.send(t, value=v, partition=part)
+        totals[t] = sum(k for *_, k in msgs)
+    prod.flush()
+    prod.close()
+    return totals
+
+
+def driver(a: argparse.Namespace) -> int:
+    """One SparkContext on the cluster (W executors of 1 core); every P in turn; JSON lines on stdout."""
+    from high_level.session import build_spark
+    from local_stack.jars import spark_kafka_jars
+
+    spec = json.loads(a.driver)
+    w = spec["workers"]
+    conf = {"spark.executor.memory": a.executor_memory, "spark.executor.cores": "1", "spark.cores.max": str(w),
+            "spark.driver.memory": "1g", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}  # fmt: skip
+    work = Path(spec["work"])
+    spark = build_spark(f"lowwater-scaling-w{w}", spec["master"], conf, jars=spark_kafka_jars(), state=work / "state",
+                        driver_host="127.0.0.1")  # fmt: skip
+    ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
+    warm = query_for(spec["warm"], 2)
+    run_config(spark, warm, ns, work / "warm", a.batch_records, spec["totals"][spec["warm"]])
+    for p, topic in sorted((int(k), v) for k, v in spec["topics"].items()):
+        ns.partitions = p
+        c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
+        r = run_config(spark, query_for(topic, p), ns, work / f"p{p}", a.batch_records, spec["totals"][topic])
+        r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
+        # cores the executors kept busy over the whole catch-up (their CPU / wall): < W means they waited
+        r["executor_cores_busy"] = round(r["executor_cpu_seconds"] / r["catchup_seconds"], 2)
+        r.update(workers=w, partitions=p, executors=sc_executors(spark))
+        print("ROW " + json.dumps(r), flush=True)
+    spark.stop()
+    return 0
+
+
+def sc_executors(spark) -> int:
+    return int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1  # minus the driver
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for w in sorted({r["workers"] for r in rows}):
+        rs = sorted((r for r in rows if r["workers"] == w), key=lambda r: r["partitions"])
+        ax.plot(
+            [r["partitions"] for r in rs],
+            [r["sustained_records_per_s"] / 1e6 for r in rs],
+            marker="o",
+            label=f"{w} worker{'s' if w > 1 else ''} (1 core each)",
+        )
+    ax.set_xlabel("Kafka partitions P (= shuffle partitions)")
+    ax.set_xticks(sorted({r["partitions"] for r in rows}))
+    ax.set_ylabel("sustained roll-up rate (M partial records/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("roll-up on a Spark standalone cluster (2-core VM)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(rows: list[dict], head: dict) -> dict:
+    """The figures of one run: rates per (W, P), the ratios, what the executors' CPU says about the limit."""
+    for r in rows:  # load-independent: records per second of executor CPU
+        r["records_per_executor_cpu_s"] = round((r["first_batch_records"] + r["sustained_records"])
+                                                / max(r["executor_cpu_seconds"], 1e-9))  # fmt: skip
+    rate = {(r["workers"], r["partitions"]): r["sustained_records_per_s"] for r in rows}
+    per_cpu = {(r["workers"], r["partitions"]): r["records_per_executor_cpu_s"] for r in rows}
+    wmax = max(w for w, _ in rate)
+    load = head["load_avg"]
+
+    def ratio(x: dict, a: tuple[int, int], b: tuple[int, int]) -> float | None:
+        return round(x[a] / x[b], 3) if a in x and b in x else None
+
+    res = {
+        "benchmark": "scaling", **head,
+        "setup": "Spark standalone master + W workers of 1 core (spark-class, loopback), one executor of 1 core "
+                 "per worker, driver in its own process, one Kafka broker; all on the same 2-core VM",
+        "rows": rows,
+        "rates": {f"w{w}_p{p}": v for (w, p), v in sorted(rate.items())},
+        "p2_vs_p1": ratio(rate, (wmax, 2), (wmax, 1)),
+        "p4_vs_p1": ratio(rate, (wmax, 4), (wmax, 1)),
+        "w2_vs_w1_at_p2": ratio(rate, (2, 2), (1, 2)),
+        "records_per_executor_cpu_s": {f"w{w}_p{p}": v for (w, p), v in sorted(per_cpu.items())},
+    }  # fmt: skip
+    busy = {f"w{r['workers']}_p{r['partitions']}": r["executor_cores_busy"] for r in rows}
+    res["executor_cores_busy"] = busy
+    res["limit"] = (
+        f"all on {res['machine']['cores']} cores shared with the driver, the Kafka broker and the machine's other "
+        f"load (load average {min(load):.1f}-{max(load):.1f}); the executors kept {min(busy.values()):.2f}-"
+        f"{max(busy.values()):.2f} cores busy over a run: a second executor only adds what the other processes "
+        "leave of the second core"
+    )
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=3_000_000)
+    ap.add_argument("--groups", type=int, default=100_000)
+    ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument("--panes", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=4096, help="partial records per Kafka message")
+    ap.add_argument("--batch-records", type=int, default=500_000, help="records per micro-batch at most")
+    ap.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    ap.add_argument("--executor-memory", default="1g")
+    ap.add_argument(
+        "--rewrite", action="store_true", help="recompute scaling.json/png from the last run's rows"
+    )
+    ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.driver:
+        return driver(a)
+    if a.rewrite:
+        old = json.loads((RESULTS / "scaling.json").read_text())
+        head = {k: old[k] for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes",
+                                    "batch_records")}  # fmt: skip
+        return write(summarize(old["rows"], head))
+
+    from local_stack.kafka_broker import KafkaBroker
+    from local_stack.spark_cluster import SparkCluster
+
+    work = Path(tempfile.mkdtemp(prefix="lowwater-scaling-"))
+    broker = KafkaBroker("bench-scaling", port=0, state=work / "kafka").start()
+    rows: list[dict] = []
+    load = [os.getloadavg()[0]]
+    try:
+        tag = uuid.uuid4().hex[:6]
+        topics = {p: f"scaling-{tag}-p{p}" for p in a.partitions}
+        warm = f"scaling-{tag}-warm"
+        totals = produce(broker.bootstrap_servers, a, topics, warm)
+        print(
+            f"{totals[topics[a.partitions[0]]]:,} partial records per topic, P in {a.partitions}", flush=True
+        )
+        for w in a.workers:
+            with SparkCluster(work / f"spark-w{w}", workers=w, cores=1, memory="1536m") as cluster:
+                spec = {"master": cluster.master, "bootstrap": broker.bootstrap_servers, "workers": w,
+                        "topics": topics, "warm": warm, "totals": totals, "work": str(work / f"job-w{w}"),
+                        "worker_pids": [p.pid for p in cluster.procs[1:]]}  # fmt: skip
+                t0 = time.monotonic()
+                proc = subprocess.run([sys.executable, __file__, "--driver", json.dumps(spec),
+                                       *sys.argv[1:]], capture_output=True, text=True, cwd=REPO, timeout=3600)  # fmt: skip
+                if proc.returncode != 0:
+                    raise SystemExit(f"driver for {w} workers failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+                for line in proc.stdout.splitlines():
+                    if line.startswith("ROW "):
+                        r = json.loads(line[4:])
+                        rows.append(r)
+                        print(
+                            f"W={w} P={r['partitions']}: {r['sustained_records_per_s']:>10,} records/s sustained "
+                            f"({r['batches']} batches, executors {r['executors']}, executor CPU "
+                            f"{r['executor_cpu_seconds']} s)",
+                            flush=True,
+                        )
+                print(f"  {w} worker(s): {time.monotonic() - t0:.0f} s with the driver's start", flush=True)
+                load.append(os.getloadavg()[0])
+    finally:
+        broker.stop()
+    res = summarize(
+        rows,
+        {
+            "machine": machine(),
+            "load_avg": load,
+            "records_per_topic": totals[topics[a.partitions[0]]],
+            "groups": a.groups,
+            "hosts": a.hosts,
+            "panes": a.panes,
+            "batch_records": a.batch_records,
+        },
+    )
+    return write(res)
+
+
+def write(res: dict) -> int:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scaling.json").write_text(json.dumps(res, indent=1) + "\n")
+    chart(res["rows"], RESULTS / "scaling.png")
+    print(
+        json.dumps(
+            {k: res[k] for k in ("rates", "p2_vs_p1", "p4_vs_p1", "w2_vs_w1_at_p2", "load_avg")}, indent=1
+        )
+    )
+    print(f"wrote {RESULTS / 'scaling.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
