@@ -19,7 +19,11 @@ from contract import wire
 from high_level import codec
 from high_level.rollup import I64, QueryRollup, Windows, assemble, group_reduce
 
-COMPACT_AT = 32  # a pane with this many chunks is merged into one (a pane that stays open a long time)
+# Tiered merging of a pane's chunks: a new chunk at least 1/TIER of the size of the one before it is merged
+# into it (repeatedly). A pane then holds O(log) chunks and a record is rewritten O(log) times over the
+# pane's life: the cost per batch stays proportional to the batch (amortised), and a long-open pane does
+# not pile up one chunk per batch.
+TIER = 2
 
 
 class ChunkStore(Protocol):
@@ -71,10 +75,10 @@ class ChunkedRollup(QueryRollup):
     def __init__(self, layout, store: ChunkStore | None = None) -> None:  # noqa: ANN001 - Layout
         super().__init__(layout)
         self.store = store
-        self.index: dict[int, list[int]] = {}  # pane -> [chunks, rows]
+        self.index: dict[int, list[int]] = {}  # pane -> rows of each chunk (seq = position)
 
     def __len__(self) -> int:
-        return sum(r for _, r in self.index.values())
+        return sum(sum(v) for v in self.index.values())
 
     def panes(self) -> np.ndarray:
         return np.array(sorted(self.index), I64)
@@ -83,7 +87,7 @@ class ChunkedRollup(QueryRollup):
         return {str(p): list(v) for p, v in self.index.items()}
 
     def load_index(self, d: dict[str, list[int]]) -> None:
-        self.index = {int(p): [int(v[0]), int(v[1])] for p, v in d.items()}
+        self.index = {int(p): [int(n) for n in v] for p, v in d.items()}
 
     def _store(self) -> ChunkStore:
         if self.store is None:
@@ -102,17 +106,22 @@ class ChunkedRollup(QueryRollup):
         cuts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
         for s, e in zip(cuts.tolist(), [*cuts[1:].tolist(), len(p)], strict=True):
             pn = int(p[s])
-            ent = self.index.setdefault(pn, [0, 0])
-            store.put(lay.name, pn, ent[0], encode_chunk(np.ascontiguousarray(keys[s:e, 1:]), st[s:e]))
-            ent[0] += 1
-            ent[1] += e - s
-            if ent[0] >= COMPACT_AT:
-                self._compact(pn, *self._read(pn))
+            sizes = self.index.setdefault(pn, [])
+            held = len(sizes)
+            key, state = np.ascontiguousarray(keys[s:e, 1:]), st[s:e]
+            while sizes and len(key) * TIER >= sizes[-1]:  # tiered merge into the previous chunk
+                pk, ps = decode_chunk(store.get(lay.name, pn, len(sizes) - 1), lay.kw, lay.na)
+                key, state = group_reduce(np.concatenate([pk, key]), np.concatenate([ps, state]), lay.ops)
+                sizes.pop()
+            store.put(lay.name, pn, len(sizes), encode_chunk(key, state))
+            sizes.append(len(key))
+            for seq in range(len(sizes), held):  # chunks merged into a lower seq
+                store.remove(lay.name, pn, seq)
 
     def _read(self, pane: int) -> tuple[np.ndarray, np.ndarray]:
         """One pane's rows, unique per key."""
         lay, store = self.layout, self._store()
-        n = self.index[pane][0]
+        n = len(self.index[pane])
         parts = [decode_chunk(store.get(lay.name, pane, s), lay.kw, lay.na) for s in range(n)]
         if n == 1:
             return parts[0]
@@ -121,14 +130,14 @@ class ChunkedRollup(QueryRollup):
     def _compact(self, pane: int, key: np.ndarray, state: np.ndarray) -> None:
         """Replace a pane's chunks by one (its merged rows)."""
         lay, store = self.layout, self._store()
-        n = self.index[pane][0]
+        n = len(self.index[pane])
         store.put(lay.name, pane, 0, encode_chunk(key, state))
         for s in range(1, n):
             store.remove(lay.name, pane, s)
-        self.index[pane] = [1, len(key)]
+        self.index[pane] = [len(key)]
 
     def _drop(self, pane: int) -> None:
-        for s in range(self.index.pop(pane)[0]):
+        for s in range(len(self.index.pop(pane))):
             self._store().remove(self.layout.name, pane, s)
 
     def close(self, lwm: int | None) -> Windows:
@@ -149,7 +158,7 @@ class ChunkedRollup(QueryRollup):
         for p in need:
             key, state = self._read(p)
             rows.append((p, key, state))
-            if p >= first and self.index[p][0] > 1:  # still needed: keep it merged for the next close
+            if p >= first and len(self.index[p]) > 1:  # still needed: keep it merged for the next close
                 self._compact(p, key, state)
         for p in [p for p in self.index if p < first]:
             self._drop(p)

@@ -163,6 +163,8 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
     assert merge_partials(q, ps, ks, ss).equals(po)
     for chunk in np.array_split(np.arange(len(ps)), 7):
         r.add(ps[chunk], ks[chunk], ss[chunk])
+        if state == "chunked":  # the store holds exactly the chunks the index lists (merged ones removed)
+            assert set(r.store.data) == {(q.name, p, i) for p, v in r.index.items() for i in range(len(v))}
     # the blob table is unique per (pane, key); the chunks hold each batch's rows until a close reads them
     assert len(r) == len(po) if state == "blob" else len(po) <= len(r) <= len(ps)
     # close in several steps: the union equals the one-shot window oracle, nothing twice
@@ -182,6 +184,8 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
     got = got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
     assert got.equals(wo)
     assert len(r) == 0
+    if state == "chunked":
+        assert r.store.data == {}  # every chunk deleted once no open window needs its pane
 
 
 def test_sliding_range9_slide3_by_hand():
