@@ -354,7 +354,7 @@ def _sweep_check(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, 
     job.process_all_available()
     job.stop()
     n, s = duckdb.sql(f"select count(*), sum(packets) from read_parquet('{work}/results-{tag}/query={q.name}/**/*.parquet', "
-                      "hive_partitioning=true) where kind = 'final'").fetchone()  # fmt: skip
+                      "hive_partitioning=true) where kind = 'final'").fetchall()[0]  # fmt: skip
     if n != groups:
         raise SystemExit(f"{tag}: {n:,} final rows, expected {groups:,}")
     print(f"  {tag}: closed {n:,} groups, {s:,} packets", flush=True)
