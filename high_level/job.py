@@ -75,7 +75,7 @@ class JobOptions:
     alert_queue: int = 10_000
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
-    state: str = "blob"  # STATES
+    state: str = "auto"  # STATES
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -298,15 +298,19 @@ class HighLevelJob:
                     self.spark.conf.set(k, v)
 
     def state_layout(self, layouts: Sequence[Layout] | None = None) -> str:
-        """The OOP step's state layout for these options and queries: 'blob' or 'chunked'."""
+        """The OOP step's state layout for these options and queries: 'blob' or 'chunked'. 'auto' keeps
+        the layout of an existing checkpoint (a job started before chunks existed goes on as it was)."""
         from high_level.chunks import chunked_unsupported
 
         lays = list(self.layouts.values()) if layouts is None else layouts
         why = chunked_unsupported(lays, self.opts.settings.live)
         if self.opts.state == "chunked" and why:
             raise ValueError(f"--state chunked: {why}; use --state blob or auto")
-        if self.opts.state == "auto" and why:
-            log.info("blob state: %s", why)
+        if self.opts.state == "auto":
+            if (Path(self.opts.checkpoint) / "oop").exists():
+                why = "the checkpoint holds the blob state"
+            if why:
+                log.info("blob state: %s", why)
         return "blob" if self.opts.state == "blob" or why else "chunked"
 
     # -- sink -------------------------------------------------------------------------------------

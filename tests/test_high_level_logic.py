@@ -624,3 +624,33 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
     assert abs(doc.store_bytes - job.store.size_bytes()) < 4096  # measured just before the status was rewritten
     job.sink.maintain(now_ms + 1000, opts.retention_days)  # within the check interval: nothing to do
     assert len(R.date_dirs(job.store.root, q.name)) == 2
+
+
+def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_blob(tmp_path):
+    """--state auto runs the chunked state, but the blob one for a landmark query, --live, or a checkpoint
+    written by the blob state; --state chunked refuses what it cannot run."""
+    from high_level.chunks import chunked_unsupported
+    from high_level.job import HighLevelJob, JobOptions
+
+    plain = Q.load_text(CONFIG).query("pairs")
+    landmark = Q.load_text("""
+queries:
+  - name: day
+    group_by: [dst_port]
+    aggregates: [{fn: count, as: n}]
+    window: {landmark: 20s, update: 5s}
+""").query("day")
+
+    def layout(qs, state, ckpt="c"):
+        opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state)
+        return HighLevelJob(None, qs, opts).state_layout()
+
+    assert layout([plain], "auto") == "chunked" and layout([plain], "blob") == "blob"
+    assert layout([plain, landmark], "auto") == "blob"
+    with pytest.raises(ValueError, match="landmark"):
+        layout([landmark], "chunked")
+    assert "--live" in chunked_unsupported([Layout.of(plain)], live=True)
+    (tmp_path / "old" / "oop").mkdir(parents=True)
+    assert layout([plain], "auto", "old") == "blob" and layout([plain], "chunked", "old") == "chunked"
+    with pytest.raises(ValueError, match="state"):
+        JobOptions(bootstrap="x", results="r", checkpoint="c", state="rocks")
