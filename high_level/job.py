@@ -6,6 +6,12 @@ Kafka partition, so a single shuffle; the body is :class:`high_level.partition.P
 (min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
 max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
 :mod:`high_level.cli`, the placement of state groups :mod:`high_level.placement`.
+
+The state of the stateful step has two layouts (``--state``): *chunked* (the default through ``auto``),
+``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
+(:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
+*blob*, the processor saved whole every batch (:func:`state_function`), kept for what needs the whole
+open table every batch (``--live``, landmark and bounded-top queries) and for checkpoints written by it.
 """
 
 from __future__ import annotations
