@@ -385,7 +385,18 @@ def _sweep(a: argparse.Namespace) -> int:
         total = sum(n for *_, n in msgs)
         point: dict[str, Any] = {"open_groups": groups, "records_total": total, "fill_records": groups}
         for state in a.states:
-            r = _sweep_run(spark, q, a, work, f"{groups}-{state}", state, groups, total)
+            for attempt in range(3):  # under heavy load a Python worker may not connect back in time at start
+                try:
+                    r = _sweep_run(spark, q, a, work, f"{groups}-{state}", state, groups, total)
+                    break
+                except Exception as exc:  # noqa: BLE001 - StreamingQueryException; retried from scratch
+                    print(f"  {groups}-{state}: attempt {attempt + 1} failed: {str(exc)[:200]}", flush=True)
+                    import shutil
+
+                    shutil.rmtree(work / f"ckpt-{groups}-{state}", ignore_errors=True)
+                    shutil.rmtree(work / f"results-{groups}-{state}", ignore_errors=True)
+            else:
+                raise SystemExit(f"{groups}-{state}: failed three times")
             point[state] = r
             print(f"{groups:>9,} open groups, {state:>7}: {r['records_per_s']:>10,} partials/s over "
                   f"{r['measured_batches']} batches ({r['measured_records']:,} records, {r['measured_seconds']} s)",

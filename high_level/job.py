@@ -7,11 +7,12 @@ Kafka partition, so a single shuffle; the body is :class:`high_level.partition.P
 max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
 :mod:`high_level.cli`, the placement of state groups :mod:`high_level.placement`.
 
-The state of the stateful step has two layouts (``--state``): *chunked* (the default through ``auto``),
+The state of the stateful step has two layouts (``--state``): *chunked* (``chunked``, or ``auto``),
 ``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
 (:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
-*blob*, the processor saved whole every batch (:func:`state_function`), kept for what needs the whole
-open table every batch (``--live``, landmark and bounded-top queries) and for checkpoints written by it.
+*blob* (the default), the processor saved whole every batch (:func:`state_function`), also what ``auto``
+keeps for what needs the whole open table every batch (``--live``, landmark and bounded-top queries) and
+for checkpoints written by it.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class JobOptions:
     alert_queue: int = 10_000
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
-    state: str = "auto"  # STATES
+    state: str = "blob"  # STATES (blob by default: see README, "High-level state")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
