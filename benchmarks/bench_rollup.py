@@ -11,6 +11,13 @@ carries the query start: planning, code generation), the **sustained** rate of t
 it (``spark_records_per_s``: the largest bound), and the whole catch-up including the first batch.
 Also times the pure partition processor on the same messages, without Spark, for comparison.
 
+``--sweep`` runs the open-state sweep instead (``rollup_scale.json``): per ``--sweep-groups`` G, one pane is
+filled with G distinct groups that stay open (every host's mark stays at that pane), then
+``--sweep-records`` more partials of those groups arrive in micro-batches of ``--sweep-batch``; the rate
+of those batches is measured for the blob state (the processor saved whole per batch) and the chunked
+state (per-batch chunks in RocksDB, ``high_level/chunks.py``), side by side in one run on the same
+topic. End-of-stream punctuation then closes the pane and both results are checked (G rows, every record).
+
 Besides the rates it records ``cpu_seconds`` (CPU of the Spark JVM, its Python workers and this
 driver over the run: on a shared machine wall time depends on the neighbours, CPU time much less)
 and Spark's ``durationMs``.
@@ -140,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="extra Spark setting for this run (repeatable), e.g. spark.driver.memory=4g")
     ap.add_argument("--batch-records", type=int, nargs="+", default=[250_000, 1_000_000],
                     help="micro-batch bounds to measure (records; sent as maxOffsetsPerTrigger)")
+    ap.add_argument("--sweep", action="store_true", help="run the open-state sweep -> rollup_scale.json")
+    ap.add_argument("--sweep-groups", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
+    ap.add_argument("--sweep-records", type=int, default=3_000_000, help="measured partials per sweep point")
+    ap.add_argument("--sweep-batch", type=int, default=500_000, help="records per micro-batch in the sweep")
+    ap.add_argument("--states", nargs="+", default=["blob", "chunked"], help="state layouts the sweep compares")
     a = ap.parse_args(argv)
     broker = None
     if a.bootstrap is None:
@@ -149,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker.start()
         a.bootstrap = broker.bootstrap_servers
     try:
-        return _run(a)
+        return _sweep(a) if a.sweep else _run(a)
     finally:
         if broker is not None:
             broker.stop()
@@ -266,6 +278,194 @@ def _run(a: argparse.Namespace) -> int:
     print(f"wrote {RESULTS / 'rollup.json'}")
     spark.stop()
     return 0
+
+
+def sweep_messages(q: Q.QuerySpec, groups: int, records: int, hosts: int, batch: int,
+                   seed: int = 0) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:  # fmt: skip
+    """(fill and measured partials, end-of-stream punctuation): pane p0 gets every one of ``groups``
+    groups once (spread over the hosts), each host marks p0 (so it stays open), then ``records`` more
+    partials of random groups of p0."""
+    rng = np.random.default_rng(seed)
+    p0 = T0 // q.window.pane_ns
+    gid = np.arange(groups, dtype=np.int64)
+    keys = np.column_stack([np.zeros(groups, np.int64), 0xFFFF_0A00_0000 + gid // 256,
+                            np.zeros(groups, np.int64), 0xFFFF_C0A8_0000 + gid % 65536])  # fmt: skip
+    parts_of = wire.partition_of(keys, q.kafka.partitions)
+    seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
+    out: list[tuple[int, bytes, int]] = []
+
+    def emit(h: int, g: np.ndarray) -> None:
+        for p in range(q.kafka.partitions):
+            sel = g[parts_of[g] == p]
+            for s in range(0, len(sel), batch):
+                k = keys[sel[s : s + batch]]
+                v = wire.encode_partials(q.name, f"h{h}", 1, p, seq[(h, p)], np.full(len(k), p0), k,
+                                         rng.integers(1, 5, (len(k), 1)))  # fmt: skip
+                seq[(h, p)] += len(k)
+                out.append((p, v, len(k)))
+
+    def punct(mark: int) -> list[tuple[int, bytes, int]]:
+        return [(p, wire.encode_punctuation(wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})), 0)
+                for h in range(hosts) for p in range(q.kafka.partitions)]  # fmt: skip
+
+    for h, g in enumerate(np.array_split(rng.permutation(groups), hosts)):
+        emit(h, g)
+    out += punct(p0)
+    for h in range(hosts):
+        emit(h, rng.integers(0, groups, records // hosts))
+    return out, punct(wire.END_OF_STREAM)
+
+
+def _sweep_run(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str,
+               fill: int, total: int) -> dict[str, Any]:  # fmt: skip
+    """One state layout on one sweep topic: the rate of the batches after the fill."""
+    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / f"results-{tag}"), checkpoint=str(work / f"ckpt-{tag}"),
+                      trigger_ms=100, shuffle_partitions=a.partitions, max_offsets_per_trigger=max(1, a.sweep_batch // a.batch),
+                      state=state, create_topics=False)  # fmt: skip
+    job = BatchClock(spark, [q], opts)
+    jvm_pid = int(spark.sparkContext._gateway.proc.pid)
+    c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
+    job.start()
+    job.process_all_available()
+    cpu = tree_cpu_seconds(jvm_pid) + time.process_time() - c0
+    state_ops = (job.streams[0].lastProgress or {}).get("stateOperators") or []
+    job.stop()
+    marks = job.marks
+    if not marks or marks[-1][1] != total:
+        raise SystemExit(f"{tag}: the job consumed {marks[-1][1] if marks else 0:,} of {total:,} records")
+    i0 = next(i for i, m in enumerate(marks) if m[1] >= fill)  # the batch that completes the fill
+    (t0, r0), (t1, r1) = marks[i0], marks[-1]
+    return {"state": state, "batches": len(marks), "measured_batches": len(marks) - 1 - i0,
+            "measured_records": r1 - r0, "measured_seconds": round(t1 - t0, 3),
+            "records_per_s": round((r1 - r0) / (t1 - t0)), "cpu_seconds_whole_run": round(cpu, 2),
+            "state_memory_bytes": sum(int(o.get("memoryUsedBytes", 0)) for o in state_ops),
+            "state_rows": sum(int(o.get("numRowsTotal", 0)) for o in state_ops)}  # fmt: skip
+
+
+def _sweep_check(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str,
+                 groups: int, total: int) -> None:  # fmt: skip
+    """Restart the run after the end-of-stream punctuation: the pane closes with every group and record."""
+    import duckdb
+
+    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / f"results-{tag}"), checkpoint=str(work / f"ckpt-{tag}"),
+                      trigger_ms=100, shuffle_partitions=a.partitions, state=state, create_topics=False)  # fmt: skip
+    job = HighLevelJob(spark, [q], opts)
+    job.start()
+    job.process_all_available()
+    job.stop()
+    n, s = duckdb.sql(f"select count(*), sum(packets) from read_parquet('{work}/results-{tag}/query={q.name}/**/*.parquet', "
+                      "hive_partitioning=true) where kind = 'final'").fetchall()[0]  # fmt: skip
+    if n != groups:
+        raise SystemExit(f"{tag}: {n:,} final rows, expected {groups:,}")
+    print(f"  {tag}: closed {n:,} groups, {s:,} packets", flush=True)
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewTopic
+
+    from local_stack.spark_session import build_spark
+
+    spark = build_spark("lowwater-bench-scale", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf))
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="lowwater-scale-"))
+    prod = KafkaProducer(bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
+                         batch_size=1 << 20)  # fmt: skip
+    points = []
+    for groups in a.sweep_groups:
+        topic = f"scale-{uuid.uuid4().hex[:8]}"
+        admin = KafkaAdminClient(bootstrap_servers=a.bootstrap)
+        admin.create_topics([NewTopic(topic, a.partitions, 1)])
+        admin.close()
+        q = Q.load_text(QUERY).queries[0]
+        q = q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=a.partitions)})
+        msgs, eos = sweep_messages(q, groups, a.sweep_records, a.hosts, a.batch)
+        for p, v, _ in msgs:
+            prod.send(topic, value=v, partition=p)
+        prod.flush()
+        total = sum(n for *_, n in msgs)
+        point: dict[str, Any] = {"open_groups": groups, "records_total": total, "fill_records": groups}
+        for state in a.states:
+            for attempt in range(3):  # under heavy load a Python worker may not connect back in time at start
+                try:
+                    r = _sweep_run(spark, q, a, work, f"{groups}-{state}", state, groups, total)
+                    break
+                except Exception as exc:  # noqa: BLE001 - StreamingQueryException; retried from scratch
+                    print(f"  {groups}-{state}: attempt {attempt + 1} failed: {str(exc)[:200]}", flush=True)
+                    import shutil
+
+                    shutil.rmtree(work / f"ckpt-{groups}-{state}", ignore_errors=True)
+                    shutil.rmtree(work / f"results-{groups}-{state}", ignore_errors=True)
+            else:
+                raise SystemExit(f"{groups}-{state}: failed three times")
+            point[state] = r
+            print(f"{groups:>9,} open groups, {state:>7}: {r['records_per_s']:>10,} partials/s over "
+                  f"{r['measured_batches']} batches ({r['measured_records']:,} records, {r['measured_seconds']} s)",
+                  flush=True)  # fmt: skip
+        for p, v, _ in eos:
+            prod.send(topic, value=v, partition=p)
+        prod.flush()
+        for state in a.states:
+            try:
+                _sweep_check(spark, q, a, work, f"{groups}-{state}", state, groups, total)
+                point[state]["checked"] = True
+            except Exception as exc:  # noqa: BLE001 - the restart failed (see the retry above): say so
+                print(f"  {groups}-{state}: check not run: {str(exc)[:200]}", flush=True)
+                point[state]["checked"] = False
+        points.append(point)
+        _sweep_write(a, points, complete=False)  # a run cut short still leaves what it measured
+    prod.close()
+    spark.stop()
+    _sweep_write(a, points, complete=True)
+    _sweep_plot(json.loads((RESULTS / "rollup_scale.json").read_text()))
+    print(f"wrote {RESULTS / 'rollup_scale.json'}")
+    return 0
+
+
+def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: bool) -> None:
+    lo, hi = points[0], points[-1]
+    res: dict[str, Any] = {
+        "benchmark": "rollup_scale", "sweep_records": a.sweep_records, "sweep_batch_records": a.sweep_batch,
+        "hosts": a.hosts, "partitions": a.partitions, "master": a.master, "spark_conf": a.spark_conf,
+        "definition": "records_per_s = partial records of the micro-batches after the fill divided by the wall time "
+                      "from the end of the batch that completed the fill to the end of the last; the open pane holds "
+                      "open_groups groups all along (nothing closes while measured). rate_ratio_<hi>_vs_<lo> = "
+                      "chunked rate at the largest open state / chunked rate at the smallest; the same ratio of the "
+                      "blob state alongside.",
+        "points": points, "complete": complete,
+    }  # fmt: skip
+    if len(points) > 1:
+        for st in a.states:
+            res[f"{st}_rate_ratio"] = round(hi[st]["records_per_s"] / lo[st]["records_per_s"], 3)
+        res["ratio_points"] = [lo["open_groups"], hi["open_groups"]]
+        if "chunked" in a.states and (lo["open_groups"], hi["open_groups"]) == (100_000, 5_000_000):
+            res["rate_ratio_5m_vs_100k"] = res["chunked_rate_ratio"]
+    if {"blob", "chunked"} <= set(a.states):
+        res["chunked_vs_blob_at_largest"] = round(hi["chunked"]["records_per_s"] / hi["blob"]["records_per_s"], 3)
+    res["machine"] = machine()
+    print(json.dumps({k: v for k, v in res.items() if k != "points"}, indent=1), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rollup_scale.json").write_text(json.dumps(res, indent=2))
+
+
+def _sweep_plot(res: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    xs = [p["open_groups"] for p in res["points"]]
+    for st in ("blob", "chunked"):
+        if all(st in p for p in res["points"]):
+            ax.plot(xs, [p[st]["records_per_s"] / 1e6 for p in res["points"]], "o-", label=f"{st} state")
+    ax.set_xscale("log")
+    ax.set_xlabel("open groups (one open pane)")
+    ax.set_ylabel("M partial records/s (Spark job)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("High-level rate against open state")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "rollup_scale.png", dpi=110)
 
 
 if __name__ == "__main__":

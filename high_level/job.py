@@ -6,6 +6,13 @@ Kafka partition, so a single shuffle; the body is :class:`high_level.partition.P
 (min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
 max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
 :mod:`high_level.cli`, the placement of state groups :mod:`high_level.placement`.
+
+The state of the stateful step has two layouts (``--state``): *chunked* (``chunked``, or ``auto``),
+``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
+(:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
+*blob* (the default), the processor saved whole every batch (:func:`state_function`), also what ``auto``
+keeps for what needs the whole open table every batch (``--live``, landmark and bounded-top queries) and
+for checkpoints written by it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ def _is_local_path(location: str) -> bool:
 
 
 MODES = ("oop", "watermark")
+# State layout of the OOP step: "blob" (the processor saved whole every micro-batch), "chunked" (pane tables
+# as per-batch chunks in RocksDB, high_level/chunks.py: a batch pays for what it brings, not for the open
+# groups), "auto" (chunked unless a query needs the blob: high_level.chunks.chunked_unsupported).
+STATES = ("auto", "blob", "chunked")
 
 
 @dataclass(frozen=True)
@@ -71,10 +82,13 @@ class JobOptions:
     alert_queue: int = 10_000
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
+    state: str = "blob"  # STATES (blob by default: see README, "High-level state")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        if self.state not in STATES:
+            raise ValueError(f"state must be one of {STATES}")
         if self.late_policy not in LATE_POLICIES:
             raise ValueError(f"late policy must be one of {LATE_POLICIES}")
         if self.trigger_ms <= 0 or self.host_timeout_ms <= 0:
@@ -251,10 +265,17 @@ class HighLevelJob:
         raw = kafka_stream(self.spark, o.bootstrap, [lay.topic for lay in layouts],
                            max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.source_options)  # fmt: skip
         ckpt = Path(o.checkpoint) / "oop"
-        n_tasks = checkpoint_shuffle_partitions(ckpt) or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         parts: dict[str, int] = {}
         for q in self.queries:
             parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
+        chunked = self.state_layout(layouts) == "chunked"
+        if chunked:
+            ckpt = Path(o.checkpoint) / "oop-chunked"
+        other = Path(o.checkpoint) / ("oop" if chunked else "oop-chunked")
+        if other.exists():
+            raise ValueError(f"checkpoint {o.checkpoint} holds the {'blob' if chunked else 'chunked'} state ({other}): "
+                             f"keep --state {'blob' if chunked else 'chunked'} or use a new checkpoint")
+        n_tasks = checkpoint_shuffle_partitions(ckpt) or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         salts = placement_salts(parts, n_tasks)
         if salts:
             table = F.create_map(*[x for (t, p), v in sorted(salts.items()) for x in (F.lit(f"{t}/{p}"), F.lit(v))])
@@ -263,20 +284,57 @@ class HighLevelJob:
         else:
             salt = F.lit(0)
         raw = raw.withColumn("salt", salt)
-        rolled = raw.groupBy("topic", "partition", "salt").applyInPandasWithState(
-            state_function(layouts, o.settings, o.trigger_ms),
-            outputStructType=OUTPUT_DDL,
-            stateStructType="blob binary",
-            outputMode="append",
-            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-        )
-        return (
+        grouped = raw.groupBy("topic", "partition", "salt")
+        conf: dict[str, str] = {}
+        if chunked:
+            from high_level.chunkstep import SESSION_CONF, ChunkedStep
+
+            rolled = grouped.transformWithStateInPandas(ChunkedStep(layouts, o.settings, o.trigger_ms),
+                                                        outputStructType=OUTPUT_DDL, outputMode="Append",
+                                                        timeMode="ProcessingTime")  # fmt: skip
+            conf = SESSION_CONF
+        else:
+            rolled = grouped.applyInPandasWithState(
+                state_function(layouts, o.settings, o.trigger_ms),
+                outputStructType=OUTPUT_DDL,
+                stateStructType="blob binary",
+                outputMode="append",
+                timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+            )
+        writer = (
             rolled.writeStream.queryName(f"{o.name}-oop")
             .foreachBatch(self._sink_oop)
             .option("checkpointLocation", str(ckpt))
             .trigger(processingTime=f"{o.trigger_ms} milliseconds")
-            .start()
         )
+        # the stream copies the session's settings when it starts: set the state store's for it only
+        before = {k: self.spark.conf.get(k, None) for k in conf}
+        for k, v in conf.items():
+            self.spark.conf.set(k, v)
+        try:
+            return writer.start()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    self.spark.conf.unset(k)
+                else:
+                    self.spark.conf.set(k, v)
+
+    def state_layout(self, layouts: Sequence[Layout] | None = None) -> str:
+        """The OOP step's state layout for these options and queries: 'blob' or 'chunked'. 'auto' keeps
+        the layout of an existing checkpoint (a job started before chunks existed goes on as it was)."""
+        from high_level.chunks import chunked_unsupported
+
+        lays = list(self.layouts.values()) if layouts is None else layouts
+        why = chunked_unsupported(lays, self.opts.settings.live)
+        if self.opts.state == "chunked" and why:
+            raise ValueError(f"--state chunked: {why}; use --state blob or auto")
+        if self.opts.state == "auto":
+            if (Path(self.opts.checkpoint) / "oop").exists():
+                why = "the checkpoint holds the blob state"
+            if why:
+                log.info("blob state: %s", why)
+        return "blob" if self.opts.state == "blob" or why else "chunked"
 
     # -- sink -------------------------------------------------------------------------------------
     def _sink_oop(self, df: Any, batch_id: int) -> None:

@@ -22,6 +22,7 @@ from contract import wire
 from contract.live import PROVISIONAL_KIND
 from contract.status import PartitionStatus
 from high_level import codec
+from high_level.chunks import ChunkedRollup, ChunkStore
 from high_level.meld import Meld
 from high_level.rollup import I64, Layout, QueryRollup, Windows
 
@@ -296,9 +297,9 @@ class Settings:
 class _QueryState:
     """Roll-up + meld + counters of one query on one partition."""
 
-    def __init__(self, layout: Layout, settings: Settings) -> None:
+    def __init__(self, layout: Layout, settings: Settings, store: ChunkStore | None = None) -> None:
         self.layout = layout
-        self.rollup = QueryRollup(layout)
+        self.rollup = QueryRollup(layout) if store is None else ChunkedRollup(layout, store)
         # an expected host that does not run this query (its `sources`) would hold it open forever
         expected = [h for h in settings.expected_hosts if layout.runs_on(h)]
         self.meld = Meld(settings.host_timeout_ms, expected, settings.max_gap_ms)
@@ -359,13 +360,19 @@ class _QueryState:
 
 
 class PartitionProcessor:
-    """The state and logic for one (topic, Kafka partition): bytes in, closed windows out."""
+    """The state and logic for one (topic, Kafka partition): bytes in, closed windows out.
 
-    def __init__(self, layouts: Sequence[Layout], partition: int, settings: Settings) -> None:
+    With a ``store`` (:mod:`high_level.chunks`) the pane tables live there as per-batch chunks and
+    :meth:`to_bytes` holds only the small part (marks, counters, frontier, pane index); without, the
+    whole state is in :meth:`to_bytes` (the blob state).
+    """
+
+    def __init__(self, layouts: Sequence[Layout], partition: int, settings: Settings,
+                 store: ChunkStore | None = None) -> None:  # fmt: skip
         self.partition = int(partition)
         self.settings = settings
         self.layouts = {lay.name: lay for lay in layouts}
-        self.queries: dict[str, _QueryState] = {n: _QueryState(lay, settings) for n, lay in self.layouts.items()}
+        self.queries: dict[str, _QueryState] = {n: _QueryState(lay, settings, store) for n, lay in self.layouts.items()}
         self.errors = {"bad_messages": 0, "unknown_query": 0, "misrouted": 0, "bad_layout": 0}
         self.last_error = ""
 
@@ -380,13 +387,16 @@ class PartitionProcessor:
                 "closed": r.closed, "meld": qs.meld.to_dict(), "hosts": qs.hosts,
                 "windows_closed": qs.windows_closed, "records": qs.records, "gaps": qs.gaps,
             }  # fmt: skip
+            if isinstance(r, ChunkedRollup):
+                meta["queries"][name]["chunks"] = r.index_dict()
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
         return codec.pack(meta, arrays)
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layouts: Sequence[Layout], settings: Settings) -> PartitionProcessor:
+    def from_bytes(cls, buf: bytes, layouts: Sequence[Layout], settings: Settings,
+                   store: ChunkStore | None = None) -> PartitionProcessor:  # fmt: skip
         meta, arrays = codec.unpack(buf)
-        p = cls(layouts, meta["partition"], settings)
+        p = cls(layouts, meta["partition"], settings, store)
         p.errors.update(meta.get("errors", {}))
         p.last_error = meta.get("last_error", "")
         for name, qm in meta["queries"].items():
@@ -397,9 +407,13 @@ class PartitionProcessor:
             pane, key, state = arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"]
             if key.shape[1:] != (lay.kw,) or state.shape[1:] != (lay.na,):
                 raise codec.CodecError(f"query {name!r} changed its key/state layout; use a new checkpoint")
+            if ("chunks" in qm) != isinstance(qs.rollup, ChunkedRollup):
+                raise codec.CodecError("state saved by the other state layout (blob/chunked); use a new checkpoint")
             qs.rollup.pane, qs.rollup.key, qs.rollup.state = pane, key, state
+            if isinstance(qs.rollup, ChunkedRollup):
+                qs.rollup.load_index(qm["chunks"])
             closed = qm["closed"]
-            if closed is not None and closed > wire.END_OF_STREAM - lay.k and not len(pane):
+            if closed is not None and closed > wire.END_OF_STREAM - lay.k and not len(qs.rollup):
                 closed = None  # a frontier at end of stream (saved before it stopped at the data): reopen
             qs.rollup.closed = closed
             qs.meld.load_dict(qm["meld"])

@@ -294,6 +294,13 @@ class QueryRollup:
                 keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
                 pane, key, state = pane[keep], key[keep], state[keep]
         if len(pane):
+            self.merge(pane, key, state)
+        return AddResult(late_per_host, corr, n_late)
+
+    def merge(self, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> None:
+        """Fold partial records of open windows into the pane table (one row per (pane, key) after)."""
+        lay = self.layout
+        if len(pane):
             keys, st = group_reduce(
                 np.column_stack([np.concatenate([self.pane, pane]), np.concatenate([self.key, key])]),
                 np.concatenate([self.state, state]), lay.ops,
@@ -302,7 +309,6 @@ class QueryRollup:
             if lay.top_capacity:
                 self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
                                                               lay.top_capacity, lay.ops)  # fmt: skip
-        return AddResult(late_per_host, corr, n_late)
 
     def close(self, lwm: int | None) -> Windows:
         """Emit every window ``w < lwm`` not emitted before, then purge panes no open window needs.
@@ -377,11 +383,15 @@ class QueryRollup:
         o = order[keep[order]]
         return Windows(out.window[o], np.ascontiguousarray(out.key[o]), np.ascontiguousarray(out.state[o]))
 
+    def panes(self) -> np.ndarray:
+        """The distinct panes held, ascending."""
+        return np.unique(self.pane)
+
     def open_windows(self) -> int:
         """Windows that hold data and are not emitted yet."""
-        if len(self.pane) == 0:
+        u = self.panes()
+        if len(u) == 0:
             return 0
-        u = np.unique(self.pane)
         lo = u if self.closed is None else np.maximum(u, self.closed)
         hi = u + self.layout.k  # exclusive
         # union of the intervals [lo, hi) over sorted u

@@ -54,6 +54,8 @@ class JobSettings(RoleSettings):
     alert_queue: int = Field(default=10_000, ge=1)
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = Field(default=False, description="publish provisional values of open windows to lowwater.live.<query>")
+    state: Literal["auto", "blob", "chunked"] = Field(
+        default="blob", description="OOP state layout: chunked (batch-proportional cost, RocksDB), blob, auto")
 
     @field_validator("alert_webhook", "alert_generator_url")
     @classmethod
@@ -106,5 +108,5 @@ class JobSettings(RoleSettings):
             kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
             alert_webhook=self.alert_webhook, alert_timeout_ms=ms(self.alert_timeout), alert_queue=self.alert_queue,
             alert_generator_url=self.alert_generator_url, control_topic=self.control_topic, retention_days=self.retention_days,
-            live=self.live,
+            live=self.live, state=self.state,
         )  # fmt: skip

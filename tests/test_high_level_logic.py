@@ -15,6 +15,7 @@ from contract import results as R
 from contract import status as S
 from contract import wire
 from high_level import codec
+from high_level.chunks import ChunkedRollup, MemoryChunks
 from high_level.meld import Meld
 from high_level.partition import PartitionProcessor, Settings
 from high_level.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
@@ -54,6 +55,9 @@ queries:
 @pytest.fixture(scope="module")
 def cfg() -> Q.Config:
     return Q.load_text(CONFIG)
+
+
+ROLLUPS = {"blob": QueryRollup, "chunked": lambda lay: ChunkedRollup(lay, MemoryChunks())}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +140,8 @@ def test_expand_windows_wid_ranges():
 
 
 @pytest.mark.parametrize("name", ["pairs", "ports9x3", "nets"])
-def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name):
+@pytest.mark.parametrize("state", ROLLUPS)
+def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
     q = cfg.query(name)
     po = oracle(q, traffic)
     kw = Q.key_width(q)
@@ -145,7 +150,7 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name):
     st = po[[c for c in po.columns if c.startswith("s")]].to_numpy()
     # split every (pane, key) into random pieces (sum pieces add up; min/max pieces bound)
     rng = np.random.default_rng(3)
-    r = QueryRollup(Layout.of(q))
+    r = ROLLUPS[state](Layout.of(q))
     rep = rng.integers(1, 4, len(pane))
     idx = np.repeat(np.arange(len(pane)), rep)
     perm = rng.permutation(len(idx))
@@ -158,7 +163,10 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name):
     assert merge_partials(q, ps, ks, ss).equals(po)
     for chunk in np.array_split(np.arange(len(ps)), 7):
         r.add(ps[chunk], ks[chunk], ss[chunk])
-    assert len(r) == len(po)
+        if state == "chunked":  # the store holds exactly the chunks the index lists (merged ones removed)
+            assert set(r.store.data) == {(q.name, p, i) for p, v in r.index.items() for i in range(len(v))}
+    # the blob table is unique per (pane, key); the chunks hold each batch's rows until a close reads them
+    assert len(r) == len(po) if state == "blob" else len(po) <= len(r) <= len(ps)
     # close in several steps: the union equals the one-shot window oracle, nothing twice
     wo = window_oracle(q, po)
     out = []
@@ -166,7 +174,7 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name):
         got = r.close(int(lwm))
         assert (got.window < lwm).all()
         out.append(got)
-        assert (r.pane >= lwm - q.window.panes_per_window + 1).all()  # purged what no open window needs
+        assert (r.panes() >= lwm - q.window.panes_per_window + 1).all()  # purged what no open window needs
     assert r.close(int(lwm)).window.size == 0
     w = np.concatenate([o.window for o in out])
     k = np.concatenate([o.key for o in out])
@@ -176,6 +184,8 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name):
     got = got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
     assert got.equals(wo)
     assert len(r) == 0
+    if state == "chunked":
+        assert r.store.data == {}  # every chunk deleted once no open window needs its pane
 
 
 def test_sliding_range9_slide3_by_hand():
@@ -194,9 +204,10 @@ def test_sliding_range9_slide3_by_hand():
     assert lay.window_end_ns(np.array([12]))[0] - lay.window_start_ns(np.array([12]))[0] == 9 * 10**9
 
 
-def test_late_partials_counted_dropped_or_corrected():
+@pytest.mark.parametrize("state", ROLLUPS)
+def test_late_partials_counted_dropped_or_corrected(state):
     q = Q.load_text(CONFIG).query("ports9x3")
-    r = QueryRollup(Layout.of(q))
+    r = ROLLUPS[state](Layout.of(q))
     r.add(np.array([10, 11]), np.array([[80], [80]]), np.array([[1, 9], [1, 9]]))
     assert len(r.close(12)) == 2  # windows 10, 11
     # pane 8 only feeds closed windows (8..10): late. pane 11 feeds 11 (closed) and 12, 13 (open): late too,
@@ -212,11 +223,12 @@ def test_late_partials_counted_dropped_or_corrected():
     assert got == {12: (1 + 1 + 7 + 1, 3), 13: (1 + 7 + 1, 3), 14: (1, 9)}
 
 
-def test_end_of_stream_closes_data_windows_and_leaves_later_windows_open():
+@pytest.mark.parametrize("state", ROLLUPS)
+def test_end_of_stream_closes_data_windows_and_leaves_later_windows_open(state):
     """A finished capture (end-of-stream mark) closes every window with data, and no more: the next run
     of the same hosts (later windows) must not find its data late."""
     q = Q.load_text(CONFIG).query("ports9x3")
-    r = QueryRollup(Layout.of(q))
+    r = ROLLUPS[state](Layout.of(q))
     r.add(np.array([10, 11]), np.array([[80], [80]]), np.array([[1, 9], [1, 9]]))
     got = r.close(wire.END_OF_STREAM)
     assert sorted(int(w) for w in got.window) == [10, 11, 12, 13]  # every window that pane 10 or 11 feeds
@@ -225,21 +237,22 @@ def test_end_of_stream_closes_data_windows_and_leaves_later_windows_open():
     assert res.late_per_host.tolist() == [0]
     assert [int(w) for w in r.close(21).window] == [20]
     assert len(r.close(wire.END_OF_STREAM)) == 2  # windows 21, 22 (pane 20 feeds 20..22)
-    empty = QueryRollup(Layout.of(q))
+    empty = ROLLUPS[state](Layout.of(q))
     assert len(empty.close(wire.END_OF_STREAM)) == 0 and empty.closed is None  # nothing to close, no frontier
 
 
 # -- partition processor (the Spark step, offline) -----------------------------------------------
-def _run_offline(qs, msgs, partitions, settings, batches=23, roundtrip=True, drop=()):
+def _run_offline(qs, msgs, partitions, settings, batches=23, roundtrip=True, drop=(), chunked=False):
     lays = [Layout.of(q) for q in qs]
-    procs = {p: PartitionProcessor(lays, p, settings) for p in range(partitions)}
+    stores = {p: MemoryChunks() if chunked else None for p in range(partitions)}
+    procs = {p: PartitionProcessor(lays, p, settings, stores[p]) for p in range(partitions)}
     out = []
     now = 1_000_000
     for chunk in np.array_split(np.arange(len(msgs)), batches):
         for p in range(partitions):
             vals = [msgs[i].value for i in chunk if msgs[i].partition == p and i not in drop]
             if roundtrip:
-                procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), lays, settings)
+                procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), lays, settings, stores[p])
             out.append(procs[p].process(vals, now))
         now += 1000
     return pd.concat(out, ignore_index=True)
@@ -265,14 +278,15 @@ def _messages(q, traffic, partitions, punct_every_s=1, skew=(0, 15, 40), seed=0,
     return interleave(streams, seed=seed)
 
 
+@pytest.mark.parametrize("state", ["blob", "chunked"])
 @pytest.mark.parametrize("name", ["pairs", "ports9x3", "nets"])
-def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, name):
+def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, name, state):
     q = cfg.query(name)
     exp = window_oracle(q, oracle(q, traffic))
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2), (2, 1000, 3)):
         msgs = _messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings)
+        df = _run_offline([q], msgs, partitions, settings, chunked=state == "chunked")
         assert _finals(df, q).equals(exp), (partitions, punct)
         st = [json.loads(s) for s in df[df["kind"] == "status"]["status"]]
         last = {s["partition"]: s for s in st}
@@ -610,3 +624,33 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
     assert abs(doc.store_bytes - job.store.size_bytes()) < 4096  # measured just before the status was rewritten
     job.sink.maintain(now_ms + 1000, opts.retention_days)  # within the check interval: nothing to do
     assert len(R.date_dirs(job.store.root, q.name)) == 2
+
+
+def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_blob(tmp_path):
+    """--state auto runs the chunked state, but the blob one for a landmark query, --live, or a checkpoint
+    written by the blob state; --state chunked refuses what it cannot run."""
+    from high_level.chunks import chunked_unsupported
+    from high_level.job import HighLevelJob, JobOptions
+
+    plain = Q.load_text(CONFIG).query("pairs")
+    landmark = Q.load_text("""
+queries:
+  - name: day
+    group_by: [dst_port]
+    aggregates: [{fn: count, as: n}]
+    window: {landmark: 20s, update: 5s}
+""").query("day")
+
+    def layout(qs, state, ckpt="c"):
+        opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state)
+        return HighLevelJob(None, qs, opts).state_layout()
+
+    assert layout([plain], "auto") == "chunked" and layout([plain], "blob") == "blob"
+    assert layout([plain, landmark], "auto") == "blob"
+    with pytest.raises(ValueError, match="landmark"):
+        layout([landmark], "chunked")
+    assert "--live" in chunked_unsupported([Layout.of(plain)], live=True)
+    (tmp_path / "old" / "oop").mkdir(parents=True)
+    assert layout([plain], "auto", "old") == "blob" and layout([plain], "chunked", "old") == "chunked"
+    with pytest.raises(ValueError, match="state"):
+        JobOptions(bootstrap="x", results="r", checkpoint="c", state="rocks")

@@ -1,0 +1,192 @@
+"""A pane table kept as per-batch chunks in a keyed store: a micro-batch writes only what it brings.
+
+Why: the blob state (a :class:`high_level.rollup.QueryRollup` saved whole every micro-batch) makes every
+batch pay for the whole open state (restore, re-merge, rewrite), so the rate falls as open groups grow.
+Here a batch's partials, merged within the batch, are appended as one chunk per (query, pane) to a
+store kept per key (a MapState of Spark's RocksDB state store, :mod:`high_level.chunkstep`, or a dict
+offline). A pane's chunks are read, merged and assembled only when a window that needs it closes, and
+deleted when no open window needs it any more; untouched panes cost nothing per batch. The small part
+(closed frontier, pane index: chunks and rows per pane) travels with the processor's own state.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from contract import wire
+from high_level import codec
+from high_level.rollup import I64, QueryRollup, Windows, assemble, group_reduce
+
+# Tiered merging of a pane's chunks: a new chunk at least 1/TIER of the size of the one before it is merged
+# into it (repeatedly). A pane then holds O(log) chunks and a record is rewritten O(log) times over the
+# pane's life: the cost per batch stays proportional to the batch (amortised), and a long-open pane does
+# not pile up one chunk per batch.
+TIER = 2
+
+
+class ChunkStore(Protocol):
+    """Where chunks live: bytes per (query, pane, seq)."""
+
+    def put(self, query: str, pane: int, seq: int, data: bytes) -> None: ...
+
+    def get(self, query: str, pane: int, seq: int) -> bytes: ...
+
+    def remove(self, query: str, pane: int, seq: int) -> None: ...
+
+
+class MemoryChunks:
+    """A dict as the chunk store: for tests and the offline processor."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, int, int], bytes] = {}
+
+    def put(self, query: str, pane: int, seq: int, data: bytes) -> None:
+        self.data[(query, int(pane), int(seq))] = bytes(data)
+
+    def get(self, query: str, pane: int, seq: int) -> bytes:
+        return self.data[(query, int(pane), int(seq))]
+
+    def remove(self, query: str, pane: int, seq: int) -> None:
+        self.data.pop((query, int(pane), int(seq)), None)
+
+
+def encode_chunk(key: np.ndarray, state: np.ndarray) -> bytes:
+    return codec.pack({}, {"key": key, "state": state})
+
+
+def decode_chunk(data: bytes, kw: int, na: int) -> tuple[np.ndarray, np.ndarray]:
+    _, arrays = codec.unpack(data)
+    key, state = arrays["key"], arrays["state"]
+    if key.shape[1:] != (kw,) or state.shape[1:] != (na,) or len(key) != len(state):
+        raise codec.CodecError(f"chunk of {key.shape}/{state.shape} does not fit {kw}/{na} key/state columns")
+    return key, state
+
+
+class ChunkedRollup(QueryRollup):
+    """:class:`QueryRollup` whose pane table is in a :class:`ChunkStore` (its own arrays stay empty).
+
+    Same results: closing assembles the windows from the merged chunks of exactly the panes they
+    cover. Not for queries that need the open table every batch (live provisional rows, landmark
+    'update' rows and folds, a bounded top): see :func:`chunked_unsupported`.
+    """
+
+    def __init__(self, layout, store: ChunkStore | None = None) -> None:  # noqa: ANN001 - Layout
+        super().__init__(layout)
+        self.store = store
+        self.index: dict[int, list[int]] = {}  # pane -> rows of each chunk (seq = position)
+
+    def __len__(self) -> int:
+        return sum(sum(v) for v in self.index.values())
+
+    def panes(self) -> np.ndarray:
+        return np.array(sorted(self.index), I64)
+
+    def index_dict(self) -> dict[str, list[int]]:
+        return {str(p): list(v) for p, v in self.index.items()}
+
+    def load_index(self, d: dict[str, list[int]]) -> None:
+        self.index = {int(p): [int(n) for n in v] for p, v in d.items()}
+
+    def _store(self) -> ChunkStore:
+        if self.store is None:
+            raise RuntimeError("chunked roll-up without a chunk store")
+        return self.store
+
+    def merge(self, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> None:
+        """Append the batch's partials, merged per (pane, key), as one chunk per pane."""
+        lay, store = self.layout, self._store()
+        if not len(pane):
+            return
+        keys, st = group_reduce(np.column_stack([pane, key]), state, lay.ops)
+        order = np.argsort(keys[:, 0], kind="stable")
+        keys, st = keys[order], st[order]
+        p = keys[:, 0]
+        cuts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        for s, e in zip(cuts.tolist(), [*cuts[1:].tolist(), len(p)], strict=True):
+            pn = int(p[s])
+            sizes = self.index.setdefault(pn, [])
+            held = len(sizes)
+            key, state = np.ascontiguousarray(keys[s:e, 1:]), st[s:e]
+            while sizes and len(key) * TIER >= sizes[-1]:  # tiered merge into the previous chunk
+                pk, ps = decode_chunk(store.get(lay.name, pn, len(sizes) - 1), lay.kw, lay.na)
+                key, state = group_reduce(np.concatenate([pk, key]), np.concatenate([ps, state]), lay.ops)
+                sizes.pop()
+            store.put(lay.name, pn, len(sizes), encode_chunk(key, state))
+            sizes.append(len(key))
+            for seq in range(len(sizes), held):  # chunks merged into a lower seq
+                store.remove(lay.name, pn, seq)
+
+    def _read(self, pane: int) -> tuple[np.ndarray, np.ndarray]:
+        """One pane's rows, unique per key."""
+        lay, store = self.layout, self._store()
+        n = len(self.index[pane])
+        parts = [decode_chunk(store.get(lay.name, pane, s), lay.kw, lay.na) for s in range(n)]
+        if n == 1:
+            return parts[0]
+        return group_reduce(np.concatenate([k for k, _ in parts]), np.concatenate([s for _, s in parts]), lay.ops)
+
+    def _compact(self, pane: int, key: np.ndarray, state: np.ndarray) -> None:
+        """Replace a pane's chunks by one (its merged rows)."""
+        lay, store = self.layout, self._store()
+        n = len(self.index[pane])
+        store.put(lay.name, pane, 0, encode_chunk(key, state))
+        for s in range(1, n):
+            store.remove(lay.name, pane, s)
+        self.index[pane] = [len(key)]
+
+    def _drop(self, pane: int) -> None:
+        for s in range(len(self.index.pop(pane))):
+            self._store().remove(self.layout.name, pane, s)
+
+    def close(self, lwm: int | None) -> Windows:
+        """As :meth:`QueryRollup.close`, reading only the panes of the windows that close."""
+        lay = self.layout
+        if lwm is not None and lwm >= wire.END_OF_STREAM:
+            lwm = max(self.index) + lay.k if self.index else None
+        if lwm is None or (self.closed is not None and lwm <= self.closed):
+            return Windows.empty(lay.kw, lay.na)
+        if not self.index:
+            self.closed = int(lwm)
+            return Windows.empty(lay.kw, lay.na)
+        lo = min(self.index) if self.closed is None else self.closed
+        need = [p for p in sorted(self.index) if lo - lay.k + 1 <= p < lwm]
+        self.closed = int(lwm)
+        first = lay.first_needed_pane(self.closed)
+        rows = []
+        for p in need:
+            key, state = self._read(p)
+            rows.append((p, key, state))
+            if p >= first and len(self.index[p]) > 1:  # still needed: keep it merged for the next close
+                self._compact(p, key, state)
+        for p in [p for p in self.index if p < first]:
+            self._drop(p)
+        if not rows:
+            return Windows.empty(lay.kw, lay.na)
+        pane = np.concatenate([np.full(len(k), p, I64) for p, k, _ in rows])
+        key = np.concatenate([k for _, k, _ in rows])
+        state = np.concatenate([s for *_, s in rows])
+        return assemble(pane, key, state, lo, int(lwm), lay.k, lay.ops, lay.s)
+
+    def landmark_update(self) -> Windows:
+        raise NotImplementedError("landmark queries keep the blob state")
+
+    def provisional(self, pane: np.ndarray, key: np.ndarray) -> Windows:
+        raise NotImplementedError("live provisional results keep the blob state")
+
+
+def chunked_unsupported(layouts, live: bool) -> str | None:  # noqa: ANN001 - Sequence[Layout]
+    """Why the chunked state cannot run these queries (None: it can).
+
+    Each reason is a feature that reads the whole open table every batch or every close, which the
+    chunked state exists to avoid; those jobs keep the blob state.
+    """
+    if live:
+        return "--live publishes the current value of every open window a batch touches"
+    for lay in layouts:
+        if lay.landmark:
+            return f"query {lay.name!r} is a landmark (its open window is folded and reported at every close)"
+        if lay.top_capacity:
+            return f"query {lay.name!r} bounds its top per pane after every merge (Misra-Gries)"
+    return None
