@@ -16,6 +16,12 @@ Endpoints (all GET; OpenAPI at /docs):
   complete).
 * ``/queries/{name}/series``: per-window totals over all groups (what the page charts), with the
   window's completeness; ``complete=true|false`` keeps the windows whose groups are all complete / not.
+  Flagged windows (below) are incomplete here, and one without rows gets a row with no groups and no
+  values (``flagged``, ``shed_records``).
+* ``/queries/{name}/incomplete``: the flagged windows in a time range: windows the job learned were
+  short (panes a capture host's backlog shed, records lost in a sequence gap), *rows or not*: a window
+  whose every record was shed has no row to say so. Per window ``incomplete: true``, the shed and
+  lost records, the hosts and every short pane range.
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
   query and partition: the job's status document (:mod:`contract.status`), validated.
 * ``/alerts``: alerts fired on closed windows (newest first; ``query``, ``alert``, ``start`` = closed at or
@@ -70,6 +76,7 @@ from high_level.serve import params as P
 from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
+from high_level.serve.incomplete import SERIES_COLUMNS, IncompleteReader, merge_series
 from high_level.serve.metrics import ApiMetrics, LiveCollector, MetricsMiddleware
 from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
@@ -86,6 +93,7 @@ log = logging.getLogger("lowwater.api")
 _RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format", "complete"}
 _LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format", "complete"}
 _SERIES_PARAMS = {"start", "end", "filter", "format", "complete"}
+_INCOMPLETE_PARAMS = {"start", "end"}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
 Start = Annotated[str | None, Query(
@@ -238,6 +246,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     results = Path(results_dir)
     reader = Reader(results, cache_mb=cache_mb)
     alert_reader = AlertReader(results)
+    flagged = IncompleteReader(results)  # windows known short, rows or not (contract.results)
     metrics = ApiMetrics()
     token = token or None
     warmed = threading.Event()
@@ -339,7 +348,8 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def health() -> dict[str, Any]:
         return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir(),
                 "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes},
-                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())}}  # fmt: skip
+                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())},
+                "rejected_flagged_window_files": len(flagged.rejected)}  # fmt: skip
 
     @open_.get("/", include_in_schema=False)
     @open_.get("/ui", include_in_schema=False)
@@ -413,10 +423,22 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         s, e = P.time_range(start, end, now())
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
-        rs = reader.series(qi, s, e, flt, only)
+        flags = flagged.per_window(name, us_of(s), us_of(e))
+        rs = reader.series(qi, s, e, flt, None if flags else only)  # flagged windows: filtered after merging
+        rows = merge_series(rs.columns, rs.rows, flags, qi.spec.window.range_ns // 1000, only if flags else None)
+        rs = ResultSet([*rs.columns, *SERIES_COLUMNS], rows, len(rows), rs.time_columns)
         body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
                 "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only}  # fmt: skip
         return respond(body, rs, fmt, f"{name}-series")
+
+    @guarded.get("/queries/{name}/incomplete", summary="Windows known short (shed or lost records), rows or not",
+                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    def incomplete(request: Request, name: str, start: Start = None, end: End = None) -> dict[str, Any]:
+        info(name)
+        _check_params(request, _INCOMPLETE_PARAMS)
+        s, e = P.time_range(start, end, now())
+        return {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
+                "windows": flagged.windows(name, us_of(s), us_of(e))}  # fmt: skip
 
     @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
     def status() -> dict[str, Any]:
