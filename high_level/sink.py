@@ -139,6 +139,9 @@ class ResultSink:
         dropped, self.store.having_dropped = self.store.having_dropped, {}
         for qn, n in sorted(dropped.items()):
             self.metrics.having_dropped.labels(qn).inc(n)
+        flagged, self.store.flagged = self.store.flagged, {}
+        for (qn, cause), n in sorted(flagged.items()):
+            self.metrics.flagged_windows.labels(qn, cause).inc(n)
         alerts = self.store.write_alerts(batch_id)
         if alerts.num_rows:
             counts = alerts.group_by(["query", "alert"]).aggregate([([], "count_all")]).to_pydict()

@@ -239,6 +239,7 @@ class ResultStore:
         self.alert_rules = {q.name: [(a, Q.condition(q, a.when)) for a in q.alerts]
                             for q in self.queries.values() if q.alerts}  # fmt: skip
         self.having_dropped: dict[str, int] = {}  # final rows HAVING did not store, per query
+        self.flagged: dict[tuple[str, str], int] = {}  # flagged-window rows written, per (query, cause)
         self.fired: list[pa.Table] = []
 
     def write_batch(self, batch_id: int, rows: pd.DataFrame | pa.Table) -> dict[str, int]:
@@ -421,6 +422,10 @@ class ResultStore:
                 pq.write_table(tbl.filter(pa.array(day == d)), tmp, compression="zstd")
                 os.replace(tmp, path)
             total += tbl.num_rows
+            for cause in R.INCOMPLETE_CAUSES:
+                n = sum(1 for w in cols[6] if w == cause)
+                if n:
+                    self.flagged[(name, cause)] = self.flagged.get((name, cause), 0) + n
         return total
 
     def expire(self, today: date, days: int) -> list[Path]:
