@@ -51,6 +51,7 @@ import argparse
 import csv
 import hmac
 import io
+import json
 import logging
 import math
 import threading
@@ -69,6 +70,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
 from contract import results as R
+from contract.kafka_security import KafkaSecurity
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.live.hub import MAX_SUBSCRIBERS, KafkaLiveSource, LiveHub
 from high_level.live.hub import stream as live_stream_body
@@ -80,6 +82,7 @@ from high_level.serve.incomplete import SERIES_COLUMNS, IncompleteReader, merge_
 from high_level.serve.metrics import ApiMetrics, LiveCollector, MetricsMiddleware
 from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
+from high_level.serve.settings import ApiSettings
 from high_level.serve.status import read_status
 from high_level.serve.timefmt import iso_of_us, us_of
 
@@ -233,11 +236,13 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
 
 def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None,
                cache_mb: int = 512, live_bootstrap: str | None = None,
-               live_source: Callable[[LiveHub], Any] | None = None) -> FastAPI:  # fmt: skip
+               live_source: Callable[[LiveHub], Any] | None = None,
+               live_security: KafkaSecurity | None = None) -> FastAPI:  # fmt: skip
     """Build the API for one config and one results directory.
 
     ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
-    whose files exceed half of it read Parquet directly, slower).
+    whose files exceed half of it read Parquet directly, slower); ``live_security`` is how the reader of
+    the live topics at ``live_bootstrap`` authenticates (the role's Kafka security block).
     """
     cfg = load(config_path)
     infos = {q.name: QueryInfo.of(q) for q in cfg.stored_queries}  # aggregates and windowed joins
@@ -253,7 +258,9 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
     metrics.registry.register(LiveCollector(hub))  # the update queues' staleness on /metrics
     # the reader of the live topics; tests may pass another source (anything with start/stop)
-    live_source = live_source(hub) if live_source else KafkaLiveSource(hub, live_bootstrap) if live_bootstrap else None
+    security = (live_security or KafkaSecurity()).kafka_python()
+    live_source = (live_source(hub) if live_source
+                   else KafkaLiveSource(hub, live_bootstrap, security) if live_bootstrap else None)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -290,6 +297,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                 swagger_favicon_url="/docs/assets/favicon-32x32.png",
             )  # fmt: skip
     app.state.reader = reader
+    app.state.live_source = live_source
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics, router_app=app)
 
@@ -494,12 +502,9 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``lowwater-api``: serve the API and the results page with uvicorn."""
-    import uvicorn
-
+def settings_of(argv: list[str] | None = None) -> ApiSettings:
+    """``lowwater-api``'s command line (and environment, settings file) -> its settings, or SystemExit saying why."""
     from contract.settings import SettingsError, load
-    from high_level.serve.settings import ApiSettings
 
     ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0] + " Every flag can also "
                                  "be set as LOWWATER_API_<FLAG> or in --settings FILE.")  # fmt: skip
@@ -514,12 +519,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", help="uvicorn log level (default info)")
     ap.add_argument("--live-bootstrap", help="Kafka to read the live topics from (lowwater.live.<query>); "
                     "without it /live/{query} serves nothing")
+    ap.add_argument("--kafka-security", metavar="JSON",
+                    help="the Kafka security block of the live reader (protocol, sasl_mechanism, username, password, "
+                         "ca_file, ...), as every role takes it; better: env LOWWATER_API_KAFKA_SECURITY; "
+                         "see deploy/SECURITY.md")  # fmt: skip
     a = ap.parse_args(argv)
+    flags = {k: v for k, v in vars(a).items() if k not in ("settings", "kafka_security")}
+    if a.kafka_security is not None:
+        try:
+            flags["kafka_security"] = json.loads(a.kafka_security)
+        except ValueError as exc:
+            raise SystemExit(f"lowwater-api: --kafka-security is not JSON: {exc}") from None
     try:
-        s = load(ApiSettings, {k: v for k, v in vars(a).items() if k != "settings"}, a.settings)
+        return load(ApiSettings, flags, a.settings)
+    except SettingsError as exc:
+        raise SystemExit(f"lowwater-api: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lowwater-api``: serve the API and the results page with uvicorn."""
+    import uvicorn
+
+    s = settings_of(argv)
+    try:
         token = s.token.get_secret_value() if s.token is not None else None
-        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap)
-    except (SettingsError, ConfigError) as exc:
+        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap,
+                         live_security=s.kafka_security)  # fmt: skip
+    except ConfigError as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
 
