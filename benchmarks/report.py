@@ -302,6 +302,22 @@ def main() -> None:
                           lat(r, "oa"), lat(r, "in_order"), lat(r, "spark"),
                           r["spark"]["pairs_vs_oracle"] if "spark" in r else "-"] for r in d["rows"]]),
                   img("join")]  # fmt: skip
+    if d := load("flows"):
+        e = d["export"]
+        per_cpu_s = {"lowwater_memory": d["records_per_s"]}  # the in-memory rate is records_per_s itself
+
+        parts += ["## Flow collection: IPFIX records per CPU-second, lowwater vs nfcapd", machine(d),
+                  f"{e['exporter']} exported a {e['pcap_packets']:,}-packet pcap as {e['datagrams']} IPFIX datagrams "
+                  f"({e['records']:,} flow records), sent {e['repeat']} times. In memory (decode + weighted kernel, no "
+                  f"socket): **records_per_s = {d['records_per_s']:,}**. Over UDP, per CPU-second of the collecting "
+                  f"process: **vs_nfcapd = {d.get('vs_nfcapd')}** (every collector counted every record: "
+                  f"{d.get('all_records_counted')}).",
+                  table(["collector", "records", "CPU s", "records per CPU-s"],
+                        [[name, f"{d[k]['records']:,}", f"{d[k]['cpu_s']:.3f}",
+                          f"{d[k].get('records_per_cpu_s', per_cpu_s.get(k, 0)):,}"]
+                         for name, k in (("lowwater, in memory", "lowwater_memory"),
+                                         ("lowwater, UDP socket", "lowwater_socket"), ("nfcapd, UDP socket", "nfcapd"))
+                         if k in d])]  # fmt: skip
     if (d := load("kernel")) and "select_kernel_mpps" in d:
         parts += [f"Select queries in the kernel (`bench_kernel.py --select`): Q4 + the SYN and SYN-ACK selects of "
                   f"configs/handshake.yaml in one pass, **select_kernel_mpps = {d['select_kernel_mpps']}** = "

@@ -10,6 +10,7 @@ Layout::
     <root>/_status.json
     <root>/_alerts/query=<name>/part-<batch_id:012d>.parquet   alerts that micro-batch fired
     <root>/_alerts/_delivered.jsonl                  ids of alerts the webhook accepted (append-only)
+    <root>/_incomplete/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet   flagged windows
 
 One Parquet file per (query, day of window_start, micro-batch). Its columns are exactly
 :func:`schema` of the query: the window bounds, the key columns, the aggregate columns, when the
@@ -43,6 +44,16 @@ overflowed (Kafka slow or down) sheds whole (query, pane) units and reports them
 punctuation (``wire.Punctuation.shed``); every window overlapping a shed pane gets the pane range's
 records in ``missing_records`` and is not complete (a pane shed after its windows closed cannot
 change rows already written).
+
+**Flagged windows.** A window whose every record was shed (or lost in a sequence gap) has no row to
+carry ``missing_records``. So the job also writes, per micro-batch, one row of
+:data:`INCOMPLETE_SCHEMA` for every (window, host, cause) it learned was short: when the window
+closes for what was known by then, and in the batch that learns it for a window already closed
+(``after_close``: its stored rows still say complete). ``first_pane_start``/``last_pane_end`` are the
+short panes *of that window*; ``records`` what the gap or shed range held (attributed, as in
+``missing_records``, to every window it overlaps). The rows of one window are the union of its files'
+rows; a replayed batch rewrites its file with the same rows (exactly once). A gap whose start is
+unknown (before a host's first punctuation, or across a restart) flags only the rows.
 Files written before these columns existed do not follow the schema and are skipped and counted by
 the API as any other file with the wrong layout (no version negotiation: one layout, one reader).
 A query with ``having`` stores only the final rows that pass it, and the corrections of those. A
@@ -91,6 +102,20 @@ ALERT_SCHEMA = pa.schema([
     pa.field("labels", pa.string(), nullable=False),  # JSON object: every label the webhook gets
     pa.field("summary", pa.string(), nullable=False),
 ], metadata={b"lowwater.kind": b"alerts"})  # fmt: skip
+INCOMPLETE_DIR = "_incomplete"
+INCOMPLETE_CAUSES = ("gap", "shed")  # a sequence gap (lost in flight), panes shed by the host's backlog
+INCOMPLETE_SCHEMA = pa.schema([
+    pa.field("window_start", TIMESTAMP, nullable=False),
+    pa.field("window_end", TIMESTAMP, nullable=False),
+    pa.field("flagged_at", TIMESTAMP, nullable=False),  # processing time of the batch that wrote the row
+    pa.field("partition", pa.int32(), nullable=False),  # Kafka partition of the query's topic
+    pa.field("host", pa.string(), nullable=False),
+    pa.field("cause", pa.string(), nullable=False),  # one of INCOMPLETE_CAUSES
+    pa.field("first_pane_start", TIMESTAMP, nullable=False),  # the window's short panes: [first start, last end)
+    pa.field("last_pane_end", TIMESTAMP, nullable=False),
+    pa.field("records", pa.int64(), nullable=False),
+    pa.field("after_close", pa.bool_(), nullable=False),  # learned after the window's rows were written
+], metadata={b"lowwater.kind": b"incomplete"})  # fmt: skip
 
 
 class ResultsLayoutError(ValueError):
@@ -236,6 +261,33 @@ def alert_files(root: str | Path) -> list[Path]:
         return []
     return sorted(f for d in folder.iterdir() if d.is_dir() and QUERY_DIR.match(d.name)
                   for f in d.iterdir() if parse_part_name(f.name) is not None)  # fmt: skip
+
+
+def incomplete_dir(root: str | Path, query: str) -> Path:
+    return Path(root) / INCOMPLETE_DIR / f"query={query}"
+
+
+def incomplete_part_path(root: str | Path, query: str, day: date, batch_id: int) -> Path:
+    """Per query and day of window_start, like the result files (retention deletes whole days)."""
+    return incomplete_dir(root, query) / f"date={day.isoformat()}" / part_name(batch_id)
+
+
+def incomplete_date_dirs(root: str | Path, query: str) -> list[tuple[date, Path]]:
+    """(day, directory) of a query's flagged-window days, oldest first."""
+    base = incomplete_dir(root, query)
+    try:
+        entries = list(base.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted((d, e) for e in entries if e.is_dir() and (d := parse_date_dir(e.name)) is not None)
+
+
+def check_incomplete_schema(found: pa.Schema, where: str = "") -> None:
+    """Raise :class:`ResultsLayoutError` unless a flagged-window file's columns are :data:`INCOMPLETE_SCHEMA`'s."""
+    got = [(f.name, f.type) for f in found]
+    exp = [(f.name, f.type) for f in INCOMPLETE_SCHEMA]
+    if got != exp:
+        raise ResultsLayoutError(f"{where or 'flagged-window file'} does not follow the layout: {got} != {exp}")
 
 
 def delivered_path(root: str | Path) -> Path:

@@ -54,6 +54,9 @@ class JobMetrics:
 
         self.having_dropped = Counter("lowwater_job_having_dropped", "Final rows not stored: HAVING was false",
                                       ["query"], registry=r)  # fmt: skip
+        self.flagged_windows = Counter("lowwater_job_flagged_windows", "Short windows flagged (rows or not), per "
+                                       "window, host and cause: shed by a backlog, or a sequence gap",
+                                       ["query", "cause"], registry=r)  # fmt: skip
         self.alerts_fired = Counter("lowwater_job_alerts_fired", "Alerts fired (one per rule, window, group at close)",
                                     ["query", "alert"], registry=r)  # fmt: skip
         self.alerts_delivered = Counter("lowwater_job_alerts_delivered", "Alerts the webhook accepted",

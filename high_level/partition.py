@@ -8,6 +8,7 @@ log, so a replayed micro-batch produces byte-identical output (exactly-once with
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ GENERIC_SCHEMA = pa.schema([
 ])  # fmt: skip
 COMPLETENESS = ("hosts_in_mark", "late_partials", "missing_records")  # per-row columns of _Part.comp
 NO_MARK = -(2**62)  # the "previous mark" of a host's first punctuation: any pane may have lost records
+INCOMPLETE_KIND = "incomplete"  # output rows flagging short windows (contract.results.INCOMPLETE_SCHEMA), as JSON
 
 
 # What the stateful step hands to the JVM: the generic rows *packed*. Each 'final'/'correction' row of
@@ -202,6 +204,8 @@ def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout],
         if kind == "status":
             statuses.append(meta["status"][i])
             continue
+        if kind == INCOMPLETE_KIND:  # read by unpack_incomplete
+            continue
         if kind not in kinds:
             raise ValueError(f"packed row {i}: unknown kind {kind!r}")
         lay = layouts.get(meta["query"][i])
@@ -220,6 +224,22 @@ def unpack_windows(packed: pa.Table, layouts: Mapping[str, Layout],
     return out, statuses
 
 
+def unpack_incomplete(packed: pa.Table | pd.DataFrame) -> dict[str, list[tuple[int, list[Any]]]]:
+    """Per query, (partition, flagged window) of the rows of kind :data:`INCOMPLETE_KIND` (packed or
+    generic rows: both carry the JSON in ``status``), in row order; see ``_QueryState.incomplete_windows``."""
+    if isinstance(packed, pd.DataFrame):
+        sel = packed[packed["kind"] == INCOMPLETE_KIND]
+        pairs = zip(sel["query"].tolist(), sel["status"].tolist(), strict=True)
+    else:
+        t = packed.filter(pc.fill_null(pc.equal(packed["kind"], INCOMPLETE_KIND), False))
+        pairs = zip(t["query"].to_pylist(), t["status"].to_pylist(), strict=True)
+    out: dict[str, list[tuple[int, list[Any]]]] = {}
+    for name, text in pairs:
+        doc = json.loads(text)
+        out.setdefault(name, []).extend((int(doc["partition"]), w) for w in doc["windows"])
+    return out
+
+
 def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) -> pa.Table:
     """Packed rows -> generic rows (:data:`GENERIC_SCHEMA`) in the same order; per packed row, not per
     window. ``layouts`` (by query name) give the window bounds and check the widths."""
@@ -234,7 +254,7 @@ def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) 
     windows, starts, ends, keys, states, kws, nas, comps = [], [], [], [], [], [], [], []
     for i in range(m):
         n, kw, na, kind = int(meta["rows"][i]), int(meta["kw"][i]), int(meta["na"][i]), meta["kind"][i]
-        if kind == "status":
+        if kind in ("status", INCOMPLETE_KIND):
             windows.append(np.array([-1], I64))
             starts.append(np.zeros(1, I64))
             ends.append(np.zeros(1, I64))
@@ -256,7 +276,8 @@ def unpack_rows(packed: pa.Table | pd.DataFrame, layouts: Mapping[str, Layout]) 
         kws.append(kw)
         nas.append(na)
     take = pa.array(np.repeat(np.arange(m, dtype=I64), seg))
-    status_rows = np.asarray(pc.equal(packed["kind"], "status").to_numpy(zero_copy_only=False), bool)
+    status_rows = np.asarray(pc.is_in(packed["kind"], pa.array(["status", INCOMPLETE_KIND])).to_numpy(
+        zero_copy_only=False), bool)  # fmt: skip
     per_row_kw = np.repeat(np.where(status_rows, 0, np.array(kws, I64)), seg)
     per_row_na = np.repeat(np.where(status_rows, 0, np.array(nas, I64)), seg)
 
@@ -307,10 +328,11 @@ class _QueryState:
         self.hosts: dict[str, dict[str, Any]] = {}
         self.windows_closed = 0
         self.records = 0
-        # [first pane, last pane, records]: sequence gaps seen at a punctuation, kept until every window
+        # [first pane, last pane, records, host, cause]: sequence gaps seen at a punctuation and pane
+        # ranges a host shed (cause in contract.results.INCOMPLETE_CAUSES), kept until every window
         # they overlap has closed (the records a host sends between two punctuations with marks P
         # and M belong to panes >= P; the gap is attributed to the windows overlapping [P, M])
-        self.gaps: list[list[int]] = []
+        self.gaps: list[list[Any]] = []
 
     def completeness(self, window: np.ndarray, late: np.ndarray | None = None) -> tuple[int, np.ndarray]:
         """(hosts the partition knows, int64[n, 3] COMPLETENESS) of window rows, decided now.
@@ -329,11 +351,48 @@ class _QueryState:
         if late is not None:
             comp[:, 1] = late
         if self.gaps:
-            g = np.array(self.gaps, I64)
+            g = np.array([x[:3] for x in self.gaps], I64)
             first = w - self.layout.k + 1
             hit = (g[None, :, 0] <= w[:, None]) & (g[None, :, 1] >= first[:, None])
             comp[:, 2] = hit.astype(I64) @ g[:, 2]
         return len(known), comp
+
+    def incomplete_windows(self, before: int | None, new_from: int, now_ms: int) -> list[list[Any]]:
+        """The short windows to flag in this batch (contract.results.INCOMPLETE_SCHEMA), one per (window,
+        gap): every window closed by this batch that a known gap overlaps, and every earlier-closed
+        window that a gap learned in this batch (``self.gaps[new_from:]``) overlaps (``after_close``).
+
+        Why: a window whose every record was shed or lost has no row to carry ``missing_records``. A
+        gap of unknown start (``NO_MARK``) flags only the rows. Each list is ``[window_start_ns,
+        window_end_ns, first_pane_start_ns, last_pane_end_ns, records, host, cause, after_close,
+        now_ms]``, in (window, gap) order: deterministic, so a replayed batch flags the same.
+        """
+        after, lay = self.rollup.closed, self.layout
+        if after is None or not self.gaps:
+            return []
+        out = []
+        for i, (lo, hi, n, host, cause) in enumerate(self.gaps):
+            if lo <= NO_MARK:
+                continue
+            first = lo if i >= new_from or before is None else max(lo, before)
+            last = min(hi + lay.k - 1, after - 1)  # windows [lo, hi + k - 1] hold a pane of [lo, hi]
+            if last < first:
+                continue
+            w = np.arange(first, last + 1, dtype=I64)
+            w = w[(w - lay.k + 1) % lay.s == 0]
+            ends = lay.window_end_ns(w)
+            p_lo = np.maximum(w - lay.k + 1, lo)  # the window's own panes within the range
+            p_hi = np.minimum(w, hi)
+            for j in range(len(w)):
+                out.append([int(ends[j] - lay.range_ns), int(ends[j]), lay.origin_ns + int(p_lo[j]) * lay.pane_ns,
+                            lay.origin_ns + (int(p_hi[j]) + 1) * lay.pane_ns, int(n), host, cause,
+                            before is not None and int(w[j]) < before, now_ms])  # fmt: skip
+        out.sort(key=lambda r: (r[0], r[2], r[5], r[6]))
+        return out
+
+    def shed_through(self) -> int | None:
+        """The newest pane a host reported shed (an end-of-stream close must reach its windows too)."""
+        return max((int(g[1]) for g in self.gaps if g[4] == "shed"), default=None)
 
     def purge_gaps(self) -> None:
         """Forget gaps that no window still to close overlaps (state stays bounded)."""
@@ -420,7 +479,8 @@ class PartitionProcessor:
             qs.hosts = qm["hosts"]
             qs.windows_closed = qm.get("windows_closed", 0)
             qs.records = qm.get("records", 0)
-            qs.gaps = [list(map(int, g)) for g in qm.get("gaps", [])]
+            qs.gaps = [[int(g[0]), int(g[1]), int(g[2]), *(g[3:5] if len(g) >= 5 else ("", "gap"))]
+                       for g in qm.get("gaps", [])]  # fmt: skip
         return p
 
     # -- processing -----------------------------------------------------------------------------
@@ -430,6 +490,7 @@ class PartitionProcessor:
             qs.meld.advance(now_ms)
         pending: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in self.queries}
         batch = {n: {"messages": 0, "records": 0, "punctuations": 0} for n in self.queries}
+        known_gaps = {n: len(qs.gaps) for n, qs in self.queries.items()}  # what is learned later is new
         for value in values:
             try:
                 b = wire.decode(value)
@@ -463,7 +524,7 @@ class PartitionProcessor:
                 shed_now = sum(int(r[2]) for r in b.shed)  # in seq too; attributed to their panes below
                 if missing > inc[2] + shed_now:  # records sent since the previous punctuation never came
                     since = prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
-                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now])
+                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now, b.host, "gap"])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
                     # the agent restarted: what its old incarnation held unflushed (panes from its last
@@ -473,13 +534,13 @@ class PartitionProcessor:
                     h["last_restart"] = {"old_incarnation": prev.incarnation, "new_incarnation": b.incarnation,
                                          "incomplete_from_pane": prev.mark_pane, "new_mark_pane": int(b.mark_pane)}
                 for lo, hi, n in b.shed:  # whole panes the host shed from its uplink backlog: windows short
-                    qs.gaps.append([int(lo), int(hi), int(n)])
+                    qs.gaps.append([int(lo), int(hi), int(n), b.host, "shed"])
                     qs.host(b.host)["shed"] = qs.host(b.host).get("shed", 0) + int(n)
                 qs.meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, now_ms)
                 bq["punctuations"] += 1
         parts = []
         for name, qs in self.queries.items():
-            parts.extend(self._finish(qs, pending[name], batch[name], now_ms))
+            parts.extend(self._finish(qs, pending[name], batch[name], now_ms, known_gaps[name]))
         return parts
 
     def process(self, values: Iterable[bytes], now_ms: int) -> pd.DataFrame:
@@ -500,7 +561,8 @@ class PartitionProcessor:
         """:meth:`process` in the packed form (:data:`PACKED_COLUMNS`): what the Spark step emits."""
         return pack_parts(self._process(values, now_ms))
 
-    def _finish(self, qs: _QueryState, pending: list, batch: dict[str, int], now_ms: int) -> list[_Part]:
+    def _finish(self, qs: _QueryState, pending: list, batch: dict[str, int], now_ms: int,
+                known_gaps: int = 0) -> list[_Part]:  # fmt: skip
         lay = qs.layout
         late_batch: dict[str, int] = {}
         parts = []
@@ -526,7 +588,7 @@ class PartitionProcessor:
             qs.records += len(pane)
         lwm = qs.meld.low_water_mark()
         before = qs.rollup.closed
-        closed = qs.rollup.close(lwm)
+        closed = qs.rollup.close(lwm, qs.shed_through())
         n_live = len(qs.meld.live_hosts())
         if len(closed):
             qs.windows_closed += len(closed)
@@ -540,6 +602,10 @@ class PartitionProcessor:
                                    comp=comp))  # fmt: skip
         if self.settings.live and pending:
             parts.extend(self._provisional(qs, pending, now_ms, n_live))
+        flagged = qs.incomplete_windows(before, known_gaps, now_ms)
+        if flagged:
+            text = json.dumps({"partition": self.partition, "windows": flagged}, separators=(",", ":"))
+            parts.append(_Part(lay, self.partition, INCOMPLETE_KIND, now_ms, n_live, None, text))
         qs.purge_gaps()
         status = self.status(qs, now_ms, batch, late_batch, len(closed))
         parts.append(_Part(lay, self.partition, "status", now_ms, n_live, None, status.model_dump_json()))

@@ -310,16 +310,19 @@ class QueryRollup:
                 self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
                                                               lay.top_capacity, lay.ops)  # fmt: skip
 
-    def close(self, lwm: int | None) -> Windows:
+    def close(self, lwm: int | None, through_pane: int | None = None) -> Windows:
         """Emit every window ``w < lwm`` not emitted before, then purge panes no open window needs.
 
         An end-of-stream mark (every live host finished a finite capture) closes every window that
-        holds data and moves the frontier no further than that: a later run of the same hosts (a
-        generator after a pcap replay, say) sends data for later windows, which must not be late.
+        holds data, or holds ``through_pane`` (the newest pane a host shed: its windows must close to
+        be flagged, rows or not), and moves the frontier no further than that: a later run of the same
+        hosts (a generator after a pcap replay, say) sends data for later windows, which must not be late.
         """
         lay = self.layout
         if lwm is not None and lwm >= wire.END_OF_STREAM:
-            lwm = int(self.pane.max()) + lay.k if len(self.pane) else None
+            tops = [int(self.pane.max())] if len(self.pane) else []
+            tops += [through_pane] if through_pane is not None else []
+            lwm = max(tops) + lay.k if tops else None
         if lwm is None or (self.closed is not None and lwm <= self.closed):
             return Windows.empty(lay.kw, lay.na)
         if len(self.pane) == 0:

@@ -31,7 +31,7 @@ from contract import status as S
 from high_level.alerts import AlertDelivery
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
-from high_level.partition import unpack_windows
+from high_level.partition import unpack_incomplete, unpack_windows
 from high_level.rollup import Layout
 from high_level.store import ResultStore, generic_table
 
@@ -78,8 +78,11 @@ class ResultSink:
             prov_packed, packed = split_provisional(packed)
             prov, _ = unpack_windows(prov_packed, self.layouts, LIVE_KINDS)
         wins, texts = unpack_windows(packed, self.layouts)
+        flagged = unpack_incomplete(packed)
         with self._lock:
             written: dict[str, int] = {}
+            if flagged:  # windows known short, rows or not (contract.results: flagged windows)
+                self.store.write_incomplete(batch_id, flagged)
             for name in sorted(wins):
                 w, lay = wins[name], self.layouts[name]
                 end_ns = lay.window_end_ns(w.window)
@@ -141,6 +144,9 @@ class ResultSink:
         dropped, self.store.having_dropped = self.store.having_dropped, {}
         for qn, n in sorted(dropped.items()):
             self.metrics.having_dropped.labels(qn).inc(n)
+        flagged, self.store.flagged = self.store.flagged, {}
+        for (qn, cause), n in sorted(flagged.items()):
+            self.metrics.flagged_windows.labels(qn, cause).inc(n)
         alerts = self.store.write_alerts(batch_id)
         if alerts.num_rows:
             counts = alerts.group_by(["query", "alert"]).aggregate([([], "count_all")]).to_pydict()

@@ -5,6 +5,7 @@ hive_partitioning=true)``)::
 
     <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
     <root>/_status.json
+    <root>/_incomplete/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet   flagged short windows
 
 File names depend only on the micro-batch id and the batch's rows, and each file is written to a
 temporary name and renamed into place, so a micro-batch that Spark replays after a crash overwrites
@@ -33,7 +34,7 @@ from contract import query as Q
 from contract import results as R
 from contract import status as S
 from high_level import holistic
-from high_level.partition import COMPLETENESS, GENERIC_SCHEMA
+from high_level.partition import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
 
 TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -238,10 +239,12 @@ class ResultStore:
         self.alert_rules = {q.name: [(a, Q.condition(q, a.when)) for a in q.alerts]
                             for q in self.queries.values() if q.alerts}  # fmt: skip
         self.having_dropped: dict[str, int] = {}  # final rows HAVING did not store, per query
+        self.flagged: dict[tuple[str, str], int] = {}  # flagged-window rows written, per (query, cause)
         self.fired: list[pa.Table] = []
 
     def write_batch(self, batch_id: int, rows: pd.DataFrame | pa.Table) -> dict[str, int]:
-        """Write the 'final'/'correction' rows of a batch; returns rows written per query.
+        """Write the 'final'/'correction' rows of a batch, and its flagged windows (:meth:`write_incomplete`);
+        returns rows written per query.
 
         Files are ``query=<q>/date=<day of window_start, UTC>/part-<batch_id>.parquet``; a replayed
         batch rewrites the same files with the same content.
@@ -250,10 +253,12 @@ class ResultStore:
         if rows is None or len(rows) == 0:
             return written
         tbl = generic_table(rows)
+        self.write_incomplete(batch_id, unpack_incomplete(tbl))
         # Work on row indices and numpy columns: filtering/sorting the table itself would move the
         # list columns and strings around once per step.
         kind = tbl["kind"].combine_chunks().cast(pa.string())
-        is_data = np.asarray(pc.not_equal(kind, "status").to_numpy(zero_copy_only=False), bool)
+        not_data = pc.is_in(kind, pa.array(["status", INCOMPLETE_KIND]))
+        is_data = ~np.asarray(not_data.to_numpy(zero_copy_only=False), bool)
         query = tbl["query"].combine_chunks().cast(pa.string())
         window = _ints(tbl["window"])
         # (window, kind) order with kind as text ('correction' < 'final'), stable like Table.sort_by
@@ -389,6 +394,40 @@ class ResultStore:
             os.replace(tmp, path)
         return tbl
 
+    def write_incomplete(self, batch_id: int, flagged: dict[str, list[tuple[int, list]]]) -> int:
+        """Write the batch's flagged windows (:data:`contract.results.INCOMPLETE_SCHEMA`), a file per query
+        and day of window_start, replaced on replay; returns the rows written. ``flagged``: per query,
+        (partition, window) as :func:`high_level.partition.unpack_incomplete` gives them."""
+        total = 0
+        for name in sorted(flagged):
+            if name not in self.queries or not flagged[name]:
+                continue
+            rows = sorted(flagged[name], key=lambda pw: (pw[1][0], pw[0], pw[1][2], pw[1][5], pw[1][6]))
+            cols = list(zip(*[w for _, w in rows], strict=True))
+            us = [np.asarray(cols[c], np.int64) // 1000 for c in (0, 1, 2, 3)]
+            tbl = pa.table({
+                "window_start": pa.array(us[0], TS), "window_end": pa.array(us[1], TS),
+                "flagged_at": pa.array(np.asarray(cols[8], np.int64) * 1000, TS),
+                "partition": pa.array([p for p, _ in rows], pa.int32()), "host": pa.array(cols[5], pa.string()),
+                "cause": pa.array(cols[6], pa.string()), "first_pane_start": pa.array(us[2], TS),
+                "last_pane_end": pa.array(us[3], TS), "records": pa.array(cols[4], pa.int64()),
+                "after_close": pa.array(cols[7], pa.bool_()),
+            }, schema=R.INCOMPLETE_SCHEMA)  # fmt: skip
+            day = us[0] // (NS_PER_DAY // 1000)
+            for d in np.unique(day).tolist():
+                path = R.incomplete_part_path(self.root, name, datetime.fromtimestamp(d * 86400, tz=UTC).date(),
+                                              batch_id)  # fmt: skip
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                pq.write_table(tbl.filter(pa.array(day == d)), tmp, compression="zstd")
+                os.replace(tmp, path)
+            total += tbl.num_rows
+            for cause in R.INCOMPLETE_CAUSES:
+                n = sum(1 for w in cols[6] if w == cause)
+                if n:
+                    self.flagged[(name, cause)] = self.flagged.get((name, cause), 0) + n
+        return total
+
     def expire(self, today: date, days: int) -> list[Path]:
         """Delete the result files of windows that started more than ``days`` days before ``today`` (UTC),
         a whole ``date=`` directory at a time; returns the directories removed.
@@ -398,7 +437,7 @@ class ResultStore:
         cutoff = today - timedelta(days=days)
         gone = []
         for name in sorted(self.queries):
-            for day, d in R.date_dirs(self.root, name):
+            for day, d in [*R.date_dirs(self.root, name), *R.incomplete_date_dirs(self.root, name)]:
                 if day < cutoff:
                     shutil.rmtree(d, ignore_errors=True)
                     gone.append(d)

@@ -217,6 +217,21 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     return Store(root, config, rows, first, first + timedelta(minutes=N_WINDOWS - 1))
 
 
+def write_flagged(root: Path, query: str, window_start: datetime, range_s: int, host: str, records: int,
+                  batch: int = 10**6) -> None:  # fmt: skip
+    """A flagged-window file (contract.results.INCOMPLETE_SCHEMA): ``host`` shed every pane of one window."""
+    from contract import results as R
+
+    us = int(window_start.timestamp()) * 1_000_000
+    end = us + range_s * 1_000_000
+    t = pa.table({"window_start": [us], "window_end": [end], "flagged_at": [end + 5_000_000], "partition": [0],
+                  "host": [host], "cause": ["shed"], "first_pane_start": [us], "last_pane_end": [end],
+                  "records": [records], "after_close": [False]}).cast(R.INCOMPLETE_SCHEMA)  # fmt: skip
+    path = R.incomplete_part_path(root, query, window_start.date(), batch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, path)
+
+
 def write_status(root: Path, now: datetime) -> dict:
     """A ``_status.json`` of the status contract, summarised by the job's own functions: two capture
     hosts on q4_pairs' two partitions, cap-b dead and 90 s behind on partition 0."""

@@ -261,6 +261,18 @@ def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
     assert api[0] == "lowwater-api"
     used = {c for c in api if c.startswith("--")}
     assert used <= cli_flags("high_level.serve.api"), used
+    # the live reader authenticates with the central .env's Kafka security block, as the job does
+    from high_level.serve.api import settings_of
+
+    env = services(CENTRAL)["api"]["environment"]
+    assert env["LOWWATER_API_KAFKA_SECURITY"] == services(CENTRAL)["job"]["environment"]["LOWWATER_JOB_KAFKA_SECURITY"]
+    block = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": "job", "password": "pw",
+             "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+    for value, protocol in (("", "PLAINTEXT"), (json.dumps(block), "SASL_SSL")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LOWWATER_API_KAFKA_SECURITY", value)
+            s = settings_of(api[1:])
+        assert s.live_bootstrap == "kafka:9092" and s.kafka_security.protocol == protocol
 
 
 def cli_flags_of_script(path: Path) -> set[str]:

@@ -536,8 +536,12 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
         late = wire.encode_partials("ports9x3", "h0", 1, p, 10**6, np.array([T0 // lays[1].pane_ns]),
                                     np.array([[80]]), np.array([[1, 64]]))  # fmt: skip
         outs.append(proc.process_packed([late], 3000))
+        # panes a host shed, reported after their windows closed: flagged-window rows
+        pane = T0 // lays[0].pane_ns
+        shed = wire.Punctuation("pairs", "h0", 1, p, 10**6, pane + 10**6, 0, 0, {}, ((pane, pane + 2, 5),))
+        outs.append(proc.process_packed([wire.encode_punctuation(shed)], 4000))
     packed = pa.Table.from_pandas(pd.concat(outs, ignore_index=True), preserve_index=False)
-    assert set(packed["kind"].to_pylist()) == {"final", "correction", "status"}
+    assert set(packed["kind"].to_pylist()) == {"final", "correction", "status", "incomplete"}
 
     def job(root):
         return HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(root), checkpoint=str(tmp_path / "ck")))
@@ -549,6 +553,9 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
     assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.parquet"))
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    flagged = pd.read_parquet(tmp_path / "b" / "_incomplete")  # one file: query pairs, one day, batch 3
+    assert sum(str(f).startswith("_incomplete") for f in files) == 1
+    assert sorted(set(flagged["partition"])) == [0, 1] and flagged["after_close"].all() and set(flagged["host"]) == {"h0"}
     assert S.read(a.store.status_path).queries == S.read(b.store.status_path).queries
 
     def samples(j):
@@ -556,6 +563,8 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
 
     assert samples(a) == samples(b)
     assert b"lowwater_job_corrections_total" in generate_latest(b.metrics.registry)
+    assert f'lowwater_job_flagged_windows_total{{cause="shed",query="pairs"}} {len(flagged)}.0'.encode() in \
+        generate_latest(b.metrics.registry)
 
     class Recording(HighLevelJob):
         seen: list = []

@@ -542,3 +542,43 @@ def test_refused_agents_keep_capturing_and_deliver_nothing(
         sasl_broker.bootstrap_servers, refused_agents["topic"], sasl_broker.client_security()
     )
     assert records == {}, "nothing from the refused agents reaches the topic"
+
+
+def test_api_live_reader_over_sasl_ssl(tls_broker: KafkaBroker, tmp_path: Path) -> None:
+    """The API's reader of the live topics (``--live-bootstrap``) takes the same security block as every role:
+    with it the live values arrive over SASL_SSL; with a wrong password none do, and /live says why."""
+    from fastapi.testclient import TestClient
+
+    from contract import live as L
+    from high_level.serve.api import create_app
+
+    cfg = _query_yaml(tmp_path / "q.yaml", f"lowwater-tls-live-{uuid.uuid4().hex[:6]}", 1)
+    admin = KafkaAdminClient(bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB))
+    try:
+        from kafka.admin import NewTopic
+
+        admin.create_topics([NewTopic(L.live_topic("pairs"), 1, 1, topic_configs=L.TOPIC_CONFIG)])
+    finally:
+        admin.close()
+    u = L.LiveUpdate(query="pairs", window_start_us=T0 // 1000, window_end_us=T0 // 1000 + 2_000_000,
+                     group={"src_ip": "10.0.0.1", "dst_ip": "10.0.0.2"}, values={"packets": 42}, final=True,
+                     version=3, published_ms=1, hosts_in_mark=1, hosts_expected=1, complete=True)  # fmt: skip
+    producer = KafkaProducer(bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB))
+    producer.send(L.live_topic("pairs"), value=L.encode(u)[1], key=L.encode(u)[0]).get(30)
+    producer.close()
+
+    def values(security: KafkaSecurity, wait_s: float) -> tuple[list, dict]:
+        app = create_app(cfg, tmp_path / "results", live_bootstrap=tls_broker.bootstrap_servers, live_security=security)
+        with TestClient(app) as api:
+            deadline = time.monotonic() + wait_s
+            while True:
+                got = api.get("/live/pairs/values").json()["values"]
+                if got or time.monotonic() > deadline:
+                    return got, api.get("/live").json()
+                time.sleep(0.3)
+
+    got, live = values(tls_broker.security(JOB), 60)
+    assert [(v["values"], v["final"], v["version"]) for v in got] == [({"packets": 42}, True, 3)], live
+    assert live["enabled"] and live["received"] == 1 and live["source_error"] == ""
+    got, live = values(tls_broker.security(JOB, password="not-" + tls_broker.sasl_users[JOB]), 25)
+    assert got == [] and live["received"] == 0 and live["source_error"], live  # refused, and said so

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_api_support import Store, make_store
+from tests.test_api_support import Store, make_store, write_flagged
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACT = REPO / "benchmarks" / "results" / "results_page.png"
@@ -78,7 +79,10 @@ def _chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return make_store(tmp_path_factory.mktemp("page") / "results")
+    s = make_store(tmp_path_factory.mktemp("page") / "results")
+    # a q4_pairs window whose every record a capture host shed: no rows, flagged all the same
+    write_flagged(s.root, "q4_pairs", s.first - timedelta(minutes=1), 60, "cap-b", 1234)
+    return s
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +108,10 @@ def test_page_renders_queries_top_rows_chart_and_hosts(server: str, tmp_path: Pa
     # q4_pairs' two incomplete windows are hatched points saying why (a dead host, late partials)
     assert dom.count('class="dot incomplete"') == 2
     assert "incomplete: 1 of 2 capture hosts had not passed the window" in dom and "3 late partial records" in dom
+    # ... and the window whose every record was shed is a hatched mark on the axis, saying so
+    assert dom.count('class="dot incomplete empty"') == 1
+    assert "no rows: every record of this window was shed or lost; 1,234 records shed" in dom
+    assert "1 flagged short (shed or lost records), 1 with no rows" in dom
     assert "cap-a" in dom and "cap-b" in dom and "dot-dead" in dom and "dot-live" in dom
     assert 'id="error" style="display: none;"' in dom or "Could not refresh" not in dom
 

@@ -98,3 +98,25 @@ def test_broker_security_block_round_trips_through_a_child_process_flag() -> Non
     k = KafkaSecurity(**SASL)
     assert KafkaSecurity.model_validate_json(json.dumps(k.revealed())) == k
     assert KafkaSecurity().kafka_python() == {} and KafkaSecurity().spark_options() == {}
+
+
+def test_the_api_live_reader_takes_the_shared_security_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lowwater-api``: the reader of the live topics (``--live-bootstrap``) authenticates with the same block
+    as every role (flag, LOWWATER_API_KAFKA_SECURITY, settings file); a bad block is refused at start."""
+    from high_level.serve.api import create_app, settings_of
+
+    monkeypatch.setenv("LOWWATER_API_KAFKA_SECURITY", json.dumps(SASL))
+    s = settings_of(["--results", str(tmp_path), "--live-bootstrap", "kafka:9093", "--config", "configs/default.yaml"])
+    assert s.kafka_security == KafkaSecurity(**SASL) and s.live_bootstrap == "kafka:9093"
+    app = create_app(s.config, s.results, live_bootstrap=s.live_bootstrap, live_security=s.kafka_security)
+    assert app.state.live_source.config == {  # the consumer's settings: the job's own block, spelled for kafka-python
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "job-1",
+        "sasl_plain_password": "s3cret pw", "ssl_cafile": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+    monkeypatch.delenv("LOWWATER_API_KAFKA_SECURITY")
+    flag = settings_of(["--results", "/r", "--kafka-security", '{"protocol": "SSL", "ca_file": "/ca.pem"}'])
+    assert flag.kafka_security.kafka_python() == {"security_protocol": "SSL", "ssl_cafile": "/ca.pem"}
+    assert create_app("configs/default.yaml", tmp_path, live_bootstrap="k:9092").state.live_source.config == {}
+    with pytest.raises(SystemExit, match="--kafka-security is not JSON"):
+        settings_of(["--results", "/r", "--kafka-security", "{protocol: SSL"])
+    with pytest.raises(SystemExit, match="kafka_security.*needs sasl_mechanism.*LOWWATER_API_KAFKA_SECURITY"):
+        settings_of(["--results", "/r", "--kafka-security", '{"protocol": "SASL_SSL"}'])

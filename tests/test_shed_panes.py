@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contract import query as Q
+from contract import results as R
 from contract import wire
 from high_level.partition import PartitionProcessor, Settings
 from high_level.rollup import Layout
@@ -182,26 +183,141 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
            zip(fin["window"], fin["key"], fin["state"], fin["missing_records"], strict=True)}  # fmt: skip
     short = {k for k, v in exp_map.items() if got.get(k, (0, 0))[0] != v}
     assert short, "the outage was meant to shed records"
-    flagged_windows = {k[0] for k, (_, x) in got.items() if x > 0}
-    # never silently short: every (window, group) that lacks records is in a flagged window, or (a window
-    # whose every record was shed has no row to flag) in a pane the host reported shed (/status counts it)
-    assert {k[0] for k in short} <= flagged_windows | shed_panes
-    assert flagged_windows, "windows with rows left were meant to be flagged too"
+    flagged_rows = {k[0] for k, (_, x) in got.items() if x > 0}
+    all_shed = {k[0] for k in exp_map} - {k[0] for k in got}  # windows with traffic and not one row left
+    assert all_shed, "the outage was meant to shed every record of some window"
+    assert flagged_rows, "windows with rows left were meant to be flagged too"
     # ... and a window with nothing shed is exact and complete
     for k, (n, x) in got.items():
-        if k[0] not in flagged_windows:
+        if k[0] not in flagged_rows:
             assert x == 0 and n == exp_map[k]
-    # the results store and the API say so: complete=false returns exactly the flagged windows
+    # the results store and the API say so: complete=false rows are exactly the flagged windows with rows, and
+    # every short window, with rows or none, is a flagged window in /incomplete and incomplete in /series
     root = tmp_path / "results"
     cfg = tmp_path / "q.yaml"
     cfg.write_text(_yaml(q))
     qq = Q.load(cfg).queries[0]
     ResultStore(root, [qq]).write_batch(0, df[df["kind"] != "status"].reset_index(drop=True))
     with TestClient(create_app(cfg, root)) as api:
-        span = {"start": str(T0 // NS - 60), "end": str(T0 // NS + 60), "limit": 10000}
-        bad = api.get(f"/queries/{q.name}/results", params={**span, "complete": "false"}).json()["rows"]
-        good = api.get(f"/queries/{q.name}/results", params={**span, "complete": "true"}).json()["rows"]
+        span = {"start": str(T0 // NS - 60), "end": str(T0 // NS + 60)}
+        bad = api.get(
+            f"/queries/{q.name}/results", params={**span, "complete": "false", "limit": 10000}
+        ).json()["rows"]
+        good = api.get(
+            f"/queries/{q.name}/results", params={**span, "complete": "true", "limit": 10000}
+        ).json()["rows"]
+        listed = api.get(f"/queries/{q.name}/incomplete", params=span).json()["windows"]
+        series = api.get(f"/queries/{q.name}/series", params=span).json()["rows"]
     starts = {r["window_start"] for r in bad}
     assert bad and good and all(r["missing_records"] > 0 and not r["complete"] for r in bad)
-    assert len(starts) == len(flagged_windows)
+    assert len(starts) == len(flagged_rows)
     assert not starts & {r["window_start"] for r in good}
+    pane_of = {**{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in listed},
+               **{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in series}}  # fmt: skip
+    flagged = {pane_of[w["window_start"]] for w in listed if w["incomplete"] and w["shed_records"] > 0}
+    assert {k[0] for k in short} <= flagged  # never silently short, rows or not
+    assert all_shed <= flagged and flagged <= shed_panes  # flagged: exactly windows of shed panes (tumbling)
+    assert all(set(w["hosts"]) == {"h-shed"} for w in listed)
+    empty = {pane_of[r["window_start"]]: r for r in series if r["groups"] == 0}
+    assert set(empty) == all_shed and all(r["flagged"] and not r["complete"] and r["shed_records"] > 0
+                                          for r in empty.values())  # fmt: skip
+
+
+def _q(window: str) -> tuple[Q.QuerySpec, str]:
+    text = f"""
+queries:
+  - name: pairs
+    group_by: [src_ip, dst_ip]
+    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: bytes}}, {{fn: max, field: length, as: mx}}]
+    window: {window}
+    kafka: {{topic: t-flag, partitions: 1}}
+"""
+    return Q.load_text(text).queries[0], text
+
+
+@pytest.mark.parametrize("window", ["{range: 1s}", "{range: 3s, slide: 1s}"])
+def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_restart(
+    tmp_path, window
+) -> None:
+    q, text = _q(window)
+    lay = Layout.of(q)
+    p0 = T0 // NS  # 1-s panes from the epoch: pane numbers are seconds
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=("h0", "h1"))
+
+    def partials(host: str, panes: list[int]) -> bytes:
+        return wire.encode_partials(q.name, host, 1, 0, 0, np.array(panes), np.array([[0, 1, 0, 2]] * len(panes)),
+                                    np.array([[1, 60, 60]] * len(panes)))  # fmt: skip
+
+    def punct(host: str, seq: int, mark: int, shed: tuple = ()) -> bytes:
+        return wire.encode_punctuation(wire.Punctuation(q.name, host, 1, 0, seq, mark, 0, 0, {}, shed))
+
+    # panes p0+1 and p0+2: h0 saw nothing there, h1's backlog shed all it had (10 records): no row at all
+    b1 = [partials("h0", [p0, p0 + 3]), partials("h1", [p0, p0 + 3]), punct("h0", 2, p0 + 2),
+          punct("h1", 12, p0 + 2, ((p0 + 1, p0 + 2, 10),))]  # fmt: skip
+    b2 = [punct("h0", 2, p0 + 6), punct("h1", 12, p0 + 6)]
+    # a shed range reported after its windows closed (the host's punctuation carrying it came late)
+    b3 = [punct("h0", 2, p0 + 7), punct("h1", 15, p0 + 7, ((p0 + 4, p0 + 4, 3),))]
+    root = tmp_path / "results"
+    store = ResultStore(root, [q])
+    proc = PartitionProcessor([lay], 0, settings)
+    outs = [proc.process(b1, 1_000)]
+    store.write_batch(1, outs[0])
+    saved = proc.to_bytes()
+    for replay in (False, True):  # a restart from the state after batch 1, then a replay of batches 2 and 3
+        proc = PartitionProcessor.from_bytes(saved, [lay], settings)
+        got = [proc.process(b2, 2_000), proc.process(b3, 3_000)]
+        for i, df in enumerate(got):
+            store.write_batch(2 + i, df)
+        if replay:
+            assert all(a.equals(b) for a, b in zip(got, outs[1:], strict=True))  # the same, byte for byte
+        outs += got
+    # the oracle: a window is short where one of its panes was shed; it is flagged once the frontier passes it
+    closed = p0 + 7
+    panes = {
+        w: set(range(w - lay.k + 1, w + 1)) for w in range(p0 - 5, closed) if (w - lay.k + 1) % lay.s == 0
+    }
+    ranges = ((p0 + 1, p0 + 2, 10), (p0 + 4, p0 + 4, 3))
+    want = {(w, "h1", "shed", n, w < p0 + 6 and lo == p0 + 4) for lo, hi, n in ranges
+            for w, ps in panes.items() if ps & set(range(lo, hi + 1))}  # fmt: skip
+    flagged = pd.read_parquet(R.incomplete_dir(root, q.name))
+    assert len(flagged) == len(want)  # exactly once, across the restart and the replay
+    ws = flagged["window_start"].astype("int64").to_numpy() * 1000 // lay.pane_ns  # us -> pane (window start)
+    got = {(int(s) + lay.k - 1, h, c, int(n), bool(a)) for s, h, c, n, a in
+           zip(ws, flagged["host"], flagged["cause"], flagged["records"], flagged["after_close"],
+               strict=True)}  # fmt: skip
+    assert got == want
+    rows = pd.concat(outs[:3])
+    with_rows = set(rows.loc[rows["kind"] == "final", "window"].astype(int))
+    empty = {w for w, *_ in want} - with_rows
+    assert empty and (lay.k > 1 or {p0 + 1, p0 + 2} <= empty)  # no row left, flagged all the same
+    # the API: /incomplete lists every flagged window, /series shows the empty ones, incomplete
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(text)
+    with TestClient(create_app(cfg, root)) as api:
+        span = {"start": str(p0 - 60), "end": str(p0 + 60)}
+        listed = api.get(f"/queries/{q.name}/incomplete", params=span).json()["windows"]
+        series = api.get(f"/queries/{q.name}/series", params=span).json()
+        bad = api.get(f"/queries/{q.name}/series", params={**span, "complete": "false"}).json()["rows"]
+        good = api.get(f"/queries/{q.name}/series", params={**span, "complete": "true"}).json()["rows"]
+        assert api.get(f"/queries/{q.name}/incomplete", params={"start": "x"}).status_code == 400
+        assert api.get("/queries/nope/incomplete").status_code == 404
+
+    def wid(iso: str) -> int:  # window start text -> window id (its last pane)
+        return pd.Timestamp(iso).value // lay.pane_ns + lay.k - 1
+
+    starts = {wid(w["window_start"]) for w in listed}
+    assert starts == {w for w, *_ in want} and all(w["incomplete"] and w["hosts"] == ["h1"] for w in listed)
+    for w in listed:
+        assert w["shed_records"] == sum(n for x, _, _, n, _ in want if x == wid(w["window_start"]))
+    srows = {wid(r["window_start"]): r for r in series["rows"]}
+    assert series["columns"][-2:] == ["shed_records", "flagged"]
+    for w in empty:
+        assert (
+            srows[w]["groups"] == 0
+            and srows[w]["n"] is None
+            and srows[w]["flagged"]
+            and not srows[w]["complete"]
+        )
+    assert {w for w, r in srows.items() if r["flagged"]} == starts
+    assert {wid(r["window_start"]) for r in bad} == starts
+    assert good and not starts & {wid(r["window_start"]) for r in good}  # nothing shed: complete

@@ -159,6 +159,18 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
             assert [h["host"] for h in status["hosts"]] == ["local-agent"]
             late = status["hosts"][0]["late_partials"]
             assert (late == 0) if run == 1 else (late > 0), f"run {run}: the replay's partials must all be late"
+            if run == 1:  # the live panel's feed (job --live -> live topic -> API): final at close, = the store
+                deadline = time.monotonic() + 60
+                while True:
+                    vals = stack.get("/live/pairs/values")["values"]
+                    if (vals and all(v["final"] for v in vals)) or time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
+                assert vals and all(v["final"] for v in vals), vals[:3]
+                for v in vals:
+                    g = v["group"]
+                    key = (v["window_start_us"] * 1000, F.ip_to_words(g["src_ip"])[1], F.ip_to_words(g["dst_ip"])[1])
+                    assert v["values"]["packets"] == want[key], v
         finally:
             rc = stack.interrupt()
         assert rc == 0, "".join(stack.console)[-3000:]

@@ -26,6 +26,7 @@ from high_level.live.queue import Skipped, Update, UpdateQueue
 log = logging.getLogger("lowwater.live")
 KEEP_WINDOWS = 3  # newest windows per query whose values a new consumer gets first
 MAX_SUBSCRIBERS = 64
+BOOTSTRAP_TIMEOUT_MS = 10_000  # the live reader gives up a bootstrap (and reports why on /live) after this
 
 
 @dataclass
@@ -187,8 +188,10 @@ class KafkaLiveSource:
                 if self.consumer is None:
                     from kafka import KafkaConsumer
 
+                    # a broker that refuses us (wrong credentials, untrusted CA) fails the bootstrap: say so soon
+                    opts = {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **self.config}
                     self.consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                                  group_id=None, client_id="lowwater-api-live", **self.config)  # fmt: skip
+                                                  group_id=None, client_id="lowwater-api-live", **opts)  # fmt: skip
                 if time.monotonic() - last_assign > 5 or len(self.assigned) < len(self.hub.queries):
                     if time.monotonic() - last_assign > 1:
                         self._assign()
@@ -201,7 +204,7 @@ class KafkaLiveSource:
                         self.hub.ingest_raw(r.key, r.value)
                 self.hub.source_error = ""
             except Exception as exc:  # noqa: BLE001 - Kafka down: say so in /live, retry
-                self.hub.source_error = f"{type(exc).__name__}: {exc}"
+                self.hub.source_error = f"{type(exc).__name__}: {exc} (check --live-bootstrap and --kafka-security)"
                 log.warning("live source: %s", exc)
                 self.stop_event.wait(2)
         if self.consumer is not None:

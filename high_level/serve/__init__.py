@@ -5,6 +5,6 @@ store), :mod:`fileindex` (which files a request reads: footer statistics per fil
 the :mod:`contract.results` layout rejected), :mod:`tablecache` (decoded files prepared for top-N, LRU),
 :mod:`sql` (the SQL text: filters, folding corrections, ranking), :mod:`columns` (a query's result
 columns), :mod:`timefmt` (epoch microseconds and ISO text), :mod:`params` (parsing and validating user
-parameters), :mod:`status` (``_status.json`` normalised), :mod:`metrics` (Prometheus metrics of the
-API itself), ``static/`` (the page, no build step).
+parameters), :mod:`status` (``_status.json`` normalised), :mod:`incomplete` (flagged short windows,
+rows or not), :mod:`metrics` (Prometheus metrics of the API itself), ``static/`` (the page, no build step).
 """

@@ -16,6 +16,12 @@ Endpoints (all GET; OpenAPI at /docs):
   complete).
 * ``/queries/{name}/series``: per-window totals over all groups (what the page charts), with the
   window's completeness; ``complete=true|false`` keeps the windows whose groups are all complete / not.
+  Flagged windows (below) are incomplete here, and one without rows gets a row with no groups and no
+  values (``flagged``, ``shed_records``).
+* ``/queries/{name}/incomplete``: the flagged windows in a time range: windows the job learned were
+  short (panes a capture host's backlog shed, records lost in a sequence gap), *rows or not*: a window
+  whose every record was shed has no row to say so. Per window ``incomplete: true``, the shed and
+  lost records, the hosts and every short pane range.
 * ``/status``: capture hosts (low-water mark, live, lag, late/missing counters), open windows per
   query and partition: the job's status document (:mod:`contract.status`), validated.
 * ``/alerts``: alerts fired on closed windows (newest first; ``query``, ``alert``, ``start`` = closed at or
@@ -45,6 +51,7 @@ import argparse
 import csv
 import hmac
 import io
+import json
 import logging
 import math
 import threading
@@ -63,6 +70,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
 from contract import results as R
+from contract.kafka_security import KafkaSecurity
 from contract.query import NS, ConfigError, QuerySpec, load
 from high_level.live.hub import MAX_SUBSCRIBERS, KafkaLiveSource, LiveHub
 from high_level.live.hub import stream as live_stream_body
@@ -70,9 +78,11 @@ from high_level.serve import params as P
 from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
+from high_level.serve.incomplete import SERIES_COLUMNS, IncompleteReader, merge_series
 from high_level.serve.metrics import ApiMetrics, LiveCollector, MetricsMiddleware
 from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
+from high_level.serve.settings import ApiSettings
 from high_level.serve.status import read_status
 from high_level.serve.timefmt import iso_of_us, us_of
 
@@ -86,6 +96,7 @@ log = logging.getLogger("lowwater.api")
 _RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format", "complete"}
 _LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format", "complete"}
 _SERIES_PARAMS = {"start", "end", "filter", "format", "complete"}
+_INCOMPLETE_PARAMS = {"start", "end"}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
 Start = Annotated[str | None, Query(
@@ -225,11 +236,13 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
 
 def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None,
                cache_mb: int = 512, live_bootstrap: str | None = None,
-               live_source: Callable[[LiveHub], Any] | None = None) -> FastAPI:  # fmt: skip
+               live_source: Callable[[LiveHub], Any] | None = None,
+               live_security: KafkaSecurity | None = None) -> FastAPI:  # fmt: skip
     """Build the API for one config and one results directory.
 
     ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
-    whose files exceed half of it read Parquet directly, slower).
+    whose files exceed half of it read Parquet directly, slower); ``live_security`` is how the reader of
+    the live topics at ``live_bootstrap`` authenticates (the role's Kafka security block).
     """
     cfg = load(config_path)
     infos = {q.name: QueryInfo.of(q) for q in cfg.stored_queries}  # aggregates and windowed joins
@@ -238,13 +251,16 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     results = Path(results_dir)
     reader = Reader(results, cache_mb=cache_mb)
     alert_reader = AlertReader(results)
+    flagged = IncompleteReader(results)  # windows known short, rows or not (contract.results)
     metrics = ApiMetrics()
     token = token or None
     warmed = threading.Event()
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
     metrics.registry.register(LiveCollector(hub))  # the update queues' staleness on /metrics
     # the reader of the live topics; tests may pass another source (anything with start/stop)
-    live_source = live_source(hub) if live_source else KafkaLiveSource(hub, live_bootstrap) if live_bootstrap else None
+    security = (live_security or KafkaSecurity()).kafka_python()
+    live_source = (live_source(hub) if live_source
+                   else KafkaLiveSource(hub, live_bootstrap, security) if live_bootstrap else None)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -281,6 +297,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                 swagger_favicon_url="/docs/assets/favicon-32x32.png",
             )  # fmt: skip
     app.state.reader = reader
+    app.state.live_source = live_source
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics, router_app=app)
 
@@ -339,7 +356,8 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def health() -> dict[str, Any]:
         return {"status": "ok", "queries": len(infos), "results_dir": str(results), "results_dir_exists": results.is_dir(),
                 "cache": {"warmed": warmed.is_set(), "bytes": reader.cache.nbytes},
-                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())}}  # fmt: skip
+                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())},
+                "rejected_flagged_window_files": len(flagged.rejected)}  # fmt: skip
 
     @open_.get("/", include_in_schema=False)
     @open_.get("/ui", include_in_schema=False)
@@ -413,10 +431,22 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         s, e = P.time_range(start, end, now())
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
-        rs = reader.series(qi, s, e, flt, only)
+        flags = flagged.per_window(name, us_of(s), us_of(e))
+        rs = reader.series(qi, s, e, flt, None if flags else only)  # flagged windows: filtered after merging
+        rows = merge_series(rs.columns, rs.rows, flags, qi.spec.window.range_ns // 1000, only if flags else None)
+        rs = ResultSet([*rs.columns, *SERIES_COLUMNS], rows, len(rows), rs.time_columns)
         body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
                 "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only}  # fmt: skip
         return respond(body, rs, fmt, f"{name}-series")
+
+    @guarded.get("/queries/{name}/incomplete", summary="Windows known short (shed or lost records), rows or not",
+                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    def incomplete(request: Request, name: str, start: Start = None, end: End = None) -> dict[str, Any]:
+        info(name)
+        _check_params(request, _INCOMPLETE_PARAMS)
+        s, e = P.time_range(start, end, now())
+        return {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
+                "windows": flagged.windows(name, us_of(s), us_of(e))}  # fmt: skip
 
     @guarded.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
     def status() -> dict[str, Any]:
@@ -472,12 +502,9 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``lowwater-api``: serve the API and the results page with uvicorn."""
-    import uvicorn
-
+def settings_of(argv: list[str] | None = None) -> ApiSettings:
+    """``lowwater-api``'s command line (and environment, settings file) -> its settings, or SystemExit saying why."""
     from contract.settings import SettingsError, load
-    from high_level.serve.settings import ApiSettings
 
     ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0] + " Every flag can also "
                                  "be set as LOWWATER_API_<FLAG> or in --settings FILE.")  # fmt: skip
@@ -492,12 +519,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", help="uvicorn log level (default info)")
     ap.add_argument("--live-bootstrap", help="Kafka to read the live topics from (lowwater.live.<query>); "
                     "without it /live/{query} serves nothing")
+    ap.add_argument("--kafka-security", metavar="JSON",
+                    help="the Kafka security block of the live reader (protocol, sasl_mechanism, username, password, "
+                         "ca_file, ...), as every role takes it; better: env LOWWATER_API_KAFKA_SECURITY; "
+                         "see deploy/SECURITY.md")  # fmt: skip
     a = ap.parse_args(argv)
+    flags = {k: v for k, v in vars(a).items() if k not in ("settings", "kafka_security")}
+    if a.kafka_security is not None:
+        try:
+            flags["kafka_security"] = json.loads(a.kafka_security)
+        except ValueError as exc:
+            raise SystemExit(f"lowwater-api: --kafka-security is not JSON: {exc}") from None
     try:
-        s = load(ApiSettings, {k: v for k, v in vars(a).items() if k != "settings"}, a.settings)
+        return load(ApiSettings, flags, a.settings)
+    except SettingsError as exc:
+        raise SystemExit(f"lowwater-api: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lowwater-api``: serve the API and the results page with uvicorn."""
+    import uvicorn
+
+    s = settings_of(argv)
+    try:
         token = s.token.get_secret_value() if s.token is not None else None
-        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap)
-    except (SettingsError, ConfigError) as exc:
+        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap,
+                         live_security=s.kafka_security)  # fmt: skip
+    except ConfigError as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
 

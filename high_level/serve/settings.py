@@ -1,7 +1,9 @@
 """The REST API's settings (``lowwater-api``): flags, ``LOWWATER_API_*`` environment, settings file.
 
 See :mod:`contract.settings` for the precedence. The bearer token is best given as
-``LOWWATER_API_TOKEN`` (compose sets it from a secret file): a flag is visible in ``ps``.
+``LOWWATER_API_TOKEN`` (compose sets it from a secret file): a flag is visible in ``ps``. The reader
+of the live topics authenticates with the Kafka security block every role shares
+(:class:`contract.kafka_security.KafkaSecurity`), best given as ``LOWWATER_API_KAFKA_SECURITY``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from contract.kafka_security import KafkaSecurity
 from contract.settings import RoleSettings
 
 
@@ -25,3 +28,4 @@ class ApiSettings(RoleSettings):
     cache_mb: int = Field(default=512, ge=0, description="memory for prepared result files")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     live_bootstrap: str | None = Field(default=None, description="Kafka of the live topics (contract/live.py)")
+    kafka_security: KafkaSecurity = KafkaSecurity()  # of the live reader (a consumer of the live topics)

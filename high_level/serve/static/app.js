@@ -96,7 +96,10 @@ function incompleteWhy(r) {
     why.push(`${r.hosts_expected - r.hosts_in_mark} of ${r.hosts_expected} capture hosts had not passed the window when it closed (dead or not heard)`);
   }
   if (r.late_partials > 0) why.push(`${fmtNum(r.late_partials)} late partial records counted`);
-  if (r.missing_records > 0) why.push(`${fmtNum(r.missing_records)} records missing (sequence gap)`);
+  const shed = r.shed_records || 0;  // /series: records a capture host's backlog shed (flagged windows)
+  if (r.flagged && r.groups === 0) why.push("no rows: every record of this window was shed or lost");
+  if (shed > 0) why.push(`${fmtNum(shed)} records shed by a capture host's backlog`);
+  if (r.missing_records > shed) why.push(`${fmtNum(r.missing_records - shed)} records missing (sequence gap${shed ? "" : " or shed"})`);
   if (r.incomplete_groups > 0) why.push(`${fmtNum(r.incomplete_groups)} groups incomplete`);
   return "incomplete: " + (why.join("; ") || "provisional");
 }
@@ -154,6 +157,13 @@ function drawChart(host, points, label) {
       r: p.why ? 4.2 : pts.length <= 30 ? 2.6 : 1.6 });
     const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}${p.why ? "\n" + p.why : ""}`;
     c.append(tt); s.append(c);
+  }
+  // a flagged window without rows (every record shed or lost) has no value: a hatched mark on the axis
+  for (const p of points) {
+    if (p.v !== null || !p.why) continue;
+    const r = svg("rect", { class: "dot incomplete empty", x: X(p.t) - 4, y: Y(Math.max(0, y0)) - 9, width: 8, height: 9 });
+    const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  no value\n${p.why}`;
+    r.append(tt); s.append(r);
   }
   // hover read-out
   const hover = svg("g", { class: "hover", visibility: "hidden" });
@@ -317,8 +327,10 @@ async function refreshQuery(q) {
   const agg = state.chartAgg[q.name] || q.aggregate_columns[0].name;
   const pts = series.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) }));
   drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per window`);
-  c.querySelector(".range").textContent = pts.length
-    ? `· ${pts.length} windows, ${fmtTime(pts[0].t)}–${fmtTime(pts[pts.length - 1].t)} UTC` : "";
+  const flagged = series.rows.filter((r) => r.flagged), empty = flagged.filter((r) => r.groups === 0);
+  c.querySelector(".range").textContent = (pts.length
+    ? `· ${pts.length} windows, ${fmtTime(pts[0].t)}–${fmtTime(pts[pts.length - 1].t)} UTC` : "")
+    + (flagged.length ? ` · ${flagged.length} flagged short (shed or lost records)${empty.length ? `, ${empty.length} with no rows` : ""}` : "");
   const partial = latest.rows.some((r) => r.complete === false) ? " · incomplete (hover the hatched rows)" : "";
   c.querySelector(".latest").textContent = latest.window_start
     ? `${fmtTime(Date.parse(latest.window_start), true)}–${fmtTime(Date.parse(latest.window_end), true)} UTC${partial}` : "";
