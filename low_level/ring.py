@@ -4,6 +4,10 @@ Sources copy frames in (from Numba code, without the GIL); the aggregation kerne
 range of sequence numbers out. Slot ``seq % nslots`` holds frame number ``seq``. When the ring is full
 the producer drops the frame and counts it: capture never blocks silently.
 
+A ring may also hold no frame bytes of its own (:meth:`Ring.over`): its ``frames`` is then a buffer the
+frames already sit in (a memory-mapped capture file) and ``offs[slot]`` says where each slot's frame
+starts in it, so a replay hands the kernel the file's own bytes instead of copying every frame.
+
 Counters live in one int64 array ``ctr`` so Numba kernels and Python share them without locks:
 ``HEAD`` (next sequence the producer writes) is only advanced by the producer, ``TAIL`` (next
 sequence the consumer reads) only by the consumer.
@@ -39,7 +43,29 @@ class Ring:
         self.wirelen = hugepage.zeros(nslots, np.int64)
         self.ts = hugepage.zeros(nslots, np.int64)
         self.iface = hugepage.zeros(nslots, np.int64)
+        self.offs = np.zeros(0, dtype=np.int64)  # empty: slot s's frame is at s * snaplen in frames
         self.ctr = np.zeros(NCTR, dtype=np.int64)
+
+    @classmethod
+    def over(cls, buf: np.ndarray, nslots: int, snaplen: int = DEFAULT_SNAPLEN) -> Ring:
+        """A ring whose frames stay where they are in ``buf`` (writable uint8, alive as long as the ring):
+        its producer writes ``offs[slot]`` and the usual per-slot fields, never frame bytes (``caplen``
+        still stops at ``snaplen``). Only a producer that knows this may fill it; ``ring_push`` may not."""
+        ring = cls(2, snaplen)
+        if nslots < 2 or nslots & (nslots - 1):
+            raise ValueError("ring slots must be a power of two >= 2")
+        ring.nslots = nslots
+        ring.frames = buf
+        ring.caplen = hugepage.zeros(nslots, np.int64)
+        ring.wirelen = hugepage.zeros(nslots, np.int64)
+        ring.ts = hugepage.zeros(nslots, np.int64)
+        ring.iface = hugepage.zeros(nslots, np.int64)
+        ring.offs = hugepage.zeros(nslots, np.int64)
+        return ring
+
+    @property
+    def zero_copy(self) -> bool:
+        return self.offs.shape[0] != 0
 
     @property
     def fill(self) -> int:
