@@ -42,7 +42,18 @@ import numpy as np
 from numba import njit
 
 from low_level.refcount import pin
-from low_level.ring import BYTES, CAPTURED, HEAD, TAIL, TRUNCATED, Ring, copy_words, load_u64, ring_push
+from low_level.ring import (
+    BYTES,
+    CAPTURED,
+    HEAD,
+    TAIL,
+    TRUNCATED,
+    Ring,
+    copy_words,
+    load_u64,
+    prefetch_read,
+    ring_push,
+)
 from low_level.sources.base import NST_BASE, ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Backoff, Source
 
 log = logging.getLogger(__name__)
@@ -113,6 +124,9 @@ LINKTYPE_NAMES = {
 
 PCAP_MAX_CAPLEN = 262144
 CHUNK = 65536
+# bytes of file the fast path asks for ahead of the record it reads: 8M 80-byte records took 0.067 s of CPU
+# instead of 0.089 (1024 or 16384 bytes: no better)
+PREFETCH_AHEAD = 4096
 
 
 class UnsupportedLinktypeError(ValueError):
@@ -212,9 +226,9 @@ def pcap_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, fr
     ring's counters once per call: the two calls per record of the general path (``_emit``, then
     ``ring_push``, each passing a dozen arrays) cost as much as the kernel that consumes the frames.
     A record header in the host's byte order is read as two 8-byte words: sixteen byte reads shifted
-    together were a quarter of the replay's time. With a non-empty ``offs`` (a ring over this file,
-    ``frames is buf``: Ring.over) a frame is not copied at all: its slot gets the frame's offset in the
-    file. Only the fast path may fill such a ring (the caller sees to it).
+    together were a quarter of the replay's time; it asks for the file PREFETCH_AHEAD bytes ahead. With a
+    non-empty ``offs`` (a ring over this file, ``frames is buf``: Ring.over) a frame is not copied at all:
+    its slot gets the frame's offset in the file. Only the fast path may fill such a ring (the caller sees to it).
     """
     end = p[P_END]
     be = p[P_BE] != 0
@@ -263,6 +277,7 @@ def pcap_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, fr
             break
         wl = orig if orig >= cap else cap
         if fast:
+            prefetch_read(buf, pos + PREFETCH_AHEAD)
             if room <= 0:
                 room = nslots - (head - ctr[TAIL])
                 if room <= 0:
