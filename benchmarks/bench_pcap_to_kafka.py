@@ -7,8 +7,9 @@ run, on the same frames: the kernel alone over a pre-filled ring (bench_kernel's
 agent with a producer that discards batches, and the agent sending to Kafka.
 ``pcap_to_kafka_vs_kernel`` = Kafka rate / kernel rate: what the rest of the capture host (pcap
 reader, ring, punctuation, wire encoding, the producer) costs on one core. Pinned to one CPU the agent
-pulls the replay from its own loop (``Agent.pull``: no reader thread); the last variant has both CPUs,
-so the reader runs in its thread next to the kernel. Rounds interleave
+pulls the replay from its own loop (``Agent.pull``: no reader thread) into a ring over the mapped file
+(``Ring.over``: the kernel reads each frame where it lies, none is copied); the last variant has both
+CPUs, so the reader runs in its thread next to the kernel and copies the frames into a ring. Rounds interleave
 the variants; best of --repeat (all times are kept in the JSON), each agent run timed from the
 source's start until Kafka has acknowledged every batch. CPU time is reported next to it (this process's
 threads: the agent's loop and its Kafka client's I/O thread), with the load average of each round:
