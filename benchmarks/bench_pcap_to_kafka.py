@@ -7,10 +7,14 @@ run, on the same frames: the kernel alone over a pre-filled ring (bench_kernel's
 agent with a producer that discards batches, and the agent sending to Kafka.
 ``pcap_to_kafka_vs_kernel`` = Kafka rate / kernel rate: what the rest of the capture host (pcap
 reader, ring, punctuation, wire encoding, the producer) costs on one core. Pinned to one CPU the agent
-pulls the replay from its own loop (``Agent.pull``: no reader thread); the last variant has both CPUs,
-so the reader runs in its thread next to the kernel. Rounds interleave
+pulls the replay from its own loop (``Agent.pull``: no reader thread) into a ring over the mapped file
+(``Ring.over``: the kernel reads each frame where it lies, none is copied); the last variant has both
+CPUs, so the reader runs in its thread next to the kernel and copies the frames into a ring. Rounds interleave
 the variants; best of --repeat (all times are kept in the JSON), each agent run timed from the
-source's start until Kafka has acknowledged every batch. Writes benchmarks/results/pcap_to_kafka.json.
+source's start until Kafka has acknowledged every batch. CPU time is reported next to it (this process's
+threads: the agent's loop and its Kafka client's I/O thread), with the load average of each round:
+on a shared machine wall time also counts the turns of other processes. Writes
+benchmarks/results/pcap_to_kafka.json.
 
     .venv/bin/python benchmarks/bench_pcap_to_kafka.py [--config configs/default.yaml] [--packets 8000000]
         [--groups 65536] [--repeat 3]
@@ -46,6 +50,8 @@ class NullProducer:
         return None
 
 
+LOADS: list[float] = []  # 1-minute load average at the start of each round (a shared machine: say how shared)
+CPU_S: list[float] = []  # CPU seconds of the last run (every thread of this process: kernel loop, Kafka I/O)
 CONNECT_S: list[float] = []  # per Kafka run: producer connect + topic metadata, before the clock starts
 
 
@@ -76,6 +82,12 @@ def wait_connected(agent: Agent, queries: list[Q.QuerySpec], timeout_s: float = 
     return time.perf_counter() - t0
 
 
+def kernel_alone(ring, queries: list[Q.QuerySpec], n: int) -> tuple[float, None]:
+    secs, cpu, _ = run_kernel(ring, queries, n)
+    CPU_S.append(cpu)
+    return secs, None
+
+
 def run(queries: list[Q.QuerySpec], pcap: Path, bootstrap: str | None, producer=None) -> tuple[float, Agent]:
     """One agent run; seconds from the source's start (producer connected, see wait_connected) until
     Agent.finish returned, i.e. until the end-of-stream punctuation is sent and Kafka has acknowledged
@@ -84,17 +96,18 @@ def run(queries: list[Q.QuerySpec], pcap: Path, bootstrap: str | None, producer=
                   bootstrap, ring_slots=1 << 18, producer=producer)
     if bootstrap is not None:
         CONNECT_S.append(wait_connected(agent, queries))
-    done: list[float] = []
+    done: list[tuple[float, float]] = []
     finish = agent.finish
 
     def timed_finish() -> None:
         finish()
-        done.append(time.perf_counter())
+        done.append((time.perf_counter(), time.process_time()))
 
     agent.finish = timed_finish  # type: ignore[method-assign]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     agent.run()
-    return done[0] - t0, agent
+    CPU_S.append(done[0][1] - c0)
+    return done[0][0] - t0, agent
 
 
 def main() -> None:
@@ -131,12 +144,13 @@ def main() -> None:
     kafka = broker.bootstrap_servers
     # (name, pinned to one CPU, what runs); the agent's threads (pcap reader, producer) inherit the pin
     variants = [
-        ("kernel alone (ring pre-filled)", True, lambda: (run_kernel(ring, queries, n)[0], None)),
+        ("kernel alone (ring pre-filled)", True, lambda: kernel_alone(ring, queries, n)),
         ("pcap -> kernel -> discard, one core", True, lambda: run(queries, pcap, None, NullProducer())),
         ("pcap -> kernel -> Kafka (acks=all), one core", True, lambda: run(queries, pcap, kafka)),
         ("pcap -> kernel -> Kafka (acks=all), reader on a 2nd core", False, lambda: run(queries, pcap, kafka)),
     ]
     times: dict[str, list[float]] = {v[0]: [] for v in variants}
+    cpu: dict[str, list[float]] = {v[0]: [] for v in variants}
     agents: dict[str, Agent] = {}
     try:
         for q in queries:
@@ -144,11 +158,13 @@ def main() -> None:
         run_kernel(ring, queries, 1000)  # warm-up: compile, page cache
         run(queries, pcap, None, NullProducer())
         for _ in range(args.repeat):  # rounds: every variant once, back to back
+            LOADS.append(round(os.getloadavg()[0], 2))
             for name, pin, fn in variants:
                 os.sched_setaffinity(0, {one} if pin else cpus)
                 secs, agent = fn()
                 os.sched_setaffinity(0, cpus)
                 times[name].append(secs)
+                cpu[name].append(CPU_S[-1])
                 if agent is not None and secs == min(times[name]):
                     agents[name] = agent
     finally:
@@ -160,27 +176,34 @@ def main() -> None:
     for name in names:
         best = min(times[name])
         rows.append({"variant": name, "seconds": best, "mpps": n / best / 1e6,
-                     "all_mpps": [round(n / x / 1e6, 2) for x in times[name]]})
+                     "all_mpps": [round(n / x / 1e6, 2) for x in times[name]],
+                     "cpu_seconds": min(cpu[name]), "all_cpu_seconds": [round(x, 3) for x in cpu[name]]})
     rows[2].update(records_sent=st.records_sent, bytes_sent=st.bytes_sent, batches=st.batches_sent)
     ratio = rows[2]["mpps"] / rows[0]["mpps"]
     per_round = [round(k / f, 3) for k, f in zip(times[names[0]], times[names[2]], strict=True)]
-    print(f"\n{'variant':58s} {'seconds':>8s} {'Mpkt/s':>8s} {'vs kernel':>9s}  all runs")
+    by_cpu = rows[0]["cpu_seconds"] / rows[2]["cpu_seconds"]  # on a shared machine wall time counts others' turns too
+    print(f"\n{'variant':58s} {'seconds':>8s} {'Mpkt/s':>8s} {'vs kernel':>9s} {'CPU s':>6s}  all runs")
     for r in rows:
-        print(f"{r['variant']:58s} {r['seconds']:8.2f} {r['mpps']:8.2f} {r['mpps'] / rows[0]['mpps']:9.2f}  {r['all_mpps']}")
+        print(f"{r['variant']:58s} {r['seconds']:8.2f} {r['mpps']:8.2f} {r['mpps'] / rows[0]['mpps']:9.2f} "
+              f"{r['cpu_seconds']:6.2f}  {r['all_mpps']}")
     print(f"Kafka: {st.records_sent:,} partial records in {st.batches_sent:,} batches, {st.bytes_sent / 1e6:.1f} MB")
     print(f"pcap_to_kafka_vs_kernel = {ratio:.3f} on CPU {one} (per round: {per_round}); "
-          f"with the reader on a second core {rows[3]['mpps'] / rows[0]['mpps']:.3f}")
+          f"with the reader on a second core {rows[3]['mpps'] / rows[0]['mpps']:.3f}; by CPU time {by_cpu:.3f}")
     out = {"benchmark": "pcap_to_kafka", "packets": n, "groups": args.groups,
            "config": config.name, "queries": [q.name for q in queries],
            "query": f"{len(queries)} queries of {config.name} in one pass", "cpu": m["cpu"],
            "e2e_mpps": rows[2]["mpps"], "kernel_mpps": rows[0]["mpps"], "pcap_to_kafka_vs_kernel": round(ratio, 3),
            "pcap_to_kafka_vs_kernel_per_round": per_round,
+           "pcap_to_kafka_vs_kernel_by_cpu": round(by_cpu, 3),
            "pcap_to_kafka_vs_kernel_two_cores": round(rows[3]["mpps"] / rows[0]["mpps"], 3),
            "e2e_mpps_two_cores": rows[3]["mpps"], "pinned_cpu": one,
            "timing": "from the pcap source's start (the agent's producer connected and holding the topics' "
                      "metadata) until Agent.finish returned (end-of-stream punctuation sent, every batch "
                      "acknowledged by Kafka); kernel alone = bench_kernel's loop over a pre-filled ring",
            "connect_seconds_untimed": [round(x, 3) for x in CONNECT_S],
+           "cpu_time": "CPU seconds of the benchmark process over the same interval (every thread: the agent's loop and "
+                       "its Kafka client's I/O thread; not the broker), best of the rounds",
+           "load_average": LOADS,
            "repeat": args.repeat, "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
            "rows": rows, "machine": m}
     (RESULTS / "pcap_to_kafka.json").write_text(json.dumps(out, indent=2))

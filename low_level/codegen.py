@@ -320,7 +320,8 @@ def fused_pass({args}):
         for i in range(bn):
             slot = (seq0 + b0 + i) & smask
             ifc = iface[slot] if use_iface else 0
-            status = {parse}(frames, slot * snaplen, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            fo = offs[slot] if use_offs else slot * snaplen
+            status = {parse}(frames, fo, caplen[slot], wirelen[slot], ts[slot], ifc, row)
             if status == PARSE_OK:
                 nok += 1
                 ro = i * NF
@@ -338,14 +339,15 @@ def fused_pass({args}):
 
 
 @njit(cache=True, nogil=True)
-def process_frames(frames, snaplen, caplen, wirelen, ts, iface, ctr, limit,
+def process_frames(frames, offs, snaplen, caplen, wirelen, ts, iface, ctr, limit,
                    qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets):
-    """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many."""
+    """Consume up to ``limit`` frames from the ring (advancing its TAIL); returns how many. A non-empty
+    ``offs`` gives each slot's frame offset in ``frames`` (a ring over a mapped file, Ring.over)."""
     nslots = caplen.shape[0]
     start = ctr[TAIL]
     avail = ctr[HEAD] - start
     n = avail if avail < limit else limit
-    fused_pass(frames, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
+    fused_pass(frames, offs, offs.shape[0] != 0, snaplen, caplen, wirelen, ts, iface, True, start, n, nslots - 1,
                qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets)
     ctr[TAIL] = start + n
     return n
@@ -356,7 +358,7 @@ def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
                    qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets):
     """Same pass over frames held in plain arrays (benchmarks, tests); frames2d is (n, snaplen)."""
     flat = frames2d.reshape(-1)
-    fused_pass(flat, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
+    fused_pass(flat, caplen, False, frames2d.shape[1], caplen, wirelen, ts, caplen, False, start, stop - start, -1,
                qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets)
     return stop - start
 '''
@@ -364,7 +366,7 @@ def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
 
 def _pins(args: str) -> str:
     """pin() of every array argument at the function's single exit (see low_level.refcount)."""
-    scalars = {"cnt", "snaplen", "use_iface", "seq0", "n", "smask"}
+    scalars = {"cnt", "snaplen", "use_iface", "use_offs", "seq0", "n", "smask"}
     return "\n".join(f"    pin({a.strip()})" for a in args.split(",") if a.strip() not in scalars)
 
 
@@ -416,7 +418,7 @@ def _select_columns(select_shapes: list[dict]) -> set[int]:
 
 
 _AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
-_FUSED_ARGS = ("frames, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
+_FUSED_ARGS = ("frames, offs, use_offs, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
                "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets")
 
 

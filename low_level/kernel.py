@@ -54,7 +54,7 @@ class Kernel:
     def run_ring(self, ring) -> int:
         """Process what the ring holds, at most one chunk; returns the frames taken."""
         t = self.t
-        return self.compiled.process_frames(ring.frames, ring.snaplen, ring.caplen, ring.wirelen, ring.ts,
+        return self.compiled.process_frames(ring.frames, ring.offs, ring.snaplen, ring.caplen, ring.wirelen, ring.ts,
                                             ring.iface, ring.ctr, t.chunk, t.qp, t.qs, t.tab, t.out,
                                             t.pane_counts, t.scols, *self._scratch())
 

@@ -411,6 +411,46 @@ def test_fast_replay_keeps_ring_contents_and_counters_of_the_general_path(tmp_pa
         assert int(ring.ctr[TRUNCATED]) == sum(len(f) > 64 for f in frames), mode
 
 
+@pytest.mark.parametrize("endian", ["<", ">"])
+def test_pulled_replay_over_the_file_sees_what_a_copying_ring_sees(tmp_path: Path, endian: str) -> None:
+    """A pulled fast replay of a classic pcap gets a ring over the mapped file (offsets, no frame copied):
+    the same frames (cut at snaplen), lengths, timestamps and ring counters as a ring the frames are copied
+    into, around the ring several times. A pcapng file or a rebased replay still gets a copying ring."""
+    frames = scapy_frames(300, seed=5)
+    ts = [T0 * 10**9 + i * 1000 for i in range(len(frames))]
+    path = tmp_path / "z.pcap"
+    write_classic(path, frames, ts, endian, True)
+    seen = {}
+    for zero_copy in (True, False):
+        src = PcapSource(path, Ring(2, 64), mode="fast", progress=False)
+        ring = src.pull_ring(64, 64) if zero_copy else Ring(64, 64)
+        src.ring = ring
+        assert ring.zero_copy == zero_copy and (ring.frames is src._buf) == zero_copy
+        got = []
+        while n := src.pull(50):
+            for seq in range(int(ring.ctr[TAIL]), int(ring.ctr[HEAD])):
+                s = seq & (ring.nslots - 1)
+                o = int(ring.offs[s]) if zero_copy else s * ring.snaplen
+                got.append((bytes(ring.frames[o : o + ring.caplen[s]]), int(ring.wirelen[s]), int(ring.ts[s])))
+            ring.ctr[TAIL] = ring.ctr[HEAD]
+            assert n <= 50
+        assert src.finished and src.error is None
+        seen[zero_copy] = got, ring.ctr[[CAPTURED, BYTES, TRUNCATED, DROPS]].tolist()
+        src.close()
+    assert seen[True] == seen[False]
+    assert seen[True][0] == [(f[:64], len(f), t) for f, t in zip(frames, ts, strict=True)]
+    assert seen[True][1] == [len(frames), sum(map(len, frames)), sum(len(f) > 64 for f in frames), 0]
+    ng = tmp_path / "z.pcapng"
+    ng.write_bytes(_section("<", [(None, 0)], [(0, 0, frames[0])]))
+    for p, kw, n in ((ng, {}, 1), (path, {"rebase_to_now": True}, len(frames))):
+        src = PcapSource(p, Ring(2, 64), mode="fast", progress=False, **kw)
+        ring = src.pull_ring(512, 64)
+        assert not ring.zero_copy and src.ring is ring
+        assert src.pull(512) == n and src.finished
+        assert bytes(ring.frames[: ring.caplen[0]]) == frames[0][:64]
+        src.close()
+
+
 def test_paced_mode_follows_gaps_and_drops_when_full(tmp_path: Path) -> None:
     n = 400
     path, frames = _many(tmp_path, n, 500_000)  # 0.2 s of traffic

@@ -428,6 +428,7 @@ def test_agent_on_one_cpu_pulls_a_pcap_replay_exactly(tmp_path, monkeypatch, one
                   ring_slots=1 << 16, producer=prod)
     assert agent.pull == one_cpu
     assert agent.ring.nslots == (4096 if one_cpu else 1 << 16)
+    assert agent.ring.zero_copy == one_cpu  # pulled: the kernel reads the frames where they lie in the file
     agent.run()
     assert agent.source.finished and agent.source.error is None
     assert (agent.source._thread is None) == one_cpu
