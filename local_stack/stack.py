@@ -46,11 +46,17 @@ def _exited(proc: subprocess.Popen, logs: Path) -> SystemExit:
                       f"({_log_of(proc, logs)}):\n{_tail(_log_of(proc, logs))}")  # fmt: skip
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen, logs: Path, done_ok: bool = False) -> None:
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen, logs: Path, done_ok: bool = False,
+               waiting: str = "") -> None:  # fmt: skip
     """Wait until ``url`` answers; a process that exits first is an error, unless it exited cleanly and
-    ``done_ok`` (an agent on a short capture may be done before its metrics were ever asked for)."""
-    deadline = time.monotonic() + timeout
+    ``done_ok`` (an agent on a short capture may be done before its metrics were ever asked for).
+    ``waiting`` is said every 30 s, so a long first start (a cold kernel compile) does not look hung."""
+    start = time.monotonic()
+    deadline, said = start + timeout, start
     while time.monotonic() < deadline:
+        if waiting and time.monotonic() - said >= 30:
+            said = time.monotonic()
+            print(f"[stack] {waiting} ({said - start:.0f} s so far)", flush=True)
         if done_ok and proc.poll() == 0:
             return
         if proc.poll() is not None:
@@ -181,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
                                 "--host-id", host_id, "--bootstrap", bootstrap,
                                 "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path),
                                 "--control-topic", CONTROL_TOPIC])
-        _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 120, agent, logs, done_ok=True)
+        # a first run compiles the generated kernel (cached afterwards): minutes on a busy 2-core machine
+        _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 600, agent, logs, done_ok=True,
+                   waiting="the agent is still starting: compiling its capture kernel on a first run")  # fmt: skip
         page = f"http://127.0.0.1:{args.api_port}/ui"
         print(f"""
 lowwater is running.
