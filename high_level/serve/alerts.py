@@ -9,18 +9,14 @@ job's delivery ledger, so the page shows what the webhook has not accepted yet.
 from __future__ import annotations
 
 import json
-import logging
-import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from contract import results as R
+from high_level.serve.sidecar import SidecarFiles
 from high_level.serve.timefmt import iso_of_us, us_of
-
-log = logging.getLogger("lowwater.api")
 
 
 class AlertReader:
@@ -28,32 +24,15 @@ class AlertReader:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self._lock = threading.Lock()
-        self._files: dict[str, tuple[tuple[int, int], pa.Table]] = {}
-        self.rejected: dict[str, str] = {}
+        self._files = SidecarFiles(R.check_alert_schema, "alert")
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return self._files.rejected
 
     def _table(self) -> pa.Table:
-        files = R.alert_files(self.root)
-        names = [f"{f.parent.name}/{f.name}" for f in files]
-        tables = []
-        with self._lock:
-            for name, path in zip(names, files, strict=True):
-                try:
-                    st = path.stat()
-                    sig = (st.st_size, st.st_mtime_ns)
-                    hit = self._files.get(name)
-                    if hit is None or hit[0] != sig:
-                        t = pq.read_table(path)
-                        R.check_alert_schema(t.schema, str(path))
-                        self._files[name] = hit = (sig, t)
-                        self.rejected.pop(name, None)
-                    tables.append(hit[1])
-                except (OSError, pa.ArrowException, R.ResultsLayoutError) as exc:
-                    if name not in self.rejected:
-                        log.warning("alert file %s skipped: %s", path, exc)
-                    self.rejected[name] = str(exc)
-            for gone in set(self._files) - set(names):
-                del self._files[gone]
+        files = [(f"{f.parent.name}/{f.name}", f) for f in R.alert_files(self.root)]
+        tables = self._files.read(files, complete=True)
         return pa.concat_tables(tables) if tables else R.ALERT_SCHEMA.empty_table()
 
     def _delivered(self) -> set[str]:

@@ -13,20 +13,17 @@ micro-batch that flagged something, and only a replay rewrites it (with the same
 
 from __future__ import annotations
 
-import logging
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from contract import results as R
+from high_level.serve.sidecar import SidecarFiles
 from high_level.serve.timefmt import iso_of_us
 
-log = logging.getLogger("lowwater.api")
 _DAY_US = 86_400 * 1_000_000
 
 
@@ -35,35 +32,19 @@ class IncompleteReader:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self._lock = threading.Lock()
-        self._files: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
-        self.rejected: dict[str, str] = {}
+        self._files = SidecarFiles(R.check_incomplete_schema, "flagged-window")
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return self._files.rejected
 
     def table(self, query: str, start_us: int, end_us: int) -> pa.Table:
         """The flagged rows of ``query`` with window_start in [start_us, end_us), by window_start."""
         lo = datetime.fromtimestamp(start_us // _DAY_US * 86_400, UTC).date()
         hi = datetime.fromtimestamp((end_us - 1) // _DAY_US * 86_400, UTC).date()
-        files = [f for day, d in R.incomplete_date_dirs(self.root, query) if lo <= day <= hi
+        files = [(str(f), f) for day, d in R.incomplete_date_dirs(self.root, query) if lo <= day <= hi
                  for f in sorted(d.iterdir()) if R.parse_part_name(f.name) is not None]  # fmt: skip
-        tables = []
-        with self._lock:
-            for path in files:
-                try:
-                    st = path.stat()
-                    sig = (st.st_size, st.st_mtime_ns)
-                    hit = self._files.get(path)
-                    if hit is None or hit[0] != sig:
-                        t = pq.read_table(path)
-                        R.check_incomplete_schema(t.schema, str(path))
-                        self._files[path] = hit = (sig, t)
-                        self.rejected.pop(str(path), None)
-                    tables.append(hit[1])
-                except FileNotFoundError:  # retention deleted it after the listing
-                    continue
-                except (OSError, pa.ArrowException, R.ResultsLayoutError) as exc:
-                    if str(path) not in self.rejected:
-                        log.warning("flagged-window file %s skipped: %s", path, exc)
-                    self.rejected[str(path)] = str(exc)
+        tables = self._files.read(files)
         if not tables:
             return R.INCOMPLETE_SCHEMA.empty_table()
         t = pa.concat_tables(tables)
