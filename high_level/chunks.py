@@ -140,11 +140,13 @@ class ChunkedRollup(QueryRollup):
         for s in range(len(self.index.pop(pane))):
             self._store().remove(self.layout.name, pane, s)
 
-    def close(self, lwm: int | None) -> Windows:
+    def close(self, lwm: int | None, through_pane: int | None = None) -> Windows:
         """As :meth:`QueryRollup.close`, reading only the panes of the windows that close."""
         lay = self.layout
         if lwm is not None and lwm >= wire.END_OF_STREAM:
-            lwm = max(self.index) + lay.k if self.index else None
+            tops = [max(self.index)] if self.index else []
+            tops += [through_pane] if through_pane is not None else []
+            lwm = max(tops) + lay.k if tops else None
         if lwm is None or (self.closed is not None and lwm <= self.closed):
             return Windows.empty(lay.kw, lay.na)
         if not self.index:

@@ -4,6 +4,7 @@ incomplete in the results and the API, never silently short."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 from contract import query as Q
 from contract import results as R
 from contract import wire
+from high_level.chunks import MemoryChunks
 from high_level.partition import PartitionProcessor, Settings
 from high_level.rollup import Layout
 from high_level.serve.api import create_app
@@ -235,9 +237,10 @@ queries:
     return Q.load_text(text).queries[0], text
 
 
+@pytest.mark.parametrize("state", ["blob", "chunked"])
 @pytest.mark.parametrize("window", ["{range: 1s}", "{range: 3s, slide: 1s}"])
 def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_restart(
-    tmp_path, window
+    tmp_path, window, state
 ) -> None:
     q, text = _q(window)
     lay = Layout.of(q)
@@ -259,12 +262,13 @@ def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_res
     b3 = [punct("h0", 2, p0 + 7), punct("h1", 15, p0 + 7, ((p0 + 4, p0 + 4, 3),))]
     root = tmp_path / "results"
     store = ResultStore(root, [q])
-    proc = PartitionProcessor([lay], 0, settings)
+    chunks = MemoryChunks() if state == "chunked" else None  # the chunked state's store (RocksDB in Spark)
+    proc = PartitionProcessor([lay], 0, settings, chunks)
     outs = [proc.process(b1, 1_000)]
     store.write_batch(1, outs[0])
-    saved = proc.to_bytes()
+    saved, saved_chunks = proc.to_bytes(), copy.deepcopy(chunks)  # Spark restores the store's version too
     for replay in (False, True):  # a restart from the state after batch 1, then a replay of batches 2 and 3
-        proc = PartitionProcessor.from_bytes(saved, [lay], settings)
+        proc = PartitionProcessor.from_bytes(saved, [lay], settings, copy.deepcopy(saved_chunks))
         got = [proc.process(b2, 2_000), proc.process(b3, 3_000)]
         for i, df in enumerate(got):
             store.write_batch(2 + i, df)
