@@ -684,22 +684,32 @@ class PcapSource(Source):
                     if delay > 0:
                         self._stop_evt.wait(min(delay, 0.01))
                 elif rc in (RC_EOF, RC_MALFORMED):
-                    if rc == RC_MALFORMED and not self.malformed_tail:
-                        self.malformed_tail = True
-                        self.reason = self._bad_reason()
-                    self.passes += 1
-                    if self.loop and st[S_PASS_READ] > 0:
-                        self._new_pass()
-                        continue
-                    self._finished = True
-                    return
+                    if self._end_of_pass(rc):
+                        return
                 elif rc == RC_LINKTYPE:
-                    where = f" (interface block at offset {int(st[S_BAD_POS])})"
-                    self.reason = _linktype_msg(self.path, int(st[S_BAD_A]), where)
-                    raise UnsupportedLinktypeError(self.reason)
+                    self._linktype_error()
         finally:
             if bar is not None:
                 bar.close()
+
+    def _end_of_pass(self, rc: int) -> bool:
+        """The kernel reached the end of the file (or a malformed tail): count the pass, start the next
+        one when looping over a file that had records, else finish. True when the replay is over."""
+        if rc == RC_MALFORMED and not self.malformed_tail:
+            self.malformed_tail = True
+            self.reason = self._bad_reason()
+        self.passes += 1
+        if self.loop and self._st[S_PASS_READ] > 0:
+            self._new_pass()
+            return False
+        self._finished = True
+        return True
+
+    def _linktype_error(self) -> None:
+        """An interface block with a link type lowwater cannot parse: say which, where, and stop."""
+        where = f" (interface block at offset {int(self._st[S_BAD_POS])})"
+        self.reason = _linktype_msg(self.path, int(self._st[S_BAD_A]), where)
+        raise UnsupportedLinktypeError(self.reason)
 
     # --- pulled by the consumer ---------------------------------------------------------------
     def _zero_copy_ok(self) -> bool:
@@ -744,19 +754,10 @@ class PcapSource(Source):
         before = int(st[ST_PUSHED])
         try:
             rc = self._call()
-            if rc in (RC_EOF, RC_MALFORMED):  # as in _run
-                if rc == RC_MALFORMED and not self.malformed_tail:
-                    self.malformed_tail = True
-                    self.reason = self._bad_reason()
-                self.passes += 1
-                if self.loop and st[S_PASS_READ] > 0:
-                    self._new_pass()
-                else:
-                    self._finished = True
+            if rc in (RC_EOF, RC_MALFORMED):
+                self._end_of_pass(rc)
             elif rc == RC_LINKTYPE:
-                where = f" (interface block at offset {int(st[S_BAD_POS])})"
-                self.reason = _linktype_msg(self.path, int(st[S_BAD_A]), where)
-                raise UnsupportedLinktypeError(self.reason)
+                self._linktype_error()
         except Exception as exc:  # as a source thread does: reported via .error and the log, never raised
             self.error = exc
             log.exception("%s source failed", self.kind)
