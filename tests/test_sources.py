@@ -598,6 +598,56 @@ def test_generator_source_synthetic_equals_generate_frames() -> None:
     assert st["bytes"] == int(wirelen.sum())
 
 
+def test_generator_answers_syns_by_the_handshake_rules() -> None:
+    """synack_fraction & co (opt-in): every SYN-ACK answers an earlier SYN of the run (swapped 4-tuple,
+    ack = seq + 1); the shares, the lognormal latency, retransmitted SYNs and duplicate SYN-ACKs are as
+    asked; timestamps stay non-decreasing; a synthetic-clock source with count=n pushes the same packets."""
+    n = 40_000
+    kw = dict(groups=400, seed=21, snaplen=128, ipv6_fraction=0.2, syn_fraction=0.5, synthetic_pps=20_000,
+              synack_fraction=0.6, synack_latency_ms=30.0, synack_latency_sigma=0.5,
+              syn_retransmit_fraction=0.5, synack_duplicate_fraction=0.2)
+    frames, caplen, wirelen, ts = generate_frames(n, **kw)
+    assert np.all(np.diff(ts) >= 0)
+    syns: dict[tuple, list[tuple[int, int]]] = {}
+    synacks: list[tuple[tuple, int, int]] = []
+    for k in range(len(ts)):
+        ip = dpkt.ethernet.Ethernet(bytes(frames[k, : caplen[k]])).data
+        tcp = ip.data
+        if not isinstance(tcp, dpkt.tcp.TCP) or not tcp.flags & dpkt.tcp.TH_SYN:
+            continue
+        if tcp.flags & dpkt.tcp.TH_ACK:
+            synacks.append(((ip.dst, tcp.dport, ip.src, tcp.sport, (tcp.ack - 1) & 0xFFFFFFFF), int(ts[k])))
+        else:  # by 4-tuple and seq: a client port is sometimes reused within the run
+            syns.setdefault((ip.src, tcp.sport, ip.dst, tcp.dport, tcp.seq), []).append(int(ts[k]))
+    lat, answered = [], set()
+    for key, t in synacks:
+        sent = syns[key]  # a SYN-ACK never comes out of nowhere: its 4-tuple swapped and ack = seq + 1
+        assert t > sent[0]
+        answered.add(key)
+        lat.append(t - sent[0])
+    retx = [v for v in syns.values() if len(v) > 1]
+    assert all(len(v) == 2 and v[1] - v[0] == 1_000_000_000 for v in retx)
+    assert not answered & {k for k, v in syns.items() if len(v) > 1}  # only unanswered SYNs are retransmitted
+    n_syn = len(syns)
+    assert abs(len(answered) / n_syn - 0.6) < 0.03
+    assert abs(len(retx) / (n_syn - len(answered)) - 0.5) < 0.04
+    dups = len(synacks) - len(answered)
+    assert abs(dups / len(answered) - 0.2) < 0.03
+    first = np.sort(np.array(lat))[: len(answered)]  # the duplicates come 1 s later than any first answer
+    assert abs(np.median(first) / 30e6 - 1) < 0.05
+    assert abs(np.std(np.log(first)) - 0.5) < 0.03
+    # the same packets from the source (a tiny ring: it waits, and sends the scheduled answers at the end)
+    ring = Ring(nslots=8, snaplen=128)
+    src = GeneratorSource(ring, count=n, clock="synthetic", **{k: v for k, v in kw.items() if k != "snaplen"})
+    src.start()
+    got = drain(ring, src)
+    assert src.join(10) and src.finished
+    assert len(got) == len(ts) and [g[2] for g in got] == list(ts)
+    assert all(got[k][0] == bytes(frames[k, : caplen[k]]) for k in range(0, len(ts), 37))
+    with pytest.raises(ValueError, match="synack_fraction"):
+        generate_frames(10, synack_fraction=1.5)
+
+
 def test_generator_rate_count_and_wall_clock() -> None:
     ring = Ring(nslots=1 << 14, snaplen=128)
     before = time.time_ns()
