@@ -797,6 +797,7 @@ class Config:
     selects: list[SelectSpec] = dc_field(default_factory=list)  # kind: select (contract.query.SelectSpec)
     joins: list[JoinSpec] = dc_field(default_factory=list)  # kind: join
     networks: str | None = None  # the networks file (contract.networks) of the enrichment fields, if any
+    source: str | None = None  # the capture source `./lw run` uses without --source (e.g. a generator's options)
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -839,7 +840,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
         raise ConfigError(path, None, "", f"YAML error: {exc}") from None
     if not isinstance(doc, dict) or "queries" not in doc:
         raise ConfigError(path, 1, "queries", "the document must be a mapping with a 'queries' list")
-    extra = set(_strip(doc)) - {"queries", "networks"}
+    extra = set(_strip(doc)) - {"queries", "networks", "source"}
     if extra:
         key = sorted(extra)[0]
         raise ConfigError(path, doc["__lines__"].get(key), key, "unknown top-level key")
@@ -882,15 +883,33 @@ def load_text(text: str, path: str = "<string>") -> Config:
         queries.append(q)
         agg_items.append(item)
     networks = _networks_path(doc, path)
+    source = _run_source(doc, path)
     if networks is None:
         for item, q in zip(agg_items, queries, strict=True):
             if uses_enrichment(q):
                 raise ConfigError(path, item["__line__"], f"query {q.name!r}",
                                   "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file")
     if not other:
-        return Config(path, queries, networks=networks)
+        return Config(path, queries, networks=networks, source=source)
     selects, joins = load_selects_joins(other, path, seen, queries)
-    return Config(path, queries, selects, joins, networks)
+    return Config(path, queries, selects, joins, networks, source)
+
+
+_SOURCE_KINDS = ("generator", "pcap", "afpacket", "flows")
+
+
+def _run_source(doc: dict, path: str) -> str | None:
+    """The top-level ``source:``: the agent source `./lw run` uses when not given --source, so a config
+    whose queries need particular traffic (configs/handshake.yaml: SYNs answered) runs with it. Its
+    options are checked by the agent (low_level.agent.parse_source); here only its kind."""
+    value = doc.get("source")
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.partition(":")[0] not in _SOURCE_KINDS:
+        raise ConfigError(path, doc["__lines__"].get("source"), "source",
+                          f"must be a source string starting with one of {', '.join(_SOURCE_KINDS)} "
+                          f"(as lowwater-agent --source takes it), not {value!r}")
+    return value
 
 
 def uses_enrichment(q: QuerySpec) -> bool:

@@ -144,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = Q.load(s.config)
         opts = s.options()
         queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
+        if opts.mode == "watermark":  # before Spark starts: say so at once
+            from high_level.watermark import refuse_joins
+
+            refuse_joins(cfg)
     except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2

@@ -151,6 +151,10 @@ class HighLevelJob:
         self.joins = list(config.joins) if config is not None else []
         if not queries and not self.joins:
             raise ValueError("no queries")
+        if opts.mode == "watermark":
+            from high_level.watermark import refuse_joins
+
+            refuse_joins(config)  # joins have no watermark-mode stream: refused, not skipped
         self.spark = spark
         self.queries = list(queries)
         self.config = config

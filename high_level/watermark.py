@@ -20,7 +20,26 @@ from contract import wire
 from high_level.rollup import I64, Layout
 
 if TYPE_CHECKING:
+    from contract.query import Config
     from high_level.job import HighLevelJob
+
+
+class WatermarkJoinRefused(ValueError):
+    """A config with join queries started in ``--mode watermark``: refused at start, never run silently."""
+
+
+def refuse_joins(config: Config | None) -> None:
+    """Joins run in the punctuation mode only. Without this, the watermark mode would start the
+    aggregates and skip the joins, leaving an operator with empty join results and no reason: the
+    baseline has no join of its own (Spark's stream-stream join with watermarks is measured next to the
+    OA-Join in benchmarks/bench_join.py, not run as a job mode)."""
+    if config is None or not config.joins:
+        return
+    names = ", ".join(repr(j.name) for j in config.joins)
+    raise WatermarkJoinRefused(
+        f"{config.path}: join queries ({names}) run in the punctuation mode only (--mode oop, the default); "
+        "--mode watermark (the max-event-time-minus-delay baseline) has no join: run it on a config "
+        "without join queries")
 
 
 def explode_partials(lay: Layout, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:

@@ -110,11 +110,15 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
             f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed")
 
 
+DEFAULT_SOURCE = "generator:rate=20000,groups=5000,clock=wall"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="lowwater-stack", description="run lowwater locally: Kafka, Spark job, API, agent")
     ap.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
-    ap.add_argument("--source", default="generator:rate=20000,groups=5000,clock=wall",
-                    help="agent source (see lowwater-agent --help); default: synthetic traffic at 20k pkt/s. "
+    ap.add_argument("--source", default=None,
+                    help="agent source (see lowwater-agent --help); default: the config's top-level 'source:', "
+                         f"else synthetic traffic at 20k pkt/s ({DEFAULT_SOURCE}). "
                          "A finite source (pcap:FILE) ends with every window closed; the stack stays up until Ctrl-C")
     ap.add_argument("--kafka-port", type=int, default=9092)
     ap.add_argument("--api-port", type=int, default=8080)
@@ -132,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg = Q.load(args.config)
     except Q.ConfigError as exc:
         raise SystemExit(f"lowwater-stack: {exc}") from None
+    if args.source is None:
+        args.source = cfg.source or DEFAULT_SOURCE
+        print(f"[stack] source: {args.source}" + (f" (from {args.config})" if cfg.source else ""), flush=True)
 
     state = state_dir() / "stack"
     logs = state / "logs"
