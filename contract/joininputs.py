@@ -9,7 +9,8 @@ so the join reads it exactly as it reads a select:
 
 * one row per closed (window, group): timestamp = the window's **start** (ns), then the query's group
   words (an address two words, ``<name>.hi`` / ``<name>.lo``, as a select's) and then one word per
-  integer aggregate (count, sum, min, max; an avg travels as its sum and count and cannot be joined on);
+  integer aggregate (count, sum, min, max; an avg travels as its sum and count and cannot be joined on:
+  a ratio has no exact value to compare or add up, so a join naming it is a config error);
 * punctuation: the roll-up's closed frontier, i.e. every window ``< c`` of every Kafka partition of the
   query is closed, so every future row starts at or after ``window_start(c)``: that is the mark
   (``mark_ns``), sent by one publisher (:data:`FEED_HOST`) after the batch's rows. A closed window is
@@ -22,7 +23,8 @@ so the join reads it exactly as it reads a select:
 
 ``within: window`` joins two aggregate queries with the same window on the same window (band 0 on the
 window starts); a time band between two feeds compares window starts. Only ``final`` rows are
-published: a late ``correction`` of a closed window does not reach the join (its frontier has passed).
+published: a late ``correction`` of a closed window (``--late-policy correction``) does not reach the join
+(its frontier has passed and what the join emitted cannot be taken back); the publisher counts and logs them.
 
 **Raw joined rows as output.** A join without ``aggregates`` stores its output rows themselves: one
 column per field of each side (``left_<field>``, ``right_<field>``; an anti join only the left side),

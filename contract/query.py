@@ -1195,7 +1195,7 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
         for side, s, k in (("left", sl, lk), ("right", sr, rk)):
             if k != "timestamp" and k not in s.fields:
                 kind = "aggregate query" if isinstance(s, ClosedInput) else "select"
-                return "on", f"{side} key {k!r} is not a field of {kind} {s.name!r} ({s.fields})"
+                return "on", _avg_reason(s, k) or f"{side} key {k!r} is not a field of {kind} {s.name!r} ({s.fields})"
         tl, tr = field_type(sl, lk), field_type(sr, rk)
         if tl != tr:
             return "on", f"keys {lk!r} and {rk!r} differ in type or width ({_type_text(tl)} vs {_type_text(tr)})"
@@ -1217,9 +1217,24 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
         side, fname = item.split(".")
         s = sl if side == "left" else sr
         if fname != "timestamp" and fname not in s.fields:
-            return "group_by", f"{item!r}: {fname!r} is not a field of {s.name!r} ({s.fields})"
+            return "group_by", _avg_reason(s, fname) or f"{item!r}: {fname!r} is not a field of {s.name!r} ({s.fields})"
         if fname != "timestamp" and field_type(s, fname)[0] == "ip" and item not in j.group_by:
             return "aggregates", f"{item!r}: an address cannot be summed"
+    return None
+
+
+def _avg_reason(inp: Any, name: str) -> str | None:
+    """Why an avg of an aggregate query is no join field: an average is a ratio with no exact integer
+    word to compare (``on``) or add up (a join's aggregates); its sum and count are."""
+    from contract.joininputs import ClosedInput
+
+    if not isinstance(inp, ClosedInput):
+        return None
+    for a in inp.query.aggregates:
+        if a.name == name and a.fn == "avg":
+            return (f"{name!r} is an avg of aggregate query {inp.name!r}: an average (sum / count) has no exact "
+                    f"value to compare or add up in a join; give {inp.name!r} a sum and a count of "
+                    f"{a.field!r} and join on those (or compute their ratio from the join's rows)")
     return None
 
 

@@ -77,6 +77,10 @@ class FeedPublisher:
                                      **dict(producer_config or {}))  # fmt: skip
         self.producer = producer
         self.published = {n: 0 for n in self.queries}
+        # late 'correction' rows of a fed query (--late-policy correction): stored, never published (the
+        # join's frontier passed their window; its rows stay those of the final row). Counted and logged once
+        # per query, so a join that differs from the corrected store says why.
+        self.corrections_not_joined = {n: 0 for n in self.queries}
 
     def messages(
         self,
@@ -90,6 +94,12 @@ class FeedPublisher:
         for name, q in sorted(self.queries.items()):
             lay, topic = self.layouts[name], JI.closed_topic(q)
             rows = feed_rows(lay, wins[name]) if name in wins else np.empty((0, 1))
+            late = int(np.count_nonzero(wins[name].correction)) if name in wins else 0
+            if late:
+                if not self.corrections_not_joined[name]:
+                    log.warning("query %r: late corrections of closed windows do not reach the joins that read it "
+                                "(they joined its final rows; the corrections are in its own stored rows)", name)
+                self.corrections_not_joined[name] += late
             for c, a in enumerate(range(0, len(rows), CHUNK_ROWS)):
                 out.append((topic, wire.encode_rows(name, JI.FEED_HOST, 0, 0, (batch_id << CHUNK_BITS) | c,
                                                     rows[a : a + CHUNK_ROWS])))  # fmt: skip

@@ -536,3 +536,20 @@ def test_watermark_mode_refuses_join_queries_at_start(tmp_path, capsys) -> None:
     with pytest.raises(WatermarkJoinRefused, match="punctuation mode only"):
         HighLevelJob(None, [], opts, config=Q.load(hs))
     refuse_joins(Q.load(Path(__file__).resolve().parents[1] / "configs" / "default.yaml"))  # no joins: fine
+
+
+def test_a_configs_run_source_is_checked_and_used_by_the_stack() -> None:
+    """configs/handshake.yaml names its generator (SYNs answered) as 'source:'; a bad one is a config error
+    with file, line and reason."""
+    from pathlib import Path
+
+    from low_level.agent import parse_source
+
+    cfg = Q.load(Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml")
+    spec = parse_source(cfg.source)
+    assert spec["type"] == "generator" and 0 < spec["synack_fraction"] < 1
+    text = "queries:\n  - name: q\n    aggregates: [{fn: count, as: n}]\n    window: {range: 1m}\nsource: pcp:/x\n"
+    with pytest.raises(Q.ConfigError, match="source string starting with one of generator") as e:
+        Q.load_text(text, "x.yaml")
+    assert e.value.line == 5 and str(e.value).startswith("x.yaml:5")
+    assert Q.load_text(text.replace("pcp:", "pcap:"), "x.yaml").source == "pcap:/x"

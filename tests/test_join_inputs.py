@@ -275,6 +275,30 @@ def test_anti_rows_only_once_both_frontiers_passed_their_window(cfg, traffic) ->
     assert emitted == len(rows_oracle(lay, left, right)) > 0
 
 
+def test_late_corrections_are_stored_not_joined_and_counted(caplog) -> None:
+    """--late-policy correction: a correction of a closed window is not published on the feed (the join's
+    frontier passed it; the join keeps the final row's result), counted per query and logged once."""
+    from contract import results as R
+    from high_level.partition import QueryWindows
+
+    cfg = Q.load_text(CONFIG)
+    q = cfg.query("syn_dst")
+    lay = Layout.of(q)
+    rank = np.array([R.ROW_KINDS.index(k) for k in ("final", "correction", "final", "correction")], np.int8)
+    n = len(rank)
+    w = QueryWindows(window=np.array([3, 2, 3, 1], np.int64), rank=rank, key=np.arange(2 * n).reshape(n, 2),
+                     state=np.full((n, lay.na), 5, np.int64), closed_at_ms=np.zeros(n, np.int64),
+                     hosts=np.ones(n, np.int32), hosts_expected=np.ones(n, np.int32), comp=np.zeros((n, 3), np.int64))
+    pub = FeedPublisher([q], producer=object())
+    with caplog.at_level("WARNING", logger="lowwater.job.feed"):
+        for batch in (1, 2):
+            msgs = pub.messages(batch, {"syn_dst": w}, {}, 0)
+    rows = [wire.decode(v) for _, v in msgs]
+    assert [b.n for b in rows if isinstance(b, wire.Rows)] == [2]  # the finals only
+    assert pub.corrections_not_joined == {"syn_dst": 4} and pub.published == {"syn_dst": 4}
+    assert sum("do not reach the joins" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_feed_dedup_skips_replayed_rows_batches_only() -> None:
     rows = np.array([[5, 1, 2]])
     a = wire.encode_rows("q", JI.FEED_HOST, 0, 0, 3 << 20, rows)
@@ -330,11 +354,32 @@ def test_feed_dedup_skips_replayed_rows_batches_only() -> None:
             ),
             "not a field of aggregate",
         ),
+        (  # an avg is no join key ...
+            (
+                "aggregates: [{fn: count, as: synacks}]",
+                "aggregates: [{fn: count, as: synacks}, {fn: avg, field: length, as: mean_len}]",
+            ),
+            None,
+        ),
+        (  # ... nor a value a join adds up
+            (
+                "{fn: sum, expr: left.syns, as: syns}",
+                "{fn: sum, expr: left.mean_len, as: syns}",
+            ),
+            "'mean_len' is an avg of aggregate query 'syn_dst'",
+        ),
     ],
 )
-def test_bad_joins_of_aggregates_name_file_line_and_reason(change: tuple[str, str], where: str) -> None:
+def test_bad_joins_of_aggregates_name_file_line_and_reason(change: tuple[str, str], where: str | None) -> None:
     text = CONFIG.replace(*change, 1)
     assert text != CONFIG
+    if where is None:  # an avg in synack_src: a join on it fails, a join on its other fields loads
+        Q.load_text(text, "x.yaml")
+        text = text.replace("on: {left: [dst_ip], right: [server]}\n    within: window\n    type: inner",
+                            "on: {left: [dst_ip], right: [mean_len]}\n    within: window\n    type: inner", 1)
+        where = "'mean_len' is an avg of aggregate query 'synack_src': an average (sum / count) has no exact value"
+    if "left.mean_len" in text:
+        text = text.replace("{fn: max, field: src_port, as: max_cport}", "{fn: avg, field: length, as: mean_len}")
     with pytest.raises(Q.ConfigError) as e:
         Q.load_text(text, "x.yaml")
     assert where in str(e.value) and str(e.value).startswith("x.yaml:"), str(e.value)
