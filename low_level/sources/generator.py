@@ -416,7 +416,20 @@ def gen_push_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.n
     wait = p[G_WAIT] != 0
     nread = npushed = ndrops = nbytes = np.int64(0)
     j = 0
-    while j < n or (flush and hs[0] > 0):
+    while p[G_REPLIES] == 0 and j < n:  # no answers (the default): the ordinary packets only, no heap
+        if wait and ctr[HEAD] - ctr[TAIL] >= nslots:
+            break
+        i = i0 + j
+        size, _ = build_packet(p, cdf, i, 0, scratch)
+        if ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, size, size,
+                     _packet_ts(p, i, t0, per_ns), ifidx):
+            npushed += 1
+            nbytes += size
+        else:
+            ndrops += 1
+        j += 1
+        nread += 1
+    while p[G_REPLIES] != 0 and (j < n or (flush and hs[0] > 0)):
         if wait and ctr[HEAD] - ctr[TAIL] >= nslots:
             break
         have = j < n
@@ -445,6 +458,17 @@ def gen_array_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.
     snap = out.shape[1]
     j = 0
     w = 0
+    if p[G_REPLIES] == 0:  # no answers (the default): packet i is row i - i0
+        for j in range(min(n, out.shape[0])):
+            size, _ = build_packet(p, cdf, i0 + j, 0, scratch)
+            k = size if size < snap else snap
+            for m in range(k):
+                out[j, m] = scratch[m]
+            caplen[j] = k
+            wirelen[j] = size
+            ts[j] = _packet_ts(p, i0 + j, 0, 0.0)
+        w = min(n, out.shape[0])
+        return w, w
     while w < out.shape[0] and (j < n or (flush and hs[0] > 0)):
         have = j < n
         nts = _packet_ts(p, i0 + j, 0, 0.0) if have else np.int64(0)
