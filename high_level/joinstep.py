@@ -17,6 +17,8 @@ counts may be too high".
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -25,7 +27,7 @@ import pandas as pd
 from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
-from high_level.join import SIDES, BandJoin, JoinLayout, unpack_state
+from high_level.join import SIDES, BandJoin, JoinLayout, JoinOutput, unpack_state
 from high_level.joinfeed import FeedDedup
 from high_level.joinrows import partials_of
 from high_level.meld import Meld
@@ -33,6 +35,18 @@ from high_level.partition import Settings, _Part, pack_parts
 from high_level.rollup import QueryRollup
 
 I64 = np.int64
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(partitions: int) -> ThreadPoolExecutor | None:
+    """Threads for a join's partitions (one per core at most; None: one core or one partition), kept per
+    process (a Spark Python worker serves many micro-batches)."""
+    n = min(partitions, os.cpu_count() or 1)
+    if n <= 1:
+        return None
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="lw-join")
+    return _POOLS[n]
 
 
 class JoinProcessor:
@@ -100,13 +114,23 @@ class JoinProcessor:
         lay, rl = self.layout, self.layout.rollup
         assert rl is not None
         errors: dict[int, str] = {}
-        for p, j in self.joins.items():
+        batch = {p: self.dedup.filter(values.get(p, [])) for p in self.joins}  # in partition order, as before
+
+        def run(p: int) -> JoinOutput:
+            j = self.joins[p]
             try:
-                out = j.process(self.dedup.filter(values.get(p, [])), now_ms)
+                return j.process(batch[p], now_ms)
             except wire.WireError as exc:  # a damaged batch: counted per partition, never a crash
                 errors[p] = str(exc)
                 j.advance(now_ms)
-                out = j.step()
+                return j.step()
+
+        # Why threads: the partitions' joins are independent and their numpy work (decompress, hash, sort,
+        # search, copy) releases the GIL, so one state group still uses the machine's cores; the output
+        # is rolled up below in partition order, as if the joins had run one after the other.
+        pool = _pool(len(self.joins))
+        outs = list(pool.map(run, self.joins)) if pool is not None else [run(p) for p in self.joins]
+        for out in outs:
             for pane, key, state in self.partials(lay, out):
                 self.records += len(pane)
                 self.rollup.add(pane, key, state)

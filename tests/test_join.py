@@ -336,10 +336,18 @@ def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.D
         .reset_index(drop=True)
 
 
-def test_job_step_merges_partitions_into_exact_windows() -> None:
-    """The job's state group (all partitions of one join, one roll-up) through its packed output."""
+@pytest.mark.parametrize("threads", [True, False])
+def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatch) -> None:
+    """The job's state group (all partitions of one join, one roll-up) through its packed output, its
+    partitions' joins run on threads (two, whatever the machine) or one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from high_level import joinstep
     from high_level.joinstep import JoinProcessor
     from high_level.partition import Settings, unpack_rows
+
+    pool = ThreadPoolExecutor(2) if threads else None
+    monkeypatch.setattr(joinstep, "_pool", lambda n: pool)
 
     cfg = config(4)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
@@ -368,6 +376,8 @@ def test_job_step_merges_partitions_into_exact_windows() -> None:
     pd.testing.assert_frame_equal(got_df, expected_windows(cfg, left, right), check_dtype=False)
     peak = max(__import__("json").loads(s)["state_rows"] for s in statuses)
     assert peak > 0
+    if pool is not None:
+        pool.shutdown()
 
 
 def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
