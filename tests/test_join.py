@@ -421,3 +421,39 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     with pytest.raises(MissingInputTopic, match="no-such-topic"):
         job2.start()
     assert not list((tmp_path / "res2").glob("query=*"))
+
+
+def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
+    """The join state group's blob is zstd-compressed without the key hashes (recomputed on load, same
+    order); a blob of the earlier layout (plain codec bytes, hashes stored) still restores to the same state."""
+    from high_level import codec
+    from high_level.joinstep import ZMAGIC, JoinProcessor
+    from high_level.partition import Settings
+
+    cfg = config(2)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    left, right = rows_of(cfg, 600, seed=5)
+    msgs = handshake_messages(cfg, left, right, hosts=2, skew_s=20, seed=4)
+    settings = Settings(10**9, ("cap-0", "cap-1"), "drop")
+    proc = JoinProcessor(lay, settings)
+    by_part: dict[int, list[bytes]] = {}
+    for _, p, v in msgs[: len(msgs) // 2]:
+        by_part.setdefault(p, []).append(v)
+    proc.process_packed(by_part, 0)
+    assert sum(j.state_rows for j in proc.joins.values()) > 0
+    new = proc.to_bytes()
+    assert new.startswith(ZMAGIC)
+    head, arrays = codec.unpack(__import__("pyarrow").decompress(new[12:], decompressed_size=int.from_bytes(
+        new[4:12], "little"), codec="zstd", asbytes=True))  # fmt: skip
+    assert not any(k.endswith("_h") for k in arrays)
+    del head["hashes"]
+    for p, j in proc.joins.items():
+        arrays |= {f"join{p}/{s}_h": j.store[s].h for s in ("left", "right")}
+    old = codec.pack(head, arrays)
+    for blob in (new, old):
+        back = JoinProcessor.from_bytes(blob, lay, settings)
+        for p, j in proc.joins.items():
+            for s in ("left", "right"):
+                np.testing.assert_array_equal(back.joins[p].store[s].h, j.store[s].h)
+                np.testing.assert_array_equal(back.joins[p].store[s].cols, j.store[s].cols)
+        assert back.to_bytes() == new
