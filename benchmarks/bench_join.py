@@ -429,7 +429,8 @@ def main() -> None:
     ap.add_argument("--job-copies", type=int, default=10, help="job path: copies of the minute of handshakes (0: skip)")
     ap.add_argument("--job-batch", type=int, default=3000, help="job path: Kafka messages per micro-batch")
     ap.add_argument("--job-skew", type=int, default=0, help="job path: inter-host skew (s)")
-    ap.add_argument("--job-only", action="store_true", help="only the job path; prints its figures, writes nothing")
+    ap.add_argument("--job-only", action="store_true", help="only the job path (prints its figures)")
+    ap.add_argument("--job-update", action="store_true", help="with --job-only: replace join.json's job block")
     ap.add_argument("--job-stages", action="store_true", help="job path: add Spark's time per stage (UI on)")
     args = ap.parse_args()
     m = machine()
@@ -440,8 +441,16 @@ def main() -> None:
     if args.job_only:
         jl, jr = scaled(left, right, args.job_copies)
         job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch, args.job_stages)
-        print(json.dumps({"machine": m, "load_avg_1_5_15": [load0, [round(x, 1) for x in os.getloadavg()]], **job},
-                         indent=1))  # fmt: skip
+        assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        job |= {"machine": m, "load_avg_1_5_15_at_start": load0,
+                "load_avg_1_5_15_at_end": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+        print(json.dumps(job, indent=1))
+        if args.job_update:  # the job block of join.json only (its own machine, date and load)
+            path = RESULTS / "join.json"
+            d = json.loads(path.read_text())
+            d["job"], d["input_tuples_per_s"] = job, job["input_tuples_per_s"]
+            path.write_text(json.dumps(d, indent=2))
+            print(f"wrote the job block of {path}")
         return
     print(f"machine: {m['cpu']}; {len(left):,} SYN rows, {len(right):,} SYN-ACK rows, {want:,} pairs in the band")
     spark = None
