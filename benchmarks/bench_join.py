@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +252,89 @@ def scaled(left: np.ndarray, right: np.ndarray, copies: int) -> tuple[np.ndarray
     return out[0], out[1]
 
 
-def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_messages: int) -> dict:
+def tree_cpu_s(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by process ``root`` ('driver': the bench, its sink), its
+    child JVM ('jvm': Kafka reads, shuffle, state store) and the JVM's descendants ('python': the Python
+    workers of the join's state step), from /proc. On a shared, loaded VM wall time mostly measures the
+    other tenants; CPU time per row does not."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    f_ = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(f_[1]), (int(f_[11]) + int(f_[12])) / tick)  # ppid, utime + stime
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    out = {"driver": stats.get(root, (0, 0.0))[1], "jvm": 0.0, "python": 0.0}
+    for child in kids.get(root, []):
+        out["jvm"] += stats[child][1]
+        todo = list(kids.get(child, []))
+        while todo:
+            pid = todo.pop()
+            out["python"] += stats[pid][1]
+            todo += kids.get(pid, [])
+    return out
+
+
+class CpuSampler:
+    """(wall clock, process-tree CPU seconds per part) every ``period`` s in a thread, to cut the CPU used
+    between two instants (the warm micro-batches) out of a run; the sampler's own CPU is taken off."""
+
+    def __init__(self, period: float = 0.25) -> None:
+        import threading
+
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._t.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.is_set():
+            c = tree_cpu_s(os.getpid())
+            c["driver"] -= time.thread_time()
+            self.samples.append((time.time(), c))
+            self._stop.wait(period)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        w = np.array([s[0] for s in self.samples])
+        return {k: round(float(np.interp(t1, w, c) - np.interp(t0, w, c)), 2)
+                for k in self.samples[0][1] for c in [np.array([s[1][k] for s in self.samples])]}  # fmt: skip
+
+
+def stage_times(spark) -> list[dict]:
+    """Per stage of the run (Spark's monitoring API, the UI on): what the executors spent where, in seconds."""
+    import urllib.request
+
+    url = spark.sparkContext.uiWebUrl
+    app = spark.sparkContext.applicationId
+    with urllib.request.urlopen(f"{url}/api/v1/applications/{app}/stages?details=false", timeout=30) as r:
+        stages = json.load(r)
+    out: dict[str, dict] = {}
+    for st in stages:
+        key = f"{st['numTasks']} tasks: {st['name'][:60]}"
+        d = out.setdefault(key, {"stage": key, "stages": 0, "run_s": 0.0, "cpu_s": 0.0, "gc_s": 0.0,
+                                 "input_mb": 0.0, "shuffle_write_mb": 0.0, "shuffle_read_mb": 0.0})  # fmt: skip
+        d["stages"] += 1
+        d["run_s"] += st.get("executorRunTime", 0) / 1e3
+        d["cpu_s"] += st.get("executorCpuTime", 0) / 1e9
+        d["gc_s"] += st.get("jvmGcTime", 0) / 1e3
+        d["input_mb"] += st.get("inputBytes", 0) / 2**20
+        d["shuffle_write_mb"] += st.get("shuffleWriteBytes", 0) / 2**20
+        d["shuffle_read_mb"] += st.get("shuffleReadBytes", 0) / 2**20
+    return [{k: round(v, 2) if isinstance(v, float) else v for k, v in d.items()} for d in out.values()]
+
+
+def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_messages: int,
+            stages: bool = False) -> dict:  # fmt: skip
     """The job path: the hosts' select batches in a real Kafka broker (2 partitions per input), the real
     job (:class:`high_level.job.HighLevelJob`, the handshake join only) on ``local[2]``; every stored
     window's ``completed`` summed must equal the oracle's pairs."""
@@ -289,19 +372,24 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
             c = cum.setdefault((topic, part), [0])
             b = wire.decode(value)
             c.append(c[-1] + (b.n if isinstance(b, wire.Rows) else 0))
-        spark = build_spark("bench-join-job", "local[2]", {"spark.sql.shuffle.partitions": "2",
-                                                           "spark.driver.memory": "3g"}, state=work / "spark")  # fmt: skip
+        conf = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "3g"}
+        if stages:  # the monitoring API needs the UI
+            conf |= {"spark.ui.enabled": "true", "spark.ui.port": "0"}
+        spark = build_spark("bench-join-job", "local[2]", conf, state=work / "spark")
         opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "res"), checkpoint=str(work / "ck"),
                           trigger_ms=1000, shuffle_partitions=2, name="bench-join", create_topics=False,
                           expected_hosts=("cap-0", "cap-1", "cap-2"), host_timeout_ms=10**9,
                           max_offsets_per_trigger=batch_messages)  # fmt: skip
         job = HighLevelJob(spark, [], opts, config=cfg)
+        cpu = CpuSampler()
         t0 = time.perf_counter()
         job.start()
         job.process_all_available()
         wall = time.perf_counter() - t0
+        cpu.stop()
         prog = [p for p in job.streams[0].recentProgress if p["numInputRows"]]
         job.stop()
+        stage_rows = stage_times(spark) if stages else []
         spark.stop()
         got = read_results(work / "res", "handshakes")
         completed = int(got.loc[got["kind"] == "final", "completed"].sum())
@@ -318,13 +406,18 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
 
     warm = prog[1:] or prog  # the first micro-batch starts the Python workers and the Kafka consumers
     busy = sum(p["durationMs"]["triggerExecution"] for p in warm) / 1e3
+    start = [datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() for p in warm]
+    warm_cpu = cpu.between(start[0], start[-1] + warm[-1]["durationMs"]["triggerExecution"] / 1e3)
+    warm_rows = sum(batch_rows(p) for p in warm)
     return {"input_rows": rows_in, "messages": len(tagged), "rows_per_message": round(rows_in / len(tagged)),
             "skew_s": skew_s, "messages_per_batch": batch_messages, "pairs": completed,
             "pairs_vs_oracle": completed - pairs, "wall_s": round(wall, 1),
             "batches": [{"messages": p["numInputRows"], "rows": batch_rows(p), "ms": p["durationMs"]["triggerExecution"],
                          "add_batch_ms": p["durationMs"].get("addBatch")} for p in prog],
-            "input_tuples_per_s": round(sum(batch_rows(p) for p in warm) / busy),
-            "input_tuples_per_s_wall": round(rows_in / wall)}  # fmt: skip
+            "input_tuples_per_s": round(warm_rows / busy),
+            "warm_cpu_s": warm_cpu, "input_tuples_per_cpu_s": round(warm_rows / sum(warm_cpu.values())),
+            "input_tuples_per_s_wall": round(rows_in / wall),
+            **({"stages": stage_rows} if stages else {})}  # fmt: skip
 
 
 def main() -> None:
@@ -336,12 +429,29 @@ def main() -> None:
     ap.add_argument("--job-copies", type=int, default=10, help="job path: copies of the minute of handshakes (0: skip)")
     ap.add_argument("--job-batch", type=int, default=3000, help="job path: Kafka messages per micro-batch")
     ap.add_argument("--job-skew", type=int, default=0, help="job path: inter-host skew (s)")
+    ap.add_argument("--job-only", action="store_true", help="only the job path (prints its figures)")
+    ap.add_argument("--job-update", action="store_true", help="with --job-only: replace join.json's job block")
+    ap.add_argument("--job-stages", action="store_true", help="job path: add Spark's time per stage (UI on)")
     args = ap.parse_args()
     m = machine()
     load0 = [round(x, 1) for x in os.getloadavg()]  # the VM is shared: say how loaded it was
     cfg, left, right = workload(args.syns)
     band = cfg.joins[0].within_ns
     want = oracle_pairs(left, right, band)
+    if args.job_only:
+        jl, jr = scaled(left, right, args.job_copies)
+        job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch, args.job_stages)
+        assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        job |= {"machine": m, "load_avg_1_5_15_at_start": load0,
+                "load_avg_1_5_15_at_end": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+        print(json.dumps(job, indent=1))
+        if args.job_update:  # the job block of join.json only (its own machine, date and load)
+            path = RESULTS / "join.json"
+            d = json.loads(path.read_text())
+            d["job"], d["input_tuples_per_s"] = job, job["input_tuples_per_s"]
+            path.write_text(json.dumps(d, indent=2))
+            print(f"wrote the job block of {path}")
+        return
     print(f"machine: {m['cpu']}; {len(left):,} SYN rows, {len(right):,} SYN-ACK rows, {want:,} pairs in the band")
     spark = None
     if not args.no_spark:
@@ -381,7 +491,7 @@ def main() -> None:
         spark = None
     if args.job_copies:
         jl, jr = scaled(left, right, args.job_copies)
-        job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch)
+        job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch, args.job_stages)
         assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
         result["job"] = job
         result["input_tuples_per_s"] = job["input_tuples_per_s"]

@@ -292,7 +292,11 @@ def main() -> None:
                   + (f" **input_tuples_per_s = {d['input_tuples_per_s']:,}** through Kafka and the Spark job on "
                      f"local[2] ({job['input_rows']:,} rows, {job['rows_per_message']} per message, skew "
                      f"{job['skew_s']} s, warm micro-batches of {job['messages_per_batch']} messages; "
-                     f"{job['input_tuples_per_s_wall']:,} rows/s start to end)." if job else ""),
+                     f"{job['input_tuples_per_s_wall']:,} rows/s start to end"
+                     + (f"; {job['input_tuples_per_cpu_s']:,} rows per CPU-second of the job's processes (CPU s: "
+                        + ", ".join(f"{k} {v}" for k, v in job["warm_cpu_s"].items())
+                        + f"), load {job.get('load_avg_1_5_15_at_start')}" if "warm_cpu_s" in job else "")
+                     + ")." if job else ""),
                   table(["skew s", "OA rows", "OA MiB", "in-order rows", "Spark rows", "Spark MiB",
                          "latency OA", "latency in-order", "latency Spark", "Spark pairs - oracle"],
                         [[r["skew_s"], f"{r['oa']['peak_state_rows']:,}", f"{r['oa']['peak_state_bytes'] / 2**20:.1f}",

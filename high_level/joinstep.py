@@ -17,15 +17,19 @@ counts may be too high".
 
 from __future__ import annotations
 
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
-from high_level.join import SIDES, BandJoin, JoinLayout, unpack_state
+from high_level.join import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
 from high_level.joinfeed import FeedDedup
 from high_level.joinrows import partials_of
 from high_level.meld import Meld
@@ -33,6 +37,21 @@ from high_level.partition import Settings, _Part, pack_parts
 from high_level.rollup import QueryRollup
 
 I64 = np.int64
+ZMAGIC = b"LWJZ"  # a zstd-compressed codec blob follows (its raw length first)
+_RAWLEN = struct.Struct("<Q")
+HASH_ARRAYS = ("left_h", "right_h")
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(partitions: int) -> ThreadPoolExecutor | None:
+    """Threads for a join's partitions (one per core at most; None: one core or one partition), kept per
+    process (a Spark Python worker serves many micro-batches)."""
+    n = min(partitions, os.cpu_count() or 1)
+    if n <= 1:
+        return None
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="lw-join")
+    return _POOLS[n]
 
 
 class JoinProcessor:
@@ -63,22 +82,33 @@ class JoinProcessor:
 
     # -- persistence (no pickle: npz of numbers and a JSON header)
     def to_bytes(self) -> bytes:
-        """One :mod:`high_level.codec` blob: the roll-up and every partition's join state (``join<p>/...``)."""
+        """One :mod:`high_level.codec` blob (the roll-up and every partition's join state, ``join<p>/...``),
+        zstd-compressed (:data:`ZMAGIC`), without the stored rows' key hashes (recomputed on load).
+
+        Why: Spark ships this blob JVM -> Python -> JVM and into the state store every micro-batch, and the
+        JVM pickles a byte array byte by byte (Pyrolite): its size is JVM CPU. The hashes are random (they
+        do not compress) and cheap to recompute; the rest compresses ~3x."""
         r = self.rollup
         head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
-                      "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {}}  # fmt: skip
+                      "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {},
+                      "hashes": "recompute"}  # fmt: skip
         arrays = {"pane": r.pane, "key": r.key, "state": r.state}
         for p, j in self.joins.items():
             jh, ja = j.state()
             head["joins"][str(p)] = jh
-            arrays |= {f"join{p}/{k}": v for k, v in ja.items()}
-        return codec.pack(head, arrays)
+            arrays |= {f"join{p}/{k}": v for k, v in ja.items() if k not in HASH_ARRAYS}
+        raw = codec.pack(head, arrays)
+        return ZMAGIC + _RAWLEN.pack(len(raw)) + pa.compress(raw, codec="zstd", asbytes=True)
 
     @classmethod
     def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
                    feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
         jp = cls(layout, settings, feed_sides)
         bare = replace(layout, rollup=None)
+        buf = bytes(buf)
+        if buf[: len(ZMAGIC)] == ZMAGIC:
+            (n,) = _RAWLEN.unpack_from(buf, len(ZMAGIC))
+            buf = pa.decompress(buf[len(ZMAGIC) + _RAWLEN.size :], decompressed_size=n, codec="zstd", asbytes=True)
         head, z = unpack_state(buf)
         jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
         for p in jp.joins:
@@ -87,6 +117,9 @@ class JoinProcessor:
                 jh, ja = head["joins"][str(p)], {k[len(pre) :]: v for k, v in z.items() if k.startswith(pre)}
             else:  # an .npz of earlier builds: each partition's join state nested as bytes
                 jh, ja = unpack_state(z[f"join{p}"].tobytes())
+            if head.get("hashes") == "recompute":  # stored in hash order: the same hashes, no sort
+                for s, words in (("left", layout.lkey), ("right", layout.rkey)):
+                    ja[f"{s}_h"] = wire.key_hash(_key(ja[f"{s}_ts"], ja[f"{s}_cols"], words, slice(None)))
             jp.joins[p] = jp._feed_melds(BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms,
                                                                settings.expected_hosts))  # fmt: skip
         jp.rollup.closed = head["closed"]
@@ -100,13 +133,23 @@ class JoinProcessor:
         lay, rl = self.layout, self.layout.rollup
         assert rl is not None
         errors: dict[int, str] = {}
-        for p, j in self.joins.items():
+        batch = {p: self.dedup.filter(values.get(p, [])) for p in self.joins}  # in partition order, as before
+
+        def run(p: int) -> JoinOutput:
+            j = self.joins[p]
             try:
-                out = j.process(self.dedup.filter(values.get(p, [])), now_ms)
+                return j.process(batch[p], now_ms)
             except wire.WireError as exc:  # a damaged batch: counted per partition, never a crash
                 errors[p] = str(exc)
                 j.advance(now_ms)
-                out = j.step()
+                return j.step()
+
+        # Why threads: the partitions' joins are independent and their numpy work (decompress, hash, sort,
+        # search, copy) releases the GIL, so one state group still uses the machine's cores; the output
+        # is rolled up below in partition order, as if the joins had run one after the other.
+        pool = _pool(len(self.joins))
+        outs = list(pool.map(run, self.joins)) if pool is not None else [run(p) for p in self.joins]
+        for out in outs:
             for pane, key, state in self.partials(lay, out):
                 self.records += len(pane)
                 self.rollup.add(pane, key, state)

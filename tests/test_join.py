@@ -336,10 +336,18 @@ def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.D
         .reset_index(drop=True)
 
 
-def test_job_step_merges_partitions_into_exact_windows() -> None:
-    """The job's state group (all partitions of one join, one roll-up) through its packed output."""
+@pytest.mark.parametrize("threads", [True, False])
+def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatch) -> None:
+    """The job's state group (all partitions of one join, one roll-up) through its packed output, its
+    partitions' joins run on threads (two, whatever the machine) or one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from high_level import joinstep
     from high_level.joinstep import JoinProcessor
     from high_level.partition import Settings, unpack_rows
+
+    pool = ThreadPoolExecutor(2) if threads else None
+    monkeypatch.setattr(joinstep, "_pool", lambda n: pool)
 
     cfg = config(4)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
@@ -368,6 +376,8 @@ def test_job_step_merges_partitions_into_exact_windows() -> None:
     pd.testing.assert_frame_equal(got_df, expected_windows(cfg, left, right), check_dtype=False)
     peak = max(__import__("json").loads(s)["state_rows"] for s in statuses)
     assert peak > 0
+    if pool is not None:
+        pool.shutdown()
 
 
 def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
@@ -553,3 +563,39 @@ def test_a_configs_run_source_is_checked_and_used_by_the_stack() -> None:
         Q.load_text(text, "x.yaml")
     assert e.value.line == 5 and str(e.value).startswith("x.yaml:5")
     assert Q.load_text(text.replace("pcp:", "pcap:"), "x.yaml").source == "pcap:/x"
+
+
+def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
+    """The join state group's blob is zstd-compressed without the key hashes (recomputed on load, same
+    order); a blob of the earlier layout (plain codec bytes, hashes stored) still restores to the same state."""
+    from high_level import codec
+    from high_level.joinstep import ZMAGIC, JoinProcessor
+    from high_level.partition import Settings
+
+    cfg = config(2)
+    lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
+    left, right = rows_of(cfg, 600, seed=5)
+    msgs = handshake_messages(cfg, left, right, hosts=2, skew_s=20, seed=4)
+    settings = Settings(10**9, ("cap-0", "cap-1"), "drop")
+    proc = JoinProcessor(lay, settings)
+    by_part: dict[int, list[bytes]] = {}
+    for _, p, v in msgs[: len(msgs) // 2]:
+        by_part.setdefault(p, []).append(v)
+    proc.process_packed(by_part, 0)
+    assert sum(j.state_rows for j in proc.joins.values()) > 0
+    new = proc.to_bytes()
+    assert new.startswith(ZMAGIC)
+    head, arrays = codec.unpack(__import__("pyarrow").decompress(new[12:], decompressed_size=int.from_bytes(
+        new[4:12], "little"), codec="zstd", asbytes=True))  # fmt: skip
+    assert not any(k.endswith("_h") for k in arrays)
+    del head["hashes"]
+    for p, j in proc.joins.items():
+        arrays |= {f"join{p}/{s}_h": j.store[s].h for s in ("left", "right")}
+    old = codec.pack(head, arrays)
+    for blob in (new, old):
+        back = JoinProcessor.from_bytes(blob, lay, settings)
+        for p, j in proc.joins.items():
+            for s in ("left", "right"):
+                np.testing.assert_array_equal(back.joins[p].store[s].h, j.store[s].h)
+                np.testing.assert_array_equal(back.joins[p].store[s].cols, j.store[s].cols)
+        assert back.to_bytes() == new
