@@ -42,14 +42,14 @@ def _factory(secret: bytes) -> tuple[socket.socket, dict[str, str]]:
     return srv, env
 
 
-def test_driver_worker_authenticates_and_sends_its_pid_before_importing_pyspark(tmp_path):
-    """The protocol of PythonWorkerFactory.createSimpleWorker against the real launcher script; the worker's
-    modules come from the installed package afterwards (it imports pyspark and then fails: we hang up)."""
+def test_driver_worker_connects_authenticates_and_sends_its_pid(tmp_path):
+    """The protocol of PythonWorkerFactory.createSimpleWorker against the real launcher script (where the
+    worker's modules come from: test_spark_python_workers_run_through_the_launcher)."""
     exe = install(tmp_path)
     assert Path(exe).read_text().startswith(f"#!{sys.executable}\n") and os.access(exe, os.X_OK)
     srv, env = _factory(b"s3cret")
     proc = subprocess.Popen(
-        [exe, "-m", DRIVER_WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [exe, "-m", DRIVER_WORKER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         conn, _ = srv.accept()
@@ -60,12 +60,10 @@ def test_driver_worker_authenticates_and_sends_its_pid_before_importing_pyspark(
         f.flush()
         assert struct.unpack("!i", f.read(4))[0] == proc.pid
         conn.close()
-        out = proc.communicate(timeout=120)[0].decode()
     finally:
         proc.kill()
+        proc.wait()
         srv.close()
-    assert "pyspark.zip" not in out  # the traceback of the hang-up names the installed files
-    assert str(Path(pyspark.__file__).parent) in out
 
 
 def test_wrong_reply_is_an_error_not_a_silent_worker(tmp_path):
