@@ -1,7 +1,7 @@
 """The high-level Spark Structured Streaming job: the streaming queries and how they run.
 
-OOP mode (default): Kafka -> ``groupBy(topic, partition).applyInPandasWithState`` (one group per
-Kafka partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
+OOP mode (default): Kafka -> ``groupBy(topic, partition)`` -> a stateful step (one group per Kafka
+partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
 -> ``foreachBatch`` sink (:mod:`high_level.sink`) writing typed Parquet and the status document. Windows close by punctuation
 (min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
 max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
