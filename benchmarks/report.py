@@ -146,6 +146,24 @@ def main() -> None:
                         [[f"{c['batch_records']:,}", c["batches"], f"{c['first_batch_seconds']:.2f}",
                           f"{c['sustained_records_per_s']:,}", f"{c['catchup_records_per_s']:,}",
                           f"{c['cpu_seconds']:.1f}"] for c in d.get("configs", [])])]
+    if d := load("rollup_scale"):
+        pts = d["points"]
+        sts = [st for st in ("blob", "chunked") if all(st in pt for pt in pts)]
+        parts += ["## High-level rate against open state (blob vs chunked state)", machine(d),
+                  f"One pane holds `open groups` distinct groups and stays open; then {d['sweep_records']:,} more "
+                  f"partials of those groups arrive in micro-batches of {d['sweep_batch_records']:,} records "
+                  f"({d['hosts']} hosts, {d['partitions']} partitions, {d['master']}); both layouts on the same topic "
+                  "in one run, each checked after (every group closes with every record). "
+                  + (f"**rate_ratio_5m_vs_100k = {d['rate_ratio_5m_vs_100k']}** (chunked; goal >= 0.7); blob "
+                     f"{d.get('blob_rate_ratio')}; chunked / blob at the largest point "
+                     f"{d.get('chunked_vs_blob_at_largest')}. " if "rate_ratio_5m_vs_100k" in d else "")
+                  + d["definition"],
+                  table(["open groups", *[f"{st} records/s" for st in sts], *[f"{st} batches" for st in sts],
+                         "checked"],
+                        [[f"{pt['open_groups']:,}", *[f"{pt[st]['records_per_s']:,}" for st in sts],
+                          *[pt[st]["measured_batches"] for st in sts],
+                          "yes" if all(pt[st].get("checked") for st in sts) else "no"] for pt in pts]),
+                  img("rollup_scale")]
     if d := load("skew"):
         parts += ["## State and latency vs inter-host skew (OOP paper Fig. 1)", machine(d),
                   table(["skew s", "variant", "state rows (mean)", "Spark state MiB", "latency s", "packets missing %"],

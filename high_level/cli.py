@@ -89,8 +89,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
                    help="publish provisional values of open windows (and finals) to lowwater.live.<query>")
     p.add_argument("--state", choices=("auto", "blob", "chunked"),
                    help="OOP state layout: chunked keeps pane tables as per-batch chunks in RocksDB (a batch costs "
-                        "what it brings, not the open groups); blob (default) saves the whole processor every "
-                        "batch; auto: chunked unless --live, a landmark/bounded-top query or a blob checkpoint "
+                        "what it brings, not the open groups); blob saves the whole processor every batch; auto "
+                        "(default): chunked unless --live, a landmark/bounded-top query or a blob checkpoint "
                         "needs the blob")
     a = p.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}

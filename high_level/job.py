@@ -1,18 +1,18 @@
 """The high-level Spark Structured Streaming job: the streaming queries and how they run.
 
-OOP mode (default): Kafka -> ``groupBy(topic, partition).applyInPandasWithState`` (one group per
-Kafka partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
+OOP mode (default): Kafka -> ``groupBy(topic, partition)`` -> a stateful step (one group per Kafka
+partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
 -> ``foreachBatch`` sink (:mod:`high_level.sink`) writing typed Parquet and the status document. Windows close by punctuation
 (min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
 max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
 :mod:`high_level.cli`, the placement of state groups :mod:`high_level.placement`.
 
-The state of the stateful step has two layouts (``--state``): *chunked* (``chunked``, or ``auto``),
-``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
+The state of the stateful step has two layouts (``--state``): *chunked* (``chunked``, or ``auto``, the
+default), ``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
 (:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
-*blob* (the default), the processor saved whole every batch (:func:`state_function`), also what ``auto``
+*blob* (``blob``), the processor saved whole every batch (:func:`state_function`), also what ``auto``
 keeps for what needs the whole open table every batch (``--live``, landmark and bounded-top queries) and
-for checkpoints written by it.
+for checkpoints written by it. A checkpoint is resumed by the layout that wrote it or refused.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ MODES = ("oop", "watermark")
 # as per-batch chunks in RocksDB, high_level/chunks.py: a batch pays for what it brings, not for the open
 # groups), "auto" (chunked unless a query needs the blob: high_level.chunks.chunked_unsupported).
 STATES = ("auto", "blob", "chunked")
+CHECKPOINT_DIRS = {"blob": "oop", "chunked": "oop-chunked"}  # the OOP stream's checkpoint per layout
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class JobOptions:
     alert_queue: int = 10_000
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
-    state: str = "blob"  # STATES (blob by default: see README, "High-level state")
+    state: str = "auto"  # STATES (see README, "High-level state")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -274,11 +275,7 @@ class HighLevelJob:
             parts[q.topic] = max(parts.get(q.topic, 0), q.kafka.partitions)
         chunked = self.state_layout(layouts) == "chunked"
         if chunked:
-            ckpt = Path(o.checkpoint) / "oop-chunked"
-        other = Path(o.checkpoint) / ("oop" if chunked else "oop-chunked")
-        if other.exists():
-            raise ValueError(f"checkpoint {o.checkpoint} holds the {'blob' if chunked else 'chunked'} state ({other}): "
-                             f"keep --state {'blob' if chunked else 'chunked'} or use a new checkpoint")
+            ckpt = Path(o.checkpoint) / CHECKPOINT_DIRS["chunked"]
         n_tasks = checkpoint_shuffle_partitions(ckpt) or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         salts = placement_salts(parts, n_tasks)
         if salts:
@@ -325,19 +322,31 @@ class HighLevelJob:
                     self.spark.conf.set(k, v)
 
     def state_layout(self, layouts: Sequence[Layout] | None = None) -> str:
-        """The OOP step's state layout for these options and queries: 'blob' or 'chunked'. 'auto' keeps
-        the layout of an existing checkpoint (a job started before chunks existed goes on as it was)."""
+        """The OOP step's state layout for these options and queries: 'blob' or 'chunked'.
+
+        A checkpoint is resumed by the layout that wrote it: 'auto' follows it (a job started before
+        chunks were the default goes on with the blob), an explicit other layout is refused (no
+        migration: the two states share nothing, and rolling back is a new checkpoint)."""
         from high_level.chunks import chunked_unsupported
 
         lays = list(self.layouts.values()) if layouts is None else layouts
         why = chunked_unsupported(lays, self.opts.settings.live)
+        held = [st for st, d in CHECKPOINT_DIRS.items() if (Path(self.opts.checkpoint) / d).exists()]
+        if held and self.opts.state not in ("auto", held[0]):
+            raise ValueError(f"checkpoint {self.opts.checkpoint} holds the {held[0]} state: --state {self.opts.state} "
+                             f"cannot resume it; keep --state {held[0]} (or auto) or use a new checkpoint")  # fmt: skip
         if self.opts.state == "chunked" and why:
             raise ValueError(f"--state chunked: {why}; use --state blob or auto")
         if self.opts.state == "auto":
-            if (Path(self.opts.checkpoint) / "oop").exists():
+            if held == ["chunked"] and why:
+                raise ValueError(f"checkpoint {self.opts.checkpoint} holds the chunked state, but {why}: "
+                                 "use a new checkpoint (the blob state)")  # fmt: skip
+            if held == ["blob"]:
                 why = "the checkpoint holds the blob state"
             if why:
                 log.info("blob state: %s", why)
+            else:
+                log.info("chunked state (RocksDB)")
         return "blob" if self.opts.state == "blob" or why else "chunked"
 
     # -- sink -------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from high_level.pyworker import install as install_worker_python
+
 _LOG4J2 = """\
 # written by high_level.session: WARN and above to a file, only errors to the console
 rootLogger.level = warn
@@ -66,10 +68,13 @@ def build_spark(
     log4j = base / "log4j2.properties"
     log4j.write_text(_LOG4J2.format(log=base / "spark.log"))
     # Python workers must run the driver's own interpreter (the venv's python under ./lw),
-    # or they miss the project's packages or differ in minor version.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # or they miss the project's packages or differ in minor version. On a local master through
+    # high_level.pyworker: the installed pyspark (bytecode cached), not Spark's pyspark.zip (compiled
+    # from source at every worker start, too slow under load for the 10-s connect-back of a query start).
     local = master.startswith("local")
+    worker_python = install_worker_python(base) if local else sys.executable
+    os.environ["PYSPARK_PYTHON"] = worker_python
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if local:  # otherwise Spark resolves the hostname and may bind to a non-loopback interface
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # The driver JVM is launched by this call (local mode), so its Java options still apply here.
@@ -86,7 +91,7 @@ def build_spark(
         "spark.driver.bindAddress": "127.0.0.1" if local else "0.0.0.0",
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
-        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.python": worker_python,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Event-time windows must not depend on the machine's time zone.
         "spark.sql.session.timeZone": "UTC",

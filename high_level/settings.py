@@ -55,7 +55,7 @@ class JobSettings(RoleSettings):
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
     live: bool = Field(default=False, description="publish provisional values of open windows to lowwater.live.<query>")
     state: Literal["auto", "blob", "chunked"] = Field(
-        default="blob", description="OOP state layout: chunked (batch-proportional cost, RocksDB), blob, auto")
+        default="auto", description="OOP state layout: chunked (batch-proportional cost, RocksDB), blob, auto (default)")
 
     @field_validator("alert_webhook", "alert_generator_url")
     @classmethod

@@ -636,8 +636,9 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
 
 
 def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_blob(tmp_path):
-    """--state auto runs the chunked state, but the blob one for a landmark query, --live, or a checkpoint
-    written by the blob state; --state chunked refuses what it cannot run."""
+    """--state auto (the default) runs the chunked state, but the blob one for a landmark query, --live, or a
+    checkpoint written by the blob state; --state chunked refuses what it cannot run, and an explicit layout
+    refuses a checkpoint written by the other one (no migration)."""
     from high_level.chunks import chunked_unsupported
     from high_level.job import HighLevelJob, JobOptions
 
@@ -659,7 +660,17 @@ queries:
     with pytest.raises(ValueError, match="landmark"):
         layout([landmark], "chunked")
     assert "--live" in chunked_unsupported([Layout.of(plain)], live=True)
+    assert JobOptions(bootstrap="x", results="r", checkpoint="c").state == "auto"  # the default
+    # a checkpoint is resumed by the layout that wrote it: auto follows it, another layout is refused
     (tmp_path / "old" / "oop").mkdir(parents=True)
-    assert layout([plain], "auto", "old") == "blob" and layout([plain], "chunked", "old") == "chunked"
+    assert layout([plain], "auto", "old") == "blob" and layout([plain], "blob", "old") == "blob"
+    with pytest.raises(ValueError, match="holds the blob state: --state chunked cannot resume it"):
+        layout([plain], "chunked", "old")
+    (tmp_path / "new" / "oop-chunked").mkdir(parents=True)
+    assert layout([plain], "auto", "new") == "chunked" and layout([plain], "chunked", "new") == "chunked"
+    with pytest.raises(ValueError, match="holds the chunked state: --state blob cannot resume it"):
+        layout([plain], "blob", "new")
+    with pytest.raises(ValueError, match="holds the chunked state, but .*landmark"):
+        layout([plain, landmark], "auto", "new")
     with pytest.raises(ValueError, match="state"):
         JobOptions(bootstrap="x", results="r", checkpoint="c", state="rocks")
