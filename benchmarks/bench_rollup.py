@@ -216,18 +216,26 @@ def run_config(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, ba
     }  # fmt: skip
 
 
-def _run(a: argparse.Namespace) -> int:
-    from kafka import KafkaAdminClient, KafkaProducer
+def new_topic_query(bootstrap: str, partitions: int, prefix: str) -> Q.QuerySpec:
+    """The benchmark's query on a fresh topic of its own (created here with ``partitions`` partitions)."""
+    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
+
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    admin.close()
+    q = Q.load_text(QUERY).queries[0]
+    return q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=partitions)})
+
+
+def _run(a: argparse.Namespace) -> int:
+    from kafka import KafkaProducer
 
     from local_stack.spark_session import build_spark
 
-    topic = f"bench-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=a.bootstrap)
-    admin.create_topics([NewTopic(topic, a.partitions, 1)])
-    admin.close()
-    q = Q.load_text(QUERY).queries[0]
-    q = q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=a.partitions)})
+    q = new_topic_query(a.bootstrap, a.partitions, "bench")
+    topic = q.kafka.topic
     msgs = make_messages(q, a.records, a.groups, a.hosts, a.panes, a.batch)
     total = sum(n for *_, n in msgs)
     off = offline_rate(q, msgs)
@@ -361,8 +369,7 @@ def _sweep_check(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, 
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    from kafka import KafkaAdminClient, KafkaProducer
-    from kafka.admin import NewTopic
+    from kafka import KafkaProducer
 
     from local_stack.spark_session import build_spark
 
@@ -372,12 +379,8 @@ def _sweep(a: argparse.Namespace) -> int:
                          batch_size=1 << 20)  # fmt: skip
     points = []
     for groups in a.sweep_groups:
-        topic = f"scale-{uuid.uuid4().hex[:8]}"
-        admin = KafkaAdminClient(bootstrap_servers=a.bootstrap)
-        admin.create_topics([NewTopic(topic, a.partitions, 1)])
-        admin.close()
-        q = Q.load_text(QUERY).queries[0]
-        q = q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=a.partitions)})
+        q = new_topic_query(a.bootstrap, a.partitions, "scale")
+        topic = q.kafka.topic
         msgs, eos = sweep_messages(q, groups, a.sweep_records, a.hosts, a.batch)
         for p, v, _ in msgs:
             prod.send(topic, value=v, partition=p)

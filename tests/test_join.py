@@ -6,6 +6,7 @@ bounded by punctuation; checkpointed state resumes exactly."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -380,6 +381,17 @@ def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatc
         pool.shutdown()
 
 
+def run_to_end(job: Any) -> None:
+    """Start the job, process what the topics hold, again after a tick (the state step's timer), and stop."""
+    job.start()
+    try:
+        job.process_all_available()
+        time.sleep(0.5)
+        job.process_all_available()
+    finally:
+        job.stop()
+
+
 def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
     """Select batches of 3 skewed hosts in real Kafka -> the real job -> stored windows equal the oracle;
     the join state shows in /status; a join over a topic that does not exist is a clear error."""
@@ -394,14 +406,7 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
                       trigger_ms=300, shuffle_partitions=2, name="t-join", create_topics=False,
                       expected_hosts=("cap-0", "cap-1", "cap-2"))  # fmt: skip
-    job = HighLevelJob(spark, [], opts, config=cfg)
-    job.start()
-    try:
-        job.process_all_available()
-        time.sleep(0.5)
-        job.process_all_available()
-    finally:
-        job.stop()
+    run_to_end(HighLevelJob(spark, [], opts, config=cfg))
     got = read_results(tmp_path / "res", "handshakes")
     fin = got[got["kind"] == "final"].copy()
     assert fin["complete"].all()
@@ -496,14 +501,7 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
                       trigger_ms=300, shuffle_partitions=2, name="t-join-gen", create_topics=False,
                       expected_hosts=("cap-0",))  # fmt: skip
-    job = HighLevelJob(spark, [], opts, config=cfg)
-    job.start()
-    try:
-        job.process_all_available()
-        time.sleep(0.5)
-        job.process_all_available()
-    finally:
-        job.stop()
+    run_to_end(HighLevelJob(spark, [], opts, config=cfg))
     left, right = generated_rows(cfg, n)
     for j, cols in zip(cfg.joins, (["completed", "avg_latency_ns"], ["unanswered", "max_port"]), strict=True):
         lay = JoinLayout.of(j, *cfg.selects)
