@@ -19,11 +19,27 @@ from contract import wire
 from high_level import codec
 from high_level.rollup import I64, QueryRollup, Windows, assemble, group_reduce
 
-# Tiered merging of a pane's chunks: a new chunk at least 1/TIER of the size of the one before it is merged
-# into it (repeatedly). A pane then holds O(log) chunks and a record is rewritten O(log) times over the
-# pane's life: the cost per batch stays proportional to the batch (amortised), and a long-open pane does
-# not pile up one chunk per batch.
-TIER = 2
+# Size-tiered merging of a pane's chunks: when the newest FANOUT chunks (or more) are each at most FANOUT
+# times the size of the newest one, they are merged into one (repeatedly). A pane then holds O(FANOUT log N)
+# chunks, and a record is rewritten O(log_FANOUT N) times over the pane's life, so the cost per batch stays
+# proportional to the batch (amortised). A lazier rule than merging every new chunk into the previous one:
+# a long-open pane of many groups (whose batches each bring mostly groups it already holds) is rewritten
+# once every ~FANOUT batches, not every second one (benchmarks/results/rollup_scale.json).
+FANOUT = 16
+
+
+def merge_run(sizes: list[int], fanout: int = FANOUT) -> int:
+    """How many of the newest chunks to merge now (0: none): the longest run of newest chunks each at most
+    ``fanout`` times the newest, if it holds ``fanout`` or more."""
+    if len(sizes) < fanout:
+        return 0
+    cap = fanout * max(1, sizes[-1])
+    run = 0
+    for n in reversed(sizes):
+        if n > cap:
+            break
+        run += 1
+    return run if run >= fanout else 0
 
 
 class ChunkStore(Protocol):
@@ -52,12 +68,17 @@ class MemoryChunks:
         self.data.pop((query, int(pane), int(seq)), None)
 
 
+CHUNK_ZMAGIC = b"LWCZ"  # a zstd-compressed chunk follows (chunks of earlier builds are uncompressed)
+
+
 def encode_chunk(key: np.ndarray, state: np.ndarray) -> bytes:
-    return codec.pack({}, {"key": key, "state": state})
+    """A chunk's bytes, compressed: a pane of millions of groups is tens of MB raw, and every byte is paid
+    again on each hop to the state store (:func:`high_level.codec.compress`)."""
+    return codec.compress(codec.pack({}, {"key": key, "state": state}), CHUNK_ZMAGIC)
 
 
 def decode_chunk(data: bytes, kw: int, na: int) -> tuple[np.ndarray, np.ndarray]:
-    _, arrays = codec.unpack(data)
+    _, arrays = codec.unpack(codec.decompress(data, CHUNK_ZMAGIC))
     key, state = arrays["key"], arrays["state"]
     if key.shape[1:] != (kw,) or state.shape[1:] != (na,) or len(key) != len(state):
         raise codec.CodecError(f"chunk of {key.shape}/{state.shape} does not fit {kw}/{na} key/state columns")
@@ -107,15 +128,20 @@ class ChunkedRollup(QueryRollup):
         for s, e in zip(cuts.tolist(), [*cuts[1:].tolist(), len(p)], strict=True):
             pn = int(p[s])
             sizes = self.index.setdefault(pn, [])
-            held = len(sizes)
+            had = held = len(sizes)  # chunks in the store before this batch; `held` of them still valid
             key, state = np.ascontiguousarray(keys[s:e, 1:]), st[s:e]
-            while sizes and len(key) * TIER >= sizes[-1]:  # tiered merge into the previous chunk
-                pk, ps = decode_chunk(store.get(lay.name, pn, len(sizes) - 1), lay.kw, lay.na)
-                key, state = group_reduce(np.concatenate([pk, key]), np.concatenate([ps, state]), lay.ops)
-                sizes.pop()
-            store.put(lay.name, pn, len(sizes), encode_chunk(key, state))
             sizes.append(len(key))
-            for seq in range(len(sizes), held):  # chunks merged into a lower seq
+            while run := merge_run(sizes):  # size-tiered: the newest run of similar chunks becomes one
+                first = len(sizes) - run
+                parts = [decode_chunk(store.get(lay.name, pn, q), lay.kw, lay.na) for q in range(first, held)]
+                parts.append((key, state))
+                key, state = group_reduce(np.concatenate([k for k, _ in parts]),
+                                          np.concatenate([v for _, v in parts]), lay.ops)  # fmt: skip
+                del sizes[first:]
+                sizes.append(len(key))
+                held = min(held, first)  # chunks from `first` on are rewritten below or removed
+            store.put(lay.name, pn, len(sizes) - 1, encode_chunk(key, state))
+            for seq in range(len(sizes), had):  # chunks merged into a lower seq
                 store.remove(lay.name, pn, seq)
 
     def _read(self, pane: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,13 +18,11 @@ counts may be too high".
 from __future__ import annotations
 
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from contract import wire
 from contract.status import PartitionStatus
@@ -38,7 +36,6 @@ from high_level.rollup import QueryRollup
 
 I64 = np.int64
 ZMAGIC = b"LWJZ"  # a zstd-compressed codec blob follows (its raw length first)
-_RAWLEN = struct.Struct("<Q")
 HASH_ARRAYS = ("left_h", "right_h")
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 
@@ -98,18 +95,14 @@ class JoinProcessor:
             head["joins"][str(p)] = jh
             arrays |= {f"join{p}/{k}": v for k, v in ja.items() if k not in HASH_ARRAYS}
         raw = codec.pack(head, arrays)
-        return ZMAGIC + _RAWLEN.pack(len(raw)) + pa.compress(raw, codec="zstd", asbytes=True)
+        return codec.compress(raw, ZMAGIC)
 
     @classmethod
     def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
                    feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
         jp = cls(layout, settings, feed_sides)
         bare = replace(layout, rollup=None)
-        buf = bytes(buf)
-        if buf[: len(ZMAGIC)] == ZMAGIC:
-            (n,) = _RAWLEN.unpack_from(buf, len(ZMAGIC))
-            buf = pa.decompress(buf[len(ZMAGIC) + _RAWLEN.size :], decompressed_size=n, codec="zstd", asbytes=True)
-        head, z = unpack_state(buf)
+        head, z = unpack_state(codec.decompress(buf, ZMAGIC))
         jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
         for p in jp.joins:
             if "joins" in head:

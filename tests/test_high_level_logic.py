@@ -161,7 +161,7 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
             first[np.unique(idx[perm], return_index=True)[1]] = True
             ss[~first, j] = 0
     assert merge_partials(q, ps, ks, ss).equals(po)
-    for chunk in np.array_split(np.arange(len(ps)), 7):
+    for chunk in np.array_split(np.arange(len(ps)), 40):  # enough batches for size-tiered merges
         r.add(ps[chunk], ks[chunk], ss[chunk])
         if state == "chunked":  # the store holds exactly the chunks the index lists (merged ones removed)
             assert set(r.store.data) == {(q.name, p, i) for p, v in r.index.items() for i in range(len(v))}
@@ -186,6 +186,37 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
     assert len(r) == 0
     if state == "chunked":
         assert r.store.data == {}  # every chunk deleted once no open window needs its pane
+
+
+@pytest.mark.parametrize("shape", ["equal", "growing", "shrinking", "heavy_tail", "saturated"])
+def test_chunk_merge_rule_keeps_few_chunks_and_rewrites_little(shape):
+    """The size-tiered rule of high_level/chunks.py over 2,000 batches: a pane holds O(F log N) chunks and a
+    row is rewritten O(log_F N) times, whatever the batch sizes; 'saturated' dedups like a pane whose
+    batches bring groups it already holds (merged size capped at the pane's 50K distinct groups)."""
+    from high_level.chunks import FANOUT, merge_run
+
+    rng = np.random.default_rng(7)
+    batches = {"equal": np.full(2000, 1000), "growing": np.arange(1, 2001) * 10,
+               "shrinking": np.arange(2000, 0, -1) * 10, "heavy_tail": (rng.pareto(1.2, 2000) * 100 + 1).astype(int),
+               "saturated": np.full(2000, 20_000)}[shape]  # fmt: skip
+    cap = 50_000 if shape == "saturated" else None
+    sizes: list[int] = []
+    written = most = merges = 0
+    for b in batches.tolist():
+        sizes.append(b)
+        written += b
+        while run := merge_run(sizes):
+            merged = sum(sizes[-run:]) if cap is None else min(cap, sum(sizes[-run:]))
+            del sizes[-run:]
+            sizes.append(merged)
+            written += merged
+            merges += 1
+        most = max(most, len(sizes))
+        assert merge_run(sizes) == 0 and all(n > 0 for n in sizes)
+    total = int(batches.sum())
+    levels = np.log(total) / np.log(FANOUT) + 2
+    assert merges > 0 and most <= FANOUT * levels, (most, levels)
+    assert written <= total * levels, (written / total, levels)
 
 
 def test_sliding_range9_slide3_by_hand():
@@ -424,6 +455,24 @@ def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
     assert q2.to_bytes() == b
     with pytest.raises(codec.CodecError):
         codec.unpack(b"\x80\x04junk")
+
+
+def test_chunks_are_compressed_and_old_chunks_still_load():
+    """A chunk travels zstd-compressed (several times smaller for real key columns); a chunk an earlier
+    build wrote uncompressed still decodes; damaged bytes are a CodecError, never a wrong table."""
+    from high_level.chunks import CHUNK_ZMAGIC, decode_chunk, encode_chunk
+
+    g = np.arange(100_000, dtype=np.int64)
+    key = np.column_stack([np.zeros_like(g), 0xFFFF_0A00_0000 + g // 256, np.zeros_like(g), 0xFFFF_C0A8_0000 + g % 65536])
+    state = (g % 7 + 1).reshape(-1, 1)
+    b = encode_chunk(key, state)
+    assert b.startswith(CHUNK_ZMAGIC) and len(b) * 3 < key.nbytes + state.nbytes
+    for data in (b, codec.pack({}, {"key": key, "state": state})):  # new and earlier (uncompressed) bytes
+        k, s = decode_chunk(data, 4, 1)
+        assert np.array_equal(k, key) and np.array_equal(s, state)
+    for bad in (b[:10], b[:-20], b[:16] + bytes(len(b) - 16)):
+        with pytest.raises(codec.CodecError):
+            decode_chunk(bad, 4, 1)
 
 
 # -- store ----------------------------------------------------------------------------------------
