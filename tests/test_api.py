@@ -188,6 +188,24 @@ def test_relative_time(client: TestClient) -> None:
     assert all_rows(client, "q4_pairs", start="-90m", end="now")["paging"]["total"] > 0
 
 
+def test_default_range_follows_the_newest_window_of_a_replay(tmp_path: Path) -> None:
+    """A store whose windows are three days old (a replayed or stopped capture): without start/end, /results,
+    /series and /incomplete cover the hour up to its newest closed window, not the last hour of the clock."""
+    old = make_store(tmp_path / "results", now=datetime.now(UTC) - timedelta(days=3))
+    with TestClient(create_app(old.config, old.root)) as c:
+        body = all_rows(c, "q4_pairs")
+        exp = expected_q4(old)
+        assert body["paging"]["total"] == len(exp) > 0
+        assert set(frame(body)["window_start"]) == set(exp["window_start"])
+        newest = max(exp["window_start"])
+        assert body["end"] == iso(datetime.fromisoformat(newest.replace("Z", "+00:00")) + timedelta(minutes=1))
+        series = c.get("/queries/q4_pairs/series").json()
+        assert {r["window_start"] for r in series["rows"]} == set(exp["window_start"])
+        assert c.get("/queries/q4_pairs/incomplete").json()["end"] == body["end"]
+        assert all_rows(c, "q4_pairs", start="-1h")["paging"]["total"] == 0  # an explicit range is the clock's
+        assert all_rows(c, "q4_pairs", end="now")["paging"]["total"] == 0
+
+
 def _matches(value: str, flt: str) -> bool:
     addr = ipaddress.ip_address(value)
     if "/" in flt:

@@ -5,8 +5,8 @@ Endpoints (all GET; OpenAPI at /docs):
 * ``/health``: liveness and how many result files were rejected for breaking the layout; never needs a token.
 * ``/queries``, ``/queries/{name}``: query definitions (the original YAML), window spec, key and
   aggregate columns.
-* ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the last
-  hour; at most 7 days), one row per (window, group). Group-key filters ``key.<col>=v`` or
+* ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the hour up to
+  the newest closed window, so a replay shows its data; at most 7 days), one row per (window, group). Group-key filters ``key.<col>=v`` or
   ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as 10.0.0.0/8 or 2001:db8::/32 for
   address columns; several filters on one column are OR-ed, different columns AND-ed); ``order_by``;
   ``top`` (top-N groups per window, with a ``rank`` column); ``limit`` (<= 10000) and ``offset``
@@ -104,7 +104,9 @@ Start = Annotated[str | None, Query(
                 "'now' or 'now-15m'/'-15m'. Default: end minus 1 hour.",
     examples=["2024-05-01T12:00:00Z", "1714564800", "-15m"], max_length=64)]  # fmt: skip
 End = Annotated[str | None, Query(
-    description="End of the range (exclusive). Default: now. The range may span at most 7 days.", max_length=64)]
+    description="End of the range (exclusive). Default: the end of the query's newest closed window when start "
+                "is not given either (a replayed or stopped capture still shows its last hour), else now. The "
+                "range may span at most 7 days.", max_length=64)]  # fmt: skip
 Filters = Annotated[list[str], Query(
     alias="filter", max_length=P.MAX_FILTERS,
     description="Group-key filter 'column:value', repeatable: exact value, or for address columns a prefix "
@@ -336,6 +338,13 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     def now() -> datetime:
         return datetime.now(UTC)
 
+    def newest_end(qi: QueryInfo, start: str | None, end: str | None) -> datetime | None:
+        """The end of the query's newest closed window, when a request gives no range (None otherwise)."""
+        if start is not None or end is not None:
+            return None
+        ws = reader.latest_window(qi)
+        return None if ws is None else ws + timedelta(microseconds=qi.spec.window.range_ns // 1000)
+
     def respond(body: dict[str, Any], rs: ResultSet, fmt: str, filename: str, qi: QueryInfo | None = None) -> Response:
         if fmt == "csv":
             headers = {"X-Total-Count": str(rs.total), "Content-Disposition": f'inline; filename="{filename}.csv"'}
@@ -388,7 +397,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                  offset: Offset = 0, fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
         qi = info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
-        s, e = P.time_range(start, end, now())
+        s, e = P.time_range(start, end, now(), newest_end(qi, start, end))
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
@@ -428,7 +437,7 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
                fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
         qi = info(name)
         keys = _check_params(request, _SERIES_PARAMS)
-        s, e = P.time_range(start, end, now())
+        s, e = P.time_range(start, end, now(), newest_end(qi, start, end))
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
         flags = flagged.per_window(name, us_of(s), us_of(e))
@@ -442,9 +451,9 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     @guarded.get("/queries/{name}/incomplete", summary="Windows known short (shed or lost records), rows or not",
                  responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
     def incomplete(request: Request, name: str, start: Start = None, end: End = None) -> dict[str, Any]:
-        info(name)
+        qi = info(name)
         _check_params(request, _INCOMPLETE_PARAMS)
-        s, e = P.time_range(start, end, now())
+        s, e = P.time_range(start, end, now(), newest_end(qi, start, end))
         return {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
                 "windows": flagged.windows(name, us_of(s), us_of(e))}  # fmt: skip
 

@@ -62,9 +62,15 @@ def parse_time(name: str, value: str, now: datetime) -> datetime:
     return t
 
 
-def time_range(start: str | None, end: str | None, now: datetime) -> tuple[datetime, datetime]:
-    """The [start, end) a results request covers: default the last hour, at most MAX_RANGE long."""
-    e = parse_time("end", end, now) if end is not None else now
+def time_range(start: str | None, end: str | None, now: datetime,
+               newest: datetime | None = None) -> tuple[datetime, datetime]:  # fmt: skip
+    """The [start, end) a results request covers, at most MAX_RANGE long. Default: the hour up to ``newest``
+    (the end of the newest closed window) when neither bound is given, so a replayed capture or a stopped
+    one still shows its last hour; else the hour up to ``end``, or from ``start`` to now."""
+    if end is not None:
+        e = parse_time("end", end, now)
+    else:
+        e = newest if start is None and newest is not None else now
     s = parse_time("start", start, now) if start is not None else e - DEFAULT_RANGE
     if s >= e:
         raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
