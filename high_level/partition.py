@@ -28,6 +28,7 @@ from high_level.meld import Meld
 from high_level.rollup import I64, Layout, QueryRollup, Windows
 
 LATE_POLICIES = ("drop", "correction")
+STATE_ZMAGIC = b"LWPZ"  # the processor's saved bytes, zstd-compressed (state of earlier builds: uncompressed)
 MAX_INCARNATIONS = 4  # per host: record counters kept for the newest few incarnations
 
 # The generic output schema of the stateful step (one schema for all queries).
@@ -449,12 +450,12 @@ class PartitionProcessor:
             if isinstance(r, ChunkedRollup):
                 meta["queries"][name]["chunks"] = r.index_dict()
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
-        return codec.pack(meta, arrays)
+        return codec.compress(codec.pack(meta, arrays), STATE_ZMAGIC)
 
     @classmethod
     def from_bytes(cls, buf: bytes, layouts: Sequence[Layout], settings: Settings,
                    store: ChunkStore | None = None) -> PartitionProcessor:  # fmt: skip
-        meta, arrays = codec.unpack(buf)
+        meta, arrays = codec.unpack(codec.decompress(buf, STATE_ZMAGIC))
         p = cls(layouts, meta["partition"], settings, store)
         p.errors.update(meta.get("errors", {}))
         p.last_error = meta.get("last_error", "")

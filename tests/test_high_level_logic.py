@@ -17,7 +17,7 @@ from contract import wire
 from high_level import codec
 from high_level.chunks import ChunkedRollup, MemoryChunks
 from high_level.meld import Meld
-from high_level.partition import PartitionProcessor, Settings
+from high_level.partition import STATE_ZMAGIC, PartitionProcessor, Settings
 from high_level.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
 from high_level.simulate import host_messages, interleave, split_hosts, window_oracle
 from high_level.store import ResultStore, ip_strings, typed_table
@@ -448,11 +448,14 @@ def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
     p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9))
     p.process([m.value for m in msgs[: len(msgs) // 2]], 1000)
     b = p.to_bytes()
-    assert b[:4] == codec.MAGIC and b"\x80\x04" not in b[:8]
+    assert b[:4] == STATE_ZMAGIC and b"\x80\x04" not in b[:8]
+    raw = codec.decompress(b, STATE_ZMAGIC)
+    assert raw[:4] == codec.MAGIC
     rows = len(p.queries["pairs"].rollup)
-    assert rows > 0 and len(b) < 8 * rows * (1 + lay.kw + lay.na) + 4096
+    assert rows > 0 and len(b) < len(raw) < 8 * rows * (1 + lay.kw + lay.na) + 4096
     q2 = PartitionProcessor.from_bytes(b, [lay], p.settings)
     assert q2.to_bytes() == b
+    assert PartitionProcessor.from_bytes(raw, [lay], p.settings).to_bytes() == b  # state saved uncompressed earlier
     with pytest.raises(codec.CodecError):
         codec.unpack(b"\x80\x04junk")
 
