@@ -149,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="micro-batch bounds to measure (records; sent as maxOffsetsPerTrigger)")
     ap.add_argument("--sweep", action="store_true", help="run the open-state sweep -> rollup_scale.json")
     ap.add_argument("--sweep-groups", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
-    ap.add_argument("--sweep-records", type=int, default=3_000_000, help="measured partials per sweep point")
-    ap.add_argument("--sweep-batch", type=int, default=500_000, help="records per micro-batch in the sweep")
+    ap.add_argument("--sweep-records", type=int, default=12_000_000,
+                    help="measured partials per sweep point (12 micro-batches: a long-open pane's merges amortised)")
+    ap.add_argument("--sweep-batch", type=int, default=1_000_000, help="records per micro-batch in the sweep")
     ap.add_argument("--states", nargs="+", default=["blob", "chunked"], help="state layouts the sweep compares")
     a = ap.parse_args(argv)
     broker = None
@@ -434,7 +435,7 @@ def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: 
                       "open_groups groups all along (nothing closes while measured). rate_ratio_<hi>_vs_<lo> = "
                       "chunked rate at the largest open state / chunked rate at the smallest; the same ratio of the "
                       "blob state alongside.",
-        "points": points, "complete": complete,
+        "points": points, "complete": complete, "load_avg_at_write": [round(x, 2) for x in os.getloadavg()],
     }  # fmt: skip
     if len(points) > 1:
         for st in a.states:

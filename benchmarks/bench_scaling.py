@@ -1,6 +1,6 @@
 """Scaling of the roll-up on a Spark standalone cluster: P = 1, 2, 4 Kafka partitions x 1 and 2 workers.
 
-``.venv/bin/python benchmarks/bench_scaling.py [--records 3000000] [--groups 100000] [--partitions 1,2,4]
+``.venv/bin/python benchmarks/bench_scaling.py [--records 12000000] [--groups 100000] [--partitions 1,2,4]
 [--workers 1,2]`` starts a Kafka broker and, per worker count W, a standalone cluster (master + W
 workers of one core each, ``local_stack/spark_cluster.py``, the processes ``tests/test_cluster.py``
 runs), and drives the real job against it (``--master spark://...``) in a process of its own, one
@@ -11,7 +11,9 @@ place them; each (W, P) reads its topic from a fresh checkpoint with ``spark.sql
 The rate is ``bench_rollup.run_config``'s sustained rate (records after the first micro-batch over
 the time from its end to the last one's). Executor CPU seconds are read from /proc (the workers'
 process trees). Writes ``benchmarks/results/scaling.json`` (``p2_vs_p1``: P = 2 vs P = 1 on 2
-workers) and ``scaling.png``.
+workers) and ``scaling.png``. Also the CPU the driver and the whole machine used per run: at P = 1's CPU per
+record, ``cores / machine_cores_busy(P = 1)`` is the most any P can gain on this machine
+(``p2_vs_p1_ceiling_on_this_machine``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm:
     return totals
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy so far (user, nice, system, irq, softirq of /proc/stat; not
+    idle, iowait or steal): over a run, busy / wall is how many of the cores every process together used."""
+    try:
+        f = Path("/proc/stat").read_text().splitlines()[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in f[1:8])
+        return (user + nice + system + irq + softirq) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def driver(a: argparse.Namespace) -> int:
     """One SparkContext on the cluster (W executors of 1 core); every P in turn; JSON lines on stdout."""
     from high_level.session import build_spark
@@ -78,12 +91,18 @@ def driver(a: argparse.Namespace) -> int:
                         driver_host="127.0.0.1")  # fmt: skip
     ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
     warm = query_for(spec["warm"], 2)
-    run_config(spark, warm, ns, work / "warm", a.batch_records, spec["totals"][spec["warm"]])
+    wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
+    run_config(spark, warm, ns, work / "warm", min(a.batch_records, wt // 3), wt)
     for p, topic in sorted((int(k), v) for k, v in spec["topics"].items()):
         ns.partitions = p
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
+        d0, m0, t0 = tree_cpu_seconds(os.getpid()), machine_busy_seconds(), time.perf_counter()
         r = run_config(spark, query_for(topic, p), ns, work / f"p{p}", a.batch_records, spec["totals"][topic])
+        took = time.perf_counter() - t0
         r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
+        # the driver (this process and its JVM) and every process of the machine (broker, master, workers, ...)
+        r["driver_cpu_seconds"] = round(tree_cpu_seconds(os.getpid()) - d0, 2)
+        r["machine_cores_busy"] = round((machine_busy_seconds() - m0) / took, 2)
         # cores the executors kept busy over the whole catch-up (their CPU / wall): < W means they waited
         r["executor_cores_busy"] = round(r["executor_cpu_seconds"] / r["catchup_seconds"], 2)
         r.update(workers=w, partitions=p, executors=sc_executors(spark))
@@ -154,17 +173,27 @@ def summarize(rows: list[dict], head: dict) -> dict:
         f"{max(busy.values()):.2f} cores busy over a run: a second executor only adds what the other processes "
         "leave of the second core"
     )
+    mbusy = {f"w{r['workers']}_p{r['partitions']}": r.get("machine_cores_busy") for r in rows}
+    if all(v is not None for v in mbusy.values()):
+        res["machine_cores_busy"] = mbusy
+        # at the CPU per record of P = 1, the most any P can reach on these cores: cores / cores P = 1 kept busy
+        p1 = mbusy.get(f"w{wmax}_p1")
+        if p1:
+            res["p2_vs_p1_ceiling_on_this_machine"] = round(res["machine"]["cores"] / p1, 3)
+            res["limit"] += (f"; at P = 1 every process together (executors, driver, broker, master, workers) already "
+                             f"kept {p1:.2f} of the {res['machine']['cores']} cores busy, so at that CPU per record no P "
+                             f"can gain more than {res['p2_vs_p1_ceiling_on_this_machine']}x here")  # fmt: skip
     return res
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=3_000_000)
+    ap.add_argument("--records", type=int, default=12_000_000)
     ap.add_argument("--groups", type=int, default=100_000)
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--panes", type=int, default=10)
     ap.add_argument("--batch", type=int, default=4096, help="partial records per Kafka message")
-    ap.add_argument("--batch-records", type=int, default=500_000, help="records per micro-batch at most")
+    ap.add_argument("--batch-records", type=int, default=2_000_000, help="records per micro-batch at most")
     ap.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--executor-memory", default="1g")
