@@ -266,17 +266,19 @@ def tree_cpu_s(root: int) -> dict[str, float]:
                     f_ = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            stats[int(d)] = (int(f_[1]), (int(f_[11]) + int(f_[12])) / tick)  # ppid, utime + stime
+            stats[int(d)] = (int(f_[1]), (int(f_[11]) + int(f_[12])) / tick,  # ppid, utime + stime,
+                             (int(f_[13]) + int(f_[14])) / tick)  # and the reaped children's (cutime + cstime)
     kids: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
+    for pid, (ppid, *_) in stats.items():
         kids.setdefault(ppid, []).append(pid)
-    out = {"driver": stats.get(root, (0, 0.0))[1], "jvm": 0.0, "python": 0.0}
+    out = {"driver": stats.get(root, (0, 0.0, 0.0))[1], "jvm": 0.0, "python": 0.0}
     for child in kids.get(root, []):
         out["jvm"] += stats[child][1]
+        out["python"] += stats[child][2]  # Python workers the JVM has reaped
         todo = list(kids.get(child, []))
         while todo:
             pid = todo.pop()
-            out["python"] += stats[pid][1]
+            out["python"] += stats[pid][1] + stats[pid][2]
             todo += kids.get(pid, [])
     return out
 

@@ -104,7 +104,9 @@ def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: 
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of ``pid`` and all its live descendants (Linux /proc; 0 elsewhere).
+    """User+system CPU seconds of ``pid`` and all its descendants (Linux /proc; 0 elsewhere): the live ones'
+    own time plus, per live process, its reaped children's (cutime + cstime), so Python workers that have
+    exited still count.
 
     The machine may be shared: wall time depends on the neighbours, CPU time much less.
     """
@@ -121,7 +123,7 @@ def tree_cpu_seconds(pid: int) -> float:
             except OSError:
                 continue
             kids.setdefault(int(f[1]), []).append(int(d.name))
-            stats[int(d.name)] = (int(f[11]) + int(f[12])) / tick
+            stats[int(d.name)] = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick
     except (OSError, ValueError):
         return 0.0
     total, todo = 0.0, [pid]
