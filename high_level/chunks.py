@@ -17,7 +17,15 @@ import numpy as np
 
 from contract import wire
 from high_level import codec
-from high_level.rollup import I64, QueryRollup, Windows, assemble, group_reduce
+from high_level.rollup import (
+    I64,
+    QueryRollup,
+    Windows,
+    assemble,
+    expand_windows,
+    group_reduce,
+    touched_windows,
+)
 
 # Size-tiered merging of a pane's chunks: when the newest FANOUT chunks (or more) are each at most FANOUT
 # times the size of the newest one, they are merged into one (repeatedly). A pane then holds O(FANOUT log N)
@@ -89,8 +97,9 @@ class ChunkedRollup(QueryRollup):
     """:class:`QueryRollup` whose pane table is in a :class:`ChunkStore` (its own arrays stay empty).
 
     Same results: closing assembles the windows from the merged chunks of exactly the panes they
-    cover. Not for queries that need the open table every batch (live provisional rows, landmark
-    'update' rows and folds, a bounded top): see :func:`chunked_unsupported`.
+    cover, and live provisional rows from the panes of the windows a batch touched. Not for queries that
+    need the open table every close or merge (landmark 'update' rows and folds, a bounded top): see
+    :func:`chunked_unsupported`.
     """
 
     def __init__(self, layout, store: ChunkStore | None = None) -> None:  # noqa: ANN001 - Layout
@@ -201,17 +210,35 @@ class ChunkedRollup(QueryRollup):
         raise NotImplementedError("landmark queries keep the blob state")
 
     def provisional(self, pane: np.ndarray, key: np.ndarray) -> Windows:
-        raise NotImplementedError("live provisional results keep the blob state")
+        """As :meth:`QueryRollup.provisional`: reads the panes of the windows the batch touched (their chunks
+        merged, the touched groups' rows kept), not the rest of the open state."""
+        lay = self.layout
+        pane = np.asarray(pane, I64)
+        if len(pane) == 0 or not self.index:
+            return Windows.empty(lay.kw, lay.na)
+        key = np.asarray(key, I64).reshape(len(pane), lay.kw)
+        lo = int(pane.min()) if self.closed is None else self.closed
+        idx, w = expand_windows(pane, lo, int(pane.max()) + lay.k, lay.k, lay.s)
+        if len(idx) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        touched = wire.key_hash(key[idx])
+        rows = []
+        for p in sorted(self.index):
+            if int(w.min()) - lay.k + 1 <= p <= int(w.max()):
+                k, s = self._read(p)
+                sel = np.isin(wire.key_hash(k), touched)
+                rows.append((np.full(int(sel.sum()), p, I64), k[sel], s[sel]))
+        if not rows:
+            return Windows.empty(lay.kw, lay.na)
+        return touched_windows(lay, *(np.concatenate(c) for c in zip(*rows, strict=True)), w, key[idx])
 
 
-def chunked_unsupported(layouts, live: bool) -> str | None:  # noqa: ANN001 - Sequence[Layout]
+def chunked_unsupported(layouts) -> str | None:  # noqa: ANN001 - Sequence[Layout]
     """Why the chunked state cannot run these queries (None: it can).
 
     Each reason is a feature that reads the whole open table every batch or every close, which the
     chunked state exists to avoid; those jobs keep the blob state.
     """
-    if live:
-        return "--live publishes the current value of every open window a batch touches"
     for lay in layouts:
         if lay.landmark:
             return f"query {lay.name!r} is a landmark (its open window is folded and reported at every close)"

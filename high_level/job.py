@@ -11,7 +11,7 @@ The state of the stateful step has two layouts (``--state``): *chunked* (``chunk
 default), ``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
 (:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
 *blob* (``blob``), the processor saved whole every batch (:func:`state_function`), also what ``auto``
-keeps for what needs the whole open table every batch (``--live``, landmark and bounded-top queries) and
+keeps for what needs the whole open table every close or merge (landmark and bounded-top queries) and
 for checkpoints written by it. A checkpoint is resumed by the layout that wrote it or refused.
 """
 
@@ -330,7 +330,7 @@ class HighLevelJob:
         from high_level.chunks import chunked_unsupported
 
         lays = list(self.layouts.values()) if layouts is None else layouts
-        why = chunked_unsupported(lays, self.opts.settings.live)
+        why = chunked_unsupported(lays)
         held = [st for st, d in CHECKPOINT_DIRS.items() if (Path(self.opts.checkpoint) / d).exists()]
         if held and self.opts.state not in ("auto", held[0]):
             raise ValueError(f"checkpoint {self.opts.checkpoint} holds the {held[0]} state: --state {self.opts.state} "

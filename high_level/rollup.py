@@ -176,6 +176,18 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     return ukeys, out
 
 
+def touched_windows(lay: Layout, pane: np.ndarray, key: np.ndarray, state: np.ndarray, w: np.ndarray,
+                    wkey: np.ndarray) -> Windows:  # fmt: skip
+    """The (window, group) pairs ``(w, wkey)`` assembled from pane rows that hold (at least) every row of
+    those groups, in (window, group) order; for :meth:`QueryRollup.provisional` of either state layout.
+    A hash collision in the caller's row selection only adds rows that are dropped here."""
+    out = assemble(pane, key, state, int(w.min()), int(w.max()) + 1, lay.k, lay.ops, lay.s)
+    keep = np.isin(wire.key_hash(np.column_stack([out.window, out.key])), wire.key_hash(np.column_stack([w, wkey])))
+    order = np.lexsort([*(out.key[:, j] for j in reversed(range(lay.kw))), out.window])  # by window, group
+    o = order[keep[order]]
+    return Windows(out.window[o], np.ascontiguousarray(out.key[o]), np.ascontiguousarray(out.state[o]))
+
+
 def expand_windows(pane: np.ndarray, lo: int, hi: int, k: int, s: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """For pane rows, the (row index, window) pairs with window in ``[lo, hi)`` each pane belongs to.
 
@@ -378,13 +390,7 @@ class QueryRollup:
         if len(idx) == 0:
             return Windows.empty(lay.kw, lay.na)
         sel = np.isin(wire.key_hash(self.key), wire.key_hash(key[idx]))
-        out = assemble(self.pane[sel], self.key[sel], self.state[sel], int(w.min()), int(w.max()) + 1, lay.k,
-                       lay.ops, lay.s)  # fmt: skip
-        keep = np.isin(wire.key_hash(np.column_stack([out.window, out.key])),
-                       wire.key_hash(np.column_stack([w, key[idx]])))  # fmt: skip
-        order = np.lexsort([*(out.key[:, j] for j in reversed(range(lay.kw))), out.window])  # by window, group
-        o = order[keep[order]]
-        return Windows(out.window[o], np.ascontiguousarray(out.key[o]), np.ascontiguousarray(out.state[o]))
+        return touched_windows(lay, self.pane[sel], self.key[sel], self.state[sel], w, key[idx])
 
     def panes(self) -> np.ndarray:
         """The distinct panes held, ascending."""

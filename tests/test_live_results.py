@@ -14,6 +14,7 @@ from contract import live as L
 from contract import query as Q
 from contract import results as R
 from contract import wire
+from high_level.chunks import MemoryChunks
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
 from high_level.partition import PartitionProcessor, QueryWindows, Settings, unpack_windows
@@ -58,12 +59,14 @@ class _Received:
         return np.array(out, np.int64)
 
 
+@pytest.mark.parametrize("state", ["blob", "chunked"])
 @pytest.mark.parametrize("name", ["pairs", "ports9x3"])
-def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, traffic, name):
+def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, traffic, name, state):
     q = cfg.query(name)
     lay = Layout.of(q)
     msgs = _messages(q, traffic, 2, punct_every_s=1, skew=(0, 7, 20), seed=4)
-    procs = {p: PartitionProcessor([lay], p, SETTINGS) for p in range(2)}
+    stores = {p: MemoryChunks() if state == "chunked" else None for p in range(2)}
+    procs = {p: PartitionProcessor([lay], p, SETTINGS, stores[p]) for p in range(2)}
     seen = {p: _Received(lay) for p in range(2)}
     finals, prov_rows, frames = set(), 0, []
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 40)):
@@ -71,7 +74,7 @@ def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, tra
             vals = [msgs[i].value for i in chunk if msgs[i].partition == p]
             for v in vals:
                 seen[p].add(v)
-            procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), [lay], SETTINGS)
+            procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), [lay], SETTINGS, stores[p])
             df = procs[p].process(vals, 1_000_000 + b * 1000)
             frames.append(df)
             prov = df[df["kind"] == L.PROVISIONAL_KIND]
