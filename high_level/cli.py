@@ -28,6 +28,8 @@ from high_level.settings import JobSettings
 log = logging.getLogger("lowwater.job")
 
 
+STOP_GRACE_S = 10.0  # on SIGINT/SIGTERM, wait this long for the running micro-batch before stopping
+
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
     if items is None:
         return None
@@ -176,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     finally:
-        job.stop()
+        job.stop(grace_s=STOP_GRACE_S if stop.is_set() else 0.0)  # an operator's stop: let the batch finish
         spark.stop()
     return 0
 

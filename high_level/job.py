@@ -143,6 +143,20 @@ def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) 
     return fn
 
 
+def wait_for_batch_end(stream: Any, deadline: float, poll_s: float = 0.05) -> bool:
+    """Wait (until ``deadline``, a ``time.monotonic()`` value) for ``stream`` to be between micro-batches;
+    True if it is (or has stopped), False if the deadline came first."""
+    while True:
+        try:
+            if not stream.isActive or not stream.status.get("isTriggerActive"):
+                return True
+        except Exception:  # noqa: BLE001 - a stream that cannot say is stopped as before
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
 class HighLevelJob:
     """Builds, starts and feeds the streaming queries; owns the result store and the metrics."""
 
@@ -435,8 +449,13 @@ class HighLevelJob:
         for s in self.streams:
             s.processAllAvailable()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Stop the streams, each after its running micro-batch if that ends within ``grace_s`` (an operator's
+        stop). Stopping mid-batch is safe (the batch is replayed from the checkpoint) but cancels its Spark
+        job, which logs stack traces that look like a failure."""
+        deadline = time.monotonic() + grace_s
         for s in self.streams:
+            wait_for_batch_end(s, deadline)
             try:
                 s.stop()
             except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams

@@ -726,3 +726,31 @@ queries:
         layout([plain, landmark], "auto", "new")
     with pytest.raises(ValueError, match="state"):
         JobOptions(bootstrap="x", results="r", checkpoint="c", state="rocks")
+
+
+def test_an_operators_stop_waits_for_the_running_batch_within_its_grace():
+    """HighLevelJob.stop(grace_s) stops a stream between micro-batches when the running one ends in time
+    (no cancelled Spark job), and stops it anyway at the deadline or when the stream cannot say."""
+    import time
+
+    from high_level.job import wait_for_batch_end
+
+    class Stream:
+        def __init__(self, triggers: list[bool], active: bool = True) -> None:
+            self.triggers, self.isActive, self.asked = triggers, active, 0
+
+        @property
+        def status(self) -> dict:
+            self.asked += 1
+            if self.triggers and self.triggers[0] is None:
+                raise RuntimeError("py4j gone")
+            return {"isTriggerActive": self.triggers.pop(0) if len(self.triggers) > 1 else self.triggers[0]}
+
+    busy = Stream([True, True, True, False])
+    assert wait_for_batch_end(busy, time.monotonic() + 5, poll_s=0.001) and busy.asked == 4
+    stuck = Stream([True])
+    t0 = time.monotonic()
+    assert not wait_for_batch_end(stuck, t0 + 0.05, poll_s=0.001) and stuck.asked > 1
+    assert wait_for_batch_end(Stream([True], active=False), t0 + 5)  # stopped already
+    assert wait_for_batch_end(Stream([None]), t0 + 5)  # cannot tell: stop as before
+    assert not wait_for_batch_end(Stream([True]), time.monotonic())  # no grace: at once
