@@ -22,8 +22,8 @@ from high_level.rollup import (
     QueryRollup,
     Windows,
     assemble,
-    expand_windows,
     group_reduce,
+    touched_pairs,
     touched_windows,
 )
 
@@ -213,15 +213,10 @@ class ChunkedRollup(QueryRollup):
         """As :meth:`QueryRollup.provisional`: reads the panes of the windows the batch touched (their chunks
         merged, the touched groups' rows kept), not the rest of the open state."""
         lay = self.layout
-        pane = np.asarray(pane, I64)
-        if len(pane) == 0 or not self.index:
+        w, wkey = touched_pairs(lay, self.closed, pane, key)
+        if len(w) == 0 or not self.index:
             return Windows.empty(lay.kw, lay.na)
-        key = np.asarray(key, I64).reshape(len(pane), lay.kw)
-        lo = int(pane.min()) if self.closed is None else self.closed
-        idx, w = expand_windows(pane, lo, int(pane.max()) + lay.k, lay.k, lay.s)
-        if len(idx) == 0:
-            return Windows.empty(lay.kw, lay.na)
-        touched = wire.key_hash(key[idx])
+        touched = wire.key_hash(wkey)
         rows = []
         for p in sorted(self.index):
             if int(w.min()) - lay.k + 1 <= p <= int(w.max()):
@@ -230,7 +225,7 @@ class ChunkedRollup(QueryRollup):
                 rows.append((np.full(int(sel.sum()), p, I64), k[sel], s[sel]))
         if not rows:
             return Windows.empty(lay.kw, lay.na)
-        return touched_windows(lay, *(np.concatenate(c) for c in zip(*rows, strict=True)), w, key[idx])
+        return touched_windows(lay, *(np.concatenate(c) for c in zip(*rows, strict=True)), w, wkey)
 
 
 def chunked_unsupported(layouts) -> str | None:  # noqa: ANN001 - Sequence[Layout]

@@ -176,6 +176,18 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     return ukeys, out
 
 
+def touched_pairs(lay: Layout, closed: int | None, pane: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (window, group) pairs that partial records ``(pane, key)`` touched among the windows not yet
+    emitted (``closed``: the frontier), as (window ids, key rows); possibly repeated."""
+    pane = np.asarray(pane, I64)
+    if len(pane) == 0:
+        return np.empty(0, I64), np.empty((0, lay.kw), I64)
+    key = np.asarray(key, I64).reshape(len(pane), lay.kw)
+    lo = int(pane.min()) if closed is None else closed
+    idx, w = expand_windows(pane, lo, int(pane.max()) + lay.k, lay.k, lay.s)
+    return w, key[idx]
+
+
 def touched_windows(lay: Layout, pane: np.ndarray, key: np.ndarray, state: np.ndarray, w: np.ndarray,
                     wkey: np.ndarray) -> Windows:  # fmt: skip
     """The (window, group) pairs ``(w, wkey)`` assembled from pane rows that hold (at least) every row of
@@ -381,16 +393,11 @@ class QueryRollup:
         only adds an unchanged row, never loses one).
         """
         lay = self.layout
-        pane = np.asarray(pane, I64)
-        if len(pane) == 0 or len(self.pane) == 0:
+        w, wkey = touched_pairs(lay, self.closed, pane, key)
+        if len(w) == 0 or len(self.pane) == 0:
             return Windows.empty(lay.kw, lay.na)
-        key = np.asarray(key, I64).reshape(len(pane), lay.kw)
-        lo = int(pane.min()) if self.closed is None else self.closed
-        idx, w = expand_windows(pane, lo, int(pane.max()) + lay.k, lay.k, lay.s)
-        if len(idx) == 0:
-            return Windows.empty(lay.kw, lay.na)
-        sel = np.isin(wire.key_hash(self.key), wire.key_hash(key[idx]))
-        return touched_windows(lay, self.pane[sel], self.key[sel], self.state[sel], w, key[idx])
+        sel = np.isin(wire.key_hash(self.key), wire.key_hash(wkey))
+        return touched_windows(lay, self.pane[sel], self.key[sel], self.state[sel], w, wkey)
 
     def panes(self) -> np.ndarray:
         """The distinct panes held, ascending."""
