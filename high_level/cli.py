@@ -26,9 +26,8 @@ from high_level.partition import LATE_POLICIES
 from high_level.settings import JobSettings
 
 log = logging.getLogger("lowwater.job")
-
-
 STOP_GRACE_S = 10.0  # on SIGINT/SIGTERM, wait this long for the running micro-batch before stopping
+
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
     if items is None:

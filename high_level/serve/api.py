@@ -6,9 +6,10 @@ Endpoints (all GET; OpenAPI at /docs):
 * ``/queries``, ``/queries/{name}``: query definitions (the original YAML), window spec, key and
   aggregate columns.
 * ``/queries/{name}/results``: the windows whose window_start is in [start, end) (default: the hour up to
-  the newest closed window, so a replay shows its data; at most 7 days), one row per (window, group). Group-key filters ``key.<col>=v`` or
-  ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as 10.0.0.0/8 or 2001:db8::/32 for
-  address columns; several filters on one column are OR-ed, different columns AND-ed); ``order_by``;
+  the newest closed window, so a replay shows its data; at most 7 days), one row per (window, group).
+  Group-key filters ``key.<col>=v`` or ``filter=<col>:v`` (exact value, or an IPv4/IPv6 prefix such as
+  10.0.0.0/8 or 2001:db8::/32 for address columns; several filters on one column are OR-ed, different
+  columns AND-ed); ``order_by``;
   ``top`` (top-N groups per window, with a ``rank`` column); ``limit`` (<= 10000) and ``offset``
   paging (``paging.total`` / ``next_offset``); ``format=json|csv`` (CSV: total in X-Total-Count);
   ``complete=true|false``: only complete / incomplete rows (with ``top``: ranked among those).
