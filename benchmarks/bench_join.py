@@ -35,6 +35,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.proccpu import children, process_table  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level import simulate  # noqa: E402
@@ -257,20 +258,8 @@ def tree_cpu_s(root: int) -> dict[str, float]:
     child JVM ('jvm': Kafka reads, shuffle, state store) and the JVM's descendants ('python': the Python
     workers of the join's state step), from /proc. On a shared, loaded VM wall time mostly measures the
     other tenants; CPU time per row does not."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    f_ = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(d)] = (int(f_[1]), (int(f_[11]) + int(f_[12])) / tick,  # ppid, utime + stime,
-                             (int(f_[13]) + int(f_[14])) / tick)  # and the reaped children's (cutime + cstime)
-    kids: dict[int, list[int]] = {}
-    for pid, (ppid, *_) in stats.items():
-        kids.setdefault(ppid, []).append(pid)
+    stats = process_table()
+    kids = children(stats)
     out = {"driver": stats.get(root, (0, 0.0, 0.0))[1], "jvm": 0.0, "python": 0.0}
     for child in kids.get(root, []):
         out["jvm"] += stats[child][1]

@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.proccpu import tree_cpu_seconds  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.job import HighLevelJob, JobOptions  # noqa: E402
@@ -101,37 +102,6 @@ def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: 
             procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), [lay], st)
             procs[p].process(vals[s : s + per_batch], 1000 + s)
     return sum(n for *_, n in msgs) / (time.perf_counter() - t0)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of ``pid`` and all its descendants (Linux /proc; 0 elsewhere): the live ones'
-    own time plus, per live process, its reaped children's (cutime + cstime), so Python workers that have
-    exited still count.
-
-    The machine may be shared: wall time depends on the neighbours, CPU time much less.
-    """
-    tick = 100.0
-    try:
-        tick = float(os.sysconf("SC_CLK_TCK"))
-        kids: dict[int, list[int]] = {}
-        stats: dict[int, float] = {}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            kids.setdefault(int(f[1]), []).append(int(d.name))
-            stats[int(d.name)] = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick
-    except (OSError, ValueError):
-        return 0.0
-    total, todo = 0.0, [pid]
-    while todo:
-        x = todo.pop()
-        total += stats.get(x, 0.0)
-        todo.extend(kids.get(x, []))
-    return total
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,8 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_rollup import QUERY, make_messages, run_config, tree_cpu_seconds  # noqa: E402
+from benchmarks.bench_rollup import QUERY, make_messages, run_config  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
+from benchmarks.proccpu import machine_busy_seconds, tree_cpu_seconds  # noqa: E402
 from contract import query as Q  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,17 +64,6 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm:
     prod.flush()
     prod.close()
     return totals
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy so far (user, nice, system, irq, softirq of /proc/stat; not
-    idle, iowait or steal): over a run, busy / wall is how many of the cores every process together used."""
-    try:
-        f = Path("/proc/stat").read_text().splitlines()[0].split()
-        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in f[1:8])
-        return (user + nice + system + irq + softirq) / float(os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def driver(a: argparse.Namespace) -> int:
