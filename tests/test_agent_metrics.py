@@ -7,8 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from low_level.host.agent import Agent
 from low_level.host.metrics import METRIC_NAMES, AgentCollector
-from tests.packets import build_frames, make_traffic
-from tests.test_subaggregate import RecordingProducer, make_query, push_frames
+from lowwater_testing.capture import RecordingProducer, make_query, push_frames
+from lowwater_testing.traffic import build_frames, make_traffic
 
 NS = 1_000_000_000
 

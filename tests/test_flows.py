@@ -12,10 +12,8 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
-import dpkt
 import numpy as np
 import pytest
 
@@ -25,49 +23,14 @@ from contract import wire
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
-from tests.packets import build_frames, make_traffic
+from lowwater_testing.agent import agent_cmd
+from lowwater_testing.flows import flow_pcap, softflowd_export
+from lowwater_testing.queries import config, query, spec
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 PEERS = shutil.which("softflowd") and shutil.which("nfcapd") and shutil.which("nfdump")
 needs_peers = pytest.mark.skipif(not PEERS, reason="softflowd / nfdump not installed (./lw setup installs them)")
-
-
-def _pcap(path: Path, n: int, seed: int) -> None:
-    """A microsecond pcap of n packets over 12 s whose 5-tuples repeat: flows of many packets."""
-    t = make_traffic(n, 120, T0, 12 * NS, seed=seed)
-    t.sport = 1024 + t.sport % 6
-    t.ts = (t.ts // 1000) * 1000
-    frames, cap, wl, ts = build_frames(t)
-    with path.open("wb") as fh:
-        w = dpkt.pcap.Writer(fh)
-        for i in range(n):
-            w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
-
-
-def _export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
-    """softflowd's export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
-    args = ["softflowd", "-r", str(pcap), "-n", f"127.0.0.1:{rx.getsockname()[1]}", "-v", version, "-d", "-a",
-            "-c", "none", "-p", str(tmp / f"softflowd{version}.pid")]
-    if version == "10":
-        args += ["-A", "milli"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    sent = int(proc.stderr.split("Flows exported: ")[1].split(" ")[0]) if "Flows exported" in proc.stderr else None
-    out = []
-    try:
-        while True:
-            out.append(rx.recv(65535))
-    except TimeoutError:
-        pass
-    finally:
-        rx.close()
-    assert out, proc.stderr
-    return out, sent
 
 
 def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
@@ -113,16 +76,12 @@ def _records(col: FlowCollector) -> list[tuple]:
             for x, w in zip(r, b.weights[: b.n], strict=True)]  # fmt: skip
 
 
+PAIRS_AGGREGATES = ["count as packets", "sum(length) as bytes"]
+
+
 def _query(size: int = 256, m: int = 2) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
-    window: {{range: 2s}}
-    table: {{size: {size}}}
-    flush: {{policy: lazy, m: {m}}}
-""").queries[0]
+    return spec("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=size,
+                flush={"policy": "lazy", "m": m})
 
 
 def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int = 512) -> Counter:
@@ -148,8 +107,8 @@ def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int
 @pytest.mark.parametrize("version", ["5", "9", "10"])
 def test_softflowd_export_decodes_as_nfdump_decodes_it(version: str, tmp_path: Path) -> None:
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 6000, seed=4)
-    datagrams, sent = _export(pcap, version, tmp_path)
+    flow_pcap(pcap, 6000, seed=4)
+    datagrams, sent = softflowd_export(pcap, version, tmp_path)
     col = FlowCollector()
     col.feed(datagrams)
     mine = sorted(_records(col))
@@ -170,8 +129,8 @@ def test_per_window_totals_per_pair_equal_nfdumps(tmp_path: Path) -> None:
     """pcap -> softflowd (IPFIX) -> lowwater's decoder and weighted kernel, and -> nfcapd/nfdump: per 1 s
     pane (by end time) and (src, dst), packets and bytes agree."""
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 8000, seed=7)
-    datagrams, _ = _export(pcap, "10", tmp_path)
+    flow_pcap(pcap, 8000, seed=7)
+    datagrams, _ = softflowd_export(pcap, "10", tmp_path)
     col = FlowCollector()
     col.feed(datagrams)
     b = col.decode()
@@ -322,32 +281,23 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     the partials in Kafka roll up to nfdump's per-window packets and bytes per (src, dst), and the
     closing punctuation covers them."""
     import signal
-    import sys
 
-    from tests.test_agent_kafka import read_all
+    from lowwater_testing.topics import read_all
 
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
-    window: {{range: 2s}}
-    table: {{size: 256}}
-    kafka: {{topic: {topic}, partitions: 2}}
-""")
+    config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=256,
+                 topic=topic, partitions=2)).write(cfg)
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 5000, seed=12)
-    datagrams, _ = _export(pcap, "10", tmp_path)
+    flow_pcap(pcap, 5000, seed=12)
+    datagrams, _ = softflowd_export(pcap, "10", tmp_path)
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
-         "--host-id", "router-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0",
-         "--summary", str(tmp_path / "summary.json")],
+        agent_cmd(cfg, f"flows:127.0.0.1:{port},inactive=15", host="router-1", bootstrap=kafka.bootstrap_servers,
+                  extra=("--summary", str(tmp_path / "summary.json"))),
         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     try:
         for line in agent.stderr:  # ready once it says which source it runs

@@ -26,8 +26,8 @@ from high_level.aggregate.rollup import Layout, QueryRollup
 from high_level.job import HighLevelJob, JobOptions
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
-from high_level.simulate import host_messages, interleave, split_hosts
-from tests.packets import make_traffic, oracle
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.traffic import make_traffic, oracle
 
 T0 = 1_700_000_000_000_000_000
 NS = 10**9
@@ -433,14 +433,10 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     """Three hosts skewed 0/12/40 s, 2 partitions: the RANGE 9 / SLIDE 6 query equals the oracle; the
     HAVING query stores exactly the oracle's passing rows; every (rule, window, group) the oracle says
     fires reaches the receiver exactly once, though it was down for the first micro-batches."""
-    from tests.test_high_level_spark import HOSTS as SPARK_HOSTS
-    from tests.test_high_level_spark import (
-        expected_typed,
-        normalised,
-        produce,
-        read_results,
-        traffic_messages,
-    )
+    from lowwater_testing.hosts import HOSTS as SPARK_HOSTS
+    from lowwater_testing.hosts import traffic_messages
+    from lowwater_testing.spark import expected_typed, normalised, read_results
+    from lowwater_testing.topics import produce
 
     t = make_traffic(6000, 60, T0, 90 * NS, seed=9)
     probe = Q.load_text(CONFIG).query("ports")

@@ -17,12 +17,13 @@ from contract import sketch
 from high_level.aggregate import holistic
 from high_level.aggregate.processor import Settings
 from high_level.results.store import ResultStore, typed_table
-from high_level.simulate import packet_partials, window_oracle
 from low_level.kernel import sketchkey
 from low_level.kernel.tables import Tables
-from tests.packets import make_mixed_traffic, make_traffic, merge_partials, oracle
-from tests.test_high_level_logic import HOSTS, _finals, _messages, _run_offline
-from tests.test_subaggregate import NS, T0, run_kernel
+from lowwater_testing.capture import run_kernel
+from lowwater_testing.hosts import HOSTS, emulated_messages, finals, run_offline
+from lowwater_testing.oracle import packet_partials, window_oracle
+from lowwater_testing.queries import spec
+from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, merge_partials, oracle
 
 CONFIG = """
 queries:
@@ -222,12 +223,7 @@ def test_quantile_sketch_within_its_relative_accuracy(cfg, traffic) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_hll_error_at_the_default_precision_over_a_million_values(seed: int) -> None:
     """p = 14 (std error 0.81%): within 2% over 10^6 distinct addresses, through the second stage."""
-    q = Q.load_text("""
-queries:
-  - name: d
-    aggregates: [{fn: count_distinct, field: src_ip, approx: hll}]
-    window: {range: 10s}
-""").queries[0]
+    q = spec("d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll"}])
     p = q.aggregates[0].hll_precision
     assert p == sketch.HLL_DEFAULT_P and sketch.hll_relative_error(p) < 0.0082
     rng = np.random.default_rng(seed)
@@ -275,12 +271,12 @@ def test_processor_exact_for_holistic_under_disorder(cfg, traffic, name) -> None
     want = _stage2(q, exp)
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2)):
-        msgs = _messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings, batches=11)
-        assert _finals(df, q).equals(exp), (partitions, punct)
+        msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
+        df = run_offline([q], msgs, partitions, settings, batches=11)
+        assert finals(df, q).equals(exp), (partitions, punct)
         # each partition completes its groups: the second stage per partition gives the whole answer
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True)
         kc = [c for c in got.columns if c.startswith("k")]
         got = got.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
@@ -293,10 +289,8 @@ def test_partition_is_a_hash_of_the_group_words_only(cfg) -> None:
 
     q = cfg.query("scan")
     assert Q.partition_width(q) == 2 and Q.key_width(q) == 4
-    plain = Q.load_text(
-        "queries: [{name: p, group_by: [src_ip, dst_ip], aggregates: [{fn: count}], window: {range: 1s}}]"
-    )
-    assert Q.partition_width(plain.queries[0]) == Q.key_width(plain.queries[0]) == 4  # unchanged
+    plain = spec("p", group_by=["src_ip", "dst_ip"], aggregates=["count"], window="1s")
+    assert Q.partition_width(plain) == Q.key_width(plain) == 4  # unchanged
     key = np.array([[0, 5, 0, 1], [0, 5, 0, 2], [0, 5, 7, 9]], np.int64)
     part = wire.partition_of(key[:, : Q.partition_width(q)], 8)
     assert part[0] == part[1] == part[2]
@@ -355,13 +349,7 @@ def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) ->
 
 
 def test_reduce_keeps_kinds_apart_and_merges_completeness() -> None:
-    q = Q.load_text("""
-queries:
-  - name: d
-    group_by: [dst_port]
-    aggregates: [{fn: count_distinct, field: src_port, as: n}, {fn: count, as: c}]
-    window: {range: 10s}
-""").queries[0]
+    q = spec("d", group_by=["dst_port"], aggregates=["count_distinct(src_port) as n", "count as c"])
     window = np.array([5, 5, 5, 5, 6], np.int64)
     kind = np.array([1, 1, 0, 1, 1], np.int64)
     key = np.array([[80, 1], [80, 2], [80, 1], [443, 9], [80, 1]], np.int64)
@@ -442,10 +430,10 @@ def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     top1 = 0
     for partitions, punct, seed in ((1, 1, 0), (4, 10, 2)):
-        msgs = _messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings, batches=11)
+        msgs = emulated_messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
+        df = run_offline([q], msgs, partitions, settings, batches=11)
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True).sort_values(["window", *kc], kind="stable")
         got = got.reset_index(drop=True)
         if capacity >= 3000:  # every partial state fits: exact

@@ -27,7 +27,10 @@ import pytest
 
 from contract import fields as F
 from local_stack.kafka_broker import KafkaBroker, TopicMismatch, free_port
-from tests.test_agent_kafka import NS, T0, dpkt_oracle, write_pcap
+from lowwater_testing.agent import dpkt_oracle, write_pcap
+from lowwater_testing.queries import config as _config
+from lowwater_testing.queries import query
+from lowwater_testing.traffic import NS, T0
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_S = 2
@@ -35,17 +38,8 @@ SPAN_S = 20
 
 
 def config(path: Path, partitions: int) -> Path:
-    path.write_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: {WINDOW_S}s}}
-    table: {{size: 1024}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: lowwater.stacktest.pairs, partitions: {partitions}}}
-""")
-    return path
+    return _config(query("pairs", group_by=["src_ip", "dst_ip"], window=f"{WINDOW_S}s", table=1024,
+                         flush={"policy": "lazy", "m": 2}, topic="lowwater.stacktest.pairs", partitions=partitions)).write(path)
 
 
 def kafka_port() -> int:
