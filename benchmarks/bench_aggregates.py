@@ -25,7 +25,7 @@ Parts (``--part``; each run rewrites only its own entry, so parts can be measure
   raw values of each pane and computing every window at close; sliding windows of k panes. Time and
   rows held, measured.
 
-    .venv/bin/python benchmarks/bench_aggregates.py [--part alert_latency|kernel_rates|hll_error|adaptwid]
+    .venv/bin/python -m benchmarks.bench_aggregates [--part alert_latency|kernel_rates|hll_error|adaptwid]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -44,16 +43,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.traffic import make_traffic
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-from high_level.simulate import host_messages, interleave, split_hosts  # noqa: E402
-from tests.packets import make_traffic  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "aggregates.json"
 NS = 1_000_000_000
 HOSTS = ("a", "b")
 QUERY = """
@@ -343,7 +340,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=[*PARTS, "all"], default="all")
     ap.add_argument("--seconds", type=int, default=40, help="alert_latency: wall-clock seconds of traffic")
     ap.add_argument("--rate", type=int, default=2000, help="alert_latency: packets per second of data time")
@@ -364,7 +361,8 @@ def main() -> None:
         print(f"[{time.monotonic() - t_all:6.0f}s] {msg}", flush=True)
 
     log(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB")
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = harness.RESULTS / "aggregates.json"  # parts not run keep their last figures
+    doc: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
     doc.setdefault("benchmark", "aggregates")
     doc.setdefault("parts", {})
     for name, fn in PARTS.items():
@@ -372,9 +370,7 @@ def main() -> None:
             res = fn(args, log)
             doc["parts"][name] = {"machine": m, "doc": fn.__doc__ or "", "result": res}
             log(f"{name}: {json.dumps(res)}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {harness.write_results('aggregates.json', doc)}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ The frames (``--frame-bytes``, 64 by default) are built once with explicit
 address, so its stack discards them and nothing answers. The namespace is deleted at the end, also
 on failure.
 
-    sudo .venv/bin/python benchmarks/bench_live_capture.py [--pps 25000,50000,75000,100000,150000,200000,300000]
+    sudo .venv/bin/python -m benchmarks.bench_live_capture [--pps 25000,50000,75000,100000,150000,200000,300000]
         [--seconds 4] [--senders 2,4] [--groups 65536]
 
 Writes ``benchmarks/results/live_capture.json`` and ``live_capture.png``.
@@ -54,13 +54,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import machine
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-TMP = RESULTS / "tmp"
+TMP = harness.RESULTS / "tmp"
 WARMUP = 2000  # frames sent before each measured replay, outside the query (10.99/16): the capturer runs
 LOSS_OK = 0.001  # <= 0.1 % loss counts as no-drop
 SRC_MAC, DST_MAC = "02:00:00:cc:00:02", "02:00:00:cc:00:99"
@@ -474,23 +472,20 @@ def write_results(args: argparse.Namespace, rows: list[dict], keep_machine: dict
             "lowwater was lossless at every rate tcpreplay reached, pmacctd was not: lowwater's no-drop "
             "rate is the sender's top, so the ratio is a lower bound"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "live_capture.json").write_text(json.dumps(result, indent=1) + "\n")
-    chart(rows, RESULTS / "live_capture.png")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("live_capture.json", result, indent=1)
+    chart(rows, harness.RESULTS / "live_capture.png")
     rates = ", ".join(f"{t} {summary[t]['nodrop_pps']:,} pkt/s" for t in tools)
     print(f"\nno-drop rates: {rates}")
     print(
         f"lowwater_vs_pmacctd_nodrop_ratio = {result['lowwater_vs_pmacctd_nodrop_ratio']}"
         f"{' (sender saturated)' if result['sender_saturated'] else ''}"
     )
-    print(f"wrote {RESULTS / 'live_capture.json'}")
+    print(f"wrote {harness.RESULTS / 'live_capture.json'}")
 
 
 def chart(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for t in dict.fromkeys(r["tool"] for r in rows):
@@ -513,7 +508,7 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--pps",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -543,7 +538,7 @@ def main() -> int:
     ap.add_argument("--warm", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rewrite:  # the figures again from the rows of the last run (same machine record)
-        old = json.loads((RESULTS / "live_capture.json").read_text())
+        old = json.loads((harness.RESULTS / "live_capture.json").read_text())
         args.frame_bytes, args.groups, args.packets = old["frame_bytes"], old["groups"], old["pcap_packets"]
         args.seconds = old["seconds_per_rate"]
         write_results(args, old["rows"], keep_machine=old["machine"])
