@@ -49,6 +49,7 @@ from low_level.kernel.fused import Kernel
 from low_level.kernel.parse import empty_outputs, parse_batch
 from low_level.kernel.tables import Tables
 from lowwater_testing.oracle import packet_partials
+from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -63,15 +64,8 @@ CASES = {
 
 
 def make_query(case: dict[str, Any], m: int) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: disorder
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: {case["range"]}, slide: {case["slide"]}}}
-    table: {{size: 16384}}
-    flush: {{policy: lazy, m: {m}}}
-""").queries[0]
+    return spec("disorder", group_by=["src_ip", "dst_ip"], window={"range": case["range"], "slide": case["slide"]},
+                table=16384, flush={"policy": "lazy", "m": m})
 
 
 def stream(kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: int, seed: int = 7) -> dict[str, Any]:

@@ -28,15 +28,10 @@ from contract import query as Q
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
+from lowwater_testing.queries import config, query
 
-QUERY = """
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-    table: {size: 65536}
-"""
+QUERY = config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"],
+                     table=65536)).text
 
 
 def export(packets: int, tmp: Path) -> list[bytes]:

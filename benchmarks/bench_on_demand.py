@@ -35,6 +35,7 @@ from high_level.ondemand import PunctuationAsker
 from local_stack.kafka_broker import KafkaBroker
 from low_level.host.agent import Agent
 from low_level.host.ondemand import RequestListener
+from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
 SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "periodic 10 s": ("10s", False),
@@ -42,17 +43,8 @@ SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "
 
 
 def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: ondemand
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1s}}
-    table: {{size: 65536}}
-    flush: {{policy: lazy, m: 1}}
-    heartbeat: {{interval: {interval}, skew: 100ms, on_demand: {str(on_demand).lower()}}}
-    kafka: {{topic: {topic}, partitions: 1}}
-""").queries[0]
+    return spec("ondemand", group_by=["src_ip", "dst_ip"], window="1s", table=65536, flush={"policy": "lazy", "m": 1},
+                heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand}, topic=topic, partitions=1)
 
 
 def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:

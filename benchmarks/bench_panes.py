@@ -28,20 +28,15 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import machine
-from contract import query as Q
 from high_level.aggregate.rollup import Layout, QueryRollup, expand_windows
+from lowwater_testing.queries import spec
 
 MEASURED_PANES = 20
 
 
 def layout(k: int) -> Layout:
-    q = Q.load_text(f"""
-queries:
-  - name: panes
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: max, field: length, as: biggest}}]
-    window: {{range: {k}s, slide: 1s}}
-""").queries[0]
+    q = spec("panes", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "max(length) as biggest"],
+             window={"range": f"{k}s", "slide": "1s"})
     return Layout.of(q)
 
 

@@ -78,6 +78,7 @@ from contract import wire
 from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
 from high_level.results.store import generic_table
+from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0_S = 1_700_000_000  # data time origin (a multiple of the window)
@@ -90,13 +91,7 @@ WARM_STEP_S = 5
 SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000  # IPv4-mapped 10.0.0.x / 192.168.x.y
 ROW_BYTES = 8 + 4 * 8 + 2 * 8  # window/pane id + key words + (count, sum)
 HOSTS = ("A", "B")
-QUERY = """
-queries:
-  - name: skew
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-"""
+QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
 
 GID = np.arange(GROUPS, dtype=np.int64)
 KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])

@@ -42,6 +42,7 @@ from contract import query as Q
 from contract import wire
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout, QueryRollup, Windows
+from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0_S = 1_700_000_000
@@ -51,13 +52,7 @@ SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000
 HOSTS = ("A", "B")
 MAX_BATCH = 65_536
 TUPLE = np.dtype([("ts", "<i8"), ("k", "<i8", (4,)), ("len", "<i8")])  # a buffered packet tuple: 48 B
-QUERY = """
-queries:
-  - name: skew
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-"""
+QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
 GID = np.arange(GROUPS, dtype=np.int64)
 KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])
 
