@@ -30,21 +30,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks import harness
+from lowwater_testing.queries import config, query
 
 REPO = Path(__file__).resolve().parents[1]
 
 TMP = harness.RESULTS / "tmp" / "api_store"
 QUERY = "q4_pairs"
-CONFIG = """
-queries:
-  - name: q4_pairs
-    description: packet count per (srcIP, dstIP) per minute (benchmark)
-    filter: ip_version == 4
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-    window: {range: 1m}
-"""
+CONFIG = config(query("q4_pairs", description="packet count per (srcIP, dstIP) per minute (benchmark)",
+                      filter="ip_version == 4", group_by=["src_ip", "dst_ip"], window="1m")).text
 SCHEMA = pa.schema([
     ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
     ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),

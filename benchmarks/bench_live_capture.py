@@ -56,6 +56,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import machine
+from lowwater_testing.queries import config, query
 
 REPO = Path(__file__).resolve().parents[1]
 TMP = harness.RESULTS / "tmp"
@@ -63,18 +64,11 @@ WARMUP = 2000  # frames sent before each measured replay, outside the query (10.
 LOSS_OK = 0.001  # <= 0.1 % loss counts as no-drop
 SRC_MAC, DST_MAC = "02:00:00:cc:00:02", "02:00:00:cc:00:99"
 
-Q4_YAML = """
-queries:
-  - name: q4
-    description: packet count per (srcIP, dstIP) per minute (OOP paper Q4)
-    filter: dst_ip in [10.78.0.0/16]
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1m}}
-    table: {{size: {table}}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: lowwater.livecap.q4, partitions: 2}}
-"""
+def q4_yaml(table: int) -> str:
+    """The OOP paper's Q4 on the benchmark's destination net, into its own topic."""
+    return config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+                        filter="dst_ip in [10.78.0.0/16]", group_by=["src_ip", "dst_ip"], window="1m", table=table,
+                        flush={"policy": "lazy", "m": 2}, topic="lowwater.livecap.q4", partitions=2)).text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -359,7 +353,7 @@ def inside(args: argparse.Namespace) -> int:
         if any(t.startswith("lowwater") for t in args.tools):
             broker = KafkaBroker("livecap", port=0, state=work / "state", heap="384m").start()
         cfg = work / "q4.yaml"
-        cfg.write_text(Q4_YAML.format(table=1 << max(10, int(args.groups * 2 - 1).bit_length())))
+        cfg.write_text(q4_yaml(1 << max(10, int(args.groups * 2 - 1).bit_length())))
         tools = []
         for t in args.tools:
             if t.startswith("pmacctd"):  # pmacctd, or pmacctd:MiB for its pcap_buffer_size

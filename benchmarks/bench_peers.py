@@ -57,6 +57,7 @@ from low_level.capture.sources.generator import generate_frames
 from low_level.capture.sources.pcapfile import PcapSource
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
+from lowwater_testing.queries import config, query
 
 TMP = harness.RESULTS / "tmp"
 NS = 1_000_000_000
@@ -65,16 +66,8 @@ PMACCTD = "pmacctd"
 # A result: {(minute start, epoch s, src IPv4 as int, dst IPv4 as int): packets}
 Counts = dict[tuple[int, int, int], int]
 
-Q4_YAML = """
-queries:
-  - name: q4
-    description: packet count per (srcIP, dstIP) per minute (OOP paper Q4)
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}]
-    window: {range: 1m}
-    table: {size: 524288}
-    flush: {policy: lazy, m: 2}
-"""
+Q4_YAML = config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+                       group_by=["src_ip", "dst_ip"], window="1m", table=524288, flush={"policy": "lazy", "m": 2})).text
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -45,15 +45,10 @@ from contract import wire
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.queries import config, query
 
 T0 = 1_700_000_000_000_000_000
-QUERY = """
-queries:
-  - name: bench_pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}]
-    window: {range: 10s}
-"""
+QUERY = config(query("bench_pairs", group_by=["src_ip", "dst_ip"])).text
 
 
 def make_messages(q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int,

@@ -40,16 +40,10 @@ from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
+from lowwater_testing.queries import config, query
 
-CONFIG = """
-queries:
-  - name: ports_live
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: sum, field: length, as: bytes}
-    window: {landmark: 30s, update: 1s}
-"""
+CONFIG = config(query("ports_live", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
+                      window={"landmark": "30s", "update": "1s"})).text
 GROUPS, PPS, HOSTS = 200, 600, ("h0", "h1")
 LOAD_FACTORS = (0.5, 1.0, 2.0, 4.0, 8.0)
 T0_S = 1_764_000_000  # data clock origin (whole minutes: windows align)
