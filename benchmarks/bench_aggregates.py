@@ -49,22 +49,16 @@ from contract import query as Q
 from contract import wire
 from high_level.job import HighLevelJob, JobOptions
 from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.queries import config, query, spec
 from lowwater_testing.traffic import make_traffic
 
 NS = 1_000_000_000
 HOSTS = ("a", "b")
-QUERY = """
-queries:
-  - name: alert_bench
-    group_by: [dst_port]
-    aggregates:
-      - {{fn: count, as: packets}}
-      - {{fn: sum, field: length, as: bytes}}
-    alerts:
-      - {{name: busy_port, when: packets >= {min_count}, severity: warning}}
-    window: {{range: 2s}}
-    kafka: {{topic: {topic}, partitions: 2}}
-"""
+def alert_query(min_count: int, topic: str) -> Q.QuerySpec:
+    """Packets and bytes per port per 2 s, alerting on busy ports."""
+    return spec("alert_bench", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
+                alerts=[{"name": "busy_port", "when": f"packets >= {min_count}", "severity": "warning"}], window="2s",
+                topic=topic, partitions=2)  # fmt: skip
 
 
 class Receiver:
@@ -118,7 +112,7 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     try:
         broker.start()
         topic = broker.create_topic("lowwater.alert_bench", 2)
-        q = Q.load_text(QUERY.format(min_count=args.min_count, topic=topic)).queries[0]
+        q = alert_query(args.min_count, topic)
         spark = build_spark("lowwater-bench-aggregates", master=args.master, state=work / "spark-state",
                             extra_conf={"spark.sql.shuffle.partitions": "2"})  # fmt: skip
         opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "results"),
@@ -194,29 +188,17 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     }  # fmt: skip
 
 
-HOLISTIC_QUERIES = """
-queries:
-  - name: distinct_src_per_dst
-    group_by: [dst_ip]
-    aggregates: [{fn: count_distinct, field: src_ip, as: sources}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: hll_src_per_dst
-    group_by: [dst_ip]
-    aggregates: [{fn: count_distinct, field: src_ip, approx: hll, precision: 12, as: sources}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: top_src_per_dst24
-    group_by: [dst_ip/24]
-    aggregates: [{fn: top, field: src_ip, k: 10, by: length, as: bytes}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: len_quantiles_per_proto
-    group_by: [protocol]
-    aggregates: [{fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}]
-    window: {range: 1m}
-    table: {size: 4096}
-"""
+HOLISTIC_QUERIES = config(
+    query("distinct_src_per_dst", group_by=["dst_ip"], aggregates=["count_distinct(src_ip) as sources"], window="1m",
+          table=524288),
+    query("hll_src_per_dst", group_by=["dst_ip"],
+          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 12, "as": "sources"}],
+          window="1m", table=524288),
+    query("top_src_per_dst24", group_by=["dst_ip/24"],
+          aggregates=[{"fn": "top", "field": "src_ip", "k": 10, "by": "length", "as": "bytes"}], window="1m", table=524288),
+    query("len_quantiles_per_proto", group_by=["protocol"],
+          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}], window="1m", table=4096),
+).text  # fmt: skip
 
 
 def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -261,12 +243,7 @@ def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     n, seeds = args.distinct, args.seeds
     rows = []
     for p in range(10, 17):
-        q = Q.load_text(f"""
-queries:
-  - name: d
-    aggregates: [{{fn: count_distinct, field: src_ip, approx: hll, precision: {p}}}]
-    window: {{range: 10s}}
-""").queries[0]
+        q = spec("d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": p}])
         errs = []
         for seed in range(seeds):
             rng = np.random.default_rng(1000 + seed)
