@@ -22,63 +22,36 @@ from low_level.kernel.tables import Tables
 from lowwater_testing.capture import run_kernel
 from lowwater_testing.hosts import HOSTS, emulated_messages, finals, run_offline
 from lowwater_testing.oracle import packet_partials, window_oracle
-from lowwater_testing.queries import spec
+from lowwater_testing.queries import config, query, spec
 from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, merge_partials, oracle
 
-CONFIG = """
-queries:
-  - name: scan
-    group_by: [dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: count_distinct, field: src_ip, as: sources}
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: max, field: ttl, as: max_ttl}
-    having: sources > 3
-    alerts:
-      - {name: scan, when: sources >= 10, severity: critical}
-    window: {range: 10s, slide: 5s}
-    table: {size: 256}
-  - name: scanhll
-    group_by: [dst_ip]
-    aggregates:
-      - {fn: count_distinct, field: src_ip, approx: hll, precision: 8, as: sources}
-      - {fn: count, as: packets}
-    window: {range: 10s}
-    table: {size: 256}
-  - name: porthll
-    aggregates:
-      - {fn: count_distinct, field: src_port, approx: hll, as: ports}
-    window: {range: 9s, slide: 3s}
-    table: {size: 1024}
-  - name: sizes
-    group_by: [protocol]
-    aggregates:
-      - {fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}
-      - {fn: sum, field: length, as: bytes}
-    having: len_p95 > 100
-    window: {range: 10s}
-    table: {size: 128}
-  - name: ttls
-    group_by: [dst_port]
-    aggregates:
-      - {fn: quantiles, field: ttl, q: [0.1, 0.5, 0.9], accuracy: 0, as: ttl}
-    window: {range: 10s}
-    table: {size: 64}
-  - name: talkers
-    group_by: [dst_ip/24]
-    aggregates:
-      - {fn: top, field: src_ip, k: 3, by: length, as: bytes}
-      - {fn: count, as: packets}
-    window: {range: 10s}
-    table: {size: 512}
-  - name: dscps
-    group_by: [protocol]
-    aggregates:
-      - {fn: count_distinct, field: dscp, approx: hll, precision: 4, as: n}
-    window: {range: 10s}
-    table: {size: 16}
-"""
+
+def talkers(capacity: int | None = None) -> dict:
+    """Top 3 sources by bytes per destination /24 (a Misra-Gries summary of ``capacity`` items if given)."""
+    top = {"fn": "top", "field": "src_ip", "k": 3, "capacity": capacity, "by": "length", "as": "bytes"}
+    return query("talkers", group_by=["dst_ip/24"], aggregates=[{k: v for k, v in top.items() if v is not None}, "count as packets"],
+                 table=512)  # fmt: skip
+
+
+CONFIG = config(
+    query("scan", group_by=["dst_ip"],
+          aggregates=["count as packets", "count_distinct(src_ip) as sources", "avg(length) as avg_len", "max(ttl) as max_ttl"],
+          having="sources > 3", alerts=[{"name": "scan", "when": "sources >= 10", "severity": "critical"}],
+          window={"range": "10s", "slide": "5s"}, table=256),
+    query("scanhll", group_by=["dst_ip"],
+          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 8, "as": "sources"},
+                      "count as packets"], table=256),
+    query("porthll", aggregates=[{"fn": "count_distinct", "field": "src_port", "approx": "hll", "as": "ports"}],
+          window={"range": "9s", "slide": "3s"}, table=1024),
+    query("sizes", group_by=["protocol"],
+          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}, "sum(length) as bytes"],
+          having="len_p95 > 100", table=128),
+    query("ttls", group_by=["dst_port"],
+          aggregates=[{"fn": "quantiles", "field": "ttl", "q": [0.1, 0.5, 0.9], "accuracy": 0, "as": "ttl"}], table=64),
+    talkers(),
+    query("dscps", group_by=["protocol"],
+          aggregates=[{"fn": "count_distinct", "field": "dscp", "approx": "hll", "precision": 4, "as": "n"}], table=16),
+).text  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -407,9 +380,7 @@ def test_misra_gries_bound_and_state_per_pane_and_group() -> None:
 
 
 def _capacity_query(capacity: int) -> Q.QuerySpec:
-    text = CONFIG[CONFIG.index("  - name: talkers") : CONFIG.index("  - name: dscps")]
-    text = text.replace("k: 3, by: length,", f"k: 3, capacity: {capacity}, by: length,")
-    return Q.load_text("queries:\n" + text).query("talkers")
+    return config(talkers(capacity)).load().query("talkers")
 
 
 @pytest.fixture(scope="module")
