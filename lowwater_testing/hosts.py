@@ -52,7 +52,7 @@ def run_offline(qs, msgs, partitions, settings, batches=23, roundtrip=True, drop
     return pd.concat(out, ignore_index=True)
 
 
-def finals(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
+def final_rows(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
     f = df[(df["kind"] == "final") & (df["query"] == q.name)]
     kw = Q.key_width(q)
     k = np.stack(f["key"].to_numpy()) if len(f) else np.empty((0, kw), np.int64)

@@ -20,7 +20,7 @@ from high_level.aggregate.meld import Meld
 from high_level.aggregate.processor import STATE_ZMAGIC, PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
 from high_level.results.store import ResultStore, ip_strings, typed_table
-from lowwater_testing.hosts import CONFIG, emulated_messages, finals, run_offline
+from lowwater_testing.hosts import CONFIG, emulated_messages, final_rows, run_offline
 from lowwater_testing.oracle import window_oracle
 from lowwater_testing.queries import spec
 from lowwater_testing.traffic import make_traffic, merge_partials, oracle
@@ -260,7 +260,7 @@ def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, n
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2), (2, 1000, 3)):
         msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
         df = run_offline([q], msgs, partitions, settings, chunked=state == "chunked")
-        assert finals(df, q).equals(exp), (partitions, punct)
+        assert final_rows(df, q).equals(exp), (partitions, punct)
         st = [json.loads(s) for s in df[df["kind"] == "status"]["status"]]
         last = {s["partition"]: s for s in st}
         assert all(h["late_partials"] == 0 and h["missing_records"] == 0 for s in last.values() for h in s["hosts"].values())
@@ -310,7 +310,7 @@ def _complete_windows_are_exact(df: pd.DataFrame, q: Q.QuerySpec, exp: pd.DataFr
           & (rows["missing_records"] == 0))  # fmt: skip
     by_win = ok.groupby(rows["window"].to_numpy()).all()
     complete = {int(w) for w in by_win[by_win].index}
-    got = finals(df, q)
+    got = final_rows(df, q)
     g = got[got["window"].isin(complete)].reset_index(drop=True)
     e = exp[exp["window"].isin(complete)].reset_index(drop=True)
     assert g.equals(e)
@@ -347,7 +347,7 @@ def test_completeness_late_partials_dropped(cfg, traffic):
     assert n_late > 0 and int(late["late_partials"].sum()) == n_late  # tumbling: one window per record
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
     assert set(late["window"].astype(int)) <= incomplete and complete
-    diff = finals(df, q).merge(exp, how="outer", indicator=True)
+    diff = final_rows(df, q).merge(exp, how="outer", indicator=True)
     assert set(diff[diff["_merge"] != "both"]["window"].astype(int)) <= incomplete
 
 

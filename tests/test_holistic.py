@@ -20,7 +20,7 @@ from high_level.results.store import ResultStore, typed_table
 from low_level.kernel import sketchkey
 from low_level.kernel.tables import Tables
 from lowwater_testing.capture import run_kernel
-from lowwater_testing.hosts import HOSTS, emulated_messages, finals, run_offline
+from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline
 from lowwater_testing.oracle import packet_partials, window_oracle
 from lowwater_testing.queries import config, query, spec
 from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, merge_partials, oracle
@@ -246,10 +246,10 @@ def test_processor_exact_for_holistic_under_disorder(cfg, traffic, name) -> None
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2)):
         msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
         df = run_offline([q], msgs, partitions, settings, batches=11)
-        assert finals(df, q).equals(exp), (partitions, punct)
+        assert final_rows(df, q).equals(exp), (partitions, punct)
         # each partition completes its groups: the second stage per partition gives the whole answer
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, final_rows(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True)
         kc = [c for c in got.columns if c.startswith("k")]
         got = got.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
@@ -404,7 +404,7 @@ def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
         msgs = emulated_messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
         df = run_offline([q], msgs, partitions, settings, batches=11)
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, final_rows(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True).sort_values(["window", *kc], kind="stable")
         got = got.reset_index(drop=True)
         if capacity >= 3000:  # every partial state fits: exact

@@ -19,7 +19,7 @@ from high_level.aggregate.processor import PartitionProcessor, QueryWindows, Set
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
-from lowwater_testing.hosts import CONFIG, HOSTS, emulated_messages
+from lowwater_testing.hosts import CONFIG, HOSTS, emulated_messages, final_rows
 from lowwater_testing.oracle import window_oracle
 from lowwater_testing.queries import spec
 from lowwater_testing.traffic import T0, make_traffic, oracle
@@ -89,7 +89,7 @@ def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, tra
             finals |= {(int(w), tuple(k)) for w, k in zip(fin["window"], fin["key"], strict=True)}
     assert prov_rows > 100
     # the finals (and the store's rows) are what they were without live results
-    assert finals(pd.concat(frames, ignore_index=True), q).equals(window_oracle(q, oracle(q, traffic)))
+    assert final_rows(pd.concat(frames, ignore_index=True), q).equals(window_oracle(q, oracle(q, traffic)))
 
 
 def test_live_messages_follow_the_contract_and_feed_the_update_queue(cfg, traffic):
