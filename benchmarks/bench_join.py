@@ -35,9 +35,9 @@ from benchmarks.harness import machine
 from benchmarks.proccpu import children, process_table
 from contract import query as Q
 from contract import wire
-from high_level import simulate
 from high_level.aggregate.meld import Meld
 from high_level.join.band import BandJoin, JoinLayout, match_pairs
+from lowwater_testing import oracle as simulate
 from lowwater_testing.traffic import make_handshake_traffic
 
 NS = 1_000_000_000
