@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from contract import joininputs as JI
 from contract import query as Q
+from contract.query import joins as JI
 from high_level.join import JoinLayout
 from high_level.joinrows import layout_of
 from high_level.joinstep import JoinProcessor

@@ -1,8 +1,8 @@
 """A join query's layout over any inputs (selects or aggregates' closed windows), and its raw output rows.
 
 :class:`high_level.join.JoinLayout` reads its inputs through the select interface (name, topic, width,
-words of a field), which :class:`contract.joininputs.ClosedInput` also offers, so one band join serves
-both. A join without aggregates stores its output rows themselves (:mod:`contract.joininputs`): here
+words of a field), which :class:`contract.query.joins.ClosedInput` also offers, so one band join serves
+both. A join without aggregates stores its output rows themselves (:mod:`contract.query.joins`): here
 they are roll-up records keyed by every output column with a count, so the same roll-up closes them by
 the join's output punctuation and the same sink, store and API take them; identical rows of a window
 add up in ``rows``.
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from contract import joininputs as JI
 from contract import query as Q
+from contract.query import joins as JI
 from high_level.join import JoinLayout, JoinOutput, output_partials
 from high_level.rollup import Layout
 
@@ -36,7 +36,7 @@ def _words(inp: Any, name: str) -> tuple[int, ...]:
 
 
 def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
-    """The join's layout with its inputs resolved (``ins``: :func:`contract.joininputs.inputs`)."""
+    """The join's layout with its inputs resolved (``ins``: :func:`contract.query.joins.inputs`)."""
     left, right = ins[j.left], ins[j.right]
     if j.aggregates:
         return JoinLayout.of(j, left, right)
