@@ -175,7 +175,7 @@ _SOURCE_KINDS = ("generator", "pcap", "afpacket", "flows")
 def _run_source(doc: dict, path: str) -> str | None:
     """The top-level ``source:``: the agent source `./lw run` uses when not given --source, so a config
     whose queries need particular traffic (configs/handshake.yaml: SYNs answered) runs with it. Its
-    options are checked by the agent (low_level.agent.parse_source); here only its kind."""
+    options are checked by the agent (low_level.host.agent.parse_source); here only its kind."""
     value = doc.get("source")
     if value is None:
         return None

@@ -272,7 +272,7 @@ def parse_join_expr(text: str) -> list[tuple[int, str, str]]:
 
 
 class JoinSpec(_Strict):
-    """An order-agnostic band join of two selections (``high_level.join``), closed by punctuation.
+    """An order-agnostic band join of two selections (``high_level.join.band``), closed by punctuation.
 
     Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``

@@ -65,7 +65,7 @@ def state_columns(q: QuerySpec) -> list[StateColumn]:
         elif a.fn == "avg":
             cols.append(StateColumn(f"{a.name}.sum", MERGE_SUM, _source_of(a.field or "")))
             cols.append(StateColumn(f"{a.name}.count", MERGE_SUM, SRC_ONE))
-    # a holistic aggregate's state per sub-key comes last (high_level.holistic reads it there)
+    # a holistic aggregate's state per sub-key comes last (high_level.aggregate.holistic reads it there)
     h = holistic(q)
     if h is not None:
         if h.fn == "count_distinct" and h.hll_precision is not None:
