@@ -9,6 +9,14 @@ The public names are re-exported here, so ``from contract import query as Q; Q.Q
 whichever module defines them.
 """
 
+from contract.aggregates import (
+    DEFAULT_ACCURACY,
+    MAX_TOP_CAPACITY,
+    MERGE_MAX,
+    MERGE_MIN,
+    MERGE_SUM,
+    quantile_suffix,
+)
 from contract.query.configfile import Config, load, load_selects_joins, load_text, uses_enrichment
 from contract.query.joins import (
     ClosedInput,
@@ -26,9 +34,6 @@ from contract.query.layout import (
     KEY_HLL,
     KEY_INT,
     KEY_IP,
-    MERGE_MAX,
-    MERGE_MIN,
-    MERGE_SUM,
     SRC_COMPUTED,
     SRC_DSCP,
     SRC_ONE,
@@ -47,9 +52,7 @@ from contract.query.layout import (
 )
 from contract.query.model import (
     ALERT_LABELS,
-    DEFAULT_ACCURACY,
     HOLISTIC,
-    MAX_TOP_CAPACITY,
     NS,
     SEVERITIES,
     AggregateSpec,
@@ -68,7 +71,6 @@ from contract.query.model import (
     condition,
     holistic,
     parse_duration_ns,
-    quantile_suffix,
     result_names,
 )
 from contract.query.selects import SelectSpec

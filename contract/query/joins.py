@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from contract import aggregates as A
 from contract import fields as F
 from contract.query.layout import state_columns
 from contract.query.model import (
@@ -68,7 +69,6 @@ FEED_HOST = "lowwater-job"  # the publisher id of every closed-window feed's pun
 FEED_SUFFIX = ".closed."
 DEFAULT_ROWS_WINDOW = {"range": "1m"}
 NEVER = 2**62  # retain of a feed: a closed window never expires from the join's point of view
-INT_AGGS = ("count", "sum", "min", "max")
 
 
 def closed_topic(q: QuerySpec) -> str:
@@ -129,7 +129,7 @@ class ClosedInput:
     def fields(self) -> list[str]:
         """Names a join may use: group-by columns and integer aggregates."""
         return [p.name for p in self.query.key_parts] + [
-            a.name for a in self.query.aggregates if a.fn in INT_AGGS
+            a.name for a in self.query.aggregates if A.REGISTRY[a.fn].exact_int
         ]
 
     @property
@@ -234,15 +234,16 @@ class JoinOn(_Strict):
 class JoinAggregate(_Strict):
     """An aggregate over the join output: ``expr`` is ``left.f``, ``right.f`` or a sum/difference of them."""
 
-    fn: Literal["count", "sum", "min", "max", "avg"]
+    fn: Literal[A.JOIN_FNS]  # type: ignore[valid-type]
     expr: str | None = None
     alias: str = Field(alias="as")
 
     @model_validator(mode="after")
     def _check(self) -> JoinAggregate:
-        if self.fn == "count" and self.expr is not None:
-            raise ValueError("count takes no expr (it counts joined rows)")
-        if self.fn != "count" and self.expr is None:
+        takes_expr = bool(A.REGISTRY[self.fn].field_kinds)
+        if not takes_expr and self.expr is not None:
+            raise ValueError(f"{self.fn} takes no expr (it counts joined rows)")
+        if takes_expr and self.expr is None:
             raise ValueError(f"{self.fn} needs an expr such as 'right.timestamp - left.timestamp'")
         return self
 
@@ -423,7 +424,8 @@ def join_result_query(j: JoinSpec, left: SelectSpec, right: SelectSpec) -> Query
     API derive from it unchanged. Built without validation (an aggregate's ``field`` stands for the join
     expression: its state column is the expression's value), never sent to a capture host."""
     assert j.window is not None
-    aggs = [AggregateSpec.model_construct(fn=a.fn, field=None if a.fn == "count" else "length", alias=a.alias)
+    aggs = [AggregateSpec.model_construct(fn=a.fn, field="length" if A.REGISTRY[a.fn].field_kinds else None,
+                                          alias=a.alias)
             for a in j.aggregates]
     return QuerySpec.model_construct(
         name=j.name, description=j.description or f"{j.type} join of {left.name} and {right.name}",

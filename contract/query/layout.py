@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from contract import aggregates as A
 from contract import fields as F
 from contract.query.model import AggregateSpec, QuerySpec, accuracy_ppb, holistic
 
-MERGE_SUM, MERGE_MIN, MERGE_MAX = 0, 1, 2
 SRC_ONE = -1  # count: add 1 per packet
 SRC_DSCP = -2  # tos >> 2
 # computed sources (holistic aggregates): SRC_COMPUTED - code, code = col << 7 | dscp << 6 | (words - 1) << 5 | p
@@ -41,7 +41,8 @@ def decode_computed(src: int) -> tuple[int, bool, int, int]:
 class StateColumn:
     name: str
     merge: int  # MERGE_SUM | MERGE_MIN | MERGE_MAX
-    source: int  # packet column, or SRC_ONE / SRC_DSCP
+    source: int  # packet column, or SRC_ONE / SRC_DSCP / an enrichment field / a computed source
+    square: bool = False  # a packet adds the square of the source's value (contract.aggregates.LIFT_SQUARE)
 
 
 def _source_of(field_name: str) -> int:
@@ -51,29 +52,24 @@ def _source_of(field_name: str) -> int:
 
 
 def state_columns(q: QuerySpec) -> list[StateColumn]:
-    """The aggregate state one partial carries: avg travels as (sum, count) so it merges exactly."""
-    cols: list[StateColumn] = []
-    for a in q.aggregates:
-        if a.fn == "count":
-            cols.append(StateColumn(a.name, MERGE_SUM, SRC_ONE))
-        elif a.fn == "sum":
-            cols.append(StateColumn(a.name, MERGE_SUM, _source_of(a.field or "")))
-        elif a.fn == "min":
-            cols.append(StateColumn(a.name, MERGE_MIN, _source_of(a.field or "")))
-        elif a.fn == "max":
-            cols.append(StateColumn(a.name, MERGE_MAX, _source_of(a.field or "")))
-        elif a.fn == "avg":
-            cols.append(StateColumn(f"{a.name}.sum", MERGE_SUM, _source_of(a.field or "")))
-            cols.append(StateColumn(f"{a.name}.count", MERGE_SUM, SRC_ONE))
-    # a holistic aggregate's state per sub-key comes last (high_level.aggregate.holistic reads it there)
+    """The aggregate state one partial carries, as each aggregate's registry entry declares it (avg
+    travels as (sum, count) so it merges exactly); a holistic aggregate's state per sub-key comes last
+    (high_level.aggregate.holistic reads it there)."""
     h = holistic(q)
-    if h is not None:
-        if h.fn == "count_distinct" and h.hll_precision is not None:
-            cols.append(StateColumn(f"{h.name}.rank", MERGE_MAX, hll_rank_source(h.field or "", h.hll_precision)))
-        elif h.fn == "top" and h.by is not None:
-            cols.append(StateColumn(f"{h.name}.weight", MERGE_SUM, _source_of(h.by)))
-        else:  # packets per value / bucket / item
-            cols.append(StateColumn(f"{h.name}.n", MERGE_SUM, SRC_ONE))
+    return [c for a in [*(a for a in q.aggregates if not a.holistic), *([h] if h else [])] for c in _columns(a)]
+
+
+def _columns(a: AggregateSpec) -> list[StateColumn]:
+    cols = []
+    for p in A.REGISTRY[a.fn].parts(a):
+        fname = (a.by if p.of == "by" else a.field) or ""
+        if p.lift == A.LIFT_ONE:
+            src = SRC_ONE
+        elif p.lift == A.LIFT_HLL_RANK:
+            src = hll_rank_source(fname, a.hll_precision or 0)
+        else:
+            src = _source_of(fname)
+        cols.append(StateColumn(p.column(a.name), p.merge, src, p.lift == A.LIFT_SQUARE))
     return cols
 
 
@@ -158,15 +154,6 @@ def decode_key(q: QuerySpec, words: np.ndarray) -> dict[str, Any]:
 
 
 def finalize(q: QuerySpec, state: np.ndarray) -> dict[str, float | int]:
-    """Merged state columns -> the aggregates the user asked for (avg = sum / count)."""
-    out: dict[str, float | int] = {}
-    j = 0
-    for a in q.aggregates:
-        if a.fn == "avg":
-            s, c = int(state[j]), int(state[j + 1])
-            out[a.name] = s / c if c else float("nan")
-            j += 2
-        else:
-            out[a.name] = int(state[j])
-            j += 1
-    return out
+    """Merged state columns of one group -> the aggregates the user asked for (avg = sum / count)."""
+    out = A.finalize([(a.fn, a.name) for a in q.aggregates], np.asarray(state, np.int64).reshape(1, -1))
+    return {name: v[0].item() for name, v in out.items()}

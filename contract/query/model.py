@@ -17,8 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract import aggregates as A
 from contract import condlang, sketch
 from contract import fields as F
+from contract.aggregates import DEFAULT_ACCURACY
 from contract.filterlang import FilterError, compile_filter
 
 NS = 1_000_000_000
@@ -224,13 +226,13 @@ class KafkaSpec(_Strict):
         return v
 
 
-HOLISTIC = ("count_distinct", "quantiles", "top")  # two-stage: a sub-key per (group, value), reduced at close
-_PARAMS = {"approx": ("count_distinct",), "precision": ("count_distinct",), "q": ("quantiles",),
-           "accuracy": ("quantiles",), "k": ("top",), "by": ("top",), "capacity": ("top",)}
+HOLISTIC = A.HOLISTIC  # two-stage: a sub-key per (group, value), reduced at close
 
 
 class AggregateSpec(_Strict):
-    fn: Literal["count", "sum", "min", "max", "avg", "count_distinct", "quantiles", "top"]
+    """One aggregate of a query; what each ``fn`` is, takes and keeps is its :mod:`contract.aggregates` entry."""
+
+    fn: Literal[A.NAMES]  # type: ignore[valid-type]
     field: str | None = None
     alias: str | None = Field(default=None, alias="as")
     # holistic parameters (contract.sketch): count_distinct approx/precision, quantiles q/accuracy, top k/by
@@ -244,63 +246,37 @@ class AggregateSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> AggregateSpec:
-        for param, fns in _PARAMS.items():
-            if getattr(self, param) is not None and self.fn not in fns:
+        agg = A.REGISTRY[self.fn]
+        for param in A.PARAMS:
+            if getattr(self, param) is not None and param not in agg.params:
+                fns = [a.fn for a in A.REGISTRY.values() if param in a.params]
                 raise ValueError(f"{param!r} is a parameter of {' / '.join(fns)}, not of {self.fn}")
-        if self.fn == "count":
+        if not agg.field_kinds:
             if self.field is not None:
-                raise ValueError("count takes no field (it counts packets)")
+                raise ValueError(f"{self.fn} takes no field (it counts packets)")
         else:
             if self.field is None:
                 raise ValueError(f"{self.fn} needs a field")
             fld = F.CATALOG.get(self.field)
             if fld is None:
                 raise ValueError(f"unknown field {self.field!r}; known: {', '.join(sorted(F.CATALOG))}")
-            if self.fn in ("count_distinct", "top"):
-                if fld.kind not in ("int", "ip"):
-                    raise ValueError(f"{self.fn} needs a numeric or address field, {self.field!r} is {fld.kind}")
-            elif fld.kind != "int":
-                raise ValueError(f"{self.fn} needs a numeric field, {self.field!r} is {fld.kind}")
-        if self.precision is not None and self.approx is None:
-            raise ValueError("precision applies to approx: hll")
-        if self.precision is not None and not sketch.HLL_MIN_P <= self.precision <= sketch.HLL_MAX_P:
-            raise ValueError(f"precision must be {sketch.HLL_MIN_P}..{sketch.HLL_MAX_P} (HLL registers 2^p)")
-        if self.fn == "quantiles":
-            if not self.q:
-                raise ValueError("quantiles needs q: a list of quantiles in (0, 1), e.g. [0.5, 0.95, 0.99]")
-            bad = [x for x in self.q if not 0 < x < 1]
-            if bad:
-                raise ValueError(f"quantile {bad[0]} is outside (0, 1)")
-            if any(abs(round(x, 4) - x) > 1e-12 for x in self.q):
-                raise ValueError("a quantile has at most 4 decimals (0.5, 0.95, 0.999, 0.9999)")
-            if len(set(self.q)) != len(self.q):
-                raise ValueError("duplicate quantiles")
-            if self.accuracy is not None and not 0 <= self.accuracy <= 0.5:
-                raise ValueError("accuracy (relative error) must be 0 (exact) .. 0.5")
-        if self.fn == "top":
-            if self.k is None or self.k < 1:
-                raise ValueError("top needs k >= 1 (how many items per group)")
-            if self.capacity is not None and not self.k <= self.capacity <= MAX_TOP_CAPACITY:
-                raise ValueError(f"top capacity must be an integer k ({self.k}) .. {MAX_TOP_CAPACITY}")
-            if self.by is not None:
-                b = F.CATALOG.get(self.by)
-                if b is None:
-                    raise ValueError(f"unknown field {self.by!r} in by; known: {', '.join(sorted(F.CATALOG))}")
-                if b.kind != "int":
-                    raise ValueError(f"top by needs a numeric field, {self.by!r} is {b.kind}")
+            if fld.kind not in agg.field_kinds:
+                kinds = " or ".join({"int": "numeric", "ip": "address"}[k] for k in agg.field_kinds)
+                raise ValueError(f"{self.fn} needs a {kinds} field, {self.field!r} is {fld.kind}")
+        if agg.check is not None:
+            agg.check(self)
         return self
 
     @property
     def name(self) -> str:
         if self.alias:
             return self.alias
-        if self.fn in HOLISTIC:
-            return f"{'distinct' if self.fn == 'count_distinct' else self.fn}_{self.field}"
-        return self.fn if self.field is None else f"{self.fn}_{self.field}"
+        prefix = A.REGISTRY[self.fn].prefix or self.fn
+        return prefix if self.field is None else f"{prefix}_{self.field}"
 
     @property
     def holistic(self) -> bool:
-        return self.fn in HOLISTIC
+        return A.REGISTRY[self.fn].holistic
 
     @property
     def hll_precision(self) -> int | None:
@@ -314,22 +290,9 @@ class AggregateSpec(_Strict):
 
     def output_columns(self) -> list[tuple[str, str]]:
         """(result column, kind) this aggregate writes: quantiles one per q (``<name>_p95``), top its
-        weight and rank; kind 'avg'/'quantile' are float64, the rest int64."""
-        if self.fn == "quantiles":
-            return [(f"{self.name}_{quantile_suffix(x)}", "quantile") for x in self.q or []]
-        if self.fn == "top":
-            err = [(f"{self.name}_error", "top_error")] if self.capacity is not None else []
-            return [(self.name, "top"), (f"{self.name}_rank", "rank"), *err]
-        return [(self.name, self.fn)]
-
-
-DEFAULT_ACCURACY = 0.01
-MAX_TOP_CAPACITY = 1_000_000
-
-
-def quantile_suffix(x: float) -> str:
-    """0.5 -> 'p50', 0.95 -> 'p95', 0.999 -> 'p99_9'."""
-    return "p" + f"{round(x * 100, 6):g}".replace(".", "_")
+        weight and rank; a kind's type is :data:`contract.aggregates.RESULT_KINDS`'."""
+        outputs = A.REGISTRY[self.fn].outputs
+        return outputs(self) if outputs is not None else [(self.name, self.fn)]
 
 
 SEVERITIES = ("critical", "warning", "info")

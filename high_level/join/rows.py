@@ -44,12 +44,13 @@ def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
     by = {"left": left, "right": right}
     cols = JI.rows_columns(j, left, right)
     group = tuple((side, () if side == "matched" else _words(by[side], f)) for _, side, f in cols)
-    w = JI.rows_query(j, left, right).window
+    rq = JI.rows_query(j, left, right)
+    w = rq.window
     kw = sum(max(1, len(ws)) for _, ws in group)
     rollup = Layout(j.name, f"join:{j.name}", w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                    (Q.MERGE_SUM,), kw, w.panes_per_slide, w.landmark)  # fmt: skip
+                    tuple(int(op) for op in Q.merge_ops(rq)), kw, w.panes_per_slide, w.landmark)  # fmt: skip
     return RowsLayout(**{**base.__dict__, "group": group, "group_names": tuple(c for c, _, _ in cols),
-                         "aggs": (("count", JI.ROWS_COLUMN, ()),), "rollup": rollup})  # fmt: skip
+                         "aggs": tuple((a.fn, a.name, ()) for a in rq.aggregates), "rollup": rollup})  # fmt: skip
 
 
 def rows_partials(layout: JoinLayout, out: JoinOutput) -> Partials:
