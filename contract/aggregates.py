@@ -101,6 +101,9 @@ RESULT_KINDS: dict[str, ResultKind] = {
     "top": ResultKind(),
     "rank": ResultKind(),
     "top_error": ResultKind(),  # the Misra-Gries bound goes with its weight
+    # the final row's (a spread has no exact fold from finalized rows)
+    "variance": ResultKind(float=True, nan=True, fold=_FINAL),
+    "stddev": ResultKind(float=True, nan=True, fold=_FINAL),
 }
 FLOAT_KINDS = tuple(k for k, r in RESULT_KINDS.items() if r.float)
 
@@ -139,6 +142,36 @@ def _int(x: np.ndarray) -> np.ndarray:
 def _mean(s: np.ndarray, c: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(c != 0, s.astype(np.float64) / np.where(c != 0, c, 1), np.nan)
+
+
+def _variance(n: np.ndarray, s: np.ndarray, sq: np.ndarray) -> np.ndarray:
+    """Population variance (n·Σx² − (Σx)²) / n², the exact rational correctly rounded to float64 (NaN
+    when n = 0): one IEEE division where numerator and denominator are exact integers below 2^52, else
+    Python's integer division (also correctly rounded), so both levels and any oracle agree bit for bit."""
+    n, s, sq = (np.asarray(x, np.int64) for x in (n, s, sq))
+    out = np.full(n.shape, np.nan)
+    nz = n > 0
+    small = nz & (n < 2**26) & (n.astype(np.float64) * sq.astype(np.float64) < 2.0**52)
+    num = n[small] * sq[small] - s[small] * s[small]
+    out[small] = num.astype(np.float64) / (n[small] * n[small]).astype(np.float64)
+    for i in np.flatnonzero(nz & ~small):
+        ni, si = int(n[i]), int(s[i])
+        out[i] = (ni * int(sq[i]) - si * si) / (ni * ni)
+    return out
+
+
+def _stddev(n: np.ndarray, s: np.ndarray, sq: np.ndarray) -> np.ndarray:
+    return np.sqrt(_variance(n, s, sq))
+
+
+_SQUARE_BITS = 16
+_WIDE = {"src_mac": 48, "dst_mac": 48, "mpls_label": 20}  # int fields wider than 16 bits
+
+
+def _check_square(a: Any) -> None:
+    if _WIDE.get(a.field, 0) > _SQUARE_BITS:
+        raise ValueError(f"{a.fn} sums squares in 64 bits: {a.field!r} ({_WIDE[a.field]} bits) is wider than "
+                         f"{_SQUARE_BITS} bits")  # fmt: skip
 
 
 def _check_distinct(a: Any) -> None:
@@ -202,6 +235,7 @@ def _top_state(a: Any) -> tuple[StatePart, ...]:
 
 _COUNT = StatePart("count", MERGE_SUM, LIFT_ONE)
 _SUM = StatePart("sum", MERGE_SUM, LIFT_VALUE)
+_SUMSQ = StatePart("sumsq", MERGE_SUM, LIFT_SQUARE)
 
 REGISTRY: dict[str, Aggregate] = {a.fn: a for a in (
     Aggregate("count", (StatePart("", MERGE_SUM, LIFT_ONE),), _int, field_kinds=(), over_join=True),
@@ -209,6 +243,8 @@ REGISTRY: dict[str, Aggregate] = {a.fn: a for a in (
     Aggregate("min", (StatePart("", MERGE_MIN, LIFT_VALUE),), _int, over_join=True),
     Aggregate("max", (StatePart("", MERGE_MAX, LIFT_VALUE),), _int, over_join=True),
     Aggregate("avg", (_SUM, _COUNT), _mean, over_join=True),  # travels as (sum, count): merges exactly
+    Aggregate("variance", (_COUNT, _SUM, _SUMSQ), _variance, check=_check_square),  # population
+    Aggregate("stddev", (_COUNT, _SUM, _SUMSQ), _stddev, check=_check_square),  # sqrt of the variance
     Aggregate("count_distinct", _distinct_state, field_kinds=("int", "ip"), params=("approx", "precision"),
               check=_check_distinct, prefix="distinct"),
     Aggregate("quantiles", (_N,), params=("q", "accuracy"), check=_check_quantiles, outputs=_quantile_outputs),
