@@ -471,8 +471,17 @@ def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -
             fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]], pins=_pins(_AGG_ARGS),
             args=_AGG_ARGS))
     ind = " " * 16
-    select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
     selects = [line for k, s in enumerate(select_shapes) for line in _select_lines(k, s, ind)]
+    parts.append(_FUSED.format(parse=parse, selects="\n".join(selects), pins=_pins(_FUSED_ARGS), args=_FUSED_ARGS,
+                               **block_loop(shapes, ind)))
+    return "".join(parts)
+
+
+def block_loop(shapes: list[dict], ind: str) -> dict[str, str]:
+    """The per-query pieces of a block loop (the packet pass here, the flow pass in low_level.flows.kernel):
+    table bases, the per-block selection counts, phase 1 (select, key, hash, prefetch) at indent ``ind``,
+    the row columns phase 2 reads, and phase 2 (fold each query's selection)."""
+    select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
     bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
              for q in range(len(shapes))]
     zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
@@ -481,10 +490,8 @@ def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -
     # phase 2 reads only the timestamp and the state columns' sources of the copied row
     needed = {F.TS} | {c for s in shapes for src, _ in s["state"] for c in _source_columns(src)}
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
-                               select="\n".join(select), selects="\n".join(selects), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
-                               args=_FUSED_ARGS))
-    return "".join(parts)
+    return {"bases": "\n".join(bases) or "    pass", "zero": "\n".join(zero), "select": "\n".join(select),
+            "fold": "\n".join(fold), "copy": copy}
 
 
 def load(tables: Tables, selects: list[SelectSpec] | None = None) -> ModuleType:
