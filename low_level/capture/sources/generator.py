@@ -43,6 +43,7 @@ from numba import njit
 from low_level.capture.ring import DEFAULT_SNAPLEN, HEAD, TAIL, Ring, ring_push
 from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Backoff, Source
 from low_level.jit.refcount import pin
+from low_level.jit.splitmix import splitmix64
 
 MAX_GROUPS = 1 << 24
 DEFAULT_START_NS = 1_700_000_000 * 1_000_000_000  # 2023-11-14T22:13:20Z: synthetic runs are reproducible
@@ -100,15 +101,6 @@ def group_tuple(g: int, ipv6: bool = False) -> tuple[str, str, int]:
 # Numba frame builder
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _mix64(x):
-    """splitmix64 finaliser: a good 64-bit hash of a counter (uint64 in, uint64 out)."""
-    z = x + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 @njit(cache=True, nogil=True)
 def _w16(b, o, v):
     b[o] = (v >> 8) & 0xFF
@@ -164,9 +156,9 @@ def build_packet(p: np.ndarray, cdf: np.ndarray, i: int, kind: int, b: np.ndarra
     seq + 1, the server's own initial seq."""
     seed = np.uint64(p[G_SEED])
     key = seed * np.uint64(0x100000001B3) + np.uint64(i) * np.uint64(4)
-    r1 = _mix64(key)
-    r2 = _mix64(key + np.uint64(1))
-    r3 = _mix64(key + np.uint64(2))
+    r1 = splitmix64(key)
+    r2 = splitmix64(key + np.uint64(1))
+    r3 = splitmix64(key + np.uint64(2))
     ngroups = p[G_GROUPS]
     if p[G_ZIPF] != 0:
         u = np.float64(r1 >> np.uint64(11)) * (1.0 / 9007199254740992.0)
@@ -190,7 +182,7 @@ def build_packet(p: np.ndarray, cdf: np.ndarray, i: int, kind: int, b: np.ndarra
     flags = 0x02 if syn else 0x18
     ack = 0 if syn else (seq ^ 0x5A5A5A5A)
     if kind == K_SYNACK or kind == K_DUP_SYNACK:  # the server answers: swapped ends, its own seq
-        r4 = _mix64(key + np.uint64(3))
+        r4 = splitmix64(key + np.uint64(3))
         src, dst = dst, src
         src_hi, src_lo, dst_hi, dst_lo = dst_hi, dst_lo, src_hi, src_lo
         sport, dport = dport, sport
@@ -354,15 +346,15 @@ def _schedule(p, h, hs, i, ts):
     """After packet ``i`` (sent at ``ts``): if it is a pure TCP SYN, schedule the server's SYN-ACK
     (share p[G_ANSWER], lognormal latency) or, unanswered, its retransmission after RTO_NS (share p[G_RETX])."""
     key = np.uint64(p[G_SEED]) * np.uint64(0x100000001B3) + np.uint64(i) * np.uint64(4)
-    r2 = _mix64(key + np.uint64(1))
+    r2 = splitmix64(key + np.uint64(1))
     tcp = np.int64(r2 & np.uint64(0xFFFF)) < p[G_TCP]
     syn = np.int64((r2 >> np.uint64(32)) & np.uint64(0xFFFF)) < p[G_SYN]
     if not (tcp and syn):
         return
-    r4 = _mix64(key + np.uint64(3))
-    r5 = _mix64(r4 ^ np.uint64(0x5851F42D4C957F2D))
+    r4 = splitmix64(key + np.uint64(3))
+    r5 = splitmix64(r4 ^ np.uint64(0x5851F42D4C957F2D))
     if np.int64(r4 & np.uint64(0xFFFF)) < p[G_ANSWER]:
-        z = np.sqrt(-2.0 * np.log(_unit(r5))) * np.cos(2.0 * np.pi * _unit(_mix64(r5)))
+        z = np.sqrt(-2.0 * np.log(_unit(r5))) * np.cos(2.0 * np.pi * _unit(splitmix64(r5)))
         lat = np.float64(p[G_LAT_MED]) * np.exp(np.float64(p[G_LAT_SIG]) * 1e-6 * z)
         lat_ns = np.int64(min(max(lat, np.float64(LATENCY_MIN_NS)), np.float64(LATENCY_MAX_NS)))
         _h_push(h, hs, ts + lat_ns, i, K_SYNACK)
@@ -376,7 +368,7 @@ def _after_answer(p, h, hs, i, ts):
     """After the SYN-ACK to packet ``i`` (sent at ``ts``): the server sends it again after RTO_NS
     (share p[G_DUP]; its client's ACK was lost)."""
     key = np.uint64(p[G_SEED]) * np.uint64(0x100000001B3) + np.uint64(i) * np.uint64(4)
-    r4 = _mix64(key + np.uint64(3))
+    r4 = splitmix64(key + np.uint64(3))
     if np.int64((r4 >> np.uint64(48)) & np.uint64(0xFFFF)) < p[G_DUP]:
         _h_push(h, hs, ts + RTO_NS, i, K_DUP_SYNACK)
     pin(p)
