@@ -34,27 +34,22 @@ def flow_pass(frows, fw, n, qp, qs, tab, out, pane_counts, scols, hc, row, rows,
     """Records 0 .. n-1 of frows (weights fw), block by block, as fused_pass does for frames."""
     ntab = tab.shape[0]
     use_iface = False
-{bases}
-    b0 = 0
-    while b0 < n:
-        bn = n - b0 if n - b0 < BLOCK else BLOCK
-{zero}
-        for i in range(bn):
-            r = b0 + i
-            for k in range(F.NFIELDS):
-                row[k] = frows[r, k]
-            ro = i * NF
-{copy}
-            rows[ro + WCOL] = fw[r]
-{select}
-{fold}
-        b0 += bn
+{loop}
     hc[HC_PACKETS] += n
     hc[HC_PARSED_OK] += n
     pin(frows)
     pin(fw)
 {pins}
 '''
+
+# one record of the flow pass: a decoded row and its weight, then phase 1 of every query
+_RECORD = """            r = b0 + i
+            for k in range(F.NFIELDS):
+                row[k] = frows[r, k]
+            ro = i * NF
+{copy}
+            rows[ro + WCOL] = fw[r]
+{select}"""
 
 _OVERDUE = "            emit_packet_at(q, pane, keys, ko, rows, ro, qp, qs, out, scols)\n"
 
@@ -80,7 +75,7 @@ def flow_kernel_source(shapes: list[dict]) -> str:
         body = head[start:stop].replace("v = np.int64(1)", "v = rows[ro + WCOL]").replace(_OVERDUE, _OVERDUE + fix)
         head = head[:start] + body + head[stop:]
     pins = codegen._pins("qp, qs, tab, out, pane_counts, scols, hc, row, rows, keys, sel, hs, nets")
-    return head + _FLOW.format(pins=pins, **codegen.block_loop(shapes, " " * 12))
+    return head + _FLOW.format(pins=pins, loop=codegen.block_loop(shapes, " " * 12, _RECORD))
 
 
 class FlowKernel(KernelBase):
