@@ -54,7 +54,7 @@ from contract import query as Q
 from contract import wire
 from low_level.capture.ring import Ring
 from low_level.capture.sources.generator import generate_frames
-from low_level.capture.sources.pcapfile import PcapSource
+from low_level.capture.sources.pcap.source import PcapSource
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
 from lowwater_testing.queries import config, query

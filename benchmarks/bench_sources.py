@@ -21,7 +21,7 @@ from benchmarks.pcapwrite import write_pcap_ns
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.sources.base import Source
 from low_level.capture.sources.generator import GeneratorSource, generate_frames
-from low_level.capture.sources.pcapfile import PcapSource
+from low_level.capture.sources.pcap.source import PcapSource
 
 
 @njit(cache=True, nogil=True)

@@ -36,7 +36,7 @@ from high_level.aggregate.rollup import Layout
 from local_stack.kafka_broker import KafkaBroker
 from low_level.capture.ring import Ring
 from low_level.capture.sources.generator import generate_frames
-from low_level.capture.sources.pcapfile import PcapSource
+from low_level.capture.sources.pcap.source import PcapSource
 from low_level.host.emit import Emitter
 from low_level.kernel.fused import Kernel
 from low_level.kernel.parse import parse_batch

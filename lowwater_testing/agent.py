@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import subprocess
 import sys
 from collections import Counter
@@ -10,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import dpkt
+import numpy as np
 
 from contract import fields as F
 from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
@@ -19,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def agent_cmd(cfg: str | Path, source: str, *, host: str | None = "cap-1", bootstrap: str | None = None,
               metrics_port: int = 0, extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
-    """``lowwater-agent`` (as ``python -m low_level.host.agent``) with the flags every test passes."""
-    cmd = [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source]
+    """``lowwater-agent`` (as ``python -m low_level.cli``) with the flags every test passes."""
+    cmd = [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source]
     if host is not None:
         cmd += ["--host-id", host]
     if bootstrap is not None:
@@ -59,3 +61,15 @@ def dpkt_oracle(path: Path, pane_ns: int) -> Counter:
             dst = F.ip_to_words(socket.inet_ntoa(ip.dst))[1]
             out[(ts_ns // pane_ns, src, dst)] += 1
     return out
+
+
+def write_traffic_pcap(path: Path, t) -> None:
+    """A nanosecond pcap of the traffic's frames (first bytes only, with their wire lengths)."""
+    frames, cap, wl, ts = build_frames(t)
+    cap = np.minimum(cap, wl)
+    out = [struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1)]
+    for i in range(len(ts)):
+        out.append(
+            struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
+        )
+    path.write_bytes(b"".join(out))

@@ -1,4 +1,5 @@
-"""Flow-export fixtures: a pcap whose 5-tuples repeat, and softflowd's export of it as received datagrams."""
+"""Flow-export fixtures: a pcap whose 5-tuples repeat, softflowd's export of it as received datagrams, and
+NetFlow v9 datagrams built by hand (header, template and data sets, records of ``FIELDS``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import dpkt
 
+from contract import query as Q
+from lowwater_testing.queries import spec
 from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
 
 
@@ -47,3 +50,35 @@ def softflowd_export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
         rx.close()
     assert out, proc.stderr
     return out, sent
+
+
+PAIRS_AGGREGATES = ["count as packets", "sum(length) as bytes"]
+
+
+def flow_query(size: int = 256, m: int = 2) -> Q.QuerySpec:
+    return spec("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=size,
+                flush={"policy": "lazy", "m": m})
+
+
+def v9(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010, uptime_ms: int = 10_000) -> bytes:
+    body = b"".join(sets)
+    return (9).to_bytes(2, "big") + b"\x00\x01" + uptime_ms.to_bytes(4, "big") + clock_s.to_bytes(4, "big") + \
+        b"\x00\x00\x00\x01" + domain.to_bytes(4, "big") + body
+
+
+def flowset(sid: int, payload: bytes) -> bytes:
+    pad = (-len(payload)) % 4
+    return sid.to_bytes(2, "big") + (len(payload) + 4 + pad).to_bytes(2, "big") + payload + b"\x00" * pad
+
+
+def template(tid: int, fields: list[tuple[int, int]]) -> bytes:
+    return flowset(0, tid.to_bytes(2, "big") + len(fields).to_bytes(2, "big") +
+                b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in fields))
+
+
+FIELDS = [(8, 4), (12, 4), (2, 4), (1, 4), (21, 4), (4, 1)]
+
+
+def flow_record(src: int, dst: int, pkts: int, octets: int, last_ms: int, proto: int = 6) -> bytes:
+    return (src.to_bytes(4, "big") + dst.to_bytes(4, "big") + pkts.to_bytes(4, "big") + octets.to_bytes(4, "big") +
+            last_ms.to_bytes(4, "big") + bytes([proto]))

@@ -230,7 +230,8 @@ def test_a_reload_swaps_the_table_and_keeps_the_state(tmp_path: Path) -> None:
 
 
 def test_sighup_reloads_the_agent_networks_file(tmp_path: Path) -> None:
-    from low_level.host.agent import Agent, watch_sighup
+    from low_level.host.agent import Agent
+    from low_level.host.loop import watch_sighup
 
     path = tmp_path / "nets.txt"
     path.write_text("64497,192.168.0.0/16\n")

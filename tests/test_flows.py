@@ -24,8 +24,18 @@ from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
 from lowwater_testing.agent import agent_cmd
-from lowwater_testing.flows import flow_pcap, softflowd_export
-from lowwater_testing.queries import config, query, spec
+from lowwater_testing.flows import (
+    FIELDS,
+    PAIRS_AGGREGATES,
+    flow_pcap,
+    flow_query,
+    flow_record,
+    flowset,
+    softflowd_export,
+    template,
+    v9,
+)
+from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -74,14 +84,6 @@ def _records(col: FlowCollector) -> list[tuple]:
     return [(int(x[F.TS]) // 1_000_000, F.words_to_ip(int(x[F.SRC_HI]), int(x[F.SRC_LO])),
              F.words_to_ip(int(x[F.DST_HI]), int(x[F.DST_LO])), int(x[F.SPORT]), int(x[F.DPORT]), int(w), int(x[F.LEN]))
             for x, w in zip(r, b.weights[: b.n], strict=True)]  # fmt: skip
-
-
-PAIRS_AGGREGATES = ["count as packets", "sum(length) as bytes"]
-
-
-def _query(size: int = 256, m: int = 2) -> Q.QuerySpec:
-    return spec("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=size,
-                flush={"policy": "lazy", "m": m})
 
 
 def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int = 512) -> Counter:
@@ -134,7 +136,7 @@ def test_per_window_totals_per_pair_equal_nfdumps(tmp_path: Path) -> None:
     col = FlowCollector()
     col.feed(datagrams)
     b = col.decode()
-    q = _query(size=64)  # small table: evictions and overdue one-record partials happen too
+    q = flow_query(size=64)  # small table: evictions and overdue one-record partials happen too
     got = _aggregate(q, b.rows[: b.n].copy(), b.weights[: b.n].copy())
     want: Counter = Counter()
     for ms, sa, da, _sp, _dp, pk, by in _nfdump(datagrams, tmp_path):
@@ -158,7 +160,7 @@ def test_weighted_kernel_is_exact_under_disorder() -> None:
     rows[:, F.DST_LO] = F.IPV4_MAPPED_PREFIX | (0xC0A80000 + rng.integers(0, 30, n))
     rows[:, F.LEN] = rng.integers(40, 100_000, n)
     w = rng.integers(1, 500, n).astype(np.int64)
-    q = _query(size=128, m=1)
+    q = flow_query(size=128, m=1)
     got = _aggregate(q, rows, w)
     want: Counter = Counter()
     pane = (rows[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
@@ -168,45 +170,21 @@ def test_weighted_kernel_is_exact_under_disorder() -> None:
     assert got == want
 
 
-def _v9(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010, uptime_ms: int = 10_000) -> bytes:
-    body = b"".join(sets)
-    return (9).to_bytes(2, "big") + b"\x00\x01" + uptime_ms.to_bytes(4, "big") + clock_s.to_bytes(4, "big") + \
-        b"\x00\x00\x00\x01" + domain.to_bytes(4, "big") + body
-
-
-def _set(sid: int, payload: bytes) -> bytes:
-    pad = (-len(payload)) % 4
-    return sid.to_bytes(2, "big") + (len(payload) + 4 + pad).to_bytes(2, "big") + payload + b"\x00" * pad
-
-
-def _template(tid: int, fields: list[tuple[int, int]]) -> bytes:
-    return _set(0, tid.to_bytes(2, "big") + len(fields).to_bytes(2, "big") +
-                b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in fields))
-
-
-_FIELDS = [(8, 4), (12, 4), (2, 4), (1, 4), (21, 4), (4, 1)]
-
-
-def _record(src: int, dst: int, pkts: int, octets: int, last_ms: int, proto: int = 6) -> bytes:
-    return (src.to_bytes(4, "big") + dst.to_bytes(4, "big") + pkts.to_bytes(4, "big") + octets.to_bytes(4, "big") +
-            last_ms.to_bytes(4, "big") + bytes([proto]))
-
-
 def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
     """A v9 options record says 1-in-100: records count 100x, per (exporter, domain); the same template
     id means different layouts in two domains; an unknown or expired template is counted, not guessed."""
-    opts = _set(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
+    opts = flowset(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
                 b"\x00\x01\x00\x04" + b"\x00\x22\x00\x04" + b"\x00\x23\x00\x01")
-    opt_data = _set(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
+    opt_data = flowset(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
     col = FlowCollector()
     col.feed([
-        _v9(1, [_template(256, _FIELDS), opts, opt_data]),
-        _v9(1, [_set(256, _record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
-        _v9(2, [_template(256, list(reversed(_FIELDS)))]),
-        _v9(2, [_set(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
+        v9(1, [template(256, FIELDS), opts, opt_data]),
+        v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
+        v9(2, [template(256, list(reversed(FIELDS)))]),
+        v9(2, [flowset(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
                      + (0x0A000009).to_bytes(4, "big") + (0x0A000003).to_bytes(4, "big"))]),
-        _v9(3, [_set(256, _record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
-        _v9(1, [_set(256, _record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
+        v9(3, [flowset(256, flow_record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
+        v9(1, [flowset(256, flow_record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
     ])
     b = col.decode()
     assert b.n == 2
@@ -223,14 +201,14 @@ def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
 def test_low_water_mark_follows_the_slowest_exporter_and_late_records_are_counted() -> None:
     col = FlowCollector()
     col.timeouts.inactive_ns, col.timeouts.slack_ns = 15 * NS, 1 * NS
-    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_100)], exporter=("10.0.0.1", 2055))
-    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_060)], exporter=("10.0.0.2", 2055))
+    col.feed([v9(1, [template(256, FIELDS)], clock_s=1_700_000_100)], exporter=("10.0.0.1", 2055))
+    col.feed([v9(1, [template(256, FIELDS)], clock_s=1_700_000_060)], exporter=("10.0.0.2", 2055))
     col.decode()
     assert col.clock_mark_ns() == (1_700_000_060 - 16) * NS  # the slower exporter holds the mark
     # exporter 2 silent for longer than exporter_timeout: it stops holding the mark
     assert col.clock_mark_ns(now_ns=(1_700_000_060 + 301) * NS) == (1_700_000_100 - 16) * NS
     # a record ending before the promised mark is late
-    col.feed([_v9(1, [_set(256, _record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
+    col.feed([v9(1, [flowset(256, flow_record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
              exporter=("10.0.0.1", 2055))
     col.decode()
     assert col.late_records == 1
@@ -240,12 +218,12 @@ def test_fuzzed_datagrams_are_counted_never_crash() -> None:
     """Random bytes and mutated real-looking datagrams (v5, v9, IPFIX): every datagram is counted once
     (read whole, or under one reason), nothing is read outside its bytes."""
     rng = np.random.default_rng(0)
-    base = [_v9(1, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)])]
+    base = [v9(1, [template(256, FIELDS), flowset(256, flow_record(1, 2, 3, 4, 5) * 20)])]
     v5 = bytearray(24 + 48 * 2)
     v5[0:2] = (5).to_bytes(2, "big")
     v5[2:4] = (2).to_bytes(2, "big")
     base.append(bytes(v5))
-    ipfix = bytearray(_v9(7, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)]))
+    ipfix = bytearray(v9(7, [template(256, FIELDS), flowset(256, flow_record(1, 2, 3, 4, 5) * 20)]))
     ipfix[0:2] = (10).to_bytes(2, "big")
     del ipfix[4:8]  # IPFIX has no uptime word
     ipfix[2:4] = len(ipfix).to_bytes(2, "big")

@@ -471,7 +471,7 @@ def test_a_configs_run_source_is_checked_and_used_by_the_stack() -> None:
     with file, line and reason."""
     from pathlib import Path
 
-    from low_level.host.agent import parse_source
+    from low_level.cli import parse_source
 
     cfg = Q.load(Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml")
     spec = parse_source(cfg.source)

@@ -27,6 +27,7 @@ from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import run_agent as _run_agent
+from lowwater_testing.agent import write_traffic_pcap
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import assert_exact, start_job
 from lowwater_testing.topics import read_all
@@ -92,18 +93,6 @@ def test_worker_flag_and_default_counts() -> None:
     assert default_workers("afpacket:eth0", cores=128) == 16
 
 
-def write_pcap(path: Path, t) -> None:
-    """A nanosecond pcap of the traffic's frames (first bytes only, with their wire lengths)."""
-    frames, cap, wl, ts = build_frames(t)
-    cap = np.minimum(cap, wl)
-    out = [struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1)]
-    for i in range(len(ts)):
-        out.append(
-            struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
-        )
-    path.write_bytes(b"".join(out))
-
-
 def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
     out = []
     for seq in range(int(ring.ctr[TAIL]), int(ring.ctr[HEAD])):
@@ -118,7 +107,7 @@ def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
 def test_replay_shares_take_every_frame_once_and_keep_flows_together(tmp_path: Path) -> None:
     t = make_traffic(5000, 400, T0, 5 * NS, seed=5)
     pcap = tmp_path / "s.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     got = []
     for i in range(3):
         ring = Ring(1 << 13)  # larger than the file: nothing waits
@@ -172,7 +161,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
 ) -> None:
     t = make_traffic(12_000, 600, T0, 12 * NS, seed=21)
     pcap = tmp_path / "w.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     one, two = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg1, cfg2 = tmp_path / "one.yaml", tmp_path / "two.yaml"
     cfg1.write_text(pairs_config(one, "cap-1"))
@@ -209,11 +198,11 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     stops the other workers and exits 1, naming the dead worker."""
     t = make_traffic(2000, 50, T0, 60 * NS, seed=2)
     pcap = tmp_path / "d.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
                              f"pcap:{pcap},paced", "--host-id", "cap-9", "--bootstrap", "127.0.0.1:9",
                              "--metrics-port", "0", "--workers", "2", "--summary", str(summary)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -283,7 +272,7 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
                              f"afpacket:{host_if},promisc", "--host-id", "edge-1", "--bootstrap",
                              kafka.bootstrap_servers, "--metrics-port", str(port), "--workers", "2",
                              "--summary", str(summary)],
