@@ -22,7 +22,7 @@ from contract.settings import SettingsError, load
 from contract.topics import PartitionChangeRefused
 from high_level.aggregate.processor import LATE_POLICIES
 from high_level.cluster import partitioncount
-from high_level.job import MODES, HighLevelJob
+from high_level.job import MODES, HighLevelJob, pipelines
 from high_level.settings import JobSettings
 
 log = logging.getLogger("lowwater.job")
@@ -123,10 +123,8 @@ def guard_partitions(s: JobSettings, opts: Any, queries: Sequence[Q.QuerySpec]) 
     count is not the config's (high_level/cluster/partitioncount.py)."""
     for line in partitioncount.check_change(s.checkpoint, s.results, queries):
         log.info("%s", line)
-    from contract.topics import connect
-
     try:
-        admin = connect(opts.bootstrap, opts.kafka_security.kafka_python(), 60)
+        admin = opts.kafka.admin(60)
     except RuntimeError as exc:  # the job's own provisioning reports an unreachable broker
         log.warning("partition counts not checked: %s", exc)
         return
@@ -145,10 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = Q.load(s.config)
         opts = s.options()
         queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
-        if opts.mode == "watermark":  # before Spark starts: say so at once
-            from high_level.aggregate.watermark import refuse_joins
-
-            refuse_joins(cfg)
+        pipelines(opts.mode, queries, cfg)  # a config the mode cannot run: say so at once, before Spark starts
     except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2
