@@ -571,7 +571,7 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     import pyarrow as pa
     from prometheus_client import generate_latest
 
-    from high_level.aggregate.processor import unpack_rows
+    from high_level.aggregate.packed import unpack_rows
     from high_level.job import HighLevelJob, JobOptions
 
     qs = [cfg.query("pairs"), cfg.query("ports9x3")]

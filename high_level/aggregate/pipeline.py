@@ -22,7 +22,8 @@ import pandas as pd
 
 from contract import query as Q
 from contract.topics import wanted_topics
-from high_level.aggregate.processor import OUTPUT_DDL, PartitionProcessor, Settings
+from high_level.aggregate.packed import OUTPUT_DDL
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.cluster.placement import checkpoint_shuffle_partitions, placement_salts
 from high_level.pipeline import Outputs, Pipeline

@@ -24,7 +24,7 @@ from contract import joininputs as JI
 from contract import query as Q
 from contract import status as S
 from contract import wire
-from high_level.aggregate.processor import QueryWindows
+from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.rollup import Layout
 from high_level.kafkaclients import KafkaClients
 

@@ -20,7 +20,8 @@ import pandas as pd
 from contract import joininputs as JI
 from contract import query as Q
 from contract.topics import wanted_topics
-from high_level.aggregate.processor import OUTPUT_DDL, Settings
+from high_level.aggregate.packed import OUTPUT_DDL
+from high_level.aggregate.processor import Settings
 from high_level.join.band import JoinLayout
 from high_level.join.feed import FeedPublisher, feed_queries
 from high_level.join.rows import layout_of

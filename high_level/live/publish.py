@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from contract import live as L
 from contract import query as Q
 from contract import results as R
-from high_level.aggregate.processor import QueryWindows
+from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.rollup import Layout
 from high_level.kafkaclients import KafkaClients
 from high_level.results.store import typed_columns

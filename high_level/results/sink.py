@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from contract import query as Q
 from contract import results as R
 from contract import status as S
-from high_level.aggregate.processor import unpack_incomplete, unpack_rows, unpack_windows
+from high_level.aggregate.packed import unpack_incomplete, unpack_rows, unpack_windows
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
