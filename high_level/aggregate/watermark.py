@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from contract import aggregates as A
 from contract import query as Q
 from contract import wire
 from contract.topics import wanted_topics
@@ -124,11 +125,11 @@ class WatermarkPipeline(Pipeline):
             slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
             win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
                            f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
-            fn = {Q.MERGE_SUM: F.sum, Q.MERGE_MIN: F.min, Q.MERGE_MAX: F.max}
             agg = (
                 rows.withWatermark("event_time", f"{opts.watermark_delay_ms} milliseconds")
                 .groupBy(win.alias("w"), *kcols)
-                .agg(*[fn[op](c).cast("long").alias(c) for op, c in zip(lay.ops, scols, strict=True)])
+                .agg(*[getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c)
+                       for op, c in zip(lay.ops, scols, strict=True)])
                 .select(F.unix_micros("w.start").alias("start_us"), F.unix_micros("w.end").alias("end_us"), *kcols,
                         *scols)  # fmt: skip
             )

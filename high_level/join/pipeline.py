@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from contract import joininputs as JI
 from contract import query as Q
+from contract.query import joins as JI
 from contract.topics import wanted_topics
 from high_level.aggregate.packed import OUTPUT_DDL
 from high_level.aggregate.processor import Settings

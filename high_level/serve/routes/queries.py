@@ -10,6 +10,7 @@ import yaml
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from contract import aggregates as A
 from contract import results as R
 from contract.query import NS, QuerySpec
 from high_level.serve import params as P
@@ -85,7 +86,7 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
             for a in spec.aggregates for n, fn in a.output_columns()
         ],
         "result_columns": qi.output_columns,
-        "avg_exact": qi.count_col is not None or not any(fn == "avg" for _, fn in qi.aggs),
+        "avg_exact": qi.count_col is not None or not any(A.RESULT_KINDS[fn].fold.without_count for _, fn in qi.aggs),
         "links": {
             "results": f"/queries/{spec.name}/results",
             "latest": f"/queries/{spec.name}/latest",
