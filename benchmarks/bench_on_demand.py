@@ -31,6 +31,7 @@ from contract import query as Q
 from contract import wire
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.rollup import Layout
+from high_level.kafkaclients import KafkaClients
 from high_level.ondemand import PunctuationAsker
 from local_stack.kafka_broker import KafkaBroker
 from low_level.host.agent import Agent
@@ -55,7 +56,7 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     asker, listeners = None, {}
     if label == "on request":
         ctl = broker.create_topic(f"{topic}.control", 1)
-        asker = PunctuationAsker([Layout.of(q)], broker.bootstrap_servers, topic=ctl, min_gap_ms=200)
+        asker = PunctuationAsker([Layout.of(q)], KafkaClients(broker.bootstrap_servers), topic=ctl, min_gap_ms=200)
         for h in ("dense", "sparse"):
             listeners[h] = RequestListener(h, [q], broker.bootstrap_servers, topic=ctl).start()
             listeners[h].ready.wait(30)

@@ -77,7 +77,6 @@ from contract import query as Q
 from contract import wire
 from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
-from high_level.results.store import generic_table
 from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
@@ -171,9 +170,10 @@ class RecordingJob(HighLevelJob):
         super().__init__(*a, **kw)
         self.rec = Recorder()
         self.rec_lock = threading.Lock()
+        self.sink.on_rows.append(self.record)
 
-    def handle_rows(self, rows: Any, batch_id: int) -> dict[str, int]:
-        tbl = generic_table(rows)
+    def record(self, tbl: pa.Table, batch_id: int) -> None:
+        """The sink's watcher: every batch's generic rows (whichever pipeline wrote them)."""
         fin = tbl.filter(pc.equal(tbl["kind"], "final"))
         with self.rec_lock:
             self.rec.batch_ids.append(batch_id)
@@ -188,7 +188,6 @@ class RecordingJob(HighLevelJob):
                     self.rec.first_step.setdefault(e, self.rec.step)
                     self.rec.last_step[e] = self.rec.step
                     self.rec.rows.setdefault(e, []).append(np.column_stack([gid[sel], st[sel]]))
-        return super().handle_rows(tbl, batch_id)
 
 
 def _matrix(col: pa.ChunkedArray, n: int, width: int) -> np.ndarray:

@@ -36,7 +36,8 @@ from benchmarks.harness import machine
 from contract import live as L
 from contract import query as Q
 from contract import wire
-from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_windows
+from high_level.aggregate.packed import unpack_windows
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
