@@ -24,7 +24,19 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 # --------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
 
+# Extra CA certificates (PEM text, several allowed) for builds behind a TLS-inspecting proxy: added to
+# the system bundle before anything is fetched, so pip (PIP_CERT) and Java's truststore (built from
+# the system store when the JRE is installed, used by Maven) trust them. Empty: nothing changes.
+#   docker build --build-arg EXTRA_CA_CERTS="$(cat my-proxy-ca.pem)" ...   (compose: LOWWATER_EXTRA_CA_CERTS)
+ARG EXTRA_CA_CERTS=""
+RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
+      mkdir -p /usr/local/share/ca-certificates/lowwater-extra \
+      && printf '%s\n' "$EXTRA_CA_CERTS" | awk '/-----BEGIN CERTIFICATE-----/{n++} n{print > ("/usr/local/share/ca-certificates/lowwater-extra/" n ".crt")}' \
+      && update-ca-certificates >/dev/null; \
+    fi
+
 ENV PIP_NO_CACHE_DIR=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

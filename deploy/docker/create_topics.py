@@ -48,10 +48,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the Kafka security block as JSON (protocol, sasl_mechanism, username, password, ca_file, ...; "
                          "the same block every lowwater role takes, deploy/SECURITY.md)")
     ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the broker")
+    ap.add_argument("--control-topic", default=None,
+                    help="also create this one-partition topic: the job's punctuation requests to the agents "
+                         "(lowwater-job/lowwater-agent --control-topic; the broker does not auto-create topics)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         wanted = wanted_topics(Q.load(args.config).queries)
+        if args.control_topic:
+            wanted[args.control_topic] = 1
         block = KafkaSecurity.model_validate_json(args.kafka_security) if args.kafka_security else KafkaSecurity()
         security = block.kafka_python()
     except (Q.ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
