@@ -232,6 +232,11 @@ def site() -> Iterator[Site]:
         f.chmod(0o644)
     (tmp / "file_sd" / "capture-hosts.yml").write_text("[]\n")
     p = s.ports
+    # secure by default: the operator's one setup script makes the CA, the broker's certificate and a
+    # credential per capture host (SASL_SSL on the external listener, ACLs from kafka-init)
+    s.secrets = tmp / "kafka-secrets"
+    run([sys.executable, str(REPO / "deploy" / "kafka_secrets.py"), "--dir", str(s.secrets), "--external-host",
+         "localhost", "--external-port", str(p["kafka"]), "--san", "127.0.0.1", "replay-01", "live-01"])  # fmt: skip
     central_env = tmp / "central.env"
     central_env.write_text(f"""# the compose test's deploy/.env
 KAFKA_EXTERNAL_HOST=localhost
@@ -254,6 +259,7 @@ QUERIES_FILE=test.yaml
 API_TOKEN_FILE={tmp / 'secrets' / 'api_token'}
 GRAFANA_ADMIN_PASSWORD_FILE={tmp / 'secrets' / 'grafana_admin_password'}
 PROMETHEUS_FILE_SD={tmp / 'file_sd'}
+KAFKA_SECRETS_DIR={s.secrets}
 CENTRAL_ENV_FILE={central_env}
 LOWWATER_JOB_SPARK_CONF={{"spark.executor.memory": "1g"}}
 LOWWATER_JOB_TRIGGER=1s
@@ -263,9 +269,11 @@ LOWWATER_JOB_TRIGGER=1s
     for name, host, source, port in ((REPLAY, "replay-01", "pcap:/var/lib/lowwater/pcap/capture.pcap", p["replay_metrics"]),
                                      (LIVE, "live-01", f"afpacket:{VETH}", p["live_metrics"])):  # fmt: skip
         f = tmp / f"{name}.env"
-        f.write_text(f"""# the compose test's capture-host .env
-LOWWATER_AGENT_HOST_ID={host}
-LOWWATER_AGENT_BOOTSTRAP=127.0.0.1:{p['kafka']}
+        bundle = s.secrets / "capture-hosts" / host  # what the operator copies to the capture host
+        f.write_text(f"""# the compose test's capture-host .env: agent.env of kafka_secrets.py (host id, bootstrap,
+# the SASL_SSL block), then the rest
+{(bundle / 'agent.env').read_text()}
+KAFKA_CERTS_DIR={bundle}
 LOWWATER_AGENT_SOURCE={source}
 LOWWATER_AGENT_METRICS_PORT={port}
 LOWWATER_AGENT_CONTROL_TOPIC=lowwater.control
@@ -379,6 +387,42 @@ def test_api_serves_the_oracle_of_the_replayed_pcap_and_the_live_capture(up: Sit
     status = s.api("/status")
     hosts = {h["host"] for h in status["hosts"]}
     assert {"replay-01", "live-01"} <= hosts, status["hosts"]
+
+
+def test_external_listener_is_sasl_ssl_and_acls_limit_a_capture_host(up: Site) -> None:
+    """PLAINTEXT and a wrong password get nowhere; a capture host sees its queries' topics and the
+    control topic, nothing else, and cannot write the job's live topics."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaError
+
+    from contract.kafka_security import KafkaSecurity
+
+    s = up
+    bootstrap = f"localhost:{s.ports['kafka']}"
+    line = next(ln for ln in (s.secrets / "capture-hosts" / "replay-01" / "agent.env").read_text().splitlines()
+                if ln.startswith("LOWWATER_AGENT_KAFKA_SECURITY="))  # fmt: skip
+    block = json.loads(line.split("=", 1)[1])
+    block["ca_file"] = str(s.secrets / "ca.pem")
+    good = KafkaSecurity.model_validate(block).kafka_python()
+    c = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=20000, **good)
+    try:
+        assert c.topics() == {"lowwater.ct.pairs", "lowwater.ct.bytes_per_dst24", "lowwater.control"}
+    finally:
+        c.close()
+    p = KafkaProducer(bootstrap_servers=bootstrap, max_block_ms=15000, **good)
+    try:
+        with pytest.raises(KafkaError):
+            p.send("lowwater.live.pairs", b"not from a capture host").get(timeout=20)
+    finally:
+        p.close(5)
+    for bad in ({}, {**good, "sasl_plain_password": "wrong"}):
+        with pytest.raises(KafkaError):
+            c = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10000, api_version_auto_timeout_ms=10000,
+                              **bad)  # fmt: skip
+            try:
+                c.topics()
+            finally:
+                c.close()
 
 
 def test_prometheus_targets_up_no_component_down_and_grafana_panels_have_series(up: Site) -> None:

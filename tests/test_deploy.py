@@ -887,3 +887,52 @@ def test_healthcheck_script(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_capture_host_grants_cover_only_the_queries_a_host_runs(create_topics: ModuleType, tmp_path: Path) -> None:
+    """kafka-init's ACL plan: WRITE on the topics of the queries whose sources match the host, READ on
+    the control topic, DESCRIBE on both; nothing for another host's query (the broker enforces it:
+    tests/test_compose.py)."""
+    from contract import query as Q
+
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text("""
+queries:
+  - {name: all, group_by: [dst_port], aggregates: [{fn: count, as: n}], window: {range: 10s},
+     kafka: {topic: lowwater.all, partitions: 1}}
+  - {name: edge, group_by: [dst_port], aggregates: [{fn: count, as: n}], window: {range: 10s},
+     sources: ["edge-*"], kafka: {topic: lowwater.edge, partitions: 1}}
+""")
+    grants = create_topics.capture_host_grants(Q.load(cfg), ["edge-1", "core-1"], "lowwater.control")
+    assert grants["edge-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.edge": {"WRITE", "DESCRIBE"},
+                                "lowwater.control": {"READ", "DESCRIBE"}}  # fmt: skip
+    assert grants["core-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.control": {"READ", "DESCRIBE"}}
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# capture hosts\nedge-1\n\ncore-1\n")
+    assert create_topics.read_hosts(str(hosts)) == ["edge-1", "core-1"]
+
+
+def test_kafka_secrets_script_makes_ca_broker_cert_and_one_user_per_host(tmp_path: Path) -> None:
+    """deploy/kafka_secrets.py: idempotent; a new host adds a user and keeps the others' passwords."""
+    script = DEPLOY / "kafka_secrets.py"
+    d = tmp_path / "k"
+    run = lambda *a: subprocess.run([sys.executable, str(script), "--dir", str(d), "--external-host", "kafka.example",  # noqa: E731
+                                     *a], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert "made CA" in run("cap-1")
+    jaas = (d / "kafka_server_jaas.conf").read_text()
+    assert jaas.startswith("//") and "external.KafkaServer" in jaas and 'user_cap-1="' in jaas
+    assert (d / "ca.key").stat().st_mode & 0o077 == 0
+    assert "nothing new" in run("cap-1")
+    run("cap-2")
+    pw1 = re.search(r'user_cap-1="([^"]+)"', jaas).group(1)
+    again = (d / "kafka_server_jaas.conf").read_text()
+    assert again.count("user_") == 2 and f'user_cap-1="{pw1}"' in again
+    assert (d / "capture-hosts.txt").read_text() == "cap-1\ncap-2\n"
+    env = (d / "capture-hosts" / "cap-2" / "agent.env").read_text()
+    block = json.loads(env.split("LOWWATER_AGENT_KAFKA_SECURITY=", 1)[1])
+    assert block["protocol"] == "SASL_SSL" and block["username"] == "cap-2" and "LOWWATER_AGENT_BOOTSTRAP=kafka.example:9094" in env
+    cert = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(d / "broker.pem")],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "DNS:kafka.example" in cert
+    ok = subprocess.run(["openssl", "verify", "-CAfile", str(d / "ca.pem"), str(d / "broker.pem")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
