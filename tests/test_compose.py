@@ -55,6 +55,8 @@ WINDOW_S = 10
 SPAN_S = 30
 LIVE_SRC, LIVE_DST = "10.99.0.1", "10.99.0.2"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# the first test carries the module's set-up: a cold image build and three Spark-job starts on 2 cores
+pytestmark = pytest.mark.timeout(2400)
 # every service of docker-compose.yml but grafana (no image here: its provisioning is checked instead)
 CENTRAL_SERVICES = ("kafka", "kafka-init", "spark-master", "spark-worker", "job", "api", "prometheus", "alertmanager")
 TIMINGS: dict[str, Any] = {}
