@@ -77,7 +77,7 @@ ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9101/metrics
 COPY --from=build-agent /opt/venv /opt/venv
 COPY . /app
 RUN pip install --no-deps --no-build-isolation -e /app \
- && python -c "import contract, low_level.agent" \
+ && python -c "import contract, low_level.host.agent" \
  && rm -rf /app/build \
  && cp /app/configs/default.yaml /etc/lowwater/queries.yaml \
  && lowwater-agent --help >/dev/null \

@@ -18,7 +18,7 @@ Parts (``--part``; each run rewrites only its own entry, so parts can be measure
   holistic ones (goal >= 0.5). Each holistic query groups by (group, sub-key), so its table holds
   more entries than the group count: the rate includes those extra evictions.
 * ``hll_error``: HyperLogLog relative error vs memory, precision 10..16, over 10^6 distinct values
-  and several seeds, through the second stage (``high_level.holistic``); memory = registers x the
+  and several seeds, through the second stage (``high_level.aggregate.holistic``); memory = registers x the
   wire record's bytes (pane, group, register, rank words).
 * ``adaptwid``: exact distinct count on the high level, the dissertation's section 6.3 comparison:
   per-pane distinct (group, value) sets merged into windows (what lowwater does) vs buffering the
@@ -226,7 +226,7 @@ def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
     """Low-level Mpkt/s of the holistic queries vs Q4 (count per (src, dst)) in one run, one core."""
     from benchmarks.bench_kernel import fill_ring, run_kernel
     from benchmarks.queries import q4
-    from low_level.sources.generator import generate_frames
+    from low_level.capture.sources.generator import generate_frames
 
     frames, caplen, wirelen, ts = generate_frames(args.packets, groups=args.kgroups, seed=7, snaplen=64)
     ring = fill_ring(frames, caplen, wirelen, ts)
@@ -259,7 +259,7 @@ def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     import pandas as pd
 
     from contract import sketch
-    from high_level import holistic
+    from high_level.aggregate import holistic
 
     n, seeds = args.distinct, args.seeds
     rows = []
@@ -298,7 +298,7 @@ def adaptwid(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
     both; rows held = records the high level receives and keeps (the Kafka volume too)."""
     import pandas as pd
 
-    from high_level.rollup import expand_windows, group_reduce
+    from high_level.aggregate.rollup import expand_windows, group_reduce
 
     rng = np.random.default_rng(3)
     out = []

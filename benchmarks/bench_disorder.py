@@ -14,8 +14,8 @@ arrive out of order:
 Query: count per group over the sliding window. Plans:
 
 * ``punctuation``: the real Numba kernel (parse, sub-aggregate, lazy flush m = ceil(D / pane)), the
-  real punctuation rule (``low_level.punctuate.advance`` every 256 packets, on the data clock) and
-  the real roll-up (``high_level.rollup.QueryRollup``) closing windows below each mark. Packets
+  real punctuation rule (``low_level.host.punctuate.advance`` every 256 packets, on the data clock) and
+  the real roll-up (``high_level.aggregate.rollup.QueryRollup``) closing windows below each mark. Packets
   behind the mark are late: counted by the kernel and not merged. The agent's rule today: mark =
   min(oldest pane in the table, data clock).
 * ``punctuation, hold m``: the same with ``advance(hold_panes=m)``: the mark stays m panes behind
@@ -47,13 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from high_level.rollup import Layout, QueryRollup  # noqa: E402
+from high_level.aggregate.rollup import Layout, QueryRollup  # noqa: E402
 from high_level.simulate import packet_partials  # noqa: E402
-from low_level.kernel import Kernel  # noqa: E402
-from low_level.parse import empty_outputs, parse_batch  # noqa: E402
-from low_level.punctuate import advance  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
-from low_level.tables import Tables  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.host.punctuate import advance  # noqa: E402
+from low_level.kernel.fused import Kernel  # noqa: E402
+from low_level.kernel.parse import empty_outputs, parse_batch  # noqa: E402
+from low_level.kernel.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from benchmarks.machine import machine
 from contract import query as Q
-from low_level.flowkernel import FlowKernel
-from low_level.sources.flows import FlowCollector
-from low_level.tables import Tables
+from low_level.flows.kernel import FlowKernel
+from low_level.flows.source import FlowCollector
+from low_level.kernel.tables import Tables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUERY = """

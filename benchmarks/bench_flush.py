@@ -32,9 +32,9 @@ from benchmarks.machine import machine  # noqa: E402
 from benchmarks.queries import FLUSH as POLICIES  # noqa: E402
 from benchmarks.queries import q4  # noqa: E402
 from contract import query as Q  # noqa: E402
-from low_level.kernel import Kernel  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
-from low_level.tables import Tables  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.kernel.fused import Kernel  # noqa: E402
+from low_level.kernel.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHUNK = 2048

@@ -2,7 +2,7 @@
 lowwater's order-agnostic join closed by punctuation vs Spark's own stream-stream join with watermarks,
 on the same rows in the same arrival order.
 
-* OA-Join: :class:`high_level.join.BandJoin` (one partition) fed the emulated hosts' ROWS batches and
+* OA-Join: :class:`high_level.join.band.BandJoin` (one partition) fed the emulated hosts' ROWS batches and
   punctuation (punctuation every 1 s, host h's stream ``h * skew / 2`` behind), in micro-batches of
   ``--batch`` messages; state = stored input rows after each batch (peak), output checked against a
   brute-force oracle; rate = input rows per second of the join step on one core.
@@ -39,8 +39,8 @@ from benchmarks.proccpu import children, process_table  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level import simulate  # noqa: E402
-from high_level.join import BandJoin, JoinLayout, match_pairs  # noqa: E402
-from high_level.meld import Meld  # noqa: E402
+from high_level.aggregate.meld import Meld  # noqa: E402
+from high_level.join.band import BandJoin, JoinLayout, match_pairs  # noqa: E402
 from tests.packets import make_handshake_traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -446,7 +446,7 @@ def main() -> None:
     print(f"machine: {m['cpu']}; {len(left):,} SYN rows, {len(right):,} SYN-ACK rows, {want:,} pairs in the band")
     spark = None
     if not args.no_spark:
-        from high_level.session import build_spark
+        from high_level.cluster.session import build_spark
         from local_stack.jars import spark_kafka_jars
 
         spark = build_spark("bench-join", "local[2]", {"spark.sql.shuffle.partitions": "2"}, jars=spark_kafka_jars(),

@@ -40,11 +40,11 @@ from benchmarks.queries import q4  # noqa: E402
 from contract import fields as F  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from low_level.kernel import Kernel  # noqa: E402
-from low_level.parse import parse_batch  # noqa: E402
-from low_level.ring import HEAD, TAIL, Ring  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
-from low_level.tables import Tables  # noqa: E402
+from low_level.capture.ring import HEAD, TAIL, Ring  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.kernel.fused import Kernel  # noqa: E402
+from low_level.kernel.parse import parse_batch  # noqa: E402
+from low_level.kernel.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"

@@ -8,7 +8,7 @@ Latency = the send time of the punctuation that let the window close - the windo
 the earliest moment the high level could close it, independent of transport and consumer lag. Heartbeat settings compared in one run:
 periodic every 0.1 s, 1 s and 10 s (on demand off), on demand (1 s timer + immediate punctuation
 whenever a host is idle) and on request (1 s timer + punctuation when the consumer asks: both agents
-read a control topic, ``low_level.ondemand.RequestListener``; the consumer's
+read a control topic, ``low_level.host.ondemand.RequestListener``; the consumer's
 ``high_level.ondemand.PunctuationAsker`` asks the hosts that hold its mark back once a window has
 ended, at most every 200 ms per host, as the job would). Also reported: punctuations sent per second
 (the overhead side) and, on request, requests sent per second.
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from high_level.meld import Meld  # noqa: E402
+from high_level.aggregate.meld import Meld  # noqa: E402
+from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.ondemand import PunctuationAsker  # noqa: E402
-from high_level.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.agent import Agent  # noqa: E402
-from low_level.ondemand import RequestListener  # noqa: E402
+from low_level.host.agent import Agent  # noqa: E402
+from low_level.host.ondemand import RequestListener  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000

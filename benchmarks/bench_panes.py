@@ -5,7 +5,7 @@ Input: the partial records the high level receives (here one packet per record, 
 the roll-up), ``groups`` (src_ip, dst_ip) keys, ``per_pane`` records per pane (1 s), punctuation after
 every pane. Query: count + max(length) per key, RANGE = k panes, SLIDE = 1 pane, k = range/slide.
 
-* ``paned`` (lowwater, ``high_level.rollup.QueryRollup`` as the job runs it): records merge into one
+* ``paned`` (lowwater, ``high_level.aggregate.rollup.QueryRollup`` as the job runs it): records merge into one
   row per (pane, key); a window is assembled from its k panes when punctuation closes it.
 * ``unpaned`` (WID): each record is bucketed into all k windows it belongs to
   (``rollup.expand_windows``) and merged into one row per (window, key) of a window-keyed
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
-from high_level.rollup import Layout, QueryRollup, expand_windows  # noqa: E402
+from high_level.aggregate.rollup import Layout, QueryRollup, expand_windows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED_PANES = 20

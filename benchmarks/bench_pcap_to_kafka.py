@@ -37,8 +37,8 @@ from benchmarks.machine import machine  # noqa: E402
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
 from contract import query as Q  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.agent import Agent  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.host.agent import Agent  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TMP = RESULTS / "tmp"

@@ -2,7 +2,7 @@
 
 Query: the OOP paper's Q4, packet count per (srcIP, dstIP) per 1-minute tumbling window. Every tool
 reads the SAME classic (microsecond) pcap file, written once with dpkt from synthetic frames of
-``low_level.sources.generator`` (TCP over IPv4, ``--groups`` (src, dst) pairs, ~``--span`` seconds of
+``low_level.capture.sources.generator`` (TCP over IPv4, ``--groups`` (src, dst) pairs, ~``--span`` seconds of
 data time), and every tool's per-(minute, src, dst) counts must equal the ground truth computed with
 numpy from the generator's own arrays. The tools:
 
@@ -55,11 +55,11 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import fields as F  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from low_level.kernel import Kernel  # noqa: E402
-from low_level.ring import Ring  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
-from low_level.sources.pcapfile import PcapSource  # noqa: E402
-from low_level.tables import Tables  # noqa: E402
+from low_level.capture.ring import Ring  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.kernel.fused import Kernel  # noqa: E402
+from low_level.kernel.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TMP = RESULTS / "tmp"
@@ -652,7 +652,7 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
                  "format": "classic pcap, microsecond timestamps, Ethernet", "packets": packets,
                  "groups": groups, "snaplen": snaplen, "data_span_s": round(g["span_ns"] / NS, 3),
                  "data_pps": g["pps"], "minutes": len({k[0] for k in truth}), "keys": len(truth),
-                 "traffic": "low_level.sources.generator.generate_frames: TCP/IPv4, sizes 64..1500, seed 1"},
+                 "traffic": "low_level.capture.sources.generator.generate_frames: TCP/IPv4, sizes 64..1500, seed 1"},
         "lowwater_vs_pmacctd": vs_pm,
         "lowwater_vs_pmacctd_cpu": vs_pm_cpu,
         "all_agree": all(a["agrees"] for a in agree.values()),

@@ -15,7 +15,7 @@ Also times the pure partition processor on the same messages, without Spark, for
 filled with G distinct groups that stay open (every host's mark stays at that pane), then
 ``--sweep-records`` more partials of those groups arrive in micro-batches of ``--sweep-batch``; the rate
 of those batches is measured for the blob state (the processor saved whole per batch) and the chunked
-state (per-batch chunks in RocksDB, ``high_level/chunks.py``), side by side in one run on the same
+state (per-batch chunks in RocksDB, ``high_level/aggregate/chunks.py``), side by side in one run on the same
 topic. End-of-stream punctuation then closes the pane and both results are checked (G rows, every record).
 
 Besides the rates it records ``cpu_seconds`` (CPU of the Spark JVM, its Python workers and this
@@ -44,9 +44,9 @@ from benchmarks.machine import machine  # noqa: E402
 from benchmarks.proccpu import tree_cpu_seconds  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
+from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
+from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-from high_level.partition import PartitionProcessor, Settings  # noqa: E402
-from high_level.rollup import Layout  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -68,7 +68,7 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm:
 
 def driver(a: argparse.Namespace) -> int:
     """One SparkContext on the cluster (W executors of 1 core); every P in turn; JSON lines on stdout."""
-    from high_level.session import build_spark
+    from high_level.cluster.session import build_spark
     from local_stack.jars import spark_kafka_jars
 
     spec = json.loads(a.driver)

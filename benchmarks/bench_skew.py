@@ -46,7 +46,7 @@ Measured per job:
   20 s <= e <= last step - skew - 13 s (closed by then in every variant unless lost): (window, key)
   rows missing, rows present with a wrong value, packets missing.
 
-Caveat built into the watermark baseline (``high_level/watermark.py``): a partial aggregate carries
+Caveat built into the watermark baseline (``high_level/aggregate/watermark.py``): a partial aggregate carries
 no finer time than its pane, so its event time is the pane start, and Spark's watermark (max event
 time - delay) advances in whole 10-s steps and trails the leading host by up to a pane more than the
 delay. That adds up to 10 s of latency and as much hidden slack (a 2-s delay tolerates ~2-12 s of
@@ -79,9 +79,9 @@ from benchmarks.bench_skew_iop import TUPLE, InOrderUnion  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
+from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-from high_level.rollup import Layout  # noqa: E402
-from high_level.store import generic_table  # noqa: E402
+from high_level.results.store import generic_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000

@@ -5,11 +5,11 @@ Two capture hosts, A and B, of equal rate (RATE packets/s of data time each, uni
 (src_ip, dst_ip) groups, like two ECMP links); count + sum(length) per group per 10-s tumbling window.
 B's stream arrives ``skew`` seconds after A's. Deterministic replay in steps of 1 s of data time: at
 step T, A has delivered its data before T, B its data before T - skew. Both plans end in the same
-aggregation code (``high_level.rollup.QueryRollup``); what differs is what stands in front of it:
+aggregation code (``high_level.aggregate.rollup.QueryRollup``); what differs is what stands in front of it:
 
 * ``oop`` (lowwater): each host sends, per second, its partial aggregates of that second (what the
   low level's flush emits) and punctuation. The real high-level processor
-  (``high_level.partition.PartitionProcessor``: wire decode, meld = min over the hosts' marks,
+  (``high_level.aggregate.processor.PartitionProcessor``: wire decode, meld = min over the hosts' marks,
   roll-up, close) merges them as they come, in any order. State: its pane table, one row per
   (open pane, group), in rows and in bytes (the table's numpy arrays).
 * ``iop``: the paper's in-order plan. The union of the two links releases packet tuples in timestamp
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from high_level.partition import PartitionProcessor, Settings  # noqa: E402
-from high_level.rollup import Layout, QueryRollup, Windows  # noqa: E402
+from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
+from high_level.aggregate.rollup import Layout, QueryRollup, Windows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000

@@ -21,10 +21,10 @@ from numba import njit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
-from low_level.ring import HEAD, TAIL, Ring  # noqa: E402
-from low_level.sources.base import Source  # noqa: E402
-from low_level.sources.generator import GeneratorSource, generate_frames  # noqa: E402
-from low_level.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.capture.ring import HEAD, TAIL, Ring  # noqa: E402
+from low_level.capture.sources.base import Source  # noqa: E402
+from low_level.capture.sources.generator import GeneratorSource, generate_frames  # noqa: E402
+from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
 
 
 @njit(cache=True, nogil=True)

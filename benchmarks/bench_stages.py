@@ -35,16 +35,16 @@ from benchmarks.machine import machine  # noqa: E402
 from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
 from benchmarks.queries import q4  # noqa: E402
 from contract.fields import NFIELDS  # noqa: E402
-from high_level.partition import PartitionProcessor, Settings  # noqa: E402
-from high_level.rollup import Layout  # noqa: E402
+from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
+from high_level.aggregate.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.emit import Emitter  # noqa: E402
-from low_level.kernel import Kernel  # noqa: E402
-from low_level.parse import parse_batch  # noqa: E402
-from low_level.ring import Ring  # noqa: E402
-from low_level.sources.generator import generate_frames  # noqa: E402
-from low_level.sources.pcapfile import PcapSource  # noqa: E402
-from low_level.tables import Tables  # noqa: E402
+from low_level.capture.ring import Ring  # noqa: E402
+from low_level.capture.sources.generator import generate_frames  # noqa: E402
+from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.host.emit import Emitter  # noqa: E402
+from low_level.kernel.fused import Kernel  # noqa: E402
+from low_level.kernel.parse import parse_batch  # noqa: E402
+from low_level.kernel.tables import Tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TMP = RESULTS / "tmp"

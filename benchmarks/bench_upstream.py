@@ -3,7 +3,7 @@ IN-PLACE and LINECUTTING, under uniform and Zipf-skewed key update rates.
 
 The updates are real provisional results: two emulated capture hosts send, every second, their partial
 aggregates of the pane that just ended and their punctuation to the high level's partition processor
-(``high_level/partition.py`` with live results on), which publishes the current value of every open
+(``high_level/aggregate/processor.py`` with live results on), which publishes the current value of every open
 window and group it changed, and the final at close; each goes through the live publisher's encoding
 and the live contract's validating decoder (``contract/live.py``) into one consumer's update queue
 (``high_level/live/queue.py``). Only the consumer is simulated: it takes one update per service slot
@@ -40,10 +40,10 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import live as L  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
+from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_windows  # noqa: E402
+from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional  # noqa: E402
 from high_level.live.queue import Update, UpdateQueue, replay  # noqa: E402
-from high_level.partition import PartitionProcessor, Settings, unpack_windows  # noqa: E402
-from high_level.rollup import Layout  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = """

@@ -4,7 +4,7 @@
 ``transformWithStateInPandas`` (``python -m pyspark.sql.streaming.transform_with_state_driver_worker``) the
 way ``PythonWorkerFactory.createSimpleWorker`` does (Spark's worker ``PYTHONPATH``, pyspark.zip first; a
 listening socket, the secret, the pid), once with this interpreter and once through
-``high_level/pyworker.py``, and prints the seconds until the pid arrives and how many starts exceed Spark's
+``high_level/cluster/pyworker.py``, and prints the seconds until the pid arrives and how many starts exceed Spark's
 fixed 10 s. Run it under load (e.g. busy loops on every core) to see what a query start meets. Printed only.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from high_level.pyworker import DRIVER_WORKER, install  # noqa: E402
+from high_level.cluster.pyworker import DRIVER_WORKER, install  # noqa: E402
 
 WINDOW_S = 10.0  # PythonWorkerFactory.createSimpleWorker's connect-back timeout
 

@@ -3,11 +3,11 @@
 Why virtual time: the punctuation experiments of the seeds (on-demand punctuation Fig. 7/8, OOP N3)
 run for minutes of stream time with one input at 0.05 packets/s; on the wall clock that is minutes
 per setting on a shared 2-core machine. Here every host runs the real Numba kernel
-(``low_level.kernel.Kernel``: parse, sub-aggregate, lazy flush) and the real punctuation rule
-(``low_level.punctuate.advance``, given the virtual clock), with the agent's heartbeat logic of
-``low_level.agent.Agent.step`` (timer every ``interval``, on demand when idle for 5 ms, at most every
+(``low_level.kernel.fused.Kernel``: parse, sub-aggregate, lazy flush) and the real punctuation rule
+(``low_level.host.punctuate.advance``, given the virtual clock), with the agent's heartbeat logic of
+``low_level.host.agent.Agent.step`` (timer every ``interval``, on demand when idle for 5 ms, at most every
 10 ms); messages are real wire batches; the union is the real high-level processor
-(``high_level.partition.PartitionProcessor``: meld, roll-up, close). The clock advances in 1-ms
+(``high_level.aggregate.processor.PartitionProcessor``: meld, roll-up, close). The clock advances in 1-ms
 ticks; a tick's messages reach the union ``delay`` later (0 unless a host is delayed).
 """
 
@@ -19,12 +19,12 @@ import numpy as np
 
 from contract import query as Q
 from contract import wire
-from high_level.partition import PartitionProcessor, Settings
-from high_level.rollup import Layout, QueryRollup
-from low_level.kernel import Kernel
-from low_level.punctuate import advance
-from low_level.sources.generator import DEFAULT_START_NS, generate_frames
-from low_level.tables import QS_CUR, QS_LATE, QS_OCC, Tables
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout, QueryRollup
+from low_level.capture.sources.generator import DEFAULT_START_NS, generate_frames
+from low_level.host.punctuate import advance
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import QS_CUR, QS_LATE, QS_OCC, Tables
 
 NS = 1_000_000_000
 MS = 1_000_000

@@ -9,7 +9,7 @@ MPLS_LABEL, and PROTO without IP); the others use 0 (ports, VLAN, ETHERTYPE and 
 the inner addresses with INNER_IPVER 0, which print as ``::`` and match no IPv4 prefix). MACs are
 48-bit integers (result columns are int64; :func:`int_to_mac` formats one). Columns from ETHERTYPE on
 are filled only by the full parser, which a host's kernel uses when one of its queries reads them
-(``low_level.parse.EXTRA_COLUMNS``).
+(``low_level.kernel.parse.EXTRA_COLUMNS``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Nothing here ever calls ``eval``/``exec``: a filter is tokenised, parsed by recursive descent into a
 small AST that only knows catalog fields, numbers, addresses, prefixes and named constants, and then
 compiled to a flat int64 postfix program. The low level never interprets that program per packet:
-``low_level.filter`` turns it, at kernel generation time, into straight-line Numba statements (one
-named value per instruction) inside the generated per-query-set kernel (``low_level.codegen``), so
+``low_level.kernel.filter`` turns it, at kernel generation time, into straight-line Numba statements (one
+named value per instruction) inside the generated per-query-set kernel (``low_level.kernel.codegen``), so
 only integers from the validated program reach generated code. :func:`evaluate` is the plain-Python
 reference the generated statements are tested against.
 
@@ -349,7 +349,7 @@ _BINARY = {
 
 def evaluate(program: np.ndarray, row: np.ndarray, enrich: Any = None) -> bool:
     """Reference interpreter in plain Python: the oracle the generated filter statements
-    (``low_level.filter``) and the tests' offline aggregates are checked against.
+    (``low_level.kernel.filter``) and the tests' offline aggregates are checked against.
 
     ``enrich(source, row) -> int`` gives the enrichment fields (contract.networks); without it they are 0."""
     stack: list[int] = []

@@ -2,7 +2,7 @@
 ``src_asn`` and ``dst_asn``.
 
 Defined once here because both levels read it: the low level matches every packet's addresses against
-it (longest prefix, ``low_level.lpm``) and groups by the resulting integers; the high level and the API
+it (longest prefix, ``low_level.kernel.lpm``) and groups by the resulting integers; the high level and the API
 map a net's integer back to its name through the same file.
 
 Format (pmacct's ``networks_file``, plus an optional name), one network per line::

@@ -623,7 +623,7 @@ def state_columns(q: QuerySpec) -> list[StateColumn]:
         elif a.fn == "avg":
             cols.append(StateColumn(f"{a.name}.sum", MERGE_SUM, _source_of(a.field or "")))
             cols.append(StateColumn(f"{a.name}.count", MERGE_SUM, SRC_ONE))
-    # a holistic aggregate's state per sub-key comes last (high_level.holistic reads it there)
+    # a holistic aggregate's state per sub-key comes last (high_level.aggregate.holistic reads it there)
     h = holistic(q)
     if h is not None:
         if h.fn == "count_distinct" and h.hll_precision is not None:
@@ -901,7 +901,7 @@ _SOURCE_KINDS = ("generator", "pcap", "afpacket", "flows")
 def _run_source(doc: dict, path: str) -> str | None:
     """The top-level ``source:``: the agent source `./lw run` uses when not given --source, so a config
     whose queries need particular traffic (configs/handshake.yaml: SYNs answered) runs with it. Its
-    options are checked by the agent (low_level.agent.parse_source); here only its kind."""
+    options are checked by the agent (low_level.host.agent.parse_source); here only its kind."""
     value = doc.get("source")
     if value is None:
         return None
@@ -1098,7 +1098,7 @@ def parse_join_expr(text: str) -> list[tuple[int, str, str]]:
 
 
 class JoinSpec(_Strict):
-    """An order-agnostic band join of two selections (``high_level.join``), closed by punctuation.
+    """An order-agnostic band join of two selections (``high_level.join.band``), closed by punctuation.
 
     Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``

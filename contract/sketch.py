@@ -3,7 +3,7 @@
 A holistic aggregate (distinct count, quantiles, top-k) runs in two stages, as Gigascope splits it:
 the low level groups by (group, sub-key) per pane, the high level's roll-up merges panes into windows
 per (window, group, sub-key) unchanged, and a second stage at close reduces the sub-keys of each
-(window, group) (:mod:`high_level.holistic`). The sub-key is either a field's value itself (exact) or
+(window, group) (:mod:`high_level.aggregate.holistic`). The sub-key is either a field's value itself (exact) or
 a word computed from it:
 
 * HyperLogLog register: the top ``p`` bits of a 64-bit hash of the value words; the state is the
@@ -12,7 +12,7 @@ a word computed from it:
 * DDSketch bucket: ``ceil(log(v) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; every value of a
   bucket is within relative error ``a`` of the bucket's representative ``2 gamma^k / (gamma + 1)``.
 
-The low level computes the same words per packet in Numba (``low_level.sketchkey``); tests compare
+The low level computes the same words per packet in Numba (``low_level.kernel.sketchkey``); tests compare
 the two. The hash is :func:`contract.wire.key_hash` of the value words (splitmix64 chain).
 """
 

@@ -20,9 +20,9 @@ from typing import Any
 from contract import query as Q
 from contract.settings import SettingsError, load
 from contract.topics import PartitionChangeRefused
-from high_level import partitioncount
+from high_level.aggregate.processor import LATE_POLICIES
+from high_level.cluster import partitioncount
 from high_level.job import MODES, HighLevelJob
-from high_level.partition import LATE_POLICIES
 from high_level.settings import JobSettings
 
 log = logging.getLogger("lowwater.job")
@@ -120,7 +120,7 @@ def _jars(s: JobSettings) -> list[str]:
 
 def guard_partitions(s: JobSettings, opts: Any, queries: Sequence[Q.QuerySpec]) -> None:
     """PartitionChangeRefused if a query's Kafka partition count changed under open windows, or a topic's
-    count is not the config's (high_level/partitioncount.py)."""
+    count is not the config's (high_level/cluster/partitioncount.py)."""
     for line in partitioncount.check_change(s.checkpoint, s.results, queries):
         log.info("%s", line)
     from contract.topics import connect
@@ -146,13 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts = s.options()
         queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
         if opts.mode == "watermark":  # before Spark starts: say so at once
-            from high_level.watermark import refuse_joins
+            from high_level.aggregate.watermark import refuse_joins
 
             refuse_joins(cfg)
     except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2
-    from high_level.session import build_spark
+    from high_level.cluster.session import build_spark
 
     state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(s.checkpoint).resolve().parent)
     spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=_jars(s), state=state, driver_host=s.driver_host)

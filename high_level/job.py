@@ -1,15 +1,15 @@
 """The high-level Spark Structured Streaming job: the streaming queries and how they run.
 
 OOP mode (default): Kafka -> ``groupBy(topic, partition)`` -> a stateful step (one group per Kafka
-partition, so a single shuffle; the body is :class:`high_level.partition.PartitionProcessor`)
--> ``foreachBatch`` sink (:mod:`high_level.sink`) writing typed Parquet and the status document. Windows close by punctuation
+partition, so a single shuffle; the body is :class:`high_level.aggregate.processor.PartitionProcessor`)
+-> ``foreachBatch`` sink (:mod:`high_level.results.sink`) writing typed Parquet and the status document. Windows close by punctuation
 (min over live hosts), never by Spark's event-time watermark. ``--mode watermark`` runs the
-max-event-time-minus-delay baseline (:mod:`high_level.watermark`) into the same layout. The CLI is
-:mod:`high_level.cli`, the placement of state groups :mod:`high_level.placement`.
+max-event-time-minus-delay baseline (:mod:`high_level.aggregate.watermark`) into the same layout. The CLI is
+:mod:`high_level.cli`, the placement of state groups :mod:`high_level.cluster.placement`.
 
 The state of the stateful step has two layouts (``--state``): *chunked* (``chunked``, or ``auto``, the
 default), ``transformWithStateInPandas`` with the pane tables as per-batch chunks in RocksDB
-(:mod:`high_level.chunkstep`, :mod:`high_level.chunks`), so a micro-batch costs what it brings; and
+(:mod:`high_level.aggregate.chunkstep`, :mod:`high_level.aggregate.chunks`), so a micro-batch costs what it brings; and
 *blob* (``blob``), the processor saved whole every batch (:func:`state_function`), also what ``auto``
 keeps for what needs the whole open table every close or merge (landmark and bounded-top queries) and
 for checkpoints written by it. A checkpoint is resumed by the layout that wrote it or refused.
@@ -31,14 +31,20 @@ import pyarrow as pa
 from contract import query as Q
 from contract import status as S
 from contract.kafka_security import KafkaSecurity
-from high_level.alerts import AlertDelivery
-from high_level.export import ResultExporter
+from high_level.aggregate.processor import (
+    LATE_POLICIES,
+    OUTPUT_DDL,
+    PartitionProcessor,
+    Settings,
+    unpack_rows,
+)
+from high_level.aggregate.rollup import Layout
+from high_level.cluster.placement import checkpoint_shuffle_partitions, placement_salts
 from high_level.metrics import JobMetrics
-from high_level.partition import LATE_POLICIES, OUTPUT_DDL, PartitionProcessor, Settings, unpack_rows
-from high_level.placement import checkpoint_shuffle_partitions, placement_salts
-from high_level.rollup import Layout
-from high_level.sink import ResultSink
-from high_level.store import ResultStore
+from high_level.results.alerts import AlertDelivery
+from high_level.results.export import ResultExporter
+from high_level.results.sink import ResultSink
+from high_level.results.store import ResultStore
 
 log = logging.getLogger("lowwater.job")
 _FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -51,8 +57,8 @@ def _is_local_path(location: str) -> bool:
 
 MODES = ("oop", "watermark")
 # State layout of the OOP step: "blob" (the processor saved whole every micro-batch), "chunked" (pane tables
-# as per-batch chunks in RocksDB, high_level/chunks.py: a batch pays for what it brings, not for the open
-# groups), "auto" (chunked unless a query needs the blob: high_level.chunks.chunked_unsupported).
+# as per-batch chunks in RocksDB, high_level/aggregate/chunks.py: a batch pays for what it brings, not for the open
+# groups), "auto" (chunked unless a query needs the blob: high_level.aggregate.chunks.chunked_unsupported).
 STATES = ("auto", "blob", "chunked")
 CHECKPOINT_DIRS = {"blob": "oop", "chunked": "oop-chunked"}  # the OOP stream's checkpoint per layout
 
@@ -162,12 +168,12 @@ class HighLevelJob:
 
     def __init__(self, spark: Any, queries: Sequence[Q.QuerySpec], opts: JobOptions,
                  metrics: JobMetrics | None = None, config: Q.Config | None = None) -> None:  # fmt: skip
-        # join queries (high_level/joinjob.py) come with the config that names their select inputs
+        # join queries (high_level/join/pipeline.py) come with the config that names their select inputs
         self.joins = list(config.joins) if config is not None else []
         if not queries and not self.joins:
             raise ValueError("no queries")
         if opts.mode == "watermark":
-            from high_level.watermark import refuse_joins
+            from high_level.aggregate.watermark import refuse_joins
 
             refuse_joins(config)  # joins have no watermark-mode stream: refused, not skipped
         self.spark = spark
@@ -200,9 +206,9 @@ class HighLevelJob:
             from high_level.live.publish import LivePublisher
 
             self.live = LivePublisher(self.queries, opts.bootstrap, producer_config=opts.kafka_security.kafka_python())
-        self.feed = None  # closed windows of the aggregate queries that joins read (high_level/joinfeed.py)
+        self.feed = None  # closed windows of the aggregate queries that joins read (high_level/join/feed.py)
         if config is not None and opts.mode == "oop":
-            from high_level.joinfeed import FeedPublisher, feed_queries
+            from high_level.join.feed import FeedPublisher, feed_queries
 
             if feed_queries(config):
                 self.feed = FeedPublisher(feed_queries(config), opts.bootstrap,
@@ -233,16 +239,16 @@ class HighLevelJob:
             self.delivery.start()
         if self.opts.mode == "oop":
             if self.joins:  # a missing join input is an error before any stream starts (nothing emitted)
-                from high_level.joinjob import check_topics, layouts
+                from high_level.join.pipeline import check_topics, layouts
 
                 check_topics(self, layouts(self.config))
             self.streams = [self._start_oop()] if self.queries else []
             if self.joins:
-                from high_level.joinjob import start_joins
+                from high_level.join.pipeline import start_joins
 
                 self.streams += start_joins(self)
         else:
-            from high_level.watermark import start_watermark
+            from high_level.aggregate.watermark import start_watermark
 
             self.streams = start_watermark(self)
         return self.streams
@@ -275,7 +281,7 @@ class HighLevelJob:
     def _start_oop(self) -> Any:
         from pyspark.sql.streaming.state import GroupStateTimeout
 
-        from high_level.ingest import kafka_stream
+        from high_level.aggregate.ingest import kafka_stream
 
         o = self.opts
         layouts = [Layout.of(q) for q in self.queries]
@@ -302,7 +308,7 @@ class HighLevelJob:
         grouped = raw.groupBy("topic", "partition", "salt")
         conf: dict[str, str] = {}
         if chunked:
-            from high_level.chunkstep import SESSION_CONF, ChunkedStep
+            from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep
 
             rolled = grouped.transformWithStateInPandas(ChunkedStep(layouts, o.settings, o.trigger_ms),
                                                         outputStructType=OUTPUT_DDL, outputMode="Append",
@@ -341,7 +347,7 @@ class HighLevelJob:
         A checkpoint is resumed by the layout that wrote it: 'auto' follows it (a job started before
         chunks were the default goes on with the blob), an explicit other layout is refused (no
         migration: the two states share nothing, and rolling back is a new checkpoint)."""
-        from high_level.chunks import chunked_unsupported
+        from high_level.aggregate.chunks import chunked_unsupported
 
         lays = list(self.layouts.values()) if layouts is None else layouts
         why = chunked_unsupported(lays)
@@ -379,11 +385,11 @@ class HighLevelJob:
         self.metrics.batch_duration.observe(time.monotonic() - t0)
 
     def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
-        """Write one batch of the stateful step's packed output (see :class:`high_level.sink.ResultSink`)."""
+        """Write one batch of the stateful step's packed output (see :class:`high_level.results.sink.ResultSink`)."""
         return self.sink.handle_packed(packed, batch_id)
 
     def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
-        """Write one batch of generic rows (see :class:`high_level.sink.ResultSink`)."""
+        """Write one batch of generic rows (see :class:`high_level.results.sink.ResultSink`)."""
         return self.sink.handle_rows(rows, batch_id)
 
     # -- running ----------------------------------------------------------------------------------

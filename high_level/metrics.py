@@ -90,7 +90,7 @@ class JobMetrics:
     def on_batch_status(self, statuses: list[S.PartitionStatus]) -> None:
         """Count what one batch's status rows report as new (records, late partials)."""
         for st in statuses:
-            if "stored_left" in st.batch:  # a join partition (high_level/joinstep.py)
+            if "stored_left" in st.batch:  # a join partition (high_level/join/step.py)
                 self.join_state_rows.labels(st.query, str(st.partition)).set(st.state_rows)
                 self.join_state_bytes.labels(st.query, str(st.partition)).set(st.state_bytes)
             self.records.inc(int(st.batch.get("records", 0)))

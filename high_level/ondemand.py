@@ -19,7 +19,7 @@ from typing import Any
 
 from contract import control as C
 from contract.status import PartitionStatus
-from high_level.rollup import Layout
+from high_level.aggregate.rollup import Layout
 
 log = logging.getLogger("lowwater.ondemand")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from low_level.agent import Agent
-from low_level.metrics import METRIC_NAMES, AgentCollector
+from low_level.host.agent import Agent
+from low_level.host.metrics import METRIC_NAMES, AgentCollector
 from tests.packets import build_frames, make_traffic
 from tests.test_subaggregate import RecordingProducer, make_query, push_frames
 

@@ -17,9 +17,9 @@ import pandas as pd
 
 from contract import query as Q
 from contract import wire
-from high_level.partition import PartitionProcessor, Settings
-from high_level.rollup import Layout
-from low_level.sources.generator import generate_frames
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from low_level.capture.sources.generator import generate_frames
 from tests.topic_reader import read_topic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ GROUPS = 400
 
 def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", source, "--host-id", host,
+        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source, "--host-id", host,
          "--bootstrap", bootstrap, "--metrics-port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

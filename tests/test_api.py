@@ -827,8 +827,8 @@ def test_top_when_a_correction_pushes_a_group_down(tmp_path: Path, store: Store,
 
 
 def test_reads_what_the_real_writer_writes(tmp_path: Path, store: Store) -> None:
-    """End to end with high_level.store.ResultStore: typed Parquet from generic rows, then folded by the API."""
-    store_mod = pytest.importorskip("high_level.store")
+    """End to end with high_level.results.store.ResultStore: typed Parquet from generic rows, then folded by the API."""
+    store_mod = pytest.importorskip("high_level.results.store")
     from contract import fields as F
 
     cfg = load(store.config)

@@ -53,7 +53,7 @@ DRIVER = """
 import json, sys
 from contract import query as Q
 from high_level.job import HighLevelJob, JobOptions
-from high_level.session import build_spark
+from high_level.cluster.session import build_spark
 from local_stack.jars import spark_kafka_jars
 
 master, cfg, bootstrap, results, ckpt, state, hosts = sys.argv[1:8]

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from low_level import codegen, jitcache
-from low_level.kernel import Kernel
-from low_level.tables import Tables
+from low_level.jit import cache as jitcache
+from low_level.kernel import codegen
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import Tables
 from tests.packets import make_traffic, merge_partials, oracle
 from tests.test_subaggregate import NS, T0, make_query, run_kernel
 
@@ -63,7 +64,7 @@ def test_a_changed_source_gets_a_fresh_cache(tmp_path: Path) -> None:
     the cache directory, or kernels would run machine code compiled against old constants."""
     import shutil
 
-    root = Path(jitcache.__file__).resolve().parent.parent
+    root = Path(jitcache.__file__).resolve().parents[2]
     for pkg in ("low_level", "contract"):
         shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     code = "import sys; sys.path.insert(0, sys.argv[1]); from low_level import jitcache; print(jitcache.sources_digest())"
@@ -87,7 +88,7 @@ def test_every_filter_form_in_one_generated_pass() -> None:
 
 def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
     """A live source must not drop packets while the first packet waits for the compiler."""
-    from low_level.agent import Agent
+    from low_level.host.agent import Agent
     from tests.test_subaggregate import RecordingProducer
 
     agent = Agent([make_query("slow", 128, name="warm", group="[src_port]")], None, "h", None,

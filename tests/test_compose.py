@@ -368,7 +368,7 @@ def test_central_stack_comes_up_healthy_on_loopback_only(up: Site) -> None:
         assert sorted(agent["HostConfig"]["CapAdd"]) == ["NET_ADMIN", "NET_RAW"]
     # the worker default honours the container's CPU quota (0.5 CPU on this host's cores: 1, not cores/2)
     out = run(["docker", "run", "--rm", "--cpus", "0.5", "--network", "none", "lowwater-agent:0.1.0", "python", "-c",
-               "from low_level.cpuquota import usable_cpus; print(usable_cpus())"]).stdout  # fmt: skip
+               "from low_level.capture.cpuquota import usable_cpus; print(usable_cpus())"]).stdout  # fmt: skip
     assert out.strip() == "1", out
 
 

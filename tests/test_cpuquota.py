@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from low_level.cpuquota import cgroup_cpu_limit, usable_cpus
-from low_level.workers import default_workers
+from low_level.capture.cpuquota import cgroup_cpu_limit, usable_cpus
+from low_level.capture.workers import default_workers
 
 
 def _write(root: Path, rel: str, text: str) -> None:
@@ -38,8 +38,8 @@ def test_cgroup_v1_quota_and_none(tmp_path: Path) -> None:
 
 
 def test_worker_default_uses_the_quota(monkeypatch) -> None:
-    monkeypatch.setattr("low_level.workers.usable_cpus", lambda: 3)
+    monkeypatch.setattr("low_level.capture.workers.usable_cpus", lambda: 3)
     assert default_workers("afpacket:eth0") == 1
-    monkeypatch.setattr("low_level.workers.usable_cpus", lambda: 8)
+    monkeypatch.setattr("low_level.capture.workers.usable_cpus", lambda: 8)
     assert default_workers("afpacket:eth0") == 4
     assert default_workers("pcap:/x.pcap") == 1

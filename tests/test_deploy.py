@@ -251,7 +251,7 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
     assert s.alert_webhook == "http://alertmanager:9093/api/v2/alerts"
     assert s.metrics_port == listening_port(services(CENTRAL)["job"])
     s.options()
-    agent_flags = cli_flags("low_level.agent")
+    agent_flags = cli_flags("low_level.host.agent")
     for path, name in ((CENTRAL, "agent-demo"), (CAPTURE, "agent")):
         cmd = command_of(services(path)[name])
         assert cmd[0] == "lowwater-agent"
@@ -506,7 +506,7 @@ def dashboard_exprs() -> list[tuple[str, str, str]]:
 def defined_metrics() -> dict[str, set[str]]:
     """Metric names exported by the code, by component: the agent's METRIC_NAMES, and every
     ``lowwater_job_*`` / ``lowwater_api_*`` string literal under high_level/ (the metric definitions)."""
-    from low_level.metrics import METRIC_NAMES
+    from low_level.host.metrics import METRIC_NAMES
 
     out: dict[str, set[str]] = {"agent": set(METRIC_NAMES), "job": set(), "api": set()}
     for py in (REPO / "high_level").rglob("*.py"):
@@ -762,7 +762,7 @@ def test_agent_import_graph_stays_off_the_central_stack() -> None:
         "for pkg in (contract, low_level):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
-        "from low_level.agent import main\n"
+        "from low_level.host.agent import main\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
@@ -852,7 +852,7 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
 
 
 def test_job_builds_its_session_without_the_local_stack() -> None:
-    """The job's Spark session comes from high_level.session (jars, driver address as parameters); the
+    """The job's Spark session comes from high_level.cluster.session (jars, driver address as parameters); the
     job and its sink never import local_stack (only the CLI's development default for the jars does)."""
     for mod in ("job", "session", "sink", "placement"):
         tree = ast.parse((REPO / "high_level" / f"{mod}.py").read_text())

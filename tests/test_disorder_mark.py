@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from contract import query as Q
-from low_level.kernel import Kernel
-from low_level.punctuate import advance
-from low_level.sources.generator import generate_frames
-from low_level.tables import Tables
+from low_level.capture.sources.generator import generate_frames
+from low_level.host.punctuate import advance
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import Tables
 
 NS = 1_000_000_000
 

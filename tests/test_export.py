@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract import query as Q
+from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
-from high_level.rollup import Layout
 
 CONFIG = """
 queries:

@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from contract import query as Q
 from contract import wire
-from low_level.agent import Agent
+from low_level.host.agent import Agent
 from tests.packets import build_frames, make_traffic, merge_partials, oracle
 from tests.test_subaggregate import push_frames
 

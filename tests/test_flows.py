@@ -22,9 +22,9 @@ import pytest
 from contract import fields as F
 from contract import query as Q
 from contract import wire
-from low_level.flowkernel import FlowKernel
-from low_level.sources.flows import FlowCollector
-from low_level.tables import Tables
+from low_level.flows.kernel import FlowKernel
+from low_level.flows.source import FlowCollector
+from low_level.kernel.tables import Tables
 from tests.packets import build_frames, make_traffic
 
 NS = 1_000_000_000
@@ -345,7 +345,7 @@ queries:
     port = probe.getsockname()[1]
     probe.close()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
+        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
          "--host-id", "router-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0",
          "--summary", str(tmp_path / "summary.json")],
         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip

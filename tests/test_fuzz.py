@@ -16,7 +16,7 @@ import pytest
 
 from contract import query as Q
 from contract.fields import NFIELDS
-from low_level.parse import NERR, parse_batch
+from low_level.kernel.parse import NERR, parse_batch
 from tests.test_parse import BASE
 
 SLOT = 160

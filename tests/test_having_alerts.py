@@ -21,11 +21,11 @@ from contract import condlang as C
 from contract import query as Q
 from contract import results as R
 from contract import wire
-from high_level.alerts import AlertDelivery
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout, QueryRollup
 from high_level.job import HighLevelJob, JobOptions
 from high_level.metrics import JobMetrics
-from high_level.partition import PartitionProcessor, Settings
-from high_level.rollup import Layout, QueryRollup
+from high_level.results.alerts import AlertDelivery
 from high_level.simulate import host_messages, interleave, split_hosts
 from tests.packets import make_traffic, oracle
 

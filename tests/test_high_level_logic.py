@@ -15,12 +15,12 @@ from contract import results as R
 from contract import status as S
 from contract import wire
 from high_level import codec
-from high_level.chunks import ChunkedRollup, MemoryChunks
-from high_level.meld import Meld
-from high_level.partition import STATE_ZMAGIC, PartitionProcessor, Settings
-from high_level.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
+from high_level.aggregate.chunks import ChunkedRollup, MemoryChunks
+from high_level.aggregate.meld import Meld
+from high_level.aggregate.processor import STATE_ZMAGIC, PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
+from high_level.results.store import ResultStore, ip_strings, typed_table
 from high_level.simulate import host_messages, interleave, split_hosts, window_oracle
-from high_level.store import ResultStore, ip_strings, typed_table
 from tests.packets import make_traffic, merge_partials, oracle
 
 T0 = 1_700_000_000_000_000_000
@@ -190,10 +190,10 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
 
 @pytest.mark.parametrize("shape", ["equal", "growing", "shrinking", "heavy_tail", "saturated"])
 def test_chunk_merge_rule_keeps_few_chunks_and_rewrites_little(shape):
-    """The size-tiered rule of high_level/chunks.py over 2,000 batches: a pane holds O(F log N) chunks and a
+    """The size-tiered rule of high_level/aggregate/chunks.py over 2,000 batches: a pane holds O(F log N) chunks and a
     row is rewritten O(log_F N) times, whatever the batch sizes; 'saturated' dedups like a pane whose
     batches bring groups it already holds (merged size capped at the pane's 50K distinct groups)."""
-    from high_level.chunks import FANOUT, merge_run
+    from high_level.aggregate.chunks import FANOUT, merge_run
 
     rng = np.random.default_rng(7)
     batches = {"equal": np.full(2000, 1000), "growing": np.arange(1, 2001) * 10,
@@ -463,7 +463,7 @@ def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
 def test_chunks_are_compressed_and_old_chunks_still_load():
     """A chunk travels zstd-compressed (several times smaller for real key columns); a chunk an earlier
     build wrote uncompressed still decodes; damaged bytes are a CodecError, never a wrong table."""
-    from high_level.chunks import CHUNK_ZMAGIC, decode_chunk, encode_chunk
+    from high_level.aggregate.chunks import CHUNK_ZMAGIC, decode_chunk, encode_chunk
 
     g = np.arange(100_000, dtype=np.int64)
     key = np.column_stack([np.zeros_like(g), 0xFFFF_0A00_0000 + g // 256, np.zeros_like(g), 0xFFFF_C0A8_0000 + g % 65536])
@@ -571,8 +571,8 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     import pyarrow as pa
     from prometheus_client import generate_latest
 
+    from high_level.aggregate.processor import unpack_rows
     from high_level.job import HighLevelJob, JobOptions
-    from high_level.partition import unpack_rows
 
     qs = [cfg.query("pairs"), cfg.query("ports9x3")]
     lays = [Layout.of(q) for q in qs]
@@ -691,7 +691,7 @@ def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_bl
     """--state auto (the default) runs the chunked state (with --live too), but the blob one for a landmark
     query or a checkpoint written by the blob state; --state chunked refuses what it cannot run, and an explicit layout
     refuses a checkpoint written by the other one (no migration)."""
-    from high_level.chunks import chunked_unsupported
+    from high_level.aggregate.chunks import chunked_unsupported
     from high_level.job import HighLevelJob, JobOptions
 
     plain = Q.load_text(CONFIG).query("pairs")

@@ -156,7 +156,7 @@ def test_exact_for_any_partition_count_and_punctuation_density(spark, kafka, top
     """Tumbling and sliding queries on 1, 2 and 4 partitions, punctuation every 1 s and every 10 s of
     data time, three hosts skewed 0/12/40 s: every result equals the oracle (so they equal each other).
     One more query groups mixed IPv4/IPv6 traffic by /24 and /48 prefixes and DSCP, with TOS min/max.
-    Both state layouts (high_level/chunks.py): the blob one and the per-batch chunks in RocksDB (fewer
+    Both state layouts (high_level/aggregate/chunks.py): the blob one and the per-batch chunks in RocksDB (fewer
     variants: the state code is the same for every partition count, offline tests cover the rest)."""
     t = make_traffic(6000, 150, T0, 90 * 10**9, seed=7)
     tm = make_mixed_traffic(4000, 120, T0, 90 * 10**9, seed=9)
@@ -424,7 +424,7 @@ def test_holistic_distinct_and_quantiles_through_kafka_spark_store_and_api(spark
     skewed hosts: the stored rows equal the second stage over the oracle, and the API serves them."""
     from fastapi.testclient import TestClient
 
-    from high_level import holistic
+    from high_level.aggregate import holistic
     from high_level.serve.api import create_app
 
     t = make_traffic(6000, 150, T0, 60 * 10**9, seed=17)

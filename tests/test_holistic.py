@@ -14,12 +14,12 @@ import pytest
 from contract import query as Q
 from contract import results as R
 from contract import sketch
-from high_level import holistic
-from high_level.partition import Settings
+from high_level.aggregate import holistic
+from high_level.aggregate.processor import Settings
+from high_level.results.store import ResultStore, typed_table
 from high_level.simulate import packet_partials, window_oracle
-from high_level.store import ResultStore, typed_table
-from low_level import sketchkey
-from low_level.tables import Tables
+from low_level.kernel import sketchkey
+from low_level.kernel.tables import Tables
 from tests.packets import make_mixed_traffic, make_traffic, merge_partials, oracle
 from tests.test_high_level_logic import HOSTS, _finals, _messages, _run_offline
 from tests.test_subaggregate import NS, T0, run_kernel
@@ -388,7 +388,7 @@ def test_result_names_and_api_types(cfg) -> None:
 
 # -- top with capacity: a Misra-Gries summary per (pane, group) in the roll-up -----------------------------
 def test_misra_gries_bound_and_state_per_pane_and_group() -> None:
-    from high_level.rollup import Layout, QueryRollup, error_rows
+    from high_level.aggregate.rollup import Layout, QueryRollup, error_rows
 
     c, gw = 8, 1
     ru = QueryRollup(Layout("t", "t", 1, 1, 0, 1, (Q.MERGE_SUM, Q.MERGE_SUM), 2, gw=gw, top_capacity=c))
@@ -473,7 +473,7 @@ def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
 
 
 def test_bounded_top_ranks_items_only_and_reports_the_error_per_group() -> None:
-    from high_level.rollup import ERROR_ITEM
+    from high_level.aggregate.rollup import ERROR_ITEM
 
     q = _capacity_query(4)
     assert [n for n, _ in R.aggregate_columns(q)] == ["bytes", "bytes_rank", "bytes_error", "packets"]
@@ -491,7 +491,7 @@ def test_bounded_top_ranks_items_only_and_reports_the_error_per_group() -> None:
 
 
 def test_misra_gries_bound_holds_through_the_landmark_fold() -> None:
-    from high_level.rollup import Layout, QueryRollup, error_rows
+    from high_level.aggregate.rollup import Layout, QueryRollup, error_rows
 
     c, ops = 5, (Q.MERGE_SUM, Q.MERGE_SUM)
     ru = QueryRollup(Layout("t", "t", 1, 4, 0, 4, ops, 2, s=4, landmark=True, gw=1, top_capacity=c))

@@ -15,7 +15,7 @@ import pytest
 from contract import query as Q
 from contract import wire
 from high_level import simulate
-from high_level.join import BandJoin, JoinLayout, finalize, match_pairs, merge_partitions
+from high_level.join.band import BandJoin, JoinLayout, finalize, match_pairs, merge_partitions
 from tests.packets import make_handshake_traffic
 from tests.test_select import HANDSHAKE
 
@@ -343,9 +343,9 @@ def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatc
     partitions' joins run on threads (two, whatever the machine) or one after the other."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from high_level import joinstep
-    from high_level.joinstep import JoinProcessor
-    from high_level.partition import Settings, unpack_rows
+    from high_level.aggregate.processor import Settings, unpack_rows
+    from high_level.join import step as joinstep
+    from high_level.join.step import JoinProcessor
 
     pool = ThreadPoolExecutor(2) if threads else None
     monkeypatch.setattr(joinstep, "_pool", lambda n: pool)
@@ -396,7 +396,7 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     """Select batches of 3 skewed hosts in real Kafka -> the real job -> stored windows equal the oracle;
     the join state shows in /status; a join over a topic that does not exist is a clear error."""
     from high_level.job import HighLevelJob, JobOptions
-    from high_level.joinjob import MissingInputTopic
+    from high_level.join.pipeline import MissingInputTopic
     from tests.test_high_level_spark import produce, read_results
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
@@ -437,7 +437,7 @@ def generated_rows(cfg: Q.Config, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The SYN and SYN-ACK rows of the generator's packets (SYN-ACKs on), parsed by dpkt: the oracle's input."""
     import dpkt
 
-    from low_level.sources import generate_frames
+    from low_level.capture.sources import generate_frames
 
     frames, caplen, _, ts = generate_frames(n, snaplen=128, **GENERATED)
     left, right = [], []
@@ -494,7 +494,7 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     n = 30_000  # 30 s at 1000 packets/s: 4 windows of 10 s
     source = f"generator:clock=synthetic,count={n}," + ",".join(f"{k}={v}" for k, v in GENERATED.items())
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.agent", "--config", str(path), "--source", source,
+        [sys.executable, "-m", "low_level.host.agent", "--config", str(path), "--source", source,
          "--host-id", "cap-0", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -530,8 +530,8 @@ def test_watermark_mode_refuses_join_queries_at_start(tmp_path, capsys) -> None:
     from pathlib import Path
 
     from high_level import cli
+    from high_level.aggregate.watermark import WatermarkJoinRefused, refuse_joins
     from high_level.job import HighLevelJob, JobOptions
-    from high_level.watermark import WatermarkJoinRefused, refuse_joins
 
     hs = Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml"
     rc = cli.main(["--config", str(hs), "--mode", "watermark", "--results", str(tmp_path / "r"),
@@ -551,7 +551,7 @@ def test_a_configs_run_source_is_checked_and_used_by_the_stack() -> None:
     with file, line and reason."""
     from pathlib import Path
 
-    from low_level.agent import parse_source
+    from low_level.host.agent import parse_source
 
     cfg = Q.load(Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml")
     spec = parse_source(cfg.source)
@@ -567,8 +567,8 @@ def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
     """The join state group's blob is zstd-compressed without the key hashes (recomputed on load, same
     order); a blob of the earlier layout (plain codec bytes, hashes stored) still restores to the same state."""
     from high_level import codec
-    from high_level.joinstep import ZMAGIC, JoinProcessor
-    from high_level.partition import Settings
+    from high_level.aggregate.processor import Settings
+    from high_level.join.step import ZMAGIC, JoinProcessor
 
     cfg = config(2)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)

@@ -1,5 +1,5 @@
 """Joins over aggregate queries' closed windows and joins that store their raw rows (contract/joininputs.py,
-high_level/joinfeed.py, high_level/joinrows.py), against the join oracle of tests/test_join.py under
+high_level/join/feed.py, high_level/join/rows.py), against the join oracle of tests/test_join.py under
 disorder: emulated capture hosts (high_level/simulate.py) -> the aggregates' partition step -> the
 closed-window feed the sink publishes (with replayed batches) -> the join step, in random micro-batches."""
 
@@ -16,12 +16,12 @@ from contract import joininputs as JI
 from contract import query as Q
 from contract import wire
 from high_level import simulate
-from high_level.joinfeed import FeedDedup, FeedPublisher
-from high_level.joinjob import layouts
-from high_level.joinrows import RowsLayout
-from high_level.joinstep import JoinProcessor
-from high_level.partition import PartitionProcessor, Settings, unpack_rows, unpack_windows
-from high_level.rollup import Layout
+from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_rows, unpack_windows
+from high_level.aggregate.rollup import Layout
+from high_level.join.feed import FeedDedup, FeedPublisher
+from high_level.join.pipeline import layouts
+from high_level.join.rows import RowsLayout
+from high_level.join.step import JoinProcessor
 from tests.packets import make_handshake_traffic
 from tests.test_join import oracle, window_oracle
 
@@ -279,7 +279,7 @@ def test_late_corrections_are_stored_not_joined_and_counted(caplog) -> None:
     """--late-policy correction: a correction of a closed window is not published on the feed (the join's
     frontier passed it; the join keeps the final row's result), counted per query and logged once."""
     from contract import results as R
-    from high_level.partition import QueryWindows
+    from high_level.aggregate.processor import QueryWindows
 
     cfg = Q.load_text(CONFIG)
     q = cfg.query("syn_dst")
@@ -459,7 +459,7 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     from fastapi.testclient import TestClient
 
     from high_level.job import HighLevelJob, JobOptions
-    from high_level.joinjob import MissingInputTopic
+    from high_level.join.pipeline import MissingInputTopic
     from high_level.serve.api import create_app
     from tests.test_high_level_spark import produce, read_results
 

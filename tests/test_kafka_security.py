@@ -9,7 +9,7 @@ unauthenticated clients (their own, not the session's PLAINTEXT broker):
 * an agent with a wrong password, and one without credentials, deliver nothing, keep capturing and
   count connect errors (they run in the background from the start of the module, because
   kafka-python gives up a bootstrap only after ``bootstrap_timeout_ms``, 30 s by default);
-* Spark's Kafka source reads the topic through :func:`high_level.ingest.kafka_stream` with
+* Spark's Kafka source reads the topic through :func:`high_level.aggregate.ingest.kafka_stream` with
   ``kafka.*`` security options, and fails with the broker's reason when the password is wrong;
 * with ACLs enforced, the agent's principal needs only WRITE and CREATE on its topics (CREATE for
   ``ensure_topics``; WRITE alone once kafka-init has provisioned them) and the job's only READ;
@@ -90,7 +90,7 @@ queries:
 
 def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None,
                metrics_port: int = 0) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", source,
+    cmd = [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source,
            "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)]  # fmt: skip
     if security is not None:
         cmd += ["--kafka-security", json.dumps(security.revealed())]
@@ -122,7 +122,7 @@ def read_topic(
 def spark_read(spark: SparkSession, bootstrap: str, topic: str, extra: Mapping[str, str],
                checkpoint: Path) -> dict[tuple[int, int], bytes]:  # fmt: skip
     """Every record of ``topic`` read once by the job's Kafka source (availableNow into a memory sink)."""
-    from high_level.ingest import kafka_stream
+    from high_level.aggregate.ingest import kafka_stream
 
     table = f"sec_{uuid.uuid4().hex}"
     query = (
@@ -147,7 +147,7 @@ def spark_read(spark: SparkSession, bootstrap: str, topic: str, extra: Mapping[s
 def emit_some(bootstrap: str, security: Mapping[str, Any], q: Q.QuerySpec, host: str, n: int) -> None:
     """An in-process Emitter (``producer_config`` = ``security``, ``ensure_topics`` on) delivers ``n``
     partials and one punctuation per partition."""
-    from low_level.emit import Emitter
+    from low_level.host.emit import Emitter
 
     em = Emitter([q], host, bootstrap, producer_config=dict(security))
     try:

@@ -14,11 +14,11 @@ from contract import live as L
 from contract import query as Q
 from contract import results as R
 from contract import wire
-from high_level.chunks import MemoryChunks
+from high_level.aggregate.chunks import MemoryChunks
+from high_level.aggregate.processor import PartitionProcessor, QueryWindows, Settings, unpack_windows
+from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
-from high_level.partition import PartitionProcessor, QueryWindows, Settings, unpack_windows
-from high_level.rollup import Layout
 from high_level.simulate import window_oracle
 from tests.packets import make_traffic, oracle
 from tests.test_high_level_logic import CONFIG, HOSTS, T0, _finals, _messages

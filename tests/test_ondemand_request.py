@@ -1,6 +1,6 @@
 """On-demand punctuation on request: the blocked high level asks the host that holds its mark back.
 
-Protocol (contract/control.py), job side (high_level/ondemand.py), agent side (low_level/ondemand.py),
+Protocol (contract/control.py), job side (high_level/ondemand.py), agent side (low_level/host/ondemand.py),
 and the whole path with the real broker, two real agents and the real Spark job.
 """
 
@@ -14,11 +14,11 @@ import pytest
 from contract import control as C
 from contract import query as Q
 from contract.status import PartitionStatus
+from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
 from high_level.ondemand import PunctuationAsker
-from high_level.rollup import Layout
-from low_level.agent import Agent
-from low_level.ondemand import RequestListener
+from low_level.host.agent import Agent
+from low_level.host.ondemand import RequestListener
 
 NS = 1_000_000_000
 

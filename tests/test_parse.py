@@ -1,4 +1,4 @@
-"""Tests for low_level.parse: every field checked against dpkt's and scapy's view of crafted frames.
+"""Tests for low_level.kernel.parse: every field checked against dpkt's and scapy's view of crafted frames.
 
 Frames are built offline with scapy (``bytes(pkt)``; nothing is sent). Truncation is exercised at every
 cut length of several base frames, with the expected reason derived from the frame's layer layout.
@@ -66,7 +66,7 @@ from contract.fields import (
     to_int64,
     words_to_ip,
 )
-from low_level.parse import (
+from low_level.kernel.parse import (
     ERR_BAD_IP_VERSION,
     ERR_BAD_IPV4_HEADER,
     ERR_NON_IP,
@@ -929,7 +929,7 @@ def test_parse_frame_has_no_refcount_calls(lean: bool) -> None:
     """parse_frame must compile without NRT incref/decref (they cost ~3x throughput in the hot loop)."""
     from numba import njit, types
 
-    from low_level.parse import parse_frame, parse_frame_lean
+    from low_level.kernel.parse import parse_frame, parse_frame_lean
 
     fresh = njit(nogil=True)((parse_frame_lean if lean else parse_frame).py_func)  # uncached copy, so its LLVM IR can be inspected
     sig = (

@@ -18,9 +18,9 @@ from contract import query as Q
 from contract import results as R
 from contract import status as S
 from contract.topics import PartitionChangeRefused, connect, ensure_topics, existing_partitions
-from high_level import partitioncount
+from high_level.cluster import partitioncount
 from high_level.simulate import host_messages, interleave, split_hosts
-from low_level.emit import Emitter
+from low_level.host.emit import Emitter
 from tests.packets import make_traffic
 from tests.test_high_level_spark import BASE, T0, expected_typed, normalised, produce, read_results, start_job
 

@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from high_level.placement import placement_salts, spark_hash
+from high_level.cluster.placement import placement_salts, spark_hash
 
 
 def _values() -> list[tuple]:

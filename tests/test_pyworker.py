@@ -1,4 +1,4 @@
-"""The Python worker launcher (high_level/pyworker.py): workers import the installed pyspark, and the
+"""The Python worker launcher (high_level/cluster/pyworker.py): workers import the installed pyspark, and the
 transformWithStateInPandas driver worker connects back before importing it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from high_level.pyworker import DRIVER_WORKER, install, redundant_zips
+from high_level.cluster.pyworker import DRIVER_WORKER, install, redundant_zips
 
 
 def test_only_zips_of_packages_installed_alongside_are_redundant(tmp_path):
@@ -67,7 +67,7 @@ def test_driver_worker_connects_authenticates_and_sends_its_pid(tmp_path):
 
 
 def test_wrong_reply_is_an_error_not_a_silent_worker(tmp_path):
-    from high_level.pyworker import connect_back
+    from high_level.cluster.pyworker import connect_back
 
     srv, _ = _factory(b"x")
 

@@ -11,7 +11,7 @@ import pytest
 from contract import fields as F
 from contract import query as Q
 from contract.filterlang import FilterError, compile_filter, evaluate
-from low_level.filter import predicate
+from low_level.kernel.filter import predicate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,8 +203,8 @@ def test_bad_filters(bad: str) -> None:
 def test_sources_select_the_capture_hosts_that_run_a_query() -> None:
     """`sources` are host-id patterns: the agent runs only its matching queries, and the job expects only
     matching hosts for a query (an expected host that does not run it would hold it open forever)."""
-    from high_level.partition import PartitionProcessor, Settings
-    from high_level.rollup import Layout
+    from high_level.aggregate.processor import PartitionProcessor, Settings
+    from high_level.aggregate.rollup import Layout
 
     cfg = Q.load_text("""
 queries:

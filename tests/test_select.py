@@ -10,9 +10,9 @@ import pytest
 from contract import query as Q
 from contract import wire
 from high_level.simulate import select_oracle
-from low_level.kernel import Kernel
-from low_level.selection import SS_LATE, SelectBuffers, SelectOutbox
-from low_level.tables import Tables
+from low_level.kernel.fused import Kernel
+from low_level.kernel.selection import SS_LATE, SelectBuffers, SelectOutbox
+from low_level.kernel.tables import Tables
 from tests.packets import build_frames, make_mixed_traffic, make_traffic, merge_partials, oracle
 from tests.test_subaggregate import NS, T0, make_query
 
@@ -218,7 +218,7 @@ def test_agent_sends_selected_rows_and_punctuation_through_real_kafka(kafka, top
         for i in range(len(traffic)):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / 1_000_000_000)
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.agent", "--config", str(cfg), "--source", f"pcap:{pcap}",
+        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"pcap:{pcap}",
          "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,10 +22,10 @@ import pytest
 from contract import fields as F
 from contract import results as R
 from contract.query import load
+from high_level.results.store import ResultStore
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import FileIndex
 from high_level.serve.reader import Reader
-from high_level.store import ResultStore
 from tests.test_api_support import CONFIG, DST24
 
 QUERY = "bytes_per_dst24"  # sum, count, avg (folded exactly via the count) and max

@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 from contract import query as Q
 from contract import results as R
 from contract import wire
-from high_level.chunks import MemoryChunks
-from high_level.partition import PartitionProcessor, Settings
-from high_level.rollup import Layout
+from high_level.aggregate.chunks import MemoryChunks
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from high_level.results.store import ResultStore
 from high_level.serve.api import create_app
-from high_level.store import ResultStore
-from low_level.agent import Agent
-from low_level.backlog import Backlog, Block
+from low_level.host.agent import Agent
+from low_level.host.backlog import Backlog, Block
 from tests.packets import make_traffic, oracle
 from tests.test_faults_kafka import NS, T0, feed, query
 

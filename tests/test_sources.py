@@ -25,8 +25,8 @@ import pytest
 from dpkt import pcapng
 from scapy.all import ICMP, IP, TCP, UDP, Dot1Q, Ether, PcapNgWriter, PcapWriter, Raw, rdpcap, wrpcap
 
-from low_level.ring import BYTES, CAPTURED, DROPS, HEAD, TAIL, TRUNCATED, Ring
-from low_level.sources import (
+from low_level.capture.ring import BYTES, CAPTURED, DROPS, HEAD, TAIL, TRUNCATED, Ring
+from low_level.capture.sources import (
     AfPacketSource,
     GeneratorSource,
     PcapSource,
@@ -847,8 +847,8 @@ CAP_NET_RAW = 13
 for k in (0, 1, 2):  # word 0 of each triple holds capabilities 0..31
     data[k] &= ~(1 << CAP_NET_RAW)
 assert libc.capset(hdr, data) == 0, ctypes.get_errno()
-from low_level.ring import Ring
-from low_level.sources.afpacket import AfPacketSource
+from low_level.capture.ring import Ring
+from low_level.capture.sources.afpacket import AfPacketSource
 try:
     AfPacketSource(Ring(nslots=16), ["lo"])
 except PermissionError as e:
@@ -886,8 +886,8 @@ def _refcount_calls(fn, *args) -> int:
 def test_per_frame_source_helpers_have_no_refcount_calls() -> None:
     """ring_push and the pcap record emitter run once per frame: an atomic refcount pair per array there
     cut replay from 66 to 7 Mframes/s."""
-    from low_level.ring import ring_push
-    from low_level.sources.pcapfile import _emit
+    from low_level.capture.ring import ring_push
+    from low_level.capture.sources.pcapfile import _emit
 
     ring = Ring(16, snaplen=64)
     buf = np.zeros(128, np.uint8)

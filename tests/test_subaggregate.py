@@ -9,10 +9,10 @@ import pytest
 from contract import fields as F
 from contract import query as Q
 from contract import wire
-from low_level.agent import Agent
-from low_level.kernel import Kernel
-from low_level.ring import HEAD, Ring
-from low_level.tables import EMPTY, QS_CUR, QS_LATE, Tables
+from low_level.capture.ring import HEAD, Ring
+from low_level.host.agent import Agent
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import EMPTY, QS_CUR, QS_LATE, Tables
 from tests.packets import Traffic, build_frames, make_mixed_traffic, make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000

@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 from contract import live as L
 from contract import query as Q
 from contract import results as R
-from high_level.partition import QueryWindows
-from high_level.rollup import Layout
-from high_level.store import typed_columns
+from high_level.aggregate.processor import QueryWindows
+from high_level.aggregate.rollup import Layout
+from high_level.results.store import typed_columns
 
 log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)

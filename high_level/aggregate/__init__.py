@@ -1,0 +1,1 @@
+"""Aggregate queries: the Kafka source, per-partition processors, roll-up state and its Spark steps."""

@@ -1,0 +1,105 @@
+"""The job's SparkSession: the Kafka source's jars, scratch space and logging, local or on a cluster.
+
+Why not ``spark.jars.packages``: Spark's Ivy resolution cannot be relied on where capture networks
+are closed, so the Kafka source's jars are handed over as files (``spark.jars``; ``./lw setup``
+fetches them with Maven, the image at build time). Spark's scratch space, warehouse and log file
+live under ``state``, not in /tmp or the working directory, and the console only shows Spark errors.
+On a cluster (a non-local master) executors connect back to the driver: ``driver_host`` is the
+address they use, and the driver binds every interface.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from high_level.cluster.pyworker import install as install_worker_python
+
+_LOG4J2 = """\
+# written by high_level.cluster.session: WARN and above to a file, only errors to the console
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+rootLogger.appenderRef.console.ref = console
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.filter.threshold.type = ThresholdFilter
+appender.console.filter.threshold.level = error
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+# Known noise on a fresh local setup.
+logger.nativeloader.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativeloader.level = error
+"""
+
+
+def build_spark(
+    app_name: str,
+    master: str = "local[2]",
+    extra_conf: Mapping[str, str] | None = None,
+    *,
+    jars: Sequence[str],
+    state: Path | str,
+    driver_host: str | None = None,
+) -> SparkSession:
+    """Create (or get) a SparkSession with the Kafka source's ``jars`` on its classpath.
+
+    ``extra_conf`` overrides any default below. ``state`` holds ``spark/local`` (shuffle/spill),
+    ``spark/warehouse`` and ``spark/spark.log``. Static settings (jars, driver options) only apply
+    when this call launches the JVM: if a SparkContext already runs in this process, getOrCreate
+    returns it unchanged apart from the SQL settings.
+    """
+    missing = [j for j in jars if not Path(j).is_file()]
+    if not jars or missing:
+        raise FileNotFoundError(f"Spark Kafka connector jars missing: {missing or 'none given'} (./lw setup fetches them)")
+    base = Path(state) / "spark"
+    local_dir = base / "local"
+    local_dir.mkdir(parents=True, exist_ok=True)
+    log4j = base / "log4j2.properties"
+    log4j.write_text(_LOG4J2.format(log=base / "spark.log"))
+    # Python workers must run the driver's own interpreter (the venv's python under ./lw),
+    # or they miss the project's packages or differ in minor version. On a local master through
+    # high_level.cluster.pyworker: the installed pyspark (bytecode cached), not Spark's pyspark.zip (compiled
+    # from source at every worker start, too slow under load for the 10-s connect-back of a query start).
+    local = master.startswith("local")
+    worker_python = install_worker_python(base) if local else sys.executable
+    os.environ["PYSPARK_PYTHON"] = worker_python
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if local:  # otherwise Spark resolves the hostname and may bind to a non-loopback interface
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # The driver JVM is launched by this call (local mode), so its Java options still apply here.
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    conf: dict[str, str] = {
+        "spark.jars": ",".join(jars),
+        "spark.sql.shuffle.partitions": "4",
+        "spark.default.parallelism": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.local.dir": str(local_dir),
+        "spark.sql.warehouse.dir": str(base / "warehouse"),
+        "spark.driver.host": "127.0.0.1" if local else (driver_host or socket.gethostname()),
+        "spark.driver.bindAddress": "127.0.0.1" if local else "0.0.0.0",
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.pyspark.python": worker_python,
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # Event-time windows must not depend on the machine's time zone.
+        "spark.sql.session.timeZone": "UTC",
+    }
+    conf.update(extra_conf or {})
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")  # the file keeps warnings; the console filter shows errors only
+    return spark

@@ -1,0 +1,127 @@
+"""The join queries' streams in the Spark job: Kafka (both inputs' topics) -> one state group per join
+(:class:`high_level.join.step.JoinProcessor`) -> the job's sink, store and status, like the aggregates.
+
+One streaming query per join, with its own checkpoint (``<checkpoint>/join-<name>``). Its input topics
+must exist when it starts: a missing one is a clear error naming the join and the topic, and nothing is
+emitted (with topic creation on, the job creates them first, as for the aggregates). An input that is an
+aggregate query reads that query's closed-window feed (:mod:`high_level.join.feed`), which this job
+publishes from its aggregate stream; a join without aggregates stores its rows (:mod:`high_level.join.rows`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from contract import joininputs as JI
+from contract import query as Q
+from high_level.aggregate.processor import OUTPUT_DDL, Settings
+from high_level.join.band import JoinLayout
+from high_level.join.rows import layout_of
+from high_level.join.step import JoinProcessor
+
+log = logging.getLogger("lowwater.job.join")
+
+
+class MissingInputTopic(RuntimeError):
+    """A join's input topic does not exist on the broker."""
+
+
+def layouts(cfg: Q.Config) -> list[JoinLayout]:
+    """The joins of a config with their inputs (selects, aggregates' closed windows) resolved."""
+    ins = JI.inputs(cfg.selects, cfg.queries)
+    return [layout_of(j, ins) for j in cfg.joins]
+
+
+def feed_sides(cfg: Q.Config, lay: JoinLayout) -> tuple[str, ...]:
+    """The sides of a join that read an aggregate query's closed windows."""
+    aggs = {q.name for q in cfg.queries}
+    return tuple(s for s, n in (("left", lay.left), ("right", lay.right)) if n in aggs)
+
+
+def join_state_function(layout: JoinLayout, settings: Settings, tick_ms: int,
+                        feeds: tuple[str, ...] = ()) -> Callable[..., Iterator[pd.DataFrame]]:  # fmt: skip
+    """The applyInPandasWithState body of one join: restore, feed the batch per partition in offset order, save."""
+
+    def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        proc = JoinProcessor.from_bytes(state.get[0], layout, settings, feeds) if state.exists else \
+            JoinProcessor(layout, settings, feeds)  # fmt: skip
+        frames = [df for df in pdfs if len(df)]
+        values: dict[int, list[bytes]] = {}
+        if frames:
+            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            df = df.sort_values(["partition", "topic", "offset"], kind="stable")
+            for p, g in df.groupby("partition", sort=True):
+                values[int(p)] = g["value"].tolist()
+        out = proc.process_packed(values, int(state.getCurrentProcessingTimeMs()))
+        state.update((proc.to_bytes(),))
+        state.setTimeoutDuration(tick_ms)
+        yield out
+
+    return fn
+
+
+def check_topics(job: Any, lays: list[JoinLayout]) -> None:
+    """Every input topic exists with the join's partition count, or MissingInputTopic (nothing starts)."""
+    from contract.topics import connect, existing_partitions
+
+    admin = connect(job.opts.bootstrap, job.opts.kafka_security.kafka_python(), 30)
+    try:
+        have = existing_partitions(admin, sorted({t for lay in lays for t in (lay.left_topic, lay.right_topic)}))
+    finally:
+        admin.close()
+    for lay in lays:
+        for topic in (lay.left_topic, lay.right_topic):
+            if topic not in have:
+                feed = JI.FEED_SUFFIX in topic
+                raise MissingInputTopic(
+                    f"join {lay.name!r}: input topic {topic!r} does not exist on {job.opts.bootstrap} "
+                    + ("(the closed-window feed of an aggregate query: the job creates it when it starts with "
+                       "topic creation on)" if feed else "(start the capture agents or create it)"))
+            if have[topic] != lay.partitions:
+                raise MissingInputTopic(f"join {lay.name!r}: input topic {topic!r} has {have[topic]} partitions, "
+                                        f"the join expects {lay.partitions}")
+
+
+def start_joins(job: Any) -> list[Any]:
+    """Start one streaming query per windowed join of ``job.config``; results go through ``job.sink``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from high_level.aggregate.ingest import kafka_stream
+
+    o = job.opts
+    lays = layouts(job.config)
+    check_topics(job, lays)
+    streams = []
+    for lay in lays:
+        raw = kafka_stream(job.spark, o.bootstrap, [lay.left_topic, lay.right_topic],
+                           max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.source_options)  # fmt: skip
+        out = raw.withColumn("join", F.lit(lay.name)).groupBy("join").applyInPandasWithState(
+            join_state_function(lay, o.settings, o.trigger_ms, feed_sides(job.config, lay)),
+            outputStructType=OUTPUT_DDL,
+            stateStructType="blob binary",
+            outputMode="append",
+            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+        )
+
+        def sink(df: Any, batch_id: int) -> None:
+            t0 = time.monotonic()
+            job.sink.handle_packed(df.toArrow(), batch_id)
+            job.metrics.batch_duration.observe(time.monotonic() - t0)
+
+        streams.append(
+            out.writeStream.queryName(f"{o.name}-join-{lay.name}")
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(Path(o.checkpoint) / f"join-{lay.name}"))
+            .trigger(processingTime=f"{o.trigger_ms} milliseconds")
+            .start()
+        )
+        log.info("join %s: %s x %s within %.3f s (%s), %d partitions", lay.name, lay.left, lay.right,
+                 lay.band_ns / 1e9, lay.type, lay.partitions)  # fmt: skip
+    return streams

@@ -1,0 +1,218 @@
+"""The stateful step of a join query in the Spark job: every Kafka partition's band join, one aggregation.
+
+A join is partitioned by its key (the connection's 4-tuple) but aggregated by something else (the
+server port): one group's window gets rows from every partition. So one state group holds all of a
+join's partitions (:class:`high_level.join.band.BandJoin` each, the pairs and unmatched rows found there)
+and one roll-up (:class:`high_level.aggregate.rollup.QueryRollup`) over their output; a window closes when the
+output mark of *every* partition has passed its end. The output is the packed form of the aggregate
+queries' step (:func:`high_level.aggregate.processor.pack_parts`), so the sink, store, API and page take join
+windows as they take any query's: 'final' rows with the completeness columns, and one 'status' row
+per partition with the join's state (rows and bytes of stored input rows).
+
+Completeness: a window's ``hosts_in_mark`` counts the hosts whose punctuation passed its end on both
+inputs of every partition; a host declared dead by the timeout (its mark stays behind) leaves its
+windows flagged incomplete, which for an anti join means "some SYN-ACKs may be missing: unanswered
+counts may be too high".
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from contract import wire
+from contract.status import PartitionStatus
+from high_level import codec
+from high_level.aggregate.meld import Meld
+from high_level.aggregate.processor import Settings, _Part, pack_parts
+from high_level.aggregate.rollup import QueryRollup
+from high_level.join.band import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
+from high_level.join.feed import FeedDedup
+from high_level.join.rows import partials_of
+
+I64 = np.int64
+ZMAGIC = b"LWJZ"  # a zstd-compressed codec blob follows (its raw length first)
+HASH_ARRAYS = ("left_h", "right_h")
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(partitions: int) -> ThreadPoolExecutor | None:
+    """Threads for a join's partitions (one per core at most; None: one core or one partition), kept per
+    process (a Spark Python worker serves many micro-batches)."""
+    n = min(partitions, os.cpu_count() or 1)
+    if n <= 1:
+        return None
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="lw-join")
+    return _POOLS[n]
+
+
+class JoinProcessor:
+    """One join query's state in the job: its partitions' band joins and the roll-up of their output."""
+
+    def __init__(self, layout: JoinLayout, settings: Settings, feed_sides: tuple[str, ...] = ()) -> None:
+        assert layout.rollup is not None, "the job stores a join's windows: the query needs a window"
+        self.layout = layout
+        self.settings = settings
+        self.feed_sides = tuple(feed_sides)  # inputs that are aggregates' closed windows (high_level/join/feed.py)
+        bare = replace(layout, rollup=None)
+        self.joins = {p: self._feed_melds(BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts))
+                      for p in range(layout.partitions)}  # fmt: skip
+        self.rollup = QueryRollup(layout.rollup)
+        self.partials = partials_of(layout)
+        self.dedup = FeedDedup([layout.left if s == "left" else layout.right for s in self.feed_sides])
+        self.windows_closed = 0
+        self.records = 0
+
+    def _feed_melds(self, j: BandJoin) -> BandJoin:
+        """A closed-window feed has one publisher (the job), not the capture hosts: expect none of them there
+        (before its first punctuation the feed's mark is unknown, so nothing is final: safe)."""
+        for s in self.feed_sides:
+            m = Meld(self.settings.host_timeout_ms, (), self.settings.max_gap_ms)
+            m.load_dict(j.melds[s].to_dict())
+            j.melds[s] = m
+        return j
+
+    # -- persistence (no pickle: npz of numbers and a JSON header)
+    def to_bytes(self) -> bytes:
+        """One :mod:`high_level.codec` blob (the roll-up and every partition's join state, ``join<p>/...``),
+        zstd-compressed (:data:`ZMAGIC`), without the stored rows' key hashes (recomputed on load).
+
+        Why: Spark ships this blob JVM -> Python -> JVM and into the state store every micro-batch, and the
+        JVM pickles a byte array byte by byte (Pyrolite): its size is JVM CPU. The hashes are random (they
+        do not compress) and cheap to recompute; the rest compresses ~3x."""
+        r = self.rollup
+        head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
+                      "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {},
+                      "hashes": "recompute"}  # fmt: skip
+        arrays = {"pane": r.pane, "key": r.key, "state": r.state}
+        for p, j in self.joins.items():
+            jh, ja = j.state()
+            head["joins"][str(p)] = jh
+            arrays |= {f"join{p}/{k}": v for k, v in ja.items() if k not in HASH_ARRAYS}
+        raw = codec.pack(head, arrays)
+        return codec.compress(raw, ZMAGIC)
+
+    @classmethod
+    def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
+                   feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
+        jp = cls(layout, settings, feed_sides)
+        bare = replace(layout, rollup=None)
+        head, z = unpack_state(codec.decompress(buf, ZMAGIC))
+        jp.rollup.pane, jp.rollup.key, jp.rollup.state = z["pane"], z["key"], z["state"]
+        for p in jp.joins:
+            if "joins" in head:
+                pre = f"join{p}/"
+                jh, ja = head["joins"][str(p)], {k[len(pre) :]: v for k, v in z.items() if k.startswith(pre)}
+            else:  # an .npz of earlier builds: each partition's join state nested as bytes
+                jh, ja = unpack_state(z[f"join{p}"].tobytes())
+            if head.get("hashes") == "recompute":  # stored in hash order: the same hashes, no sort
+                for s, words in (("left", layout.lkey), ("right", layout.rkey)):
+                    ja[f"{s}_h"] = wire.key_hash(_key(ja[f"{s}_ts"], ja[f"{s}_cols"], words, slice(None)))
+            jp.joins[p] = jp._feed_melds(BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms,
+                                                               settings.expected_hosts))  # fmt: skip
+        jp.rollup.closed = head["closed"]
+        jp.windows_closed, jp.records = head["windows_closed"], head["records"]
+        jp.dedup.fed, jp.dedup.skipped = dict(head.get("fed", {})), int(head.get("fed_skipped", 0))
+        return jp
+
+    # -- one micro-batch
+    def process_packed(self, values: dict[int, list[bytes]], now_ms: int) -> pd.DataFrame:
+        """Messages of both input topics by Kafka partition (each topic-partition in offset order)."""
+        lay, rl = self.layout, self.layout.rollup
+        assert rl is not None
+        errors: dict[int, str] = {}
+        batch = {p: self.dedup.filter(values.get(p, [])) for p in self.joins}  # in partition order, as before
+
+        def run(p: int) -> JoinOutput:
+            j = self.joins[p]
+            try:
+                return j.process(batch[p], now_ms)
+            except wire.WireError as exc:  # a damaged batch: counted per partition, never a crash
+                errors[p] = str(exc)
+                j.advance(now_ms)
+                return j.step()
+
+        # Why threads: the partitions' joins are independent and their numpy work (decompress, hash, sort,
+        # search, copy) releases the GIL, so one state group still uses the machine's cores; the output
+        # is rolled up below in partition order, as if the joins had run one after the other.
+        pool = _pool(len(self.joins))
+        outs = list(pool.map(run, self.joins)) if pool is not None else [run(p) for p in self.joins]
+        for out in outs:
+            for pane, key, state in self.partials(lay, out):
+                self.records += len(pane)
+                self.rollup.add(pane, key, state)
+        marks = [j.mark_ns for j in self.joins.values()]
+        lwm = None
+        if all(m is not None for m in marks):
+            m = min(marks)  # type: ignore[type-var]
+            lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
+        closed = self.rollup.close(lwm)
+        hosts = self._host_marks()
+        live = sorted({h for j in self.joins.values() for s in SIDES for h in j.melds[s].live_hosts()})
+        parts = []
+        if len(closed):
+            self.windows_closed += len(closed)
+            end = rl.window_end_ns(closed.window)
+            in_mark = np.zeros(len(closed), I64)
+            for mark in hosts.values():
+                in_mark += (mark >= end) if mark is not None else 0
+            comp = np.column_stack([in_mark, np.zeros((len(closed), 2), I64)])
+            parts.append(_Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+        for p, j in self.joins.items():
+            st = self.status(p, j, now_ms, errors.get(p, ""))
+            parts.append(_Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
+        return pack_parts(parts)
+
+    def _host_marks(self) -> dict[str, int | None]:
+        """Per known host: the lowest mark it sent on any input and partition (None: silent somewhere it is
+        expected). A host whose mark passed a window's end on everything is 'in mark' for that window."""
+        out: dict[str, int | None] = {}
+        for j in self.joins.values():
+            for s in SIDES:
+                meld = j.melds[s]
+                for h in set(meld.hosts) | set(meld.expected):
+                    hm = meld.hosts.get(h)
+                    mark = hm.mark_ns if hm is not None and meld.is_live(h) else None
+                    prev = out.get(h, wire.END_OF_STREAM) if h in out else wire.END_OF_STREAM
+                    out[h] = None if mark is None or prev is None else min(prev, mark)
+        return out
+
+    def status(self, p: int, j: BandJoin, now_ms: int, error: str = "") -> PartitionStatus:
+        """The status contract's partition snapshot for one join partition: marks of both inputs per host,
+        and the join state (stored rows of both inputs) in ``state_rows`` / ``state_bytes``."""
+        hosts = {}
+        for h in sorted({h for s in SIDES for h in set(j.melds[s].hosts) | set(j.melds[s].expected)}):
+            hm = [j.melds[s].hosts.get(h) for s in SIDES]
+            known = [m for m in hm if m is not None]
+            mark = min((m.mark_ns for m in known), default=None)
+            hosts[h] = {
+                "live": all(j.melds[s].is_live(h) for s in SIDES if h in j.melds[s].hosts) and bool(known),
+                "expected": h in j.melds["left"].expected, "mark_pane": mark, "mark_ns": mark,
+                "lag_s": (now_ms * 1_000_000 - mark) / 1e9 if mark is not None and 0 < mark < wire.END_OF_STREAM
+                else None,
+                "last_heard_ms": max((m.last_heard_ms for m in known), default=None),
+                "silent_s": min((m.silent_ms for m in known), default=0) / 1e3 if known else None,
+                "punctuations": sum(m.punctuations for m in known), "incarnation": known[0].incarnation if known else None,
+                "records": 0, "sent_records": 0, "received_records": 0, "missing_records": 0,
+                "late_partials": 0,
+            }  # fmt: skip
+        mark = j.mark_ns
+        return PartitionStatus.model_validate({
+            "query": self.layout.name, "partition": p, "now_ms": now_ms,
+            "low_water_mark_pane": mark, "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM
+            else None, "closed_before_window": self.rollup.closed,
+            "blocked_by": sorted(set(j.melds["left"].blocking_hosts()) | set(j.melds["right"].blocking_hosts())),
+            "live_hosts": len(set(j.melds["left"].live_hosts()) | set(j.melds["right"].live_hosts())),
+            "open_windows": self.rollup.open_windows(), "state_rows": j.state_rows, "state_bytes": j.state_bytes,
+            "windows_closed": self.windows_closed, "records": self.records,
+            "batch": {"late_left": j.late["left"], "late_right": j.late["right"],
+                      "stored_left": len(j.store["left"]), "stored_right": len(j.store["right"]),
+                      **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {})},
+            "errors": {"wire": 1} if error else {}, "last_error": error, "hosts": hosts,
+        })  # fmt: skip
+

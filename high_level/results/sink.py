@@ -1,0 +1,200 @@
+"""The sink of the job: each micro-batch's closed windows to the result store, its status rows to the
+status document and the metrics, its fired alerts to the alert store and the delivery queue.
+
+HAVING and alert rules are evaluated here, on the driver, when a window's final rows are written:
+that is the one place that sees finalized aggregates (avg, typed keys) of every partition, owns the
+files (so a replayed batch decides and writes the same), and can hand alerts to the delivery thread
+without any worker talking to the outside world.
+
+Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
+Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
+only hands it Arrow tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from contract import query as Q
+from contract import results as R
+from contract import status as S
+from high_level.aggregate.processor import unpack_incomplete, unpack_windows
+from high_level.aggregate.rollup import Layout
+from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
+from high_level.metrics import JobMetrics
+from high_level.results.alerts import AlertDelivery
+from high_level.results.store import ResultStore, generic_table
+
+log = logging.getLogger("lowwater.sink")
+_KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
+
+
+class ResultSink:
+    """Writes closed windows, folds per-partition status into the status document, feeds the metrics."""
+
+    def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
+                 metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
+                 delivery: AlertDelivery | None = None,
+                 on_status: Callable[[list[S.PartitionStatus]], object] | None = None,
+                 live: LivePublisher | None = None, feed: Any = None) -> None:  # fmt: skip
+        self.store = store
+        self.delivery = delivery
+        self.layouts = {q.name: Layout.of(q) for q in queries}
+        self.mode = mode
+        self.settings = settings
+        self.metrics = metrics
+        self.progress = progress
+        self.on_status = on_status  # e.g. the punctuation asker (high_level/ondemand.py)
+        self.live = live  # provisional and final values to the live topics (contract/live.py)
+        self.feed = feed  # closed windows that joins read (high_level/join/feed.FeedPublisher)
+        self._lock = threading.Lock()
+        self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
+        self.last_batch: dict[str, Any] = {}
+        self._maintained_ms = 0
+        self.store_bytes: int | None = None
+        try:
+            prev = S.read(store.status_path)
+        except S.StatusUnavailable:
+            prev = None
+        if prev is not None and prev.mode == mode:  # a restart: keep what partitions reported before
+            for qn, qs in prev.queries.items():
+                self.partitions[qn] = {int(k): v for k, v in qs.partitions.items()}
+
+    def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
+        """The stateful step's packed output: the same files, status and metrics as :meth:`handle_rows`,
+        without building generic rows first (their list columns cost more than the Parquet encoding)."""
+        prov = None
+        if self.live is not None:  # provisional rows go to the live topics only, never to the store
+            prov_packed, packed = split_provisional(packed)
+            prov, _ = unpack_windows(prov_packed, self.layouts, LIVE_KINDS)
+        wins, texts = unpack_windows(packed, self.layouts)
+        flagged = unpack_incomplete(packed)
+        with self._lock:
+            written: dict[str, int] = {}
+            if flagged:  # windows known short, rows or not (contract.results: flagged windows)
+                self.store.write_incomplete(batch_id, flagged)
+            for name in sorted(wins):
+                w, lay = wins[name], self.layouts[name]
+                end_ns = lay.window_end_ns(w.window)
+                q = self.store.queries.get(name)
+                if q is not None:
+                    rank = w.rank
+                    written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
+                                                           end_ns - lay.range_ns, end_ns, w.key, w.state,
+                                                           w.closed_at_ms, w.hosts, w.hosts_expected, w.comp)  # fmt: skip
+                n_final = int(np.count_nonzero(w.final))
+                if q is not None and Q.holistic(q) is not None and n_final:  # groups, not (group, sub-key) rows
+                    n_final = len(np.unique(np.column_stack([w.window[w.final], w.key[w.final][:, : Q.group_width(q)]]),
+                                            axis=0))  # fmt: skip
+                self.metrics.windows.labels(name).inc(n_final)
+                self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
+                if n_final:
+                    # one latency observation per closed window end: its latest close
+                    last = pd.Series(w.closed_at_ms[w.final]).groupby(end_ns[w.final], sort=False).max()
+                    for end, at_ms in zip(last.index.tolist(), last.tolist(), strict=True):
+                        self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
+            self.after_write(batch_id)
+            if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
+                self.live.publish(batch_id, prov or {}, wins)
+            statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
+            self.fold_status(statuses, batch_id, written)
+            if self.feed is not None and any(st.query in self.feed.queries for st in statuses):
+                # after the store and the folded frontier: a join sees a window once it is final and stored
+                self.feed.publish(batch_id, wins, self.partitions)
+            return written
+
+    def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
+        """Write one batch of generic rows and fold its status rows into the status document + metrics."""
+        with self._lock:
+            tbl = generic_table(rows)
+            is_status = pc.equal(tbl["kind"], "status")
+            statuses = [S.PartitionStatus.model_validate_json(s) for s in pc.filter(tbl["status"], is_status).to_pylist()]
+            written = self.store.write_batch(batch_id, tbl)
+            # per query: finals, corrections, and one latency observation per closed window end
+            data = tbl.select(["query", "kind", "window_end_ns", "closed_at_ms"]).filter(pc.invert(is_status))
+            if data.num_rows:
+                counts = data.group_by(["query", "kind"]).aggregate([([], "count_all")]).to_pydict()
+                per_query: dict[str, dict[str, int]] = {}
+                for qn, kind, n in zip(counts["query"], counts["kind"], counts["count_all"], strict=True):
+                    per_query.setdefault(qn, {})[kind] = n
+                for qn in sorted(per_query):
+                    self.metrics.windows.labels(qn).inc(per_query[qn].get("final", 0))
+                    self.metrics.corrections.labels(qn).inc(per_query[qn].get("correction", 0))
+                fin = data.filter(pc.equal(data["kind"], "final"))
+                lat = fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
+                for end_ns, at_ms in zip(lat["window_end_ns"], lat["closed_at_ms_max"], strict=True):
+                    self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
+            self.after_write(batch_id)
+            self.fold_status(statuses, batch_id, written)
+            return written
+
+    def after_write(self, batch_id: int) -> None:
+        """The batch's fired alerts: written to the alert store first (durable, replay-idempotent), then
+        handed to the delivery thread without waiting; HAVING counts to the metrics."""
+        dropped, self.store.having_dropped = self.store.having_dropped, {}
+        for qn, n in sorted(dropped.items()):
+            self.metrics.having_dropped.labels(qn).inc(n)
+        flagged, self.store.flagged = self.store.flagged, {}
+        for (qn, cause), n in sorted(flagged.items()):
+            self.metrics.flagged_windows.labels(qn, cause).inc(n)
+        alerts = self.store.write_alerts(batch_id)
+        if alerts.num_rows:
+            counts = alerts.group_by(["query", "alert"]).aggregate([([], "count_all")]).to_pydict()
+            for qn, rule, n in zip(counts["query"], counts["alert"], counts["count_all"], strict=True):
+                self.metrics.alerts_fired.labels(qn, rule).inc(n)
+            if self.delivery is not None:
+                self.delivery.submit(alerts)
+
+    def fold_status(self, statuses: list[S.PartitionStatus], batch_id: int, written: dict[str, int]) -> None:
+        """The batch's per-partition status -> partitions, metrics and the status document."""
+        for st in statuses:
+            self.partitions.setdefault(st.query, {})[st.partition] = st
+        self.metrics.on_batch_status(statuses)
+        now_ms = max([st.now_ms for st in statuses], default=int(time.time() * 1000))
+        queries = {qn: S.summarize_query(parts) for qn, parts in sorted(self.partitions.items())}
+        self.metrics.on_status(queries, now_ms)
+        self.last_batch = {"batch_id": batch_id, "written": written, "now_ms": now_ms}
+        self.write_status(queries, now_ms)
+        if self.on_status is not None:
+            self.on_status(statuses)
+
+    def maintain(self, now_ms: int, retention_days: int | None, every_ms: int = 60_000) -> None:
+        """Every ``every_ms``: delete result days older than ``retention_days`` and measure the store (for
+        the status document). Runs on the driver between batches, never inside one."""
+        if now_ms - self._maintained_ms < every_ms:
+            return
+        self._maintained_ms = now_ms
+        if retention_days:
+            today = datetime.fromtimestamp(now_ms / 1000, UTC).date()
+            with self._lock:  # not while a batch writes (a late correction may touch an old day)
+                gone = self.store.expire(today, retention_days)
+            for d in gone:
+                log.info("retention: deleted %s (windows older than %d days)", d, retention_days)
+        self.store_bytes = self.store.size_bytes()
+
+    def touch(self, now_ms: int, every_ms: int = 10_000) -> None:
+        """Rewrite the status document when no micro-batch has for ``every_ms``: an idle job (a finished
+        capture, no data) is still up, and the page must not call its status stale."""
+        with self._lock:
+            if not self.partitions or now_ms - int(self.last_batch.get("written_ms", 0)) < every_ms:
+                return
+            queries = {qn: S.summarize_query(parts) for qn, parts in sorted(self.partitions.items())}
+            self.write_status(queries, now_ms)
+
+    def write_status(self, queries: dict[str, S.QueryStatus], now_ms: int) -> None:
+        self.last_batch["written_ms"] = now_ms
+        doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),
+                               settings=self.settings, queries=queries, hosts=S.summarize_hosts(queries),
+                               progress=self.progress(), store_bytes=self.store_bytes)  # fmt: skip
+        self.store.write_status(doc)
+

@@ -1,0 +1,1 @@
+"""Capture: packet sources filling a fixed-size ring, fanout over worker processes."""

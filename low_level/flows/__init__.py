@@ -1,0 +1,1 @@
+"""Flow collection: NetFlow v5/v9 and IPFIX datagrams decoded and sub-aggregated like packets."""

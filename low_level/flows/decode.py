@@ -1,0 +1,444 @@
+"""NetFlow v5, v9 and IPFIX datagrams -> weighted flow rows, in Numba (no Python loop per record).
+
+A flow record becomes one parsed-packet row (``contract.fields`` layout) plus a weight, so it enters
+the same sub-aggregation as packets (``low_level.flows.kernel``): ``count`` adds the record's packets
+(the weight), ``sum(length)`` its bytes (the row's LEN), both multiplied by the exporter's sampling
+rate. TS is the record's **end** time: a record is complete only when the exporter sends it, its end
+is the last moment it covers, and the exporter's clock minus its inactive timeout bounds how old the
+end time of any record still to come can be (``low_level.flowmark``); spreading a record over its
+duration would need the start time to be trustworthy and would put one record's bytes in panes whose
+low-water mark may already have passed.
+
+Templates (v9 and IPFIX) are kept per (exporter, observation domain / source id, template id) in one
+int64 array: each one compiled to the byte offset and length of every information element lowwater
+reads, so a data record is decoded with a few fixed loads. A template expires when its exporter's
+clock (the export time of its datagrams) is ``template_timeout_s`` past its last definition; an IPFIX
+withdrawal (field count 0) removes it. Options records carry the sampling rate (v9 SAMPLING_INTERVAL
+34, IPFIX samplingInterval 34, samplingPacketInterval/Space 305/306, sampler random interval 50) and
+IPFIX systemInitTimeMilliseconds (160), both kept per (exporter, domain).
+
+Bad input never raises: a datagram or set that cannot be read is counted under one of
+``FLOW_ERROR_NAMES`` and skipped (the rest of the datagram is still read when its framing is intact).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from contract import fields as F
+from low_level.jit.refcount import pin
+
+# error / event counters (index into FLOW_ERROR_NAMES)
+E_OK, E_SHORT, E_VERSION, E_SET_LENGTH, E_UNKNOWN_TEMPLATE, E_BAD_TEMPLATE, E_TABLE_FULL = 0, 1, 2, 3, 4, 5, 6
+E_V5_COUNT, E_EXPIRED, E_NO_END_TIME, E_ABSURD = 7, 8, 9, 10
+FLOW_ERROR_NAMES: tuple[str, ...] = (
+    "ok", "truncated", "wrong_version", "bad_set_length", "unknown_template", "bad_template", "template_table_full",
+    "bad_v5_count", "expired_template", "no_end_time", "absurd_counter",
+)  # fmt: skip
+NFLOWERR = len(FLOW_ERROR_NAMES)
+
+# information elements read (IANA IPFIX ids == NetFlow v9 field types below 128)
+IE_BYTES, IE_PKTS, IE_PROTO, IE_TOS, IE_FLAGS, IE_SPORT, IE_SRC4, IE_IN_IF, IE_DPORT, IE_DST4 = range(10)
+IE_LAST, IE_FIRST, IE_SRC6, IE_DST6, IE_START_MS, IE_END_MS, IE_START_S, IE_END_S = range(10, 18)
+IE_BYTES_TOTAL, IE_PKTS_TOTAL, IE_SAMPLING, IE_SPI, IE_SPS, IE_SYSINIT, IE_RANDOM_INTERVAL = range(18, 25)
+NIE = 25
+_IE_IDS = (1, 2, 4, 5, 6, 7, 8, 10, 11, 12, 21, 22, 27, 28, 152, 153, 150, 151, 85, 86, 34, 305, 306, 160, 50)
+IE_INDEX = np.full(512, -1, dtype=np.int64)
+for _k, _ie in enumerate(_IE_IDS):
+    IE_INDEX[_ie] = _k
+
+# template table: one row per template
+T_VALID, T_EXP, T_DOM, T_ID, T_RECLEN, T_SEEN, T_OPT = range(7)
+T_FIELDS = 7  # then (offset, length) per IE; offset -1 when the template lacks it
+TW = T_FIELDS + 2 * NIE
+# per (exporter, domain) state
+D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS = range(7)
+DW = 7
+
+MAX_RECORD_PACKETS = 1 << 40  # a counter above this (after sampling) is absurd: counted and dropped
+NS = 1_000_000_000
+
+
+def new_state(max_templates: int = 1024, max_domains: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Empty template and domain tables."""
+    return np.zeros((max_templates, TW), dtype=np.int64), np.zeros((max_domains, DW), dtype=np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _uint(buf, p, n):
+    """Big-endian unsigned integer of n (1..8) bytes at p; caller has bounds-checked."""
+    v = np.int64(0)
+    for k in range(n):
+        v = (v << 8) | np.int64(buf[p + k])
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _domain(doms, exporter, domain):
+    """Row of (exporter, domain) in doms, created on first sight; -1 when the table is full."""
+    free = -1
+    for d in range(doms.shape[0]):
+        if doms[d, D_VALID] == 1:
+            if doms[d, D_EXP] == exporter and doms[d, D_DOM] == domain:
+                return d
+        elif free < 0:
+            free = d
+    if free >= 0:
+        doms[free, D_VALID] = 1
+        doms[free, D_EXP] = exporter
+        doms[free, D_DOM] = domain
+        doms[free, D_RATE] = 1
+        doms[free, D_SYSINIT] = -1
+        doms[free, D_CLOCK] = 0
+        doms[free, D_RECORDS] = 0
+    return free
+
+
+@njit(cache=True, nogil=True)
+def _find_template(tmpl, exporter, domain, tid):
+    for t in range(tmpl.shape[0]):
+        if tmpl[t, T_VALID] == 1 and tmpl[t, T_ID] == tid and tmpl[t, T_EXP] == exporter and tmpl[t, T_DOM] == domain:
+            return t
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
+    """Read one template record at p (template or options template); returns the next record's offset,
+    -1 when the rest of the set cannot be read, -2 when what is left is too short for a header (padding)."""
+    if options:
+        if ipfix:
+            if p + 6 > end:
+                return -2
+            tid = _uint(buf, p, 2)
+            nfields = _uint(buf, p + 2, 2)
+            p += 6  # template id, field count, scope field count (scopes are ordinary fields here)
+        else:
+            if p + 6 > end:
+                return -2
+            tid = _uint(buf, p, 2)
+            nfields = (_uint(buf, p + 2, 2) + _uint(buf, p + 4, 2)) // 4  # scope and option lengths, bytes
+            p += 6
+    else:
+        if p + 4 > end:
+            return -2
+        tid = _uint(buf, p, 2)
+        nfields = _uint(buf, p + 2, 2)
+        p += 4
+    t = _find_template(tmpl, exporter, domain, tid)
+    if nfields == 0:  # IPFIX withdrawal
+        if t >= 0:
+            tmpl[t, T_VALID] = 0
+        return p
+    if tid < 256:
+        errs[E_BAD_TEMPLATE] += 1
+        return -1
+    if t < 0:
+        for k in range(tmpl.shape[0]):
+            if tmpl[k, T_VALID] == 0:
+                t = k
+                break
+    ok = t >= 0
+    if not ok:
+        errs[E_TABLE_FULL] += 1
+    reclen = np.int64(0)
+    if ok:
+        for k in range(NIE):
+            tmpl[t, T_FIELDS + 2 * k] = -1
+            tmpl[t, T_FIELDS + 2 * k + 1] = 0
+    for _ in range(nfields):
+        if p + 4 > end:
+            return -1
+        ie = _uint(buf, p, 2)
+        flen = _uint(buf, p + 2, 2)
+        p += 4
+        if ipfix and ie & 0x8000:  # enterprise-specific: a 4-byte enterprise number follows
+            if p + 4 > end:
+                return -1
+            p += 4
+            ie = -1
+        if flen == 0 or flen == 0xFFFF:  # variable-length fields are not supported: the template is unusable
+            ok = False
+        if ok:
+            if 0 <= ie < 512 and IE_INDEX[ie] >= 0:
+                k = IE_INDEX[ie]
+                if tmpl[t, T_FIELDS + 2 * k] < 0:
+                    tmpl[t, T_FIELDS + 2 * k] = reclen
+                    tmpl[t, T_FIELDS + 2 * k + 1] = flen
+            reclen += flen
+    if ok and (reclen == 0 or reclen > 65535):
+        ok = False
+    if t >= 0 and not ok:
+        tmpl[t, T_VALID] = 0
+        errs[E_BAD_TEMPLATE] += 1
+    elif ok:
+        tmpl[t, T_VALID] = 1
+        tmpl[t, T_EXP] = exporter
+        tmpl[t, T_DOM] = domain
+        tmpl[t, T_ID] = tid
+        tmpl[t, T_RECLEN] = reclen
+        tmpl[t, T_SEEN] = clock
+        tmpl[t, T_OPT] = 1 if options else 0
+    return p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _get(buf, rec, tmpl, t, k):
+    """Value of IE k in the record at rec (-1 when the template lacks it; at most 8 bytes read)."""
+    off = tmpl[t, T_FIELDS + 2 * k]
+    if off < 0:
+        return np.int64(-1)
+    n = tmpl[t, T_FIELDS + 2 * k + 1]
+    if n > 8:
+        return _uint(buf, rec + off + n - 8, 8)
+    return _uint(buf, rec + off, n)
+
+
+@njit(cache=True, nogil=True)
+def _options_record(buf, rec, tmpl, t, doms, d):
+    """Sampling rate and system init time from an options record."""
+    rate = _get(buf, rec, tmpl, t, IE_SAMPLING)
+    if rate <= 0:
+        rate = _get(buf, rec, tmpl, t, IE_RANDOM_INTERVAL)
+    spi = _get(buf, rec, tmpl, t, IE_SPI)
+    if spi > 0:
+        sps = _get(buf, rec, tmpl, t, IE_SPS)
+        rate = (spi + (sps if sps > 0 else 0)) // spi
+    if rate > 0:
+        doms[d, D_RATE] = rate
+    init = _get(buf, rec, tmpl, t, IE_SYSINIT)
+    if init > 0:
+        doms[d, D_SYSINIT] = init
+
+
+@njit(cache=True, nogil=True)
+def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, rows, w, rate_out, r, errs):
+    """One data record into rows[r]; returns 1 when written, 0 when dropped (counted)."""
+    rate = doms[d, D_RATE]
+    pk = _get(buf, rec, tmpl, t, IE_PKTS)
+    if pk < 0:
+        pk = _get(buf, rec, tmpl, t, IE_PKTS_TOTAL)
+    by = _get(buf, rec, tmpl, t, IE_BYTES)
+    if by < 0:
+        by = _get(buf, rec, tmpl, t, IE_BYTES_TOTAL)
+    if pk < 0 or by < 0 or pk > MAX_RECORD_PACKETS or by > MAX_RECORD_PACKETS * 65535:
+        errs[E_ABSURD] += 1
+        return 0
+    # end time: absolute fields first, then uptime-relative ones (v9 header uptime, IPFIX system init)
+    end = np.int64(-1)
+    v = _get(buf, rec, tmpl, t, IE_END_MS)
+    if v >= 0:
+        end = v * 1_000_000
+    else:
+        v = _get(buf, rec, tmpl, t, IE_END_S)
+        if v >= 0:
+            end = v * NS
+        else:
+            v = _get(buf, rec, tmpl, t, IE_LAST)
+            if v >= 0:
+                if v9:
+                    back = (uptime_ms - v) & 0xFFFFFFFF
+                    if back >= 0x80000000:
+                        back -= 0x100000000
+                    end = clock_ns - back * 1_000_000
+                elif doms[d, D_SYSINIT] > 0:
+                    end = (doms[d, D_SYSINIT] + v) * 1_000_000
+    if end < 0:
+        errs[E_NO_END_TIME] += 1
+        end = clock_ns  # the export time: no record ends after it
+    src4 = _get(buf, rec, tmpl, t, IE_SRC4)
+    dst4 = _get(buf, rec, tmpl, t, IE_DST4)
+    for k in range(F.NFIELDS):
+        rows[r, k] = 0
+    rows[r, F.TS] = end
+    if src4 >= 0 or dst4 >= 0:
+        rows[r, F.IPVER] = 4
+        rows[r, F.SRC_LO] = F.IPV4_MAPPED_PREFIX | max(src4, 0)
+        rows[r, F.DST_LO] = F.IPV4_MAPPED_PREFIX | max(dst4, 0)
+    elif tmpl[t, T_FIELDS + 2 * IE_SRC6] >= 0 or tmpl[t, T_FIELDS + 2 * IE_DST6] >= 0:
+        rows[r, F.IPVER] = 6
+        for k, hi, lo in ((IE_SRC6, F.SRC_HI, F.SRC_LO), (IE_DST6, F.DST_HI, F.DST_LO)):
+            off = tmpl[t, T_FIELDS + 2 * k]
+            if off >= 0 and tmpl[t, T_FIELDS + 2 * k + 1] == 16:
+                rows[r, hi] = _uint(buf, rec + off, 8)
+                rows[r, lo] = _uint(buf, rec + off + 8, 8)
+    rows[r, F.PROTO] = _get(buf, rec, tmpl, t, IE_PROTO)
+    rows[r, F.SPORT] = max(_get(buf, rec, tmpl, t, IE_SPORT), 0)
+    rows[r, F.DPORT] = max(_get(buf, rec, tmpl, t, IE_DPORT), 0)
+    rows[r, F.TCP_FLAGS] = max(_get(buf, rec, tmpl, t, IE_FLAGS), 0)
+    rows[r, F.TOS] = max(_get(buf, rec, tmpl, t, IE_TOS), 0)
+    rows[r, F.IFACE] = max(_get(buf, rec, tmpl, t, IE_IN_IF), 0)
+    rows[r, F.LEN] = by * rate
+    w[r] = pk * rate
+    rate_out[r] = rate
+    doms[d, D_RECORDS] += 1
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
+    """A NetFlow v5 datagram (fixed 48-byte records); returns the records written."""
+    if p0 + 24 > end:
+        errs[E_SHORT] += 1
+        return 0
+    count = _uint(buf, p0 + 2, 2)
+    if count < 1 or count > 30 or p0 + 24 + count * 48 > end:
+        errs[E_V5_COUNT] += 1
+        return 0
+    if r + count > cap:
+        return -1
+    uptime = _uint(buf, p0 + 4, 4)
+    clock = _uint(buf, p0 + 8, 4) * NS + _uint(buf, p0 + 12, 4)
+    d = _domain(doms, exporter, _uint(buf, p0 + 20, 1))
+    if d < 0:
+        errs[E_TABLE_FULL] += 1
+        return 0
+    si = _uint(buf, p0 + 22, 2)
+    rate = si & 0x3FFF
+    doms[d, D_RATE] = rate if rate > 0 else 1
+    if clock > doms[d, D_CLOCK]:
+        doms[d, D_CLOCK] = clock
+    got = 0
+    for i in range(count):
+        q = p0 + 24 + i * 48
+        pk = _uint(buf, q + 16, 4)
+        by = _uint(buf, q + 20, 4)
+        last = _uint(buf, q + 28, 4)
+        back = (uptime - last) & 0xFFFFFFFF
+        if back >= 0x80000000:
+            back -= 0x100000000
+        k = r + got
+        for c in range(F.NFIELDS):
+            rows[k, c] = 0
+        rows[k, F.TS] = clock - back * 1_000_000
+        rows[k, F.IPVER] = 4
+        rows[k, F.SRC_LO] = F.IPV4_MAPPED_PREFIX | _uint(buf, q, 4)
+        rows[k, F.DST_LO] = F.IPV4_MAPPED_PREFIX | _uint(buf, q + 4, 4)
+        rows[k, F.IFACE] = _uint(buf, q + 12, 2)
+        rows[k, F.SPORT] = _uint(buf, q + 32, 2)
+        rows[k, F.DPORT] = _uint(buf, q + 34, 2)
+        rows[k, F.TCP_FLAGS] = _uint(buf, q + 37, 1)
+        rows[k, F.PROTO] = _uint(buf, q + 38, 1)
+        rows[k, F.TOS] = _uint(buf, q + 39, 1)
+        rows[k, F.LEN] = by * doms[d, D_RATE]
+        w[k] = pk * doms[d, D_RATE]
+        rate_out[k] = doms[d, D_RATE]
+        got += 1
+    doms[d, D_RECORDS] += got
+    return got
+
+
+@njit(cache=True, nogil=True)
+def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, w, rate_out, errs, res):
+    """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i]).
+
+    Writes records to rows / w (packets, sampled-up) / rate_out, at most ``rows.shape[0]``; res[0] gets
+    the records written, res[1] the datagrams consumed (less than n only when rows is full: call again).
+    errs[E_OK] counts the datagrams read whole.
+    """
+    cap = rows.shape[0]
+    r = 0
+    i = 0
+    while i < n:
+        p0 = offs[i]
+        end = p0 + lens[i]
+        if end > buf.shape[0] or p0 < 0:
+            end = buf.shape[0]
+        exporter = exporters[i]
+        if p0 + 4 > end:
+            errs[E_SHORT] += 1
+            i += 1
+            continue
+        version = _uint(buf, p0, 2)
+        if version == 5:
+            got = _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs)
+            if got < 0:
+                break  # rows full: this datagram goes in the next call
+            r += got
+            if got > 0:
+                errs[E_OK] += 1
+            i += 1
+            continue
+        if version != 9 and version != 10:
+            errs[E_VERSION] += 1
+            i += 1
+            continue
+        ipfix = version == 10
+        hlen = 16 if ipfix else 20
+        if p0 + hlen > end:
+            errs[E_SHORT] += 1
+            i += 1
+            continue
+        if ipfix:
+            mlen = _uint(buf, p0 + 2, 2)
+            if mlen < 16 or p0 + mlen > end:
+                errs[E_SET_LENGTH] += 1
+                i += 1
+                continue
+            end = p0 + mlen
+            uptime = np.int64(0)
+            clock = _uint(buf, p0 + 4, 4) * NS
+            domain = _uint(buf, p0 + 12, 4)
+        else:
+            uptime = _uint(buf, p0 + 4, 4)
+            clock = _uint(buf, p0 + 8, 4) * NS
+            domain = _uint(buf, p0 + 16, 4)
+        # worst case records of this datagram: one per 1 byte... bound by the smallest usable record (1 byte)
+        if r + (end - p0) > cap and r > 0:
+            break
+        d = _domain(doms, exporter, domain)
+        if d < 0:
+            errs[E_TABLE_FULL] += 1
+            i += 1
+            continue
+        if clock > doms[d, D_CLOCK]:
+            doms[d, D_CLOCK] = clock
+        clock_s = clock // NS
+        p = p0 + hlen
+        bad = False
+        while p + 4 <= end:
+            sid = _uint(buf, p, 2)
+            slen = _uint(buf, p + 2, 2)
+            if slen < 4 or p + slen > end:
+                errs[E_SET_LENGTH] += 1
+                bad = True
+                break
+            q = p + 4
+            send = p + slen
+            tset = 2 if ipfix else 0
+            oset = 3 if ipfix else 1
+            if sid == tset or sid == oset:
+                while q + 4 <= send:
+                    nq = _define(buf, q, send, tmpl, exporter, domain, clock_s, ipfix, sid == oset, errs)
+                    if nq < 0:
+                        if nq == -1:
+                            errs[E_BAD_TEMPLATE] += 1
+                        break
+                    q = nq
+            elif sid >= 256:
+                t = _find_template(tmpl, exporter, domain, sid)
+                if t < 0:
+                    errs[E_UNKNOWN_TEMPLATE] += 1
+                elif clock_s - tmpl[t, T_SEEN] > template_timeout_s:
+                    errs[E_EXPIRED] += 1
+                else:
+                    rl = tmpl[t, T_RECLEN]
+                    while q + rl <= send and r < cap:
+                        if tmpl[t, T_OPT] == 1:
+                            _options_record(buf, q, tmpl, t, doms, d)
+                        else:
+                            r += _data_record(buf, q, tmpl, t, doms, d, uptime, clock, not ipfix,
+                                              rows, w, rate_out, r, errs)
+                        q += rl
+            p = send
+        if not bad:
+            errs[E_OK] += 1
+        i += 1
+    res[0] = r
+    res[1] = i
+    pin(buf)
+    pin(rows)
+    pin(tmpl)
+    pin(doms)
+    return r

@@ -1,0 +1,1 @@
+"""The capture host: its loop, punctuation, backlog, Kafka output, on-request marks and metrics."""
