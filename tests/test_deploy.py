@@ -854,7 +854,7 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
 def test_job_builds_its_session_without_the_local_stack() -> None:
     """The job's Spark session comes from high_level.cluster.session (jars, driver address as parameters); the
     job and its sink never import local_stack (only the CLI's development default for the jars does)."""
-    for mod in ("job", "session", "sink", "placement"):
+    for mod in ("job", "cluster/session", "results/sink", "cluster/placement"):
         tree = ast.parse((REPO / "high_level" / f"{mod}.py").read_text())
         names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
