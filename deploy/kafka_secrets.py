@@ -64,7 +64,9 @@ def make_ca(d: Path) -> bool:
 
 def make_broker(d: Path, names: list[str], force: bool) -> bool:
     """broker.pem (key + certificate); made again when the subject names differ from the last run."""
-    sans = ",".join(f"IP:{n}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}" for n in names)
+    sans = ",".join(
+        f"IP:{n}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}" for n in names
+    )
     stamp = d / ".broker-names"
     if not force and (d / "broker.pem").exists() and stamp.exists() and stamp.read_text() == sans:
         return False
@@ -72,12 +74,17 @@ def make_broker(d: Path, names: list[str], force: bool) -> bool:
         t = Path(tmp)
         _openssl("req", "-newkey", "rsa:3072", "-nodes", "-subj", f"/CN={names[0]}", "-keyout", str(t / "key.pem"),
                  "-out", str(t / "req.csr"))  # fmt: skip
-        (t / "ext.cnf").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+        (t / "ext.cnf").write_text(
+            f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+        )
         _openssl("x509", "-req", "-in", str(t / "req.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
                  "-CAcreateserial", "-days", "825", "-extfile", str(t / "ext.cnf"), "-out", str(t / "cert.pem"))  # fmt: skip
         _openssl("pkcs8", "-topk8", "-nocrypt", "-in", str(t / "key.pem"), "-out", str(t / "key8.pem"))
         # read by the broker's user (uid 1000 in the Kafka image): like deploy/secrets/*, world-readable
-        _write(d / "broker.pem", (t / "key8.pem").read_text() + (t / "cert.pem").read_text() + (d / "ca.pem").read_text())
+        _write(
+            d / "broker.pem",
+            (t / "key8.pem").read_text() + (t / "cert.pem").read_text() + (d / "ca.pem").read_text(),
+        )
     stamp.write_text(sans)
     return True
 
@@ -90,26 +97,40 @@ def read_users(d: Path) -> dict[str, str]:
 def write_users(d: Path, users: dict[str, str], external_host: str, port: int) -> None:
     body = "".join(f'\n  user_{u}="{p}"' for u, p in sorted(users.items()))
     # a section per SASL listener name: only EXTERNAL authenticates (INTERNAL is PLAINTEXT, inside)
-    _write(d / "kafka_server_jaas.conf", "// written by deploy/kafka_secrets.py: capture hosts of the EXTERNAL listener\n"
-           f"external.KafkaServer {{\n  org.apache.kafka.common.security.plain.PlainLoginModule required{body};\n}};\n")
+    _write(
+        d / "kafka_server_jaas.conf",
+        "// written by deploy/kafka_secrets.py: capture hosts of the EXTERNAL listener\n"
+        f"external.KafkaServer {{\n  org.apache.kafka.common.security.plain.PlainLoginModule required{body};\n}};\n",
+    )
     _write(d / "capture-hosts.txt", "".join(f"{u}\n" for u in sorted(users)))
     for u, p in users.items():
         host_dir = d / "capture-hosts" / u
         _write(host_dir / "ca.pem", (d / "ca.pem").read_text())
         block = {"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "username": u, "password": p,
                  "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
-        _write(host_dir / "agent.env", f"# capture host {u}: add to deploy/capture-host/.env there; ca.pem goes to its "
-               f"KAFKA_CERTS_DIR\nLOWWATER_AGENT_HOST_ID={u}\nLOWWATER_AGENT_BOOTSTRAP={external_host}:{port}\n"
-               f"LOWWATER_AGENT_KAFKA_SECURITY={json.dumps(block, separators=(',', ':'))}\n", mode=0o600)
+        _write(
+            host_dir / "agent.env",
+            f"# capture host {u}: add to deploy/capture-host/.env there; ca.pem goes to its "
+            f"KAFKA_CERTS_DIR\nLOWWATER_AGENT_HOST_ID={u}\nLOWWATER_AGENT_BOOTSTRAP={external_host}:{port}\n"
+            f"LOWWATER_AGENT_KAFKA_SECURITY={json.dumps(block, separators=(',', ':'))}\n",
+            mode=0o600,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("hosts", nargs="*", help="capture host ids (their LOWWATER_AGENT_HOST_ID) to give a credential")
-    ap.add_argument("--external-host", default=os.environ.get("KAFKA_EXTERNAL_HOST", "localhost"),
-                    help="the name capture hosts reach Kafka by (KAFKA_EXTERNAL_HOST); in the broker's certificate")
+    ap.add_argument(
+        "hosts", nargs="*", help="capture host ids (their LOWWATER_AGENT_HOST_ID) to give a credential"
+    )
+    ap.add_argument(
+        "--external-host",
+        default=os.environ.get("KAFKA_EXTERNAL_HOST", "localhost"),
+        help="the name capture hosts reach Kafka by (KAFKA_EXTERNAL_HOST); in the broker's certificate",
+    )
     ap.add_argument("--external-port", type=int, default=int(os.environ.get("KAFKA_EXTERNAL_PORT", "9094")))
-    ap.add_argument("--san", action="append", default=[], help="another name or IP address for the certificate")
+    ap.add_argument(
+        "--san", action="append", default=[], help="another name or IP address for the certificate"
+    )
     ap.add_argument("--dir", type=Path, default=Path(os.environ.get("KAFKA_SECRETS_DIR", DEFAULT_DIR)))
     ap.add_argument("--new-broker-cert", action="store_true", help="make the broker's certificate again")
     args = ap.parse_args(argv)
@@ -133,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         made.append(f"credentials for {', '.join(new)}")
     print(f"kafka_secrets: {d}: " + ("made " + "; ".join(made) if made else "nothing new"))
     if new:
-        print("kafka_secrets: restart the broker and re-run kafka-init (ACLs): "
-              "docker-compose --env-file deploy/.env up -d --force-recreate kafka kafka-init")
+        print(
+            "kafka_secrets: restart the broker and re-run kafka-init (ACLs): "
+            "docker-compose --env-file deploy/.env up -d --force-recreate kafka kafka-init"
+        )
         for h in new:
             print(f"kafka_secrets: copy {d / 'capture-hosts' / h}/ to capture host {h} (agent.env, ca.pem)")
     return 0

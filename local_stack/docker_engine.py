@@ -59,10 +59,14 @@ def docker_env() -> dict[str, str]:
     return env
 
 
-def _docker(*args: str, check: bool = True, capture: bool = True, **kw: object) -> subprocess.CompletedProcess:
+def _docker(
+    *args: str, check: bool = True, capture: bool = True, **kw: object
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(["docker", *args], capture_output=capture, text=True, env=docker_env(), **kw)  # type: ignore[call-overload]
     if check and proc.returncode != 0:
-        raise DockerError(f"docker {' '.join(args[:3])} ... failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        raise DockerError(
+            f"docker {' '.join(args[:3])} ... failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        )
     return proc
 
 
@@ -121,7 +125,9 @@ def extra_ca_certs() -> str:
     if not HOST_CA_BUNDLE.exists():
         return ""
     norm = lambda pem: re.sub(r"\s+", "", pem)  # noqa: E731
-    debian = {norm(m) for f in DEBIAN_CA_DIR.rglob("*.crt") for m in _PEM.findall(f.read_text(errors="replace"))}
+    debian = {
+        norm(m) for f in DEBIAN_CA_DIR.rglob("*.crt") for m in _PEM.findall(f.read_text(errors="replace"))
+    }
     extra = [m for m in _PEM.findall(HOST_CA_BUNDLE.read_text(errors="replace")) if norm(m) not in debian]
     return "\n".join(extra) + ("\n" if extra else "")
 
@@ -143,7 +149,9 @@ def build_python_base() -> str:
             capture_output=True, text=True,
         )  # fmt: skip
         if proc.returncode != 0:
-            raise DockerError(f"debootstrap failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            raise DockerError(
+                f"debootstrap failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            )
         mirror = DEBIAN_MIRROR.rsplit("/debian", 1)[0]
         (root / "etc/apt/sources.list").write_text(
             f"deb {DEBIAN_MIRROR} bookworm main\ndeb {DEBIAN_MIRROR} bookworm-updates main\n"

@@ -58,7 +58,16 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # the first test carries the module's set-up: a cold image build and three Spark-job starts on 2 cores
 pytestmark = pytest.mark.timeout(2400)
 # every service of docker-compose.yml but grafana (no image here: its provisioning is checked instead)
-CENTRAL_SERVICES = ("kafka", "kafka-init", "spark-master", "spark-worker", "job", "api", "prometheus", "alertmanager")
+CENTRAL_SERVICES = (
+    "kafka",
+    "kafka-init",
+    "spark-master",
+    "spark-worker",
+    "job",
+    "api",
+    "prometheus",
+    "alertmanager",
+)
 TIMINGS: dict[str, Any] = {}
 
 
@@ -68,11 +77,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None, check: bool = True, timeout: float = 900,
-        **kw: Any) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], env: dict[str, str] | None = None, check: bool = True, timeout: float = 900, **kw: Any
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO, **kw)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -92,7 +104,9 @@ class Compose:
 
     def containers(self) -> dict[str, dict[str, Any]]:
         """service -> docker inspect of its (first) container."""
-        ids = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"]).stdout.split()
+        ids = run(
+            ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"]
+        ).stdout.split()
         if not ids:
             return {}
         out = {}
@@ -102,7 +116,9 @@ class Compose:
 
 
 def http(url: str, token: str | None = None, data: bytes | None = None, timeout: float = 10) -> Any:
-    req = urllib.request.Request(url, data=data, headers={"Authorization": f"Bearer {token}"} if token else {})
+    req = urllib.request.Request(
+        url, data=data, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
     return json.loads(body) if body[:1] in (b"{", b"[") else body.decode()
@@ -119,7 +135,9 @@ def wait(what: str, fn: Any, timeout: float, diag: Any = None, every: float = 3)
         except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
             last = repr(exc)
         time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {str(last)[:1500]})\n{diag() if diag else ''}")
+    raise AssertionError(
+        f"{what}: not within {timeout:.0f} s (last: {str(last)[:1500]})\n{diag() if diag else ''}"
+    )
 
 
 def cleanup_host() -> None:
@@ -186,7 +204,9 @@ class Site:
         got: Counter = Counter()
         offset: int | None = 0
         while offset is not None:
-            body = self.api(f"/queries/pairs/results?start={fmt(start_s)}&end={fmt(end_s)}&limit=10000&offset={offset}")
+            body = self.api(
+                f"/queries/pairs/results?start={fmt(start_s)}&end={fmt(end_s)}&limit=10000&offset={offset}"
+            )
             for r in body["rows"]:
                 ws = int(datetime.fromisoformat(r["window_start"].replace("Z", "+00:00")).timestamp()) * NS
                 key = (ws, F.ip_to_words(r["src_ip"])[1], F.ip_to_words(r["dst_ip"])[1])
@@ -200,7 +220,11 @@ class Site:
 
     def live_packets(self, since_s: float) -> int:
         src, dst = F.ip_to_words(LIVE_SRC)[1], F.ip_to_words(LIVE_DST)[1]
-        return sum(n for (_, s, d), n in self.results(since_s - 120, time.time() + 120).items() if (s, d) == (src, dst))
+        return sum(
+            n
+            for (_, s, d), n in self.results(since_s - 120, time.time() + 120).items()
+            if (s, d) == (src, dst)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -242,25 +266,25 @@ def site() -> Iterator[Site]:
     central_env = tmp / "central.env"
     central_env.write_text(f"""# the compose test's deploy/.env
 KAFKA_EXTERNAL_HOST=localhost
-KAFKA_EXTERNAL_PORT={p['kafka']}
+KAFKA_EXTERNAL_PORT={p["kafka"]}
 KAFKA_EXTERNAL_BIND=127.0.0.1
 KAFKA_HEAP_OPTS=-Xms256m -Xmx512m
 API_BIND=127.0.0.1
-API_PORT={p['api']}
+API_PORT={p["api"]}
 GRAFANA_BIND=127.0.0.1
-GRAFANA_PORT={p['grafana']}
+GRAFANA_PORT={p["grafana"]}
 ADMIN_BIND=127.0.0.1
-PROMETHEUS_PORT={p['prometheus']}
-ALERTMANAGER_PORT={p['alertmanager']}
-SPARK_MASTER_UI_PORT={p['spark']}
+PROMETHEUS_PORT={p["prometheus"]}
+ALERTMANAGER_PORT={p["alertmanager"]}
+SPARK_MASTER_UI_PORT={p["spark"]}
 SPARK_WORKER_CORES=2
 SPARK_WORKER_MEMORY=2g
 SPARK_DRIVER_MEMORY=768m
-QUERIES_DIR={tmp / 'queries'}
+QUERIES_DIR={tmp / "queries"}
 QUERIES_FILE=test.yaml
-API_TOKEN_FILE={tmp / 'secrets' / 'api_token'}
-GRAFANA_ADMIN_PASSWORD_FILE={tmp / 'secrets' / 'grafana_admin_password'}
-PROMETHEUS_FILE_SD={tmp / 'file_sd'}
+API_TOKEN_FILE={tmp / "secrets" / "api_token"}
+GRAFANA_ADMIN_PASSWORD_FILE={tmp / "secrets" / "grafana_admin_password"}
+PROMETHEUS_FILE_SD={tmp / "file_sd"}
 KAFKA_SECRETS_DIR={s.secrets}
 CENTRAL_ENV_FILE={central_env}
 LOWWATER_JOB_SPARK_CONF={{"spark.executor.memory": "1g"}}
@@ -274,24 +298,26 @@ LOWWATER_JOB_TRIGGER=1s
         bundle = s.secrets / "capture-hosts" / host  # what the operator copies to the capture host
         f.write_text(f"""# the compose test's capture-host .env: agent.env of kafka_secrets.py (host id, bootstrap,
 # the SASL_SSL block), then the rest
-{(bundle / 'agent.env').read_text()}
+{(bundle / "agent.env").read_text()}
 KAFKA_CERTS_DIR={bundle}
 LOWWATER_AGENT_SOURCE={source}
 LOWWATER_AGENT_METRICS_PORT={port}
 LOWWATER_AGENT_CONTROL_TOPIC=lowwater.control
 LOWWATER_AGENT_LINGER=true
 LOWWATER_AGENT_RING_SLOTS=16384
-QUERIES_DIR={tmp / 'queries'}
+QUERIES_DIR={tmp / "queries"}
 QUERIES_FILE=test.yaml
-PCAP_DIR={tmp / 'pcap'}
+PCAP_DIR={tmp / "pcap"}
 CAPTURE_ENV_FILE={f}
 """)
         capture_envs[name] = f
     s.replay = Compose(REPLAY, [CAPTURE_COMPOSE], capture_envs[REPLAY], env)
     s.live = Compose(LIVE, [CAPTURE_COMPOSE], capture_envs[LIVE], env)
     k3_env = tmp / "k3.env"  # its own external ports: it runs next to the central stack
-    k3_env.write_text(central_env.read_text().replace(f"KAFKA_EXTERNAL_PORT={p['kafka']}", "")
-                      + "".join(f"KAFKA_EXTERNAL_PORT{sfx}={free_port()}\n" for sfx in ("", "_2", "_3")))
+    k3_env.write_text(
+        central_env.read_text().replace(f"KAFKA_EXTERNAL_PORT={p['kafka']}", "")
+        + "".join(f"KAFKA_EXTERNAL_PORT{sfx}={free_port()}\n" for sfx in ("", "_2", "_3"))
+    )
     s.k3 = Compose(K3, [REPO / "docker-compose.yml", K3_OVERRIDE], k3_env, env)
     projects = (s.live, s.replay, s.k3, s.central)
     for c in projects:  # leftovers of a run that was killed
@@ -305,7 +331,13 @@ CAPTURE_ENV_FILE={f}
         cleanup_host()
         shutil.rmtree(tmp, ignore_errors=True)
         TIMINGS["images"] = {
-            tag: round(int(run(["docker", "image", "inspect", "-f", "{{.Size}}", tag], check=False).stdout.strip() or 0) / 1e6)
+            tag: round(
+                int(
+                    run(["docker", "image", "inspect", "-f", "{{.Size}}", tag], check=False).stdout.strip()
+                    or 0
+                )
+                / 1e6
+            )
             for tag in ("lowwater-central:0.1.0", "lowwater-agent:0.1.0", *images.values())
         }
         (state_dir() / "compose-test.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
@@ -331,18 +363,32 @@ def up(site: Site) -> Site:
     s.replay("up", "-d")
     s.live("up", "-d")
     # Prometheus reaches the capture hosts (host network) at the central network's gateway
-    gw = json.loads(run(["docker", "network", "inspect", f"{CENTRAL}_default"]).stdout)[0]["IPAM"]["Config"][0]["Gateway"]
-    (s.tmp / "file_sd" / "capture-hosts.yml").write_text(json.dumps([
-        {"targets": [f"{gw}:{s.ports['replay_metrics']}"], "labels": {"component": "agent", "capture_host": "replay-01"}},
-        {"targets": [f"{gw}:{s.ports['live_metrics']}"], "labels": {"component": "agent", "capture_host": "live-01"}},
-    ]))
+    gw = json.loads(run(["docker", "network", "inspect", f"{CENTRAL}_default"]).stdout)[0]["IPAM"]["Config"][
+        0
+    ]["Gateway"]
+    (s.tmp / "file_sd" / "capture-hosts.yml").write_text(
+        json.dumps(
+            [
+                {
+                    "targets": [f"{gw}:{s.ports['replay_metrics']}"],
+                    "labels": {"component": "agent", "capture_host": "replay-01"},
+                },
+                {
+                    "targets": [f"{gw}:{s.ports['live_metrics']}"],
+                    "labels": {"component": "agent", "capture_host": "live-01"},
+                },
+            ]
+        )
+    )
     return s
 
 
 def healthy(c: Compose, services: set[str]) -> bool | str:
     cs = c.containers()
-    states = {n: cs[n]["State"].get("Health", {}).get("Status", cs[n]["State"]["Status"]) if n in cs else "absent"
-              for n in services}
+    states = {
+        n: cs[n]["State"].get("Health", {}).get("Status", cs[n]["State"]["Status"]) if n in cs else "absent"
+        for n in services
+    }
     return all(v == "healthy" for v in states.values()) or str(states)
 
 
@@ -350,14 +396,20 @@ def test_central_stack_comes_up_healthy_on_loopback_only(up: Site) -> None:
     s = up
     services = {"kafka", "spark-master", "spark-worker", "job", "api", "prometheus", "alertmanager"}
     t0 = time.monotonic()
-    wait("central stack healthy", lambda: healthy(s.central, services) is True, 420,
-         lambda: f"{healthy(s.central, services)}\n{s.central.logs('job', 'kafka', 'kafka-init', tail=40)}")
+    wait(
+        "central stack healthy",
+        lambda: healthy(s.central, services) is True,
+        420,
+        lambda: f"{healthy(s.central, services)}\n{s.central.logs('job', 'kafka', 'kafka-init', tail=40)}",
+    )
     TIMINGS["healthy_s"] = round(time.monotonic() - t0, 1)
     cs = s.central.containers()
     assert cs["kafka-init"]["State"]["ExitCode"] == 0
     for name, c in cs.items():
         for port, binds in (c["HostConfig"].get("PortBindings") or {}).items():
-            assert all(b["HostIp"] == "127.0.0.1" for b in binds), f"{name} publishes {port} beyond loopback: {binds}"
+            assert all(b["HostIp"] == "127.0.0.1" for b in binds), (
+                f"{name} publishes {port} beyond loopback: {binds}"
+            )
         nets = c["NetworkSettings"]["Networks"]
         assert list(nets) == [f"{CENTRAL}_default"], f"{name} is on {list(nets)}"
     net = json.loads(run(["docker", "network", "inspect", f"{CENTRAL}_default"]).stdout)[0]
@@ -375,17 +427,29 @@ def test_central_stack_comes_up_healthy_on_loopback_only(up: Site) -> None:
 def test_api_serves_the_oracle_of_the_replayed_pcap_and_the_live_capture(up: Site) -> None:
     s = up
     t0 = time.monotonic()
-    wait("replayed pcap's windows served", lambda: s.replay_results() == s.want, 420,
-         lambda: s.central.logs("job", tail=40) + s.replay.logs(tail=30))
+    wait(
+        "replayed pcap's windows served",
+        lambda: s.replay_results() == s.want,
+        420,
+        lambda: s.central.logs("job", tail=40) + s.replay.logs(tail=30),
+    )
     TIMINGS["replay_results_s"] = round(time.monotonic() - t0, 1)
     assert s.replay_results() == s.want  # equal to dpkt's aggregate of the file: nothing lost or doubled
     # the live host: wait until its agent captures (kernel compiled), then send and read back exactly
-    wait("live agent metrics", lambda: "lowwater_agent" in http(f"http://127.0.0.1:{s.ports['live_metrics']}/metrics"),
-         300, lambda: s.live.logs(tail=40))
+    wait(
+        "live agent metrics",
+        lambda: "lowwater_agent" in http(f"http://127.0.0.1:{s.ports['live_metrics']}/metrics"),
+        300,
+        lambda: s.live.logs(tail=40),
+    )
     s.live_since = time.time()
     send_live(40)
-    wait("live packets served", lambda: s.live_packets(s.live_since) == 40, 180,
-         lambda: f"{s.live_packets(s.live_since)}\n{s.live.logs(tail=30)}{s.central.logs('job', tail=30)}")
+    wait(
+        "live packets served",
+        lambda: s.live_packets(s.live_since) == 40,
+        180,
+        lambda: f"{s.live_packets(s.live_since)}\n{s.live.logs(tail=30)}{s.central.logs('job', tail=30)}",
+    )
     status = s.api("/status")
     hosts = {h["host"] for h in status["hosts"]}
     assert {"replay-01", "live-01"} <= hosts, status["hosts"]
@@ -436,10 +500,12 @@ def test_prometheus_targets_up_no_component_down_and_grafana_panels_have_series(
         down = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in act if t["health"] != "up"]
         want = {"lowwater-job", "lowwater-api", "lowwater-agent", "prometheus"}
         n_agents = sum(t["labels"]["job"] == "lowwater-agent" for t in act)
-        return (not down and want <= jobs and n_agents == 2) or f"jobs {jobs}, agents {n_agents}, not up {down}"
+        return (
+            not down and want <= jobs and n_agents == 2
+        ) or f"jobs {jobs}, agents {n_agents}, not up {down}"
 
     wait("every Prometheus target up", lambda: targets() is True, 180, targets)
-    alerts = s.prom('/api/v1/query?query=' + urllib.parse.quote('ALERTS{alertname="LowwaterComponentDown"}'))
+    alerts = s.prom("/api/v1/query?query=" + urllib.parse.quote('ALERTS{alertname="LowwaterComponentDown"}'))
     assert alerts["data"]["result"] == [], alerts
     am = s.prom("/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
     assert am and "alertmanager:9093" in am[0]["url"], am
@@ -458,7 +524,13 @@ def test_prometheus_targets_up_no_component_down_and_grafana_panels_have_series(
         # late partials exists only once there was one: its panel also plots the agents' late packets)
         return [title for title, exprs in panels.items() if not any(series(e) for e in exprs)]
 
-    wait("every dashboard panel's PromQL returns series", lambda: not empty_panels(), 240, empty_panels, every=10)
+    wait(
+        "every dashboard panel's PromQL returns series",
+        lambda: not empty_panels(),
+        240,
+        empty_panels,
+        every=10,
+    )
     TIMINGS["panel_queries_without_series"] = [e for exprs in panels.values() for e in exprs if not series(e)]
     ds = (REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
     assert "http://prometheus:9090" in ds
@@ -471,8 +543,13 @@ def test_having_alert_reaches_alertmanager(up: Site) -> None:
     def fired() -> list[dict]:
         return [a for a in http(url) if a["labels"].get("alertname") == "busy_pair"]
 
-    got = wait("busy_pair in Alertmanager", fired, 120, lambda: s.central.logs("job", "alertmanager", tail=30))
-    want = {(socket.inet_ntoa(src.to_bytes(4, "big")), socket.inet_ntoa(dst.to_bytes(4, "big"))) for _, src, dst in s.alerting}
+    got = wait(
+        "busy_pair in Alertmanager", fired, 120, lambda: s.central.logs("job", "alertmanager", tail=30)
+    )
+    want = {
+        (socket.inet_ntoa(src.to_bytes(4, "big")), socket.inet_ntoa(dst.to_bytes(4, "big")))
+        for _, src, dst in s.alerting
+    }
     seen = {(a["labels"].get("src_ip"), a["labels"].get("dst_ip")) for a in got}
     assert want <= seen, (want, got[:3])
 
@@ -495,12 +572,18 @@ def _windows_closed(s: Site) -> int:
 
 def _still_exact_and_closing(s: Site, what: str, sent: int) -> None:
     """After a restart: the replay's rows unchanged (no duplicate), new live packets served, windows closing."""
-    wait(f"API back after {what}", lambda: s.api("/status"), 240, lambda: s.central.logs("api", "job", tail=30))
+    wait(
+        f"API back after {what}", lambda: s.api("/status"), 240, lambda: s.central.logs("api", "job", tail=30)
+    )
     before = _windows_closed(s)
     send_live(sent)
     want = s.live_total + sent
-    wait(f"live packets served after {what}", lambda: s.live_packets(s.live_since) == want, 300,
-         lambda: f"{s.live_packets(s.live_since)} != {want}\n{s.central.logs('job', tail=40)}")
+    wait(
+        f"live packets served after {what}",
+        lambda: s.live_packets(s.live_since) == want,
+        300,
+        lambda: f"{s.live_packets(s.live_since)} != {want}\n{s.central.logs('job', tail=40)}",
+    )
     s.live_total = want
     assert s.replay_results() == s.want, f"{what}: the replay's results changed"
     wait(f"windows keep closing after {what}", lambda: _windows_closed(s) > before, 120)
@@ -556,5 +639,7 @@ def test_down_v_leaves_nothing_behind(up: Site) -> None:
         c("down", "-v", "-t", "30", timeout=300)
     for kind in ("ps -a", "volume ls", "network ls"):
         for c in (s.central, s.replay, s.live, s.k3):
-            left = run(["docker", *kind.split(), "-q", "--filter", f"label=com.docker.compose.project={c.project}"]).stdout
+            left = run(
+                ["docker", *kind.split(), "-q", "--filter", f"label=com.docker.compose.project={c.project}"]
+            ).stdout
             assert not left.strip(), f"{kind} after down -v of {c.project}: {left}"
