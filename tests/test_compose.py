@@ -547,7 +547,10 @@ def test_having_alert_reaches_alertmanager(up: Site) -> None:
         "busy_pair in Alertmanager", fired, 120, lambda: s.central.logs("job", "alertmanager", tail=30)
     )
     want = {
-        (socket.inet_ntoa(src.to_bytes(4, "big")), socket.inet_ntoa(dst.to_bytes(4, "big")))
+        (
+            socket.inet_ntoa((src & 0xFFFFFFFF).to_bytes(4, "big")),
+            socket.inet_ntoa((dst & 0xFFFFFFFF).to_bytes(4, "big")),
+        )
         for _, src, dst in s.alerting
     }
     seen = {(a["labels"].get("src_ip"), a["labels"].get("dst_ip")) for a in got}
