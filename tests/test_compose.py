@@ -44,7 +44,8 @@ import pytest
 from contract import fields as F
 from local_stack import docker_engine
 from local_stack.jars import state_dir
-from tests.test_agent_kafka import NS, T0, dpkt_oracle, write_pcap
+from lowwater_testing.agent import dpkt_oracle, write_pcap
+from lowwater_testing.traffic import NS, T0
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURE_COMPOSE = REPO / "deploy" / "capture-host" / "docker-compose.yml"
