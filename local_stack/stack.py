@@ -24,7 +24,7 @@ from contract import status as S
 from contract.control import CONTROL_TOPIC
 from contract.results import STATUS_FILE
 from contract.topics import wanted_topics
-from local_stack.jars import spark_kafka_jars, state_dir
+from local_stack.jars import state_dir
 from local_stack.kafka_broker import KafkaBroker, KafkaBrokerError, TopicMismatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,10 +186,12 @@ def main(argv: list[str] | None = None) -> None:
             return p
 
         print("[stack] starting the high-level Spark job (local mode) ...", flush=True)
-        spawn("job", [_bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
+        # the job gets the connector jars ./lw setup fetched (the product never looks for them itself);
+        # resolved in the job's own process, so a first fetch overlaps the API's and the agent's start
+        jars = 'jars="$("$0" -m local_stack.jars --spark-list)" || exit 1; exec "$@" --spark-jars "$jars"'
+        spawn("job", ["sh", "-c", jars, sys.executable, _bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
                       "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
                       "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC, "--live",
-                      "--spark-jars", ",".join(spark_kafka_jars()),
                       *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else [])])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
                             "--port", str(args.api_port), "--live-bootstrap", bootstrap])
