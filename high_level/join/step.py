@@ -5,7 +5,7 @@ server port): one group's window gets rows from every partition. So one state gr
 join's partitions (:class:`high_level.join.band.BandJoin` each, the pairs and unmatched rows found there)
 and one roll-up (:class:`high_level.aggregate.rollup.QueryRollup`) over their output; a window closes when the
 output mark of *every* partition has passed its end. The output is the packed form of the aggregate
-queries' step (:func:`high_level.aggregate.processor.pack_parts`), so the sink, store, API and page take join
+queries' step (:func:`high_level.aggregate.packed.pack_parts`), so the sink, store, API and page take join
 windows as they take any query's: 'final' rows with the completeness columns, and one 'status' row
 per partition with the join's state (rows and bytes of stored input rows).
 
@@ -28,7 +28,8 @@ from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.processor import Settings, _Part, pack_parts
+from high_level.aggregate.packed import Part, pack_parts
+from high_level.aggregate.processor import Settings
 from high_level.aggregate.rollup import QueryRollup
 from high_level.join.band import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
 from high_level.join.feed import FeedDedup
@@ -162,10 +163,10 @@ class JoinProcessor:
             for mark in hosts.values():
                 in_mark += (mark >= end) if mark is not None else 0
             comp = np.column_stack([in_mark, np.zeros((len(closed), 2), I64)])
-            parts.append(_Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+            parts.append(Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
         for p, j in self.joins.items():
             st = self.status(p, j, now_ms, errors.get(p, ""))
-            parts.append(_Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
+            parts.append(Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
         return pack_parts(parts)
 
     def _host_marks(self) -> dict[str, int | None]:

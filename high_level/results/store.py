@@ -28,13 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contract import aggregates as A
 from contract import condlang
 from contract import fields as F
 from contract import query as Q
 from contract import results as R
 from contract import status as S
 from high_level.aggregate import holistic
-from high_level.aggregate.processor import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
+from high_level.aggregate.packed import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
 
 TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -143,17 +144,9 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
         else:
             cols[name] = pa.array(key[:, i], pa.int64())
             i += 1
-    j = 0
-    for a in q.aggregates if values is None else ():
-        if a.fn == "avg":
-            s, c = state[:, j].astype(np.float64), state[:, j + 1]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                cols[a.name] = pa.array(np.where(c != 0, s / np.where(c != 0, c, 1), np.nan), pa.float64())
-            j += 2
-        else:
-            cols[a.name] = pa.array(state[:, j], pa.int64())
-            j += 1
-    for name, fn in R.aggregate_columns(q) if values is not None else ():
+    if values is None:  # bounded aggregates: their merged state finalized (contract.aggregates)
+        values = A.finalize([(a.fn, a.name) for a in q.aggregates], state)
+    for name, fn in R.aggregate_columns(q):
         cols[name] = pa.array(values[name], pa.float64() if fn in R.FLOAT_FNS else pa.int64())
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())
@@ -397,7 +390,7 @@ class ResultStore:
     def write_incomplete(self, batch_id: int, flagged: dict[str, list[tuple[int, list]]]) -> int:
         """Write the batch's flagged windows (:data:`contract.results.INCOMPLETE_SCHEMA`), a file per query
         and day of window_start, replaced on replay; returns the rows written. ``flagged``: per query,
-        (partition, window) as :func:`high_level.aggregate.processor.unpack_incomplete` gives them."""
+        (partition, window) as :func:`high_level.aggregate.packed.unpack_incomplete` gives them."""
         total = 0
         for name in sorted(flagged):
             if name not in self.queries or not flagged[name]:

@@ -55,6 +55,7 @@ def shape_of(tables: Tables) -> list[dict]:
             "probes": int(qp[QP_PROBES]), "policy": int(qp[QP_POLICY]),
             "key": query_key_program(q).tolist(),
             "state": [[c.source, c.merge] for c in state_columns(q)],
+            "square": [i for i, c in enumerate(state_columns(q)) if c.square],
             "filter": compile_filter(q.filter).tolist(),
             "iface": int(qp[QP_IFMASK]) != -1,
         })
@@ -164,6 +165,8 @@ def _fold_lines(shape: dict, ind: str) -> list[str]:
         else:
             v = f"rows[ro + {src}]"
         out.append(f"{ind}v = {v}")
+        if c in shape.get("square", ()):  # the square of the value (contract.aggregates.LIFT_SQUARE)
+            out.append(f"{ind}v = v * v")
         out.append(f"{ind}if fresh:")
         out.append(f"{ind}    tab[spos + {c}] = v")
         if merge == MERGE_SUM:

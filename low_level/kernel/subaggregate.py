@@ -101,6 +101,8 @@ def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, r
     """Merge the packet at row[roff:] into the state words at tab[spos:spos+na] (fresh = first packet)."""
     for c in range(na):
         v = packet_value_at(row, roff, scols[soff + c, 0])
+        if scols[soff + c, 2]:  # the square of the value (contract.aggregates.LIFT_SQUARE)
+            v = v * v
         merge = scols[soff + c, 1]
         if fresh:
             tab[spos + c] = v
