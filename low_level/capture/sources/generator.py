@@ -43,118 +43,16 @@ from low_level.capture.sources.base import ST_READ, Backoff, Source
 from low_level.capture.sources.synth.model import (
     CHUNK,
     CLOCK_GIVEN,
-    CLOCK_SYNTHETIC,
+    DEFAULT_MIX,
     DEFAULT_START_NS,
-    G_ANSWER,
     G_CLOCK,
-    G_DUP,
-    G_GROUPS,
     G_IFIDX,
-    G_LAT_MED,
-    G_LAT_SIG,
-    G_PPS,
     G_REPLIES,
-    G_RETX,
-    G_SEED,
-    G_SIZE_HI,
-    G_SIZE_LO,
-    G_SKEW,
-    G_SNAP,
     G_START,
-    G_SYN,
-    G_TCP,
-    G_UDP,
-    G_V6,
     G_WAIT,
-    G_ZIPF,
-    MAX_GROUPS,
-    NG,
+    params,
 )
 from low_level.capture.sources.synth.schedule import gen_array_kernel, gen_push_kernel
-
-
-def _params(
-    groups: int,
-    seed: int,
-    snaplen: int,
-    zipf: float,
-    sizes: tuple[int, int],
-    proto_mix: Mapping[str, float],
-    syn_fraction: float,
-    ipv6_fraction: float,
-    start_ns: int,
-    synthetic_pps: int,
-    skew_ns: int,
-    answers: Mapping[str, float] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    if not 1 <= int(groups) <= MAX_GROUPS:
-        raise ValueError(f"groups must be in [1, {MAX_GROUPS}], not {groups!r}")
-    lo, hi = (int(v) for v in sizes)
-    if not 14 <= lo <= hi <= 65535:
-        raise ValueError(f"sizes must be (lo, hi) with 14 <= lo <= hi <= 65535, not {sizes!r}")
-    unknown = set(proto_mix) - {"tcp", "udp", "icmp"}
-    if unknown:
-        raise ValueError(f"proto_mix: unknown protocols {sorted(unknown)} (use tcp, udp, icmp)")
-    weights = [float(proto_mix.get(k, 0.0)) for k in ("tcp", "udp", "icmp")]
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"proto_mix weights must be >= 0 with a positive sum, not {dict(proto_mix)!r}")
-    for name, frac in (("syn_fraction", syn_fraction), ("ipv6_fraction", ipv6_fraction)):
-        if not 0.0 <= float(frac) <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], not {frac!r}")
-    if not zipf >= 0:
-        raise ValueError(f"zipf must be >= 0, not {zipf!r}")
-    if int(synthetic_pps) <= 0:
-        raise ValueError(f"synthetic_pps must be > 0, not {synthetic_pps!r}")
-    total = sum(weights)
-    p = np.zeros(NG, dtype=np.int64)
-    p[G_SEED] = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
-    p[G_GROUPS] = int(groups)
-    p[G_ZIPF] = zipf > 0
-    p[G_SIZE_LO], p[G_SIZE_HI] = lo, hi
-    p[G_TCP] = round(65536 * weights[0] / total)
-    p[G_UDP] = round(65536 * (weights[0] + weights[1]) / total)
-    p[G_SYN] = round(65536 * float(syn_fraction))
-    p[G_V6] = round(65536 * float(ipv6_fraction))
-    p[G_SNAP] = int(snaplen)
-    p[G_CLOCK] = CLOCK_SYNTHETIC
-    p[G_START] = int(start_ns)
-    p[G_PPS] = int(synthetic_pps)
-    p[G_SKEW] = int(skew_ns)
-    _answer_params(p, dict(answers or {}))
-    if zipf > 0:
-        w = 1.0 / np.arange(1, int(groups) + 1, dtype=np.float64) ** float(zipf)
-        cdf = np.cumsum(w)
-        cdf /= cdf[-1]
-    else:
-        cdf = np.zeros(1, dtype=np.float64)
-    return p, cdf
-
-
-_DEFAULT_MIX = {"tcp": 0.8, "udp": 0.15, "icmp": 0.05}
-ANSWER_DEFAULTS = {"synack_fraction": 0.0, "synack_latency_ms": 20.0, "synack_latency_sigma": 0.8,
-                   "syn_retransmit_fraction": 0.0, "synack_duplicate_fraction": 0.0}
-
-
-def _answer_params(p: np.ndarray, answers: dict[str, float]) -> None:
-    """The server side of the SYNs (:data:`ANSWER_DEFAULTS`): off unless a fraction is > 0, so the
-    packets of a run without them are exactly those of earlier versions."""
-    unknown = set(answers) - set(ANSWER_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown answer option(s) {sorted(unknown)}; known: {sorted(ANSWER_DEFAULTS)}")
-    a = {**ANSWER_DEFAULTS, **answers}
-    for name in ("synack_fraction", "syn_retransmit_fraction", "synack_duplicate_fraction"):
-        if not 0.0 <= float(a[name]) <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], not {a[name]!r}")
-    if not 0.0 < float(a["synack_latency_ms"]) <= 10_000.0:
-        raise ValueError(f"synack_latency_ms (the median latency) must be in (0, 10000], not {a['synack_latency_ms']!r}")
-    if not 0.0 <= float(a["synack_latency_sigma"]) <= 5.0:
-        raise ValueError(f"synack_latency_sigma must be in [0, 5], not {a['synack_latency_sigma']!r}")
-    p[G_ANSWER] = round(65536 * float(a["synack_fraction"]))
-    p[G_RETX] = round(65536 * float(a["syn_retransmit_fraction"]))
-    p[G_DUP] = round(65536 * float(a["synack_duplicate_fraction"]))
-    p[G_LAT_MED] = round(float(a["synack_latency_ms"]) * 1e6)
-    p[G_LAT_SIG] = round(float(a["synack_latency_sigma"]) * 1e6)
-    p[G_REPLIES] = p[G_ANSWER] > 0 or p[G_RETX] > 0
 
 
 def generate_frames(
@@ -181,7 +79,7 @@ def generate_frames(
     ``answers`` (:data:`ANSWER_DEFAULTS`, off by default): the SYN-ACKs, retransmitted SYNs and duplicate
     SYN-ACKs are extra rows, in timestamp order among the n packets, all of them (rows >= n).
     """
-    p, cdf = _params(groups, seed, snaplen, zipf, sizes, proto_mix or _DEFAULT_MIX, syn_fraction,
+    p, cdf = params(groups, seed, snaplen, zipf, sizes, proto_mix or DEFAULT_MIX, syn_fraction,
                      ipv6_fraction, start_ns, synthetic_pps, skew_ns, answers)
     scratch = np.zeros(max(snaplen, 128), dtype=np.uint8)
     heap = np.zeros((n + 1, 3), dtype=np.int64)  # each ordinary packet schedules at most one answer
@@ -249,7 +147,7 @@ class GeneratorSource(Source):
         self.clock = clock
         self.live_clock = clock == "wall"
         self.seed = int(seed)
-        self._p, self._cdf = _params(groups, seed, ring.snaplen, zipf, sizes, proto_mix or _DEFAULT_MIX,
+        self._p, self._cdf = params(groups, seed, ring.snaplen, zipf, sizes, proto_mix or DEFAULT_MIX,
                                      syn_fraction, ipv6_fraction,
                                      DEFAULT_START_NS if start_ns is None else start_ns, synthetic_pps, skew_ns,
                                      {"synack_fraction": synack_fraction, "synack_latency_ms": synack_latency_ms,

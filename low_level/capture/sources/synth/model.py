@@ -1,4 +1,5 @@
-"""The generator's traffic model: group tuples, the kernels' parameter vector, protocol and answer kinds.
+"""The generator's traffic model: group tuples, protocol and answer kinds, and the kernels' parameter vector
+with the checks that fill it from the options (``params``, ``answer_params``).
 
 See ``low_level.capture.sources.generator`` for what the parameters mean.
 """
@@ -6,6 +7,7 @@ See ``low_level.capture.sources.generator`` for what the parameters mean.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 import numpy as np
 from numba import njit
@@ -61,3 +63,87 @@ def group_tuple(g: int, ipv6: bool = False) -> tuple[str, str, int]:
         return str(s6), str(d6), int(port)
     return str(ipaddress.IPv4Address(int(src))), str(ipaddress.IPv4Address(int(dst))), int(port)
 
+
+def params(
+    groups: int,
+    seed: int,
+    snaplen: int,
+    zipf: float,
+    sizes: tuple[int, int],
+    proto_mix: Mapping[str, float],
+    syn_fraction: float,
+    ipv6_fraction: float,
+    start_ns: int,
+    synthetic_pps: int,
+    skew_ns: int,
+    answers: Mapping[str, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' parameter vector and group CDF (empty unless Zipf) for these options, checked."""
+    if not 1 <= int(groups) <= MAX_GROUPS:
+        raise ValueError(f"groups must be in [1, {MAX_GROUPS}], not {groups!r}")
+    lo, hi = (int(v) for v in sizes)
+    if not 14 <= lo <= hi <= 65535:
+        raise ValueError(f"sizes must be (lo, hi) with 14 <= lo <= hi <= 65535, not {sizes!r}")
+    unknown = set(proto_mix) - {"tcp", "udp", "icmp"}
+    if unknown:
+        raise ValueError(f"proto_mix: unknown protocols {sorted(unknown)} (use tcp, udp, icmp)")
+    weights = [float(proto_mix.get(k, 0.0)) for k in ("tcp", "udp", "icmp")]
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"proto_mix weights must be >= 0 with a positive sum, not {dict(proto_mix)!r}")
+    for name, frac in (("syn_fraction", syn_fraction), ("ipv6_fraction", ipv6_fraction)):
+        if not 0.0 <= float(frac) <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], not {frac!r}")
+    if not zipf >= 0:
+        raise ValueError(f"zipf must be >= 0, not {zipf!r}")
+    if int(synthetic_pps) <= 0:
+        raise ValueError(f"synthetic_pps must be > 0, not {synthetic_pps!r}")
+    total = sum(weights)
+    p = np.zeros(NG, dtype=np.int64)
+    p[G_SEED] = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+    p[G_GROUPS] = int(groups)
+    p[G_ZIPF] = zipf > 0
+    p[G_SIZE_LO], p[G_SIZE_HI] = lo, hi
+    p[G_TCP] = round(65536 * weights[0] / total)
+    p[G_UDP] = round(65536 * (weights[0] + weights[1]) / total)
+    p[G_SYN] = round(65536 * float(syn_fraction))
+    p[G_V6] = round(65536 * float(ipv6_fraction))
+    p[G_SNAP] = int(snaplen)
+    p[G_CLOCK] = CLOCK_SYNTHETIC
+    p[G_START] = int(start_ns)
+    p[G_PPS] = int(synthetic_pps)
+    p[G_SKEW] = int(skew_ns)
+    answer_params(p, dict(answers or {}))
+    if zipf > 0:
+        w = 1.0 / np.arange(1, int(groups) + 1, dtype=np.float64) ** float(zipf)
+        cdf = np.cumsum(w)
+        cdf /= cdf[-1]
+    else:
+        cdf = np.zeros(1, dtype=np.float64)
+    return p, cdf
+
+
+DEFAULT_MIX = {"tcp": 0.8, "udp": 0.15, "icmp": 0.05}
+ANSWER_DEFAULTS = {"synack_fraction": 0.0, "synack_latency_ms": 20.0, "synack_latency_sigma": 0.8,
+                   "syn_retransmit_fraction": 0.0, "synack_duplicate_fraction": 0.0}
+
+
+def answer_params(p: np.ndarray, answers: dict[str, float]) -> None:
+    """The server side of the SYNs (:data:`ANSWER_DEFAULTS`): off unless a fraction is > 0, so the
+    packets of a run without them are exactly those of earlier versions."""
+    unknown = set(answers) - set(ANSWER_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown answer option(s) {sorted(unknown)}; known: {sorted(ANSWER_DEFAULTS)}")
+    a = {**ANSWER_DEFAULTS, **answers}
+    for name in ("synack_fraction", "syn_retransmit_fraction", "synack_duplicate_fraction"):
+        if not 0.0 <= float(a[name]) <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], not {a[name]!r}")
+    if not 0.0 < float(a["synack_latency_ms"]) <= 10_000.0:
+        raise ValueError(f"synack_latency_ms (the median latency) must be in (0, 10000], not {a['synack_latency_ms']!r}")
+    if not 0.0 <= float(a["synack_latency_sigma"]) <= 5.0:
+        raise ValueError(f"synack_latency_sigma must be in [0, 5], not {a['synack_latency_sigma']!r}")
+    p[G_ANSWER] = round(65536 * float(a["synack_fraction"]))
+    p[G_RETX] = round(65536 * float(a["syn_retransmit_fraction"]))
+    p[G_DUP] = round(65536 * float(a["synack_duplicate_fraction"]))
+    p[G_LAT_MED] = round(float(a["synack_latency_ms"]) * 1e6)
+    p[G_LAT_SIG] = round(float(a["synack_latency_sigma"]) * 1e6)
+    p[G_REPLIES] = p[G_ANSWER] > 0 or p[G_RETX] > 0
