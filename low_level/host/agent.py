@@ -21,9 +21,19 @@ from contract import query as Q
 from contract import wire
 from low_level.capture.ring import Ring
 from low_level.host.emit import Emitter
+from low_level.host.losses import LossLedger
 from low_level.host.punctuate import advance
 from low_level.kernel.fused import Kernel
-from low_level.kernel.tables import QS_EVICT, QS_LATE, QS_MATCHED, Tables
+from low_level.kernel.tables import (
+    LATE_NONE,
+    QS_EVICT,
+    QS_LATE,
+    QS_LATE_MIN,
+    QS_MATCHED,
+    QS_MAXTS,
+    QS_STARTED,
+    Tables,
+)
 
 log = logging.getLogger("lowwater.agent")
 
@@ -128,6 +138,42 @@ class Agent:
         self.last_on_demand = [0.0] * nq
         self.stopping = False
         self.finished = False
+        self.workers = 0  # worker processes of this capture host (set for a worker H/wI; 0: not one)
+        self.ledgers = [LossLedger() for _ in queries]  # losses charged to panes, per query
+        self.select_ledgers = [LossLedger() for _ in self.selects]
+        # the time span of the frames the ring dropped, not yet charged by each query / select
+        self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
+
+    def drop_counters(self) -> dict[str, int]:
+        """The host's cumulative counters of frames lost before any query saw them (low_level.host.losses)."""
+        tail = self.source.stats().get("malformed_tail") if self.source is not None else None
+        return {"socket": self.source_stat("kernel_drops"), "ring": int(self.ring.drops),
+                "malformed": int(self.kernel.err_counts[1:].sum()) + int(bool(tail))}  # a truncated capture's tail
+
+    def drop_span(self, j: int) -> tuple[int, int] | None:
+        """The ns span of the ring's dropped frames not yet charged by query j (selects after queries)."""
+        got = self.ring.take_drop_span()
+        if got is not None:
+            self.drop_spans = [got if s is None else (min(s[0], got[0]), max(s[1], got[1])) for s in self.drop_spans]
+        span, self.drop_spans[j] = self.drop_spans[j], None
+        return span
+
+    def _losses(self, i: int, mark_pane: int, end_of_stream: bool) -> tuple[tuple[int, int, str, int], ...]:
+        """Query i's losses since its previous punctuation, charged to panes (taken: counted once)."""
+        t = self.kernel.t
+        w = self.queries[i].window
+        clock = [int(t.qs[i, QS_MAXTS])] if t.qs[i, QS_STARTED] else []
+        if self.live_clock:
+            clock.append(time.time_ns())
+        clock_pane = (max(clock) - w.origin_ns) // w.pane_ns if clock else None
+        late_min = int(t.qs[i, QS_LATE_MIN])
+        t.qs[i, QS_LATE_MIN] = LATE_NONE
+        if end_of_stream:  # the interval ends at the data, not at the end-of-stream mark
+            mark_pane = clock_pane if clock_pane is not None else (self.ledgers[i].since or 0)
+        span = self.drop_span(i)
+        pspan = None if span is None else ((span[0] - w.origin_ns) // w.pane_ns, (span[1] - w.origin_ns) // w.pane_ns)
+        return self.ledgers[i].charge(self.drop_counters(), int(t.qs[i, QS_LATE]),
+                                      None if late_min == LATE_NONE else late_min, mark_pane, clock_pane, pspan)
 
     def _networks_table(self) -> np.ndarray:
         """The lookup table of the networks file (raises ConfigError with file and line for a bad line)."""
@@ -201,17 +247,26 @@ class Agent:
         mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream)
         if mark is None or (not timer and mark == prev):
             return
-        from low_level.kernel.selection import SS_LATE, SS_MATCHED
+        from low_level.kernel.selection import SS_LATE, SS_LATE_MIN, SS_MATCHED, SS_MAXTS
 
         stats = {"packets": int(self.kernel.hc[0]), "matched": int(b.sst[k, SS_MATCHED]),
                  "late": int(b.sst[k, SS_LATE]), "ring_drops": int(self.ring.drops),
                  "backlog_lost": int(self.emitter.outbox.lost),
-                 "parse_errors": int(self.kernel.err_counts[1:].sum())}
-        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats)
+                 "parse_errors": int(self.kernel.err_counts[1:].sum()), "workers": self.workers}
+        late_min = int(b.sst[k, SS_LATE_MIN])
+        b.sst[k, SS_LATE_MIN] = np.iinfo(np.int64).max
+        clock = max(int(b.sst[k, SS_MAXTS]), time.time_ns() if self.live_clock else np.iinfo(np.int64).min)
+        clock = None if clock == np.iinfo(np.int64).min else clock
+        at = (clock if clock is not None else mark) if end_of_stream else mark
+        losses = self.select_ledgers[k].charge(self.drop_counters(), int(b.sst[k, SS_LATE]),
+                                               None if late_min == np.iinfo(np.int64).max else late_min, at, clock,
+                                               self.drop_span(len(self.queries) + k))  # fmt: skip
+        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats, losses)
 
     def punctuate(self, i: int, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
         q = self.queries[i]
-        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream)
+        hold = -(-q.heartbeat.max_disorder_ns // q.window.pane_ns)  # panes the mark waits for disorder
+        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream, hold_panes=hold)
         if m is not None and m.flushed:
             self.heartbeat_flushed[i] += m.flushed
         self.drain()  # what the mark covers goes first
@@ -225,8 +280,9 @@ class Agent:
         stats = {"packets": int(self.kernel.hc[0]), "matched": int(t.qs[i, QS_MATCHED]),
                  "late": int(t.qs[i, QS_LATE]), "evictions": int(t.qs[i, QS_EVICT]),
                  "ring_drops": int(self.ring.drops), "backlog_lost": int(self.emitter.backlog.lost),
-                 "parse_errors": int(self.kernel.err_counts[1:].sum())}
-        self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats)
+                 "parse_errors": int(self.kernel.err_counts[1:].sum()), "workers": self.workers}
+        losses = self._losses(i, int(self.last_mark_pane[i]), end_of_stream)
+        self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats, losses)
         self.heartbeats[i] += 1
         self.punctuated = True
 
@@ -441,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
                 from low_level.capture.fanout import worker_source
 
                 agent.source = worker_source(spec, agent.ring, *worker, fanout=s.fanout)
+                agent.workers = int(worker[1])  # the high level waits for every worker of an expected host
     except Q.ConfigError as exc:  # a bad networks file: file, line and reason
         raise SystemExit(f"lowwater-agent: {exc}") from None
     except (OSError, ValueError) as exc:  # a missing capture file, an unknown interface, a bad source spec
