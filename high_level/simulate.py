@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,24 +308,12 @@ class Verdict:
     causes: dict[str, int]
 
 
-def judge_windows(out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: dict[int, int]) -> list[Verdict]:
-    """Every window of a job's generic output rows (``high_level.aggregate.processor.OUTPUT_COLUMNS``,
-    incl. its flagged-window rows) judged against ``expected`` (``window, k0.., s0..``, as
-    :func:`window_oracle`): the completeness property is that no window is wrong and unflagged.
-
-    ``window_start_ns`` maps each window id the oracle or the output knows to its start; a flagged
-    window of the job that neither knows is not judged (nothing to be wrong about)."""
+def window_causes(out: pd.DataFrame, window_start_ns: dict[int, int]) -> dict[int, dict[str, int]]:
+    """Per window id: why the job's output (generic rows, incl. its flagged-window rows) says it is short,
+    as cause -> count: the flagged windows' causes (records; ``timeout`` counts 1 per host) and the rows'
+    own columns (``timeout``: hosts not in mark, ``job_late``: late partials, ``missing``: records)."""
     import json
 
-    fin = out[out["kind"] == "final"]
-    kcols = [c for c in expected.columns if c.startswith("k")]
-    scols = [c for c in expected.columns if c.startswith("s")]
-    got: dict[int, set[tuple[int, ...]]] = {}
-    for w, k, s in zip(fin["window"].tolist(), fin["key"].tolist(), fin["state"].tolist(), strict=True):
-        got.setdefault(int(w), set()).add((*map(int, k), *map(int, s)))
-    exp: dict[int, set[tuple[int, ...]]] = {}
-    for row in expected[["window", *kcols, *scols]].itertuples(index=False):
-        exp.setdefault(int(row[0]), set()).add(tuple(int(x) for x in row[1:]))
     rows = out[out["kind"].isin(["final", "late", "correction"])]
     short = rows[(rows["hosts_in_mark"] < rows["hosts_expected"]) | (rows["late_partials"] > 0)
                  | (rows["missing_records"] > 0)]  # fmt: skip
@@ -340,14 +329,32 @@ def judge_windows(out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: di
     for text in out[out["kind"] == "incomplete"]["status"].tolist():
         for f in json.loads(text)["windows"]:
             w = by_start.get(int(f[0]))
-            if w is None:
-                continue
-            c = causes.setdefault(w, {})
-            c[f[6]] = c.get(f[6], 0) + max(int(f[4]), 1 if f[6] == "timeout" else 0)
-    verdicts = []
-    for w in sorted(set(got) | set(exp) | set(causes)):
-        if w not in window_start_ns:
-            continue
-        c = {k: v for k, v in causes.get(w, {}).items() if v > 0}
-        verdicts.append(Verdict(w, got.get(w, set()) != exp.get(w, set()), bool(c), c))
-    return verdicts
+            if w is not None:
+                c = causes.setdefault(w, {})
+                c[f[6]] = c.get(f[6], 0) + max(int(f[4]), 1 if f[6] == "timeout" else 0)
+    return {w: {k: v for k, v in c.items() if v > 0} for w, c in causes.items()}
+
+
+def judge(got: dict[int, set], exp: dict[int, set], causes: dict[int, dict[str, int]],
+          windows: Iterable[int]) -> list[Verdict]:  # fmt: skip
+    """One verdict per window of ``windows``: wrong when its stored rows (``got``) differ from the oracle's
+    (``exp``), flagged when the job gave it any cause."""
+    return [Verdict(w, got.get(w, set()) != exp.get(w, set()), bool(causes.get(w)), dict(causes.get(w, {})))
+            for w in sorted(windows)]  # fmt: skip
+
+
+def judge_windows(out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: dict[int, int]) -> list[Verdict]:
+    """Every window of a job's generic output rows (``high_level.aggregate.processor.OUTPUT_COLUMNS``,
+    incl. its flagged-window rows) judged against ``expected`` (``window, k0.., s0..``, as
+    :func:`window_oracle`): the completeness property is that no window is wrong and unflagged.
+    ``window_start_ns`` maps each window id to judge to its start."""
+    fin = out[out["kind"] == "final"]
+    kcols = [c for c in expected.columns if c.startswith("k")]
+    scols = [c for c in expected.columns if c.startswith("s")]
+    got: dict[int, set[tuple[int, ...]]] = {}
+    for w, k, s in zip(fin["window"].tolist(), fin["key"].tolist(), fin["state"].tolist(), strict=True):
+        got.setdefault(int(w), set()).add((*map(int, k), *map(int, s)))
+    exp: dict[int, set[tuple[int, ...]]] = {}
+    for row in expected[["window", *kcols, *scols]].itertuples(index=False):
+        exp.setdefault(int(row[0]), set()).add(tuple(int(x) for x in row[1:]))
+    return judge(got, exp, window_causes(out, window_start_ns), window_start_ns)

@@ -414,8 +414,10 @@ class _QueryState:
         or an expected one never came), per such host, cause ``timeout``, records 0 (unknown): a
         window whose every record would have come from that host has no row to say so."""
         after, lay, meld = self.rollup.closed, self.layout, self.meld
-        if after is None or after >= wire.END_OF_STREAM - lay.k:
+        if after is None:
             return []
+        if after >= wire.END_OF_STREAM - lay.k:  # closed to the end of stream: up to the last window with rows
+            after = int(closed.window.max()) + 1 if len(closed) else (before if before is not None else 0)
         if before is not None:
             w = np.arange(max(before, after - 4096), after, dtype=I64)  # bounded: a long-dead host's backlog
         else:
