@@ -49,7 +49,7 @@ COPY deploy/requirements-agent.lock /tmp/requirements.lock
 RUN pip install -r /tmp/requirements.lock
 COPY . /app
 RUN pip install --no-deps --no-build-isolation -e /app \
- && python -c "import contract, low_level.host.agent" \
+ && python -c "import contract, low_level.cli" \
  && rm -rf /app/build
 
 FROM base AS agent

@@ -246,7 +246,7 @@ class Lowwater:
         self.port = free_port()
         self.log = self.work / f"agent-{self.workers}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "low_level.host.agent", "--config", str(self.cfg), "--source", "afpacket:vb,promisc",
+            [sys.executable, "-m", "low_level.cli", "--config", str(self.cfg), "--source", "afpacket:vb,promisc",
              "--host-id", "livecap", "--bootstrap", self.bootstrap, "--metrics-port", str(self.port),
              "--workers", str(self.workers), "--summary", str(self.summary)],
             cwd=REPO, stdout=self.log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip

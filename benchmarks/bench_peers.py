@@ -57,7 +57,7 @@ from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from low_level.capture.ring import Ring  # noqa: E402
 from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
 from low_level.kernel.fused import Kernel  # noqa: E402
 from low_level.kernel.tables import Tables  # noqa: E402
 

@@ -24,7 +24,7 @@ from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
 from low_level.capture.ring import HEAD, TAIL, Ring  # noqa: E402
 from low_level.capture.sources.base import Source  # noqa: E402
 from low_level.capture.sources.generator import GeneratorSource, generate_frames  # noqa: E402
-from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
 
 
 @njit(cache=True, nogil=True)

@@ -40,7 +40,7 @@ from high_level.aggregate.rollup import Layout  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
 from low_level.capture.ring import Ring  # noqa: E402
 from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.capture.sources.pcapfile import PcapSource  # noqa: E402
+from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
 from low_level.host.emit import Emitter  # noqa: E402
 from low_level.kernel.fused import Kernel  # noqa: E402
 from low_level.kernel.parse import parse_batch  # noqa: E402

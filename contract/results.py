@@ -78,6 +78,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from contract import aggregates as A
 from contract import fields as F
 from contract import query as Q
 
@@ -198,7 +199,7 @@ def aggregate_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:
     return [c for a in q.aggregates for c in a.output_columns()]
 
 
-FLOAT_FNS = ("avg", "quantile")  # aggregate result kinds stored as float64 (the rest int64)
+FLOAT_FNS = A.FLOAT_KINDS  # aggregate result kinds stored as float64 (the rest int64)
 
 
 def check_names(q: Q.QuerySpec) -> None:

@@ -330,17 +330,18 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
 
 
 # --- partitioning: a stable hash of the group key, identical on every host and process
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# splitmix64's constants, shared with the low level's Numba twin (low_level.jit.splitmix)
+MIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX_M2 = np.uint64(0x94D049BB133111EB)
+MIX_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, vectorised (uint64 arithmetic wraps by design)."""
     x = x ^ (x >> np.uint64(30))
-    x = x * _M1
+    x = x * MIX_M1
     x = x ^ (x >> np.uint64(27))
-    x = x * _M2
+    x = x * MIX_M2
     return x ^ (x >> np.uint64(31))
 
 
@@ -350,9 +351,9 @@ def key_hash(key: np.ndarray) -> np.ndarray:
     if key.ndim == 1:
         key = key.reshape(-1, 1)
     with np.errstate(over="ignore"):
-        h = np.full(key.shape[0], _GOLDEN, dtype=np.uint64)
+        h = np.full(key.shape[0], MIX_GOLDEN, dtype=np.uint64)
         for j in range(key.shape[1]):
-            h = _mix(h ^ key[:, j].view(np.uint64)) + _GOLDEN
+            h = _mix(h ^ key[:, j].view(np.uint64)) + MIX_GOLDEN
     return h
 
 

@@ -264,7 +264,7 @@ class HighLevelJob:
         try:
             wanted = wanted_topics([*self.queries, *inputs])
             if self.feed is not None:
-                from contract.joininputs import closed_topic
+                from contract.query.joins import closed_topic
 
                 wanted |= {closed_topic(q): 1 for q in self.feed.queries.values()}
             actions = ensure_topics(admin, wanted)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from contract import aggregates as A
 from contract import fields as F
 from contract import query as Q
 from contract import sketch, wire
@@ -87,13 +88,10 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
         words.append(np.zeros(len(r), np.int64))
     ones = np.ones(len(r), np.int64)
     cols = []
-    for a in q.aggregates:
-        if a.fn == "count":
-            cols.append(ones)
-        elif a.fn == "avg":  # travels as (sum, count)
-            cols.extend([_field_values(r, a.field or ""), ones])
-        elif not a.holistic:
-            cols.append(_field_values(r, a.field or ""))
+    for a in q.aggregates:  # bounded aggregates: each state column lifted from the field's values
+        if not a.holistic:
+            values = _field_values(r, a.field) if a.field else ones
+            cols.extend(A.lift(p, values) for p in A.REGISTRY[a.fn].parts(a))
     if h is not None:  # the sub-key and its state (contract.sketch), from the aggregate's own terms
         fld = F.CATALOG[h.field or ""]
         value = (np.column_stack([r[:, fld.columns[0]], r[:, fld.columns[0] + 1]]) if fld.kind == "ip"
@@ -122,7 +120,7 @@ def aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray
     aggs = {}
     for j, c in enumerate(Q.state_columns(q)):
         data[f"s{j}"] = state[:, j]
-        aggs[f"s{j}"] = {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
+        aggs[f"s{j}"] = A.MERGE_NAMES[c.merge]
     by = list(group_cols) + kcols
     return pd.DataFrame(data).groupby(by, as_index=False, sort=True).agg(aggs)
 
@@ -233,8 +231,7 @@ def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
         d["window"] = d["pane"] + j
         parts.append(d)
     d = pd.concat(parts, ignore_index=True)
-    aggs = {f"s{j}": {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
-            for j, c in enumerate(Q.state_columns(q))}  # fmt: skip
+    aggs = {f"s{j}": A.MERGE_NAMES[c.merge] for j, c in enumerate(Q.state_columns(q))}
     d = d[(d["window"] - (k - 1)) % q.window.panes_per_slide == 0]  # windows start every slide
     out = d.groupby(["window", *kcols], as_index=False).agg({s: aggs[s] for s in scols})
     return out.sort_values(["window", *kcols]).reset_index(drop=True)

@@ -67,7 +67,7 @@ queries:
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 30_000, 3000, 20, seed=11)
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"pcap:{pcap}",
+        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"pcap:{pcap}",
          "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
     )

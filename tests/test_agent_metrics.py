@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from low_level.host.agent import Agent
-from low_level.host.metrics import METRIC_NAMES, AgentCollector
+from low_level.host.loop import HostLoop
+from low_level.host.metrics import METRIC_NAMES, AgentCollector, serve_metrics
 from tests.packets import build_frames, make_traffic
 from tests.test_subaggregate import RecordingProducer, make_query, push_frames
 
 NS = 1_000_000_000
 
 
-def scrape(agent: Agent) -> dict[tuple[str, tuple], float]:
+def scrape(agent: HostLoop) -> dict[tuple[str, tuple], float]:
     reg = CollectorRegistry()
     reg.register(AgentCollector(agent))
+    return parse(generate_latest(reg).decode())
+
+
+def parse(text: str) -> dict[tuple[str, tuple], float]:
     out = {}
-    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -45,6 +55,56 @@ def test_metrics_follow_the_counters() -> None:
     assert m[("lowwater_agent_table_slots", qlab)] == 64
     assert m[("lowwater_agent_kafka_records_sent_total", host)] == agent.emitter.stats.records_sent > 0
     assert ("lowwater_agent_low_water_mark_lag_seconds", qlab) in m
+    names = {name for name, _ in m}
+    for declared in METRIC_NAMES:
+        base = declared.removesuffix("_total")
+        assert declared in names or base in names or f"{base}_total" in names, declared
+
+
+def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) -> None:
+    """The flow collector runs the packet agent's loop: /metrics over HTTP reports its records, marks and
+    networks-file reloads (good and refused) as the packet agent's do."""
+    from low_level.flows.agent import FlowAgent
+    from tests.test_flows import _FIELDS, _query, _record, _set, _template, _v9
+
+    nets = tmp_path / "nets.txt"
+    nets.write_text("64497,10.0.0.0/8\n")
+    agent = FlowAgent([_query()], {"type": "flows", "host": "127.0.0.1", "port": 0}, "router-m", None,
+                      producer=RecordingProducer(), networks=str(nets))
+    reg = CollectorRegistry()
+    server = serve_metrics(agent, 0, registry=reg)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for d in (_v9(1, [_template(256, _FIELDS)]),
+                  _v9(1, [_set(256, _record(0x0A000001, 0x0A000002, 3, 300, 9_000)
+                                + _record(0x0A000003, 0x0A000004, 5, 500, 9_500))])):
+            tx.sendto(d, ("127.0.0.1", agent.collector.port))
+        tx.close()
+        deadline = time.monotonic() + 10
+        while agent.collector.records < 2 and time.monotonic() < deadline:
+            agent.step()
+        nets.write_text("65001,10.0.0.0/8\n")
+        agent.reload_requested = True  # what SIGHUP sets (low_level.host.loop.watch_sighup)
+        agent.step()
+        nets.write_text("bad line\n")
+        agent.reload_requested = True
+        agent.step()
+        m = parse(urllib.request.urlopen(url, timeout=10).read().decode())
+    finally:
+        server.shutdown()
+        agent.emitter.close()
+        agent.collector.close()
+    host = (("host", "router-m"),)
+    qlab = (("host", "router-m"), ("query", "pairs"))
+    assert m[("lowwater_agent_packets_processed_total", host)] == 2
+    assert m[("lowwater_agent_packets_captured_total", host)] == 2
+    assert m[("lowwater_agent_matched_packets_total", qlab)] == 2
+    assert m[("lowwater_agent_heartbeats_total", qlab)] >= 1
+    assert m[("lowwater_agent_networks_reloads_total", host)] == 1
+    assert m[("lowwater_agent_networks_reload_errors_total", host)] == 1
+    assert m[("lowwater_agent_table_slots", qlab)] == 256
+    assert ("lowwater_agent_low_water_mark_seconds", qlab) in m
     names = {name for name, _ in m}
     for declared in METRIC_NAMES:
         base = declared.removesuffix("_total")

@@ -31,7 +31,7 @@ GROUPS = 400
 
 def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source, "--host-id", host,
+        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source, "--host-id", host,
          "--bootstrap", bootstrap, "--metrics-port", "0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -67,10 +67,10 @@ def test_a_changed_source_gets_a_fresh_cache(tmp_path: Path) -> None:
     root = Path(jitcache.__file__).resolve().parents[2]
     for pkg in ("low_level", "contract"):
         shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from low_level import jitcache; print(jitcache.sources_digest())"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from low_level.jit import cache as jitcache; print(jitcache.sources_digest())"
     before = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert before.stdout.strip() == jitcache.sources_digest()
-    with (tmp_path / "low_level" / "tables.py").open("a") as f:
+    with (tmp_path / "low_level" / "kernel" / "tables.py").open("a") as f:
         f.write("\n# a comment is enough\n")
     after = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert after.stdout.strip() != before.stdout.strip()

@@ -246,7 +246,7 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
     assert s.driver_host == "job" and s.spark_conf == {"spark.executor.memory": "2g"}
     assert s.metrics_port == listening_port(services(CENTRAL)["job"])
     s.options()
-    agent_flags = cli_flags("low_level.host.agent")
+    agent_flags = cli_flags("low_level.cli")
     for path, name in ((CENTRAL, "agent-demo"), (CAPTURE, "agent")):
         cmd = command_of(services(path)[name])
         assert cmd[0] == "lowwater-agent"
@@ -715,7 +715,7 @@ def test_agent_import_graph_stays_off_the_central_stack() -> None:
         "for pkg in (contract, low_level):\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
-        "from low_level.host.agent import main\n"
+        "from low_level.cli import main\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)

@@ -236,7 +236,8 @@ def test_a_reload_swaps_the_table_and_keeps_the_state(tmp_path: Path) -> None:
 
 
 def test_sighup_reloads_the_agent_networks_file(tmp_path: Path) -> None:
-    from low_level.host.agent import Agent, watch_sighup
+    from low_level.host.agent import Agent
+    from low_level.host.loop import watch_sighup
 
     path = tmp_path / "nets.txt"
     path.write_text("64497,192.168.0.0/16\n")
@@ -303,7 +304,7 @@ queries:
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 6_000, 900, 8, seed=3)
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"pcap:{pcap}",
+        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"pcap:{pcap}",
          "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
     )
@@ -330,7 +331,7 @@ def test_agent_refuses_a_bad_networks_file_with_its_line(tmp_path: Path) -> None
     cfg = tmp_path / "q.yaml"
     cfg.write_text("networks: nets.txt\nqueries:\n  - name: a\n    group_by: [dst_asn]\n"
                    "    aggregates: [{fn: count}]\n    window: {range: 2s}\n")
-    proc = subprocess.run([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", "generator",
+    proc = subprocess.run([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", "generator",
                            "--metrics-port", "0", "--duration", "1"],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode != 0

@@ -345,7 +345,7 @@ queries:
     port = probe.getsockname()[1]
     probe.close()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
+        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
          "--host-id", "router-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0",
          "--summary", str(tmp_path / "summary.json")],
         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip

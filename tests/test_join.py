@@ -494,7 +494,7 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     n = 30_000  # 30 s at 1000 packets/s: 4 windows of 10 s
     source = f"generator:clock=synthetic,count={n}," + ",".join(f"{k}={v}" for k, v in GENERATED.items())
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(path), "--source", source,
+        [sys.executable, "-m", "low_level.cli", "--config", str(path), "--source", source,
          "--host-id", "cap-0", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -551,7 +551,7 @@ def test_a_configs_run_source_is_checked_and_used_by_the_stack() -> None:
     with file, line and reason."""
     from pathlib import Path
 
-    from low_level.host.agent import parse_source
+    from low_level.cli import parse_source
 
     cfg = Q.load(Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml")
     spec = parse_source(cfg.source)

@@ -1,4 +1,4 @@
-"""Joins over aggregate queries' closed windows and joins that store their raw rows (contract/joininputs.py,
+"""Joins over aggregate queries' closed windows and joins that store their raw rows (contract/query/joins.py,
 high_level/join/feed.py, high_level/join/rows.py), against the join oracle of tests/test_join.py under
 disorder: emulated capture hosts (high_level/simulate.py) -> the aggregates' partition step -> the
 closed-window feed the sink publishes (with replayed batches) -> the join step, in random micro-batches."""
@@ -12,9 +12,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from contract import joininputs as JI
 from contract import query as Q
 from contract import wire
+from contract.query import joins as JI
 from high_level import simulate
 from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_rows, unpack_windows
 from high_level.aggregate.rollup import Layout

@@ -90,7 +90,7 @@ queries:
 
 def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None,
                metrics_port: int = 0) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source,
+    cmd = [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source,
            "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)]  # fmt: skip
     if security is not None:
         cmd += ["--kafka-security", json.dumps(security.revealed())]

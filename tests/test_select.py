@@ -218,7 +218,7 @@ def test_agent_sends_selected_rows_and_punctuation_through_real_kafka(kafka, top
         for i in range(len(traffic)):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / 1_000_000_000)
     proc = subprocess.run(
-        [sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", f"pcap:{pcap}",
+        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"pcap:{pcap}",
          "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -887,7 +887,7 @@ def test_per_frame_source_helpers_have_no_refcount_calls() -> None:
     """ring_push and the pcap record emitter run once per frame: an atomic refcount pair per array there
     cut replay from 66 to 7 Mframes/s."""
     from low_level.capture.ring import ring_push
-    from low_level.capture.sources.pcapfile import _emit
+    from low_level.capture.sources.pcap.walk import _emit
 
     ring = Ring(16, snaplen=64)
     buf = np.zeros(128, np.uint8)

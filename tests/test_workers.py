@@ -154,7 +154,7 @@ queries:
 
 
 def run_agent(cfg: Path, source: str, host: str, bootstrap: str, *extra: str, timeout: float = 300) -> None:
-    proc = subprocess.run([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source", source,
+    proc = subprocess.run([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source,
                            "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", "0", *extra],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -221,7 +221,7 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text(CONFIG.format(topic="lw-none", sources="'*'"))
     summary = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
                              f"pcap:{pcap},paced", "--host-id", "cap-9", "--bootstrap", "127.0.0.1:9",
                              "--metrics-port", "0", "--workers", "2", "--summary", str(summary)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -295,7 +295,7 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.host.agent", "--config", str(cfg), "--source",
+    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
                              f"afpacket:{host_if},promisc", "--host-id", "edge-1", "--bootstrap",
                              kafka.bootstrap_servers, "--metrics-port", str(port), "--workers", "2",
                              "--summary", str(summary)],

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from contract import aggregates as A
 from contract import query as Q
 from contract import sketch
 from high_level.aggregate.rollup import ERROR_ITEM
 
 I64 = np.int64
-_UFUNC = {Q.MERGE_SUM: np.add, Q.MERGE_MIN: np.minimum, Q.MERGE_MAX: np.maximum}
 
 
 @dataclass(frozen=True)
@@ -54,21 +54,8 @@ class Reduced:
 
 
 def _finalize_plain(q: Q.QuerySpec, merged: np.ndarray) -> dict[str, np.ndarray]:
-    """The non-holistic aggregates from their merged state columns (avg = sum / count)."""
-    out: dict[str, np.ndarray] = {}
-    j = 0
-    for a in q.aggregates:
-        if a.holistic:
-            continue
-        if a.fn == "avg":
-            s, c = merged[:, j].astype(np.float64), merged[:, j + 1]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[a.name] = np.where(c != 0, s / np.where(c != 0, c, 1), np.nan)
-            j += 2
-        else:
-            out[a.name] = merged[:, j].copy()
-            j += 1
-    return out
+    """The non-holistic aggregates from their merged state columns (contract.aggregates)."""
+    return A.finalize([(a.fn, a.name) for a in q.aggregates], merged)
 
 
 def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray, state: np.ndarray,
@@ -117,7 +104,7 @@ def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray
                        closed_at_ms[rows])  # fmt: skip
     merged = np.empty((len(starts), len(cols) - 1), I64)
     for j, c in enumerate(cols[:-1]):
-        merged[:, j] = _UFUNC[c.merge].reduceat(state[:, j], starts) if n else np.empty(0, I64)
+        merged[:, j] = A.MERGE_UFUNCS[c.merge].reduceat(state[:, j], starts) if n else np.empty(0, I64)
     vals = _finalize_plain(q, merged)
     if h.fn == "count_distinct":
         if h.hll_precision is None:

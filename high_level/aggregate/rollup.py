@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from contract import aggregates as A
 from contract import query as Q
 from contract import wire
 
@@ -76,13 +77,11 @@ def _reduce_sorted(state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops
     st = state[order]
     out = np.empty((len(starts), st.shape[1]), I64)
     for j, op in enumerate(ops):
-        uf = np.add if op == Q.MERGE_SUM else np.minimum if op == Q.MERGE_MIN else np.maximum
-        out[:, j] = uf.reduceat(st[:, j], starts) if len(starts) else np.empty(0, I64)
+        out[:, j] = _UFUNC[op].reduceat(st[:, j], starts) if len(starts) else np.empty(0, I64)
     return out
 
 
-_UFUNC = {Q.MERGE_SUM: np.add, Q.MERGE_MIN: np.minimum, Q.MERGE_MAX: np.maximum}
-_IDENTITY = {Q.MERGE_SUM: 0, Q.MERGE_MIN: np.iinfo(I64).max, Q.MERGE_MAX: np.iinfo(I64).min}
+_UFUNC, _IDENTITY = A.MERGE_UFUNCS, A.MERGE_IDENTITY
 ERROR_ITEM = np.iinfo(I64).min  # every sub-key word of the row carrying a bounded top's error (weight column)
 
 

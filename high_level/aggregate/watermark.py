@@ -98,7 +98,7 @@ def start_watermark(job: HighLevelJob) -> list[Any]:
     """Start one watermark-mode streaming query per configured query."""
     from pyspark.sql import functions as F
 
-    from contract import query as Q
+    from contract import aggregates as A
     from high_level.aggregate.ingest import kafka_stream
 
     spark, o = job.spark, job.opts
@@ -115,11 +115,10 @@ def start_watermark(job: HighLevelJob) -> list[Any]:
         slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
         win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
                        f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
-        fn = {Q.MERGE_SUM: F.sum, Q.MERGE_MIN: F.min, Q.MERGE_MAX: F.max}
         agg = (
             rows.withWatermark("event_time", f"{o.watermark_delay_ms} milliseconds")
             .groupBy(win.alias("w"), *kcols)
-            .agg(*[fn[op](c).cast("long").alias(c) for op, c in zip(lay.ops, scols, strict=True)])
+            .agg(*[getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c) for op, c in zip(lay.ops, scols, strict=True)])
             .select(F.unix_micros("w.start").alias("start_us"), F.unix_micros("w.end").alias("end_us"), *kcols, *scols)
         )
 

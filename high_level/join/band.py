@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from contract import aggregates as A
 from contract import query as Q
 from contract import wire
 from high_level import codec
@@ -44,8 +45,6 @@ from high_level.aggregate.rollup import Layout, QueryRollup, Windows, group_redu
 
 I64 = np.int64
 SIDES = ("left", "right")
-_AGG_OPS = {"count": (Q.MERGE_SUM,), "sum": (Q.MERGE_SUM,), "min": (Q.MERGE_MIN,), "max": (Q.MERGE_MAX,),
-            "avg": (Q.MERGE_SUM, Q.MERGE_SUM)}
 
 
 def _words(s: Q.SelectSpec, name: str) -> tuple[int, ...]:
@@ -86,7 +85,7 @@ class JoinLayout:
         rollup = None
         if j.window is not None:
             w = j.window
-            ops = tuple(op for a in j.aggregates for op in _AGG_OPS[a.fn])
+            ops = tuple(p.merge for a in j.aggregates for p in A.REGISTRY[a.fn].parts())
             kw = max(1, sum(len(ws) for _, ws in group))
             rollup = Layout(j.name, f"join:{j.name}", w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns, ops, kw,
                             w.panes_per_slide, w.landmark)  # fmt: skip
@@ -469,7 +468,7 @@ def output_partials(layout: JoinLayout, out: JoinOutput) -> list[tuple[np.ndarra
             v = np.zeros(n, I64)
             for sign, side, ws in terms:
                 v = v + sign * vals(side, ws)[:, 0]
-            state += [np.ones(n, I64)] if fn == "count" else [v, np.ones(n, I64)] if fn == "avg" else [v]
+            state += [A.lift(p, v) for p in A.REGISTRY[fn].parts()]
         res.append(((ts - rl.origin_ns) // rl.pane_ns, key.reshape(n, rl.kw), np.column_stack(state).reshape(n, rl.na)))
     return res
 
@@ -493,15 +492,5 @@ def merge_partitions(layout: JoinLayout, parts: list[Windows]) -> Windows:
 
 
 def finalize(layout: JoinLayout, state: np.ndarray) -> dict[str, np.ndarray]:
-    """Rolled-up state columns -> the join's aggregates (avg = sum / count), vectorised."""
-    out: dict[str, np.ndarray] = {}
-    j = 0
-    for fn, alias, _ in layout.aggs:
-        if fn == "avg":
-            c = state[:, j + 1]
-            out[alias] = np.where(c > 0, state[:, j] / np.maximum(c, 1), np.nan)
-            j += 2
-        else:
-            out[alias] = state[:, j]
-            j += 1
-    return out
+    """Rolled-up state columns -> the join's aggregates (contract.aggregates), vectorised."""
+    return A.finalize([(fn, alias) for fn, alias, _ in layout.aggs], state)

@@ -1,4 +1,4 @@
-"""Aggregate queries' closed windows as a join input (:mod:`contract.joininputs`): the job publishes them,
+"""Aggregate queries' closed windows as a join input (:mod:`contract.query.joins`): the job publishes them,
 the join reads them exactly once.
 
 :class:`FeedPublisher` runs on the driver, in the sink, after a batch's rows are in the store and its
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from contract import joininputs as JI
 from contract import query as Q
 from contract import status as S
 from contract import wire
+from contract.query import joins as JI
 from high_level.aggregate.processor import QueryWindows
 from high_level.aggregate.rollup import Layout
 

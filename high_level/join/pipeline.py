@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from contract import joininputs as JI
 from contract import query as Q
+from contract.query import joins as JI
 from high_level.aggregate.processor import OUTPUT_DDL, Settings
 from high_level.join.band import JoinLayout
 from high_level.join.rows import layout_of

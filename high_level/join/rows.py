@@ -1,8 +1,8 @@
 """A join query's layout over any inputs (selects or aggregates' closed windows), and its raw output rows.
 
 :class:`high_level.join.band.JoinLayout` reads its inputs through the select interface (name, topic, width,
-words of a field), which :class:`contract.joininputs.ClosedInput` also offers, so one band join serves
-both. A join without aggregates stores its output rows themselves (:mod:`contract.joininputs`): here
+words of a field), which :class:`contract.query.joins.ClosedInput` also offers, so one band join serves
+both. A join without aggregates stores its output rows themselves (:mod:`contract.query.joins`): here
 they are roll-up records keyed by every output column with a count, so the same roll-up closes them by
 the join's output punctuation and the same sink, store and API take them; identical rows of a window
 add up in ``rows``.
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from contract import joininputs as JI
 from contract import query as Q
+from contract.query import joins as JI
 from high_level.aggregate.rollup import Layout
 from high_level.join.band import JoinLayout, JoinOutput, output_partials
 
@@ -36,7 +36,7 @@ def _words(inp: Any, name: str) -> tuple[int, ...]:
 
 
 def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
-    """The join's layout with its inputs resolved (``ins``: :func:`contract.joininputs.inputs`)."""
+    """The join's layout with its inputs resolved (``ins``: :func:`contract.query.joins.inputs`)."""
     left, right = ins[j.left], ins[j.right]
     if j.aggregates:
         return JoinLayout.of(j, left, right)
@@ -44,12 +44,13 @@ def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
     by = {"left": left, "right": right}
     cols = JI.rows_columns(j, left, right)
     group = tuple((side, () if side == "matched" else _words(by[side], f)) for _, side, f in cols)
-    w = JI.rows_query(j, left, right).window
+    rq = JI.rows_query(j, left, right)
+    w = rq.window
     kw = sum(max(1, len(ws)) for _, ws in group)
     rollup = Layout(j.name, f"join:{j.name}", w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                    (Q.MERGE_SUM,), kw, w.panes_per_slide, w.landmark)  # fmt: skip
+                    tuple(int(op) for op in Q.merge_ops(rq)), kw, w.panes_per_slide, w.landmark)  # fmt: skip
     return RowsLayout(**{**base.__dict__, "group": group, "group_names": tuple(c for c, _, _ in cols),
-                         "aggs": (("count", JI.ROWS_COLUMN, ()),), "rollup": rollup})  # fmt: skip
+                         "aggs": tuple((a.fn, a.name, ()) for a in rq.aggregates), "rollup": rollup})  # fmt: skip
 
 
 def rows_partials(layout: JoinLayout, out: JoinOutput) -> Partials:

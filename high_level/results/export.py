@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import GaugeMetricFamily
 
+from contract import aggregates as A
 from contract import query as Q
 from contract import results as R
 
@@ -68,13 +69,11 @@ class ResultExporter:
         top = win.take(pa.array(order)).select(keys + [a for a, _ in aggs])
         totals: dict[str, float] = {}
         for a, fn in aggs:
-            col = win[a]
-            if fn in ("count", "sum"):
-                totals[a] = float(pc.sum(col).as_py() or 0)
-            elif fn in ("min", "max"):
-                v = (pc.min if fn == "min" else pc.max)(col).as_py()
-                if v is not None:
-                    totals[a] = float(v)
+            total = A.RESULT_KINDS[fn].total  # a pyarrow.compute function, if the kind has a total
+            if total is not None:
+                v = getattr(pc, total)(win[a]).as_py()
+                if v is not None or total == "sum":
+                    totals[a] = float(v or 0)
         with self._lock:
             prev = self._last.get(q.name)
             if prev is None or prev.end_ms <= newest // 1000:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from contract import aggregates as A
 from contract import condlang
 from contract import fields as F
 from contract import query as Q
@@ -143,17 +144,9 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
         else:
             cols[name] = pa.array(key[:, i], pa.int64())
             i += 1
-    j = 0
-    for a in q.aggregates if values is None else ():
-        if a.fn == "avg":
-            s, c = state[:, j].astype(np.float64), state[:, j + 1]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                cols[a.name] = pa.array(np.where(c != 0, s / np.where(c != 0, c, 1), np.nan), pa.float64())
-            j += 2
-        else:
-            cols[a.name] = pa.array(state[:, j], pa.int64())
-            j += 1
-    for name, fn in R.aggregate_columns(q) if values is not None else ():
+    if values is None:  # bounded aggregates: their merged state finalized (contract.aggregates)
+        values = A.finalize([(a.fn, a.name) for a in q.aggregates], state)
+    for name, fn in R.aggregate_columns(q):
         cols[name] = pa.array(values[name], pa.float64() if fn in R.FLOAT_FNS else pa.int64())
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())

@@ -70,6 +70,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from contract import aggregates as A
 from contract import results as R
 from contract.kafka_security import KafkaSecurity
 from contract.query import NS, ConfigError, QuerySpec, load
@@ -171,7 +172,7 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
             for a in spec.aggregates for n, fn in a.output_columns()
         ],
         "result_columns": qi.output_columns,
-        "avg_exact": qi.count_col is not None or not any(fn == "avg" for _, fn in qi.aggs),
+        "avg_exact": qi.count_col is not None or not any(A.RESULT_KINDS[fn].fold.without_count for _, fn in qi.aggs),
         "links": {
             "results": f"/queries/{spec.name}/results",
             "latest": f"/queries/{spec.name}/latest",

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from contract import aggregates as A
 from high_level.serve import sql as S
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import FileIndex, FileStats, StoreError
@@ -304,19 +305,8 @@ class Reader:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
         fin = "kind = 'final'"
-        val = f"FILTER (WHERE {S.VALUE_ROWS})"
         sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
-        for a, fn in qi.aggs:
-            c = S.q(a)
-            if fn in ("count", "sum"):
-                sel.append(f"sum({c}) {val}")
-            elif fn in ("min", "max"):
-                sel.append(f"{fn}({c}) {val}")
-            elif w is not None:
-                ok = f"{w} > 0 AND isfinite({c}) AND {S.VALUE_ROWS}"
-                sel.append(f"sum(CASE WHEN {ok} THEN {c} * {w} END) / nullif(sum(CASE WHEN {ok} THEN {w} END), 0)")
-            else:
-                sel.append(f"avg(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")
+        sel += [S.fold(A.RESULT_KINDS[fn].summary, a, w) for a, fn in qi.aggs]
         judged = "kind IN ('final', 'late')"
         done = f"coalesce(bool_and(complete) FILTER (WHERE {judged}), false)"
         sel += [done, f"count(DISTINCT {S.key_hash(qi)}) FILTER (WHERE {judged} AND NOT complete)",

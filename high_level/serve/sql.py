@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract import aggregates as A
 from contract import results as R
 from high_level.serve.columns import QueryInfo
 from high_level.serve.params import KeyFilter, OrderTerm
@@ -65,7 +66,7 @@ def parquet_source(qi: QueryInfo, paths: list[str]) -> Source:
 def rank_value(qi: QueryInfo) -> str:
     """The value ranking groups: the first aggregate (an avg's NaN ranks last, as NULL)."""
     a, fn = qi.aggs[0]
-    return f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END" if fn in ("avg", "quantile") else q(a)
+    return f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END" if A.RESULT_KINDS[fn].float else q(a)
 
 
 def key_hash(qi: QueryInfo) -> str:
@@ -128,38 +129,30 @@ def plain_cols(qi: QueryInfo) -> list[str]:
     """A row that needs no folding, in the folded column order."""
     cols = ["window_start", "window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
-        cols.append(f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if fn == "avg" else q(a))
+        cols.append(f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if A.RESULT_KINDS[fn].nan else q(a))
     return [*cols, "hosts", "closed_at", "CAST(0 AS BIGINT) AS corrections", *COMPLETENESS]
 
 
+def fold(f: A.Fold, column: str, w: str | None) -> str:
+    """A fold of the aggregate registry over ``column`` of a group's rows; ``w`` the quoted count column."""
+    c = q(column)
+    ok = f"{w} > 0 AND isfinite({c}) AND {VALUE_ROWS}"
+    return f.render(w, c=c, val=f"FILTER (WHERE {VALUE_ROWS})", fin="kind = 'final'", ok=ok)
+
+
 def fold_cols(qi: QueryInfo) -> list[str]:
-    """Aggregates folding finals, corrections and late rows of one (window, key) group.
+    """Aggregates folding finals, corrections and late rows of one (window, key) group, each by its
+    result kind's fold (:data:`contract.aggregates.RESULT_KINDS`).
 
     avg is the count-weighted mean when the query has a count aggregate (exact); without one the
     layout carries nothing to weight by, so the final row's avg is kept (``avg_exact`` false). Late
     rows add nothing to the values; they add their ``late_partials`` and make the group incomplete.
     """
     fin = "kind = 'final'"
-    val = f"FILTER (WHERE {VALUE_ROWS})"
     w = q(qi.count_col) if qi.count_col else None
     cols = ["window_start", "max(window_end) AS window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
-        c = q(a)
-        if fn in ("count", "sum"):
-            cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
-        elif fn in ("min", "max"):
-            cols.append(f"{fn}({c}) {val} AS {c}")
-        elif fn == "count_distinct":  # a correction counts only its late values: the sum bounds from above
-            cols.append(f"CAST(sum({c}) {val} AS BIGINT) AS {c}")
-        # decided at close: the final row's (else the late rows'); a top's error bound goes with its weight
-        elif fn in ("quantile", "top", "rank", "top_error"):
-            cols.append(f"coalesce(max({c}) FILTER (WHERE {fin}), max({c}) {val}) AS {c}")
-        elif w is not None:
-            ok = f"{w} > 0 AND isfinite({c}) AND {VALUE_ROWS}"
-            cols.append(f"sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END)"
-                        f" / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0) AS {c}")  # fmt: skip
-        else:
-            cols.append(f"max(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin}) AS {c}")
+        cols.append(f"{fold(A.RESULT_KINDS[fn].fold, a, w)} AS {q(a)}")
     return [
         *cols,
         f"coalesce(max(hosts) FILTER (WHERE {fin}), max(hosts)) AS hosts",

@@ -26,15 +26,14 @@ from numba import njit
 from low_level.capture.ring import HEAD, TAIL, Ring, ring_push
 from low_level.capture.sources.afpacket import SOL_PACKET, AfPacketSource
 from low_level.capture.sources.base import NST_BASE, Backoff, Source
-from low_level.kernel.sketchkey import mix64
+from low_level.jit.splitmix import GOLDEN as _GOLD
+from low_level.jit.splitmix import mix64
 
 log = logging.getLogger(__name__)
 
 PACKET_FANOUT = 18
 FANOUT_MODES = {"hash": 0, "cpu": 2}  # PACKET_FANOUT_HASH, PACKET_FANOUT_CPU
 ST_KEPT, ST_OTHERS = NST_BASE, NST_BASE + 1
-
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
 
 
 def worker_host_id(host: str, index: int) -> str:

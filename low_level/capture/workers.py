@@ -82,7 +82,7 @@ class Supervisor:
         self.failed: str | None = None
 
     def command(self, w: Worker) -> list[str]:
-        cmd = [sys.executable, "-m", "low_level.host.agent", *self.argv, "--workers", "1",
+        cmd = [sys.executable, "-m", "low_level.cli", *self.argv, "--workers", "1",
                "--worker", f"{w.index}/{self.count}/{self.group}", "--host-id", worker_host_id(self.host, w.index),
                "--metrics-port", str(w.metrics_port), "--summary", str(self.tmp / f"w{w.index}.json")]  # fmt: skip
         return cmd

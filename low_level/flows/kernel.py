@@ -22,8 +22,9 @@ import numpy as np
 from contract import fields as F
 from contract.query import SRC_ONE
 from low_level.jit import cache as jitcache
-from low_level.kernel import codegen, flush, lpm
-from low_level.kernel.tables import MAXKW, Tables
+from low_level.kernel import codegen
+from low_level.kernel.base import KernelBase
+from low_level.kernel.tables import Tables
 
 WCOL = F.NFIELDS  # the weight's slot in the block's copied rows (stride NFIELDS + 1)
 
@@ -33,27 +34,22 @@ def flow_pass(frows, fw, n, qp, qs, tab, out, pane_counts, scols, hc, row, rows,
     """Records 0 .. n-1 of frows (weights fw), block by block, as fused_pass does for frames."""
     ntab = tab.shape[0]
     use_iface = False
-{bases}
-    b0 = 0
-    while b0 < n:
-        bn = n - b0 if n - b0 < BLOCK else BLOCK
-{zero}
-        for i in range(bn):
-            r = b0 + i
-            for k in range(F.NFIELDS):
-                row[k] = frows[r, k]
-            ro = i * NF
-{copy}
-            rows[ro + WCOL] = fw[r]
-{select}
-{fold}
-        b0 += bn
+{loop}
     hc[HC_PACKETS] += n
     hc[HC_PARSED_OK] += n
     pin(frows)
     pin(fw)
 {pins}
 '''
+
+# one record of the flow pass: a decoded row and its weight, then phase 1 of every query
+_RECORD = """            r = b0 + i
+            for k in range(F.NFIELDS):
+                row[k] = frows[r, k]
+            ro = i * NF
+{copy}
+            rows[ro + WCOL] = fw[r]
+{select}"""
 
 _OVERDUE = "            emit_packet_at(q, pane, keys, ko, rows, ro, qp, qs, out, scols)\n"
 
@@ -78,39 +74,16 @@ def flow_kernel_source(shapes: list[dict]) -> str:
         stop = len(head) if stop < 0 else stop
         body = head[start:stop].replace("v = np.int64(1)", "v = rows[ro + WCOL]").replace(_OVERDUE, _OVERDUE + fix)
         head = head[:start] + body + head[stop:]
-    ind = " " * 12
-    select = [line for q, s in enumerate(shapes) for line in codegen._phase1(q, s, ind)] or [ind + "pass"]
-    bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)" for q in range(len(shapes))]
-    zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
-    fold = [f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
-            for q in range(len(shapes))]  # fmt: skip
-    needed = {F.TS} | {src for s in shapes for src, _ in s["state"] if src >= 0}
-    if any(src == codegen.SRC_DSCP for s in shapes for src, _ in s["state"]):
-        needed.add(F.TOS)
-    copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    args = "qp, qs, tab, out, pane_counts, scols, hc, row, rows, keys, sel, hs, nets"
-    pins = "\n".join(f"    pin({a.strip()})" for a in args.split(","))
-    return head + _FLOW.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
-                               select="\n".join(select), fold="\n".join(fold), pins=pins)
+    pins = codegen._pins("qp, qs, tab, out, pane_counts, scols, hc, row, rows, keys, sel, hs, nets")
+    return head + _FLOW.format(pins=pins, loop=codegen.block_loop(shapes, " " * 12, _RECORD))
 
 
-class FlowKernel:
+class FlowKernel(KernelBase):
     """Scratch memory and counters around the compiled flow pass for one collector's queries."""
 
     def __init__(self, tables: Tables, nets: np.ndarray | None = None) -> None:
-        self.t = tables
-        self.nets = lpm.build(None) if nets is None else nets
-        self.hc = np.zeros(4, dtype=np.int64)
-        self.row = np.zeros(F.NFIELDS, dtype=np.int64)
-        nq = max(1, tables.qp.shape[0])
-        self.rows = np.zeros(codegen.BLOCK * (F.NFIELDS + 1), dtype=np.int64)
-        self.keys = np.zeros(nq * codegen.BLOCK * MAXKW, dtype=np.int64)
-        self.sel = np.zeros((nq, codegen.BLOCK), dtype=np.int64)
-        self.hs = np.zeros((nq, codegen.BLOCK), dtype=np.uint64)
+        super().__init__(tables, F.NFIELDS + 1, nets)
         self.compiled: ModuleType = jitcache.load_generated(flow_kernel_source(codegen.shape_of(tables)), "flows")
-
-    def set_networks(self, nets: np.ndarray) -> None:
-        self.nets = nets
 
     def warm(self) -> None:
         """Compile the pass now, on no records: a collector is ready only once it can fold at speed."""
@@ -122,11 +95,3 @@ class FlowKernel:
         self.compiled.flow_pass(frows, weights, n, t.qp, t.qs, t.tab, t.out, t.pane_counts, t.scols, self.hc,
                                 self.row, self.rows, self.keys, self.sel, self.hs, self.nets)
         return n
-
-    def flush_below(self, q: int, bound: int) -> int:
-        t = self.t
-        return flush.sweep_below(q, bound, t.qp, t.qs, t.tab, t.out, t.pane_counts)
-
-    def min_pane(self, q: int) -> int:
-        t = self.t
-        return flush.min_pane(q, t.qs, t.qp, t.pane_counts)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contract import query as Q
+from contract import aggregates as A
 from contract import wire
 
 
@@ -46,12 +46,7 @@ def merge_records(pane: np.ndarray, key: np.ndarray, state: np.ndarray, merge: n
     starts = np.flatnonzero(new)
     out = np.empty((len(starts), st.shape[1]), dtype=np.int64)
     for j, op in enumerate(merge):
-        if op == Q.MERGE_SUM:
-            out[:, j] = np.add.reduceat(st[:, j], starts)
-        elif op == Q.MERGE_MIN:
-            out[:, j] = np.minimum.reduceat(st[:, j], starts)
-        else:
-            out[:, j] = np.maximum.reduceat(st[:, j], starts)
+        out[:, j] = A.MERGE_UFUNCS[int(op)].reduceat(st[:, j], starts)
     return Block(cols[starts, 0].copy(), cols[starts, 1:].copy(), out)
 
 

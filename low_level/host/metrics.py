@@ -1,19 +1,19 @@
-"""Prometheus metrics of a capture agent, read from the kernel's counter arrays at scrape time.
+"""Prometheus metrics of a capture host (packets or flows), read from the kernel's counter arrays at scrape time.
 
 Nothing is incremented per packet in Python: a custom collector turns the Numba-maintained int64
-counters into metric families when Prometheus scrapes.
+counters into metric families when Prometheus scrapes. It reads a ``low_level.host.loop.HostLoop``, so
+a packet agent and a flow collector export the same families (a flow collector's "ring" is its socket
+queue: datagrams waiting, no drops counted there).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
-from low_level.capture.ring import CAPTURED, DROPS
-from low_level.kernel.parse import PARSE_ERROR_NAMES
 from low_level.kernel.tables import (
     EMPTY,
     QS_EMITTED,
@@ -29,7 +29,7 @@ from low_level.kernel.tables import (
 )
 
 if TYPE_CHECKING:
-    from low_level.host.agent import Agent
+    from low_level.host.loop import HostLoop
 
 PREFIX = "lowwater_agent"
 # every metric name this module exports (deploy/ tests check Grafana panels against it)
@@ -42,19 +42,21 @@ METRIC_NAMES = tuple(
         "low_water_mark_seconds", "low_water_mark_lag_seconds", "kafka_records_sent_total",
         "kafka_bytes_sent_total", "kafka_batches_sent_total", "kafka_send_errors_total",
         "kafka_delivery_failures_total", "kafka_connect_errors_total", "backlog_records", "backlog_merges_total", "backlog_merged_records_total",
-        "backlog_lost_records_total",
+        "backlog_lost_records_total", "networks_reloads_total", "networks_reload_errors_total",
     )
 )
 
 
 class AgentCollector(Collector):
-    def __init__(self, agent: Agent) -> None:
+    """The metric families of one host, built at each scrape."""
+
+    def __init__(self, agent: HostLoop) -> None:
         self.agent = agent
 
     def collect(self):  # noqa: C901 - one flat list of families is the clearest form
         a = self.agent
         host = a.host
-        k, t, ring, em = a.kernel, a.kernel.t, a.ring, a.emitter
+        k, t, em = a.kernel, a.kernel.t, a.emitter
 
         def counter(name: str, doc: str, value: float, labels: dict[str, str] | None = None):
             labels = {"host": host, **(labels or {})}
@@ -62,18 +64,20 @@ class AgentCollector(Collector):
             fam.add_metric(list(labels.values()), value)
             return fam
 
-        yield counter("packets_captured", "Frames the sources put into the ring", ring.ctr[CAPTURED])
+        yield counter("packets_captured", "Frames the sources put into the ring", a.records_captured())
         yield counter("packets_processed", "Frames the kernel parsed", k.hc[0])
-        yield counter("ring_drops", "Frames dropped because the ring was full", ring.ctr[DROPS])
+        yield counter("ring_drops", "Frames dropped because the ring was full", a.ring_drops())
         yield counter("kernel_drops", "Frames the OS capture ring dropped", a.source_stat("kernel_drops"))
         g = GaugeMetricFamily(f"{PREFIX}_ring_fill", "Frames waiting in the ring", labels=["host"])
-        g.add_metric([host], ring.fill)
+        g.add_metric([host], a.ring_fill())
         yield g
         pe = CounterMetricFamily(f"{PREFIX}_parse_errors", "Frames not parsed, by reason", labels=["host", "reason"])
-        for code, name in enumerate(PARSE_ERROR_NAMES):
-            if code:
-                pe.add_metric([host, name], k.err_counts[code])
+        for name, value in a.parse_error_counts().items():
+            pe.add_metric([host, name], value)
         yield pe
+        yield counter("networks_reloads", "Networks-file reloads (SIGHUP) that took effect", a.networks_reloads)
+        yield counter("networks_reload_errors", "Networks-file reloads refused (bad file, previous one kept)",
+                      a.networks_reload_errors)
         per_query = [
             ("matched_packets", "Packets that passed the query's filter", QS_MATCHED),
             ("late_packets", "Packets below the sent punctuation (dropped, counted)", QS_LATE),
@@ -123,3 +127,13 @@ class AgentCollector(Collector):
         yield counter("backlog_merges", "In-place compactions of the backlog", b.merges)
         yield counter("backlog_merged_records", "Records absorbed by in-place merging", b.merged_away)
         yield counter("backlog_lost_records", "Records dropped beyond the backlog bound", b.lost)
+
+
+def serve_metrics(agent: HostLoop, port: int, registry: CollectorRegistry = REGISTRY) -> Any:
+    """Register the host's collector and serve /metrics on ``port`` (a thread of prometheus_client);
+    returns the HTTP server (``server_port``, ``shutdown()``)."""
+    from prometheus_client import start_http_server
+
+    registry.register(AgentCollector(agent))
+    server, _thread = start_http_server(port, registry=registry)
+    return server

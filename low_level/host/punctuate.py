@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract import wire
-from low_level.kernel.fused import Kernel
+from low_level.kernel.base import KernelBase as Kernel
 from low_level.kernel.tables import EMPTY, QS_MARK, QS_MAXTS, QS_OCC, QS_STARTED
 
 

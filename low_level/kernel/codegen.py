@@ -55,6 +55,7 @@ def shape_of(tables: Tables) -> list[dict]:
             "probes": int(qp[QP_PROBES]), "policy": int(qp[QP_POLICY]),
             "key": query_key_program(q).tolist(),
             "state": [[c.source, c.merge] for c in state_columns(q)],
+            "square": [i for i, c in enumerate(state_columns(q)) if c.square],
             "filter": compile_filter(q.filter).tolist(),
             "iface": int(qp[QP_IFMASK]) != -1,
         })
@@ -164,6 +165,8 @@ def _fold_lines(shape: dict, ind: str) -> list[str]:
         else:
             v = f"rows[ro + {src}]"
         out.append(f"{ind}v = {v}")
+        if c in shape.get("square", ()):  # the square of the value (contract.aggregates.LIFT_SQUARE)
+            out.append(f"{ind}v = v * v")
         out.append(f"{ind}if fresh:")
         out.append(f"{ind}    tab[spos + {c}] = v")
         if merge == MERGE_SUM:
@@ -314,26 +317,7 @@ def fused_pass({args}):
     selection in order (queries share no state, so per-query order is all the semantics need)."""
     ntab = tab.shape[0]
     nok = 0
-{bases}
-    b0 = 0
-    while b0 < n:
-        bn = n - b0 if n - b0 < BLOCK else BLOCK
-{zero}
-        for i in range(bn):
-            slot = (seq0 + b0 + i) & smask
-            ifc = iface[slot] if use_iface else 0
-            fo = offs[slot] if use_offs else slot * snaplen
-            status = {parse}(frames, fo, caplen[slot], wirelen[slot], ts[slot], ifc, row)
-            if status == PARSE_OK:
-                nok += 1
-                ro = i * NF
-{copy}
-{select}
-{selects}
-            else:
-                err_counts[status] += 1
-{fold}
-        b0 += bn
+{loop}
     hc[HC_PACKETS] += n
     hc[HC_PARSED_OK] += nok
     err_counts[PARSE_OK] += nok
@@ -364,6 +348,32 @@ def process_arrays(frames2d, caplen, wirelen, ts, start, stop,
                qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets)
     return stop - start
 '''
+
+# one record of the packet pass: parse the frame, then phase 1 of every query and select query
+_FUSED_RECORD = """            slot = (seq0 + b0 + i) & smask
+            ifc = iface[slot] if use_iface else 0
+            fo = offs[slot] if use_offs else slot * snaplen
+            status = {parse}(frames, fo, caplen[slot], wirelen[slot], ts[slot], ifc, row)
+            if status == PARSE_OK:
+                nok += 1
+                ro = i * NF
+{copy}
+{select}
+{selects}
+            else:
+                err_counts[status] += 1"""
+
+# the block loop both passes share: per block of up to BLOCK records, phase 1 record by record, then
+# phase 2 query by query
+_BLOCK_LOOP = """{bases}
+    b0 = 0
+    while b0 < n:
+        bn = n - b0 if n - b0 < BLOCK else BLOCK
+{zero}
+        for i in range(bn):
+{record}
+{fold}
+        b0 += bn"""
 
 
 def _pins(args: str) -> str:
@@ -475,8 +485,18 @@ def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -
             fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]], pins=_pins(_AGG_ARGS),
             args=_AGG_ARGS))
     ind = " " * 16
-    select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
     selects = [line for k, s in enumerate(select_shapes) for line in _select_lines(k, s, ind)]
+    loop = block_loop(shapes, ind, _FUSED_RECORD, parse=parse, selects="\n".join(selects))
+    parts.append(_FUSED.format(loop=loop, pins=_pins(_FUSED_ARGS), args=_FUSED_ARGS))
+    return "".join(parts)
+
+
+def block_loop(shapes: list[dict], ind: str, record: str, **fill: str) -> str:
+    """The block loop of a pass (the packet pass here, the flow pass in low_level.flows.kernel) around
+    ``record``, the text that reads record ``b0 + i`` into ``row``; ``record`` places ``{copy}`` (the row
+    columns phase 2 reads) and ``{select}`` (phase 1 of every query: select, key, hash, prefetch, at
+    indent ``ind``), and whatever else ``fill`` names."""
+    select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
     bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
              for q in range(len(shapes))]
     zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
@@ -485,10 +505,8 @@ def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -
     # phase 2 reads only the timestamp and the state columns' sources of the copied row
     needed = {F.TS} | {c for s in shapes for src, _ in s["state"] for c in _source_columns(src)}
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    parts.append(_FUSED.format(parse=parse, bases="\n".join(bases) or "    pass", zero="\n".join(zero), copy=copy,
-                               select="\n".join(select), selects="\n".join(selects), fold="\n".join(fold), pins=_pins(_FUSED_ARGS),
-                               args=_FUSED_ARGS))
-    return "".join(parts)
+    return _BLOCK_LOOP.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), fold="\n".join(fold),
+                              record=record.format(copy=copy, select="\n".join(select), **fill))
 
 
 def load(tables: Tables, selects: list[SelectSpec] | None = None) -> ModuleType:

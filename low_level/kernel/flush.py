@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from low_level.jit.refcount import pin
+from low_level.jit.refcount import pin, pin_tables
 from low_level.kernel.subaggregate import emit_slot
 from low_level.kernel.tables import (
     EMPTY,
@@ -58,11 +58,7 @@ def sweep_below(q: int, bound: int, qp, qs, tab, out, pane_counts) -> int:
         if sp != EMPTY and sp < bound:
             emit_slot(q, pos, qp, qs, tab, out, pane_counts)
             n += 1
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
     return n
 
 
@@ -83,11 +79,7 @@ def on_advance(q: int, old_cur: int, new_cur: int, qp, qs, tab, out, pane_counts
             qs[q, QS_FLUSH_SWEEP] += n
             if n > qs[q, QS_BURST_MAX]:
                 qs[q, QS_BURST_MAX] = n
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
 
 
 @njit(cache=True, nogil=True)
@@ -114,11 +106,7 @@ def flush_one_old(q: int, qp, qs, tab, out, pane_counts) -> bool:
                 done = True
             k += 1
         qs[q, QS_CURSOR] = c
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
     return done
 
 
@@ -130,22 +118,14 @@ def iop_burst(q: int, qp, qs, tab, out, pane_counts) -> None:
         qs[q, QS_FLUSH_IOP] += n
         if n > qs[q, QS_BURST_MAX]:
             qs[q, QS_BURST_MAX] = n
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
 
 
 @njit(cache=True, nogil=True)
 def slow_tick(q: int, qp, qs, tab, out, pane_counts) -> None:
     if flush_one_old(q, qp, qs, tab, out, pane_counts):
         qs[q, QS_FLUSH_SLOW] += 1
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
 
 
 @njit(cache=True, nogil=True)

@@ -12,19 +12,8 @@ import math
 import numpy as np
 from numba import njit
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def mix64(x: np.uint64) -> np.uint64:
-    """splitmix64's finaliser (the one the whole low level hashes with; contract.wire has the numpy twin)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+from low_level.jit.splitmix import GOLDEN as _GOLDEN
+from low_level.jit.splitmix import mix64
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -18,8 +18,9 @@ from numba.extending import intrinsic
 
 from contract import fields as F
 from contract.query import MERGE_MAX, MERGE_MIN, MERGE_SUM, SRC_COMPUTED, SRC_DSCP, SRC_ONE
-from low_level.jit.refcount import pin
-from low_level.kernel.sketchkey import hll_rank, mix64, value_hash1, value_hash2
+from low_level.jit.refcount import pin, pin_tables
+from low_level.jit.splitmix import mix64
+from low_level.kernel.sketchkey import hll_rank, value_hash1, value_hash2
 from low_level.kernel.tables import (
     EMPTY,
     PANE_RING,
@@ -100,6 +101,8 @@ def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, r
     """Merge the packet at row[roff:] into the state words at tab[spos:spos+na] (fresh = first packet)."""
     for c in range(na):
         v = packet_value_at(row, roff, scols[soff + c, 0])
+        if scols[soff + c, 2]:  # the square of the value (contract.aggregates.LIFT_SQUARE)
+            v = v * v
         merge = scols[soff + c, 1]
         if fresh:
             tab[spos + c] = v
@@ -129,11 +132,7 @@ def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray,
     pane_counts[q, tab[pos] & (PANE_RING - 1)] -= 1
     qs[q, QS_OCC] -= 1
     tab[pos] = EMPTY
-    pin(qp)
-    pin(qs)
-    pin(tab)
-    pin(out)
-    pin(pane_counts)
+    pin_tables(qp, qs, tab, out, pane_counts)
 
 
 @njit(cache=True, nogil=True)

@@ -82,7 +82,7 @@ class Tables:
             qp[i, QP_SOFF] = soff
             qp[i, QP_IFMASK] = -1 if iface_masks is None else iface_masks[i]
             qp[i, QP_OBASE], qp[i, QP_OCAP], qp[i, QP_RW] = out_words, ocap, rw
-            scols.extend([c.source, c.merge] for c in cols)
+            scols.extend([c.source, c.merge, int(c.square)] for c in cols)
             tab_words += size * stride
             out_words += ocap * rw
             soff += na
@@ -98,7 +98,7 @@ class Tables:
             qp=qp,
             qs=qs,
             pane_counts=np.zeros((nq, PANE_RING), dtype=np.int64),
-            scols=np.array(scols, dtype=np.int64).reshape(-1, 2),
+            scols=np.array(scols, dtype=np.int64).reshape(-1, 3),
             tab=tab,
             out=np.zeros(max(out_words, 1), dtype=np.int64),
             chunk=chunk,

@@ -16,8 +16,10 @@ from typing import Any
 from low_level.capture.ring import Ring
 from low_level.capture.sources.afpacket import AfPacketSource
 from low_level.capture.sources.base import Source
-from low_level.capture.sources.generator import GeneratorSource, generate_frames, group_tuple, group_tuple_nb
-from low_level.capture.sources.pcapfile import PcapSource, UnsupportedLinktypeError
+from low_level.capture.sources.generator import GeneratorSource, generate_frames
+from low_level.capture.sources.pcap.format import UnsupportedLinktypeError
+from low_level.capture.sources.pcap.source import PcapSource
+from low_level.capture.sources.synth.model import group_tuple, group_tuple_nb
 
 __all__ = [
     "AfPacketSource",

@@ -1,0 +1,283 @@
+"""The aggregate functions, one entry each: the one place that says what an aggregate is.
+
+An entry declares the function's state columns (what one packet adds to each and how partial states
+merge), how the merged state becomes the result, the result's type, how stored result rows of one
+window fold in SQL, which fields and parameters it takes, and whether it is holistic (a sub-key per
+value, reduced at close by ``high_level.holistic``) or bounded (a fixed number of state words per
+group, dissertation §6.2.2.1). Both levels read it: the query model validates with it, the layout
+(:mod:`contract.query.layout`) derives the kernels' state program and the roll-up's merge ops from it,
+the job, the store and the joins finalize with it, the API folds stored rows with its SQL and the
+oracle (``high_level.simulate``) lifts packets with it.
+
+A bounded aggregate whose state merges by sum, min or max and whose packets add 1, their value or its
+square is one entry here; a new merge rule or lift also needs its operation in the generated kernel
+(``low_level.codegen`` and ``low_level.subaggregate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from contract import fields as F
+from contract import sketch
+
+# How the partial states of a column merge (numbers shared with the generated Numba code).
+MERGE_SUM, MERGE_MIN, MERGE_MAX = 0, 1, 2
+MERGE_NAMES = {MERGE_SUM: "sum", MERGE_MIN: "min", MERGE_MAX: "max"}  # pandas, Spark SQL and pyarrow names
+MERGE_UFUNCS = {MERGE_SUM: np.add, MERGE_MIN: np.minimum, MERGE_MAX: np.maximum}
+MERGE_IDENTITY = {MERGE_SUM: 0, MERGE_MIN: np.iinfo(np.int64).max, MERGE_MAX: np.iinfo(np.int64).min}
+
+# What one packet adds to a state column.
+LIFT_ONE = "one"  # 1 (a flow record: its packets)
+LIFT_VALUE = "value"  # the field's value
+LIFT_SQUARE = "square"  # the square of the field's value
+LIFT_HLL_RANK = "hll_rank"  # the HLL rank of the field's hashed value (contract.sketch)
+
+DEFAULT_ACCURACY = 0.01
+MAX_TOP_CAPACITY = 1_000_000
+
+
+@dataclass(frozen=True)
+class StatePart:
+    """One state column of an aggregate: named ``<name>.<suffix>`` (the aggregate's name when no suffix)."""
+
+    suffix: str
+    merge: int
+    lift: str
+    of: str = "field"  # whose value the lift reads: the aggregate's 'field', or 'by' (top's weight)
+
+    def column(self, name: str) -> str:
+        return f"{name}.{self.suffix}" if self.suffix else name
+
+
+@dataclass(frozen=True)
+class Fold:
+    """SQL (DuckDB) over the stored rows of a group; ``without_count`` replaces it when the query has
+    no count aggregate to weight by. Placeholders: ``{c}`` the quoted column, ``{w}`` the count column,
+    ``{val}`` the FILTER of rows whose values count, ``{fin}`` the final-row condition, ``{ok}`` a row
+    that can be weighted."""
+
+    sql: str
+    without_count: str | None = None
+
+    def render(self, w: str | None, **parts: str) -> str:
+        text = self.without_count if w is None and self.without_count is not None else self.sql
+        return text.format(w=w, **parts)
+
+
+_SUM_INT = Fold("CAST(sum({c}) {val} AS BIGINT)")
+_FINAL = Fold("max(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")
+_DECIDED = Fold("coalesce(max({c}) FILTER (WHERE {fin}), max({c}) {val})")  # decided at close
+_WEIGHTED = Fold("sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END) / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0)",
+                 _FINAL.sql)  # fmt: skip
+_WEIGHTED_SUMMARY = Fold("sum(CASE WHEN {ok} THEN {c} * {w} END) / nullif(sum(CASE WHEN {ok} THEN {w} END), 0)",
+                         "avg(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ResultKind:
+    """A kind of result column (an aggregate's, or one of a holistic aggregate's several columns)."""
+
+    float: bool = False  # stored as float64 (else int64)
+    nan: bool = False  # NaN for an empty group, served as NULL
+    fold: Fold = _DECIDED  # a (window, key)'s final row, its corrections and late rows -> one value
+    summary: Fold = _WEIGHTED_SUMMARY  # a window's groups -> one value (the API's per-window summary)
+    total: str | None = None  # the total over a window's groups (a pyarrow.compute function), if any
+
+
+RESULT_KINDS: dict[str, ResultKind] = {
+    "count": ResultKind(fold=_SUM_INT, summary=Fold("sum({c}) {val}"), total="sum"),
+    "sum": ResultKind(fold=_SUM_INT, summary=Fold("sum({c}) {val}"), total="sum"),
+    "min": ResultKind(fold=Fold("min({c}) {val}"), summary=Fold("min({c}) {val}"), total="min"),
+    "max": ResultKind(fold=Fold("max({c}) {val}"), summary=Fold("max({c}) {val}"), total="max"),
+    "avg": ResultKind(float=True, nan=True, fold=_WEIGHTED),
+    # a correction counts only its late values: the sum bounds the distinct count from above
+    "count_distinct": ResultKind(fold=_SUM_INT),
+    "quantile": ResultKind(float=True),
+    "top": ResultKind(),
+    "rank": ResultKind(),
+    "top_error": ResultKind(),  # the Misra-Gries bound goes with its weight
+    # the final row's (a spread has no exact fold from finalized rows)
+    "variance": ResultKind(float=True, nan=True, fold=_FINAL),
+    "stddev": ResultKind(float=True, nan=True, fold=_FINAL),
+}
+FLOAT_KINDS = tuple(k for k, r in RESULT_KINDS.items() if r.float)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate function."""
+
+    fn: str
+    state: tuple[StatePart, ...] | Callable[[Any], tuple[StatePart, ...]]  # fixed, or of the AggregateSpec
+    finalize: Callable[..., np.ndarray] | None = None  # merged state columns -> result (None: holistic)
+    field_kinds: tuple[str, ...] = ("int",)  # kinds of field it takes; () takes none
+    params: tuple[str, ...] = ()  # AggregateSpec parameters it takes
+    check: Callable[[Any], None] | None = None  # further validation of the AggregateSpec (raises ValueError)
+    prefix: str = ""  # the default name's prefix (default: fn)
+    outputs: Callable[[Any], list[tuple[str, str]]] | None = None  # (column, result kind); default [(name, fn)]
+    over_join: bool = False  # a join may compute it over its output rows (state lifted from the join expression)
+
+    @property
+    def holistic(self) -> bool:
+        return self.finalize is None
+
+    @property
+    def exact_int(self) -> bool:
+        """Its result is one exact integer word: a join may compare and add it (closed-window inputs)."""
+        return not self.holistic and not RESULT_KINDS[self.fn].float
+
+    def parts(self, spec: Any = None) -> tuple[StatePart, ...]:
+        return self.state(spec) if callable(self.state) else self.state
+
+
+def _int(x: np.ndarray) -> np.ndarray:
+    return np.array(x, dtype=np.int64)
+
+
+def _mean(s: np.ndarray, c: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(c != 0, s.astype(np.float64) / np.where(c != 0, c, 1), np.nan)
+
+
+def _variance(n: np.ndarray, s: np.ndarray, sq: np.ndarray) -> np.ndarray:
+    """Population variance (n·Σx² − (Σx)²) / n², the exact rational correctly rounded to float64 (NaN
+    when n = 0): one IEEE division where numerator and denominator are exact integers below 2^52, else
+    Python's integer division (also correctly rounded), so both levels and any oracle agree bit for bit."""
+    n, s, sq = (np.asarray(x, np.int64) for x in (n, s, sq))
+    out = np.full(n.shape, np.nan)
+    nz = n > 0
+    small = nz & (n < 2**26) & (n.astype(np.float64) * sq.astype(np.float64) < 2.0**52)
+    num = n[small] * sq[small] - s[small] * s[small]
+    out[small] = num.astype(np.float64) / (n[small] * n[small]).astype(np.float64)
+    for i in np.flatnonzero(nz & ~small):
+        ni, si = int(n[i]), int(s[i])
+        out[i] = (ni * int(sq[i]) - si * si) / (ni * ni)
+    return out
+
+
+def _stddev(n: np.ndarray, s: np.ndarray, sq: np.ndarray) -> np.ndarray:
+    return np.sqrt(_variance(n, s, sq))
+
+
+_SQUARE_BITS = 16
+_WIDE = {"src_mac": 48, "dst_mac": 48, "mpls_label": 20}  # int fields wider than 16 bits
+
+
+def _check_square(a: Any) -> None:
+    if _WIDE.get(a.field, 0) > _SQUARE_BITS:
+        raise ValueError(f"{a.fn} sums squares in 64 bits: {a.field!r} ({_WIDE[a.field]} bits) is wider than "
+                         f"{_SQUARE_BITS} bits")  # fmt: skip
+
+
+def _check_distinct(a: Any) -> None:
+    if a.precision is not None and a.approx is None:
+        raise ValueError("precision applies to approx: hll")
+    if a.precision is not None and not sketch.HLL_MIN_P <= a.precision <= sketch.HLL_MAX_P:
+        raise ValueError(f"precision must be {sketch.HLL_MIN_P}..{sketch.HLL_MAX_P} (HLL registers 2^p)")
+
+
+def _check_quantiles(a: Any) -> None:
+    if not a.q:
+        raise ValueError("quantiles needs q: a list of quantiles in (0, 1), e.g. [0.5, 0.95, 0.99]")
+    bad = [x for x in a.q if not 0 < x < 1]
+    if bad:
+        raise ValueError(f"quantile {bad[0]} is outside (0, 1)")
+    if any(abs(round(x, 4) - x) > 1e-12 for x in a.q):
+        raise ValueError("a quantile has at most 4 decimals (0.5, 0.95, 0.999, 0.9999)")
+    if len(set(a.q)) != len(a.q):
+        raise ValueError("duplicate quantiles")
+    if a.accuracy is not None and not 0 <= a.accuracy <= 0.5:
+        raise ValueError("accuracy (relative error) must be 0 (exact) .. 0.5")
+
+
+def _check_top(a: Any) -> None:
+    if a.k is None or a.k < 1:
+        raise ValueError("top needs k >= 1 (how many items per group)")
+    if a.capacity is not None and not a.k <= a.capacity <= MAX_TOP_CAPACITY:
+        raise ValueError(f"top capacity must be an integer k ({a.k}) .. {MAX_TOP_CAPACITY}")
+    if a.by is not None:
+        b = F.CATALOG.get(a.by)
+        if b is None:
+            raise ValueError(f"unknown field {a.by!r} in by; known: {', '.join(sorted(F.CATALOG))}")
+        if b.kind != "int":
+            raise ValueError(f"top by needs a numeric field, {a.by!r} is {b.kind}")
+
+
+def quantile_suffix(x: float) -> str:
+    """0.5 -> 'p50', 0.95 -> 'p95', 0.999 -> 'p99_9'."""
+    return "p" + f"{round(x * 100, 6):g}".replace(".", "_")
+
+
+def _quantile_outputs(a: Any) -> list[tuple[str, str]]:
+    return [(f"{a.name}_{quantile_suffix(x)}", "quantile") for x in a.q or []]
+
+
+def _top_outputs(a: Any) -> list[tuple[str, str]]:
+    err = [(f"{a.name}_error", "top_error")] if a.capacity is not None else []
+    return [(a.name, "top"), (f"{a.name}_rank", "rank"), *err]
+
+
+_N = StatePart("n", MERGE_SUM, LIFT_ONE)  # a holistic sub-key's packets
+
+
+def _distinct_state(a: Any) -> tuple[StatePart, ...]:
+    return (StatePart("rank", MERGE_MAX, LIFT_HLL_RANK),) if a.approx == "hll" else (_N,)
+
+
+def _top_state(a: Any) -> tuple[StatePart, ...]:
+    return (StatePart("weight", MERGE_SUM, LIFT_VALUE, of="by"),) if a.by is not None else (_N,)
+
+
+_COUNT = StatePart("count", MERGE_SUM, LIFT_ONE)
+_SUM = StatePart("sum", MERGE_SUM, LIFT_VALUE)
+_SUMSQ = StatePart("sumsq", MERGE_SUM, LIFT_SQUARE)
+
+REGISTRY: dict[str, Aggregate] = {a.fn: a for a in (
+    Aggregate("count", (StatePart("", MERGE_SUM, LIFT_ONE),), _int, field_kinds=(), over_join=True),
+    Aggregate("sum", (StatePart("", MERGE_SUM, LIFT_VALUE),), _int, over_join=True),
+    Aggregate("min", (StatePart("", MERGE_MIN, LIFT_VALUE),), _int, over_join=True),
+    Aggregate("max", (StatePart("", MERGE_MAX, LIFT_VALUE),), _int, over_join=True),
+    Aggregate("avg", (_SUM, _COUNT), _mean, over_join=True),  # travels as (sum, count): merges exactly
+    Aggregate("variance", (_COUNT, _SUM, _SUMSQ), _variance, check=_check_square),  # population
+    Aggregate("stddev", (_COUNT, _SUM, _SUMSQ), _stddev, check=_check_square),  # sqrt of the variance
+    Aggregate("count_distinct", _distinct_state, field_kinds=("int", "ip"), params=("approx", "precision"),
+              check=_check_distinct, prefix="distinct"),
+    Aggregate("quantiles", (_N,), params=("q", "accuracy"), check=_check_quantiles, outputs=_quantile_outputs),
+    Aggregate("top", _top_state, field_kinds=("int", "ip"), params=("k", "by", "capacity"), check=_check_top,
+              outputs=_top_outputs),
+)}  # fmt: skip
+NAMES = tuple(REGISTRY)
+HOLISTIC = tuple(fn for fn, a in REGISTRY.items() if a.holistic)
+PARAMS = tuple(dict.fromkeys(p for a in REGISTRY.values() for p in a.params))
+JOIN_FNS = tuple(fn for fn, a in REGISTRY.items() if a.over_join)
+
+
+def finalize(aggs: Sequence[tuple[str, str]], state: np.ndarray) -> dict[str, np.ndarray]:
+    """Merged state columns (int64[n, columns]) -> the bounded aggregates' results by name, vectorised.
+    ``aggs`` are (fn, name) in state order; holistic ones are skipped (their state comes last)."""
+    out: dict[str, np.ndarray] = {}
+    j = 0
+    for fn, name in aggs:
+        agg = REGISTRY[fn]
+        if agg.finalize is None:
+            continue
+        k = len(agg.parts())
+        out[name] = agg.finalize(*(state[:, j + i] for i in range(k)))
+        j += k
+    return out
+
+
+def lift(part: StatePart, values: np.ndarray) -> np.ndarray:
+    """What packets with these values add to a state column (the oracle's and a join's lift)."""
+    if part.lift == LIFT_ONE:
+        return np.ones(len(values), np.int64)
+    if part.lift == LIFT_SQUARE:
+        return values * values
+    if part.lift == LIFT_VALUE:
+        return values
+    raise ValueError(f"lift {part.lift!r} needs the sketch of the value, not the value")

@@ -1,0 +1,549 @@
+"""The query model: what an aggregate query asks for, validated with precise errors.
+
+A query is a windowed group-by aggregate over packets. The low level computes per-pane partial
+aggregates (pane = gcd(range, slide), the dissertation's paned WID) and the high level assembles
+windows from panes; a query may also keep only the windows that pass a HAVING condition and declare
+alert rules over closed windows (:mod:`contract.condlang`). Every layout both levels use is derived from
+this model (:mod:`contract.query.layout`), so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from contract import aggregates as A
+from contract import condlang, sketch
+from contract import fields as F
+from contract.aggregates import DEFAULT_ACCURACY
+from contract.filterlang import FilterError, compile_filter
+
+NS = 1_000_000_000
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|min|h|d)?\s*$")
+_UNIT_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": NS, "m": 60 * NS, "min": 60 * NS, "h": 3600 * NS, "d": 86400 * NS}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: names the file, the line, the field and the reason."""
+
+    def __init__(self, file: str, line: int | None, field: str, reason: str) -> None:
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {field}: {reason}" if field else f"{where}: {reason}")
+        self.file, self.line, self.field, self.reason = file, line, field, reason
+
+
+def parse_duration_ns(value: Any) -> int:
+    """'10s', '1m', '500ms', or a number of seconds -> nanoseconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '10s', '1m', '500ms'")
+    if isinstance(value, int | float):
+        ns = int(round(value * NS))
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        ns = int(round(float(m.group(1)) * _UNIT_NS[m.group(2) or "s"]))
+    else:
+        raise ValueError(f"{value!r} is not a duration (use e.g. '10s', '1m', '500ms')")
+    return ns
+
+
+Duration = Annotated[int, Field(description="duration; YAML accepts '10s', '1m', '500ms' or seconds")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WindowSpec(_Strict):
+    """Sliding/tumbling (range, slide) or landmark (from origin + n*landmark, updated every ``update``).
+
+    A landmark window (``{landmark: 1d, update: 1m}``: per-day totals) is a tumbling window of the
+    landmark's length whose panes are the update interval: every pane the low-water mark passes
+    emits ``update`` rows (the totals so far), the landmark's end the ``final`` rows; closed by
+    punctuation like every window.
+    """
+
+    range_ns: int = Field(alias="range")
+    slide_ns: int | None = Field(default=None, alias="slide")
+    origin_ns: int = Field(default=0, alias="origin")
+    landmark_ns: int | None = Field(default=None, alias="landmark")
+    update_ns: int | None = Field(default=None, alias="update")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _landmark_range(cls, data: Any) -> Any:
+        """A landmark window's range and slide are the landmark (given or not)."""
+        if isinstance(data, dict) and data.get("landmark") is not None:
+            lm = data["landmark"]
+            for k in ("range", "slide"):
+                if data.get(k) is not None and parse_duration_ns(data[k]) != parse_duration_ns(lm):
+                    raise ValueError(f"a landmark window takes 'landmark' and 'update', not {k!r}")
+            if data.get("update") is None:
+                raise ValueError("a landmark window needs 'update' (how often its totals so far are emitted)")
+            data = {**data, "range": lm, "slide": lm}
+        elif isinstance(data, dict) and data.get("update") is not None:
+            raise ValueError("'update' belongs to a landmark window ({landmark: 1d, update: 1m})")
+        return data
+
+    @field_validator("range_ns", "slide_ns", "origin_ns", "landmark_ns", "update_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return None if v is None else parse_duration_ns(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> WindowSpec:
+        if self.range_ns <= 0:
+            raise ValueError("range must be positive")
+        slide = self.slide
+        if slide <= 0:
+            raise ValueError("slide must be positive")
+        if slide > self.range_ns:
+            raise ValueError("slide larger than range would leave gaps between windows")
+        if self.update_ns is not None:
+            if self.update_ns <= 0 or self.range_ns % self.update_ns:
+                raise ValueError(f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)")
+            if self.range_ns // self.update_ns > 86_400:
+                raise ValueError("more than 86400 updates per landmark window; use a larger update")
+        elif self.range_ns // self.pane_ns > 1024:
+            raise ValueError(
+                f"more than 1024 panes per window (pane = gcd(range, slide) = {self.pane_ns / NS:g}s); "
+                "use a larger slide or a range that is a multiple of it"
+            )
+        if self.pane_ns < 1_000_000:
+            raise ValueError("pane (gcd of range and slide) below 1 ms is not supported")
+        return self
+
+    @property
+    def slide(self) -> int:
+        return self.slide_ns if self.slide_ns is not None else self.range_ns
+
+    @property
+    def pane_ns(self) -> int:
+        """The low level's aggregation unit: gcd(range, slide), the slide when range is a multiple of it
+        (RANGE 9 / SLIDE 6 -> panes of 3, windows of 3 panes sliding by 2); a landmark's update."""
+        return self.update_ns if self.update_ns is not None else math.gcd(self.range_ns, self.slide)
+
+    @property
+    def landmark(self) -> bool:
+        return self.landmark_ns is not None
+
+    @property
+    def panes_per_window(self) -> int:
+        return self.range_ns // self.pane_ns
+
+    @property
+    def panes_per_slide(self) -> int:
+        """Windows start every this many panes (at origin + n*slide); 1 unless range % slide != 0."""
+        return self.slide // self.pane_ns
+
+    @property
+    def tumbling(self) -> bool:
+        return self.range_ns == self.slide
+
+
+class TableSpec(_Strict):
+    size: int = 65536
+    probes: int = 4
+
+    @field_validator("size")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"table size must be a power of two >= 16, got {v}")
+        if v > 1 << 26:
+            raise ValueError("table size above 2^26 slots is not supported")
+        return v
+
+    @field_validator("probes")
+    @classmethod
+    def _probes(cls, v: int) -> int:
+        if not 1 <= v <= 16:
+            raise ValueError("probes must be between 1 and 16")
+        return v
+
+
+class FlushSpec(_Strict):
+    policy: Literal["lazy", "slow", "iop"] = "lazy"
+    m: int = 2
+    i: int = 160
+
+    @model_validator(mode="after")
+    def _check(self) -> FlushSpec:
+        if not 1 <= self.m <= 32:
+            raise ValueError("m (windows of extra delay) must be between 1 and 32")
+        if self.i < 1:
+            raise ValueError("i (packets per slow flush) must be >= 1")
+        return self
+
+
+class HeartbeatSpec(_Strict):
+    """How a capture host punctuates. ``max_disorder``: how far back a busy host's packet timestamps may
+    go (capture out of order, e.g. flow-sorted blocks); its mark stays that far behind its data clock,
+    so such packets are not late (cost: windows close that much later). The default is the default
+    skew: block-sorted disorder up to it loses nothing (benchmarks/bench_disorder.py). 0 is the
+    strict rule (the mark follows the table's oldest pane)."""
+
+    interval_ns: int = Field(default=NS, alias="interval")
+    skew_ns: int = Field(default=2 * NS, alias="skew")
+    max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder")
+    on_demand: bool = True
+
+    @field_validator("interval_ns", "skew_ns", "max_disorder_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
+
+    @field_validator("interval_ns")
+    @classmethod
+    def _pos(cls, v: int) -> int:
+        if v < 10_000_000:
+            raise ValueError("heartbeat interval must be at least 10ms")
+        return v
+
+    @field_validator("max_disorder_ns")
+    @classmethod
+    def _nonneg(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("max_disorder must be >= 0")
+        return v
+
+
+class ExportSpec(_Strict):
+    """Export the last closed window's top ``top`` groups by aggregate ``by`` as Prometheus series.
+
+    Bounded on purpose: at most ``top`` series per aggregate of the query, replaced at every window.
+    """
+
+    top: int = Field(default=10, ge=1, le=1000)
+    by: str | None = None  # default: the first aggregate
+
+
+class KafkaSpec(_Strict):
+    topic: str | None = None
+    partitions: int = 1
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
+            raise ValueError("a Kafka topic uses only letters, digits, '.', '_' and '-'")
+        return v
+
+    @field_validator("partitions")
+    @classmethod
+    def _parts(cls, v: int) -> int:
+        if not 1 <= v <= 256:
+            raise ValueError("partitions must be between 1 and 256")
+        return v
+
+
+HOLISTIC = A.HOLISTIC  # two-stage: a sub-key per (group, value), reduced at close
+
+
+class AggregateSpec(_Strict):
+    """One aggregate of a query; what each ``fn`` is, takes and keeps is its :mod:`contract.aggregates` entry."""
+
+    fn: Literal[A.NAMES]  # type: ignore[valid-type]
+    field: str | None = None
+    alias: str | None = Field(default=None, alias="as")
+    # holistic parameters (contract.sketch): count_distinct approx/precision, quantiles q/accuracy, top k/by
+    approx: Literal["hll"] | None = None
+    precision: int | None = None
+    q: list[float] | None = None
+    accuracy: float | None = None
+    k: int | None = None
+    by: str | None = None
+    capacity: int | None = None  # top: Misra-Gries summary of at most this many items per (pane, group)
+
+    @model_validator(mode="after")
+    def _check(self) -> AggregateSpec:
+        agg = A.REGISTRY[self.fn]
+        for param in A.PARAMS:
+            if getattr(self, param) is not None and param not in agg.params:
+                fns = [a.fn for a in A.REGISTRY.values() if param in a.params]
+                raise ValueError(f"{param!r} is a parameter of {' / '.join(fns)}, not of {self.fn}")
+        if not agg.field_kinds:
+            if self.field is not None:
+                raise ValueError(f"{self.fn} takes no field (it counts packets)")
+        else:
+            if self.field is None:
+                raise ValueError(f"{self.fn} needs a field")
+            fld = F.CATALOG.get(self.field)
+            if fld is None:
+                raise ValueError(f"unknown field {self.field!r}; known: {', '.join(sorted(F.CATALOG))}")
+            if fld.kind not in agg.field_kinds:
+                kinds = " or ".join({"int": "numeric", "ip": "address"}[k] for k in agg.field_kinds)
+                raise ValueError(f"{self.fn} needs a {kinds} field, {self.field!r} is {fld.kind}")
+        if agg.check is not None:
+            agg.check(self)
+        return self
+
+    @property
+    def name(self) -> str:
+        if self.alias:
+            return self.alias
+        prefix = A.REGISTRY[self.fn].prefix or self.fn
+        return prefix if self.field is None else f"{prefix}_{self.field}"
+
+    @property
+    def holistic(self) -> bool:
+        return A.REGISTRY[self.fn].holistic
+
+    @property
+    def hll_precision(self) -> int | None:
+        """HLL precision of an approximate distinct count, None when exact."""
+        return (self.precision or sketch.HLL_DEFAULT_P) if self.approx == "hll" else None
+
+    @property
+    def quantile_accuracy(self) -> float:
+        """The relative accuracy as both levels use it (rounded to parts per 10^9, as the kernel's literal)."""
+        return accuracy_ppb(DEFAULT_ACCURACY if self.accuracy is None else self.accuracy) / 1e9
+
+    def output_columns(self) -> list[tuple[str, str]]:
+        """(result column, kind) this aggregate writes: quantiles one per q (``<name>_p95``), top its
+        weight and rank; a kind's type is :data:`contract.aggregates.RESULT_KINDS`'."""
+        outputs = A.REGISTRY[self.fn].outputs
+        return outputs(self) if outputs is not None else [(self.name, self.fn)]
+
+
+SEVERITIES = ("critical", "warning", "info")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,62}")
+
+
+class AlertSpec(_Strict):
+    """An alert rule: fires once per (window, group) whose closed window satisfies ``when``."""
+
+    name: str
+    when: str
+    severity: Literal["critical", "warning", "info"] = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    summary: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _LABEL.fullmatch(v):
+            raise ValueError("an alert name is letters, digits and '_' (starting with a letter or '_')")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _LABEL.fullmatch(k) or k.startswith("__"):
+                raise ValueError(f"label name {k!r} is not a Prometheus label name")
+            if k in ALERT_LABELS:
+                raise ValueError(f"label {k!r} is set by lowwater (reserved: {', '.join(ALERT_LABELS)})")
+        return v
+
+
+# labels every alert carries (Alertmanager groups and deduplicates by labels)
+ALERT_LABELS = ("alertname", "severity", "query", "window_start", "window_end")
+
+
+_GROUP_RE = re.compile(r"^([a-z_]+)(?:/(\d{1,3})(?:/(\d{1,3}))?)?$")
+
+
+@dataclass(frozen=True)
+class KeyPart:
+    """One group-by component: a field, optionally reduced to an address prefix."""
+
+    name: str
+    field: F.Field
+    prefix4: int | None
+    prefix6: int | None
+
+    @property
+    def words(self) -> int:
+        return 2 if self.field.kind == "ip" else 1
+
+
+def _parse_group(item: Any) -> KeyPart:
+    if isinstance(item, dict):
+        allowed = {"field", "prefix4", "prefix6", "as"}
+        extra = set(item) - allowed
+        if extra:
+            raise ValueError(f"unknown key(s) {sorted(extra)} in group-by item; allowed {sorted(allowed)}")
+        fname = item.get("field")
+        p4, p6, alias = item.get("prefix4"), item.get("prefix6"), item.get("as")
+    elif isinstance(item, str):
+        m = _GROUP_RE.match(item.strip())
+        if not m:
+            raise ValueError(f"{item!r} is not a field or 'field/prefix'")
+        fname = m.group(1)
+        p4 = int(m.group(2)) if m.group(2) else None
+        p6 = int(m.group(3)) if m.group(3) else (64 if p4 is not None else None)
+        alias = None
+    else:
+        raise ValueError(f"group-by item must be a field name, got {item!r}")
+    fld = F.CATALOG.get(fname or "")
+    if fld is None:
+        raise ValueError(f"unknown field {fname!r}; known: {', '.join(sorted(F.CATALOG))}")
+    if fld.kind == "time":
+        raise ValueError("group by the window, not by timestamp")
+    if p4 is not None or p6 is not None:
+        if fld.kind != "ip":
+            raise ValueError(f"a prefix applies to an address field, not {fname!r}")
+        p4 = 32 if p4 is None else p4
+        p6 = 128 if p6 is None else p6
+        if not (isinstance(p4, int) and 0 <= p4 <= 32):
+            raise ValueError(f"IPv4 prefix length must be 0..32, got {p4}")
+        if not (isinstance(p6, int) and 0 <= p6 <= 128):
+            raise ValueError(f"IPv6 prefix length must be 0..128, got {p6}")
+    name = alias or (fname if p4 is None else f"{fname}_{p4}")
+    return KeyPart(str(name), fld, p4, p6)
+
+
+class QuerySpec(_Strict):
+    name: str
+    description: str = ""
+    # capture hosts that run this query: glob patterns over host ids ("cap-*", "edge-1/*" for every worker
+    # of edge-1); the default runs it everywhere
+    sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    filter: str | None = None
+    group_by: list[Any] = Field(default_factory=list)
+    aggregates: list[AggregateSpec]
+    having: str | None = None
+    alerts: list[AlertSpec] = Field(default_factory=list)
+    export: ExportSpec | None = None
+    window: WindowSpec
+    table: TableSpec = TableSpec()
+    flush: FlushSpec = FlushSpec()
+    heartbeat: HeartbeatSpec = HeartbeatSpec()
+    kafka: KafkaSpec = KafkaSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", v):
+            raise ValueError("a query name is lower-case letters, digits and '_' (starting with a letter)")
+        return v
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: list[str]) -> list[str]:
+        for pat in v:
+            if not re.fullmatch(r"[A-Za-z0-9._:/*?\[\]-]{1,128}", pat):
+                raise ValueError(f"source {pat!r}: a host-id glob pattern (letters, digits, . _ : / - and * ? [ ])")
+        return v
+
+    def runs_on(self, host: str) -> bool:
+        """Whether the capture host ``host`` runs this query (its id matches one of ``sources``)."""
+        return any(fnmatch.fnmatchcase(host, pat) for pat in self.sources)
+
+    @field_validator("filter")
+    @classmethod
+    def _filter(cls, v: str | None) -> str | None:
+        try:
+            compile_filter(v)
+        except FilterError as exc:
+            raise ValueError(f"filter syntax error: {exc}") from None
+        return v
+
+    @field_validator("group_by")
+    @classmethod
+    def _group(cls, v: list[Any]) -> list[Any]:
+        parts = [_parse_group(item) for item in v]
+        names = [p.name for p in parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate group-by names {names}")
+        if sum(p.words for p in parts) > 8:
+            raise ValueError("group key too wide (at most 8 words: e.g. 4 addresses)")
+        return v
+
+    @field_validator("aggregates")
+    @classmethod
+    def _aggs(cls, v: list[AggregateSpec]) -> list[AggregateSpec]:
+        if not v:
+            raise ValueError("at least one aggregate is needed")
+        names = [n for a in v for n, _ in a.output_columns()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate aggregate names {names}")
+        hol = [a for a in v if a.holistic]
+        if len(hol) > 1:
+            raise ValueError(f"at most one holistic aggregate (count_distinct, quantiles, top) per query, got "
+                             f"{', '.join(a.name for a in hol)}: split them into queries")
+        return v
+
+    @field_validator("having")
+    @classmethod
+    def _having(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            _check_condition(v, info.data.get("aggregates"))
+        return v
+
+    @field_validator("alerts")
+    @classmethod
+    def _alerts(cls, v: list[AlertSpec], info: Any) -> list[AlertSpec]:
+        names = [a.name for a in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate alert names {names}")
+        for i, a in enumerate(v):
+            try:
+                _check_condition(a.when, info.data.get("aggregates"))
+            except ValueError as exc:
+                raise ValueError(f"alert {a.name!r} (#{i}) when: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _export(self) -> QuerySpec:
+        names = result_names(self)
+        if self.export is not None and self.export.by is not None and self.export.by not in names:
+            raise ValueError(f"export.by: {self.export.by!r} is not an aggregate of the query ({', '.join(names)})")
+        return self
+
+    @model_validator(mode="after")
+    def _alert_labels(self) -> QuerySpec:
+        keys = {p.name for p in self.key_parts}
+        h = holistic(self)
+        if h is not None and h.fn == "top" and h.field in keys:
+            raise ValueError(f"top's item column {h.field!r} clashes with a group-by column (group by it 'as' another name)")
+        if h is not None and h.fn == "top":
+            keys.add(h.field or "")
+        for a in self.alerts:
+            clash = sorted(set(a.labels) & keys)
+            if clash:
+                raise ValueError(f"alert {a.name!r}: labels {clash} clash with the group-by columns")
+        return self
+
+    @property
+    def key_parts(self) -> list[KeyPart]:
+        return [_parse_group(item) for item in self.group_by]
+
+    @property
+    def topic(self) -> str:
+        return self.kafka.topic or f"lowwater.{self.name}"
+
+
+def _check_condition(text: str, aggs: list[AggregateSpec] | None) -> None:
+    """A HAVING/alert condition must parse and name only the query's aggregates."""
+    if aggs is None:  # the aggregates themselves are invalid: that error is reported instead
+        return
+    try:
+        condlang.parse(text, [n for a in aggs for n, _ in a.output_columns()])
+    except condlang.ConditionError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def condition(q: QuerySpec, text: str) -> condlang.Cond:
+    """A validated condition of ``q`` (its HAVING or an alert's ``when``) as an AST."""
+    return condlang.parse(text, result_names(q))
+
+
+def result_names(q: QuerySpec) -> list[str]:
+    """The aggregate result columns of ``q`` (what HAVING, alerts and export may name)."""
+    return [n for a in q.aggregates for n, _ in a.output_columns()]
+
+
+def holistic(q: QuerySpec) -> AggregateSpec | None:
+    """The query's holistic aggregate (at most one), whose sub-key extends the group key."""
+    return next((a for a in q.aggregates if a.holistic), None)
+
+
+
+def accuracy_ppb(accuracy: float) -> int:
+    """A relative accuracy in parts per 10^9: the integer the kernel's bucket literal carries."""
+    return int(round(accuracy * 1e9))
