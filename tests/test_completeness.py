@@ -197,7 +197,7 @@ def ring_drops(kafka, topic_factory, window: str = "{range: 1s}") -> list[simula
 
 
 @pytest.mark.kafka
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("window", ["{range: 1s}", "{range: 3s, slide: 1s}"])
 def test_ring_drops_of_frames_sent_faster_than_a_small_ring_drains_flag_their_windows(kafka, topic_factory,
                                                                                      window) -> None:  # fmt: skip
@@ -230,7 +230,7 @@ def disorder(kafka, topic_factory, bound: str = "1s") -> tuple[list[simulate.Ver
 
 
 @pytest.mark.kafka
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_disorder_past_the_hosts_bound_flags_the_windows_of_its_late_packets(kafka, topic_factory) -> None:
     vs, late = disorder(kafka, topic_factory, "1s")  # past the bound: late packets, flagged
     assert late > 0
@@ -265,7 +265,7 @@ def killed_host(kafka, topic_factory) -> list[simulate.Verdict]:
 
 
 @pytest.mark.kafka
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_a_host_killed_mid_window_flags_every_window_it_never_passed(kafka, topic_factory) -> None:
     assert_property(killed_host(kafka, topic_factory), "timeout")
 
@@ -346,14 +346,14 @@ def join_verdicts(cfg: Q.Config, values: dict[tuple[str, int], list[bytes]], tra
     got: dict[int, set] = {}
     for i, (w, k) in enumerate(zip(fin["window"].tolist(), fin["key"].tolist(), strict=True)):
         got.setdefault(int(w), set()).add((*k, *(round(float(vals[a][i]), 3) for a in names)))
-    wins = set(exp) | set(got)
+    closed = proc.rollup.closed
+    # a window the join has not closed is no result yet (its marks did not pass it): judged once closed
+    wins = {w for w in set(exp) | set(got) if closed is not None and w < closed}
+    if len(wins) < len(set(exp) | set(got)):
+        st = json.loads(df.loc[df["kind"] == "status", "status"].iloc[-1])
+        print(f"join {lay.name}: {len(set(exp) | set(got)) - len(wins)} windows still open; marks "
+              f"{ {h: v['mark_ns'] for h, v in st['hosts'].items()} }, closed before {closed}")
     starts = {w: int(rl.window_start_ns(np.array([w]))[0]) for w in wins}
-    import os
-    if os.environ.get("H27DBG"):
-        for w in sorted(wins):
-            print("W", w, sorted(got.get(w, set()) ^ exp.get(w, set()))[:6], len(got.get(w, ())), len(exp.get(w, ())))
-        st = [json.loads(t) for t in df.loc[df["kind"] == "status", "status"]]
-        print("ST", st[-1]["batch"], st[-1]["errors"])
     return simulate.judge(got, exp, simulate.window_causes(df, starts), wins)
 
 
@@ -396,7 +396,7 @@ def select_outage(kafka, topic_factory, kind: str = "anti") -> list[simulate.Ver
 
 
 @pytest.mark.kafka
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["anti", "inner"])
 def test_an_outage_longer_than_the_select_outbox_flags_the_joins_windows(kafka, topic_factory, kind) -> None:
     """SYN-ACKs shed by the host's outbox during a Kafka outage: an anti join would call their SYNs

@@ -30,6 +30,7 @@ queries:
     window: {{range: 1s}}
     table: {{size: 256}}
     flush: {{policy: lazy, m: 2}}
+    heartbeat: {{max_disorder: 0s}}  # in-order capture: the mark follows the table (the outage is the fault here)
     kafka: {{topic: {topic}, partitions: {partitions}}}
 """).queries[0]
 
