@@ -340,10 +340,11 @@ def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_res
     for w in listed:
         assert w["shed_records"] == sum(n for x, _, _, n, _ in want if x == wid(w["window_start"]))
     srows = {wid(r["window_start"]): r for r in series["rows"]}
-    assert series["columns"][-2:] == ["shed_records", "flagged"]
+    assert series["columns"][-3:] == ["shed_records", "flagged", "loss_causes"]
     for w in empty:
         assert (
-            srows[w]["groups"] == 0
+            srows[w]["loss_causes"].startswith("h1 shed")  # which host, which cause, how many (the tooltip)
+            and srows[w]["groups"] == 0
             and srows[w]["n"] is None
             and srows[w]["flagged"]
             and not srows[w]["complete"]
