@@ -100,13 +100,19 @@ RUN pip install -r /tmp/requirements.lock
 # `mvn dependency:copy-dependencies` on local_stack/maven/spark-kafka.pom.xml and leaves out what
 # pyspark already ships. Only local_stack/ is copied first, so a code change elsewhere does not
 # re-run Maven. (spark_kafka_jars() is the Spark half of `python -m local_stack.jars`; the Kafka
-# broker half is not needed because Kafka runs from the apache/kafka image.)
+# broker half is not needed because Kafka runs from the apache/kafka image.) The jars the job hands
+# Spark move to /var/lib/lowwater/jars/spark-job, which the central image names in
+# LOWWATER_JOB_SPARK_JARS: the job itself never imports local_stack.
 COPY local_stack ./local_stack
 RUN PYTHONPATH=/app python -c "from local_stack.jars import spark_kafka_jars; print(*spark_kafka_jars(), sep='\n')" \
- && test -s "$LOWWATER_STATE_DIR/jars/spark-kafka/jars.txt"
+      > /tmp/spark-jars.txt \
+ && test -s "$LOWWATER_STATE_DIR/jars/spark-kafka/jars.txt" \
+ && install -d /var/lib/lowwater/jars/spark-job \
+ && xargs -a /tmp/spark-jars.txt mv -t /var/lib/lowwater/jars/spark-job \
+ && rm -rf "$LOWWATER_STATE_DIR/jars/spark-kafka" /tmp/spark-jars.txt \
+ && ls /var/lib/lowwater/jars/spark-job/spark-sql-kafka-*.jar
 
-# The project itself, installed editable from /app: the Maven poms in local_stack/maven (which the
-# jar stamp check reads at run time) and configs/ are not part of the wheel.
+# The project itself, installed editable from /app: configs/ is not part of the wheel.
 COPY . /app
 RUN pip install --no-deps --no-build-isolation -e /app \
  && python -c "import contract, high_level.job, high_level.serve.api, local_stack" \
@@ -122,7 +128,8 @@ LABEL org.opencontainers.image.title="lowwater-central" \
       org.opencontainers.image.base.name="python:3.11.13-slim-bookworm" \
       io.lowwater.roles="job,spark-master,spark-worker,api,kafka-init" \
       io.lowwater.ports="9102/job-metrics,8080/api,7077/spark-master"
-ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9102/metrics
+ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9102/metrics \
+    LOWWATER_JOB_SPARK_JARS='["/var/lib/lowwater/jars/spark-job"]'
 
 # openjdk-17: Spark 4.x (driver, master, workers, executors). procps: `ps`, used by Spark's scripts.
 RUN mkdir -p /usr/share/man/man1 \

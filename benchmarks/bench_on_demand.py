@@ -36,6 +36,7 @@ from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.aggregate.meld import Meld  # noqa: E402
 from high_level.aggregate.rollup import Layout  # noqa: E402
+from high_level.kafkaclients import KafkaClients  # noqa: E402
 from high_level.ondemand import PunctuationAsker  # noqa: E402
 from local_stack.kafka_broker import KafkaBroker  # noqa: E402
 from low_level.host.agent import Agent  # noqa: E402
@@ -69,7 +70,7 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     asker, listeners = None, {}
     if label == "on request":
         ctl = broker.create_topic(f"{topic}.control", 1)
-        asker = PunctuationAsker([Layout.of(q)], broker.bootstrap_servers, topic=ctl, min_gap_ms=200)
+        asker = PunctuationAsker([Layout.of(q)], KafkaClients(broker.bootstrap_servers), topic=ctl, min_gap_ms=200)
         for h in ("dense", "sparse"):
             listeners[h] = RequestListener(h, [q], broker.bootstrap_servers, topic=ctl).start()
             listeners[h].ready.wait(30)

@@ -146,12 +146,12 @@ class BatchClock(HighLevelJob):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.marks: list[tuple[float, int]] = []
+        self.sink.on_batch.append(self.mark)
 
-    def handle_packed(self, packed: Any, batch_id: int) -> dict[str, int]:
-        out = super().handle_packed(packed, batch_id)
+    def mark(self, batch_id: int) -> None:
+        """The sink's watcher: called once each micro-batch is written."""
         done = self.metrics.registry.get_sample_value("lowwater_job_records_consumed_total") or 0.0
         self.marks.append((time.perf_counter(), int(done)))
-        return out
 
 
 def run_config(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, batch_records: int,

@@ -81,7 +81,6 @@ from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
 from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-from high_level.results.store import generic_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
@@ -181,9 +180,10 @@ class RecordingJob(HighLevelJob):
         super().__init__(*a, **kw)
         self.rec = Recorder()
         self.rec_lock = threading.Lock()
+        self.sink.on_rows.append(self.record)
 
-    def handle_rows(self, rows: Any, batch_id: int) -> dict[str, int]:
-        tbl = generic_table(rows)
+    def record(self, tbl: pa.Table, batch_id: int) -> None:
+        """The sink's watcher: every batch's generic rows (whichever pipeline wrote them)."""
         fin = tbl.filter(pc.equal(tbl["kind"], "final"))
         with self.rec_lock:
             self.rec.batch_ids.append(batch_id)
@@ -198,7 +198,6 @@ class RecordingJob(HighLevelJob):
                     self.rec.first_step.setdefault(e, self.rec.step)
                     self.rec.last_step[e] = self.rec.step
                     self.rec.rows.setdefault(e, []).append(np.column_stack([gid[sel], st[sel]]))
-        return super().handle_rows(tbl, batch_id)
 
 
 def _matrix(col: pa.ChunkedArray, n: int, width: int) -> np.ndarray:

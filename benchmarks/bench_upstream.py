@@ -40,7 +40,8 @@ from benchmarks.machine import machine  # noqa: E402
 from contract import live as L  # noqa: E402
 from contract import query as Q  # noqa: E402
 from contract import wire  # noqa: E402
-from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_windows  # noqa: E402
+from high_level.aggregate.packed import unpack_windows  # noqa: E402
+from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
 from high_level.aggregate.rollup import Layout  # noqa: E402
 from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional  # noqa: E402
 from high_level.live.queue import Update, UpdateQueue, replay  # noqa: E402

@@ -1,7 +1,7 @@
 """High level of lowwater: roll partial aggregates up out of order and close windows by punctuation.
 
-Pure modules (no Spark): :mod:`codec` (state bytes), :mod:`meld` (host marks, liveness, low-water
-mark), :mod:`rollup` (merge partials, assemble windows, close), :mod:`partition` (one Kafka
-partition's processor), :mod:`store` (Parquet results + status). Spark wiring: :mod:`ingest`,
-:mod:`job`; baseline: :mod:`watermark`.
+Wings: :mod:`aggregate` (ingest, per-partition processor, roll-up state, its Spark steps, the watermark
+baseline), :mod:`join`, :mod:`results` (store, sink, alerts, export), :mod:`live`, :mod:`serve`,
+:mod:`cluster` (session, placement, partition counts). The job (:mod:`job`) conducts one
+:class:`pipeline.Pipeline` per query kind.
 """

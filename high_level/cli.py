@@ -22,7 +22,7 @@ from contract.settings import SettingsError, load
 from contract.topics import PartitionChangeRefused
 from high_level.aggregate.processor import LATE_POLICIES
 from high_level.cluster import partitioncount
-from high_level.job import MODES, HighLevelJob
+from high_level.job import MODES, HighLevelJob, pipelines
 from high_level.settings import JobSettings
 
 log = logging.getLogger("lowwater.job")
@@ -82,7 +82,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
                    "(e.g. lowwater.control; agents run with the same --control-topic)")
     p.add_argument("--retention-days", type=int, help="delete the results of windows older than this many days "
                    "(checked every minute; default: keep everything)")
-    p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars (default: what ./lw setup fetched)")
+    p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars, or of directories of them "
+                   "(required; `python -m local_stack.jars --spark-list` prints what ./lw setup fetched)")
     p.add_argument("--alert-webhook", metavar="URL",
                    help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts")
     p.add_argument("--alert-timeout", help="timeout of one webhook post (default 2s)")
@@ -110,23 +111,13 @@ def settings_from(argv: Sequence[str] | None = None) -> JobSettings:
     return load(JobSettings, flags, file)
 
 
-def _jars(s: JobSettings) -> list[str]:
-    if s.spark_jars:
-        return list(s.spark_jars)
-    from local_stack.jars import spark_kafka_jars  # the development default: what ./lw setup fetched
-
-    return spark_kafka_jars()
-
-
 def guard_partitions(s: JobSettings, opts: Any, queries: Sequence[Q.QuerySpec]) -> None:
     """PartitionChangeRefused if a query's Kafka partition count changed under open windows, or a topic's
     count is not the config's (high_level/cluster/partitioncount.py)."""
     for line in partitioncount.check_change(s.checkpoint, s.results, queries):
         log.info("%s", line)
-    from contract.topics import connect
-
     try:
-        admin = connect(opts.bootstrap, opts.kafka_security.kafka_python(), 60)
+        admin = opts.kafka.admin(60)
     except RuntimeError as exc:  # the job's own provisioning reports an unreachable broker
         log.warning("partition counts not checked: %s", exc)
         return
@@ -145,17 +136,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = Q.load(s.config)
         opts = s.options()
         queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
-        if opts.mode == "watermark":  # before Spark starts: say so at once
-            from high_level.aggregate.watermark import refuse_joins
-
-            refuse_joins(cfg)
+        pipelines(opts.mode, queries, cfg)  # a config the mode cannot run: say so at once, before Spark starts
+        if not s.spark_jars:
+            raise SettingsError("no Spark Kafka connector jars: give --spark-jars (jar files or a directory of them) "
+                                "or LOWWATER_JOB_SPARK_JARS; ./lw run passes what ./lw setup fetched")  # fmt: skip
     except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2
-    from high_level.cluster.session import build_spark
+    from high_level.cluster.session import build_spark, connector_jars
 
     state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(s.checkpoint).resolve().parent)
-    spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=_jars(s), state=state, driver_host=s.driver_host)
+    spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=connector_jars(s.spark_jars), state=state, driver_host=s.driver_host)
     job = HighLevelJob(spark, queries, opts, config=cfg)
     if s.metrics_port:
         job.metrics.serve(s.metrics_port)

@@ -6,7 +6,7 @@ clock, waiting is pointless: :class:`PunctuationAsker` writes a request to the c
 (``contract/control.py``) for each blocking host, at most once per ``min_gap_ms`` per (query,
 partition, host). The agent flushes and punctuates; the next batch closes the window.
 
-The job creates one when ``--control-topic`` is set (oop mode) and the sink calls
+The aggregate pipeline creates one when ``--control-topic`` is set (oop mode) and the sink calls
 ``asker.observe(statuses)`` with each batch's :class:`contract.status.PartitionStatus` rows.
 """
 
@@ -14,28 +14,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from contract import control as C
 from contract.status import PartitionStatus
 from high_level.aggregate.rollup import Layout
+from high_level.kafkaclients import KafkaClients
 
 log = logging.getLogger("lowwater.ondemand")
+PRODUCER = {"linger_ms": 0, "acks": 1}  # a request is worth sending at once
 
 
 class PunctuationAsker:
     """Rate-limited punctuation requests from a blocked (query, partition) to the hosts blocking it."""
 
-    def __init__(self, layouts: Sequence[Layout], bootstrap: str | None, topic: str = C.CONTROL_TOPIC,
-                 min_gap_ms: int = 200, producer: Any = None, clock: Callable[[], float] = time.monotonic,
-                 producer_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(self, layouts: Sequence[Layout], kafka: KafkaClients | None, topic: str = C.CONTROL_TOPIC,
+                 min_gap_ms: int = 200, producer: Any = None, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.layouts = {lay.name: lay for lay in layouts}
         self.topic, self.min_gap_s, self.clock = topic, min_gap_ms / 1000.0, clock
         if producer is None:
-            from kafka import KafkaProducer
-
-            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1, **dict(producer_config or {}))
+            assert kafka is not None, "a producer or the Kafka clients to build one"
+            producer = kafka.producer(**PRODUCER)
         self.producer = producer
         self.last: dict[tuple[str, int, str], float] = {}
         self.sent = self.suppressed = 0

@@ -208,7 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: fetch both jar sets (idempotent) and print where they are."""
     parser = argparse.ArgumentParser(prog="python -m local_stack.jars", description=__doc__.split("\n")[0])
     parser.add_argument("--force", action="store_true", help="fetch again even if the stamps match")
+    parser.add_argument("--spark-list", action="store_true",
+                        help="print only the Spark Kafka jars as a comma list (for lowwater-job --spark-jars)")
     args = parser.parse_args(argv)
+    if args.spark_list:
+        print(",".join(spark_kafka_jars(force=args.force)))
+        return 0
     kafka_dir = kafka_broker_jars_dir(force=args.force)
     print(f"kafka broker jars: {kafka_dir} ({len(read_jar_set(kafka_dir))} jars)")
     spark = spark_kafka_jars(force=args.force)

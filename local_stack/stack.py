@@ -24,7 +24,7 @@ from contract import status as S
 from contract.control import CONTROL_TOPIC
 from contract.results import STATUS_FILE
 from contract.topics import wanted_topics
-from local_stack.jars import state_dir
+from local_stack.jars import spark_kafka_jars, state_dir
 from local_stack.kafka_broker import KafkaBroker, KafkaBrokerError, TopicMismatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         spawn("job", [_bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
                       "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
                       "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC, "--live",
+                      "--spark-jars", ",".join(spark_kafka_jars()),
                       *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else [])])
         api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
                             "--port", str(args.api_port), "--live-bootstrap", bootstrap])

@@ -24,7 +24,8 @@ from contract import query as Q
 from contract import wire
 from high_level import simulate
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_rows
+from high_level.aggregate.packed import unpack_rows
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.join.band import JoinLayout, finalize
 from high_level.join.step import JoinProcessor

@@ -567,11 +567,11 @@ queries:
 def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     """The OOP sink's packed path (``handle_packed``) writes the same Parquet bytes, status and metrics
     as the generic-rows path, for tumbling/sliding queries with finals and corrections in one batch;
-    a subclass overriding ``handle_rows`` still gets generic rows."""
+    a watcher of the sink (``on_rows``) still gets generic rows."""
     import pyarrow as pa
     from prometheus_client import generate_latest
 
-    from high_level.aggregate.processor import unpack_rows
+    from high_level.aggregate.packed import unpack_rows
     from high_level.job import HighLevelJob, JobOptions
 
     qs = [cfg.query("pairs"), cfg.query("ports9x3")]
@@ -618,20 +618,15 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     assert f'lowwater_job_flagged_windows_total{{cause="shed",query="pairs"}} {len(flagged)}.0'.encode() in \
         generate_latest(b.metrics.registry)
 
-    class Recording(HighLevelJob):
-        seen: list = []
-
-        def handle_rows(self, rows, batch_id):
-            self.seen.append(rows)
-            return super().handle_rows(rows, batch_id)
-
     class Batch:
         def toArrow(self):  # noqa: N802 - Spark's DataFrame method name
             return packed
 
-    r = Recording(None, qs, JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "ck")))
-    r._sink_oop(Batch(), 3)
-    assert len(r.seen) == 1 and r.seen[0].num_rows == unpack_rows(packed, r.layouts).num_rows
+    r = HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "ck")))
+    seen: list = []
+    r.sink.on_rows.append(lambda rows, batch_id: seen.append(rows))
+    r.sink.foreach_packed(Batch(), 3)
+    assert len(seen) == 1 and seen[0].num_rows == unpack_rows(packed, r.layouts).num_rows
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "r" / f).read_bytes() for f in files)
 
 
@@ -692,7 +687,8 @@ def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_bl
     query or a checkpoint written by the blob state; --state chunked refuses what it cannot run, and an explicit layout
     refuses a checkpoint written by the other one (no migration)."""
     from high_level.aggregate.chunks import chunked_unsupported
-    from high_level.job import HighLevelJob, JobOptions
+    from high_level.aggregate.pipeline import AggregatePipeline
+    from high_level.job import JobOptions
 
     plain = Q.load_text(CONFIG).query("pairs")
     landmark = Q.load_text("""
@@ -705,7 +701,7 @@ queries:
 
     def layout(qs, state, ckpt="c"):
         opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state)
-        return HighLevelJob(None, qs, opts).state_layout()
+        return AggregatePipeline(qs).state_layout(opts)
 
     assert layout([plain], "auto") == "chunked" and layout([plain], "blob") == "blob"
     assert layout([plain, landmark], "auto") == "blob"

@@ -343,7 +343,8 @@ def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatc
     partitions' joins run on threads (two, whatever the machine) or one after the other."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from high_level.aggregate.processor import Settings, unpack_rows
+    from high_level.aggregate.packed import unpack_rows
+    from high_level.aggregate.processor import Settings
     from high_level.join import step as joinstep
     from high_level.join.step import JoinProcessor
 

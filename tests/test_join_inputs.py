@@ -16,7 +16,8 @@ from contract import query as Q
 from contract import wire
 from contract.query import joins as JI
 from high_level import simulate
-from high_level.aggregate.processor import PartitionProcessor, Settings, unpack_rows, unpack_windows
+from high_level.aggregate.packed import unpack_rows, unpack_windows
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.join.feed import FeedDedup, FeedPublisher
 from high_level.join.pipeline import layouts
@@ -279,7 +280,7 @@ def test_late_corrections_are_stored_not_joined_and_counted(caplog) -> None:
     """--late-policy correction: a correction of a closed window is not published on the feed (the join's
     frontier passed it; the join keeps the final row's result), counted per query and logged once."""
     from contract import results as R
-    from high_level.aggregate.processor import QueryWindows
+    from high_level.aggregate.packed import QueryWindows
 
     cfg = Q.load_text(CONFIG)
     q = cfg.query("syn_dst")

@@ -15,7 +15,8 @@ from contract import query as Q
 from contract import results as R
 from contract import wire
 from high_level.aggregate.chunks import MemoryChunks
-from high_level.aggregate.processor import PartitionProcessor, QueryWindows, Settings, unpack_windows
+from high_level.aggregate.packed import QueryWindows, unpack_windows
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay

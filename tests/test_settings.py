@@ -120,3 +120,26 @@ def test_the_api_live_reader_takes_the_shared_security_block(tmp_path: Path, mon
         settings_of(["--results", "/r", "--kafka-security", "{protocol: SSL"])
     with pytest.raises(SystemExit, match="kafka_security.*needs sasl_mechanism.*LOWWATER_API_KAFKA_SECURITY"):
         settings_of(["--results", "/r", "--kafka-security", '{"protocol": "SASL_SSL"}'])
+
+
+def test_the_job_takes_its_connector_jars_from_its_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The job never falls back to the dev stand-ins (local_stack) for its Spark Kafka jars: without
+    --spark-jars / LOWWATER_JOB_SPARK_JARS it stops before Spark with a clear reason; a directory stands
+    for its jar files (what the central image passes)."""
+    from high_level import cli
+    from high_level.cluster.session import connector_jars
+
+    monkeypatch.delenv("LOWWATER_JOB_SPARK_JARS", raising=False)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
+    rc = cli.main(["--config", config, "--results", str(tmp_path / "r"), "--checkpoint", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--spark-jars" in err and "LOWWATER_JOB_SPARK_JARS" in err and not (tmp_path / "r").exists()
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for name in ("b.jar", "a.jar", "README"):
+        (jars / name).touch()
+    monkeypatch.setenv("LOWWATER_JOB_SPARK_JARS", json.dumps([str(jars), "/opt/x.jar"]))
+    s = settings_from(["--results", "/r", "--checkpoint", "/c"])
+    assert connector_jars(s.spark_jars) == [str(jars / "a.jar"), str(jars / "b.jar"), "/opt/x.jar"]
+    assert settings_from(["--results", "/r", "--checkpoint", "/c", "--spark-jars", "/a.jar, /b"]).spark_jars == ["/a.jar", "/b"]

@@ -1,6 +1,6 @@
 """The chunked state's Spark step: ``transformWithStateInPandas`` per (topic, partition, salt).
 
-Same grouping and the same processor as the blob step (:func:`high_level.job.state_function`), but the
+Same grouping and the same processor as the blob step (:func:`high_level.aggregate.pipeline.state_function`), but the
 state is split: the processor's small part (marks, counters, frontier, pane index) is one ValueState,
 the pane tables are chunks in a MapState keyed by (query, pane, seq) (:mod:`high_level.aggregate.chunks`). Spark's
 RocksDB state store provider keeps the map per key and, with changelog checkpointing, a micro-batch

@@ -9,26 +9,30 @@ per configured query (each has its own key/state layout), writing the same Parqu
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from contract import aggregates as A
+from contract import query as Q
 from contract import wire
+from contract.topics import wanted_topics
 from high_level.aggregate.rollup import I64, Layout
+from high_level.pipeline import Pipeline
 
 if TYPE_CHECKING:
-    from contract.query import Config
-    from high_level.job import HighLevelJob
+    from high_level.options import JobOptions
+    from high_level.results.sink import ResultSink
 
 
 class WatermarkJoinRefused(ValueError):
     """A config with join queries started in ``--mode watermark``: refused at start, never run silently."""
 
 
-def refuse_joins(config: Config | None) -> None:
+def refuse_joins(config: Q.Config | None) -> None:
     """Joins run in the punctuation mode only. Without this, the watermark mode would start the
     aggregates and skip the joins, leaving an operator with empty join results and no reason: the
     baseline has no join of its own (Spark's stream-stream join with watermarks is measured next to the
@@ -94,46 +98,52 @@ def to_generic(lay: Layout, pdf: pd.DataFrame, closed_at_ms: int) -> pd.DataFram
     })  # fmt: skip
 
 
-def start_watermark(job: HighLevelJob) -> list[Any]:
-    """Start one watermark-mode streaming query per configured query."""
-    from pyspark.sql import functions as F
+class WatermarkPipeline(Pipeline):
+    """One watermark-mode streaming query per configured query; no punctuation, no Kafka publishers."""
 
-    from contract import aggregates as A
-    from high_level.aggregate.ingest import kafka_stream
+    def __init__(self, queries: Sequence[Q.QuerySpec]) -> None:
+        self.queries = list(queries)
 
-    spark, o = job.spark, job.opts
-    streams = []
-    for q in job.queries:
-        lay = Layout.of(q)
-        kcols = [f"k{i}" for i in range(lay.kw)]
-        scols = [f"s{j}" for j in range(lay.na)]
-        schema = ", ".join(["host string", "event_us long", *[f"{c} long" for c in kcols + scols]])
-        raw = kafka_stream(spark, o.bootstrap, [q.topic], max_offsets_per_trigger=o.max_offsets_per_trigger,
-                           extra=o.source_options)  # fmt: skip
-        rows = raw.select("value").mapInPandas(lambda it, lay=lay: explode_partials(lay, it), schema)
-        rows = rows.withColumn("event_time", F.timestamp_micros("event_us"))
-        slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
-        win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
-                       f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
-        agg = (
-            rows.withWatermark("event_time", f"{o.watermark_delay_ms} milliseconds")
-            .groupBy(win.alias("w"), *kcols)
-            .agg(*[getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c) for op, c in zip(lay.ops, scols, strict=True)])
-            .select(F.unix_micros("w.start").alias("start_us"), F.unix_micros("w.end").alias("end_us"), *kcols, *scols)
-        )
+    def topics(self) -> dict[str, int]:
+        return wanted_topics(self.queries)
 
-        def sink(df: Any, batch_id: int, lay: Layout = lay) -> None:
-            t0 = time.monotonic()
-            pdf = df.toPandas()
-            job.handle_rows(to_generic(lay, pdf, int(time.time() * 1000)), batch_id)
-            job.metrics.batch_duration.observe(time.monotonic() - t0)
+    def start(self, spark: Any, opts: JobOptions, sink: ResultSink) -> list[Any]:
+        from pyspark.sql import functions as F
 
-        streams.append(
-            agg.writeStream.queryName(f"{o.name}-watermark-{q.name}")
-            .outputMode("append")
-            .foreachBatch(sink)
-            .option("checkpointLocation", str(Path(o.checkpoint) / "watermark" / q.name))
-            .trigger(processingTime=f"{o.trigger_ms} milliseconds")
-            .start()
-        )
-    return streams
+        from high_level.aggregate.ingest import kafka_stream
+
+        streams = []
+        for q in self.queries:
+            lay = Layout.of(q)
+            kcols = [f"k{i}" for i in range(lay.kw)]
+            scols = [f"s{j}" for j in range(lay.na)]
+            schema = ", ".join(["host string", "event_us long", *[f"{c} long" for c in kcols + scols]])
+            raw = kafka_stream(spark, opts.bootstrap, [q.topic], max_offsets_per_trigger=opts.max_offsets_per_trigger,
+                               extra=opts.source_options)  # fmt: skip
+            rows = raw.select("value").mapInPandas(lambda it, lay=lay: explode_partials(lay, it), schema)
+            rows = rows.withColumn("event_time", F.timestamp_micros("event_us"))
+            slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
+            win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
+                           f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
+            agg = (
+                rows.withWatermark("event_time", f"{opts.watermark_delay_ms} milliseconds")
+                .groupBy(win.alias("w"), *kcols)
+                .agg(*[getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c)
+                       for op, c in zip(lay.ops, scols, strict=True)])
+                .select(F.unix_micros("w.start").alias("start_us"), F.unix_micros("w.end").alias("end_us"), *kcols,
+                        *scols)  # fmt: skip
+            )
+
+            def write(df: Any, batch_id: int, lay: Layout = lay) -> None:
+                with sink.timed():
+                    sink.handle_rows(to_generic(lay, df.toPandas(), int(time.time() * 1000)), batch_id)
+
+            streams.append(
+                agg.writeStream.queryName(f"{opts.name}-watermark-{q.name}")
+                .outputMode("append")
+                .foreachBatch(write)
+                .option("checkpointLocation", str(Path(opts.checkpoint) / "watermark" / q.name))
+                .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
+                .start()
+            )
+        return streams

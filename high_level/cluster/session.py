@@ -43,6 +43,18 @@ logger.nativeloader.level = error
 """
 
 
+def connector_jars(entries: Sequence[str]) -> list[str]:
+    """The jar files of ``entries`` (``--spark-jars``): each a jar file, or a directory whose ``*.jar`` all go.
+
+    How the job finds the Spark Kafka connector without knowing who fetched it: the launcher passes the
+    list (``./lw run`` what ``./lw setup`` fetched, the image a directory baked in at build time)."""
+    out: list[str] = []
+    for entry in entries:
+        path = Path(entry)
+        out += sorted(str(j) for j in path.glob("*.jar")) if path.is_dir() else [entry]
+    return out
+
+
 def build_spark(
     app_name: str,
     master: str = "local[2]",
@@ -61,7 +73,8 @@ def build_spark(
     """
     missing = [j for j in jars if not Path(j).is_file()]
     if not jars or missing:
-        raise FileNotFoundError(f"Spark Kafka connector jars missing: {missing or 'none given'} (./lw setup fetches them)")
+        raise FileNotFoundError(f"Spark Kafka connector jars missing: {missing or 'none given'} (--spark-jars or LOWWATER_JOB_SPARK_JARS: "
+                                "jar files or a directory of them; ./lw setup fetches them)")
     base = Path(state) / "spark"
     local_dir = base / "local"
     local_dir.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,14 @@ from contract import query as Q
 from contract import status as S
 from contract import wire
 from contract.query import joins as JI
-from high_level.aggregate.processor import QueryWindows
+from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.rollup import Layout
+from high_level.kafkaclients import KafkaClients
 
 log = logging.getLogger("lowwater.job.feed")
 CHUNK_ROWS = 20_000  # rows per Kafka message (LZ4-compressed, well under the broker's 1 MiB default)
 CHUNK_BITS = 20
+PRODUCER = {"acks": "all", "linger_ms": 5, "retries": 5}  # a join's input: every replica, or the batch fails
 
 
 def feed_queries(cfg: Q.Config) -> list[Q.QuerySpec]:
@@ -66,15 +68,12 @@ def feed_mark(lay: Layout, partitions: int, statuses: Mapping[int, S.PartitionSt
 class FeedPublisher:
     """Publishes the closed windows of the aggregate queries that joins read (one producer, the driver)."""
 
-    def __init__(self, queries: Sequence[Q.QuerySpec], bootstrap: str | None = None, producer: Any = None,
-                 producer_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
         if producer is None and self.queries:
-            from kafka import KafkaProducer
-
-            producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, retries=5,
-                                     **dict(producer_config or {}))  # fmt: skip
+            assert kafka is not None, "a producer or the Kafka clients to build one"
+            producer = kafka.producer(**PRODUCER)
         self.producer = producer
         self.published = {n: 0 for n in self.queries}
         # late 'correction' rows of a fed query (--late-policy correction): stored, never published (the

@@ -11,19 +11,26 @@ publishes from its aggregate stream; a join without aggregates stores its rows (
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from contract import query as Q
 from contract.query import joins as JI
-from high_level.aggregate.processor import OUTPUT_DDL, Settings
+from contract.topics import wanted_topics
+from high_level.aggregate.packed import OUTPUT_DDL
+from high_level.aggregate.processor import Settings
 from high_level.join.band import JoinLayout
+from high_level.join.feed import FeedPublisher, feed_queries
 from high_level.join.rows import layout_of
 from high_level.join.step import JoinProcessor
+from high_level.pipeline import Outputs, Pipeline
+
+if TYPE_CHECKING:
+    from high_level.options import JobOptions
+    from high_level.results.sink import ResultSink
 
 log = logging.getLogger("lowwater.job.join")
 
@@ -66,11 +73,11 @@ def join_state_function(layout: JoinLayout, settings: Settings, tick_ms: int,
     return fn
 
 
-def check_topics(job: Any, lays: list[JoinLayout]) -> None:
+def check_topics(opts: JobOptions, lays: list[JoinLayout]) -> None:
     """Every input topic exists with the join's partition count, or MissingInputTopic (nothing starts)."""
-    from contract.topics import connect, existing_partitions
+    from contract.topics import existing_partitions
 
-    admin = connect(job.opts.bootstrap, job.opts.kafka_security.kafka_python(), 30)
+    admin = opts.kafka.admin(30)
     try:
         have = existing_partitions(admin, sorted({t for lay in lays for t in (lay.left_topic, lay.right_topic)}))
     finally:
@@ -80,7 +87,7 @@ def check_topics(job: Any, lays: list[JoinLayout]) -> None:
             if topic not in have:
                 feed = JI.FEED_SUFFIX in topic
                 raise MissingInputTopic(
-                    f"join {lay.name!r}: input topic {topic!r} does not exist on {job.opts.bootstrap} "
+                    f"join {lay.name!r}: input topic {topic!r} does not exist on {opts.bootstrap} "
                     + ("(the closed-window feed of an aggregate query: the job creates it when it starts with "
                        "topic creation on)" if feed else "(start the capture agents or create it)"))
             if have[topic] != lay.partitions:
@@ -88,40 +95,51 @@ def check_topics(job: Any, lays: list[JoinLayout]) -> None:
                                         f"the join expects {lay.partitions}")
 
 
-def start_joins(job: Any) -> list[Any]:
-    """Start one streaming query per windowed join of ``job.config``; results go through ``job.sink``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
+class JoinPipeline(Pipeline):
+    """The windowed joins of a config, one stream each; also the closed-window feed of the aggregate
+    queries they read, which the sink publishes from the aggregate stream."""
 
-    from high_level.aggregate.ingest import kafka_stream
+    def __init__(self, config: Q.Config) -> None:
+        self.config = config
+        self.feed_queries = feed_queries(config)
 
-    o = job.opts
-    lays = layouts(job.config)
-    check_topics(job, lays)
-    streams = []
-    for lay in lays:
-        raw = kafka_stream(job.spark, o.bootstrap, [lay.left_topic, lay.right_topic],
-                           max_offsets_per_trigger=o.max_offsets_per_trigger, extra=o.source_options)  # fmt: skip
-        out = raw.withColumn("join", F.lit(lay.name)).groupBy("join").applyInPandasWithState(
-            join_state_function(lay, o.settings, o.trigger_ms, feed_sides(job.config, lay)),
-            outputStructType=OUTPUT_DDL,
-            stateStructType="blob binary",
-            outputMode="append",
-            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-        )
+    def topics(self) -> dict[str, int]:
+        """The select inputs' topics and the feeds' (one partition each)."""
+        inputs = [s for s in self.config.selects if any(s.name in (j.left, j.right) for j in self.config.joins)]
+        return wanted_topics(inputs) | {JI.closed_topic(q): 1 for q in self.feed_queries}
 
-        def sink(df: Any, batch_id: int) -> None:
-            t0 = time.monotonic()
-            job.sink.handle_packed(df.toArrow(), batch_id)
-            job.metrics.batch_duration.observe(time.monotonic() - t0)
+    def outputs(self, opts: JobOptions) -> Outputs:
+        return Outputs(feed=FeedPublisher(self.feed_queries, opts.kafka) if self.feed_queries else None)
 
-        streams.append(
-            out.writeStream.queryName(f"{o.name}-join-{lay.name}")
-            .foreachBatch(sink)
-            .option("checkpointLocation", str(Path(o.checkpoint) / f"join-{lay.name}"))
-            .trigger(processingTime=f"{o.trigger_ms} milliseconds")
-            .start()
-        )
-        log.info("join %s: %s x %s within %.3f s (%s), %d partitions", lay.name, lay.left, lay.right,
-                 lay.band_ns / 1e9, lay.type, lay.partitions)  # fmt: skip
-    return streams
+    def check(self, opts: JobOptions) -> None:
+        """A missing join input is an error before any stream starts (nothing emitted)."""
+        check_topics(opts, layouts(self.config))
+
+    def start(self, spark: Any, opts: JobOptions, sink: ResultSink) -> list[Any]:
+        """Start one streaming query per windowed join; results go through ``sink``."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        from high_level.aggregate.ingest import kafka_stream
+
+        streams = []
+        for lay in layouts(self.config):
+            raw = kafka_stream(spark, opts.bootstrap, [lay.left_topic, lay.right_topic],
+                               max_offsets_per_trigger=opts.max_offsets_per_trigger, extra=opts.source_options)  # fmt: skip
+            out = raw.withColumn("join", F.lit(lay.name)).groupBy("join").applyInPandasWithState(
+                join_state_function(lay, opts.settings, opts.trigger_ms, feed_sides(self.config, lay)),
+                outputStructType=OUTPUT_DDL,
+                stateStructType="blob binary",
+                outputMode="append",
+                timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+            )
+            streams.append(
+                out.writeStream.queryName(f"{opts.name}-join-{lay.name}")
+                .foreachBatch(sink.foreach_packed)
+                .option("checkpointLocation", str(Path(opts.checkpoint) / f"join-{lay.name}"))
+                .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
+                .start()
+            )
+            log.info("join %s: %s x %s within %.3f s (%s), %d partitions", lay.name, lay.left, lay.right,
+                     lay.band_ns / 1e9, lay.type, lay.partitions)  # fmt: skip
+        return streams

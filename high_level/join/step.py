@@ -5,7 +5,7 @@ server port): one group's window gets rows from every partition. So one state gr
 join's partitions (:class:`high_level.join.band.BandJoin` each, the pairs and unmatched rows found there)
 and one roll-up (:class:`high_level.aggregate.rollup.QueryRollup`) over their output; a window closes when the
 output mark of *every* partition has passed its end. The output is the packed form of the aggregate
-queries' step (:func:`high_level.aggregate.processor.pack_parts`), so the sink, store, API and page take join
+queries' step (:func:`high_level.aggregate.packed.pack_parts`), so the sink, store, API and page take join
 windows as they take any query's: 'final' rows with the completeness columns, and one 'status' row
 per partition with the join's state (rows and bytes of stored input rows).
 
@@ -34,15 +34,8 @@ from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.processor import (
-    INCOMPLETE_KIND,
-    NO_MARK,
-    Settings,
-    _Part,
-    flag_windows,
-    gap_records,
-    pack_parts,
-)
+from high_level.aggregate.packed import INCOMPLETE_KIND, Part, pack_parts
+from high_level.aggregate.processor import NO_MARK, Settings, flag_windows, gap_records
 from high_level.aggregate.rollup import QueryRollup
 from high_level.join.band import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
 from high_level.join.feed import FeedDedup
@@ -187,17 +180,17 @@ class JoinProcessor:
             for mark in hosts.values():
                 in_mark += (mark >= end) if mark is not None else 0
             comp = np.column_stack([in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)])
-            parts.append(_Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+            parts.append(Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
         flagged = flag_windows(rl, self.gaps, before, self.rollup.closed, new_from, now_ms)
         if flagged:
             text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
-            parts.append(_Part(rl, 0, INCOMPLETE_KIND, now_ms, len(live), None, text))
+            parts.append(Part(rl, 0, INCOMPLETE_KIND, now_ms, len(live), None, text))
         if self.rollup.closed is not None and self.gaps and self.rollup.closed < wire.END_OF_STREAM - rl.k:
             first_open = rl.first_needed_pane(self.rollup.closed)
             self.gaps = [g for g in self.gaps if g[1] >= first_open]
         for p, j in self.joins.items():
             st = self.status(p, j, now_ms, errors.get(p, ""))
-            parts.append(_Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
+            parts.append(Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
         return pack_parts(parts)
 
     def _host_marks(self) -> dict[str, int | None]:

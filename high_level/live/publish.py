@@ -21,12 +21,14 @@ import pyarrow.compute as pc
 from contract import live as L
 from contract import query as Q
 from contract import results as R
-from high_level.aggregate.processor import QueryWindows
+from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.rollup import Layout
+from high_level.kafkaclients import KafkaClients
 from high_level.results.store import typed_columns
 
 log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)
+PRODUCER = {"linger_ms": 5, "acks": 1}  # best effort: the store is the exact copy
 
 
 def split_provisional(packed: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -78,15 +80,12 @@ def live_messages(
 class LivePublisher:
     """Publishes live values to ``lowwater.live.<query>`` (one producer on the driver)."""
 
-    def __init__(self, queries: Sequence[Q.QuerySpec], bootstrap: str | None = None, producer: Any = None,
-                 producer_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
         if producer is None:
-            from kafka import KafkaProducer
-
-            producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1,
-                                     **dict(producer_config or {}))  # fmt: skip
+            assert kafka is not None, "a producer or the Kafka clients to build one"
+            producer = kafka.producer(**PRODUCER)
         self.producer = producer
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 from contract import query as Q
 from contract import results as R
 from contract import status as S
-from high_level.aggregate.processor import unpack_incomplete, unpack_windows
+from high_level.aggregate.packed import unpack_incomplete, unpack_rows, unpack_windows
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
@@ -57,6 +58,10 @@ class ResultSink:
         self.on_status = on_status  # e.g. the punctuation asker (high_level/ondemand.py)
         self.live = live  # provisional and final values to the live topics (contract/live.py)
         self.feed = feed  # closed windows that joins read (high_level/join/feed.FeedPublisher)
+        # watchers (tests, benchmarks): each batch's generic rows, unpacked only if someone watches; and a
+        # call after each batch is written
+        self.on_rows: list[Callable[[pa.Table, int], object]] = []
+        self.on_batch: list[Callable[[int], object]] = []
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.last_batch: dict[str, Any] = {}
@@ -70,9 +75,25 @@ class ResultSink:
             for qn, qs in prev.queries.items():
                 self.partitions[qn] = {int(k): v for k, v in qs.partitions.items()}
 
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Time one micro-batch of a stream (its Spark job included) into the batch-duration metric."""
+        t0 = time.monotonic()
+        yield
+        self.metrics.batch_duration.observe(time.monotonic() - t0)
+
+    def foreach_packed(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch`` of the stateful streams: one action (``toArrow``) so the step runs once, then write."""
+        with self.timed():
+            self.handle_packed(df.toArrow(), batch_id)
+
     def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
         """The stateful step's packed output: the same files, status and metrics as :meth:`handle_rows`,
         without building generic rows first (their list columns cost more than the Parquet encoding)."""
+        if self.on_rows:
+            rows = unpack_rows(packed, self.layouts)
+            for watch in self.on_rows:
+                watch(rows, batch_id)
         prov = None
         if self.live is not None:  # provisional rows go to the live topics only, never to the store
             prov_packed, packed = split_provisional(packed)
@@ -111,12 +132,16 @@ class ResultSink:
             if self.feed is not None and any(st.query in self.feed.queries for st in statuses):
                 # after the store and the folded frontier: a join sees a window once it is final and stored
                 self.feed.publish(batch_id, wins, self.partitions)
+            for done in self.on_batch:
+                done(batch_id)
             return written
 
     def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
         """Write one batch of generic rows and fold its status rows into the status document + metrics."""
+        tbl = generic_table(rows)
+        for watch in self.on_rows:
+            watch(tbl, batch_id)
         with self._lock:
-            tbl = generic_table(rows)
             is_status = pc.equal(tbl["kind"], "status")
             statuses = [S.PartitionStatus.model_validate_json(s) for s in pc.filter(tbl["status"], is_status).to_pylist()]
             written = self.store.write_batch(batch_id, tbl)
@@ -136,6 +161,8 @@ class ResultSink:
                     self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
             self.after_write(batch_id)
             self.fold_status(statuses, batch_id, written)
+            for done in self.on_batch:
+                done(batch_id)
             return written
 
     def after_write(self, batch_id: int) -> None:

@@ -35,7 +35,7 @@ from contract import query as Q
 from contract import results as R
 from contract import status as S
 from high_level.aggregate import holistic
-from high_level.aggregate.processor import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
+from high_level.aggregate.packed import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
 
 TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -390,7 +390,7 @@ class ResultStore:
     def write_incomplete(self, batch_id: int, flagged: dict[str, list[tuple[int, list]]]) -> int:
         """Write the batch's flagged windows (:data:`contract.results.INCOMPLETE_SCHEMA`), a file per query
         and day of window_start, replaced on replay; returns the rows written. ``flagged``: per query,
-        (partition, window) as :func:`high_level.aggregate.processor.unpack_incomplete` gives them."""
+        (partition, window) as :func:`high_level.aggregate.packed.unpack_incomplete` gives them."""
         total = 0
         for name in sorted(flagged):
             if name not in self.queries or not flagged[name]:

@@ -1,0 +1,82 @@
+"""The job's run-time options (:class:`JobOptions`), and the Kafka clients they imply.
+
+Its own module so that the pipelines (:mod:`high_level.pipeline`) read the options without importing the
+job that conducts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from contract import status as S
+from contract.kafka_security import KafkaSecurity
+from high_level.aggregate.processor import LATE_POLICIES, Settings
+from high_level.kafkaclients import KafkaClients
+
+MODES = ("oop", "watermark")  # oop: punctuation (the pipelines of high_level.job.PIPELINES); watermark: baseline
+# State layout of the OOP step: "blob" (the processor saved whole every micro-batch), "chunked" (pane tables
+# as per-batch chunks in RocksDB, high_level/aggregate/chunks.py: a batch pays for what it brings, not for the open
+# groups), "auto" (chunked unless a query needs the blob: high_level.aggregate.chunks.chunked_unsupported).
+STATES = ("auto", "blob", "chunked")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything the job needs besides the Spark session and the queries."""
+
+    bootstrap: str
+    results: str
+    checkpoint: str
+    mode: str = "oop"
+    trigger_ms: int = 1000
+    host_timeout_ms: int = 10_000
+    expected_hosts: tuple[str, ...] = ()
+    late_policy: str = "drop"
+    watermark_delay_ms: int = 10_000
+    max_offsets_per_trigger: int | None = None
+    shuffle_partitions: int | None = None  # None: the session's setting (fixed per checkpoint)
+    name: str = "lowwater"
+    create_topics: bool = True
+    kafka_options: dict[str, str] = field(default_factory=dict)  # extra kafka.* source options
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    control_topic: str | None = None  # ask blocking hosts for punctuation on this topic (oop mode)
+    retention_days: int | None = None  # delete result files of windows older than this
+    alert_webhook: str | None = None  # Alertmanager v2 endpoint, e.g. http://am:9093/api/v2/alerts
+    alert_timeout_ms: int = 2000
+    alert_queue: int = 10_000
+    alert_generator_url: str = "http://127.0.0.1:8080/ui"
+    live: bool = False  # publish provisional and final values to lowwater.live.<query> (contract/live.py)
+    state: str = "auto"  # STATES (see README, "High-level state")
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if self.state not in STATES:
+            raise ValueError(f"state must be one of {STATES}")
+        if self.late_policy not in LATE_POLICIES:
+            raise ValueError(f"late policy must be one of {LATE_POLICIES}")
+        if self.trigger_ms <= 0 or self.host_timeout_ms <= 0:
+            raise ValueError("trigger and host timeout must be positive")
+
+    @property
+    def settings(self) -> Settings:
+        """The punctuation pipelines' processor settings (the watermark baseline has none)."""
+        return Settings(self.host_timeout_ms, tuple(self.expected_hosts), self.late_policy, live=self.live)
+
+    @property
+    def kafka(self) -> KafkaClients:
+        """The job's Kafka clients (admin, producers), all from the one bootstrap and security block."""
+        return KafkaClients(self.bootstrap, self.kafka_security)
+
+    @property
+    def source_options(self) -> dict[str, str]:
+        """``kafka.*`` options of Spark's Kafka source: the security block's, then the extra ones."""
+        return {**self.kafka_security.spark_options(), **self.kafka_options}
+
+    @property
+    def status_settings(self) -> S.JobSettings:
+        """The settings as the status document reports them."""
+        return S.JobSettings(trigger_ms=self.trigger_ms, host_timeout_ms=self.host_timeout_ms,
+                             expected_hosts=list(self.expected_hosts), late_policy=self.late_policy,
+                             watermark_delay_ms=self.watermark_delay_ms,
+                             alert_webhook=bool(self.alert_webhook), retention_days=self.retention_days)  # fmt: skip
