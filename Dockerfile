@@ -7,13 +7,14 @@
 #                      spark-class ...  Spark standalone master / worker     UI :8080 / :8081
 #                      lowwater-api     REST API + results page              :8080 (/metrics on the API itself)
 #                      create_topics    topic provisioning (kafka-init)
-# Kafka is NOT in these images: compose runs the official apache/kafka image.
+# Kafka is NOT in these images: compose runs the official apache/kafka image (KAFKA_IMAGE).
 #
 # Build (from the repository root):
 #   docker build --target agent   -t lowwater-agent:0.1.0 .
 #   docker build --target central -t lowwater-central:0.1.0 .
-# (the compose files build the right target for each service). Nothing in this file has been built
-# under a Docker engine by its author; image sizes in deploy/README.md are measured on venvs.
+# (the compose files build the right target for each service). tests/test_compose.py builds both
+# targets through the compose files on a real engine in CI (sizes and build times: deploy/README.md).
+# Where Docker Hub is unreachable: --build-arg PYTHON_IMAGE=<a local python 3.11 bookworm image>.
 
 # Pinned to an exact Python patch release and Debian release (bookworm ships openjdk-17).
 # For fully reproducible builds, also pin the digest: python:3.11.13-slim-bookworm@sha256:<digest>.
@@ -24,7 +25,19 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 # --------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
 
+# Extra CA certificates (PEM text, several allowed) for builds behind a TLS-inspecting proxy: added to
+# the system bundle before anything is fetched, so pip (PIP_CERT) and Java's truststore (built from
+# the system store when the JRE is installed, used by Maven) trust them. Empty: nothing changes.
+#   docker build --build-arg EXTRA_CA_CERTS="$(cat my-proxy-ca.pem)" ...   (compose: LOWWATER_EXTRA_CA_CERTS)
+ARG EXTRA_CA_CERTS=""
+RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
+      mkdir -p /usr/local/share/ca-certificates/lowwater-extra \
+      && printf '%s\n' "$EXTRA_CA_CERTS" | awk '/-----BEGIN CERTIFICATE-----/{n++} n{print > ("/usr/local/share/ca-certificates/lowwater-extra/" n ".crt")}' \
+      && update-ca-certificates >/dev/null; \
+    fi
+
 ENV PIP_NO_CACHE_DIR=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -44,13 +57,11 @@ WORKDIR /app
 # agent: the capture host. Python dependencies of lowwater[agent] only (deploy/requirements-agent.lock:
 # numba, pyarrow, kafka-python, ...), no Java, no Spark, no DuckDB, no FastAPI.
 # --------------------------------------------------------------------------------------------------
+# The dependencies only: the runtime stage copies this venv, a layer that stays cached while the lock
+# does not change; the project itself is installed there, so a code change rebuilds only small layers.
 FROM base AS build-agent
 COPY deploy/requirements-agent.lock /tmp/requirements.lock
 RUN pip install -r /tmp/requirements.lock
-COPY . /app
-RUN pip install --no-deps --no-build-isolation -e /app \
- && python -c "import contract, low_level.cli" \
- && rm -rf /app/build
 
 FROM base AS agent
 ARG VERSION=0.1.0
@@ -64,8 +75,11 @@ LABEL org.opencontainers.image.title="lowwater-agent" \
       io.lowwater.ports="9101/agent-metrics"
 ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9101/metrics
 COPY --from=build-agent /opt/venv /opt/venv
-COPY --from=build-agent /app /app
-RUN cp /app/configs/default.yaml /etc/lowwater/queries.yaml \
+COPY . /app
+RUN pip install --no-deps --no-build-isolation -e /app \
+ && python -c "import contract, low_level.cli" \
+ && rm -rf /app/build \
+ && cp /app/configs/default.yaml /etc/lowwater/queries.yaml \
  && lowwater-agent --help >/dev/null \
  && ! python -c "import pyspark" 2>/dev/null && ! python -c "import duckdb" 2>/dev/null
 # Non-root by default. Only live capture (AF_PACKET) needs uid 0 + CAP_NET_RAW/CAP_NET_ADMIN, and the
@@ -112,12 +126,6 @@ RUN PYTHONPATH=/app python -c "from local_stack.jars import spark_kafka_jars; pr
  && rm -rf "$LOWWATER_STATE_DIR/jars/spark-kafka" /tmp/spark-jars.txt \
  && ls /var/lib/lowwater/jars/spark-job/spark-sql-kafka-*.jar
 
-# The project itself, installed editable from /app: configs/ is not part of the wheel.
-COPY . /app
-RUN pip install --no-deps --no-build-isolation -e /app \
- && python -c "import contract, high_level.job, high_level.serve.api, local_stack" \
- && rm -rf /app/build
-
 FROM base AS central
 ARG VERSION=0.1.0
 ARG VCS_REF=unknown
@@ -139,8 +147,15 @@ RUN mkdir -p /usr/share/man/man1 \
  && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build-central /opt/venv /opt/venv
-COPY --from=build-central /app /app
 COPY --from=build-central --chown=lowwater:lowwater /var/lib/lowwater /var/lib/lowwater
+
+# The project itself, installed editable from /app, last (a code change rebuilds only from here): the
+# Maven poms in local_stack/maven (which the jar stamp check reads at run time) and configs/ are not
+# part of the wheel.
+COPY . /app
+RUN pip install --no-deps --no-build-isolation -e /app \
+ && python -c "import contract, high_level.job, high_level.serve.api, local_stack" \
+ && rm -rf /app/build
 
 # Writable state of the non-root user (named volumes mounted here inherit this ownership).
 # /etc/lowwater/queries.yaml is the default config; compose mounts the real one over it.

@@ -25,7 +25,7 @@ Parts (``--part``; each run rewrites only its own entry, so parts can be measure
   raw values of each pane and computing every window at close; sliding windows of k panes. Time and
   rows held, measured.
 
-    .venv/bin/python benchmarks/bench_aggregates.py [--part alert_latency|kernel_rates|hll_error|adaptwid]
+    .venv/bin/python -m benchmarks.bench_aggregates [--part alert_latency|kernel_rates|hll_error|adaptwid]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -44,30 +43,22 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.queries import config, query, spec
+from lowwater_testing.traffic import make_traffic
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-from high_level.simulate import host_messages, interleave, split_hosts  # noqa: E402
-from tests.packets import make_traffic  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "aggregates.json"
 NS = 1_000_000_000
 HOSTS = ("a", "b")
-QUERY = """
-queries:
-  - name: alert_bench
-    group_by: [dst_port]
-    aggregates:
-      - {{fn: count, as: packets}}
-      - {{fn: sum, field: length, as: bytes}}
-    alerts:
-      - {{name: busy_port, when: packets >= {min_count}, severity: warning}}
-    window: {{range: 2s}}
-    kafka: {{topic: {topic}, partitions: 2}}
-"""
+def alert_query(min_count: int, topic: str) -> Q.QuerySpec:
+    """Packets and bytes per port per 2 s, alerting on busy ports."""
+    return spec("alert_bench", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
+                alerts=[{"name": "busy_port", "when": f"packets >= {min_count}", "severity": "warning"}], window="2s",
+                topic=topic, partitions=2)  # fmt: skip
 
 
 class Receiver:
@@ -121,7 +112,7 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     try:
         broker.start()
         topic = broker.create_topic("lowwater.alert_bench", 2)
-        q = Q.load_text(QUERY.format(min_count=args.min_count, topic=topic)).queries[0]
+        q = alert_query(args.min_count, topic)
         spark = build_spark("lowwater-bench-aggregates", master=args.master, state=work / "spark-state",
                             extra_conf={"spark.sql.shuffle.partitions": "2"})  # fmt: skip
         opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "results"),
@@ -197,29 +188,17 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
     }  # fmt: skip
 
 
-HOLISTIC_QUERIES = """
-queries:
-  - name: distinct_src_per_dst
-    group_by: [dst_ip]
-    aggregates: [{fn: count_distinct, field: src_ip, as: sources}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: hll_src_per_dst
-    group_by: [dst_ip]
-    aggregates: [{fn: count_distinct, field: src_ip, approx: hll, precision: 12, as: sources}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: top_src_per_dst24
-    group_by: [dst_ip/24]
-    aggregates: [{fn: top, field: src_ip, k: 10, by: length, as: bytes}]
-    window: {range: 1m}
-    table: {size: 524288}
-  - name: len_quantiles_per_proto
-    group_by: [protocol]
-    aggregates: [{fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}]
-    window: {range: 1m}
-    table: {size: 4096}
-"""
+HOLISTIC_QUERIES = config(
+    query("distinct_src_per_dst", group_by=["dst_ip"], aggregates=["count_distinct(src_ip) as sources"], window="1m",
+          table=524288),
+    query("hll_src_per_dst", group_by=["dst_ip"],
+          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 12, "as": "sources"}],
+          window="1m", table=524288),
+    query("top_src_per_dst24", group_by=["dst_ip/24"],
+          aggregates=[{"fn": "top", "field": "src_ip", "k": 10, "by": "length", "as": "bytes"}], window="1m", table=524288),
+    query("len_quantiles_per_proto", group_by=["protocol"],
+          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}], window="1m", table=4096),
+).text  # fmt: skip
 
 
 def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -264,12 +243,7 @@ def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     n, seeds = args.distinct, args.seeds
     rows = []
     for p in range(10, 17):
-        q = Q.load_text(f"""
-queries:
-  - name: d
-    aggregates: [{{fn: count_distinct, field: src_ip, approx: hll, precision: {p}}}]
-    window: {{range: 10s}}
-""").queries[0]
+        q = spec("d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": p}])
         errs = []
         for seed in range(seeds):
             rng = np.random.default_rng(1000 + seed)
@@ -343,7 +317,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=[*PARTS, "all"], default="all")
     ap.add_argument("--seconds", type=int, default=40, help="alert_latency: wall-clock seconds of traffic")
     ap.add_argument("--rate", type=int, default=2000, help="alert_latency: packets per second of data time")
@@ -364,7 +338,8 @@ def main() -> None:
         print(f"[{time.monotonic() - t_all:6.0f}s] {msg}", flush=True)
 
     log(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB")
-    doc: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = harness.RESULTS / "aggregates.json"  # parts not run keep their last figures
+    doc: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
     doc.setdefault("benchmark", "aggregates")
     doc.setdefault("parts", {})
     for name, fn in PARTS.items():
@@ -372,9 +347,7 @@ def main() -> None:
             res = fn(args, log)
             doc["parts"][name] = {"machine": m, "doc": fn.__doc__ or "", "result": res}
             log(f"{name}: {json.dumps(res)}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {harness.write_results('aggregates.json', doc)}")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,11 @@ file per batch = per closed minute, ~1% correction rows in later batches) under
 ``GET /queries/q4_pairs/results?top=100&start=<1h before the newest window>&end=<newest>`` end to end
 over HTTP. Prints p50/p95/p99 and writes ``benchmarks/results/api.json``. Target: p95 <= 100 ms.
 
-Run: ``.venv/bin/python benchmarks/bench_api.py [--rows 10000000] [--requests 100] [--regen]``.
+Run: ``.venv/bin/python -m benchmarks.bench_api [--rows 10000000] [--requests 100] [--regen]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,21 +29,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import harness
+from lowwater_testing.queries import config, query
+
 REPO = Path(__file__).resolve().parents[1]
 
-OUT = REPO / "benchmarks" / "results"
-TMP = OUT / "tmp" / "api_store"
+TMP = harness.RESULTS / "tmp" / "api_store"
 QUERY = "q4_pairs"
-CONFIG = """
-queries:
-  - name: q4_pairs
-    description: packet count per (srcIP, dstIP) per minute (benchmark)
-    filter: ip_version == 4
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-    window: {range: 1m}
-"""
+CONFIG = config(query("q4_pairs", description="packet count per (srcIP, dstIP) per minute (benchmark)",
+                      filter="ip_version == 4", group_by=["src_ip", "dst_ip"], window="1m")).text
 SCHEMA = pa.schema([
     ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
     ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
@@ -145,7 +138,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--minutes", type=int, default=2 * 24 * 60)
     ap.add_argument("--requests", type=int, default=100)
@@ -254,13 +247,13 @@ def main(argv: list[str] | None = None) -> None:
         "target_p95_ms": 100,
     }
     res["meets_target"] = res["p95_ms"] <= 100
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "api.json").write_text(json.dumps(res, indent=2) + "\n")
+    harness.RESULTS.mkdir(parents=True, exist_ok=True)
+    harness.write_results("api.json", res)
     print(f"{len(ms)} requests: p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms "
           f"(max {res['max_ms']} ms); server CPU {res['server_cpu_ms_per_request']} ms/request; "
           f"limit=10000 p50 {res['all_6000_rows_limit_10000_p50_ms']} ms; latest?top=100 p50 {res['latest_top100_p50_ms']} ms; "
           f"load average {res['load_average_before_after']}; "
-          f"{'meets' if res['meets_target'] else 'MISSES'} the p95 <= 100 ms target -> {OUT / 'api.json'}")  # fmt: skip
+          f"{'meets' if res['meets_target'] else 'MISSES'} the p95 <= 100 ms target -> {harness.RESULTS / 'api.json'}")  # fmt: skip
 
 
 if __name__ == "__main__":

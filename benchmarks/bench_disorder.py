@@ -31,34 +31,29 @@ Latency = the largest timestamp seen when the window closed - the window's end (
 Accuracy, over the windows fully inside the stream: mean |error| % of the (window, group) counts, and
 % of (window, group) results that are wrong; plus packets dropped as late.
 
-    .venv/bin/python benchmarks/bench_disorder.py [--quick]
+    .venv/bin/python -m benchmarks.bench_disorder [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.rollup import Layout, QueryRollup
+from low_level.capture.sources.generator import generate_frames
+from low_level.host.punctuate import advance
+from low_level.kernel.fused import Kernel
+from low_level.kernel.parse import empty_outputs, parse_batch
+from low_level.kernel.tables import Tables
+from lowwater_testing.oracle import packet_partials
+from lowwater_testing.queries import spec
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.rollup import Layout, QueryRollup  # noqa: E402
-from high_level.simulate import packet_partials  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.host.punctuate import advance  # noqa: E402
-from low_level.kernel.fused import Kernel  # noqa: E402
-from low_level.kernel.parse import empty_outputs, parse_batch  # noqa: E402
-from low_level.kernel.tables import Tables  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 MS = 1_000_000
 GROUPS = 1000
@@ -76,15 +71,8 @@ DEFAULT_MAX_DISORDER_NS = Q.HeartbeatSpec().max_disorder_ns
 
 
 def make_query(case: dict[str, Any], m: int) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: disorder
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: {case["range"]}, slide: {case["slide"]}}}
-    table: {{size: 16384}}
-    flush: {{policy: lazy, m: {m}}}
-""").queries[0]
+    return spec("disorder", group_by=["src_ip", "dst_ip"], window={"range": case["range"], "slide": case["slide"]},
+                table=16384, flush={"policy": "lazy", "m": m})
 
 
 def stream(kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: int, seed: int = 7) -> dict[str, Any]:
@@ -213,7 +201,7 @@ def run_case(kind: str, rate: int, seconds: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="60 s of stream instead of 120")
     ap.add_argument("--rate", type=int, default=5000)
     args = ap.parse_args()
@@ -230,15 +218,12 @@ def main() -> None:
             sl = "-" if r["slack_ms"] is None else str(r["slack_ms"])
             print(f"{r['disorder']:8s} {r['plan']:17s} {sl:>8s} {r['latency_mean_s']:9.3f} {r['latency_max_s']:6.2f} "
                   f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}", flush=True)  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "disorder.json").write_text(json.dumps({
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("disorder.json", {
         "benchmark": "disorder_in_one_stream", "figure": "dissertation Fig. 6-11 (band) and 6-12 (block-sorted)",
         "machine": m, "method": {"doc": __doc__, "rate_pkt_per_s": args.rate, "seconds": seconds, "groups": GROUPS,
-                                 "cases": CASES, "quick": args.quick}, "rows": rows}, indent=2))  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+                                 "cases": CASES, "quick": args.quick}, "rows": rows})  # fmt: skip
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     for a, kind, metric, label in ((ax[0], "band", "mean_error_pct", "mean error (%)"),
@@ -256,8 +241,8 @@ def main() -> None:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "disorder.png", dpi=110)
-    print(f"wrote {RESULTS / 'disorder.json'} and disorder.png")
+    fig.savefig(harness.RESULTS / "disorder.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'disorder.json'} and disorder.png")
 
 
 if __name__ == "__main__":

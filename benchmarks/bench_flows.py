@@ -14,8 +14,6 @@ Run: ``.venv/bin/python -m benchmarks.bench_flows [--packets 300000] [--repeat 2
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing
 import os
 import subprocess
@@ -24,29 +22,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine import machine
+from benchmarks import harness
+from benchmarks.harness import machine
 from contract import query as Q
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
+from lowwater_testing.queries import config, query
 
-RESULTS = Path(__file__).resolve().parent / "results"
-QUERY = """
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-    table: {size: 65536}
-"""
+QUERY = config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"],
+                     table=65536)).text
 
 
 def export(packets: int, tmp: Path) -> list[bytes]:
-    from tests.test_flows import _export, _pcap
+    from lowwater_testing.flows import flow_pcap, softflowd_export
 
     pcap = tmp / "t.pcap"
-    _pcap(pcap, packets, seed=1)
-    datagrams, _ = _export(pcap, "10", tmp)
+    flow_pcap(pcap, packets, seed=1)
+    datagrams, _ = softflowd_export(pcap, "10", tmp)
     return datagrams
 
 
@@ -147,7 +140,7 @@ def nfcapd(datagrams: list[bytes], repeat: int, gap_s: float, tmp: Path) -> tupl
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--packets", type=int, default=300_000)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--gap-us", type=float, default=20.0, help="pause between datagrams sent over UDP")
@@ -186,8 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"vs_nfcapd (socket paths, per CPU-s): {res['vs_nfcapd']}; every record counted: {ok}")
     if not ok:
         print(f"record counts differ (want {want}): memory {mem_n}, socket {sock_n}, nfcapd {nf_n}", file=sys.stderr)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "flows.json").write_text(json.dumps(res, indent=1) + "\n")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("flows.json", res, indent=1)
 
 
 if __name__ == "__main__":

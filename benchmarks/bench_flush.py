@@ -12,31 +12,25 @@ old entries when a new window's entry collides) shows up as a long chunk, which 
 overruns the ring. Each configuration is measured REPEAT times and every chunk keeps its fastest time
 (the run least disturbed by whatever else the shared machine was doing).
 
-    .venv/bin/python benchmarks/bench_flush.py [--quick]
+    .venv/bin/python -m benchmarks.bench_flush [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from benchmarks.queries import FLUSH as POLICIES
+from benchmarks.queries import q4
+from contract import query as Q
+from low_level.capture.sources.generator import generate_frames
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import Tables
 
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.queries import FLUSH as POLICIES  # noqa: E402
-from benchmarks.queries import q4  # noqa: E402
-from contract import query as Q  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.kernel.fused import Kernel  # noqa: E402
-from low_level.kernel.tables import Tables  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 CHUNK = 2048
 
 
@@ -81,7 +75,7 @@ def sustained_rate(trace: np.ndarray, ring: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--quick", action="store_true", help="two smallest group counts only")
     ap.add_argument("--ring", type=int, default=1 << 16, help="ring slots of the simulated capture ring")
     ap.add_argument("--repeat", type=int, default=3)
@@ -120,19 +114,16 @@ def main() -> None:
         r["ratio_vs_iop"] = r["sustained_pps"] / iop["sustained_pps"]
         print(f"{r['groups']:>8} {r['table']:>8} {r['policy']:>6} {r['sustained_pps'] / 1e6:17.2f} "
               f"{r['mean_pps'] / 1e6:12.2f} {r['worst_chunk_ms']:15.2f} {r['ratio_vs_iop']:7.2f}")
-    RESULTS.mkdir(exist_ok=True)
+    harness.RESULTS.mkdir(exist_ok=True)
     out = {"benchmark": "flush_policies", "method": __doc__, "ring_slots": args.ring, "chunk": CHUNK,
            "rows": rows, "machine": m}
-    (RESULTS / "flush_policies.json").write_text(json.dumps(out, indent=2))
+    harness.write_results("flush_policies.json", out)
     plot(rows, group_counts)
-    print(f"wrote {RESULTS / 'flush_policies.json'} and flush_policies.png")
+    print(f"wrote {harness.RESULTS / 'flush_policies.json'} and flush_policies.png")
 
 
 def plot(rows: list[dict], group_counts: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
     for ax, ratio in zip(axes, (0.5, 1, 2), strict=True):
@@ -147,7 +138,7 @@ def plot(rows: list[dict], group_counts: list[int]) -> None:
     axes[0].legend()
     fig.suptitle("Q4 flush policies: sustained packet rate (higher is better)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "flush_policies.png", dpi=110)
+    fig.savefig(harness.RESULTS / "flush_policies.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,14 @@ on the same rows in the same arrival order.
 
 Writes benchmarks/results/join.json and join.png.
 
-    .venv/bin/python benchmarks/bench_join.py [--syns 20000] [--skews 0,10,20,40] [--batch 30]
+    .venv/bin/python -m benchmarks.bench_join [--syns 20000] [--skews 0,10,20,40] [--batch 30]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -32,18 +30,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from benchmarks.proccpu import children, process_table
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.meld import Meld
+from high_level.join.band import BandJoin, JoinLayout, match_pairs
+from lowwater_testing import oracle as simulate
+from lowwater_testing.traffic import make_handshake_traffic
 
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.proccpu import children, process_table  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level import simulate  # noqa: E402
-from high_level.aggregate.meld import Meld  # noqa: E402
-from high_level.join.band import BandJoin, JoinLayout, match_pairs  # noqa: E402
-from tests.packets import make_handshake_traffic  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml"
@@ -334,7 +330,7 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
     from high_level.job import HighLevelJob, JobOptions
     from local_stack.kafka_broker import KafkaBroker
     from local_stack.spark_session import build_spark
-    from tests.test_high_level_spark import read_results
+    from lowwater_testing.spark import read_results
 
     work = Path(tempfile.mkdtemp(prefix="lw-bench-join-job-"))
     broker = KafkaBroker("bench-join", port=0, state=work / "kafka")
@@ -412,7 +408,7 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--syns", type=int, default=20_000)
     ap.add_argument("--skews", default="0,10,20,40")
     ap.add_argument("--batch", type=int, default=30, help="Kafka messages per micro-batch")
@@ -437,7 +433,7 @@ def main() -> None:
                 "load_avg_1_5_15_at_end": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
         print(json.dumps(job, indent=1))
         if args.job_update:  # the job block of join.json only (its own machine, date and load)
-            path = RESULTS / "join.json"
+            path = harness.RESULTS / "join.json"
             d = json.loads(path.read_text())
             d["job"], d["input_tuples_per_s"] = job, job["input_tuples_per_s"]
             path.write_text(json.dumps(d, indent=2))
@@ -490,13 +486,10 @@ def main() -> None:
               f"message: {job['input_tuples_per_s']:,} rows/s over the warm micro-batches, "
               f"{job['input_tuples_per_s_wall']:,} rows/s start to end", flush=True)
     result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "join.json").write_text(json.dumps(result, indent=2))
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("join.json", result)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = harness.pyplot()
 
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         xs = [r["skew_s"] for r in rows]
@@ -515,10 +508,10 @@ def main() -> None:
         ax2.set_title("result latency")
         ax2.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(RESULTS / "join.png", dpi=110)
+        fig.savefig(harness.RESULTS / "join.png", dpi=110)
     except ImportError:
         pass
-    print(f"wrote {RESULTS / 'join.json'}")
+    print(f"wrote {harness.RESULTS / 'join.json'}")
 
 
 if __name__ == "__main__":

@@ -19,34 +19,31 @@ wall time also counts time the process was not running. Writes benchmarks/result
 SYN-ACKs out of the mixed traffic, rows drained per kernel call as the agent does) in the same rounds, and
 adds ``select_kernel_mpps`` / ``select_vs_q4`` to kernel.json without touching its other figures.
 
-    .venv/bin/python benchmarks/bench_kernel.py [--packets 8000000] [--groups 260000] [--table 524288] [--select]
+    .venv/bin/python -m benchmarks.bench_kernel [--packets 8000000] [--groups 260000] [--table 524288] [--select]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from numba import njit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from benchmarks.queries import q4
+from contract import fields as F
+from contract import query as Q
+from contract import wire
+from low_level.capture.ring import HEAD, TAIL, Ring
+from low_level.capture.sources.generator import generate_frames
+from low_level.kernel.fused import Kernel
+from low_level.kernel.parse import parse_batch
+from low_level.kernel.tables import Tables
 
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.queries import q4  # noqa: E402
-from contract import fields as F  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from low_level.capture.ring import HEAD, TAIL, Ring  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.kernel.fused import Kernel  # noqa: E402
-from low_level.kernel.parse import parse_batch  # noqa: E402
-from low_level.kernel.tables import Tables  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 REF_PROBES = 4
 MINUTE_NS = 60 * 10**9  # Q4's window, a constant as a hand-written kernel would have it
@@ -196,7 +193,7 @@ def check_reference(ring: Ring, n: int, table: int) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--packets", type=int, default=8_000_000)
     ap.add_argument("--groups", type=int, default=260_000)
     ap.add_argument("--table", type=int, default=1 << 19)
@@ -294,9 +291,9 @@ def main() -> None:
         "rows": rows,
         "machine": m,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kernel.json").write_text(json.dumps(result, indent=2))
-    print(f"\nkernel_mpps (lazy) = {lazy:.2f}; wrote {RESULTS / 'kernel.json'}")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("kernel.json", result)
+    print(f"\nkernel_mpps (lazy) = {lazy:.2f}; wrote {harness.RESULTS / 'kernel.json'}")
 
 
 def select_main(args: argparse.Namespace, ring: Ring, n: int, m: dict) -> None:
@@ -322,7 +319,7 @@ def select_main(args: argparse.Namespace, ring: Ring, n: int, m: dict) -> None:
     print(f"select_kernel_mpps = {sel_mpps:.2f} = {sel_mpps / q4_mpps:.2f} of Q4 in the same run "
           f"({selected:,} rows selected of {n:,} packets); per round {per_round}; by CPU time "
           f"{sel_cpu:.2f} vs {q4_cpu:.2f} = {sel_cpu / q4_cpu:.2f}")
-    path = RESULTS / "kernel.json"
+    path = harness.RESULTS / "kernel.json"
     result = json.loads(path.read_text()) if path.exists() else {"benchmark": "kernel"}
     result.update({
         "select_kernel_mpps": round(sel_mpps, 2),
@@ -337,7 +334,7 @@ def select_main(args: argparse.Namespace, ring: Ring, n: int, m: dict) -> None:
                           "per kernel call",
         "select_machine": m,
     })  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
+    harness.RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")
 

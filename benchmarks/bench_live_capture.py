@@ -30,7 +30,7 @@ The frames (``--frame-bytes``, 64 by default) are built once with explicit
 address, so its stack discards them and nothing answers. The namespace is deleted at the end, also
 on failure.
 
-    sudo .venv/bin/python benchmarks/bench_live_capture.py [--pps 25000,50000,75000,100000,150000,200000,300000]
+    sudo .venv/bin/python -m benchmarks.bench_live_capture [--pps 25000,50000,75000,100000,150000,200000,300000]
         [--seconds 4] [--senders 2,4] [--groups 65536]
 
 Writes ``benchmarks/results/live_capture.json`` and ``live_capture.png``.
@@ -54,29 +54,21 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import machine
+from lowwater_testing.queries import config, query
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-TMP = RESULTS / "tmp"
+TMP = harness.RESULTS / "tmp"
 WARMUP = 2000  # frames sent before each measured replay, outside the query (10.99/16): the capturer runs
 LOSS_OK = 0.001  # <= 0.1 % loss counts as no-drop
 SRC_MAC, DST_MAC = "02:00:00:cc:00:02", "02:00:00:cc:00:99"
 
-Q4_YAML = """
-queries:
-  - name: q4
-    description: packet count per (srcIP, dstIP) per minute (OOP paper Q4)
-    filter: dst_ip in [10.78.0.0/16]
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1m}}
-    table: {{size: {table}}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: lowwater.livecap.q4, partitions: 2}}
-"""
+def q4_yaml(table: int) -> str:
+    """The OOP paper's Q4 on the benchmark's destination net, into its own topic."""
+    return config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+                        filter="dst_ip in [10.78.0.0/16]", group_by=["src_ip", "dst_ip"], window="1m", table=table,
+                        flush={"policy": "lazy", "m": 2}, topic="lowwater.livecap.q4", partitions=2)).text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,7 +353,7 @@ def inside(args: argparse.Namespace) -> int:
         if any(t.startswith("lowwater") for t in args.tools):
             broker = KafkaBroker("livecap", port=0, state=work / "state", heap="384m").start()
         cfg = work / "q4.yaml"
-        cfg.write_text(Q4_YAML.format(table=1 << max(10, int(args.groups * 2 - 1).bit_length())))
+        cfg.write_text(q4_yaml(1 << max(10, int(args.groups * 2 - 1).bit_length())))
         tools = []
         for t in args.tools:
             if t.startswith("pmacctd"):  # pmacctd, or pmacctd:MiB for its pcap_buffer_size
@@ -474,23 +466,20 @@ def write_results(args: argparse.Namespace, rows: list[dict], keep_machine: dict
             "lowwater was lossless at every rate tcpreplay reached, pmacctd was not: lowwater's no-drop "
             "rate is the sender's top, so the ratio is a lower bound"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "live_capture.json").write_text(json.dumps(result, indent=1) + "\n")
-    chart(rows, RESULTS / "live_capture.png")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("live_capture.json", result, indent=1)
+    chart(rows, harness.RESULTS / "live_capture.png")
     rates = ", ".join(f"{t} {summary[t]['nodrop_pps']:,} pkt/s" for t in tools)
     print(f"\nno-drop rates: {rates}")
     print(
         f"lowwater_vs_pmacctd_nodrop_ratio = {result['lowwater_vs_pmacctd_nodrop_ratio']}"
         f"{' (sender saturated)' if result['sender_saturated'] else ''}"
     )
-    print(f"wrote {RESULTS / 'live_capture.json'}")
+    print(f"wrote {harness.RESULTS / 'live_capture.json'}")
 
 
 def chart(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for t in dict.fromkeys(r["tool"] for r in rows):
@@ -513,7 +502,7 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--pps",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -543,7 +532,7 @@ def main() -> int:
     ap.add_argument("--warm", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rewrite:  # the figures again from the rows of the last run (same machine record)
-        old = json.loads((RESULTS / "live_capture.json").read_text())
+        old = json.loads((harness.RESULTS / "live_capture.json").read_text())
         args.frame_bytes, args.groups, args.packets = old["frame_bytes"], old["groups"], old["pcap_packets"]
         args.seconds = old["seconds_per_rate"]
         write_results(args, old["rows"], keep_machine=old["machine"])

@@ -17,26 +17,20 @@ Measured: window-close latency (virtual time of the close - window end), state (
 table entries, every 10 ms: peak and mean), packets missing from the closed windows against the
 exact counts, late records. The paper: OOP memory stays about flat as C's delay grows, IOP's grows.
 
-    .venv/bin/python benchmarks/bench_n3.py [--quick] [--delays 1,2,5,10]
+    .venv/bin/python -m benchmarks.bench_n3 [--quick] [--delays 1,2,5,10]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks import hostsim as H
+from benchmarks.harness import machine
 
-from benchmarks import hostsim as H  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 DENSE = 20_000
 SPARSE = 4 / 60
 WINDOW = "{range: 10s, slide: 2s}"
@@ -62,7 +56,7 @@ def measure(variant: str, delay_s: int, seconds: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="delays 2 and 10 s, 30 s of stream")
     ap.add_argument("--delays", default=None)
     ap.add_argument("--seconds", type=float, default=None)
@@ -81,15 +75,12 @@ def main() -> None:
             print(f"{d:5d} {v:18s} {r['windows']:4d} {r['latency_mean_s']:7.2f} {r['latency_max_s']:7.2f} "
                   f"{r['rows_peak']:9,d} {r['rows_mean']:9,.0f} {r['punctuations_per_s']:8.2f} {r['late_records']:5d} "
                   f"{r['packets_missing']:8,d}", flush=True)  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "n3.json").write_text(json.dumps({
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("n3.json", {
         "benchmark": "sparse_delayed_union", "figure": "OOP paper N3 (Fig. 13) / dissertation Fig. 8-11", "machine": m,
         "method": {"doc": __doc__, "seconds": seconds, "dense_pkt_per_s": DENSE, "sparse_pkt_per_min": 4,
-                   "window": WINDOW, "delays_s": delays, "quick": args.quick}, "rows": rows}, indent=2))  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+                   "window": WINDOW, "delays_s": delays, "quick": args.quick}, "rows": rows})  # fmt: skip
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     colors = dict(zip(VARIANTS, ("#2a7", "#1a5", "#999", "#36c", "#c33"), strict=True))
@@ -108,8 +99,8 @@ def main() -> None:
     ax[0].legend(fontsize=8)
     fig.suptitle(f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count", fontsize=10)
     fig.tight_layout()
-    fig.savefig(RESULTS / "n3.png", dpi=110)
-    print(f"wrote {RESULTS / 'n3.json'} and n3.png")
+    fig.savefig(harness.RESULTS / "n3.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'n3.json'} and n3.png")
 
 
 if __name__ == "__main__":

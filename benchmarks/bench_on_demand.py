@@ -13,53 +13,39 @@ read a control topic, ``low_level.host.ondemand.RequestListener``; the consumer'
 ended, at most every 200 ms per host, as the job would). Also reported: punctuations sent per second
 (the overhead side) and, on request, requests sent per second.
 
-    .venv/bin/python benchmarks/bench_on_demand.py [--seconds 40]
+    .venv/bin/python -m benchmarks.bench_on_demand [--seconds 40]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from kafka import KafkaConsumer, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.meld import Meld
+from high_level.aggregate.rollup import Layout
+from high_level.kafkaclients import KafkaClients
+from high_level.ondemand import PunctuationAsker
+from local_stack.kafka_broker import KafkaBroker
+from low_level.host.agent import Agent
+from low_level.host.ondemand import RequestListener
+from lowwater_testing.queries import spec
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.meld import Meld  # noqa: E402
-from high_level.aggregate.rollup import Layout  # noqa: E402
-from high_level.kafkaclients import KafkaClients  # noqa: E402
-from high_level.ondemand import PunctuationAsker  # noqa: E402
-from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.host.agent import Agent  # noqa: E402
-from low_level.host.ondemand import RequestListener  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "periodic 10 s": ("10s", False),
             "on demand": ("1s", True), "on request": ("1s", False)}
 
 
 def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: ondemand
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1s}}
-    table: {{size: 65536}}
-    flush: {{policy: lazy, m: 1}}
-    heartbeat: {{interval: {interval}, skew: 100ms, on_demand: {str(on_demand).lower()}}}
-    kafka: {{topic: {topic}, partitions: 1}}
-""").queries[0]
+    return spec("ondemand", group_by=["src_ip", "dst_ip"], window="1s", table=65536, flush={"policy": "lazy", "m": 1},
+                heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand}, topic=topic, partitions=1)
 
 
 def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
@@ -137,12 +123,12 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--seconds", type=float, default=60)
     args = ap.parse_args()
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores")
-    state = RESULTS / "tmp" / "kafka-ondemand"
+    state = harness.RESULTS / "tmp" / "kafka-ondemand"
     shutil.rmtree(state, ignore_errors=True)
     broker = KafkaBroker("ondemand", port=0, state=state)
     broker.start()
@@ -161,20 +147,17 @@ def main() -> None:
     for r in rows:
         print(f"{r['setting']:16s} {r['windows']:7d} {r['latency_mean_s']:7.2f} {r['latency_p50_s']:7.2f} "
               f"{r['latency_max_s']:7.2f} {r['punctuations_per_s']:8.1f} {r['latency_mean_s'] / od['latency_mean_s']:18.2f}")
-    (RESULTS / "on_demand.json").write_text(json.dumps({"benchmark": "on_demand_punctuation", "method": __doc__,
-                                                         "rows": rows, "machine": m}, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    harness.write_results("on_demand.json", {"benchmark": "on_demand_punctuation", "method": __doc__,
+                                                         "rows": rows, "machine": m})
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar([r["setting"] for r in rows], [r["latency_mean_s"] for r in rows], color=["#999", "#999", "#999", "#2a7", "#1a5"])
     ax.set_ylabel("mean window-close latency (s)")
     ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
     fig.tight_layout()
-    fig.savefig(RESULTS / "on_demand.png", dpi=110)
-    print(f"wrote {RESULTS / 'on_demand.json'} and on_demand.png")
+    fig.savefig(harness.RESULTS / "on_demand.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'on_demand.json'} and on_demand.png")
 
 
 if __name__ == "__main__":

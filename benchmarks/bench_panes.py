@@ -15,39 +15,28 @@ Both produce the same windows (checked: every closed window's totals are equal).
 per pane over the steady panes (after the first k), and the rows held after each close (mean).
 The paper: at 20 tuples per pane and 5 panes per window the paned plan takes ~30 % of the time.
 
-    .venv/bin/python benchmarks/bench_panes.py [--quick]
+    .venv/bin/python -m benchmarks.bench_panes [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from high_level.aggregate.rollup import Layout, QueryRollup, expand_windows
+from lowwater_testing.queries import spec
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from high_level.aggregate.rollup import Layout, QueryRollup, expand_windows  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED_PANES = 20
 
 
 def layout(k: int) -> Layout:
-    q = Q.load_text(f"""
-queries:
-  - name: panes
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: max, field: length, as: biggest}}]
-    window: {{range: {k}s, slide: 1s}}
-""").queries[0]
+    q = spec("panes", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "max(length) as biggest"],
+             window={"range": f"{k}s", "slide": "1s"})
     return Layout.of(q)
 
 
@@ -101,7 +90,7 @@ def run(k: int, groups: int, per_pane: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="k = 2, 5, 20; one density")
     ap.add_argument("--groups", type=int, default=2048)
     args = ap.parse_args()
@@ -121,15 +110,12 @@ def main() -> None:
             rows += [a, b]
             print(f"{k:3d} {d:14d} {a['cpu_ms_per_pane']:9.2f} {b['cpu_ms_per_pane']:10.2f} "
                   f"{a['time_ratio_paned_vs_unpaned']:6.2f} {a['rows_mean']:10,.0f} {b['rows_mean']:12,.0f}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "panes.json").write_text(json.dumps({
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("panes.json", {
         "benchmark": "panes_vs_no_panes", "figure": "dissertation Fig. 6-15", "machine": m,
         "method": {"doc": __doc__, "measured_panes": MEASURED_PANES, "groups": args.groups, "quick": args.quick},
-        "rows": rows}, indent=2))  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        "rows": rows})  # fmt: skip
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for d, color in zip(dens, ("#36c", "#2a7"), strict=False):
@@ -146,8 +132,8 @@ def main() -> None:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "panes.png", dpi=110)
-    print(f"wrote {RESULTS / 'panes.json'} and panes.png")
+    fig.savefig(harness.RESULTS / "panes.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'panes.json'} and panes.png")
 
 
 if __name__ == "__main__":

@@ -16,32 +16,27 @@ threads: the agent's loop and its Kafka client's I/O thread), with the load aver
 on a shared machine wall time also counts the turns of other processes. Writes
 benchmarks/results/pcap_to_kafka.json.
 
-    .venv/bin/python benchmarks/bench_pcap_to_kafka.py [--config configs/default.yaml] [--packets 8000000]
+    .venv/bin/python -m benchmarks.bench_pcap_to_kafka [--config configs/default.yaml] [--packets 8000000]
         [--groups 65536] [--repeat 3]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.bench_kernel import fill_ring, run_kernel, three_queries
+from benchmarks.harness import machine
+from benchmarks.pcapwrite import write_pcap_ns
+from contract import query as Q
+from local_stack.kafka_broker import KafkaBroker
+from low_level.capture.sources.generator import generate_frames
+from low_level.host.agent import Agent
 
-from benchmarks.bench_kernel import fill_ring, run_kernel, three_queries  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
-from contract import query as Q  # noqa: E402
-from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.host.agent import Agent  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-TMP = RESULTS / "tmp"
+TMP = harness.RESULTS / "tmp"
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
 
@@ -111,7 +106,7 @@ def run(queries: list[Q.QuerySpec], pcap: Path, bootstrap: str | None, producer=
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--config", type=Path, default=None,
                     help="run every query of this file (default: the three named queries of configs/default.yaml)")
     ap.add_argument("--packets", type=int, default=8_000_000)
@@ -206,8 +201,8 @@ def main() -> None:
            "load_average": LOADS,
            "repeat": args.repeat, "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
            "rows": rows, "machine": m}
-    (RESULTS / "pcap_to_kafka.json").write_text(json.dumps(out, indent=2))
-    print(f"wrote {RESULTS / 'pcap_to_kafka.json'}")
+    harness.write_results("pcap_to_kafka.json", out)
+    print(f"wrote {harness.RESULTS / 'pcap_to_kafka.json'}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ shared); the best time is kept. Writes
 ``benchmarks/results/peers.json`` and ``benchmarks/results/peers.png``; the pcap stays under
 ``benchmarks/results/tmp/`` (gitignored) and is reused by later runs with the same parameters.
 
-    .venv/bin/python benchmarks/bench_peers.py [--shape PACKETS,GROUPS,SPAN_S,SNAPLEN ...] [--repeat 5]
+    .venv/bin/python -m benchmarks.bench_peers [--shape PACKETS,GROUPS,SPAN_S,SNAPLEN ...] [--repeat 5]
 
 By default two shapes: 2M packets over 65,536 groups in 180 s at snaplen 64, and 3M packets over 200K
 groups in 300 s at snaplen 128 (more partials per packet: the merge matters more there).
@@ -32,14 +32,12 @@ groups in 300 s at snaplen 128 (more partials per packet: the merge matters more
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -49,36 +47,27 @@ import numpy as np
 from numba import njit
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import fields as F
+from contract import query as Q
+from contract import wire
+from low_level.capture.ring import Ring
+from low_level.capture.sources.generator import generate_frames
+from low_level.capture.sources.pcap.source import PcapSource
+from low_level.kernel.fused import Kernel
+from low_level.kernel.tables import Tables
+from lowwater_testing.queries import config, query
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import fields as F  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from low_level.capture.ring import Ring  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
-from low_level.kernel.fused import Kernel  # noqa: E402
-from low_level.kernel.tables import Tables  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-TMP = RESULTS / "tmp"
+TMP = harness.RESULTS / "tmp"
 NS = 1_000_000_000
 PMACCTD = "pmacctd"
 
 # A result: {(minute start, epoch s, src IPv4 as int, dst IPv4 as int): packets}
 Counts = dict[tuple[int, int, int], int]
 
-Q4_YAML = """
-queries:
-  - name: q4
-    description: packet count per (srcIP, dstIP) per minute (OOP paper Q4)
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}]
-    window: {range: 1m}
-    table: {size: 524288}
-    flush: {policy: lazy, m: 2}
-"""
+Q4_YAML = config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+                       group_by=["src_ip", "dst_ip"], window="1m", table=524288, flush={"policy": "lazy", "m": 2})).text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -527,10 +516,7 @@ TIMING = {
 
 
 def chart(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     names = [r["tool"] for r in rows]
     vals = [r["mpps"] for r in rows]
@@ -648,7 +634,7 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
               f"+ final purge of {r['rows']:,} rows {r['purge_s']:.3f} s; lowwater = {vs_pm}x pmacctd "
               f"({vs_pm_cpu}x by CPU time)")
     return {
-        "pcap": {"file": str(pcap.relative_to(RESULTS.parent.parent)), "bytes": pcap.stat().st_size,
+        "pcap": {"file": str(pcap.relative_to(harness.RESULTS.parent.parent)), "bytes": pcap.stat().st_size,
                  "format": "classic pcap, microsecond timestamps, Ethernet", "packets": packets,
                  "groups": groups, "snaplen": snaplen, "data_span_s": round(g["span_ns"] / NS, 3),
                  "data_pps": g["pps"], "minutes": len({k[0] for k in truth}), "keys": len(truth),
@@ -663,7 +649,7 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", action="append", default=None, metavar="PACKETS,GROUPS,SPAN_S,SNAPLEN",
                     help=f"a pcap shape (repeatable); default: {' and '.join(SHAPES)}")
     ap.add_argument("--scapy-packets", type=int, default=50_000, help="scapy runs on this many first packets")
@@ -699,14 +685,14 @@ def main() -> None:
         "pmacctd_notes": PMACCTD_NOTES,
         "machine": m,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "peers.json").write_text(json.dumps(result, indent=2))
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("peers.json", result)
     p = first["pcap"]
-    chart(first["rows"], RESULTS / "peers.png",
+    chart(first["rows"], harness.RESULTS / "peers.png",
           f"Q4 (count per src,dst per minute) on one pcap: {p['packets'] / 1e6:g} Mpkt, {p['groups']:,} pairs\n"
           f"{m['cpu']}, {m['cores']} cores; best of {args.repeat}")
     print(f"\nlowwater vs pmacctd per shape: {result['lowwater_vs_pmacctd']}")
-    print(f"wrote {RESULTS / 'peers.json'} and {RESULTS / 'peers.png'}")
+    print(f"wrote {harness.RESULTS / 'peers.json'} and {harness.RESULTS / 'peers.png'}")
     if not ok:
         raise SystemExit("tools disagree on the counts (see above)")
 

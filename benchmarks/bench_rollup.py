@@ -1,6 +1,6 @@
 """Roll-up rate: partial records per second through the real job (Kafka -> Spark -> Parquet).
 
-``.venv/bin/python benchmarks/bench_rollup.py [--records 4000000] [--groups 100000] [--batch-records ...]`` starts its own
+``.venv/bin/python -m benchmarks.bench_rollup [--records 4000000] [--groups 100000] [--batch-records ...]`` starts its own
 Kafka broker (or uses ``--bootstrap HOST:PORT``) and writes benchmarks/results/rollup.json.
 
 Produces partial records of a (src_ip, dst_ip) count query (the OOP paper's Q4 shape) from several
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -38,26 +37,18 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.proccpu import tree_cpu_seconds  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
-from high_level.aggregate.rollup import Layout  # noqa: E402
-from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks import harness
+from benchmarks.harness import machine
+from benchmarks.proccpu import tree_cpu_seconds
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.queries import config, query
 
 T0 = 1_700_000_000_000_000_000
-QUERY = """
-queries:
-  - name: bench_pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}]
-    window: {range: 10s}
-"""
+QUERY = config(query("bench_pairs", group_by=["src_ip", "dst_ip"])).text
 
 
 def make_messages(q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int,
@@ -105,7 +96,7 @@ def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
     ap.add_argument("--records", type=int, default=4_000_000)
     ap.add_argument("--groups", type=int, default=100_000)
@@ -254,9 +245,9 @@ def _run(a: argparse.Namespace) -> int:
     res["ratio_spark_vs_offline"] = round(res["spark_records_per_s"] / res["offline_records_per_s"], 3)
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "configs"}, indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rollup.json").write_text(json.dumps({"benchmark": "rollup", **res}, indent=2))
-    print(f"wrote {RESULTS / 'rollup.json'}")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("rollup.json", {"benchmark": "rollup", **res})
+    print(f"wrote {harness.RESULTS / 'rollup.json'}")
     spark.stop()
     return 0
 
@@ -392,8 +383,8 @@ def _sweep(a: argparse.Namespace) -> int:
     prod.close()
     spark.stop()
     _sweep_write(a, points, complete=True)
-    _sweep_plot(json.loads((RESULTS / "rollup_scale.json").read_text()))
-    print(f"wrote {RESULTS / 'rollup_scale.json'}")
+    _sweep_plot(json.loads((harness.RESULTS / "rollup_scale.json").read_text()))
+    print(f"wrote {harness.RESULTS / 'rollup_scale.json'}")
     return 0
 
 
@@ -419,15 +410,12 @@ def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: 
         res["chunked_vs_blob_at_largest"] = round(hi["chunked"]["records_per_s"] / hi["blob"]["records_per_s"], 3)
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "points"}, indent=1), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rollup_scale.json").write_text(json.dumps(res, indent=2))
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("rollup_scale.json", res)
 
 
 def _sweep_plot(res: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
     xs = [p["open_groups"] for p in res["points"]]
@@ -441,7 +429,7 @@ def _sweep_plot(res: dict[str, Any]) -> None:
     ax.set_title("High-level rate against open state")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "rollup_scale.png", dpi=110)
+    fig.savefig(harness.RESULTS / "rollup_scale.png", dpi=110)
 
 
 if __name__ == "__main__":

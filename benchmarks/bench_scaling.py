@@ -1,6 +1,6 @@
 """Scaling of the roll-up on a Spark standalone cluster: P = 1, 2, 4 Kafka partitions x 1 and 2 workers.
 
-``.venv/bin/python benchmarks/bench_scaling.py [--records 12000000] [--groups 100000] [--partitions 1,2,4]
+``.venv/bin/python -m benchmarks.bench_scaling [--records 12000000] [--groups 100000] [--partitions 1,2,4]
 [--workers 1,2]`` starts a Kafka broker and, per worker count W, a standalone cluster (master + W
 workers of one core each, ``local_stack/spark_cluster.py``, the processes ``tests/test_cluster.py``
 runs), and drives the real job against it (``--master spark://...``) in a process of its own, one
@@ -28,15 +28,13 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_rollup import QUERY, make_messages, run_config  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.proccpu import machine_busy_seconds, tree_cpu_seconds  # noqa: E402
-from contract import query as Q  # noqa: E402
+from benchmarks import harness
+from benchmarks.bench_rollup import QUERY, make_messages, run_config
+from benchmarks.harness import machine
+from benchmarks.proccpu import machine_busy_seconds, tree_cpu_seconds
+from contract import query as Q
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 
 
 def query_for(topic: str, partitions: int) -> Q.QuerySpec:
@@ -106,10 +104,7 @@ def sc_executors(spark) -> int:
 
 
 def chart(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for w in sorted({r["workers"] for r in rows}):
@@ -177,7 +172,7 @@ def summarize(rows: list[dict], head: dict) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=12_000_000)
     ap.add_argument("--groups", type=int, default=100_000)
     ap.add_argument("--hosts", type=int, default=3)
@@ -195,7 +190,7 @@ def main() -> int:
     if a.driver:
         return driver(a)
     if a.rewrite:
-        old = json.loads((RESULTS / "scaling.json").read_text())
+        old = json.loads((harness.RESULTS / "scaling.json").read_text())
         head = {k: old[k] for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes",
                                     "batch_records")}  # fmt: skip
         return write(summarize(old["rows"], head))
@@ -255,15 +250,15 @@ def main() -> int:
 
 
 def write(res: dict) -> int:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scaling.json").write_text(json.dumps(res, indent=1) + "\n")
-    chart(res["rows"], RESULTS / "scaling.png")
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("scaling.json", res, indent=1)
+    chart(res["rows"], harness.RESULTS / "scaling.png")
     print(
         json.dumps(
             {k: res[k] for k in ("rates", "p2_vs_p1", "p4_vs_p1", "w2_vs_w1_at_p2", "load_avg")}, indent=1
         )
     )
-    print(f"wrote {RESULTS / 'scaling.json'}")
+    print(f"wrote {harness.RESULTS / 'scaling.json'}")
     return 0
 
 

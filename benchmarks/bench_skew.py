@@ -52,15 +52,12 @@ time - delay) advances in whole 10-s steps and trails the leading host by up to 
 delay. That adds up to 10 s of latency and as much hidden slack (a 2-s delay tolerates ~2-12 s of
 skew). Spark also evicts with the watermark of the previous micro-batch (no empty batches: + 1 step).
 
-    .venv/bin/python benchmarks/bench_skew.py [--quick] [--skews 0,5,10,20,40]
+    .venv/bin/python -m benchmarks.bench_skew [--quick] [--skews 0,5,10,20,40]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -73,16 +70,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.bench_skew_iop import TUPLE, InOrderUnion
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.rollup import Layout
+from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.queries import config, query
 
-from benchmarks.bench_skew_iop import TUPLE, InOrderUnion  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.rollup import Layout  # noqa: E402
-from high_level.job import HighLevelJob, JobOptions  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 T0_S = 1_700_000_000  # data time origin (a multiple of the window)
 WINDOW_S = 10
@@ -94,13 +90,7 @@ WARM_STEP_S = 5
 SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000  # IPv4-mapped 10.0.0.x / 192.168.x.y
 ROW_BYTES = 8 + 4 * 8 + 2 * 8  # window/pane id + key words + (count, sum)
 HOSTS = ("A", "B")
-QUERY = """
-queries:
-  - name: skew
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-"""
+QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
 
 GID = np.arange(GROUPS, dtype=np.int64)
 KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])
@@ -385,10 +375,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     style = {"oop": ("lowwater (punctuation)", "#2a7", "o", 10), "wm=skew": ("Spark watermark, delay = skew", "#36c", "s", 7),
              "wm=2s": ("Spark watermark, delay = 2 s", "#c33", "^", 5),
@@ -417,7 +404,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skews 0, 20 s and a shorter steady phase (< 4 min)")
     ap.add_argument("--skews", default=None, help="comma list of skews in seconds (default 0,5,10,20,40)")
     ap.add_argument("--meas", type=int, default=None, help="steady phase in seconds of data time (default 30)")
@@ -465,13 +452,12 @@ def main() -> None:
     by = {(r["skew_s"], r["variant"]): r for r in rows}
     ratio = {str(k): by[(k, "oop")]["payload_mib_mean"] / by[(k, "iop")]["payload_mib_mean"] for k in skews}
     print(f"oop / iop state payload by skew: {ratio} (OOP paper Fig. 1: ~0.3 at 40 s)")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "skew.json").write_text(json.dumps({"benchmark": "memory_latency_vs_skew", "machine": m,
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("skew.json", {"benchmark": "memory_latency_vs_skew", "machine": m,
                                                    "method": method, "oop_vs_iop_state_by_skew": ratio,
-                                                   "oop_vs_iop_state_at_40s": ratio.get("40"), "rows": rows},
-                                                  indent=2))  # fmt: skip
-    plot(rows, RESULTS / "skew.png")
-    print(f"wrote {RESULTS / 'skew.json'} and {RESULTS / 'skew.png'}")
+                                                   "oop_vs_iop_state_at_40s": ratio.get("40"), "rows": rows})  # fmt: skip
+    plot(rows, harness.RESULTS / "skew.png")
+    print(f"wrote {harness.RESULTS / 'skew.json'} and {harness.RESULTS / 'skew.png'}")
 
 
 if __name__ == "__main__":

@@ -24,29 +24,26 @@ headline: at 40 s skew OOP needs ~30 % of IOP's memory (Gigascope, 110,000 pkt/s
 one run; ``skew_iop.json`` also carries that run's Spark rows (``spark_watermark_from_skew_json``,
 labelled with its date).
 
-    .venv/bin/python benchmarks/bench_skew_iop.py [--quick] [--rates 4000,110000] [--skews 1,5,10,20,40]
+    .venv/bin/python -m benchmarks.bench_skew_iop [--quick] [--rates 4000,110000] [--skews 1,5,10,20,40]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout, QueryRollup, Windows
+from lowwater_testing.queries import config, query
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
-from high_level.aggregate.rollup import Layout, QueryRollup, Windows  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NS = 1_000_000_000
 T0_S = 1_700_000_000
 WINDOW_S = 10
@@ -55,13 +52,7 @@ SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000
 HOSTS = ("A", "B")
 MAX_BATCH = 65_536
 TUPLE = np.dtype([("ts", "<i8"), ("k", "<i8", (4,)), ("len", "<i8")])  # a buffered packet tuple: 48 B
-QUERY = """
-queries:
-  - name: skew
-    group_by: [src_ip, dst_ip]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]
-    window: {range: 10s}
-"""
+QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
 GID = np.arange(GROUPS, dtype=np.int64)
 KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])
 
@@ -217,7 +208,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def spark_rows() -> list[dict[str, Any]]:
     """Spark watermark rows of the last bench_skew.py run (4,000 pkt/s): rows, and payload at 56 B/row."""
-    p = RESULTS / "skew.json"
+    p = harness.RESULTS / "skew.json"
     if not p.exists():
         return []
     d = json.loads(p.read_text())
@@ -227,10 +218,7 @@ def spark_rows() -> list[dict[str, Any]]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
 
     rates = sorted({r["rate_pkt_per_s"] for r in rows})
     fig, ax = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4), squeeze=False)
@@ -248,7 +236,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skews 1, 10, 40 s, steady phase 10 s")
     ap.add_argument("--rates", default="4000,110000")
     ap.add_argument("--skews", default=None)
@@ -271,14 +259,14 @@ def main() -> None:
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores; {time.monotonic() - t_all:.0f} s")
     print(table(rows))
     print(f"oop/iop peak state at 40 s skew: {ratio40} (paper ~0.3)")
-    RESULTS.mkdir(exist_ok=True)
+    harness.RESULTS.mkdir(exist_ok=True)
     out = {"benchmark": "skew_oop_vs_iop", "figure": "OOP paper Fig. 1 / dissertation Fig. 8-8", "machine": m,
            "method": {"doc": __doc__, "groups": GROUPS, "window_s": WINDOW_S, "rates": rates, "skews_s": skews,
                       "steady_phase_s": meas, "quick": args.quick, "tuple_bytes": TUPLE.itemsize},
            "oop_vs_iop_state_at_40s": ratio40, "rows": rows, "spark_watermark_from_skew_json": spark_rows()}  # fmt: skip
-    (RESULTS / "skew_iop.json").write_text(json.dumps(out, indent=2))
-    plot(rows, RESULTS / "skew_iop.png")
-    print(f"wrote {RESULTS / 'skew_iop.json'} and skew_iop.png")
+    harness.write_results("skew_iop.json", out)
+    plot(rows, harness.RESULTS / "skew_iop.png")
+    print(f"wrote {harness.RESULTS / 'skew_iop.json'} and skew_iop.png")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,13 @@
 """Throughput of the sources into a ring drained by a trivial Numba consumer.
 
-``.venv/bin/python benchmarks/bench_sources.py [--frames 2000000] [--size 64]`` prints frames/s for a fast-mode
+``.venv/bin/python -m benchmarks.bench_sources [--frames 2000000] [--size 64]`` prints frames/s for a fast-mode
 pcap replay and for the generator (ring pushes included, consumer in another thread), plus the
 generator's raw frame building (generate_frames, no ring).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -18,13 +16,12 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
-from low_level.capture.ring import HEAD, TAIL, Ring  # noqa: E402
-from low_level.capture.sources.base import Source  # noqa: E402
-from low_level.capture.sources.generator import GeneratorSource, generate_frames  # noqa: E402
-from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
+from benchmarks import harness
+from benchmarks.pcapwrite import write_pcap_ns
+from low_level.capture.ring import HEAD, TAIL, Ring
+from low_level.capture.sources.base import Source
+from low_level.capture.sources.generator import GeneratorSource, generate_frames
+from low_level.capture.sources.pcap.source import PcapSource
 
 
 @njit(cache=True, nogil=True)
@@ -73,7 +70,7 @@ def drain_rate(ring: Ring, src: Source, n: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = harness.parser(description=__doc__)
     ap.add_argument("--frames", type=int, default=2_000_000)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--slots", type=int, default=1 << 16)

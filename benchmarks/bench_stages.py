@@ -14,40 +14,35 @@ windows, table 2^17, lazy flush):
 Two more stages come from their own benchmarks and are quoted, with their files, when present:
 Spark roll-up (results/rollup.json) and the REST top-100 query (results/api.json).
 
-    .venv/bin/python benchmarks/bench_stages.py [--packets 2000000]
+    .venv/bin/python -m benchmarks.bench_stages [--packets 2000000]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.bench_sources import drain_rate
+from benchmarks.harness import machine
+from benchmarks.pcapwrite import write_pcap_ns
+from benchmarks.queries import q4
+from contract.fields import NFIELDS
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from local_stack.kafka_broker import KafkaBroker
+from low_level.capture.ring import Ring
+from low_level.capture.sources.generator import generate_frames
+from low_level.capture.sources.pcap.source import PcapSource
+from low_level.host.emit import Emitter
+from low_level.kernel.fused import Kernel
+from low_level.kernel.parse import parse_batch
+from low_level.kernel.tables import Tables
 
-from benchmarks.bench_sources import drain_rate  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-from benchmarks.pcapwrite import write_pcap_ns  # noqa: E402
-from benchmarks.queries import q4  # noqa: E402
-from contract.fields import NFIELDS  # noqa: E402
-from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
-from high_level.aggregate.rollup import Layout  # noqa: E402
-from local_stack.kafka_broker import KafkaBroker  # noqa: E402
-from low_level.capture.ring import Ring  # noqa: E402
-from low_level.capture.sources.generator import generate_frames  # noqa: E402
-from low_level.capture.sources.pcap.source import PcapSource  # noqa: E402
-from low_level.host.emit import Emitter  # noqa: E402
-from low_level.kernel.fused import Kernel  # noqa: E402
-from low_level.kernel.parse import parse_batch  # noqa: E402
-from low_level.kernel.tables import Tables  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-TMP = RESULTS / "tmp"
+TMP = harness.RESULTS / "tmp"
 
 
 class Capture:
@@ -69,7 +64,7 @@ class Capture:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser()
     ap.add_argument("--packets", type=int, default=2_000_000)
     ap.add_argument("--groups", type=int, default=65536)
     args = ap.parse_args()
@@ -163,7 +158,7 @@ def main() -> None:
     # quoted from their own benchmarks
     quoted = {}
     for name in ("rollup.json", "api.json"):
-        path = RESULTS / name
+        path = harness.RESULTS / name
         if path.exists():
             quoted[name] = json.loads(path.read_text())
     if "rollup.json" in quoted:
@@ -179,19 +174,16 @@ def main() -> None:
     out_json = {"benchmark": "stages", "method": __doc__, "packets": n, "groups": args.groups,
                 "partials": int(len(allrecs)), "rows": rows, "quoted": {k: v.get("machine") for k, v in quoted.items()},
                 "machine": m}
-    (RESULTS / "stages.json").write_text(json.dumps(out_json, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    harness.write_results("stages.json", out_json)
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.barh([r["stage"] for r in rows][::-1], [r["ns_per_packet"] for r in rows][::-1], color="#3a7bd5")
     ax.set_xlabel("ns per captured packet (lower is better)")
     ax.set_title(f"Q4, {n / 1e6:.0f}M packets, {args.groups:,} groups: cost of each stage")
     fig.tight_layout()
-    fig.savefig(RESULTS / "stages.png", dpi=110)
-    print(f"wrote {RESULTS / 'stages.json'} and stages.png")
+    fig.savefig(harness.RESULTS / "stages.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'stages.json'} and stages.png")
 
 
 def _timed(fn) -> float:

@@ -22,26 +22,20 @@ fraction of time during which a window holding data has ended but cannot be emit
 idles on punctuation: the seed's idle-waiting). State = the union's pane-table rows + the hosts' table
 entries, sampled every 10 ms (peak and mean), the analogue of the seed's peak queue size.
 
-    .venv/bin/python benchmarks/bench_union.py [--quick] [--seconds 120]
+    .venv/bin/python -m benchmarks.bench_union [--quick] [--seconds 120]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks import hostsim as H
+from benchmarks.harness import machine
 
-from benchmarks import hostsim as H  # noqa: E402
-from benchmarks.machine import machine  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 DENSE, SPARSE = 50_000, 0.05
 TUMBLING = "{range: 1s}"
 
@@ -82,7 +76,7 @@ def measure(v: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="60 s of stream, no 10-ms heartbeat")
     ap.add_argument("--seconds", type=float, default=None)
     args = ap.parse_args()
@@ -99,15 +93,12 @@ def main() -> None:
         print(f"{r['variant']:32s} {r['windows']:4d} {r['latency_mean_s']:8.3f} {r['latency_p50_s']:7.3f} "
               f"{r['latency_max_s']:7.3f} {100 * r['wait_fraction']:7.2f} {r['rows_peak']:8,d} {r['rows_mean']:9,.0f} "
               f"{r['punctuations_per_s']:8.2f} {r['late_records']:5d} {r['packets_missing']:5d}", flush=True)  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "union.json").write_text(json.dumps({
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("union.json", {
         "benchmark": "on_demand_union_variants", "figure": "on-demand punctuation paper Fig. 7 and 8", "machine": m,
         "method": {"doc": __doc__, "seconds": seconds, "dense_pkt_per_s": DENSE, "sparse_pkt_per_s": SPARSE,
-                   "quick": args.quick}, "rows": rows}, indent=2))  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+                   "quick": args.quick}, "rows": rows})  # fmt: skip
+    plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
     labels = [r["variant"] for r in rows]
@@ -127,8 +118,8 @@ def main() -> None:
     fig.suptitle(f"dense {DENSE:,} pkt/s + sparse {SPARSE} pkt/s host, 1-s windows, {seconds:.0f} s of stream "
                  "(virtual time, real kernel + processor)", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(RESULTS / "union.png", dpi=110)
-    print(f"wrote {RESULTS / 'union.json'} and union.png")
+    fig.savefig(harness.RESULTS / "union.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'union.json'} and union.png")
 
 
 if __name__ == "__main__":

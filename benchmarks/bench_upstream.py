@@ -20,42 +20,31 @@ group the same rate; skewed: Zipf(1.2) rates, a few ports busy every second, mos
 of seconds. Staleness = the seed's Definitions 9-10: per key (window, group) the time its newest input
 has waited unreflected at the consumer, time-averaged over the key's life, averaged over keys.
 
-    .venv/bin/python benchmarks/bench_upstream.py [--quick]
+    .venv/bin/python -m benchmarks.bench_upstream [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness
+from benchmarks.harness import machine
+from contract import live as L
+from contract import query as Q
+from contract import wire
+from high_level.aggregate.packed import unpack_windows
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional
+from high_level.live.queue import Update, UpdateQueue, replay
+from lowwater_testing.queries import config, query
 
-from benchmarks.machine import machine  # noqa: E402
-from contract import live as L  # noqa: E402
-from contract import query as Q  # noqa: E402
-from contract import wire  # noqa: E402
-from high_level.aggregate.packed import unpack_windows  # noqa: E402
-from high_level.aggregate.processor import PartitionProcessor, Settings  # noqa: E402
-from high_level.aggregate.rollup import Layout  # noqa: E402
-from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional  # noqa: E402
-from high_level.live.queue import Update, UpdateQueue, replay  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-CONFIG = """
-queries:
-  - name: ports_live
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: sum, field: length, as: bytes}
-    window: {landmark: 30s, update: 1s}
-"""
+CONFIG = config(query("ports_live", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
+                      window={"landmark": "30s", "update": "1s"})).text
 GROUPS, PPS, HOSTS = 200, 600, ("h0", "h1")
 LOAD_FACTORS = (0.5, 1.0, 2.0, 4.0, 8.0)
 T0_S = 1_764_000_000  # data clock origin (whole minutes: windows align)
@@ -145,7 +134,7 @@ def run_policy(variant: str, timed: list[tuple[float, Update]], lf: float, offer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="60 s of data instead of 240 s")
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
@@ -195,8 +184,8 @@ def main() -> None:
         "linecutting_throughput_loss_skewed_per_lf": loss,
     }
     print(json.dumps(summary, indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "upstream.json").write_text(json.dumps({
+    harness.RESULTS.mkdir(exist_ok=True)
+    harness.write_results("upstream.json", {
         "benchmark": "upstream", "machine": m, "query": CONFIG.strip(), "groups": GROUPS, "packets_per_s": PPS,
         "hosts": len(HOSTS), "seconds": seconds, "zipf": 1.2, "load_factors": list(LOAD_FACTORS), "feeds": feeds,
         **summary, "rows": rows,
@@ -204,12 +193,9 @@ def main() -> None:
                   "UpdateQueue; simulated consumer clock, each take charged its measured CPU time; staleness per "
                   "the seed's Definitions 9-10 (time-average per (window, group) over its life, mean over keys), "
                   "at the end of the data; throughput = updates delivered in the same simulated time",
-    }, indent=1))  # fmt: skip
+    }, indent=1)  # fmt: skip
     if not a.no_plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = harness.pyplot()
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, dist in zip(axes, ("uniform", "zipf"), strict=True):
@@ -225,8 +211,8 @@ def main() -> None:
         axes[0].legend()
         fig.suptitle("UpStream on lowwater's live path: staleness vs load factor")
         fig.tight_layout()
-        fig.savefig(RESULTS / "upstream.png", dpi=110)
-    print(f"wrote {RESULTS / 'upstream.json'}" + ("" if a.no_plot else " and upstream.png"))
+        fig.savefig(harness.RESULTS / "upstream.png", dpi=110)
+    print(f"wrote {harness.RESULTS / 'upstream.json'}" + ("" if a.no_plot else " and upstream.png"))
 
 
 if __name__ == "__main__":

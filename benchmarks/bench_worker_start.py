@@ -1,6 +1,6 @@
 """Python worker start: time to connect back to Spark's worker factory, plain interpreter vs the launcher.
 
-``.venv/bin/python benchmarks/bench_worker_start.py [--starts 8]`` starts the driver-side worker of
+``.venv/bin/python -m benchmarks.bench_worker_start [--starts 8]`` starts the driver-side worker of
 ``transformWithStateInPandas`` (``python -m pyspark.sql.streaming.transform_with_state_driver_worker``) the
 way ``PythonWorkerFactory.createSimpleWorker`` does (Spark's worker ``PYTHONPATH``, pyspark.zip first; a
 listening socket, the secret, the pid), once with this interpreter and once through
@@ -10,7 +10,6 @@ fixed 10 s. Run it under load (e.g. busy loops on every core) to see what a quer
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import struct
@@ -20,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from high_level.cluster.pyworker import DRIVER_WORKER, install  # noqa: E402
+from benchmarks import harness
+from high_level.cluster.pyworker import DRIVER_WORKER, install
 
 WINDOW_S = 10.0  # PythonWorkerFactory.createSimpleWorker's connect-back timeout
 
@@ -56,7 +54,7 @@ def one_start(exe: str, path: str, timeout_s: float) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--starts", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=60.0, help="give up on one start after this many seconds")
     a = ap.parse_args()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import yaml
 
 from contract import query as Q
 from contract import wire
@@ -25,6 +26,7 @@ from low_level.capture.sources.generator import DEFAULT_START_NS, generate_frame
 from low_level.host.punctuate import advance
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import QS_CUR, QS_LATE, QS_OCC, Tables
+from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -38,16 +40,8 @@ MODES = ("eos", "periodic", "on_demand", "latent", "on_request")
 
 def query(window: str, m: int = 1, interval: str = "1s", on_demand: bool = True, skew: str = "100ms") -> Q.QuerySpec:
     """A count per (src_ip, dst_ip) with the given window, lazy flush m and heartbeat settings."""
-    return Q.load_text(f"""
-queries:
-  - name: union
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {window}
-    table: {{size: 65536}}
-    flush: {{policy: lazy, m: {m}}}
-    heartbeat: {{interval: {interval}, skew: {skew}, on_demand: {str(on_demand).lower()}}}
-""").queries[0]
+    return spec("union", group_by=["src_ip", "dst_ip"], window=yaml.safe_load(window), table=65536,
+                flush={"policy": "lazy", "m": m}, heartbeat={"interval": interval, "skew": skew, "on_demand": on_demand})
 
 
 @dataclass

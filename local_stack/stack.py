@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C stops the stack even when SIGINT came in ignored (a shell starts background jobs so, and
+    # Python then installs no handler): otherwise the children stop on the group's SIGINT and this
+    # process would report their exit as a failure, with a log dump.
+    signal.signal(signal.SIGINT, stop)
     try:
         print(f"[stack] starting Kafka on 127.0.0.1:{args.kafka_port} ...", flush=True)
         broker.start()

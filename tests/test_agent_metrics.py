@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from low_level.host.agent import Agent
 from low_level.host.loop import HostLoop
 from low_level.host.metrics import METRIC_NAMES, AgentCollector, serve_metrics
-from tests.packets import build_frames, make_traffic
-from tests.test_subaggregate import RecordingProducer, make_query, push_frames
+from lowwater_testing.capture import RecordingProducer, make_query, push_frames
+from lowwater_testing.traffic import build_frames, make_traffic
 
 NS = 1_000_000_000
 
@@ -65,20 +65,20 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
     """The flow collector runs the packet agent's loop: /metrics over HTTP reports its records, marks and
     networks-file reloads (good and refused) as the packet agent's do."""
     from low_level.flows.agent import FlowAgent
-    from tests.test_flows import _FIELDS, _query, _record, _set, _template, _v9
+    from lowwater_testing.flows import FIELDS, flow_query, flow_record, flowset, template, v9
 
     nets = tmp_path / "nets.txt"
     nets.write_text("64497,10.0.0.0/8\n")
-    agent = FlowAgent([_query()], {"type": "flows", "host": "127.0.0.1", "port": 0}, "router-m", None,
+    agent = FlowAgent([flow_query()], {"type": "flows", "host": "127.0.0.1", "port": 0}, "router-m", None,
                       producer=RecordingProducer(), networks=str(nets))
     reg = CollectorRegistry()
     server = serve_metrics(agent, 0, registry=reg)
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for d in (_v9(1, [_template(256, _FIELDS)]),
-                  _v9(1, [_set(256, _record(0x0A000001, 0x0A000002, 3, 300, 9_000)
-                                + _record(0x0A000003, 0x0A000004, 5, 500, 9_500))])):
+        for d in (v9(1, [template(256, FIELDS)]),
+                  v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000)
+                                + flow_record(0x0A000003, 0x0A000004, 5, 500, 9_500))])):
             tx.sendto(d, ("127.0.0.1", agent.collector.port))
         tx.close()
         deadline = time.monotonic() + 10

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,9 @@ from contract import wire
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from low_level.capture.sources.generator import generate_frames
-from tests.topic_reader import read_topic
+from lowwater_testing.agent import agent_cmd
+from lowwater_testing.queries import config, query
+from lowwater_testing.topics import read_topic
 
 REPO = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
@@ -31,24 +32,15 @@ GROUPS = 400
 
 def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source, "--host-id", host,
-         "--bootstrap", bootstrap, "--metrics-port", "0"],
+        agent_cmd(cfg, source, host=host, bootstrap=bootstrap),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory, tmp_path: Path) -> None:
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1s}}
-    table: {{size: 1024}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: {topic}, partitions: 2}}
-""")
+    config(query("pairs", group_by=["src_ip", "dst_ip"], window="1s", table=1024, flush={"policy": "lazy", "m": 2},
+                 topic=topic, partitions=2)).write(cfg)
     q = Q.load(cfg).queries[0]
     common = f"groups={GROUPS},clock=synthetic,synthetic_pps={PPS},rate={PPS}"
     first = agent(cfg, kafka.bootstrap_servers, "cap", f"generator:{common},start_ns={START},count={PPS * 60}")

@@ -19,8 +19,9 @@ from contract import fields as F
 from contract import query as Q
 from contract import results as R
 from low_level.kernel.tables import Tables
-from tests.packets import make_traffic, merge_partials, oracle
-from tests.test_subaggregate import make_query, run_kernel
+from lowwater_testing.capture import make_query, run_kernel
+from lowwater_testing.queries import ConfigDoc, config, query
+from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -111,34 +112,26 @@ def test_generated_kernel_sums_squares_exactly(policy: str) -> None:
     assert np.array_equal(got["s3"].to_numpy(), hand["n"].to_numpy())
 
 
-CONFIG = """
-queries:
-  - name: spread
-    group_by: [dst_port]
-    aggregates:
-      - {{fn: count, as: packets}}
-      - {{fn: variance, field: length, as: len_var}}
-      - {{fn: stddev, field: length, as: len_sd}}
-      - {{fn: stddev, field: ttl, as: ttl_sd}}
-      - {{fn: avg, field: length, as: len_avg}}
-    window: {{range: 2s}}
-    table: {{size: 256}}
-    kafka: {{topic: {topic}, partitions: 2}}
-"""
+def spread_config(topic: str) -> ConfigDoc:
+    """Packet counts, length variance and standard deviations per port, on 2 partitions."""
+    return config(query("spread", group_by=["dst_port"],
+                        aggregates=["count as packets", "variance(length) as len_var", "stddev(length) as len_sd",
+                                    "stddev(ttl) as ttl_sd", "avg(length) as len_avg"],
+                        window="2s", table=256, topic=topic, partitions=2))  # fmt: skip
 
 
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_variance_and_stddev_end_to_end_equal_the_exact_oracle(spark, kafka, topic_factory, tmp_path: Path) -> None:
-    from tests.test_high_level_spark import assert_exact, read_results, start_job
-    from tests.test_workers import run_agent, write_pcap
+    from lowwater_testing.agent import run_agent, write_traffic_pcap
+    from lowwater_testing.spark import assert_exact, read_results, start_job
 
     t = make_traffic(12_000, 600, T0, 12 * NS, seed=29)
     pcap = tmp_path / "v.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     cfg = tmp_path / "v.yaml"
-    cfg.write_text(CONFIG.format(topic=topic_factory(partitions=2)))
-    run_agent(cfg, f"pcap:{pcap}", "cap-1", kafka.bootstrap_servers)
+    spread_config(topic_factory(partitions=2)).write(cfg)
+    run_agent(cfg, f"pcap:{pcap}", host="cap-1", bootstrap=kafka.bootstrap_servers)
     q = Q.load(cfg).queries[0]
     job = start_job(spark, [q], tmp_path, "spread", bootstrap=kafka.bootstrap_servers, expected_hosts=["cap-1"],
                     host_timeout_ms=600_000)  # fmt: skip

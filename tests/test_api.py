@@ -1,4 +1,4 @@
-"""The serving layer's REST API against a fixture results store (see tests/test_api_support.py).
+"""The serving layer's REST API against a fixture results store (see lowwater_testing/store.py).
 
 Every endpoint, key filters (exact, IPv4 and IPv6 prefixes), ordering, top-N, paging, CSV, the latest
 window, status, auth, metrics, 4xx for bad parameters and injection attempts, and fuzzing (hypothesis
@@ -35,7 +35,7 @@ from high_level.serve.api import create_app
 from high_level.serve.columns import QueryInfo
 from high_level.serve.params import parse_filters
 from high_level.serve.reader import Reader
-from tests.test_api_support import (
+from lowwater_testing.store import (
     DST24,
     INCOMPLETE_DEAD,
     INCOMPLETE_LATE,

@@ -26,27 +26,18 @@ import pytest
 from contract import query as Q
 from local_stack.kafka_cluster import KafkaCluster
 from local_stack.spark_cluster import SparkCluster, SparkClusterError
-from tests.packets import make_traffic
-from tests.test_high_level_spark import HOSTS, assert_exact, traffic_messages
-from tests.topic_reader import read_topic
+from lowwater_testing.hosts import HOSTS, traffic_messages
+from lowwater_testing.queries import config, query
+from lowwater_testing.spark import assert_exact
+from lowwater_testing.topics import read_topic
+from lowwater_testing.traffic import make_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000_000_000_000
 
 pytestmark = pytest.mark.cluster
 
-QUERY = """
-queries:
-  - name: {name}
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {{fn: count, as: packets}}
-      - {{fn: sum, field: length, as: bytes}}
-      - {{fn: avg, field: length, as: avg_len}}
-      - {{fn: max, field: ttl, as: max_ttl}}
-    window: {{range: 10s}}
-    kafka: {{topic: {topic}, partitions: 2}}
-"""
+AGGREGATES = ["count as packets", "sum(length) as bytes", "avg(length) as avg_len", "max(ttl) as max_ttl"]
 
 # the job on the cluster, in its own process: prints what the driver saw of the cluster as JSON
 DRIVER = """
@@ -143,7 +134,7 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
     master, kafka = clusters
     topic = kafka.create_topic("lw-rf3-pairs", 2, {"min.insync.replicas": "2"})
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(QUERY.format(name="on_clusters", topic=topic))
+    config(query("on_clusters", group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, topic=topic, partitions=2)).write(cfg)
     q = Q.load(cfg).queries[0]
     t = make_traffic(5000, 120, T0, 60 * 10**9, seed=17)
     msgs = traffic_messages([q], t)

@@ -11,8 +11,8 @@ from low_level.jit import cache as jitcache
 from low_level.kernel import codegen
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
-from tests.packets import make_traffic, merge_partials, oracle
-from tests.test_subaggregate import NS, T0, make_query, run_kernel
+from lowwater_testing.capture import make_query, run_kernel
+from lowwater_testing.traffic import NS, T0, make_traffic, merge_partials, oracle
 
 
 def mixed_queries() -> list:
@@ -79,7 +79,7 @@ def test_a_changed_source_gets_a_fresh_cache(tmp_path: Path) -> None:
 def test_every_filter_form_in_one_generated_pass() -> None:
     """Eight filters as eight queries of one host: each query's statements (named apart by query) select
     exactly the packets the reference interpreter accepts."""
-    from tests.test_query_model import FILTERS
+    from lowwater_testing.queries import FILTERS
 
     queries = [make_query("lazy", 256, name=f"f{i}", group="[dst_port]", aggs="[{fn: count, as: n}]", flt=f)
                for i, f in enumerate(FILTERS)]
@@ -89,7 +89,7 @@ def test_every_filter_form_in_one_generated_pass() -> None:
 def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
     """A live source must not drop packets while the first packet waits for the compiler."""
     from low_level.host.agent import Agent
-    from tests.test_subaggregate import RecordingProducer
+    from lowwater_testing.capture import RecordingProducer
 
     agent = Agent([make_query("slow", 128, name="warm", group="[src_port]")], None, "h", None,
                   ring_slots=1 << 10, producer=RecordingProducer())

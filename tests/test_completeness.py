@@ -22,7 +22,7 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from high_level import simulate
+from lowwater_testing import oracle as simulate
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.packed import unpack_rows
 from high_level.aggregate.processor import PartitionProcessor, Settings

@@ -48,9 +48,11 @@ NOT_ON_CAPTURE_HOSTS = ("pyspark", "py4j", "duckdb", "fastapi", "starlette", "uv
 
 # Values for the variables compose files require (${VAR:?...}), for `config` only.
 REQUIRED_ENV = {
-    "LOWWATER_HOST_ID": "capture-test",
-    "LOWWATER_BOOTSTRAP": "central.example.net:9094",
+    "LOWWATER_AGENT_HOST_ID": "capture-test",
+    "LOWWATER_AGENT_BOOTSTRAP": "central.example.net:9094",
 }
+# the env files the services read (env_file), as an operator copies them from the examples
+ENV_FILES = {"CENTRAL_ENV_FILE": str(DEPLOY / "env.example"), "CAPTURE_ENV_FILE": str(DEPLOY / "capture-host" / "env.example")}
 CAPTURE_CAPS = {"NET_RAW", "NET_ADMIN"}
 LOWWATER_SERVICES_CMD = {"lowwater-agent", "lowwater-job", "lowwater-api"}
 
@@ -156,7 +158,7 @@ def compose_cmd() -> list[str]:
 # -- compose files are valid ------------------------------------------------------------------------
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_compose_file_passes_docker_compose_config(compose_cmd: list[str], path: Path) -> None:
-    env = {**os.environ, **REQUIRED_ENV}
+    env = {**os.environ, **REQUIRED_ENV, **ENV_FILES}
     proc = subprocess.run([*compose_cmd, "-f", str(path), "config"], capture_output=True, text=True, env=env,
                           cwd=path.parent, timeout=120)  # fmt: skip
     assert proc.returncode == 0, f"{' '.join(compose_cmd)} -f {path} config failed:\n{proc.stderr}"
@@ -164,9 +166,9 @@ def test_compose_file_passes_docker_compose_config(compose_cmd: list[str], path:
     assert set(resolved["services"]) == set(services(path)), "compose and the test's own parsing disagree"
 
 
-@pytest.mark.parametrize(("path", "var"), [(CAPTURE, "LOWWATER_HOST_ID"), (CAPTURE, "LOWWATER_BOOTSTRAP")])
+@pytest.mark.parametrize(("path", "var"), [(CAPTURE, "LOWWATER_AGENT_HOST_ID"), (CAPTURE, "LOWWATER_AGENT_BOOTSTRAP")])
 def test_compose_refuses_to_run_without_required_settings(compose_cmd: list[str], path: Path, var: str) -> None:
-    env = {k: v for k, v in {**os.environ, **REQUIRED_ENV}.items() if k != var}
+    env = {k: v for k, v in {**os.environ, **REQUIRED_ENV, **ENV_FILES}.items() if k != var}
     proc = subprocess.run([*compose_cmd, "-f", str(path), "config", "-q"], capture_output=True, text=True,
                           env=env, cwd=path.parent, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and var in proc.stderr, proc.stderr
@@ -209,16 +211,18 @@ def test_central_compose_wiring() -> None:
     assert "lowwater-results:/var/lib/lowwater/results" in svcs["job"]["volumes"]
     assert "lowwater-results:/var/lib/lowwater/results:ro" in svcs["api"]["volumes"]
     job = command_of(svcs["job"])
-    assert flag(job, "--master") == "spark://spark-master:7077"
+    assert svcs["job"]["environment"]["LOWWATER_JOB_MASTER"] == "spark://spark-master:7077"
     assert flag(job, "--results") == "/var/lib/lowwater/results"
     assert flag(job, "--checkpoint") == "/var/lib/lowwater/checkpoint"
     assert svcs["job"]["environment"]["LOWWATER_JOB_DRIVER_HOST"] == svcs["job"]["hostname"] == "job"
-    # every lowwater service reads the same queries file at the same path
-    for name, svc in svcs.items():
-        cmd = command_of(svc)
-        if flag(cmd, "--config") is not None:
-            assert flag(cmd, "--config") == "/etc/lowwater/queries.yaml", name
-            assert any(str(v).endswith(":/etc/lowwater/queries.yaml:ro") for v in svc["volumes"]), name
+    # every lowwater service reads the same queries file at the same path, in its mounted directory (a
+    # networks file the queries name relative to it is found there too)
+    for path in COMPOSE_FILES:
+        for name, svc in services(path).items():
+            cmd = command_of(svc)
+            if flag(cmd, "--config") is not None:
+                assert flag(cmd, "--config") == "/etc/lowwater/queries/default.yaml", name
+                assert any(str(v).endswith("configs:/etc/lowwater/queries:ro") for v in svc["volumes"]), name
     assert (REPO / "configs" / "default.yaml").is_file()
 
 
@@ -238,12 +242,13 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
     assert job[0] == "lowwater-job"
     env = {k: v for k, v in services(CENTRAL)["job"]["environment"].items() if k.startswith("LOWWATER_JOB_")}
     assert env["LOWWATER_JOB_DRIVER_HOST"] == "job"
-    with pytest.MonkeyPatch.context() as mp:  # the environment compose gives the job, as env.example fills it
-        mp.setenv("LOWWATER_JOB_DRIVER_HOST", "job")
-        mp.setenv("LOWWATER_JOB_SPARK_CONF", '{"spark.executor.memory": "2g"}')
-        mp.setenv("LOWWATER_JOB_KAFKA_SECURITY", "")
+    with pytest.MonkeyPatch.context() as mp:  # the environment compose gives the job: env.example, then environment:
+        for k, v in {**env_file_settings(DEPLOY / "env.example", "LOWWATER_JOB_"), **env}.items():
+            mp.setenv(k, str(v))
         s = settings_from(job[1:])
     assert s.driver_host == "job" and s.spark_conf == {"spark.executor.memory": "2g"}
+    assert s.master == "spark://spark-master:7077" and s.control_topic == "lowwater.control" and s.live
+    assert s.alert_webhook == "http://alertmanager:9093/api/v2/alerts"
     assert s.metrics_port == listening_port(services(CENTRAL)["job"])
     s.options()
     agent_flags = cli_flags("low_level.cli")
@@ -264,8 +269,9 @@ def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
     # the live reader authenticates with the central .env's Kafka security block, as the job does
     from high_level.serve.api import settings_of
 
-    env = services(CENTRAL)["api"]["environment"]
-    assert env["LOWWATER_API_KAFKA_SECURITY"] == services(CENTRAL)["job"]["environment"]["LOWWATER_JOB_KAFKA_SECURITY"]
+    assert services(CENTRAL)["api"]["env_file"] == services(CENTRAL)["job"]["env_file"] == "./deploy/.env"
+    example = env_file_settings(DEPLOY / "env.example", "LOWWATER_")
+    assert example["LOWWATER_API_KAFKA_SECURITY"] == example["LOWWATER_JOB_KAFKA_SECURITY"]
     block = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": "job", "password": "pw",
              "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
     for value, protocol in (("", "PLAINTEXT"), (json.dumps(block), "SASL_SSL")):
@@ -273,6 +279,39 @@ def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
             mp.setenv("LOWWATER_API_KAFKA_SECURITY", value)
             s = settings_of(api[1:])
         assert s.live_bootstrap == "kafka:9092" and s.kafka_security.protocol == protocol
+
+
+def env_file_settings(path: Path, prefix: str) -> dict[str, str]:
+    """The ``NAME=value`` lines of an env file whose name starts with prefix (commented ones too)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^#?\s*([A-Z][A-Z0-9_]*)=(.*)$", line.strip())
+        if m and m.group(1).startswith(prefix):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+@pytest.mark.parametrize(("path", "roles"), [(DEPLOY / "env.example", ("job", "api")),
+                                             (DEPLOY / "capture-host" / "env.example", ("agent",))])  # fmt: skip
+def test_env_examples_use_one_naming_scheme_that_reaches_the_roles(path: Path, roles: tuple[str, ...]) -> None:
+    """Every LOWWATER_* name in an env file is LOWWATER_<ROLE>_<SETTING> of a role that reads the file
+    (env_file), so it takes effect: no compose-only look-alikes, nothing silently ignored."""
+    from high_level.serve.settings import ApiSettings
+    from high_level.settings import JobSettings
+    from low_level.settings import AgentSettings
+
+    models = {"job": JobSettings, "api": ApiSettings, "agent": AgentSettings}
+    names = env_file_settings(path, "LOWWATER_")
+    assert names, path
+    for name in names:
+        role = next((r for r in roles if name.startswith(f"LOWWATER_{r.upper()}_")), None)
+        assert role is not None, f"{path.name}: {name} is not a setting of {roles} (compose-only names have no LOWWATER_)"
+        field = name[len(f"LOWWATER_{role.upper()}_"):].lower().split("__")[0]
+        assert field in models[role].model_fields, f"{path.name}: {name}: {role} has no setting {field!r}"
+    svcs = {**services(CENTRAL), **services(CAPTURE)}
+    for role in roles:
+        svc = {"job": "job", "api": "api", "agent": "agent"}[role]
+        assert "env_file" in svcs[svc], f"{svc} does not read its env file"
 
 
 def cli_flags_of_script(path: Path) -> set[str]:
@@ -343,16 +382,23 @@ def test_every_prometheus_static_target_is_a_compose_service_port() -> None:
                 if lp is not None:
                     assert int(port) == lp, f"{target}: {service} listens on {lp}"
                 seen.add(service)
+        for group in sc.get("dns_sd_configs", []):  # the demo agent: a target only while it runs
+            for host in group["names"]:
+                assert host in svcs and group["port"] in container_ports(svcs[host]), (sc["job_name"], host)
+                assert group["port"] == listening_port(svcs[host]), host
+                seen.add(host)
     # every component that serves metrics is scraped
     assert {"job", "api", "agent-demo", "prometheus"} <= seen
+    assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    assert 9093 in container_ports(svcs["alertmanager"])
 
 
 def test_file_sd_capture_hosts_use_the_agent_metrics_port() -> None:
     svcs = services(CENTRAL)
     prom = svcs["prometheus"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"] if v.startswith("./")}
-    capture_port = listening_port(services(CAPTURE)["agent"])
-    assert capture_port == 9101
+    capture_port = int(env_file_settings(DEPLOY / "capture-host" / "env.example", "LOWWATER_AGENT_")["LOWWATER_AGENT_METRICS_PORT"])
+    assert capture_port == 9101 and services(CAPTURE)["agent"]["environment"]["LOWWATER_HEALTH_URL"].endswith(":9101/metrics")
     files = [f for sc in _prometheus()["scrape_configs"] for c in sc.get("file_sd_configs", []) for f in c["files"]]
     assert files, "capture hosts need a file_sd file"
     for f in files:
@@ -547,7 +593,8 @@ def test_capture_host_has_host_networking_and_only_net_raw_net_admin() -> None:
     assert "ports" not in a, "ports mean nothing with host networking"
     assert all(str(v).endswith(":ro") for v in a["volumes"]), "capture host mounts must be read-only"
     assert command_of(a)[0] == "lowwater-agent"
-    assert flag(command_of(a), "--source").startswith("afpacket:")
+    example = env_file_settings(DEPLOY / "capture-host" / "env.example", "LOWWATER_AGENT_")
+    assert example["LOWWATER_AGENT_SOURCE"].startswith("afpacket:")
 
 
 def dockerfile_stages() -> dict[str, str]:
@@ -842,3 +889,52 @@ def test_healthcheck_script(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_capture_host_grants_cover_only_the_queries_a_host_runs(create_topics: ModuleType, tmp_path: Path) -> None:
+    """kafka-init's ACL plan: WRITE on the topics of the queries whose sources match the host, READ on
+    the control topic, DESCRIBE on both; nothing for another host's query (the broker enforces it:
+    tests/test_compose.py)."""
+    from contract import query as Q
+
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text("""
+queries:
+  - {name: all, group_by: [dst_port], aggregates: [{fn: count, as: n}], window: {range: 10s},
+     kafka: {topic: lowwater.all, partitions: 1}}
+  - {name: edge, group_by: [dst_port], aggregates: [{fn: count, as: n}], window: {range: 10s},
+     sources: ["edge-*"], kafka: {topic: lowwater.edge, partitions: 1}}
+""")
+    grants = create_topics.capture_host_grants(Q.load(cfg), ["edge-1", "core-1"], "lowwater.control")
+    assert grants["edge-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.edge": {"WRITE", "DESCRIBE"},
+                                "lowwater.control": {"READ", "DESCRIBE"}}  # fmt: skip
+    assert grants["core-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.control": {"READ", "DESCRIBE"}}
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# capture hosts\nedge-1\n\ncore-1\n")
+    assert create_topics.read_hosts(str(hosts)) == ["edge-1", "core-1"]
+
+
+def test_kafka_secrets_script_makes_ca_broker_cert_and_one_user_per_host(tmp_path: Path) -> None:
+    """deploy/kafka_secrets.py: idempotent; a new host adds a user and keeps the others' passwords."""
+    script = DEPLOY / "kafka_secrets.py"
+    d = tmp_path / "k"
+    run = lambda *a: subprocess.run([sys.executable, str(script), "--dir", str(d), "--external-host", "kafka.example",  # noqa: E731
+                                     *a], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert "made CA" in run("cap-1")
+    jaas = (d / "kafka_server_jaas.conf").read_text()
+    assert jaas.startswith("//") and "external.KafkaServer" in jaas and 'user_cap-1="' in jaas
+    assert (d / "ca.key").stat().st_mode & 0o077 == 0
+    assert "nothing new" in run("cap-1")
+    run("cap-2")
+    pw1 = re.search(r'user_cap-1="([^"]+)"', jaas).group(1)
+    again = (d / "kafka_server_jaas.conf").read_text()
+    assert again.count("user_") == 2 and f'user_cap-1="{pw1}"' in again
+    assert (d / "capture-hosts.txt").read_text() == "cap-1\ncap-2\n"
+    env = (d / "capture-hosts" / "cap-2" / "agent.env").read_text()
+    block = json.loads(env.split("LOWWATER_AGENT_KAFKA_SECURITY=", 1)[1])
+    assert block["protocol"] == "SASL_SSL" and block["username"] == "cap-2" and "LOWWATER_AGENT_BOOTSTRAP=kafka.example:9094" in env
+    cert = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(d / "broker.pem")],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "DNS:kafka.example" in cert
+    ok = subprocess.run(["openssl", "verify", "-CAfile", str(d / "ca.pem"), str(d / "broker.pem")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr

@@ -14,20 +14,14 @@ from low_level.capture.sources.generator import generate_frames
 from low_level.host.punctuate import advance
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
+from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
 
 
 def _query(m: int) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: d
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 4s, slide: 1s}}
-    table: {{size: 4096}}
-    flush: {{policy: lazy, m: {m}}}
-""").queries[0]
+    return spec("d", group_by=["src_ip", "dst_ip"], window={"range": "4s", "slide": "1s"}, table=4096,
+                flush={"policy": "lazy", "m": m})
 
 
 def _run(hold: int) -> tuple[int, int, int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from contract import fields as F
 from contract import networks as N
@@ -21,7 +22,9 @@ from contract.filterlang import compile_filter, evaluate
 from low_level.kernel import lpm
 from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
-from tests.packets import build_frames, make_mixed_traffic
+from lowwater_testing.agent import run_agent
+from lowwater_testing.queries import config, query
+from lowwater_testing.traffic import build_frames, make_mixed_traffic
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -131,19 +134,10 @@ queries:
 
 
 def _query(name: str, group: str, flt: str = "") -> Q.QuerySpec:
-    text = f"""
-networks: /nonexistent/only-the-kernel-table-matters
-queries:
-  - name: {name}
-    group_by: {group}
-    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: b}}]
-    window: {{range: 2s}}
-    table: {{size: 256}}
-    flush: {{policy: lazy, m: 2}}
-"""
-    if flt:
-        text += f'    filter: "{flt}"\n'
-    return Q.load_text(text).queries[0]
+    """``group``: the group_by list as YAML (``"[src_net, {field: dst_net, as: to}]"``)."""
+    return config(query(name, group_by=yaml.safe_load(group), aggregates=["count as n", "sum(length) as b"], window="2s",
+                        table=256, flush={"policy": "lazy", "m": 2}, filter=flt or None),
+                  networks="/nonexistent/only-the-kernel-table-matters").load().queries[0]  # fmt: skip
 
 
 def _enrich_reference(nets: N.Networks, rows: np.ndarray) -> dict[int, np.ndarray]:
@@ -283,32 +277,18 @@ class _NullProducer:
 def test_agent_groups_by_dst_asn_end_to_end(kafka, topic_factory, tmp_path: Path) -> None:
     """pcap -> agent (networks file from the config) -> Kafka: per-pane packets per dst_asn equal the
     reference match of dpkt's reading of the same file."""
-    import subprocess
-    import sys
 
-    from tests.test_agent_kafka import dpkt_oracle, read_all, write_pcap
+    from lowwater_testing.agent import dpkt_oracle, write_pcap
+    from lowwater_testing.topics import read_all
 
     topic = topic_factory(partitions=2)
     (tmp_path / "nets.txt").write_text("64497,192.168.0.0/16\nsmall,64498,192.168.0.0/22\n64499,192.168.4.0/24\n")
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(f"""
-networks: nets.txt
-queries:
-  - name: by_asn
-    group_by: [dst_asn]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 2s}}
-    table: {{size: 64}}
-    kafka: {{topic: {topic}, partitions: 2}}
-""")
+    config(query("by_asn", group_by=["dst_asn"], window="2s", table=64, topic=topic, partitions=2),
+           networks="nets.txt").write(cfg)
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 6_000, 900, 8, seed=3)
-    proc = subprocess.run(
-        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"pcap:{pcap}",
-         "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_agent(cfg, f"pcap:{pcap}", bootstrap=kafka.bootstrap_servers)
     nets = N.load(tmp_path / "nets.txt")
     want: Counter = Counter()
     for (pane, _src, dst), n in dpkt_oracle(pcap, Q.load(cfg).queries[0].window.pane_ns).items():
@@ -324,16 +304,12 @@ queries:
 
 
 def test_agent_refuses_a_bad_networks_file_with_its_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
     (tmp_path / "nets.txt").write_text("64497,192.168.0.0/16\n64498,192.168.0.1/24\n")
     cfg = tmp_path / "q.yaml"
     cfg.write_text("networks: nets.txt\nqueries:\n  - name: a\n    group_by: [dst_asn]\n"
                    "    aggregates: [{fn: count}]\n    window: {range: 2s}\n")
-    proc = subprocess.run([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", "generator",
-                           "--metrics-port", "0", "--duration", "1"],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    proc = run_agent(cfg, "generator", host=None, extra=("--duration", "1"), check=False)
     assert proc.returncode != 0
     assert f"{tmp_path / 'nets.txt'}:2: prefix" in proc.stderr
 

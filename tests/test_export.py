@@ -12,19 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from contract import query as Q
 from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
+from lowwater_testing.queries import config, query
 
-CONFIG = """
-queries:
-  - name: ports
-    group_by: [dst_port]
-    aggregates: [{fn: count, as: packets}, {fn: sum, field: length, as: bytes}, {fn: max, field: length, as: biggest}]
-    window: {range: 10s}
-    export: {top: 3, by: bytes}
-  - name: quiet
-    group_by: [dst_port]
-    aggregates: [{fn: count, as: packets}]
-    window: {range: 10s}
-"""
+CONFIG = config(
+    query("ports", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes", "max(length) as biggest"],
+          export={"top": 3, "by": "bytes"}),
+    query("quiet", group_by=["dst_port"], aggregates=["count as packets"]),
+).text  # fmt: skip
 
 
 def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: list[tuple[int, ...]]) -> None:

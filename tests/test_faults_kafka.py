@@ -14,25 +14,11 @@ from kafka import KafkaConsumer, TopicPartition
 from contract import query as Q
 from contract import wire
 from low_level.host.agent import Agent
-from tests.packets import build_frames, make_traffic, merge_partials, oracle
-from tests.test_subaggregate import push_frames
+from lowwater_testing.capture import feed, pairs_query
+from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
-
-
-def query(topic: str, partitions: int = 2) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: bytes}}, {{fn: max, field: length, as: mx}}]
-    window: {{range: 1s}}
-    table: {{size: 256}}
-    flush: {{policy: lazy, m: 2}}
-    heartbeat: {{max_disorder: 0s}}  # in-order capture: the mark follows the table (the outage is the fault here)
-    kafka: {{topic: {topic}, partitions: {partitions}}}
-""").queries[0]
 
 
 def consume(bootstrap: str, q: Q.QuerySpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, set[int]]:
@@ -53,18 +39,9 @@ def consume(bootstrap: str, q: Q.QuerySpec) -> tuple[np.ndarray, np.ndarray, np.
     return np.concatenate(panes), np.concatenate(keys), np.concatenate(states), closed
 
 
-def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> None:
-    frames, cap, wl, ts = build_frames(traffic.take(np.arange(start, stop)))
-    for s in range(0, stop - start, burst):
-        e = min(stop - start, s + burst)
-        push_frames(agent.ring, frames[s:e], cap[s:e], wl[s:e], ts[s:e])
-        while agent.ring.fill:
-            agent.step()
-
-
 @pytest.mark.timeout(300)
 def test_broker_sigkill_and_restart_mid_stream_loses_nothing(kafka, topic_factory) -> None:
-    q = query(topic_factory(partitions=2))
+    q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 2000, T0, 30 * NS, seed=21)
     agent = Agent([q], None, "h-kill", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048)
     feed(agent, traffic, 0, 20_000)
@@ -85,7 +62,7 @@ def test_broker_sigkill_and_restart_mid_stream_loses_nothing(kafka, topic_factor
 
 @pytest.mark.timeout(300)
 def test_outage_keeps_capturing_with_bounded_backlog_then_delivers(kafka, topic_factory) -> None:
-    q = query(topic_factory(partitions=2))
+    q = pairs_query(topic_factory(partitions=2))
     groups = 500
     traffic = make_traffic(80_000, groups, T0, 8 * NS, seed=22)  # 8 panes x 500 groups
     # a tiny merge threshold forces in-place merging during the outage

@@ -12,10 +12,8 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
-import dpkt
 import numpy as np
 import pytest
 
@@ -25,49 +23,24 @@ from contract import wire
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
-from tests.packets import build_frames, make_traffic
+from lowwater_testing.agent import agent_cmd
+from lowwater_testing.flows import (
+    FIELDS,
+    PAIRS_AGGREGATES,
+    flow_pcap,
+    flow_query,
+    flow_record,
+    flowset,
+    softflowd_export,
+    template,
+    v9,
+)
+from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 PEERS = shutil.which("softflowd") and shutil.which("nfcapd") and shutil.which("nfdump")
 needs_peers = pytest.mark.skipif(not PEERS, reason="softflowd / nfdump not installed (./lw setup installs them)")
-
-
-def _pcap(path: Path, n: int, seed: int) -> None:
-    """A microsecond pcap of n packets over 12 s whose 5-tuples repeat: flows of many packets."""
-    t = make_traffic(n, 120, T0, 12 * NS, seed=seed)
-    t.sport = 1024 + t.sport % 6
-    t.ts = (t.ts // 1000) * 1000
-    frames, cap, wl, ts = build_frames(t)
-    with path.open("wb") as fh:
-        w = dpkt.pcap.Writer(fh)
-        for i in range(n):
-            w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
-
-
-def _export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
-    """softflowd's export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
-    args = ["softflowd", "-r", str(pcap), "-n", f"127.0.0.1:{rx.getsockname()[1]}", "-v", version, "-d", "-a",
-            "-c", "none", "-p", str(tmp / f"softflowd{version}.pid")]
-    if version == "10":
-        args += ["-A", "milli"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    sent = int(proc.stderr.split("Flows exported: ")[1].split(" ")[0]) if "Flows exported" in proc.stderr else None
-    out = []
-    try:
-        while True:
-            out.append(rx.recv(65535))
-    except TimeoutError:
-        pass
-    finally:
-        rx.close()
-    assert out, proc.stderr
-    return out, sent
 
 
 def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
@@ -113,18 +86,6 @@ def _records(col: FlowCollector) -> list[tuple]:
             for x, w in zip(r, b.weights[: b.n], strict=True)]  # fmt: skip
 
 
-def _query(size: int = 256, m: int = 2) -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
-    window: {{range: 2s}}
-    table: {{size: {size}}}
-    flush: {{policy: lazy, m: {m}}}
-""").queries[0]
-
-
 def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int = 512) -> Counter:
     """The flow kernel over the records: merged (pane, src, dst) -> [packets, bytes]."""
     tables = Tables.build([q], chunk=chunk)
@@ -148,8 +109,8 @@ def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int
 @pytest.mark.parametrize("version", ["5", "9", "10"])
 def test_softflowd_export_decodes_as_nfdump_decodes_it(version: str, tmp_path: Path) -> None:
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 6000, seed=4)
-    datagrams, sent = _export(pcap, version, tmp_path)
+    flow_pcap(pcap, 6000, seed=4)
+    datagrams, sent = softflowd_export(pcap, version, tmp_path)
     col = FlowCollector()
     col.feed(datagrams)
     mine = sorted(_records(col))
@@ -170,12 +131,12 @@ def test_per_window_totals_per_pair_equal_nfdumps(tmp_path: Path) -> None:
     """pcap -> softflowd (IPFIX) -> lowwater's decoder and weighted kernel, and -> nfcapd/nfdump: per 1 s
     pane (by end time) and (src, dst), packets and bytes agree."""
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 8000, seed=7)
-    datagrams, _ = _export(pcap, "10", tmp_path)
+    flow_pcap(pcap, 8000, seed=7)
+    datagrams, _ = softflowd_export(pcap, "10", tmp_path)
     col = FlowCollector()
     col.feed(datagrams)
     b = col.decode()
-    q = _query(size=64)  # small table: evictions and overdue one-record partials happen too
+    q = flow_query(size=64)  # small table: evictions and overdue one-record partials happen too
     got = _aggregate(q, b.rows[: b.n].copy(), b.weights[: b.n].copy())
     want: Counter = Counter()
     for ms, sa, da, _sp, _dp, pk, by in _nfdump(datagrams, tmp_path):
@@ -199,7 +160,7 @@ def test_weighted_kernel_is_exact_under_disorder() -> None:
     rows[:, F.DST_LO] = F.IPV4_MAPPED_PREFIX | (0xC0A80000 + rng.integers(0, 30, n))
     rows[:, F.LEN] = rng.integers(40, 100_000, n)
     w = rng.integers(1, 500, n).astype(np.int64)
-    q = _query(size=128, m=1)
+    q = flow_query(size=128, m=1)
     got = _aggregate(q, rows, w)
     want: Counter = Counter()
     pane = (rows[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
@@ -209,45 +170,21 @@ def test_weighted_kernel_is_exact_under_disorder() -> None:
     assert got == want
 
 
-def _v9(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010, uptime_ms: int = 10_000) -> bytes:
-    body = b"".join(sets)
-    return (9).to_bytes(2, "big") + b"\x00\x01" + uptime_ms.to_bytes(4, "big") + clock_s.to_bytes(4, "big") + \
-        b"\x00\x00\x00\x01" + domain.to_bytes(4, "big") + body
-
-
-def _set(sid: int, payload: bytes) -> bytes:
-    pad = (-len(payload)) % 4
-    return sid.to_bytes(2, "big") + (len(payload) + 4 + pad).to_bytes(2, "big") + payload + b"\x00" * pad
-
-
-def _template(tid: int, fields: list[tuple[int, int]]) -> bytes:
-    return _set(0, tid.to_bytes(2, "big") + len(fields).to_bytes(2, "big") +
-                b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in fields))
-
-
-_FIELDS = [(8, 4), (12, 4), (2, 4), (1, 4), (21, 4), (4, 1)]
-
-
-def _record(src: int, dst: int, pkts: int, octets: int, last_ms: int, proto: int = 6) -> bytes:
-    return (src.to_bytes(4, "big") + dst.to_bytes(4, "big") + pkts.to_bytes(4, "big") + octets.to_bytes(4, "big") +
-            last_ms.to_bytes(4, "big") + bytes([proto]))
-
-
 def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
     """A v9 options record says 1-in-100: records count 100x, per (exporter, domain); the same template
     id means different layouts in two domains; an unknown or expired template is counted, not guessed."""
-    opts = _set(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
+    opts = flowset(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
                 b"\x00\x01\x00\x04" + b"\x00\x22\x00\x04" + b"\x00\x23\x00\x01")
-    opt_data = _set(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
+    opt_data = flowset(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
     col = FlowCollector()
     col.feed([
-        _v9(1, [_template(256, _FIELDS), opts, opt_data]),
-        _v9(1, [_set(256, _record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
-        _v9(2, [_template(256, list(reversed(_FIELDS)))]),
-        _v9(2, [_set(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
+        v9(1, [template(256, FIELDS), opts, opt_data]),
+        v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
+        v9(2, [template(256, list(reversed(FIELDS)))]),
+        v9(2, [flowset(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
                      + (0x0A000009).to_bytes(4, "big") + (0x0A000003).to_bytes(4, "big"))]),
-        _v9(3, [_set(256, _record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
-        _v9(1, [_set(256, _record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
+        v9(3, [flowset(256, flow_record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
+        v9(1, [flowset(256, flow_record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
     ])
     b = col.decode()
     assert b.n == 2
@@ -264,14 +201,14 @@ def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
 def test_low_water_mark_follows_the_slowest_exporter_and_late_records_are_counted() -> None:
     col = FlowCollector()
     col.timeouts.inactive_ns, col.timeouts.slack_ns = 15 * NS, 1 * NS
-    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_100)], exporter=("10.0.0.1", 2055))
-    col.feed([_v9(1, [_template(256, _FIELDS)], clock_s=1_700_000_060)], exporter=("10.0.0.2", 2055))
+    col.feed([v9(1, [template(256, FIELDS)], clock_s=1_700_000_100)], exporter=("10.0.0.1", 2055))
+    col.feed([v9(1, [template(256, FIELDS)], clock_s=1_700_000_060)], exporter=("10.0.0.2", 2055))
     col.decode()
     assert col.clock_mark_ns() == (1_700_000_060 - 16) * NS  # the slower exporter holds the mark
     # exporter 2 silent for longer than exporter_timeout: it stops holding the mark
     assert col.clock_mark_ns(now_ns=(1_700_000_060 + 301) * NS) == (1_700_000_100 - 16) * NS
     # a record ending before the promised mark is late
-    col.feed([_v9(1, [_set(256, _record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
+    col.feed([v9(1, [flowset(256, flow_record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
              exporter=("10.0.0.1", 2055))
     col.decode()
     assert col.late_records == 1
@@ -281,12 +218,12 @@ def test_fuzzed_datagrams_are_counted_never_crash() -> None:
     """Random bytes and mutated real-looking datagrams (v5, v9, IPFIX): every datagram is counted once
     (read whole, or under one reason), nothing is read outside its bytes."""
     rng = np.random.default_rng(0)
-    base = [_v9(1, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)])]
+    base = [v9(1, [template(256, FIELDS), flowset(256, flow_record(1, 2, 3, 4, 5) * 20)])]
     v5 = bytearray(24 + 48 * 2)
     v5[0:2] = (5).to_bytes(2, "big")
     v5[2:4] = (2).to_bytes(2, "big")
     base.append(bytes(v5))
-    ipfix = bytearray(_v9(7, [_template(256, _FIELDS), _set(256, _record(1, 2, 3, 4, 5) * 20)]))
+    ipfix = bytearray(v9(7, [template(256, FIELDS), flowset(256, flow_record(1, 2, 3, 4, 5) * 20)]))
     ipfix[0:2] = (10).to_bytes(2, "big")
     del ipfix[4:8]  # IPFIX has no uptime word
     ipfix[2:4] = len(ipfix).to_bytes(2, "big")
@@ -322,32 +259,23 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     the partials in Kafka roll up to nfdump's per-window packets and bytes per (src, dst), and the
     closing punctuation covers them."""
     import signal
-    import sys
 
-    from tests.test_agent_kafka import read_all
+    from lowwater_testing.topics import read_all
 
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
-    window: {{range: 2s}}
-    table: {{size: 256}}
-    kafka: {{topic: {topic}, partitions: 2}}
-""")
+    config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=256,
+                 topic=topic, partitions=2)).write(cfg)
     pcap = tmp_path / "t.pcap"
-    _pcap(pcap, 5000, seed=12)
-    datagrams, _ = _export(pcap, "10", tmp_path)
+    flow_pcap(pcap, 5000, seed=12)
+    datagrams, _ = softflowd_export(pcap, "10", tmp_path)
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"flows:127.0.0.1:{port},inactive=15",
-         "--host-id", "router-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0",
-         "--summary", str(tmp_path / "summary.json")],
+        agent_cmd(cfg, f"flows:127.0.0.1:{port},inactive=15", host="router-1", bootstrap=kafka.bootstrap_servers,
+                  extra=("--summary", str(tmp_path / "summary.json"))),
         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     try:
         for line in agent.stderr:  # ready once it says which source it runs

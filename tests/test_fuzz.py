@@ -17,7 +17,7 @@ import pytest
 from contract import query as Q
 from contract.fields import NFIELDS
 from low_level.kernel.parse import NERR, parse_batch
-from tests.test_parse import BASE
+from lowwater_testing.frames import BASE
 
 SLOT = 160
 N_FRAMES = 1_000_000

@@ -26,46 +26,26 @@ from high_level.aggregate.rollup import Layout, QueryRollup
 from high_level.job import HighLevelJob, JobOptions
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
-from high_level.simulate import host_messages, interleave, split_hosts
-from tests.packets import make_traffic, oracle
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.queries import config, query
+from lowwater_testing.traffic import make_traffic, oracle
 
 T0 = 1_700_000_000_000_000_000
 NS = 10**9
 HOSTS = ("h0", "h1", "h2")
 
-CONFIG = """
-queries:
-  - name: r9s6
-    filter: protocol == tcp
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: syns}
-      - {fn: sum, field: length, as: bytes}
-      - {fn: min, field: ttl, as: min_ttl}
-    window: {range: 9s, slide: 6s}
-  - name: r10s4o1
-    group_by: [dst_ip/24]
-    aggregates:
-      - {fn: max, field: length, as: max_len}
-      - {fn: count, as: packets}
-    window: {range: 10s, slide: 4s, origin: 1s}
-  - name: lm20s5
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: max, field: length, as: max_len}
-    window: {landmark: 20s, update: 5s, origin: 3s}
-  - name: ports
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: syns}
-      - {fn: avg, field: length, as: avg_len}
-    having: syns >= 30 and avg_len > 0
-    alerts:
-      - {name: syn_flood, when: syns >= 40, severity: critical, labels: {team: noc}}
-      - {name: big, when: avg_len > 1000 and syns > 5, severity: info}
-    window: {range: 10s}
-"""
+CONFIG = config(
+    query("r9s6", filter="protocol == tcp", group_by=["dst_port"],
+          aggregates=["count as syns", "sum(length) as bytes", "min(ttl) as min_ttl"], window={"range": "9s", "slide": "6s"}),
+    query("r10s4o1", group_by=["dst_ip/24"], aggregates=["max(length) as max_len", "count as packets"],
+          window={"range": "10s", "slide": "4s", "origin": "1s"}),
+    query("lm20s5", group_by=["dst_port"], aggregates=["count as packets", "max(length) as max_len"],
+          window={"landmark": "20s", "update": "5s", "origin": "3s"}),
+    query("ports", group_by=["dst_port"], aggregates=["count as syns", "avg(length) as avg_len"],
+          having="syns >= 30 and avg_len > 0",
+          alerts=[{"name": "syn_flood", "when": "syns >= 40", "severity": "critical", "labels": {"team": "noc"}},
+                  {"name": "big", "when": "avg_len > 1000 and syns > 5", "severity": "info"}]),
+).text  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -433,14 +413,10 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     """Three hosts skewed 0/12/40 s, 2 partitions: the RANGE 9 / SLIDE 6 query equals the oracle; the
     HAVING query stores exactly the oracle's passing rows; every (rule, window, group) the oracle says
     fires reaches the receiver exactly once, though it was down for the first micro-batches."""
-    from tests.test_high_level_spark import HOSTS as SPARK_HOSTS
-    from tests.test_high_level_spark import (
-        expected_typed,
-        normalised,
-        produce,
-        read_results,
-        traffic_messages,
-    )
+    from lowwater_testing.hosts import HOSTS as SPARK_HOSTS
+    from lowwater_testing.hosts import traffic_messages
+    from lowwater_testing.spark import expected_typed, normalised, read_results
+    from lowwater_testing.topics import produce
 
     t = make_traffic(6000, 60, T0, 90 * NS, seed=9)
     probe = Q.load_text(CONFIG).query("ports")

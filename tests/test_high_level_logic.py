@@ -20,37 +20,13 @@ from high_level.aggregate.meld import Meld
 from high_level.aggregate.processor import STATE_ZMAGIC, PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
 from high_level.results.store import ResultStore, ip_strings, typed_table
-from high_level.simulate import host_messages, interleave, split_hosts, window_oracle
-from tests.packets import make_traffic, merge_partials, oracle
+from lowwater_testing.hosts import CONFIG, emulated_messages, final_rows, run_offline
+from lowwater_testing.oracle import window_oracle
+from lowwater_testing.queries import spec
+from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 
 T0 = 1_700_000_000_000_000_000
 HOSTS = ("h0", "h1", "h2")
-
-CONFIG = """
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: sum, field: length, as: bytes}
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: min, field: ttl, as: min_ttl}
-      - {fn: max, field: ttl, as: max_ttl}
-    window: {range: 10s}
-  - name: ports9x3
-    filter: protocol == tcp
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: syns}
-      - {fn: min, field: ttl, as: min_ttl}
-    window: {range: 9s, slide: 3s}
-  - name: nets
-    group_by: [dst_ip/24]
-    aggregates:
-      - {fn: max, field: length, as: max_len}
-    window: {range: 20s, slide: 5s, origin: 2s}
-"""
-
 
 @pytest.fixture(scope="module")
 def cfg() -> Q.Config:
@@ -273,40 +249,6 @@ def test_end_of_stream_closes_data_windows_and_leaves_later_windows_open(state):
 
 
 # -- partition processor (the Spark step, offline) -----------------------------------------------
-def _run_offline(qs, msgs, partitions, settings, batches=23, roundtrip=True, drop=(), chunked=False):
-    lays = [Layout.of(q) for q in qs]
-    stores = {p: MemoryChunks() if chunked else None for p in range(partitions)}
-    procs = {p: PartitionProcessor(lays, p, settings, stores[p]) for p in range(partitions)}
-    out = []
-    now = 1_000_000
-    for chunk in np.array_split(np.arange(len(msgs)), batches):
-        for p in range(partitions):
-            vals = [msgs[i].value for i in chunk if msgs[i].partition == p and i not in drop]
-            if roundtrip:
-                procs[p] = PartitionProcessor.from_bytes(procs[p].to_bytes(), lays, settings, stores[p])
-            out.append(procs[p].process(vals, now))
-        now += 1000
-    return pd.concat(out, ignore_index=True)
-
-
-def _finals(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
-    f = df[(df["kind"] == "final") & (df["query"] == q.name)]
-    kw = Q.key_width(q)
-    k = np.stack(f["key"].to_numpy()) if len(f) else np.empty((0, kw), np.int64)
-    s = np.stack(f["state"].to_numpy()) if len(f) else np.empty((0, len(Q.state_columns(q))), np.int64)
-    got = pd.DataFrame({"window": f["window"].to_numpy(np.int64), **{f"k{i}": k[:, i] for i in range(kw)},
-                        **{f"s{j}": s[:, j] for j in range(s.shape[1])}})  # fmt: skip
-    return got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
-
-
-def _messages(q, traffic, partitions, punct_every_s=1, skew=(0, 15, 40), seed=0, end=True):
-    rows = traffic.rows()
-    hix = split_hosts(len(traffic), len(HOSTS), seed=5)
-    streams = [host_messages(q, rows[hix == i], h, partitions=partitions, skew_ns=skew[i] * 10**9,
-                             punct_every_ns=punct_every_s * 10**9, seed=i,
-                             end_mark=wire.END_OF_STREAM if end else None)  # fmt: skip
-               for i, h in enumerate(HOSTS)]
-    return interleave(streams, seed=seed)
 
 
 @pytest.mark.parametrize("state", ["blob", "chunked"])
@@ -316,9 +258,9 @@ def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, n
     exp = window_oracle(q, oracle(q, traffic))
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2), (2, 1000, 3)):
-        msgs = _messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings, chunked=state == "chunked")
-        assert _finals(df, q).equals(exp), (partitions, punct)
+        msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
+        df = run_offline([q], msgs, partitions, settings, chunked=state == "chunked")
+        assert final_rows(df, q).equals(exp), (partitions, punct)
         st = [json.loads(s) for s in df[df["kind"] == "status"]["status"]]
         last = {s["partition"]: s for s in st}
         assert all(h["late_partials"] == 0 and h["missing_records"] == 0 for s in last.values() for h in s["hosts"].values())
@@ -332,7 +274,7 @@ def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, n
 def test_processor_never_closes_early(cfg, traffic):
     """Each final window is emitted only when every host's latest mark (as of that batch) exceeds it."""
     q = cfg.query("ports9x3")
-    msgs = _messages(q, traffic, 1)
+    msgs = emulated_messages(q, traffic, 1)
     lay = Layout.of(q)
     proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS))
     marks: dict[str, int] = {}
@@ -348,8 +290,8 @@ def test_processor_never_closes_early(cfg, traffic):
 
 def test_processor_staggered_start_without_expected_hosts_counts_late(cfg, traffic):
     q = cfg.query("pairs")
-    msgs = _messages(q, traffic, 2)
-    df = _run_offline([q], msgs, 2, Settings(host_timeout_ms=10**9))
+    msgs = emulated_messages(q, traffic, 2)
+    df = run_offline([q], msgs, 2, Settings(host_timeout_ms=10**9))
     last = {}
     for s in df[df["kind"] == "status"]["status"]:
         s = json.loads(s)
@@ -368,7 +310,7 @@ def _complete_windows_are_exact(df: pd.DataFrame, q: Q.QuerySpec, exp: pd.DataFr
           & (rows["missing_records"] == 0))  # fmt: skip
     by_win = ok.groupby(rows["window"].to_numpy()).all()
     complete = {int(w) for w in by_win[by_win].index}
-    got = _finals(df, q)
+    got = final_rows(df, q)
     g = got[got["window"].isin(complete)].reset_index(drop=True)
     e = exp[exp["window"].isin(complete)].reset_index(drop=True)
     assert g.equals(e)
@@ -380,11 +322,11 @@ def test_completeness_host_dead_at_close(cfg, traffic):
     mark had passed are complete and exact."""
     q = cfg.query("pairs")
     exp = window_oracle(q, oracle(q, traffic))
-    msgs = _messages(q, traffic, 1, end=False)
+    msgs = emulated_messages(q, traffic, 1, end=False)
     own = [i for i, m in enumerate(msgs) if m.host == "h2"]
     cut = own[len(own) // 2]
     last_mark = max(m.mark_pane for m in msgs[:cut] if m.host == "h2" and m.is_punctuation)
-    df = _run_offline([q], msgs, 1, Settings(host_timeout_ms=1500, expected_hosts=HOSTS),
+    df = run_offline([q], msgs, 1, Settings(host_timeout_ms=1500, expected_hosts=HOSTS),
                       drop={i for i in own if i >= cut})  # fmt: skip
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
     assert complete and incomplete
@@ -398,14 +340,14 @@ def test_completeness_late_partials_dropped(cfg, traffic):
     (window, key) rows that lack them and how many records, and those windows are incomplete."""
     q = cfg.query("pairs")
     exp = window_oracle(q, oracle(q, traffic))
-    df = _run_offline([q], _messages(q, traffic, 1), 1, Settings(host_timeout_ms=10**9))
+    df = run_offline([q], emulated_messages(q, traffic, 1), 1, Settings(host_timeout_ms=10**9))
     late = df[df["kind"] == "late"]
     st = json.loads(df[df["kind"] == "status"]["status"].iloc[-1])
     n_late = sum(h["late_partials"] for h in st["hosts"].values())
     assert n_late > 0 and int(late["late_partials"].sum()) == n_late  # tumbling: one window per record
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
     assert set(late["window"].astype(int)) <= incomplete and complete
-    diff = _finals(df, q).merge(exp, how="outer", indicator=True)
+    diff = final_rows(df, q).merge(exp, how="outer", indicator=True)
     assert set(diff[diff["_merge"] != "both"]["window"].astype(int)) <= incomplete
 
 
@@ -414,10 +356,10 @@ def test_completeness_missing_records(cfg, traffic):
     records), every complete window is exact."""
     q = cfg.query("ports9x3")
     exp = window_oracle(q, oracle(q, traffic))
-    msgs = _messages(q, traffic, 1)
+    msgs = emulated_messages(q, traffic, 1)
     victim = next(i for i, m in enumerate(msgs) if not m.is_punctuation and m.host == "h1" and i > len(msgs) // 3)
     lost = wire.decode(msgs[victim].value)
-    df = _run_offline([q], msgs, 1, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS), drop={victim})
+    df = run_offline([q], msgs, 1, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS), drop={victim})
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
     lay = Layout.of(q)
     fed = {int(p) + d for p in lost.pane for d in range(lay.k)}  # the windows the lost panes feed
@@ -428,7 +370,7 @@ def test_completeness_missing_records(cfg, traffic):
 
 def test_processor_missing_records_and_bad_messages(cfg, traffic):
     q = cfg.query("pairs")
-    msgs = _messages(q, traffic, 1)
+    msgs = emulated_messages(q, traffic, 1)
     victim = next(i for i, m in enumerate(msgs) if not m.is_punctuation and m.host == "h1")
     n_lost = wire.decode(msgs[victim].value).n
     msgs = msgs[:victim] + msgs[victim + 1 :]  # lost between the host and us
@@ -443,7 +385,7 @@ def test_processor_missing_records_and_bad_messages(cfg, traffic):
 
 def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
     q = cfg.query("pairs")
-    msgs = _messages(q, traffic, 1, end=False)
+    msgs = emulated_messages(q, traffic, 1, end=False)
     lay = Layout.of(q)
     p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9))
     p.process([m.value for m in msgs[: len(msgs) // 2]], 1000)
@@ -535,14 +477,7 @@ def test_store_and_api_columns_of_the_newer_fields(tmp_path):
     from contract import fields as F
     from high_level.serve.columns import QueryInfo
 
-    q = Q.load_text("""
-queries:
-  - name: tun
-    group_by: [src_mac, inner_src_ip/16, icmp_type, mpls_label]
-    aggregates: [{fn: count, as: n}]
-    window: {range: 10s}
-    table: {size: 64}
-""").queries[0]
+    q = spec("tun", group_by=["src_mac", "inner_src_ip/16", "icmp_type", "mpls_label"], aggregates=["count as n"], table=64)
     lay = Layout.of(q)
     mac, inner = 0xFEDC_BA98_7654, F.IPV4_MAPPED_PREFIX | 0x0A32_0000
     key = np.array([[mac, 0, inner, 3, -1], [0x0200_0000_0001, 0, 0, -1, 16000]], np.int64)
@@ -577,7 +512,7 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     qs = [cfg.query("pairs"), cfg.query("ports9x3")]
     lays = [Layout.of(q) for q in qs]
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS, late_policy="correction")
-    msgs = [m for q in qs for m in _messages(q, traffic, 2, punct_every_s=10, seed=4)]
+    msgs = [m for q in qs for m in emulated_messages(q, traffic, 2, punct_every_s=10, seed=4)]
     outs = []
     for p in range(2):
         proc = PartitionProcessor(lays, p, settings)
@@ -691,13 +626,7 @@ def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_bl
     from high_level.job import JobOptions
 
     plain = Q.load_text(CONFIG).query("pairs")
-    landmark = Q.load_text("""
-queries:
-  - name: day
-    group_by: [dst_port]
-    aggregates: [{fn: count, as: n}]
-    window: {landmark: 20s, update: 5s}
-""").query("day")
+    landmark = spec("day", group_by=["dst_port"], aggregates=["count as n"], window={"landmark": "20s", "update": "5s"})
 
     def layout(qs, state, ckpt="c"):
         opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state)

@@ -1,17 +1,15 @@
 """Integration: emulated capture hosts -> real Kafka -> the real Spark job -> Parquet, checked exactly.
 
 Batches are driven with ``processAllAvailable`` on running queries (one Spark session for the whole
-run, the ``spark`` fixture). Hosts are emulated by :mod:`high_level.simulate` (partials split as by
+run, the ``spark`` fixture). Hosts are emulated by :mod:`lowwater_testing.oracle` (partials split as by
 evictions, skew 0-40 s between hosts) or by hand where a test needs to control each punctuation.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,136 +17,25 @@ from prometheus_client import generate_latest
 
 from contract import query as Q
 from contract import wire
-from high_level.job import HighLevelJob, JobOptions
-from high_level.simulate import host_messages, interleave, split_hosts, window_oracle
-from tests.packets import make_mixed_traffic, make_traffic, oracle
+from lowwater_testing.hosts import HOSTS, traffic_messages
+from lowwater_testing.oracle import window_oracle
+from lowwater_testing.queries import ConfigDoc, config, query
+from lowwater_testing.spark import (
+    PORTS,
+    Host,
+    assert_exact,
+    expected_typed,
+    normalised,
+    read_results,
+    start_job,
+    status,
+    variant,
+    windows_of,
+)
+from lowwater_testing.topics import produce
+from lowwater_testing.traffic import make_mixed_traffic, make_traffic, oracle
 
 T0 = 1_700_000_000_000_000_000
-HOSTS = ("h0", "h1", "h2")
-SKEW_S = (0, 12, 40)
-
-QUERIES = """
-queries:
-  - name: tumble
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: sum, field: length, as: bytes}
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: max, field: ttl, as: max_ttl}
-    window: {range: 10s}
-  - name: slide
-    filter: protocol == tcp
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: pkts}
-      - {fn: min, field: ttl, as: min_ttl}
-    window: {range: 9s, slide: 3s}
-  - name: gate
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: n}
-      - {fn: sum, field: length, as: bytes}
-    window: {range: 10s}
-  - name: mixed
-    group_by: [dst_ip/24/48, dscp]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: min, field: tos, as: min_tos}
-      - {fn: max, field: tos, as: max_tos}
-      - {fn: avg, field: dscp, as: avg_dscp}
-    window: {range: 10s}
-"""
-BASE = Q.load_text(QUERIES)
-
-
-def variant(topic_factory, base: str, name: str, partitions: int) -> Q.QuerySpec:
-    """The base query under a new name, on a fresh topic with ``partitions`` partitions."""
-    topic = topic_factory(partitions=partitions, prefix=f"hl-{name}")
-    return BASE.query(base).model_copy(update={"name": name, "kafka": Q.KafkaSpec(topic=topic, partitions=partitions)})
-
-
-def produce(kafka, items: list[tuple[str, int, bytes]]) -> None:
-    """Send (topic, partition, value) in this order (kafka-python keeps per-partition order)."""
-    from kafka import KafkaProducer
-
-    prod = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2, max_request_size=8 << 20)
-    try:
-        for topic, part, value in items:
-            prod.send(topic, value=value, partition=part)
-        prod.flush(30)
-    finally:
-        prod.close(5)
-
-
-def traffic_messages(queries, t, punct_s: dict[str, int] | None = None, seed=7):
-    """All hosts' messages for all queries, merged by send time (per-host per-partition order kept)."""
-    rows = t.rows()
-    hix = split_hosts(len(t), len(HOSTS), seed=seed)
-    tagged = []
-    for qi, q in enumerate(queries):
-        every = (punct_s or {}).get(q.name, 1) * 10**9
-        streams = [host_messages(q, rows[hix == i], h, partitions=q.kafka.partitions, skew_ns=SKEW_S[i] * 10**9,
-                                 punct_every_ns=every, end_mark=wire.END_OF_STREAM, seed=seed + i)
-                   for i, h in enumerate(HOSTS)]  # fmt: skip
-        for j, m in enumerate(interleave(streams, seed=seed + qi)):
-            tagged.append((m.t_ns, qi, j, q.topic, m.partition, m.value))
-    tagged.sort(key=lambda x: x[:3])
-    return [(topic, p, v) for *_, topic, p, v in tagged]
-
-
-def read_results(results: Path, name: str) -> pd.DataFrame:
-    if not list((results / f"query={name}").glob("**/*.parquet")):
-        return pd.DataFrame(columns=["window_end", "kind"])
-    return duckdb.sql(f"select * from read_parquet('{results}/query={name}/**/*.parquet', hive_partitioning=true)").df()
-
-
-def expected_typed(q: Q.QuerySpec, t) -> pd.DataFrame:
-    """The oracle in the store's typed form, converted row by row with contract.decode_key/finalize."""
-    wo = window_oracle(q, oracle(q, t))
-    kw = Q.key_width(q)
-    scols = [c for c in wo.columns if c.startswith("s")]
-    recs = []
-    for r in wo.itertuples(index=False):
-        end = q.window.origin_ns + (int(r.window) + 1) * q.window.pane_ns
-        rec = {"window_end": pd.Timestamp(end, unit="ns", tz="UTC")}
-        rec.update(Q.decode_key(q, np.array([getattr(r, f"k{i}") for i in range(kw)])))
-        rec.update(Q.finalize(q, np.array([getattr(r, c) for c in scols])))
-        recs.append(rec)
-    return pd.DataFrame(recs)
-
-
-def normalised(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
-    keys = ["window_end", *[p.name for p in q.key_parts]]
-    d = df[keys + [a.name for a in q.aggregates]].copy()
-    d["window_end"] = pd.to_datetime(d["window_end"], utc=True).astype("datetime64[ns, UTC]")
-    for p in q.key_parts:
-        d[p.name] = d[p.name].astype(str)
-    return d.sort_values(keys).reset_index(drop=True)
-
-
-def assert_exact(results: Path, q: Q.QuerySpec, t) -> pd.DataFrame:
-    got = read_results(results, q.name)
-    fin = got[got["kind"] == "final"]
-    keys = ["window_end", *[p.name for p in q.key_parts]]
-    assert not fin.duplicated(keys).any(), f"{q.name}: a (window, key) emitted twice"
-    g, e = normalised(fin, q), normalised(expected_typed(q, t), q)
-    assert len(g) == len(e), f"{q.name}: {len(g)} rows, oracle {len(e)}"
-    pd.testing.assert_frame_equal(g, e, check_dtype=False, rtol=1e-12)
-    return g
-
-
-def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
-    opts = JobOptions(results=str(tmp_path / f"results-{tag}"), checkpoint=str(tmp_path / f"ckpt-{tag}"),
-                      trigger_ms=kw.pop("trigger_ms", 300), shuffle_partitions=2, name=f"t-{tag}", **kw)  # fmt: skip
-    job = HighLevelJob(spark, queries, opts)
-    job.start()
-    return job
-
-
-def status(job: HighLevelJob) -> dict:
-    return json.loads((Path(job.opts.results) / "_status.json").read_text())
-
 
 # -- exactness ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("state", ["blob", "chunked"])
@@ -205,45 +92,6 @@ def test_exact_for_any_partition_count_and_punctuation_density(spark, kafka, top
 
 
 # -- punctuation gating, by hand ------------------------------------------------------------------
-class Host:
-    """A hand-driven capture host for one query: exact control over every partial and punctuation."""
-
-    def __init__(self, name: str, q: Q.QuerySpec, incarnation: int = 1) -> None:
-        self.name, self.q, self.inc = name, q, incarnation
-        self.seq = [0] * q.kafka.partitions
-
-    def partials(self, pane: int, ports: list[int], n: int, length: int) -> list[tuple[str, int, bytes]]:
-        key = np.array(ports, np.int64).reshape(-1, 1)
-        part = wire.partition_of(key, self.q.kafka.partitions)
-        out = []
-        for p in range(self.q.kafka.partitions):
-            sel = part == p
-            if sel.any():
-                k = key[sel]
-                state = np.column_stack([np.full(len(k), n), np.full(len(k), n * length)])
-                out.append((self.q.topic, p, wire.encode_partials(self.q.name, self.name, self.inc, p, self.seq[p],
-                                                                  np.full(len(k), pane), k, state)))  # fmt: skip
-                self.seq[p] += len(k)
-        return out
-
-    def punct(self, mark: int) -> list[tuple[str, int, bytes]]:
-        w = self.q.window
-        return [(self.q.topic, p, wire.encode_punctuation(wire.Punctuation(
-            self.q.name, self.name, self.inc, p, self.seq[p], mark, w.origin_ns + mark * w.pane_ns, time.time_ns(), {})))
-            for p in range(self.q.kafka.partitions)]  # fmt: skip
-
-
-PORTS = [22, 53, 80, 443, 8080]
-
-
-def windows_of(job: HighLevelJob, q: Q.QuerySpec, kind: str = "final") -> dict[int, pd.DataFrame]:
-    df = read_results(Path(job.opts.results), q.name)
-    df = df[df["kind"] == kind]
-    if not len(df):
-        return {}
-    end = pd.to_datetime(df["window_end"], utc=True).astype("datetime64[ns, UTC]").astype("int64")
-    wid = (end - q.window.origin_ns) // q.window.pane_ns - 1
-    return {int(w): g.sort_values("dst_port").reset_index(drop=True) for w, g in df.groupby(wid.to_numpy())}
 
 
 def test_no_window_closes_before_every_host_punctuates(spark, kafka, topic_factory, tmp_path):
@@ -400,23 +248,14 @@ def test_watermark_baseline_writes_same_layout_and_drops_lagging_host(spark, kaf
 
 
 # -- holistic aggregates end to end ----------------------------------------------------------------
-HOLISTIC = """
-queries:
-  - name: {p}_sources
-    group_by: [dst_ip]
-    aggregates:
-      - {{fn: count_distinct, field: src_ip, as: sources}}
-      - {{fn: count, as: packets}}
-    having: sources > 1
-    window: {{range: 10s, slide: 5s}}
-    kafka: {{topic: {t1}, partitions: 2}}
-  - name: {p}_sizes
-    group_by: [protocol]
-    aggregates:
-      - {{fn: quantiles, field: length, q: [0.5, 0.99], as: len}}
-    window: {{range: 10s}}
-    kafka: {{topic: {t2}, partitions: 2}}
-"""
+def holistic_config(p: str, t1: str, t2: str) -> ConfigDoc:
+    """Distinct sources per destination (sliding, with HAVING) and packet-size percentiles."""
+    return config(
+        query(f"{p}_sources", group_by=["dst_ip"], aggregates=["count_distinct(src_ip) as sources", "count as packets"],
+              having="sources > 1", window={"range": "10s", "slide": "5s"}, topic=t1, partitions=2),
+        query(f"{p}_sizes", group_by=["protocol"],
+              aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.99], "as": "len"}], topic=t2, partitions=2),
+    )  # fmt: skip
 
 
 def test_holistic_distinct_and_quantiles_through_kafka_spark_store_and_api(spark, kafka, topic_factory, tmp_path):
@@ -431,10 +270,8 @@ def test_holistic_distinct_and_quantiles_through_kafka_spark_store_and_api(spark
     rng = np.random.default_rng(17)
     t.src = (0x0A000000 + rng.integers(0, 400, len(t))).astype(np.uint32)
     t.length = np.minimum(60 + rng.lognormal(4.5, 1.2, len(t)).astype(np.int64), 9000)
-    text = HOLISTIC.format(p="hol", t1=topic_factory(partitions=2, prefix="hl-hol1"),
-                           t2=topic_factory(partitions=2, prefix="hl-hol2"))  # fmt: skip
-    cfg_path = tmp_path / "holistic.yaml"
-    cfg_path.write_text(text)
+    cfg_path = holistic_config("hol", topic_factory(partitions=2, prefix="hl-hol1"),
+                               topic_factory(partitions=2, prefix="hl-hol2")).write(tmp_path / "holistic.yaml")
     queries = Q.load(cfg_path).queries
     msgs = traffic_messages(queries, t)
     job = start_job(spark, queries, tmp_path, "holistic", bootstrap=kafka.bootstrap_servers, expected_hosts=HOSTS,

@@ -17,67 +17,41 @@ from contract import sketch
 from high_level.aggregate import holistic
 from high_level.aggregate.processor import Settings
 from high_level.results.store import ResultStore, typed_table
-from high_level.simulate import packet_partials, window_oracle
 from low_level.kernel import sketchkey
 from low_level.kernel.tables import Tables
-from tests.packets import make_mixed_traffic, make_traffic, merge_partials, oracle
-from tests.test_high_level_logic import HOSTS, _finals, _messages, _run_offline
-from tests.test_subaggregate import NS, T0, run_kernel
+from lowwater_testing.capture import run_kernel
+from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline
+from lowwater_testing.oracle import packet_partials, window_oracle
+from lowwater_testing.queries import config, query, spec
+from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, merge_partials, oracle
 
-CONFIG = """
-queries:
-  - name: scan
-    group_by: [dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-      - {fn: count_distinct, field: src_ip, as: sources}
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: max, field: ttl, as: max_ttl}
-    having: sources > 3
-    alerts:
-      - {name: scan, when: sources >= 10, severity: critical}
-    window: {range: 10s, slide: 5s}
-    table: {size: 256}
-  - name: scanhll
-    group_by: [dst_ip]
-    aggregates:
-      - {fn: count_distinct, field: src_ip, approx: hll, precision: 8, as: sources}
-      - {fn: count, as: packets}
-    window: {range: 10s}
-    table: {size: 256}
-  - name: porthll
-    aggregates:
-      - {fn: count_distinct, field: src_port, approx: hll, as: ports}
-    window: {range: 9s, slide: 3s}
-    table: {size: 1024}
-  - name: sizes
-    group_by: [protocol]
-    aggregates:
-      - {fn: quantiles, field: length, q: [0.5, 0.95, 0.99], as: len}
-      - {fn: sum, field: length, as: bytes}
-    having: len_p95 > 100
-    window: {range: 10s}
-    table: {size: 128}
-  - name: ttls
-    group_by: [dst_port]
-    aggregates:
-      - {fn: quantiles, field: ttl, q: [0.1, 0.5, 0.9], accuracy: 0, as: ttl}
-    window: {range: 10s}
-    table: {size: 64}
-  - name: talkers
-    group_by: [dst_ip/24]
-    aggregates:
-      - {fn: top, field: src_ip, k: 3, by: length, as: bytes}
-      - {fn: count, as: packets}
-    window: {range: 10s}
-    table: {size: 512}
-  - name: dscps
-    group_by: [protocol]
-    aggregates:
-      - {fn: count_distinct, field: dscp, approx: hll, precision: 4, as: n}
-    window: {range: 10s}
-    table: {size: 16}
-"""
+
+def talkers(capacity: int | None = None) -> dict:
+    """Top 3 sources by bytes per destination /24 (a Misra-Gries summary of ``capacity`` items if given)."""
+    top = {"fn": "top", "field": "src_ip", "k": 3, "capacity": capacity, "by": "length", "as": "bytes"}
+    return query("talkers", group_by=["dst_ip/24"], aggregates=[{k: v for k, v in top.items() if v is not None}, "count as packets"],
+                 table=512)  # fmt: skip
+
+
+CONFIG = config(
+    query("scan", group_by=["dst_ip"],
+          aggregates=["count as packets", "count_distinct(src_ip) as sources", "avg(length) as avg_len", "max(ttl) as max_ttl"],
+          having="sources > 3", alerts=[{"name": "scan", "when": "sources >= 10", "severity": "critical"}],
+          window={"range": "10s", "slide": "5s"}, table=256),
+    query("scanhll", group_by=["dst_ip"],
+          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 8, "as": "sources"},
+                      "count as packets"], table=256),
+    query("porthll", aggregates=[{"fn": "count_distinct", "field": "src_port", "approx": "hll", "as": "ports"}],
+          window={"range": "9s", "slide": "3s"}, table=1024),
+    query("sizes", group_by=["protocol"],
+          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}, "sum(length) as bytes"],
+          having="len_p95 > 100", table=128),
+    query("ttls", group_by=["dst_port"],
+          aggregates=[{"fn": "quantiles", "field": "ttl", "q": [0.1, 0.5, 0.9], "accuracy": 0, "as": "ttl"}], table=64),
+    talkers(),
+    query("dscps", group_by=["protocol"],
+          aggregates=[{"fn": "count_distinct", "field": "dscp", "approx": "hll", "precision": 4, "as": "n"}], table=16),
+).text  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -222,12 +196,7 @@ def test_quantile_sketch_within_its_relative_accuracy(cfg, traffic) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_hll_error_at_the_default_precision_over_a_million_values(seed: int) -> None:
     """p = 14 (std error 0.81%): within 2% over 10^6 distinct addresses, through the second stage."""
-    q = Q.load_text("""
-queries:
-  - name: d
-    aggregates: [{fn: count_distinct, field: src_ip, approx: hll}]
-    window: {range: 10s}
-""").queries[0]
+    q = spec("d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll"}])
     p = q.aggregates[0].hll_precision
     assert p == sketch.HLL_DEFAULT_P and sketch.hll_relative_error(p) < 0.0082
     rng = np.random.default_rng(seed)
@@ -275,12 +244,12 @@ def test_processor_exact_for_holistic_under_disorder(cfg, traffic, name) -> None
     want = _stage2(q, exp)
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2)):
-        msgs = _messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings, batches=11)
-        assert _finals(df, q).equals(exp), (partitions, punct)
+        msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
+        df = run_offline([q], msgs, partitions, settings, batches=11)
+        assert final_rows(df, q).equals(exp), (partitions, punct)
         # each partition completes its groups: the second stage per partition gives the whole answer
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, final_rows(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True)
         kc = [c for c in got.columns if c.startswith("k")]
         got = got.sort_values(["window", *kc], kind="stable").reset_index(drop=True)
@@ -293,10 +262,8 @@ def test_partition_is_a_hash_of_the_group_words_only(cfg) -> None:
 
     q = cfg.query("scan")
     assert Q.partition_width(q) == 2 and Q.key_width(q) == 4
-    plain = Q.load_text(
-        "queries: [{name: p, group_by: [src_ip, dst_ip], aggregates: [{fn: count}], window: {range: 1s}}]"
-    )
-    assert Q.partition_width(plain.queries[0]) == Q.key_width(plain.queries[0]) == 4  # unchanged
+    plain = spec("p", group_by=["src_ip", "dst_ip"], aggregates=["count"], window="1s")
+    assert Q.partition_width(plain) == Q.key_width(plain) == 4  # unchanged
     key = np.array([[0, 5, 0, 1], [0, 5, 0, 2], [0, 5, 7, 9]], np.int64)
     part = wire.partition_of(key[:, : Q.partition_width(q)], 8)
     assert part[0] == part[1] == part[2]
@@ -355,13 +322,7 @@ def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) ->
 
 
 def test_reduce_keeps_kinds_apart_and_merges_completeness() -> None:
-    q = Q.load_text("""
-queries:
-  - name: d
-    group_by: [dst_port]
-    aggregates: [{fn: count_distinct, field: src_port, as: n}, {fn: count, as: c}]
-    window: {range: 10s}
-""").queries[0]
+    q = spec("d", group_by=["dst_port"], aggregates=["count_distinct(src_port) as n", "count as c"])
     window = np.array([5, 5, 5, 5, 6], np.int64)
     kind = np.array([1, 1, 0, 1, 1], np.int64)
     key = np.array([[80, 1], [80, 2], [80, 1], [443, 9], [80, 1]], np.int64)
@@ -419,9 +380,7 @@ def test_misra_gries_bound_and_state_per_pane_and_group() -> None:
 
 
 def _capacity_query(capacity: int) -> Q.QuerySpec:
-    text = CONFIG[CONFIG.index("  - name: talkers") : CONFIG.index("  - name: dscps")]
-    text = text.replace("k: 3, by: length,", f"k: 3, capacity: {capacity}, by: length,")
-    return Q.load_text("queries:\n" + text).query("talkers")
+    return config(talkers(capacity)).load().query("talkers")
 
 
 @pytest.fixture(scope="module")
@@ -442,10 +401,10 @@ def test_processor_top_with_capacity_under_disorder(capacity, skewed) -> None:
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     top1 = 0
     for partitions, punct, seed in ((1, 1, 0), (4, 10, 2)):
-        msgs = _messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
-        df = _run_offline([q], msgs, partitions, settings, batches=11)
+        msgs = emulated_messages(q, skewed, partitions, punct_every_s=punct, seed=seed)
+        df = run_offline([q], msgs, partitions, settings, batches=11)
         fin = df[(df["kind"] == "final") & (df["query"] == q.name)]
-        parts = [_stage2(q, _finals(fin[fin["partition"] == p], q)) for p in range(partitions)]
+        parts = [_stage2(q, final_rows(fin[fin["partition"] == p], q)) for p in range(partitions)]
         got = pd.concat(parts, ignore_index=True).sort_values(["window", *kc], kind="stable")
         got = got.reset_index(drop=True)
         if capacity >= 3000:  # every partial state fits: exact

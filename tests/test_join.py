@@ -14,10 +14,17 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from high_level import simulate
 from high_level.join.band import BandJoin, JoinLayout, finalize, match_pairs, merge_partitions
-from tests.packets import make_handshake_traffic
-from tests.test_select import HANDSHAKE
+from lowwater_testing import oracle as simulate
+from lowwater_testing.agent import run_agent
+from lowwater_testing.joins import (
+    HANDSHAKE,
+    handshake_messages,
+    join_oracle,
+    join_window_oracle,
+    rows_of,
+    sort_rows,
+)
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -32,73 +39,6 @@ def config(partitions: int, kind: str = "inner", window: str = "{range: 10s}") -
         text = text.replace("      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
                             "      - {fn: max, expr: left.src_port, as: max_port}\n")
     return Q.load_text(text)
-
-
-def rows_of(cfg: Q.Config, n_syn: int, seed: int, dup: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Selected SYN and SYN-ACK rows of handshake traffic (answered 70 %, latency 0-4 s around the 3-s band),
-    with retransmitted SYNs and duplicate SYN-ACKs when ``dup``."""
-    t = make_handshake_traffic(n_syn, T0, 60 * NS, seed=seed, max_latency_ns=4 * NS, noise=n_syn // 2)
-    parsed = t.rows()
-    left, right = (simulate.select_oracle(s, parsed) for s in cfg.selects)
-    if dup:
-        rng = np.random.default_rng(seed)
-        rl = left[rng.random(len(left)) < 0.1].copy()
-        rl[:, 0] += rng.integers(0, 2 * NS, len(rl))  # retransmitted SYN
-        rr = right[rng.random(len(right)) < 0.1].copy()
-        rr[:, 0] += rng.integers(0, NS, len(rr))  # duplicate SYN-ACK
-        left, right = np.concatenate([left, rl]), np.concatenate([right, rr])
-    return left, right
-
-
-def oracle(lay: JoinLayout, left: np.ndarray, right: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Brute-force join (pandas merge on the key words, band filter): pairs and unmatched left rows."""
-    ldf = pd.DataFrame(left, columns=["ts"] + [f"l{i}" for i in range(lay.lw)])
-    rdf = pd.DataFrame(right, columns=["ts"] + [f"r{i}" for i in range(lay.rw)])
-    lk = [("ts" if w < 0 else f"l{w}") for w in lay.lkey]
-    rk = [("ts" if w < 0 else f"r{w}") for w in lay.rkey]
-    ldf["lid"] = np.arange(len(ldf))
-    m = ldf.merge(rdf, left_on=lk, right_on=rk, suffixes=("", "_r"))
-    m = m[(m["ts_r"] - m["ts"] >= 0) & (m["ts_r"] - m["ts"] <= lay.band_ns)]
-    pairs = m[["ts"] + [f"l{i}" for i in range(lay.lw)] + ["ts_r"] + [f"r{i}" for i in range(lay.rw)]]
-    unmatched = ldf[~ldf["lid"].isin(m["lid"])].drop(columns="lid")
-    return _sorted(pairs.to_numpy(np.int64)), _sorted(unmatched.to_numpy(np.int64))
-
-
-def _sorted(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, np.int64)
-    return a[np.lexsort(a.T[::-1])] if len(a) else a
-
-
-def window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray) -> pd.DataFrame:
-    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows."""
-    rl = lay.rollup
-    rows = []
-    src = [] if lay.type == "anti" else [(pairs, True)]
-    if lay.type != "inner":
-        src.append((unmatched, False))
-    for a, is_pair in src:
-        for r in a:
-            lts, lcols = r[0], r[1 : 1 + lay.lw]
-            rts, rcols = (r[1 + lay.lw], r[2 + lay.lw :]) if is_pair else (0, None)
-
-            def val(side: str, ws: tuple[int, ...], lts=lts, lcols=lcols, rts=rts, rcols=rcols) -> list[int]:
-                ts, cols = (lts, lcols) if side == "left" else (rts, rcols)
-                return [int(ts) if w < 0 else int(cols[w]) for w in ws]
-
-            key = tuple(v for side, ws in lay.group for v in val(side, ws)) or (0,)
-            vals = {alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms) for _, alias, terms in lay.aggs}
-            pane = (lts - rl.origin_ns) // rl.pane_ns
-            for w in range(pane, pane + rl.k):
-                if (w - rl.k + 1) % rl.s == 0:
-                    rows.append({"window": w, "key": key, **vals})
-    df = pd.DataFrame(rows)
-    agg = {alias: {"count": "size", "avg": "mean"}.get(fn, fn) for fn, alias, _ in lay.aggs}
-    first = next(iter(agg))
-    out = df.groupby(["window", "key"]).agg({a: (f if f != "size" else "size") for a, f in agg.items()
-                                              if a != first or f != "size"})
-    if agg[first] == "size":
-        out[first] = df.groupby(["window", "key"]).size()
-    return out.reset_index().sort_values(["window", "key"]).reset_index(drop=True)[["window", "key", *agg]]
 
 
 def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, skew_s: float, punct: int | None,
@@ -148,13 +88,13 @@ def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, 
     for k, v in finalize(lay, w.state).items():
         got_w[k] = v
     got_w = got_w.sort_values(["window", "key"]).reset_index(drop=True)
-    return _sorted(np.concatenate(pairs)), _sorted(np.concatenate(unmatched)), got_w, joins
+    return sort_rows(np.concatenate(pairs)), sort_rows(np.concatenate(unmatched)), got_w, joins
 
 
 def assert_exact(cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, seed: int, checkpoint: bool = False) -> None:
     left, right = rows_of(cfg, 1500, seed)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
-    want_p, want_u = oracle(lay, left, right)
+    want_p, want_u = join_oracle(lay, left, right)
     assert len(want_p) > 200 and len(want_u) > 100
     got_p, got_u, got_w, joins = run_join(cfg, left, right, hosts=hosts, skew_s=skew_s, punct=punct, seed=seed,
                                           checkpoint=checkpoint)
@@ -166,7 +106,7 @@ def assert_exact(cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, se
         np.testing.assert_array_equal(got_u, want_u)
     else:
         assert len(got_u) == 0
-    want_w = window_oracle(lay, want_p, want_u)
+    want_w = join_window_oracle(lay, want_p, want_u)
     pd.testing.assert_frame_equal(got_w, want_w, check_dtype=False)
     assert all(j.state_rows == 0 for j in joins), "the closing punctuation empties the state"
     assert all(j.late == {"left": 0, "right": 0} for j in joins)
@@ -205,7 +145,7 @@ def test_an_unanswered_syn_is_never_reported_before_the_right_input_passes_its_b
     sl, sr = cfg.selects
     lay = JoinLayout.of(cfg.joins[0], sl, sr)
     left, right = rows_of(cfg, 400, seed=9, dup=False)
-    _, want_u = oracle(lay, left, right)
+    _, want_u = join_oracle(lay, left, right)
     j = BandJoin(lay, host_timeout_ms=10**12)
     # the left input is complete and punctuated to its end; the right input is held back
     for m in simulate.select_messages(sl, left, "cap-0", punct_every_ns=NS):
@@ -224,7 +164,7 @@ def test_an_unanswered_syn_is_never_reported_before_the_right_input_passes_its_b
             due = want_u[(want_u[:, 0] + lay.band_ns < b_right)]
             emitted += list(map(tuple, np.column_stack([out.u_ts, out.u_cols]).tolist()))
             assert len(emitted) == len(due)
-    assert _sorted(np.array(emitted)).tolist() == want_u.tolist()
+    assert sort_rows(np.array(emitted)).tolist() == want_u.tolist()
 
 
 def test_state_is_bounded_by_the_other_inputs_mark() -> None:
@@ -312,24 +252,10 @@ def _topics(cfg: Q.Config, t1: str, t2: str, partitions: int) -> Q.Config:
     return Q.load_text(text)
 
 
-def handshake_messages(cfg: Q.Config, left: np.ndarray, right: np.ndarray, hosts: int, skew_s: int,
-                       seed: int) -> list[tuple[str, int, bytes]]:
-    """(topic, partition, value) of every emulated host's messages for both selects, merged by send time."""
-    rng = np.random.default_rng(seed)
-    tagged = []
-    for s, rows in zip(cfg.selects, (left, right), strict=True):
-        hidx = rng.integers(0, hosts, len(rows))
-        streams = [simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // max(1, hosts - 1))
-                   for h in range(hosts)]
-        tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=seed)]
-    tagged.sort(key=lambda x: x[0])
-    return [(t, p, v) for _, t, p, v in tagged]
-
-
 def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
-    pairs, unmatched = oracle(lay, left, right)
-    w = window_oracle(lay, pairs, unmatched)
+    pairs, unmatched = join_oracle(lay, left, right)
+    w = join_window_oracle(lay, pairs, unmatched)
     rl = lay.rollup
     w["window_end"] = pd.to_datetime(rl.origin_ns + (w["window"] + 1) * rl.pane_ns, utc=True)
     w["dst_port"] = [k[0] for k in w["key"]]
@@ -398,7 +324,8 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     the join state shows in /status; a join over a topic that does not exist is a clear error."""
     from high_level.job import HighLevelJob, JobOptions
     from high_level.join.pipeline import MissingInputTopic
-    from tests.test_high_level_spark import produce, read_results
+    from lowwater_testing.spark import read_results
+    from lowwater_testing.topics import produce
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg = _topics(config(2), t1, t2, 2)
@@ -465,12 +392,9 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     """The generator answering SYNs (lognormal latency, retransmitted SYNs, duplicate SYN-ACKs) -> the real
     agent process -> real Kafka -> the real job: the inner and the anti join's stored windows equal the
     brute-force oracle over the same packets parsed by dpkt (some handshakes, some unanswered SYNs)."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from high_level.job import HighLevelJob, JobOptions
-    from tests.test_high_level_spark import read_results
+    from lowwater_testing.spark import read_results
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     text = HANDSHAKE.replace("partitions: 4}", "partitions: 2}").replace("range: 1m}", "range: 10s}")
@@ -494,11 +418,7 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     cfg = Q.load(path)
     n = 30_000  # 30 s at 1000 packets/s: 4 windows of 10 s
     source = f"generator:clock=synthetic,count={n}," + ",".join(f"{k}={v}" for k, v in GENERATED.items())
-    proc = subprocess.run(
-        [sys.executable, "-m", "low_level.cli", "--config", str(path), "--source", source,
-         "--host-id", "cap-0", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_agent(path, source, host="cap-0", bootstrap=kafka.bootstrap_servers, timeout=600)
     opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
                       trigger_ms=300, shuffle_partitions=2, name="t-join-gen", create_topics=False,
                       expected_hosts=("cap-0",))  # fmt: skip
@@ -506,9 +426,9 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     left, right = generated_rows(cfg, n)
     for j, cols in zip(cfg.joins, (["completed", "avg_latency_ns"], ["unanswered", "max_port"]), strict=True):
         lay = JoinLayout.of(j, *cfg.selects)
-        pairs, unmatched = oracle(lay, left, right)
+        pairs, unmatched = join_oracle(lay, left, right)
         assert len(pairs) > 1000 and len(unmatched) > 500
-        want = window_oracle(lay, pairs, unmatched)
+        want = join_window_oracle(lay, pairs, unmatched)
         want["window_end"] = pd.to_datetime(lay.rollup.origin_ns + (want["window"] + 1) * lay.rollup.pane_ns, utc=True)
         want["dst_port"] = [k[0] for k in want["key"]]
         want = want[["window_end", "dst_port", *cols]].sort_values(["window_end", "dst_port"]).reset_index(drop=True)
@@ -521,7 +441,7 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
         pd.testing.assert_frame_equal(g, want, check_dtype=False)
     # the generator's share shows: ~70 % of the SYNs answered within the band, retransmissions among the rest
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
-    pairs, _ = oracle(lay, left, right)
+    pairs, _ = join_oracle(lay, left, right)
     assert 0.5 < len({tuple(r[:7]) for r in pairs}) / len(left) < 0.8
 
 

@@ -1,6 +1,6 @@
 """Joins over aggregate queries' closed windows and joins that store their raw rows (contract/query/joins.py,
-high_level/join/feed.py, high_level/join/rows.py), against the join oracle of tests/test_join.py under
-disorder: emulated capture hosts (high_level/simulate.py) -> the aggregates' partition step -> the
+high_level/join/feed.py, high_level/join/rows.py), against the join oracle of lowwater_testing/joins.py under
+disorder: emulated capture hosts (lowwater_testing/oracle.py) -> the aggregates' partition step -> the
 closed-window feed the sink publishes (with replayed batches) -> the join step, in random micro-batches."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 from contract import query as Q
 from contract import wire
 from contract.query import joins as JI
-from high_level import simulate
 from high_level.aggregate.packed import unpack_rows, unpack_windows
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
@@ -23,8 +22,9 @@ from high_level.join.feed import FeedDedup, FeedPublisher
 from high_level.join.pipeline import layouts
 from high_level.join.rows import RowsLayout
 from high_level.join.step import JoinProcessor
-from tests.packets import make_handshake_traffic
-from tests.test_join import oracle, window_oracle
+from lowwater_testing import oracle as simulate
+from lowwater_testing.joins import join_oracle, join_window_oracle
+from lowwater_testing.traffic import make_handshake_traffic
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -181,7 +181,7 @@ def run(lay, values: list[bytes], seed: int, feeds=("left", "right")) -> tuple[p
 
 def rows_oracle(lay, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
     """Raw output rows (window, key words, rows) from the brute-force join, column by column."""
-    pairs, unmatched = oracle(lay, left, right)
+    pairs, unmatched = join_oracle(lay, left, right)
     out = []
     src = [] if lay.type == "anti" else [(pairs, True)]
     if lay.type != "inner":
@@ -220,7 +220,7 @@ def test_joins_of_closed_windows_equal_the_oracle_under_disorder(cfg, traffic, s
             g = g.sort_values(["window", "key"]).reset_index(drop=True)
             pd.testing.assert_frame_equal(g, want, check_dtype=False)
         else:
-            want = window_oracle(lay, *oracle(lay, left, right))
+            want = join_window_oracle(lay, *join_oracle(lay, left, right))
             g = pd.DataFrame(
                 {
                     "window": got["window"],
@@ -388,7 +388,7 @@ def test_bad_joins_of_aggregates_name_file_line_and_reason(change: tuple[str, st
 
 
 def test_same_window_needs_aggregate_inputs_and_a_select_mix_needs_one_partition() -> None:
-    from tests.test_select import HANDSHAKE
+    from lowwater_testing.joins import HANDSHAKE
 
     text = HANDSHAKE.replace("within: 3s", "within: window", 1)
     with pytest.raises(Q.ConfigError, match="'within: window' joins two aggregate"):
@@ -414,8 +414,7 @@ def test_same_window_needs_aggregate_inputs_and_a_select_mix_needs_one_partition
 def test_raw_rows_schema_and_select_join_rows_equal_the_oracle() -> None:
     """A select x select join without aggregates stores its rows: columns of both sides and both timestamps."""
     from contract import results as R
-    from tests.test_join import rows_of
-    from tests.test_select import HANDSHAKE
+    from lowwater_testing.joins import HANDSHAKE, rows_of
 
     text = HANDSHAKE.replace("partitions: 4", "partitions: 2").split("    group_by: [left.dst_port]")[0]
     cfg = Q.load_text(text, "x.yaml")
@@ -435,7 +434,7 @@ def test_raw_rows_schema_and_select_join_rows_equal_the_oracle() -> None:
     )
     lay = layouts(cfg)[0]
     left, right = rows_of(cfg, 600, seed=5)
-    from tests.test_join import handshake_messages
+    from lowwater_testing.joins import handshake_messages
 
     msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=30, seed=2)
     proc = JoinProcessor(lay, Settings(10**12, HOSTS, "drop"))
@@ -462,7 +461,8 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     from high_level.job import HighLevelJob, JobOptions
     from high_level.join.pipeline import MissingInputTopic
     from high_level.serve.api import create_app
-    from tests.test_high_level_spark import produce, read_results
+    from lowwater_testing.spark import read_results
+    from lowwater_testing.topics import produce
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     text = CONFIG.replace(
@@ -510,7 +510,7 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     inner = read_results(tmp_path / "res", "answered")
     assert len(inner) == len(rows_oracle(lays["answered"], left, right))
     agg = read_results(tmp_path / "res", "unanswered_syns")
-    w = window_oracle(lays["unanswered_syns"], *oracle(lays["unanswered_syns"], left, right))
+    w = join_window_oracle(lays["unanswered_syns"], *join_oracle(lays["unanswered_syns"], left, right))
     assert sorted(agg["syns"].tolist()) == sorted(w["syns"].tolist()) and len(w)
     (tmp_path / "c.yaml").write_text(text)
     client = TestClient(create_app(tmp_path / "c.yaml", tmp_path / "res"))

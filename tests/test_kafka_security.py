@@ -54,7 +54,10 @@ from contract import wire
 from contract.kafka_security import KafkaSecurity, check_sasl_credentials
 from contract.topics import connect, existing_partitions
 from local_stack.kafka_broker import KafkaBroker, free_port
-from tests.packets import build_frames, make_traffic
+from lowwater_testing.agent import agent_cmd
+from lowwater_testing.queries import config, query
+from lowwater_testing.spark import read_available
+from lowwater_testing.traffic import build_frames, make_traffic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,24 +77,13 @@ def _users() -> dict[str, str]:
 
 
 def _query_yaml(path: Path, topic: str, partitions: int) -> Path:
-    path.write_text(f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 2s}}
-    table: {{size: 1024}}
-    flush: {{policy: lazy, m: 2}}
-    heartbeat: {{interval: 200ms}}
-    kafka: {{topic: {topic}, partitions: {partitions}}}
-""")
-    return path
+    return config(query("pairs", group_by=["src_ip", "dst_ip"], window="2s", table=1024, flush={"policy": "lazy", "m": 2},
+                        heartbeat={"interval": "200ms"}, topic=topic, partitions=partitions)).write(path)  # fmt: skip
 
 
 def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None,
                metrics_port: int = 0) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source,
-           "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)]  # fmt: skip
+    cmd = agent_cmd(cfg, source, host=host, bootstrap=bootstrap, metrics_port=metrics_port)
     if security is not None:
         cmd += ["--kafka-security", json.dumps(security.revealed())]
     return cmd
@@ -124,22 +116,7 @@ def spark_read(spark: SparkSession, bootstrap: str, topic: str, extra: Mapping[s
     """Every record of ``topic`` read once by the job's Kafka source (availableNow into a memory sink)."""
     from high_level.aggregate.ingest import kafka_stream
 
-    table = f"sec_{uuid.uuid4().hex}"
-    query = (
-        kafka_stream(spark, bootstrap, [topic], extra=extra)
-        .writeStream.format("memory").queryName(table)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
-    try:
-        finished = query.awaitTermination(timeout=120)
-    finally:
-        if query.isActive:
-            query.stop()
-    assert finished, "the availableNow query did not finish within 120 s"
-    assert query.exception() is None
-    rows = spark.table(table).collect()
-    spark.catalog.dropTempView(table)
+    rows = read_available(kafka_stream(spark, bootstrap, [topic], extra=extra), checkpoint, timeout_s=120)
     assert {r["topic"] for r in rows} == {topic}
     return {(r["partition"], r["offset"]): bytes(r["value"]) for r in rows}
 

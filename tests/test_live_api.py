@@ -4,10 +4,8 @@ compacted live topic, and the live panel in real headless Chromium (values updat
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +18,8 @@ from contract import live as L
 from contract import query as Q
 from high_level.live.hub import LiveHub
 from high_level.serve.api import create_app
-from tests.test_api_support import Store, make_store
-from tests.test_results_page import CHROMIUM, REPO, _chromium, _free_port, _stop
+from lowwater_testing.page import CHROMIUM, REPO, chromium, serve_api, stop
+from lowwater_testing.store import Store, make_store
 
 ARTIFACT = REPO / "benchmarks" / "results" / "live_panel.png"
 W0 = 1_764_000_000_000_000  # a window start (us)
@@ -133,24 +131,7 @@ def test_update_queues_are_on_metrics_and_status(store: Store) -> None:
 
 
 def _serve_live(store: Store, bootstrap: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(store.config),
-           "--results", str(store.root), "--port", str(port), "--log-level", "warning", "--live-bootstrap", bootstrap]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("LOWWATER_API_TOKEN", None)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the API did not come up")
-        time.sleep(0.1)
+    return serve_api(store, None, "--live-bootstrap", bootstrap)
 
 
 def _panel(dom: str) -> str:
@@ -163,7 +144,7 @@ def _page(base: str, profile: Path, ok, what: str) -> str:
     """The dumped page once ``ok(dom)`` holds (Chromium's virtual time may dump before the stream
     delivered everything: try again, a few times)."""
     for i in range(4):
-        dom = _chromium(
+        dom = chromium(
             f"{base}/ui#live_s=3&live_rate=500&live_query=q4_pairs", profile / str(i), "--dump-dom"
         ).stdout
         if ok(dom):
@@ -239,7 +220,7 @@ def test_live_panel_updates_and_turns_final_from_the_real_topic(
         assert dom.count('class="live-row live-final"') == 6 and "live-provisional" not in _panel(dom)
         assert ">67<" in _panel(dom) and 'class="badge final">final<' in _panel(dom)
         shot = tmp_path / "live.png"
-        _chromium(
+        chromium(
             f"{base}/ui#live_s=3&live_rate=500&live_query=q4_pairs", tmp_path / "p3", f"--screenshot={shot}"
         )
         assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -251,4 +232,4 @@ def test_live_panel_updates_and_turns_final_from_the_real_topic(
         fin = [d for e, d in ev if e == "update"]
         assert len(fin) == 6 and all(d["final"] and d["complete"] for d in fin)
     finally:
-        _stop(proc)
+        stop(proc)

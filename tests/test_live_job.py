@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 from contract import live as L
-from tests.test_high_level_spark import HOSTS, PORTS, Host, produce, start_job, variant, windows_of
+from lowwater_testing.hosts import HOSTS
+from lowwater_testing.spark import PORTS, Host, start_job, variant, windows_of
+from lowwater_testing.topics import produce
 
 
 def _read_live(kafka, query: str, want: int, timeout_s: float = 30.0) -> list[L.LiveUpdate]:

@@ -20,9 +20,10 @@ from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
-from high_level.simulate import window_oracle
-from tests.packets import make_traffic, oracle
-from tests.test_high_level_logic import CONFIG, HOSTS, T0, _finals, _messages
+from lowwater_testing.hosts import CONFIG, HOSTS, emulated_messages, final_rows
+from lowwater_testing.oracle import window_oracle
+from lowwater_testing.queries import spec
+from lowwater_testing.traffic import T0, make_traffic, oracle
 
 SETTINGS = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS, live=True)
 
@@ -65,7 +66,7 @@ class _Received:
 def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, traffic, name, state):
     q = cfg.query(name)
     lay = Layout.of(q)
-    msgs = _messages(q, traffic, 2, punct_every_s=1, skew=(0, 7, 20), seed=4)
+    msgs = emulated_messages(q, traffic, 2, punct_every_s=1, skew=(0, 7, 20), seed=4)
     stores = {p: MemoryChunks() if state == "chunked" else None for p in range(2)}
     procs = {p: PartitionProcessor([lay], p, SETTINGS, stores[p]) for p in range(2)}
     seen = {p: _Received(lay) for p in range(2)}
@@ -89,13 +90,13 @@ def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, tra
             finals |= {(int(w), tuple(k)) for w, k in zip(fin["window"], fin["key"], strict=True)}
     assert prov_rows > 100
     # the finals (and the store's rows) are what they were without live results
-    assert _finals(pd.concat(frames, ignore_index=True), q).equals(window_oracle(q, oracle(q, traffic)))
+    assert final_rows(pd.concat(frames, ignore_index=True), q).equals(window_oracle(q, oracle(q, traffic)))
 
 
 def test_live_messages_follow_the_contract_and_feed_the_update_queue(cfg, traffic):
     q = cfg.query("pairs")
     lay = Layout.of(q)
-    msgs = _messages(q, traffic, 1, punct_every_s=1, skew=(0, 3, 9), seed=2)
+    msgs = emulated_messages(q, traffic, 1, punct_every_s=1, skew=(0, 3, 9), seed=2)
     proc = PartitionProcessor([lay], 0, SETTINGS)
     timed, ideal, exact = [], {}, {}
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 60)):
@@ -170,7 +171,7 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
     proc = PartitionProcessor([lay], 0, SETTINGS)
     prod = _Producer()
     pub = LivePublisher([q], producer=prod)
-    for b, chunk in enumerate(np.array_split(np.arange(len(msgs := _messages(q, traffic, 1))), 30)):
+    for b, chunk in enumerate(np.array_split(np.arange(len(msgs := emulated_messages(q, traffic, 1))), 30)):
         packed = pa.Table.from_pandas(proc.process_packed([msgs[i].value for i in chunk], 1000 * b),
                                       preserve_index=False)  # fmt: skip
         prov_packed, rest = split_provisional(packed)
@@ -192,13 +193,7 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
 def test_live_messages_of_a_holistic_query_carry_the_second_stage_per_group():
     """A distinct count's rows are per (window, group, value) until the second stage: the live message is
     one per (window, group) with the reduced value, its window and completeness read back in step."""
-    q = Q.load_text("""
-queries:
-  - name: fanin
-    group_by: [dst_port]
-    aggregates: [{fn: count_distinct, field: src_port, as: sources}, {fn: count, as: packets}]
-    window: {range: 10s}
-""").query("fanin")
+    q = spec("fanin", group_by=["dst_port"], aggregates=["count_distinct(src_port) as sources", "count as packets"])
     lay = Layout.of(q)
     # window 7: dst_port 80 from src ports 1, 2, 3 (2 packets each), dst_port 443 from 9; window 8: 80 from 5
     key = np.array([[80, 1], [80, 2], [80, 3], [443, 9], [80, 5]], np.int64)

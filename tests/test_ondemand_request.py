@@ -19,22 +19,14 @@ from high_level.job import HighLevelJob, JobOptions
 from high_level.ondemand import PunctuationAsker
 from low_level.host.agent import Agent
 from low_level.host.ondemand import RequestListener
+from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
 
 
 def _query(topic: str = "t", interval: str = "1s") -> Q.QuerySpec:
-    return Q.load_text(f"""
-queries:
-  - name: asked
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}]
-    window: {{range: 1s}}
-    table: {{size: 4096}}
-    flush: {{policy: lazy, m: 1}}
-    heartbeat: {{interval: {interval}, skew: 100ms, on_demand: false}}
-    kafka: {{topic: {topic}, partitions: 1}}
-""").queries[0]
+    return spec("asked", group_by=["src_ip", "dst_ip"], window="1s", table=4096, flush={"policy": "lazy", "m": 1},
+                heartbeat={"interval": interval, "skew": "100ms", "on_demand": False}, topic=topic, partitions=1)
 
 
 def test_request_roundtrip_and_every_mutation_or_truncation_rejected() -> None:

@@ -19,10 +19,11 @@ from contract import results as R
 from contract import status as S
 from contract.topics import PartitionChangeRefused, connect, ensure_topics, existing_partitions
 from high_level.cluster import partitioncount
-from high_level.simulate import host_messages, interleave, split_hosts
 from low_level.host.emit import Emitter
-from tests.packets import make_traffic
-from tests.test_high_level_spark import BASE, T0, expected_typed, normalised, produce, read_results, start_job
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.spark import BASE, expected_typed, normalised, read_results, start_job
+from lowwater_testing.topics import produce
+from lowwater_testing.traffic import T0, make_traffic
 
 pytestmark = pytest.mark.kafka
 
@@ -142,6 +143,6 @@ def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(spark, kafka
     assert len(g) == len(want), f"{len(g)} rows, oracle {len(want)}"
     pd.testing.assert_frame_equal(g, want, check_dtype=False, rtol=1e-12)
     # the second phase really used the new partition
-    from tests.topic_reader import read_topic
+    from lowwater_testing.topics import read_topic
 
     assert len(read_topic(kafka.bootstrap_servers, topic, 3)[2]) > 0

@@ -12,6 +12,7 @@ from contract import fields as F
 from contract import query as Q
 from contract.filterlang import FilterError, compile_filter, evaluate
 from low_level.kernel.filter import predicate
+from lowwater_testing.queries import FILTERS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,18 +150,6 @@ def test_durations() -> None:
     assert Q.parse_duration_ns(2) == 2 * Q.NS
     with pytest.raises(ValueError):
         Q.parse_duration_ns("ten seconds")
-
-
-FILTERS = [
-    "protocol == tcp",
-    "protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
-    "dst_port in [53, 80, 443] or src_port < 1024",
-    "dst_ip in 10.0.0.0/8",
-    "src_ip == 10.1.2.3 or dst_ip in [192.168.0.0/16, 2001:db8::/32]",
-    "not (ttl >= 64) and length > 100",
-    "dscp != 0 or vlan == 10",
-    "ip_version == 6 and dst_ip in 2001:db8::/32",
-]
 
 
 @pytest.mark.parametrize("expr", FILTERS)

@@ -8,73 +8,21 @@ screenshot is kept as ``benchmarks/results/results_page.png``. Needs the Debian 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.test_api_support import Store, make_store, write_flagged
+from lowwater_testing.page import CHROMIUM, REPO, chromium, serve_api, stop
+from lowwater_testing.store import Store, make_store, write_flagged
 
-REPO = Path(__file__).resolve().parents[1]
 ARTIFACT = REPO / "benchmarks" / "results" / "results_page.png"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 TOKEN = "page-token"
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium, or ./lw setup)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(store: Store, token: str | None = None) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(store.config),
-           "--results", str(store.root), "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("LOWWATER_API_TOKEN", None)
-    if token:
-        cmd += ["--token", token]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the API did not come up")
-        time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
-def _chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--window-size=1280,900", "--virtual-time-budget=5000", *extra, url]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +35,15 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 @pytest.fixture(scope="module")
 def server(store: Store) -> Iterator[str]:
-    proc, base = _serve(store)
+    proc, base = serve_api(store)
     try:
         yield base
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_page_renders_queries_top_rows_chart_and_hosts(server: str, tmp_path: Path) -> None:
-    out = _chromium(f"{server}/ui", tmp_path / "profile", "--dump-dom")
+    out = chromium(f"{server}/ui", tmp_path / "profile", "--dump-dom")
     dom = out.stdout
     assert "<html" in dom, out.stderr[-2000:]
     for name in ("q4_pairs", "bytes_per_dst24", "syn_per_port", "avg_only"):
@@ -118,7 +66,7 @@ def test_page_renders_queries_top_rows_chart_and_hosts(server: str, tmp_path: Pa
 
 def test_page_screenshot_artifact(server: str, tmp_path: Path) -> None:
     shot = tmp_path / "page.png"
-    out = _chromium(f"{server}/ui", tmp_path / "profile", f"--screenshot={shot}")
+    out = chromium(f"{server}/ui", tmp_path / "profile", f"--screenshot={shot}")
     assert shot.exists() and shot.stat().st_size > 10_000, out.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
@@ -126,11 +74,11 @@ def test_page_screenshot_artifact(server: str, tmp_path: Path) -> None:
 
 
 def test_page_root_and_token_from_the_url_fragment(store: Store, tmp_path: Path) -> None:
-    proc, base = _serve(store, token=TOKEN)
+    proc, base = serve_api(store, token=TOKEN)
     try:
-        locked = _chromium(f"{base}/", tmp_path / "p1", "--dump-dom").stdout
+        locked = chromium(f"{base}/", tmp_path / "p1", "--dump-dom").stdout
         assert 'id="auth" style="display: block;"' in locked and 'class="top-row"' not in locked
-        dom = _chromium(f"{base}/ui#token={TOKEN}", tmp_path / "p2", "--dump-dom").stdout
+        dom = chromium(f"{base}/ui#token={TOKEN}", tmp_path / "p2", "--dump-dom").stdout
         assert 'id="q-q4_pairs"' in dom and 'class="top-row"' in dom and '<svg class="chart"' in dom
     finally:
-        _stop(proc)
+        stop(proc)

@@ -9,39 +9,22 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from high_level.simulate import select_oracle
 from low_level.kernel.fused import Kernel
 from low_level.kernel.selection import SS_LATE, SelectBuffers, SelectOutbox
 from low_level.kernel.tables import Tables
-from tests.packets import build_frames, make_mixed_traffic, make_traffic, merge_partials, oracle
-from tests.test_subaggregate import NS, T0, make_query
-
-HANDSHAKE = """
-queries:
-  - name: syn
-    kind: select
-    filter: protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK
-    fields: [src_ip, src_port, dst_ip, dst_port]
-    partition_by: [src_ip, src_port, dst_ip, dst_port]
-    kafka: {partitions: 4}
-  - name: synack
-    kind: select
-    filter: protocol == tcp and tcp_flags & SYN and tcp_flags & ACK
-    fields: [src_ip, src_port, dst_ip, dst_port, ttl]
-    partition_by: [dst_ip, dst_port, src_ip, src_port]
-    kafka: {partitions: 4}
-  - name: handshakes
-    kind: join
-    left: syn
-    right: synack
-    on: {left: [src_ip, src_port, dst_ip, dst_port], right: [dst_ip, dst_port, src_ip, src_port]}
-    within: 3s
-    group_by: [left.dst_port]
-    aggregates:
-      - {fn: count, as: completed}
-      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}
-    window: {range: 1m}
-"""
+from lowwater_testing.agent import run_agent
+from lowwater_testing.capture import make_query
+from lowwater_testing.joins import HANDSHAKE
+from lowwater_testing.oracle import select_oracle
+from lowwater_testing.traffic import (
+    NS,
+    T0,
+    build_frames,
+    make_mixed_traffic,
+    make_traffic,
+    merge_partials,
+    oracle,
+)
 
 
 def run_selects(selects: list, queries: list, traffic, chunk: int = 512) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -194,15 +177,12 @@ def test_select_buffers_mark_follows_the_wall_clock_when_idle() -> None:
 def test_agent_sends_selected_rows_and_punctuation_through_real_kafka(kafka, topic_factory, tmp_path) -> None:
     """The real agent process replays a pcap of handshakes; the ROWS batches read back from Kafka hold exactly
     the oracle's rows, each partition's rows are never below a punctuation already sent, seq counts rows."""
-    import subprocess
-    import sys
     from decimal import Decimal
-    from pathlib import Path
 
     import dpkt
 
-    from tests.packets import make_handshake_traffic
-    from tests.topic_reader import read_topic
+    from lowwater_testing.topics import read_topic
+    from lowwater_testing.traffic import make_handshake_traffic
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     text = (HANDSHAKE.replace("partitions: 4}", "partitions: 2}", 1).replace("partitions: 4}", "partitions: 2}", 1)
@@ -217,11 +197,7 @@ def test_agent_sends_selected_rows_and_punctuation_through_real_kafka(kafka, top
         w = dpkt.pcap.Writer(fh, nano=True)
         for i in range(len(traffic)):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / 1_000_000_000)
-    proc = subprocess.run(
-        [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", f"pcap:{pcap}",
-         "--host-id", "cap-1", "--bootstrap", kafka.bootstrap_servers, "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_agent(cfg, f"pcap:{pcap}", bootstrap=kafka.bootstrap_servers)
     loaded = Q.load(cfg)
     parsed = traffic.rows()
     for s, topic in zip(loaded.selects, (t1, t2), strict=True):

@@ -26,7 +26,7 @@ from high_level.results.store import ResultStore
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import FileIndex
 from high_level.serve.reader import Reader
-from tests.test_api_support import CONFIG, DST24
+from lowwater_testing.store import CONFIG, DST24
 
 QUERY = "bytes_per_dst24"  # sum, count, avg (folded exactly via the count) and max
 BASE = datetime(2024, 5, 1, 1, 0, tzinfo=UTC)  # all windows in one day: one file per batch

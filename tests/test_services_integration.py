@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from local_stack.kafka_broker import KafkaBroker
+from lowwater_testing.spark import read_available
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,24 +78,7 @@ def test_spark_kafka_source_reads_exact_bytes_keys_and_partitions(
         .option("startingOffsets", "earliest")
         .load()
     )
-    table = f"rows_{uuid.uuid4().hex}"
-    query = (
-        source.select("topic", "partition", "offset", "key", "value")
-        .writeStream.format("memory")
-        .queryName(table)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        finished = query.awaitTermination(timeout=180)
-    finally:
-        if query.isActive:
-            query.stop()
-    assert finished, "the availableNow query did not finish within 180 s"
-    assert query.exception() is None
-
-    rows = spark.table(table).collect()
+    rows = read_available(source.select("topic", "partition", "offset", "key", "value"), tmp_path / "checkpoint", 180)
     assert {r["topic"] for r in rows} == {topic}
     got = sorted(
         (

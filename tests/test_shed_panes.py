@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 
 from contract import query as Q
@@ -23,8 +24,9 @@ from high_level.results.store import ResultStore
 from high_level.serve.api import create_app
 from low_level.host.agent import Agent
 from low_level.host.backlog import Backlog, Block
-from tests.packets import make_traffic, oracle
-from tests.test_faults_kafka import NS, T0, feed, query
+from lowwater_testing.capture import feed, pairs_query
+from lowwater_testing.queries import config, query
+from lowwater_testing.traffic import NS, T0, make_traffic, oracle
 
 OPS = {"a": np.array([Q.MERGE_SUM]), "b": np.array([Q.MERGE_SUM])}
 
@@ -119,7 +121,7 @@ def test_backlog_sheds_whole_query_panes_oldest_start_first_in_every_partition()
 
 
 def test_shed_panes_make_exactly_their_windows_incomplete():
-    q = query("t", partitions=1)
+    q = pairs_query("t", partitions=1)
     lay = Layout.of(q)
     proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=("h0", "h1")))
     p0 = 1000
@@ -142,22 +144,17 @@ def test_shed_panes_make_exactly_their_windows_incomplete():
     assert st and proc.queries[q.name].hosts["h1"]["shed"] == 4
 
 
+AGGREGATES = ["count as n", "sum(length) as bytes", "max(length) as mx"]  # pairs_query's
+
+
 def _yaml(q: Q.QuerySpec) -> str:
-    return f"""
-queries:
-  - name: {q.name}
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: bytes}}, {{fn: max, field: length, as: mx}}]
-    window: {{range: 1s}}
-    table: {{size: 256}}
-    flush: {{policy: lazy, m: 2}}
-    kafka: {{topic: {q.topic}, partitions: {q.kafka.partitions}}}
-"""
+    return config(query(q.name, group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, window="1s", table=256,
+                        flush={"policy": "lazy", "m": 2}, topic=q.topic, partitions=q.kafka.partitions)).text  # fmt: skip
 
 
 @pytest.mark.timeout(300)
 def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic_factory, tmp_path) -> None:
-    q = query(topic_factory(partitions=2))
+    q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 500, T0, 8 * NS, seed=23)  # 8 one-second panes x 500 groups
     agent = Agent([q], None, "h-shed", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048,
                   emitter_opts={"merge_at": 600, "max_records": 1200})  # fmt: skip
@@ -252,15 +249,9 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
 
 
 def _q(window: str) -> tuple[Q.QuerySpec, str]:
-    text = f"""
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: n}}, {{fn: sum, field: length, as: bytes}}, {{fn: max, field: length, as: mx}}]
-    window: {window}
-    kafka: {{topic: t-flag, partitions: 1}}
-"""
-    return Q.load_text(text).queries[0], text
+    doc = config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, window=yaml.safe_load(window),
+                       topic="t-flag", partitions=1))  # fmt: skip
+    return doc.load().queries[0], doc.text
 
 
 @pytest.mark.parametrize("state", ["blob", "chunked"])

@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -741,34 +740,6 @@ def _can_netns() -> str | None:
     if shutil.which("ip") is None:
         return "needs the iproute2 'ip' command"
     return None
-
-
-@pytest.fixture
-def veth_pair():
-    """A veth pair: host end in this namespace (up, 10.203.77.1/30, no IPv6), peer in a fresh netns."""
-    reason = _can_netns()
-    if reason:
-        pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    ns, host, peer = f"lwns{tag}", f"lwh{tag}", f"lwp{tag}"
-    try:
-        try:
-            _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
-        except subprocess.CalledProcessError as exc:
-            pytest.skip(f"cannot create a network namespace / veth pair here: {exc.stderr.decode().strip()}")
-        for name, pre in ((host, []), (peer, ["ip", "netns", "exec", ns])):
-            _run(*pre, sys.executable, "-c",
-                 f"import os; p='/proc/sys/net/ipv6/conf/{name}/disable_ipv6'; "
-                 "os.path.exists(p) and open(p, 'w').write('1')")
-        _run("ip", "addr", "add", "10.203.77.1/30", "dev", host)
-        _run("ip", "link", "set", host, "up")
-        _run("ip", "netns", "exec", ns, "ip", "addr", "add", "10.203.77.2/30", "dev", peer)
-        _run("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-        yield ns, host, peer
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", host], capture_output=True)
 
 
 @pytest.mark.netns

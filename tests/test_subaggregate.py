@@ -9,50 +9,21 @@ import pytest
 from contract import fields as F
 from contract import query as Q
 from contract import wire
-from low_level.capture.ring import HEAD, Ring
 from low_level.host.agent import Agent
-from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import EMPTY, QS_CUR, QS_LATE, Tables
-from tests.packets import Traffic, build_frames, make_mixed_traffic, make_traffic, merge_partials, oracle
+from lowwater_testing.capture import RecordingProducer, make_query, push_frames, run_kernel
+from lowwater_testing.traffic import (
+    Traffic,
+    build_frames,
+    make_mixed_traffic,
+    make_traffic,
+    merge_partials,
+    oracle,
+)
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 GROUPS = 2000
-
-
-def make_query(policy: str, size: int, *, name: str = "q", window: str = "{range: 10s}", group: str = "[src_ip, dst_ip]",
-               aggs: str = "[{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]", flt: str = "",
-               m: int = 2, i: int = 16, partitions: int = 1) -> Q.QuerySpec:
-    text = f"""
-queries:
-  - name: {name}
-    group_by: {group}
-    aggregates: {aggs}
-    window: {window}
-    table: {{size: {size}}}
-    flush: {{policy: {policy}, m: {m}, i: {i}}}
-    kafka: {{partitions: {partitions}}}
-"""
-    if flt:
-        text += f"    filter: \"{flt}\"\n"
-    return Q.load_text(text).queries[0]
-
-
-def run_kernel(queries: list[Q.QuerySpec], traffic, chunk: int = 512, check=None) -> list[np.ndarray]:
-    tables = Tables.build(queries, chunk=chunk)
-    k = Kernel(tables)
-    frames, cap, wl, ts = build_frames(traffic)
-    out: list[list[np.ndarray]] = [[] for _ in queries]
-    for s in range(0, len(traffic), chunk):
-        k.run_arrays(frames, cap, wl, ts, s, min(len(traffic), s + chunk))
-        if check:
-            check(tables)
-        for i in range(len(queries)):
-            out[i].append(tables.drain(i))
-    for i in range(len(queries)):
-        k.flush_below(i, wire.END_OF_STREAM)
-        out[i].append(tables.drain(i))
-    return [np.concatenate(o) for o in out]
 
 
 @pytest.mark.parametrize("policy", ["lazy", "slow", "iop"])
@@ -176,28 +147,6 @@ def test_ipv6_prefixes_and_dscp_tos_are_exact(policy: str) -> None:
     assert len(np.unique(rows[v6, F.DST_HI])) < len(np.unique(rows[v6][:, [F.DST_HI, F.DST_LO]], axis=0))
     assert (by64["k1"] == 0).sum() > 0 and (by64["k0"] == 0).sum() > 0
     assert len(oracle(qs[2], traffic)) == 64 * len(np.unique(rows[:, F.TS] // (10 * NS)))
-
-
-class RecordingProducer:
-    """Stands in for Kafka in this pure-logic test: records what the agent sends, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, int, bytes]] = []
-
-    def send(self, topic: str, value: bytes, partition: int):
-        self.sent.append((topic, partition, value))
-        return None
-
-
-def push_frames(ring: Ring, frames, cap, wl, ts) -> None:
-    n = len(ts)
-    head = int(ring.ctr[HEAD])
-    slots = (head + np.arange(n)) & (ring.nslots - 1)
-    view = ring.frames.reshape(ring.nslots, ring.snaplen)
-    view[slots, : frames.shape[1]] = frames
-    ring.caplen[slots], ring.wirelen[slots], ring.ts[slots] = cap, wl, ts
-    ring.iface[slots] = 0
-    ring.ctr[HEAD] = head + n
 
 
 def test_agent_punctuation_is_grammatical_and_exact() -> None:
@@ -346,7 +295,7 @@ NEW_FIELD_QUERIES = {
 
 def test_new_fields_group_and_filter_are_exact() -> None:
     """Group-by and filters on MACs, ethertype, TCP window and ICMP type/code through one generated
-    pass equal the reference (high_level.simulate.pane_oracle over the traffic's own description)."""
+    pass equal the reference (lowwater_testing.oracle.pane_oracle over the traffic's own description)."""
     qs = [make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in NEW_FIELD_QUERIES.items()]
     traffic = traffic_with_link_and_icmp(30_000, seed=21)
     out = run_kernel(qs, traffic)

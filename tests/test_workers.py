@@ -26,10 +26,12 @@ from contract import wire
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
-from tests.packets import build_frames, make_traffic
-from tests.test_agent_kafka import read_all
-from tests.test_high_level_spark import assert_exact, start_job
-from tests.test_sources import veth_pair  # noqa: F401 - the fixture
+from lowwater_testing.agent import run_agent as _run_agent
+from lowwater_testing.agent import write_traffic_pcap
+from lowwater_testing.queries import config, query
+from lowwater_testing.spark import assert_exact, start_job
+from lowwater_testing.topics import read_all
+from lowwater_testing.traffic import build_frames, make_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
@@ -91,18 +93,6 @@ def test_worker_flag_and_default_counts() -> None:
     assert default_workers("afpacket:eth0", cores=128) == 16
 
 
-def write_pcap(path: Path, t) -> None:
-    """A nanosecond pcap of the traffic's frames (first bytes only, with their wire lengths)."""
-    frames, cap, wl, ts = build_frames(t)
-    cap = np.minimum(cap, wl)
-    out = [struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1)]
-    for i in range(len(ts)):
-        out.append(
-            struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
-        )
-    path.write_bytes(b"".join(out))
-
-
 def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
     out = []
     for seq in range(int(ring.ctr[TAIL]), int(ring.ctr[HEAD])):
@@ -117,7 +107,7 @@ def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
 def test_replay_shares_take_every_frame_once_and_keep_flows_together(tmp_path: Path) -> None:
     t = make_traffic(5000, 400, T0, 5 * NS, seed=5)
     pcap = tmp_path / "s.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     got = []
     for i in range(3):
         ring = Ring(1 << 13)  # larger than the file: nothing waits
@@ -140,24 +130,15 @@ def drain_ring_all(pcap: Path) -> list[tuple[bytes, int]]:
         return [(bytes(buf)[:128], int(Decimal(ts) * NS)) for ts, buf in dpkt.pcap.Reader(fh)]
 
 
-CONFIG = """
-queries:
-  - name: pairs
-    group_by: [src_ip, dst_ip]
-    aggregates: [{{fn: count, as: packets}}, {{fn: sum, field: length, as: bytes}}]
-    window: {{range: 2s}}
-    table: {{size: 1024}}
-    flush: {{policy: lazy, m: 2}}
-    sources: [{sources}]
-    kafka: {{topic: {topic}, partitions: 2}}
-"""
+def pairs_config(topic: str, sources: str, **more) -> str:
+    """Packets and bytes per (src, dst) per 2 s on 2 partitions, run by the hosts ``sources`` matches."""
+    return config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"],
+                        window="2s", table=1024, flush={"policy": "lazy", "m": 2}, sources=[sources], topic=topic,
+                        partitions=2, **more)).text  # fmt: skip
 
 
 def run_agent(cfg: Path, source: str, host: str, bootstrap: str, *extra: str, timeout: float = 300) -> None:
-    proc = subprocess.run([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source,
-                           "--host-id", host, "--bootstrap", bootstrap, "--metrics-port", "0", *extra],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_agent(cfg, source, host=host, bootstrap=bootstrap, extra=extra, timeout=timeout)
 
 
 def merged(batches) -> tuple[Counter, set[str], set[tuple[str, int]]]:
@@ -180,11 +161,11 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
 ) -> None:
     t = make_traffic(12_000, 600, T0, 12 * NS, seed=21)
     pcap = tmp_path / "w.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     one, two = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg1, cfg2 = tmp_path / "one.yaml", tmp_path / "two.yaml"
-    cfg1.write_text(CONFIG.format(topic=one, sources="cap-1"))
-    cfg2.write_text(CONFIG.format(topic=two, sources="cap-1"))  # a worker runs what its host runs
+    cfg1.write_text(pairs_config(one, "cap-1"))
+    cfg2.write_text(pairs_config(two, "cap-1"))  # a worker runs what its host runs
     summary = tmp_path / "summary.json"
     run_agent(cfg1, f"pcap:{pcap}", "cap-1", kafka.bootstrap_servers)
     run_agent(
@@ -217,9 +198,9 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     stops the other workers and exits 1, naming the dead worker."""
     t = make_traffic(2000, 50, T0, 60 * NS, seed=2)
     pcap = tmp_path / "d.pcap"
-    write_pcap(pcap, t)
+    write_traffic_pcap(pcap, t)
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(CONFIG.format(topic="lw-none", sources="'*'"))
+    cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
     proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
                              f"pcap:{pcap},paced", "--host-id", "cap-9", "--bootstrap", "127.0.0.1:9",
@@ -270,15 +251,11 @@ sendp(frames, iface=iface, verbose=False)
 @pytest.mark.netns
 @pytest.mark.kafka
 def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, topic_factory, tmp_path: Path):
-    ns, host_if, peer = request.getfixturevalue("veth_pair")  # tests/test_sources.py's namespace
+    ns, host_if, peer = request.getfixturevalue("veth_pair")  # the conftest fixture
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
     # only the frames sent here count (a stray frame on the veth would be counted too, by one worker)
-    cfg.write_text(
-        CONFIG.format(topic=topic, sources="'edge-1/*'").replace(
-            "    group_by:", "    filter: dst_ip == 10.77.200.1\n    group_by:"
-        )
-    )
+    cfg.write_text(pairs_config(topic, "edge-1/*", filter="dst_ip == 10.77.200.1"))
     n, flows = 2000, 64
     frames = []
     for i in range(n):
@@ -413,17 +390,17 @@ def test_status_groups_workers_under_their_capture_host(tmp_path: Path) -> None:
 
 
 def test_page_shows_workers_under_their_host(tmp_path: Path) -> None:
-    from tests.test_api_support import make_store
-    from tests.test_results_page import CHROMIUM, _chromium, _serve, _stop
+    from lowwater_testing.page import CHROMIUM, chromium, serve_api, stop
+    from lowwater_testing.store import make_store
 
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium, or ./lw setup)")
     store = make_store(tmp_path / "results")
     (store.root / "_status.json").write_text(json.dumps(worker_status_doc(int(time.time() * 1000))))
-    proc, base = _serve(store)
+    proc, base = serve_api(store)
     try:
-        dom = _chromium(f"{base}/ui", tmp_path / "profile", "--dump-dom").stdout
+        dom = chromium(f"{base}/ui", tmp_path / "profile", "--dump-dom").stdout
     finally:
-        _stop(proc)
+        stop(proc)
     assert "1/2 workers live" in dom, dom[-3000:]
     assert dom.index(">edge-9<") < dom.index("edge-9/w0") < dom.index("edge-9/w1") < dom.index(">solo<")

@@ -20,6 +20,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from contract import query as Q
 from contract.kafka_security import KafkaSecurity
@@ -36,25 +37,108 @@ __all__ = ["connect", "ensure_topics", "existing_partitions", "main", "wait_part
 log = logging.getLogger("lowwater.create_topics")
 
 
+def read_hosts(path: str) -> list[str]:
+    """Capture host ids of a file, one a line (blank lines and # comments skipped)."""
+    with open(path) as fh:
+        return [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def capture_host_grants(
+    config: Q.Config, hosts: Sequence[str], control_topic: str | None
+) -> dict[str, dict[str, set[str]]]:
+    """host -> {topic: operations}: WRITE on the topics of the queries (and selects) the host runs, READ
+    on the control topic (on-request punctuation), DESCRIBE on both (partition counts, metadata)."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for h in hosts:
+        topics: dict[str, set[str]] = {}
+        for q in [*config.queries, *config.selects]:
+            if q.runs_on(h):
+                topics[q.topic] = {"WRITE", "DESCRIBE"}
+        if control_topic:
+            topics[control_topic] = {"READ", "DESCRIBE"}
+        out[h] = topics
+    return out
+
+
+def apply_grants(admin: Any, grants: dict[str, dict[str, set[str]]]) -> None:
+    """Create the ACLs (idempotent: Kafka keeps one copy of an ACL created twice)."""
+    from kafka.admin import (
+        ACL,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    acls = [ACL(f"User:{h}", "*", ACLOperation[op], ACLPermissionType.ALLOW,
+                ResourcePattern(ResourceType.TOPIC, topic, ACLResourcePatternType.LITERAL))
+            for h, topics in sorted(grants.items()) for topic, ops in sorted(topics.items()) for op in sorted(ops)]  # fmt: skip
+    result = admin.create_acls(acls)
+    if result.get("failed"):
+        raise RuntimeError(f"creating ACLs failed: {result['failed']}")
+    for h, topics in sorted(grants.items()):
+        log.info(
+            "ACLs of User:%s: %s",
+            h,
+            ", ".join(f"{t} {'+'.join(sorted(o))}" for t, o in sorted(topics.items())),
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="create_topics.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="/etc/lowwater/queries.yaml", help="queries YAML (same as agents and job)")
+    ap.add_argument(
+        "--config", default="/etc/lowwater/queries.yaml", help="queries YAML (same as agents and job)"
+    )
     ap.add_argument("--bootstrap", default="kafka:9092", help="Kafka bootstrap servers")
     ap.add_argument("--replication-factor", type=int, default=1)
-    ap.add_argument("--grow", action="store_true",
-                    help="add partitions to topics that have fewer than the config (only with the agents stopped and "
-                         "no window open: deploy/README.md, 'Changing a query's partition count')")
-    ap.add_argument("--kafka-security", default=None,
-                    help="the Kafka security block as JSON (protocol, sasl_mechanism, username, password, ca_file, ...; "
-                         "the same block every lowwater role takes, deploy/SECURITY.md)")
+    ap.add_argument(
+        "--grow",
+        action="store_true",
+        help="add partitions to topics that have fewer than the config (only with the agents stopped and "
+        "no window open: deploy/README.md, 'Changing a query's partition count')",
+    )
+    ap.add_argument(
+        "--kafka-security",
+        default=None,
+        help="the Kafka security block as JSON (protocol, sasl_mechanism, username, password, ca_file, ...; "
+        "the same block every lowwater role takes, deploy/SECURITY.md)",
+    )
     ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the broker")
+    ap.add_argument(
+        "--capture-hosts",
+        metavar="FILE",
+        default=None,
+        help="capture host ids, one a line (deploy/kafka_secrets.py writes it): give each principal "
+        "User:<host> WRITE on its queries' topics and READ on the control topic (Kafka ACLs)",
+    )
+    ap.add_argument(
+        "--control-topic",
+        default=None,
+        help="also create this one-partition topic: the job's punctuation requests to the agents "
+        "(lowwater-job/lowwater-agent --control-topic; the broker does not auto-create topics)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         wanted = wanted_topics(Q.load(args.config).queries)
-        block = KafkaSecurity.model_validate_json(args.kafka_security) if args.kafka_security else KafkaSecurity()
+        if args.control_topic:
+            wanted[args.control_topic] = 1
+        block = (
+            KafkaSecurity.model_validate_json(args.kafka_security) if args.kafka_security else KafkaSecurity()
+        )
         security = block.kafka_python()
     except (Q.ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"create_topics: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config = Q.load(args.config)
+        grants = (
+            capture_host_grants(config, read_hosts(args.capture_hosts), args.control_topic)
+            if args.capture_hosts
+            else {}
+        )
+    except (Q.ConfigError, OSError, ValueError) as exc:
         print(f"create_topics: {exc}", file=sys.stderr)
         return 2
     try:
@@ -65,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for topic, action in ensure_topics(admin, wanted, args.replication_factor, grow=args.grow).items():
             log.info("%s: %s", topic, action)
+        if grants:
+            apply_grants(admin, grants)
     except RuntimeError as exc:
         print(f"create_topics: {exc}", file=sys.stderr)
         return 1

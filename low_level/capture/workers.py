@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from low_level.capture.cpuquota import usable_cpus
 from low_level.capture.fanout import fanout_group_base, parse_worker, worker_host_id
 
 __all__ = ["Supervisor", "WorkersCollector", "default_workers", "parse_worker", "supervise", "worker_host_id"]
@@ -42,12 +43,12 @@ STOP_TIMEOUT_S = 30.0
 
 
 def default_workers(source: str, cores: int | None = None) -> int:
-    """Workers when ``--workers`` is not given: live capture uses half the cores (each worker runs a
-    capture thread and a kernel loop; the rest is left to the kernel's softirq and Kafka), at most 16;
-    a replay or the generator keeps one."""
+    """Workers when ``--workers`` is not given: live capture uses half the usable CPUs (each worker runs
+    a capture thread and a kernel loop; the rest is left to the kernel's softirq and Kafka), at most 16;
+    a replay or the generator keeps one. Usable CPUs honour a container's CPU quota (cpuquota.py)."""
     if not source.startswith("afpacket"):
         return 1
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cpus()
     return max(1, min(16, cores // 2))
 
 

@@ -1,7 +1,7 @@
 """Test traffic: packet descriptions as numpy columns, raw Ethernet/IPv4/IPv6 frames built from them,
 and the exact offline aggregate (the oracle) computed from the descriptions, never from our parser.
 
-The oracle itself is :func:`high_level.simulate.pane_oracle`, the one reference of the suite: the
+The oracle itself is :func:`lowwater_testing.oracle.pane_oracle`, the one reference of the suite: the
 emulated hosts of the high-level tests derive their partials from the same function.
 """
 
@@ -14,8 +14,10 @@ import pandas as pd
 
 from contract import fields as F
 from contract import query as Q
-from high_level import simulate
+from lowwater_testing.oracle import aggregate, pane_oracle
 
+NS = 1_000_000_000
+T0 = 1_700_000_000 * NS  # the data time the tests start at (2023-11-14)
 SNAP = 64  # IPv4 frames
 SNAP6 = 80  # frames of traffic with IPv6 (Ethernet 14 + IPv6 40 + TCP 20 = 74 bytes of headers)
 
@@ -211,12 +213,12 @@ def build_frames(t: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 def oracle(q: Q.QuerySpec, t: Traffic) -> pd.DataFrame:
     """Exact per-(pane, key) state columns of the descriptions (the suite's one reference)."""
-    return simulate.pane_oracle(q, t.rows())
+    return pane_oracle(q, t.rows())
 
 
 def merge_partials(q: Q.QuerySpec, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> pd.DataFrame:
     """Roll partial records up to one row per (pane, key), the way the high level must."""
-    return simulate.aggregate(q, {"pane": pane}, key, state)
+    return aggregate(q, {"pane": pane}, key, state)
 
 
 def make_handshake_traffic(n_syn: int, t0_ns: int, span_ns: int, seed: int = 0, answered: float = 0.7,

@@ -1,7 +1,6 @@
 """Fixture data for the serving-layer tests: a small results store in the agreed layout, plus a config.
 
-Not a test module (it holds no tests); ``tests/test_api.py`` and ``tests/test_results_page.py`` import
-it. The store mimics what the high-level job writes: ``query=<q>/date=YYYY-MM-DD/part-<batch>.parquet``
+Used by ``tests/test_api.py``, ``tests/test_results_page.py``, the live-page and concurrency tests. The store mimics what the high-level job writes: ``query=<q>/date=YYYY-MM-DD/part-<batch>.parquet``
 with window_start/window_end (timestamp[us, UTC]), key columns, aggregate columns, closed_at, hosts
 and kind ('final' | 'correction'), one file per batch, plus ``_status.json``. Windows end within the
 last hour so the API's default range covers them; expectations are computed from the same rows.
@@ -18,40 +17,20 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-CONFIG = """
-queries:
-  - name: q4_pairs
-    description: packet count per (srcIP, dstIP) per minute
-    filter: ip_version == 4
-    group_by: [src_ip, dst_ip]
-    aggregates:
-      - {fn: count, as: packets}
-    window: {range: 1m}
-  - name: bytes_per_dst24
-    description: bytes and packets per destination /24
-    group_by: [dst_ip/24]
-    aggregates:
-      - {fn: sum, field: length, as: bytes}
-      - {fn: count, as: packets}
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: max, field: length, as: max_len}
-    window: {range: 1m}
-  - name: syn_per_port
-    description: TCP SYNs per destination port, 1 minute sliding every 10 s
-    filter: protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK
-    group_by: [dst_port]
-    aggregates:
-      - {fn: count, as: syns}
-      - {fn: min, field: ttl, as: min_ttl}
-    window: {range: 1m, slide: 10s}
-  - name: avg_only
-    description: average length per source port (no count aggregate)
-    group_by: [src_port]
-    aggregates:
-      - {fn: avg, field: length, as: avg_len}
-      - {fn: min, field: ttl, as: min_ttl}
-    window: {range: 1m}
-"""
+from lowwater_testing.queries import config, query
+
+CONFIG = config(
+    query("q4_pairs", description="packet count per (srcIP, dstIP) per minute", filter="ip_version == 4",
+          group_by=["src_ip", "dst_ip"], aggregates=["count as packets"], window="1m"),
+    query("bytes_per_dst24", description="bytes and packets per destination /24", group_by=["dst_ip/24"],
+          aggregates=["sum(length) as bytes", "count as packets", "avg(length) as avg_len", "max(length) as max_len"],
+          window="1m"),
+    query("syn_per_port", description="TCP SYNs per destination port, 1 minute sliding every 10 s",
+          filter="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK", group_by=["dst_port"],
+          aggregates=["count as syns", "min(ttl) as min_ttl"], window={"range": "1m", "slide": "10s"}),
+    query("avg_only", description="average length per source port (no count aggregate)", group_by=["src_port"],
+          aggregates=["avg(length) as avg_len", "min(ttl) as min_ttl"], window="1m"),
+).text  # fmt: skip
 
 SRC = ["10.0.0.1", "10.0.0.2", "10.1.2.3", "10.200.0.9", "192.168.1.10", "172.16.5.4",
        "2001:db8::1", "2001:db8::2", "2001:db8:1::7", "fd00::1:2", "2001:db8::ffff:1"]  # fmt: skip

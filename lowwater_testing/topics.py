@@ -1,4 +1,5 @@
-"""Reading a lowwater topic back in tests: every message up to the partitions' current end offsets."""
+"""Kafka in the tests: a topic read back up to the partitions' current end offsets, decoded, and messages
+produced in a given order."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import time
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+
+from contract import wire
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int, **client: Any) -> dict[int, list[bytes]]:
@@ -23,3 +26,20 @@ def read_topic(bootstrap: str, topic: str, partitions: int, **client: Any) -> di
             out[tp.partition].extend(r.value for r in recs if r.offset < ends[tp])
     consumer.close()
     return out
+
+
+def produce(kafka: Any, items: list[tuple[str, int, bytes]]) -> None:
+    """Send (topic, partition, value) in this order (kafka-python keeps per-partition order)."""
+    from kafka import KafkaProducer
+
+    prod = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2, max_request_size=8 << 20)
+    try:
+        for topic, part, value in items:
+            prod.send(topic, value=value, partition=part)
+        prod.flush(30)
+    finally:
+        prod.close(5)
+
+
+def read_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, wire.Partials | wire.Punctuation]]:
+    return [(p, wire.decode(v)) for p, vals in read_topic(bootstrap, topic, partitions).items() for v in vals]

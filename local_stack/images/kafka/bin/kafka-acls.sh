@@ -1,0 +1,2 @@
+#!/bin/sh
+exec /opt/kafka/bin/kafka-run-class.sh org.apache.kafka.tools.AclCommand "$@"
