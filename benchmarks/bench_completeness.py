@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.machine import machine  # noqa: E402
+from benchmarks.harness import machine  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -22,7 +22,6 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from lowwater_testing import oracle as simulate
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.packed import unpack_rows
 from high_level.aggregate.processor import PartitionProcessor, Settings
@@ -31,7 +30,8 @@ from high_level.join.band import JoinLayout, finalize
 from high_level.join.step import JoinProcessor
 from low_level.capture.ring import ring_push
 from low_level.host.agent import Agent
-from tests.packets import build_frames, make_handshake_traffic, make_traffic, oracle
+from lowwater_testing import oracle as simulate
+from lowwater_testing.traffic import build_frames, make_handshake_traffic, make_traffic, oracle
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -274,13 +274,14 @@ def test_a_host_killed_mid_window_flags_every_window_it_never_passed(kafka, topi
 
 def truncated_capture(tmp_path) -> tuple[list[simulate.Verdict], int]:
     """A pcap cut mid-record replayed by a real agent: (verdicts, malformed frames the job was told of)."""
-    from tests.test_subaggregate import RecordingProducer, _write_pcap_ns
+    from lowwater_testing.agent import write_traffic_pcap
+    from lowwater_testing.capture import RecordingProducer
 
     q = agg_query("t-trunc", "{range: 1s}", partitions=2)
     traffic = make_traffic(6_000, 100, T0, 6 * NS, seed=34)
     frames, cap, wl, ts = build_frames(traffic)
     pcap = tmp_path / "cut.pcap"
-    _write_pcap_ns(pcap, frames, cap, wl, ts)
+    write_traffic_pcap(pcap, traffic)
     with pcap.open("r+b") as f:
         f.truncate(pcap.stat().st_size - 20)  # the last record loses its last bytes
     prod = RecordingProducer()
@@ -308,7 +309,7 @@ def test_a_truncated_capture_file_is_reported_and_every_window_of_what_it_holds_
 
 
 def handshake_config(t1: str, t2: str, kind: str = "anti") -> Q.Config:
-    from tests.test_select import HANDSHAKE
+    from lowwater_testing.joins import HANDSHAKE
 
     text = HANDSHAKE.replace("kafka: {partitions: 4}", f"kafka: {{topic: {t1}, partitions: 2}}", 1)
     text = text.replace("kafka: {partitions: 4}", f"kafka: {{topic: {t2}, partitions: 2}}", 1)
@@ -322,8 +323,7 @@ def handshake_config(t1: str, t2: str, kind: str = "anti") -> Q.Config:
 
 def join_verdicts(cfg: Q.Config, values: dict[tuple[str, int], list[bytes]], traffic, hosts: tuple[str, ...]
                   ) -> list[simulate.Verdict]:  # fmt: skip
-    from tests.test_join import oracle as join_oracle
-    from tests.test_join import window_oracle as join_window_oracle
+    from lowwater_testing.joins import join_oracle, join_window_oracle
 
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
     rl = lay.rollup
