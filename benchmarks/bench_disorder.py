@@ -20,6 +20,9 @@ Query: count per group over the sliding window. Plans:
   min(oldest pane in the table, data clock).
 * ``punctuation, hold m``: the same with ``advance(hold_panes=m)``: the mark stays m panes behind
   the data clock while the host is busy.
+* ``punctuation, default max_disorder``: the hold the agent applies by default (``heartbeat.max_disorder``,
+  2 s, the default skew); case ``block_2s`` is block-sorted disorder of exactly that much, which it
+  must absorb without a late packet (its latency over ``punctuation`` is the setting's cost).
 * ``consistent slack s`` / ``generous slack s`` (Aurora-style buffering): window w closes when the
   largest timestamp seen passes end(w) + s. A packet late for one of its windows is dropped from all
   (consistent) or only from the windows already closed (generous).
@@ -60,7 +63,11 @@ CASES = {
              "slacks_ms": [0, 40, 80, 160, 320, 400, 500]},
     "block": {"range": "10s", "slide": "1s", "pane_ns": NS, "disorder_ns": 8200 * MS,
               "slacks_ms": [0, 900, 1800, 3600, 5500, 7200, 8200, 10000]},
+    # block-sorted disorder of the default skew (2 s): what the default heartbeat.max_disorder must absorb
+    "block_2s": {"range": "10s", "slide": "1s", "pane_ns": NS, "disorder_ns": 2 * NS, "slacks_ms": [0, 2000]},
 }  # fmt: skip
+# the operator's setting (contract.query.HeartbeatSpec.max_disorder) at its default, as the agent applies it
+DEFAULT_MAX_DISORDER_NS = Q.HeartbeatSpec().max_disorder_ns
 
 
 def make_query(case: dict[str, Any], m: int) -> Q.QuerySpec:
@@ -81,7 +88,7 @@ def stream(kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: 
     hashes = wire.key_hash(key)
     uniq, code = np.unique(hashes, return_inverse=True)
     rng = np.random.default_rng(seed)
-    if kind == "band":
+    if kind.startswith("band"):
         order = np.argsort(ts + rng.integers(0, case["disorder_ns"], n), kind="stable")
     else:
         blk = (ts - ts[0]) // case["disorder_ns"]
@@ -184,6 +191,8 @@ def run_case(kind: str, rate: int, seconds: int) -> list[dict[str, Any]]:
 
     row("punctuation", None, run_punctuation(s, q, wlo, whi))
     row("punctuation, hold m", None, run_punctuation(s, q, wlo, whi, hold=m))
+    default_hold = math.ceil(DEFAULT_MAX_DISORDER_NS / case["pane_ns"])  # what the agent passes by default
+    row("punctuation, default max_disorder", None, run_punctuation(s, q, wlo, whi, hold=default_hold))
     for sl in case["slacks_ms"]:
         for consistent in (True, False):
             row("consistent slack" if consistent else "generous slack", sl,

@@ -39,7 +39,10 @@ record that every capture host the job knows for the (query, Kafka partition) ca
 missing_records == 0``; a reader folding a (window, key) group ANDs it over the group's final and
 late rows and sums ``late_partials``. Landmark ``update`` rows are provisional, hence never complete;
 the watermark baseline (``--mode watermark``) knows no hosts and drops late records silently, so its
-rows are never complete either. Shed panes count as missing: a capture host whose uplink backlog
+rows are never complete either. Every loss a capture host counts before Kafka (its socket's drops,
+its ring's, packets below its own mark; wire version 2's ``Punctuation.losses``) counts in
+``missing_records`` of every window overlapping the panes it was charged to, like shed panes;
+malformed frames are reported per host (status ``malformed``), not as a loss. Shed panes count as missing: a capture host whose uplink backlog
 overflowed (Kafka slow or down) sheds whole (query, pane) units and reports them in its next
 punctuation (``wire.Punctuation.shed``); every window overlapping a shed pane gets the pane range's
 records in ``missing_records`` and is not complete (a pane shed after its windows closed cannot
@@ -104,7 +107,12 @@ ALERT_SCHEMA = pa.schema([
     pa.field("summary", pa.string(), nullable=False),
 ], metadata={b"lowwater.kind": b"alerts"})  # fmt: skip
 INCOMPLETE_DIR = "_incomplete"
-INCOMPLETE_CAUSES = ("gap", "shed")  # a sequence gap (lost in flight), panes shed by the host's backlog
+# Why a window is short (see the module docstring): a sequence gap (lost in flight between host and job),
+# panes shed by the host's backlog or select outbox, frames the capture socket dropped, frames the host's
+# ring refused, packets below the host's own mark, a host that timed out before its mark passed the window,
+# and (joins) input rows that reached the job below its mark
+INCOMPLETE_CAUSES = ("gap", "shed", "socket_drops", "ring_drops", "host_late", "timeout", "job_late")
+WIRE_CAUSES = {"shed": "shed", "socket": "socket_drops", "ring": "ring_drops", "late": "host_late"}  # wire -> here
 INCOMPLETE_SCHEMA = pa.schema([
     pa.field("window_start", TIMESTAMP, nullable=False),
     pa.field("window_end", TIMESTAMP, nullable=False),

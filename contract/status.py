@@ -57,6 +57,9 @@ class HostOnPartition(_Model):
     restarts: int = 0
     last_restart: RestartInfo | None = None
     late_batch: int = 0
+    # records the host lost before Kafka, by cause (socket, ring, late: wire.LOSS_CAUSES), charged to windows
+    losses: dict[str, int] = Field(default_factory=dict)
+    malformed: int = 0  # frames the host's parser rejected (reported; not a loss of the query's records)
 
 
 class PartitionStatus(_Model):

@@ -35,6 +35,18 @@ records as sent (so a lost punctuation still leaves a visible gap): the high lev
 overlapping those panes incomplete. Only a punctuation that reports shed panes uses kind 6, so
 a reader of the plain kinds sees no change until a host sheds (an older reader then rejects that one
 punctuation as an unknown kind and counts it; the host's next one moves its mark on).
+
+**Version 2** (what this build writes; it still reads version 1) adds PUNCT_LOSS (kind 7): the PUNCT
+body, then ``n u32 | (first_pane i64, last_pane i64, cause i64, records i64)[n]``: every loss the host
+counted since its previous punctuation of this query, charged to the panes it may have hit (on a
+select topic, to nanoseconds). ``cause`` indexes :data:`LOSS_CAUSES`: ``shed`` (backlog or outbox
+shedding, as kind 6; counted in ``seq``), ``socket`` (the capture socket's drops, PACKET_STATISTICS
+``tp_drops``), ``ring`` (the host's ring was full), ``late`` (packets below the host's own mark) and
+``malformed`` (frames the parser rejected: reported, not a loss of the query's records). A count that
+cannot be pinned to one pane (socket and ring drops between two reads) is charged to every pane the
+interval spanned: flag rather than miss. Stats slot 8 (``reserved`` in version 1, always 0) is
+``workers``: how many worker processes the capture host runs (0: not said), so the high level can
+wait for every worker ``H/wN`` of an expected host ``H``.
 """
 
 from __future__ import annotations
@@ -47,19 +59,22 @@ import numpy as np
 import pyarrow as pa
 
 MAGIC = b"LW"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # what this build decodes: version 1 batches are version 2's without kind 7
 KIND_PARTIALS = 1
 KIND_PUNCT = 2
 KIND_PARTIALS_LZ4 = 3
 KIND_ROWS = 4  # selected rows of a select query (see encode_rows)
 KIND_ROWS_LZ4 = 5
 KIND_PUNCT_SHED = 6
+KIND_PUNCT_LOSS = 7  # version 2: a punctuation with loss ranges of every cause (LOSS_CAUSES)
+LOSS_CAUSES = ("shed", "socket", "ring", "late", "malformed")
 MAX_SHED_RANGES = 65_536  # shed pane ranges one punctuation may carry
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
 
-PUNCT_STATS = ("packets", "matched", "late", "evictions", "ring_drops", "backlog_lost", "parse_errors", "reserved")
+PUNCT_STATS = ("packets", "matched", "late", "evictions", "ring_drops", "backlog_lost", "parse_errors", "workers")
 
 _HEAD = struct.Struct("<2sBB")
 _MID = struct.Struct("<qIq")
@@ -102,6 +117,8 @@ class Punctuation:
     sent_wall_ns: int
     stats: dict[str, int] = field(default_factory=dict)
     shed: tuple[tuple[int, int, int], ...] = ()  # (first pane, last pane, records) shed from the backlog
+    # (first pane, last pane, cause, records) of the other causes of LOSS_CAUSES (not "shed")
+    losses: tuple[tuple[int, int, str, int], ...] = ()
 
 
 def _str(s: str) -> bytes:
@@ -174,17 +191,23 @@ def encode_rows(query: str, host: str, incarnation: int, partition: int, seq: in
 
 
 def encode_punctuation(p: Punctuation) -> bytes:
+    """A punctuation: kind PUNCT, or PUNCT_LOSS when it reports shed panes or other losses."""
     stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
     body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
-    if not p.shed:
+    if not p.shed and not p.losses:
         return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
-    if len(p.shed) > MAX_SHED_RANGES:
-        raise WireError(f"{len(p.shed)} shed pane ranges, at most {MAX_SHED_RANGES} per punctuation")
-    ranges = np.array(p.shed, dtype="<i8").reshape(-1, 3)
-    if (ranges[:, 0] > ranges[:, 1]).any() or (ranges[:, 2] < 0).any():
-        raise WireError("shed pane ranges need first <= last and records >= 0")
+    rows = [(a, b, 0, n) for a, b, n in p.shed]
+    for a, b, cause, n in p.losses:
+        if cause not in LOSS_CAUSES:
+            raise WireError(f"unknown loss cause {cause!r} (one of {LOSS_CAUSES})")
+        rows.append((a, b, LOSS_CAUSES.index(cause), n))
+    if len(rows) > MAX_SHED_RANGES:
+        raise WireError(f"{len(rows)} loss ranges, at most {MAX_SHED_RANGES} per punctuation")
+    ranges = np.array(rows, dtype="<i8").reshape(-1, 4)
+    if (ranges[:, 0] > ranges[:, 1]).any() or (ranges[:, 3] < 0).any():
+        raise WireError("loss ranges need first <= last and records >= 0")
     body += _COUNT.pack(len(ranges)) + ranges.tobytes()
-    return _frame(KIND_PUNCT_SHED, p.query, p.host, p.incarnation, p.partition, p.seq, body)
+    return _frame(KIND_PUNCT_LOSS, p.query, p.host, p.incarnation, p.partition, p.seq, body)
 
 
 def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
@@ -221,8 +244,8 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
     magic, version, kind = _HEAD.unpack_from(buf, 0)
     if magic != MAGIC:
         raise WireError(f"bad magic {magic!r}: not a lowwater batch")
-    if version != VERSION:
-        raise WireError(f"unsupported wire version {version} (this build reads version {VERSION})")
+    if version not in READ_VERSIONS:
+        raise WireError(f"unsupported wire version {version} (this build reads versions {READ_VERSIONS})")
     (crc,) = _CRC.unpack_from(buf, len(buf) - _CRC.size)
     if zlib.crc32(bytes(buf[: len(buf) - _CRC.size])) != crc:
         raise WireError("checksum mismatch: batch truncated or corrupted")
@@ -289,6 +312,20 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         shed = tuple((int(a), int(b), int(c)) for a, b, c in r.tolist())
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
+    if kind == KIND_PUNCT_LOSS and version >= 2:
+        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with losses")
+        vals = _PUNCT.unpack_from(view, pos)
+        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
+        at = pos + _PUNCT.size + _COUNT.size
+        if n == 0 or n > MAX_SHED_RANGES or end - at != 32 * n:
+            raise WireError(f"loss ranges: {n} claimed, {end - at} bytes of them")
+        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 4)
+        if (r[:, 0] > r[:, 1]).any() or (r[:, 3] < 0).any() or ((r[:, 2] < 0) | (r[:, 2] >= len(LOSS_CAUSES))).any():
+            raise WireError("loss ranges need first <= last, records >= 0 and a known cause")
+        shed = tuple((int(a), int(b), int(c)) for a, b, k, c in r.tolist() if k == 0)
+        losses = tuple((int(a), int(b), LOSS_CAUSES[k], int(c)) for a, b, k, c in r.tolist() if k != 0)
+        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
+        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed, losses)
     raise WireError(f"unknown batch kind {kind}")
 
 

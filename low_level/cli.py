@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                 from low_level.capture.fanout import worker_source
 
                 packets.source = worker_source(spec, packets.ring, *worker, fanout=s.fanout)
+                packets.workers = int(worker[1])  # the high level waits for every worker of an expected host
             agent = packets
     except Q.ConfigError as exc:  # a bad networks file: file, line and reason
         raise SystemExit(f"lowwater-agent: {exc}") from None

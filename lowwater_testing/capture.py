@@ -67,7 +67,8 @@ def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> Non
 def pairs_query(topic: str, partitions: int = 2) -> Q.QuerySpec:
     """Count, bytes and max length per (src, dst) per second, lazy flush: the fault and shedding tests' query."""
     return spec("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as n", "sum(length) as bytes", "max(length) as mx"],
-                window="1s", table=256, flush={"policy": "lazy", "m": 2}, topic=topic, partitions=partitions)  # fmt: skip
+                window="1s", table=256, flush={"policy": "lazy", "m": 2}, topic=topic, partitions=partitions,
+                heartbeat={"max_disorder": "0s"})  # in-order capture: the mark follows the table  # fmt: skip
 
 
 def make_query(policy: str, size: int, *, name: str = "q", window: str = "{range: 10s}", group: str = "[src_ip, dst_ip]",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,3 +292,66 @@ def select_oracle(s: Q.SelectSpec, parsed: np.ndarray) -> np.ndarray:
     prog = compile_filter(s.filter)
     keep = np.fromiter((evaluate(prog, r) for r in parsed), dtype=bool, count=len(parsed))
     return parsed[keep][:, [F.TS] + [c for _, c in s.columns]]
+
+
+@dataclass
+class Verdict:
+    """One window judged against its oracle: wrong (its stored rows differ), flagged (a row says
+    incomplete or the job listed it short) and the causes it was flagged for (cause -> records)."""
+
+    window: int
+    wrong: bool
+    flagged: bool
+    causes: dict[str, int]
+
+
+def window_causes(out: pd.DataFrame, window_start_ns: dict[int, int]) -> dict[int, dict[str, int]]:
+    """Per window id: why the job's output (generic rows, incl. its flagged-window rows) says it is short,
+    as cause -> count: the flagged windows' causes (records; ``timeout`` counts 1 per host) and the rows'
+    own columns (``timeout``: hosts not in mark, ``job_late``: late partials, ``missing``: records)."""
+    import json
+
+    rows = out[out["kind"].isin(["final", "late", "correction"])]
+    short = rows[(rows["hosts_in_mark"] < rows["hosts_expected"]) | (rows["late_partials"] > 0)
+                 | (rows["missing_records"] > 0)]  # fmt: skip
+    causes: dict[int, dict[str, int]] = {}
+    for w, m, e, late, miss in zip(short["window"].tolist(), short["hosts_in_mark"].tolist(),
+                                   short["hosts_expected"].tolist(), short["late_partials"].tolist(),
+                                   short["missing_records"].tolist(), strict=True):  # fmt: skip
+        c = causes.setdefault(int(w), {})
+        for name, n in (("timeout", int(e) - int(m)), ("job_late", int(late)), ("missing", int(miss))):
+            if n > 0:
+                c[name] = max(c.get(name, 0), n)
+    by_start = {v: k for k, v in window_start_ns.items()}
+    for text in out[out["kind"] == "incomplete"]["status"].tolist():
+        for f in json.loads(text)["windows"]:
+            w = by_start.get(int(f[0]))
+            if w is not None:
+                c = causes.setdefault(w, {})
+                c[f[6]] = c.get(f[6], 0) + max(int(f[4]), 1 if f[6] == "timeout" else 0)
+    return {w: {k: v for k, v in c.items() if v > 0} for w, c in causes.items()}
+
+
+def judge(got: dict[int, set], exp: dict[int, set], causes: dict[int, dict[str, int]],
+          windows: Iterable[int]) -> list[Verdict]:  # fmt: skip
+    """One verdict per window of ``windows``: wrong when its stored rows (``got``) differ from the oracle's
+    (``exp``), flagged when the job gave it any cause."""
+    return [Verdict(w, got.get(w, set()) != exp.get(w, set()), bool(causes.get(w)), dict(causes.get(w, {})))
+            for w in sorted(windows)]  # fmt: skip
+
+
+def judge_windows(out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: dict[int, int]) -> list[Verdict]:
+    """Every window of a job's generic output rows (``high_level.aggregate.processor.OUTPUT_COLUMNS``,
+    incl. its flagged-window rows) judged against ``expected`` (``window, k0.., s0..``, as
+    :func:`window_oracle`): the completeness property is that no window is wrong and unflagged.
+    ``window_start_ns`` maps each window id to judge to its start."""
+    fin = out[out["kind"] == "final"]
+    kcols = [c for c in expected.columns if c.startswith("k")]
+    scols = [c for c in expected.columns if c.startswith("s")]
+    got: dict[int, set[tuple[int, ...]]] = {}
+    for w, k, s in zip(fin["window"].tolist(), fin["key"].tolist(), fin["state"].tolist(), strict=True):
+        got.setdefault(int(w), set()).add((*map(int, k), *map(int, s)))
+    exp: dict[int, set[tuple[int, ...]]] = {}
+    for row in expected[["window", *kcols, *scols]].itertuples(index=False):
+        exp.setdefault(int(row[0]), set()).add(tuple(int(x) for x in row[1:]))
+    return judge(got, exp, window_causes(out, window_start_ns), window_start_ns)

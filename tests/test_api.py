@@ -361,7 +361,7 @@ def test_series_totals(client: TestClient, store: Store) -> None:
     body = client.get("/queries/q4_pairs/series").json()
     assert body["columns"] == ["window_start", "window_end", "groups", "packets", "complete", "incomplete_groups",
                                "hosts_expected", "hosts_in_mark", "late_partials", "missing_records",
-                               "shed_records", "flagged"]  # fmt: skip
+                               "shed_records", "flagged", "loss_causes"]  # fmt: skip
     assert not any(r["flagged"] or r["shed_records"] for r in body["rows"])  # nothing flagged in this store
     df = store.rows["q4_pairs"]
     exp = df[df["kind"] != "late"].groupby("window_start")["packets"].sum()  # late rows are no value

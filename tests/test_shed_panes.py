@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -30,30 +31,55 @@ from lowwater_testing.traffic import NS, T0, make_traffic, oracle
 OPS = {"a": np.array([Q.MERGE_SUM]), "b": np.array([Q.MERGE_SUM])}
 
 
+def _v1_frame(kind: int, p: wire.Punctuation, tail: bytes = b"") -> bytes:
+    """A version-1 punctuation as an older agent sent it (kind 2 or 6, stats slot 8 'reserved')."""
+    import struct
+    import zlib
+
+    stats = [int(p.stats.get(k, 0)) for k in wire.PUNCT_STATS]
+    body = struct.pack("<qqq8q", p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats) + tail
+    msg = b"".join((struct.pack("<2sBB", b"LW", 1, kind), struct.pack("<H", 1), b"q", struct.pack("<H", 1), b"h",
+                    struct.pack("<qIq", p.incarnation, p.partition, p.seq), body))  # fmt: skip
+    return msg + struct.pack("<I", zlib.crc32(msg))
+
+
 def test_punctuation_carries_shed_pane_ranges_and_plain_ones_are_unchanged():
+    import struct
+    import zlib
+
     p = wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {"packets": 3}, ((3, 4, 10), (6, 6, 2)))
     got = wire.decode(wire.encode_punctuation(p))
     assert got.shed == ((3, 4, 10), (6, 6, 2)) and got.mark_pane == 10 and got.stats["packets"] == 3
     plain = wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}))
-    assert (
-        plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
-    )  # no shed panes: the old kind, byte for byte
+    assert plain[2] == wire.VERSION == 2 and plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
     shed = wire.encode_punctuation(p)
-    assert shed[3] == wire.KIND_PUNCT_SHED
+    assert shed[3] == wire.KIND_PUNCT_LOSS  # version 2: shed panes are one cause of loss
+    # what a version-1 agent sent still decodes: a plain punctuation and one with shed panes (kind 6)
+    old_tail = struct.pack("<I", 2) + np.array([[3, 4, 10], [6, 6, 2]], "<i8").tobytes()
+    full = dict.fromkeys(wire.PUNCT_STATS, 0) | {"packets": 3}
+    assert wire.decode(_v1_frame(wire.KIND_PUNCT_SHED, p, old_tail)) == replace(p, stats=full)
+    assert wire.decode(_v1_frame(wire.KIND_PUNCT, p)).shed == ()
     with pytest.raises(wire.WireError, match="first <= last"):
         wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}, ((5, 4, 1),)))
-    # a count that does not match the bytes, or a reversed range, is refused (CRC recomputed: not a checksum error)
-    import struct
-    import zlib
-
+    # a count that does not match the bytes, a reversed range or an unknown cause is refused (CRC recomputed)
     body = shed[:-4]
-    n_at = len(body) - 2 * 24 - 4
+    n_at = len(body) - 2 * 32 - 4
     for bad in (
         body[:n_at] + struct.pack("<I", 3) + body[n_at + 4 :],
-        body[: n_at + 4] + struct.pack("<qqq", 9, 8, 1) + body[n_at + 28 :],
+        body[: n_at + 4] + struct.pack("<qqqq", 9, 8, 0, 1) + body[n_at + 36 :],
+        body[: n_at + 4] + struct.pack("<qqqq", 1, 8, 99, 1) + body[n_at + 36 :],
     ):
-        with pytest.raises(wire.WireError, match="shed pane ranges"):
+        with pytest.raises(wire.WireError, match="loss ranges"):
             wire.decode(bad + struct.pack("<I", zlib.crc32(bad)))
+
+
+def test_punctuation_carries_losses_of_every_cause_and_the_worker_count():
+    losses = ((3, 9, "socket", 512), (3, 9, "ring", 7), (1, 2, "late", 4), (3, 9, "malformed", 2))
+    p = wire.Punctuation("q", "h/w1", 1, 0, 5, 10, 100, 7, {"workers": 2}, ((4, 4, 1),), losses)
+    got = wire.decode(wire.encode_punctuation(p))
+    assert got == replace(p, stats=dict.fromkeys(wire.PUNCT_STATS, 0) | {"workers": 2}) and got.stats["workers"] == 2
+    with pytest.raises(wire.WireError, match="unknown loss cause"):
+        wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}, (), ((1, 2, "cosmic", 1),)))
 
 
 def _fill(b: Backlog) -> None:
@@ -305,10 +331,11 @@ def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_res
     for w in listed:
         assert w["shed_records"] == sum(n for x, _, _, n, _ in want if x == wid(w["window_start"]))
     srows = {wid(r["window_start"]): r for r in series["rows"]}
-    assert series["columns"][-2:] == ["shed_records", "flagged"]
+    assert series["columns"][-3:] == ["shed_records", "flagged", "loss_causes"]
     for w in empty:
         assert (
-            srows[w]["groups"] == 0
+            srows[w]["loss_causes"].startswith("h1 shed")  # which host, which cause, how many (the tooltip)
+            and srows[w]["groups"] == 0
             and srows[w]["n"] is None
             and srows[w]["flagged"]
             and not srows[w]["complete"]

@@ -63,6 +63,7 @@ def _line_of(obj: Any, loc: tuple) -> int | None:
 
 
 _ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew",
+            "max_disorder_ns": "max_disorder",
             "landmark_ns": "landmark", "update_ns": "update"}
 
 

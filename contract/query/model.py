@@ -180,11 +180,18 @@ class FlushSpec(_Strict):
 
 
 class HeartbeatSpec(_Strict):
+    """How a capture host punctuates. ``max_disorder``: how far back a busy host's packet timestamps may
+    go (capture out of order, e.g. flow-sorted blocks); its mark stays that far behind its data clock,
+    so such packets are not late (cost: windows close that much later). The default is the default
+    skew: block-sorted disorder up to it loses nothing (benchmarks/bench_disorder.py). 0 is the
+    strict rule (the mark follows the table's oldest pane)."""
+
     interval_ns: int = Field(default=NS, alias="interval")
     skew_ns: int = Field(default=2 * NS, alias="skew")
+    max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder")
     on_demand: bool = True
 
-    @field_validator("interval_ns", "skew_ns", mode="before")
+    @field_validator("interval_ns", "skew_ns", "max_disorder_ns", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> Any:
         return parse_duration_ns(v)
@@ -194,6 +201,13 @@ class HeartbeatSpec(_Strict):
     def _pos(cls, v: int) -> int:
         if v < 10_000_000:
             raise ValueError("heartbeat interval must be at least 10ms")
+        return v
+
+    @field_validator("max_disorder_ns")
+    @classmethod
+    def _nonneg(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("max_disorder must be >= 0")
         return v
 
 

@@ -6,6 +6,10 @@ Here the inputs are capture hosts, learned from their punctuation. A host silent
 comes back when it punctuates again. ``expected_hosts`` makes start-up exact: until every expected
 host has punctuated a partition at least once, nothing closes there.
 
+An expected host may name a capture host ``H`` run with ``--workers N``: its workers punctuate as
+``H/w0`` .. ``H/wN-1`` and say N in their punctuation (stats ``workers``), so once one of them is
+heard the meld waits for all N of them in ``H``'s place (:meth:`expected_ids`).
+
 Silence is counted in processing time, but at most ``max_gap_ms`` per evaluation: a job that was
 down (or stuck in one long batch) for a minute has not *observed* a minute of silence, it simply has
 not read the punctuation waiting in Kafka yet. Without that cap a restart would declare every host
@@ -43,6 +47,21 @@ class Meld:
         self.max_gap_ms = int(max_gap_ms if max_gap_ms is not None else max(1, host_timeout_ms // 2))
         self.hosts: dict[str, HostMark] = {}
         self.clock_ms: int | None = None
+        self.workers: dict[str, int] = {}  # capture host -> its worker count, as its workers said
+
+    def workers_of(self, host: str, count: int) -> None:
+        """A punctuation of ``host`` said its capture host runs ``count`` workers (``H/wI`` ids)."""
+        cap, sep, _ = host.rpartition("/w")
+        if sep and count > 0:
+            self.workers[cap] = int(count)
+
+    def expected_ids(self) -> tuple[str, ...]:
+        """The host ids the meld waits for: each expected host, or its workers once their count is known."""
+        out: list[str] = []
+        for h in self.expected:
+            n = self.workers.get(h, 0)
+            out += [f"{h}/w{i}" for i in range(n)] if n and h not in self.hosts else [h]
+        return tuple(out)
 
     # -- events ---------------------------------------------------------------------------------
     def advance(self, now_ms: int) -> None:
@@ -73,7 +92,7 @@ class Meld:
 
     def waiting_for(self) -> list[str]:
         """Expected hosts that have never punctuated this partition (they block every close)."""
-        return [h for h in self.expected if h not in self.hosts]
+        return [h for h in self.expected_ids() if h not in self.hosts]
 
     def low_water_mark(self) -> int | None:
         """min over live hosts of their latest mark; None when nothing may close (no live host, or an
@@ -94,9 +113,11 @@ class Meld:
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"clock_ms": self.clock_ms, "hosts": {k: asdict(v) for k, v in self.hosts.items()}}
+        return {"clock_ms": self.clock_ms, "hosts": {k: asdict(v) for k, v in self.hosts.items()},
+                "workers": dict(self.workers)}
 
     def load_dict(self, d: dict[str, Any]) -> None:
         """Restore marks saved by :meth:`to_dict` (timeout and expected hosts come from the config)."""
         self.clock_ms = d.get("clock_ms")
         self.hosts = {k: HostMark(**v) for k, v in d.get("hosts", {}).items()}
+        self.workers = {k: int(v) for k, v in d.get("workers", {}).items()}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract import results as R
 from contract import wire
 from contract.live import PROVISIONAL_KIND
 from contract.status import PartitionStatus
@@ -23,7 +24,7 @@ from high_level import codec
 from high_level.aggregate.chunks import ChunkedRollup, ChunkStore
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.packed import COMPLETENESS, INCOMPLETE_KIND, OUTPUT_COLUMNS, Part, pack_parts
-from high_level.aggregate.rollup import I64, Layout, QueryRollup
+from high_level.aggregate.rollup import I64, Layout, QueryRollup, Windows
 
 LATE_POLICIES = ("drop", "correction")
 STATE_ZMAGIC = b"LWPZ"  # the processor's saved bytes, zstd-compressed (state of earlier builds: uncompressed)
@@ -45,6 +46,49 @@ class Settings:
     def __post_init__(self) -> None:
         if self.late_policy not in LATE_POLICIES:
             raise ValueError(f"late policy must be one of {LATE_POLICIES}, got {self.late_policy!r}")
+
+
+def gap_records(lay: Layout, gaps: Sequence[Sequence[Any]], window: np.ndarray) -> np.ndarray:
+    """int64[n]: the records of every gap or loss range ``[first pane, last pane, records, ...]`` that
+    overlaps each window (a range's records count in every window it overlaps: its keys are unknown)."""
+    w = np.asarray(window, I64)
+    if not gaps:
+        return np.zeros(len(w), I64)
+    g = np.array([x[:3] for x in gaps], I64)
+    first = w - lay.k + 1
+    hit = (g[None, :, 0] <= w[:, None]) & (g[None, :, 1] >= first[:, None])
+    return hit.astype(I64) @ g[:, 2]
+
+
+def flag_windows(lay: Layout, gaps: Sequence[Sequence[Any]], before: int | None, after: int | None,
+                 new_from: int, now_ms: int) -> list[list[Any]]:  # fmt: skip
+    """The short windows to flag (contract.results.INCOMPLETE_SCHEMA), one per (window, range): every
+    window closed between ``before`` and ``after`` that a range ``[first pane, last pane, records, host,
+    cause]`` overlaps, and every earlier-closed window that a range learned now (``gaps[new_from:]``)
+    overlaps (``after_close``). A range of unknown start (``NO_MARK``) flags only the rows. Each list is
+    ``[window_start_ns, window_end_ns, first_pane_start_ns, last_pane_end_ns, records, host, cause,
+    after_close, now_ms]``, in (window, range) order: deterministic, so a replayed batch flags the same."""
+    if after is None or not gaps:
+        return []
+    out = []
+    for i, (lo, hi, n, host, cause) in enumerate(gaps):
+        if lo <= NO_MARK:
+            continue
+        first = lo if i >= new_from or before is None else max(lo, before)
+        last = min(hi + lay.k - 1, after - 1)  # windows [lo, hi + k - 1] hold a pane of [lo, hi]
+        if last < first:
+            continue
+        w = np.arange(first, last + 1, dtype=I64)
+        w = w[(w - lay.k + 1) % lay.s == 0]
+        ends = lay.window_end_ns(w)
+        p_lo = np.maximum(w - lay.k + 1, lo)  # the window's own panes within the range
+        p_hi = np.minimum(w, hi)
+        for j in range(len(w)):
+            out.append([int(ends[j] - lay.range_ns), int(ends[j]), lay.origin_ns + int(p_lo[j]) * lay.pane_ns,
+                        lay.origin_ns + (int(p_hi[j]) + 1) * lay.pane_ns, int(n), host, cause,
+                        before is not None and int(w[j]) < before, now_ms])  # fmt: skip
+    out.sort(key=lambda r: (r[0], r[2], r[5], r[6]))
+    return out
 
 
 class _QueryState:
@@ -75,18 +119,14 @@ class _QueryState:
         a window has sent everything of that window, one that died before has not.
         """
         meld = self.meld
-        known = set(meld.hosts) | set(meld.expected) | set(self.hosts)
+        known = set(meld.hosts) | set(meld.expected_ids()) | set(self.hosts)
         marks = np.sort(np.array([meld.hosts[h].mark_pane for h in known if h in meld.hosts], I64))
         w = np.asarray(window, I64)
         comp = np.zeros((len(w), len(COMPLETENESS)), I64)
         comp[:, 0] = len(marks) - np.searchsorted(marks, w, side="right")
         if late is not None:
             comp[:, 1] = late
-        if self.gaps:
-            g = np.array([x[:3] for x in self.gaps], I64)
-            first = w - self.layout.k + 1
-            hit = (g[None, :, 0] <= w[:, None]) & (g[None, :, 1] >= first[:, None])
-            comp[:, 2] = hit.astype(I64) @ g[:, 2]
+        comp[:, 2] = gap_records(self.layout, self.gaps, w)
         return len(known), comp
 
     def incomplete_windows(self, before: int | None, new_from: int, now_ms: int) -> list[list[Any]]:
@@ -99,27 +139,33 @@ class _QueryState:
         window_end_ns, first_pane_start_ns, last_pane_end_ns, records, host, cause, after_close,
         now_ms]``, in (window, gap) order: deterministic, so a replayed batch flags the same.
         """
-        after, lay = self.rollup.closed, self.layout
-        if after is None or not self.gaps:
+        return flag_windows(self.layout, self.gaps, before, self.rollup.closed, new_from, now_ms)
+
+    def timeout_windows(self, before: int | None, closed: Windows, now_ms: int) -> list[list[Any]]:
+        """Flag every window this batch closed without a known host's mark past it (the host timed out,
+        or an expected one never came), per such host, cause ``timeout``, records 0 (unknown): a
+        window whose every record would have come from that host has no row to say so."""
+        after, lay, meld = self.rollup.closed, self.layout, self.meld
+        if after is None:
             return []
+        if after >= wire.END_OF_STREAM - lay.k:  # closed to the end of stream: up to the last window with rows
+            after = int(closed.window.max()) + 1 if len(closed) else (before if before is not None else 0)
+        if before is not None:
+            w = np.arange(max(before, after - 4096), after, dtype=I64)  # bounded: a long-dead host's backlog
+        else:
+            w = np.unique(closed.window) if len(closed) else np.zeros(0, I64)
+        w = w[(w - lay.k + 1) % lay.s == 0]
+        if not len(w):
+            return []
+        known = set(meld.hosts) | set(meld.expected_ids()) | set(self.hosts)
         out = []
-        for i, (lo, hi, n, host, cause) in enumerate(self.gaps):
-            if lo <= NO_MARK:
-                continue
-            first = lo if i >= new_from or before is None else max(lo, before)
-            last = min(hi + lay.k - 1, after - 1)  # windows [lo, hi + k - 1] hold a pane of [lo, hi]
-            if last < first:
-                continue
-            w = np.arange(first, last + 1, dtype=I64)
-            w = w[(w - lay.k + 1) % lay.s == 0]
-            ends = lay.window_end_ns(w)
-            p_lo = np.maximum(w - lay.k + 1, lo)  # the window's own panes within the range
-            p_hi = np.minimum(w, hi)
-            for j in range(len(w)):
-                out.append([int(ends[j] - lay.range_ns), int(ends[j]), lay.origin_ns + int(p_lo[j]) * lay.pane_ns,
-                            lay.origin_ns + (int(p_hi[j]) + 1) * lay.pane_ns, int(n), host, cause,
-                            before is not None and int(w[j]) < before, now_ms])  # fmt: skip
-        out.sort(key=lambda r: (r[0], r[2], r[5], r[6]))
+        ends = lay.window_end_ns(w)
+        for h in sorted(known):
+            hm = meld.hosts.get(h)
+            short = w if hm is None else w[hm.mark_pane <= w]
+            for j in np.searchsorted(w, short).tolist():
+                out.append([int(ends[j] - lay.range_ns), int(ends[j]), int(ends[j] - lay.range_ns), int(ends[j]),
+                            0, h, "timeout", False, now_ms])  # fmt: skip
         return out
 
     def shed_through(self) -> int | None:
@@ -268,6 +314,15 @@ class PartitionProcessor:
                 for lo, hi, n in b.shed:  # whole panes the host shed from its uplink backlog: windows short
                     qs.gaps.append([int(lo), int(hi), int(n), b.host, "shed"])
                     qs.host(b.host)["shed"] = qs.host(b.host).get("shed", 0) + int(n)
+                for lo, hi, cause, n in b.losses:  # lost before Kafka (socket, ring, late at the host)
+                    h = qs.host(b.host)
+                    if cause == "malformed":  # reported, not a loss of this query's records
+                        h["malformed"] = h.get("malformed", 0) + int(n)
+                        continue
+                    qs.gaps.append([int(lo), int(hi), int(n), b.host, R.WIRE_CAUSES[cause]])
+                    h["lost_" + cause] = h.get("lost_" + cause, 0) + int(n)
+                if b.stats.get("workers", 0) > 0:
+                    qs.meld.workers_of(b.host, int(b.stats["workers"]))
                 qs.meld.observe(b.host, b.incarnation, b.mark_pane, b.mark_ns, b.sent_wall_ns, now_ms)
                 bq["punctuations"] += 1
         parts = []
@@ -334,7 +389,7 @@ class PartitionProcessor:
                                    comp=comp))  # fmt: skip
         if self.settings.live and pending:
             parts.extend(self._provisional(qs, pending, now_ms, n_live))
-        flagged = qs.incomplete_windows(before, known_gaps, now_ms)
+        flagged = qs.incomplete_windows(before, known_gaps, now_ms) + qs.timeout_windows(before, closed, now_ms)
         if flagged:
             text = json.dumps({"partition": self.partition, "windows": flagged}, separators=(",", ":"))
             parts.append(Part(lay, self.partition, INCOMPLETE_KIND, now_ms, n_live, None, text))
@@ -361,14 +416,14 @@ class PartitionProcessor:
         lay, meld = qs.layout, qs.meld
         lwm = meld.low_water_mark()
         hosts: dict[str, Any] = {}
-        for name in sorted(set(meld.hosts) | set(qs.hosts) | set(meld.expected)):
+        for name in sorted(set(meld.hosts) | set(qs.hosts) | set(meld.expected_ids())):
             hm = meld.hosts.get(name)
             hc = qs.hosts.get(name, {"late": 0, "records": 0, "inc": {}})
             incs = hc["inc"]
             cur = str(hm.incarnation) if hm else (max(incs, key=int) if incs else None)
             hosts[name] = {
                 "live": meld.is_live(name),
-                "expected": name in meld.expected,
+                "expected": name in meld.expected_ids() or name in meld.expected,
                 "mark_pane": hm.mark_pane if hm else None,
                 "mark_ns": hm.mark_ns if hm else None,
                 "lag_s": (now_ms * 1_000_000 - hm.mark_ns) / 1e9 if hm and 0 < hm.mark_ns < wire.END_OF_STREAM else None,
@@ -384,6 +439,8 @@ class PartitionProcessor:
                 "restarts": hc.get("restarts", 0),
                 "last_restart": hc.get("last_restart"),
                 "late_batch": (late_batch or {}).get(name, 0),
+                "losses": {k[5:]: v for k, v in hc.items() if k.startswith("lost_")},
+                "malformed": hc.get("malformed", 0),
             }
         return PartitionStatus.model_validate({
             "query": lay.name, "partition": self.partition, "now_ms": now_ms,

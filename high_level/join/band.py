@@ -241,6 +241,12 @@ class BandJoin:
         self.rollup = QueryRollup(layout.rollup) if layout.rollup is not None else None
         self.mark_ns: int | None = None
         self._new: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SIDES}
+        # what an input lost on the way, learned since the last take_losses(): [first ns, last ns, rows,
+        # host, cause] (shed by the host's outbox, lost before Kafka, a sequence gap, late at the job)
+        self.losses: list[list[Any]] = []
+        # "side|host" -> [incarnation, rows received, missing rows known, last mark ns]: sequence gaps
+        self.recv: dict[str, list[Any]] = {}
+        self.check_seq = {s: True for s in SIDES}  # False for a closed-window feed (its seq is a batch id)
 
     # -- input -------------------------------------------------------------------------------------
     def add(self, side: str, ts: np.ndarray, cols: np.ndarray) -> None:
@@ -250,7 +256,10 @@ class BandJoin:
         b = self.b[side]
         if b is not None:
             ok = ts >= b
-            self.late[side] += int((~ok).sum())
+            if not ok.all():
+                self.late[side] += int((~ok).sum())
+                lt = ts[~ok]
+                self.losses.append([int(lt.min()), int(lt.max()), int((~ok).sum()), "", "job_late"])
             ts, cols = ts[ok], cols[ok]
         if len(ts):
             self._new[side].append((ts, cols))
@@ -272,10 +281,44 @@ class BandJoin:
             if side is None:
                 continue
             if isinstance(b, wire.Rows):
+                self._count(side, b.host, b.incarnation, b.n)
                 self.add(side, b.ts, b.cols)
             elif isinstance(b, wire.Punctuation):
+                self._punctuated(side, b)
                 self.observe(side, b.host, b.incarnation, b.mark_ns, b.sent_wall_ns, now_ms)
+                if b.stats.get("workers", 0) > 0:
+                    self.melds[side].workers_of(b.host, int(b.stats["workers"]))
         return self.step()
+
+    def _count(self, side: str, host: str, incarnation: int, n: int) -> list[Any]:
+        r = self.recv.get(f"{side}|{host}")
+        if r is None or r[0] != incarnation:
+            r = self.recv[f"{side}|{host}"] = [int(incarnation), 0, 0, None]
+        r[1] += int(n)
+        return r
+
+    def _punctuated(self, side: str, p: wire.Punctuation) -> None:
+        """Learn an input's losses from its punctuation: shed rows and rows lost before Kafka (their time
+        ranges), and rows sent (``seq``) that never arrived, between the host's previous mark and this."""
+        for lo, hi, n in p.shed:
+            self.losses.append([int(lo), int(hi), int(n), p.host, "shed"])
+        for lo, hi, cause, n in p.losses:
+            if cause != "malformed":
+                self.losses.append([int(lo), int(hi), int(n), p.host, cause])
+        r = self._count(side, p.host, p.incarnation, 0)
+        if self.check_seq[side]:
+            missing = int(p.seq) - r[1]
+            shed = sum(int(x[2]) for x in p.shed)
+            if missing > r[2] + shed:
+                lo = r[3] if r[3] is not None else -(2**62)
+                self.losses.append([int(lo), int(p.mark_ns), missing - r[2] - shed, p.host, "gap"])
+            r[2] = max(missing, 0)
+        r[3] = int(p.mark_ns)
+
+    def take_losses(self) -> list[list[Any]]:
+        """The losses learned since the last call (the join processor charges them to output windows)."""
+        out, self.losses = self.losses, []
+        return out
 
     # -- the join ----------------------------------------------------------------------------------
     def step(self) -> JoinOutput:
@@ -354,7 +397,7 @@ class BandJoin:
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The state as a JSON-able header and plain int64/uint64/bool arrays (no pickle)."""
         head = {"b": self.b, "late": self.late, "mark_ns": self.mark_ns,
-                "melds": {s: m.to_dict() for s, m in self.melds.items()},
+                "melds": {s: m.to_dict() for s, m in self.melds.items()}, "recv": self.recv,
                 "closed": None if self.rollup is None else self.rollup.closed}  # fmt: skip
         arrays: dict[str, np.ndarray] = {}
         for s in SIDES:
@@ -382,6 +425,7 @@ class BandJoin:
             j.rollup.pane, j.rollup.key, j.rollup.state = z["r_pane"], z["r_key"], z["r_state"]
             j.rollup.closed = head["closed"]
         j.b, j.late, j.mark_ns = head["b"], head["late"], head["mark_ns"]
+        j.recv = {k: list(v) for k, v in head.get("recv", {}).items()}
         for s in SIDES:
             j.melds[s].load_dict(head["melds"][s])
         return j

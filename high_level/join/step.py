@@ -12,11 +12,16 @@ per partition with the join's state (rows and bytes of stored input rows).
 Completeness: a window's ``hosts_in_mark`` counts the hosts whose punctuation passed its end on both
 inputs of every partition; a host declared dead by the timeout (its mark stays behind) leaves its
 windows flagged incomplete, which for an anti join means "some SYN-ACKs may be missing: unanswered
-counts may be too high".
+counts may be too high". What either input lost on the way (rows shed by a host's outbox, lost
+before Kafka, a sequence gap, rows below the job's mark: ``BandJoin.take_losses``) counts in
+``missing_records`` of every output window within a band of its time range (a lost right row could
+have matched any left row up to a band before it) and flags those windows (``_incomplete``), so an
+anti join never calls a SYN unanswered, complete, when its SYN-ACK may have been lost.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -24,12 +29,13 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from contract import results as R
 from contract import wire
 from contract.status import PartitionStatus
 from high_level import codec
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.packed import Part, pack_parts
-from high_level.aggregate.processor import Settings
+from high_level.aggregate.packed import INCOMPLETE_KIND, Part, pack_parts
+from high_level.aggregate.processor import NO_MARK, Settings, flag_windows, gap_records
 from high_level.aggregate.rollup import QueryRollup
 from high_level.join.band import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
 from high_level.join.feed import FeedDedup
@@ -68,11 +74,13 @@ class JoinProcessor:
         self.dedup = FeedDedup([layout.left if s == "left" else layout.right for s in self.feed_sides])
         self.windows_closed = 0
         self.records = 0
+        self.gaps: list[list] = []  # [first pane, last pane, records, host, cause] of the output windows
 
     def _feed_melds(self, j: BandJoin) -> BandJoin:
         """A closed-window feed has one publisher (the job), not the capture hosts: expect none of them there
         (before its first punctuation the feed's mark is unknown, so nothing is final: safe)."""
         for s in self.feed_sides:
+            j.check_seq[s] = False
             m = Meld(self.settings.host_timeout_ms, (), self.settings.max_gap_ms)
             m.load_dict(j.melds[s].to_dict())
             j.melds[s] = m
@@ -89,7 +97,7 @@ class JoinProcessor:
         r = self.rollup
         head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
                       "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {},
-                      "hashes": "recompute"}  # fmt: skip
+                      "hashes": "recompute", "gaps": self.gaps}  # fmt: skip
         arrays = {"pane": r.pane, "key": r.key, "state": r.state}
         for p, j in self.joins.items():
             jh, ja = j.state()
@@ -118,6 +126,7 @@ class JoinProcessor:
                                                                settings.expected_hosts))  # fmt: skip
         jp.rollup.closed = head["closed"]
         jp.windows_closed, jp.records = head["windows_closed"], head["records"]
+        jp.gaps = [list(g) for g in head.get("gaps", [])]
         jp.dedup.fed, jp.dedup.skipped = dict(head.get("fed", {})), int(head.get("fed_skipped", 0))
         return jp
 
@@ -152,6 +161,14 @@ class JoinProcessor:
         if all(m is not None for m in marks):
             m = min(marks)  # type: ignore[type-var]
             lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
+        new_from = len(self.gaps)
+        band = int(lay.band_ns)
+        for j in self.joins.values():
+            for lo, hi, n, host, cause in j.take_losses():
+                first = NO_MARK if lo <= NO_MARK else (lo - band - rl.origin_ns) // rl.pane_ns
+                self.gaps.append([int(first), int((hi + band - rl.origin_ns) // rl.pane_ns), int(n), host,
+                                  R.WIRE_CAUSES.get(cause, cause)])  # fmt: skip
+        before = self.rollup.closed
         closed = self.rollup.close(lwm)
         hosts = self._host_marks()
         live = sorted({h for j in self.joins.values() for s in SIDES for h in j.melds[s].live_hosts()})
@@ -162,8 +179,15 @@ class JoinProcessor:
             in_mark = np.zeros(len(closed), I64)
             for mark in hosts.values():
                 in_mark += (mark >= end) if mark is not None else 0
-            comp = np.column_stack([in_mark, np.zeros((len(closed), 2), I64)])
+            comp = np.column_stack([in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)])
             parts.append(Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+        flagged = flag_windows(rl, self.gaps, before, self.rollup.closed, new_from, now_ms)
+        if flagged:
+            text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
+            parts.append(Part(rl, 0, INCOMPLETE_KIND, now_ms, len(live), None, text))
+        if self.rollup.closed is not None and self.gaps and self.rollup.closed < wire.END_OF_STREAM - rl.k:
+            first_open = rl.first_needed_pane(self.rollup.closed)
+            self.gaps = [g for g in self.gaps if g[1] >= first_open]
         for p, j in self.joins.items():
             st = self.status(p, j, now_ms, errors.get(p, ""))
             parts.append(Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
@@ -176,7 +200,7 @@ class JoinProcessor:
         for j in self.joins.values():
             for s in SIDES:
                 meld = j.melds[s]
-                for h in set(meld.hosts) | set(meld.expected):
+                for h in set(meld.hosts) | set(meld.expected_ids()):
                     hm = meld.hosts.get(h)
                     mark = hm.mark_ns if hm is not None and meld.is_live(h) else None
                     prev = out.get(h, wire.END_OF_STREAM) if h in out else wire.END_OF_STREAM
@@ -187,13 +211,13 @@ class JoinProcessor:
         """The status contract's partition snapshot for one join partition: marks of both inputs per host,
         and the join state (stored rows of both inputs) in ``state_rows`` / ``state_bytes``."""
         hosts = {}
-        for h in sorted({h for s in SIDES for h in set(j.melds[s].hosts) | set(j.melds[s].expected)}):
+        for h in sorted({h for s in SIDES for h in set(j.melds[s].hosts) | set(j.melds[s].expected_ids())}):
             hm = [j.melds[s].hosts.get(h) for s in SIDES]
             known = [m for m in hm if m is not None]
             mark = min((m.mark_ns for m in known), default=None)
             hosts[h] = {
                 "live": all(j.melds[s].is_live(h) for s in SIDES if h in j.melds[s].hosts) and bool(known),
-                "expected": h in j.melds["left"].expected, "mark_pane": mark, "mark_ns": mark,
+                "expected": h in j.melds["left"].expected_ids(), "mark_pane": mark, "mark_ns": mark,
                 "lag_s": (now_ms * 1_000_000 - mark) / 1e9 if mark is not None and 0 < mark < wire.END_OF_STREAM
                 else None,
                 "last_heard_ms": max((m.last_heard_ms for m in known), default=None),

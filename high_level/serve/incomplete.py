@@ -68,10 +68,11 @@ class IncompleteReader:
             w = out.get(ws)
             if w is None:
                 w = out[ws] = {"window_start": iso_of_us(ws), "window_end": iso_of_us(us["window_end"][i]),
-                               "incomplete": True, "shed_records": 0, "gap_records": 0, "hosts": [],
+                               "incomplete": True, "shed_records": 0, "gap_records": 0, "causes": {}, "hosts": [],
                                "after_close": False, "flagged_at": None, "panes": []}  # fmt: skip
             cause, host, n = d["cause"][i], d["host"][i], int(d["records"][i])
             w["shed_records" if cause == "shed" else "gap_records"] += n
+            w["causes"][cause] = w["causes"].get(cause, 0) + n  # which cause, how many (contract.results)
             if host not in w["hosts"]:
                 w["hosts"].append(host)
             w["after_close"] = w["after_close"] or bool(d["after_close"][i])
@@ -84,21 +85,26 @@ class IncompleteReader:
             w["flagged_at"] = iso_of_us(flagged[ws])
         return [out[k] for k in sorted(out)]
 
-    def per_window(self, query: str, start_us: int, end_us: int) -> dict[int, tuple[int, int]]:
-        """window_start (us) -> (shed records, gap records) of the flagged windows in the range."""
+    def per_window(self, query: str, start_us: int, end_us: int) -> dict[int, tuple[int, int, str]]:
+        """window_start (us) -> (shed records, other lost records, "host cause records; ...") of the
+        flagged windows in the range (the text is what the page's tooltip says: which host, which cause)."""
         t = self.table(query, start_us, end_us)
-        out: dict[int, tuple[int, int]] = {}
-        for ws, cause, n in zip(t["window_start"].cast(pa.int64()).to_pylist(), t["cause"].to_pylist(),
-                                t["records"].to_pylist(), strict=True):  # fmt: skip
-            shed, gap = out.get(ws, (0, 0))
-            out[ws] = (shed + n, gap) if cause == "shed" else (shed, gap + n)
-        return out
+        out: dict[int, tuple[int, int, str]] = {}
+        why: dict[int, dict[tuple[str, str], int]] = {}
+        for ws, host, cause, n in zip(t["window_start"].cast(pa.int64()).to_pylist(), t["host"].to_pylist(),
+                                      t["cause"].to_pylist(), t["records"].to_pylist(), strict=True):  # fmt: skip
+            shed, gap, _ = out.get(ws, (0, 0, ""))
+            out[ws] = (shed + n, gap, "") if cause == "shed" else (shed, gap + n, "")
+            w = why.setdefault(ws, {})
+            w[(host, cause)] = w.get((host, cause), 0) + n
+        return {ws: (a, b, "; ".join(f"{h or 'job'} {c}" + (f" {n}" if n else "") for (h, c), n in sorted(why[ws].items())))
+                for ws, (a, b, _) in out.items()}  # fmt: skip
 
 
-SERIES_COLUMNS = ("shed_records", "flagged")  # what the per-window listing (/series) adds per window
+SERIES_COLUMNS = ("shed_records", "flagged", "loss_causes")  # what the per-window listing (/series) adds
 
 
-def merge_series(columns: list[str], rows: list[tuple], flags: dict[int, tuple[int, int]], range_us: int,
+def merge_series(columns: list[str], rows: list[tuple], flags: dict[int, tuple[int, int, str]], range_us: int,
                  complete: bool | None) -> list[tuple]:  # fmt: skip
     """The per-window rows of ``/series`` (window_start in us first, ``columns`` order) with the flagged
     windows merged in, each row extended by :data:`SERIES_COLUMNS`.
@@ -115,7 +121,7 @@ def merge_series(columns: list[str], rows: list[tuple], flags: dict[int, tuple[i
         if f is not None:
             row[ic] = False
             row[im] = max(int(row[im] or 0), f[0] + f[1])
-        out.append((*row, f[0] if f else 0, f is not None))
+        out.append((*row, f[0] if f else 0, f is not None, f[2] if f else ""))
     have = {int(r[0]) for r in rows}
     for ws in sorted(set(flags) - have):
         row: list[Any] = [None] * len(columns)
@@ -123,7 +129,7 @@ def merge_series(columns: list[str], rows: list[tuple], flags: dict[int, tuple[i
         row[columns.index("groups")] = 0
         row[ic], row[columns.index("incomplete_groups")] = False, 0
         row[columns.index("late_partials")], row[im] = 0, flags[ws][0] + flags[ws][1]
-        out.append((*row, flags[ws][0], True))
+        out.append((*row, flags[ws][0], True, flags[ws][2]))
     if len(have) < len(out):
         out.sort(key=lambda r: r[0])
     return out if complete is None else [r for r in out if bool(r[ic]) == complete]

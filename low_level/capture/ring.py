@@ -24,8 +24,9 @@ from numba.extending import intrinsic
 from low_level.jit import hugepage
 from low_level.jit.refcount import pin
 
-HEAD, TAIL, DROPS, CAPTURED, BYTES, TRUNCATED = 0, 1, 2, 3, 4, 5
+HEAD, TAIL, DROPS, CAPTURED, BYTES, TRUNCATED, DROP_TS_MIN, DROP_TS_MAX = 0, 1, 2, 3, 4, 5, 6, 7
 NCTR = 8
+NO_DROP_MIN, NO_DROP_MAX = np.iinfo(np.int64).max, np.iinfo(np.int64).min  # no drop since last taken
 DEFAULT_SNAPLEN = 128  # enough for Ethernet + 2 VLAN tags + IPv6 with extension headers + TCP
 
 
@@ -45,6 +46,7 @@ class Ring:
         self.iface = hugepage.zeros(nslots, np.int64)
         self.offs = np.zeros(0, dtype=np.int64)  # empty: slot s's frame is at s * snaplen in frames
         self.ctr = np.zeros(NCTR, dtype=np.int64)
+        self.ctr[DROP_TS_MIN], self.ctr[DROP_TS_MAX] = NO_DROP_MIN, NO_DROP_MAX
 
     @classmethod
     def over(cls, buf: np.ndarray, nslots: int, snaplen: int = DEFAULT_SNAPLEN) -> Ring:
@@ -74,6 +76,14 @@ class Ring:
     @property
     def drops(self) -> int:
         return int(self.ctr[DROPS])
+
+    def take_drop_span(self) -> tuple[int, int] | None:
+        """(oldest, newest) timestamp of the frames dropped since the last call, None if none; resets it.
+        Racy with the producer by design (no lock on the capture path): a drop between the read and the
+        reset keeps its count but not its time, so the agent charges the interval's panes as well."""
+        lo, hi = int(self.ctr[DROP_TS_MIN]), int(self.ctr[DROP_TS_MAX])
+        self.ctr[DROP_TS_MIN], self.ctr[DROP_TS_MAX] = NO_DROP_MIN, NO_DROP_MAX
+        return None if lo == NO_DROP_MIN else (lo, hi)
 
     def arrays(self) -> tuple:
         """The arrays a Numba producer needs, in the order of :func:`ring_push`."""
@@ -190,6 +200,10 @@ def ring_push(frames, snaplen, caplen, wirelen, ts, iface, ctr, src, off, n, ori
     ok = head - ctr[TAIL] < nslots
     if not ok:
         ctr[DROPS] += 1
+        if ts_ns < ctr[DROP_TS_MIN]:  # the dropped frames' time span: the agent charges them to their panes
+            ctr[DROP_TS_MIN] = ts_ns
+        if ts_ns > ctr[DROP_TS_MAX]:
+            ctr[DROP_TS_MAX] = ts_ns
     else:
         slot = head & (nslots - 1)
         k = n if n < snaplen else snaplen

@@ -12,10 +12,13 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from contract import query as Q
 from low_level.capture.ring import CAPTURED, Ring
 from low_level.host.emit import Emitter
 from low_level.host.loop import HostLoop
+from low_level.host.losses import LossLedger
 from low_level.kernel.fused import Kernel
 from low_level.kernel.parse import PARSE_ERROR_NAMES
 from low_level.kernel.tables import Tables
@@ -67,6 +70,17 @@ class Agent(HostLoop):
         if self.pull:  # a fast classic-pcap replay's ring lies over the file: frames are not even copied
             self.ring = self.source.pull_ring(min(self.ring.nslots, self.pull_frames), self.ring.snaplen)
         self.last_on_demand = [0.0] * len(queries)
+        self.select_ledgers = [LossLedger() for _ in self.selects]
+        # the time span of the frames the ring dropped, not yet charged by each query / select
+        self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
+
+    def take_drop_span(self, j: int) -> tuple[int, int] | None:
+        """The ns span of the ring's dropped frames not yet charged by query j (selects after queries)."""
+        got = self.ring.take_drop_span()
+        if got is not None:
+            self.drop_spans = [got if s is None else (min(s[0], got[0]), max(s[1], got[1])) for s in self.drop_spans]
+        span, self.drop_spans[j] = self.drop_spans[j], None
+        return span
 
     @property
     def live_clock(self) -> bool:
@@ -111,13 +125,22 @@ class Agent(HostLoop):
         mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream)
         if mark is None or (not timer and mark == prev):
             return
-        from low_level.kernel.selection import SS_LATE, SS_MATCHED
+        from low_level.kernel.selection import SS_LATE, SS_LATE_MIN, SS_MATCHED, SS_MAXTS
 
         stats = {"packets": int(self.kernel.hc[0]), "matched": int(b.sst[k, SS_MATCHED]),
                  "late": int(b.sst[k, SS_LATE]), "ring_drops": int(self.ring.drops),
                  "backlog_lost": int(self.emitter.outbox.lost),
-                 "parse_errors": int(self.kernel.err_counts[1:].sum())}
-        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats)
+                 "parse_errors": int(self.kernel.err_counts[1:].sum()), "workers": self.workers}
+        none, never = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        late_min = int(b.sst[k, SS_LATE_MIN])
+        b.sst[k, SS_LATE_MIN] = none
+        clock = max(int(b.sst[k, SS_MAXTS]), time.time_ns() if self.live_clock else never)
+        clock = None if clock == never else clock
+        at = (clock if clock is not None else mark) if end_of_stream else mark
+        losses = self.select_ledgers[k].charge(self.drop_counters(), int(b.sst[k, SS_LATE]),
+                                               None if late_min == none else late_min, at, clock,
+                                               self.take_drop_span(len(self.queries) + k))  # fmt: skip
+        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats, losses)
 
     def punctuate_all(self, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
         super().punctuate_all(idle, timer, end_of_stream)

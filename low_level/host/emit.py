@@ -140,13 +140,17 @@ class Emitter:
             if sel.any():
                 self.backlog.add_partials(query, p, Block(pane[sel], key[sel], state[sel]))
 
-    def punctuate(self, query: str, mark_pane: int, mark_ns: int, stats: dict[str, int]) -> None:
-        """Queue a punctuation for every partition of the query's topic (after everything queued so far)."""
+    def punctuate(self, query: str, mark_pane: int, mark_ns: int, stats: dict[str, int],
+                  losses: tuple[tuple[int, int, str, int], ...] = ()) -> None:  # fmt: skip
+        """Queue a punctuation for every partition of the query's topic (after everything queued so far).
+        ``losses`` (low_level.host.losses) go to every partition: which one a lost packet's group hashes
+        to is unknown."""
         q = self.by_name[query]
         now = time.time_ns()
         for p in range(q.kafka.partitions):
             self.backlog.add_punctuation(
-                query, p, wire.Punctuation(query, self.host, self.incarnation, p, 0, mark_pane, mark_ns, now, stats)
+                query, p, wire.Punctuation(query, self.host, self.incarnation, p, 0, mark_pane, mark_ns, now, stats,
+                                           losses=losses)  # fmt: skip
             )
 
     # -- output side
@@ -214,7 +218,7 @@ class Emitter:
                 else:
                     ranges = self.backlog.take_shed(query, part)  # whole panes shed: the high level flags them
                     p = wire.Punctuation(item.query, item.host, item.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats, ranges)
+                                         item.mark_ns, item.sent_wall_ns, item.stats, ranges, item.losses)
                     if not self._send(topic, part, wire.encode_punctuation(p)):
                         self.backlog.give_back_shed(query, part, ranges)
                         return handed

@@ -25,8 +25,17 @@ import numpy as np
 from contract import query as Q
 from contract import wire
 from low_level.host.emit import Emitter
+from low_level.host.losses import LossLedger
 from low_level.host.punctuate import Mark, advance
-from low_level.kernel.tables import QS_EVICT, QS_LATE, QS_MATCHED
+from low_level.kernel.tables import (
+    LATE_NONE,
+    QS_EVICT,
+    QS_LATE,
+    QS_LATE_MIN,
+    QS_MATCHED,
+    QS_MAXTS,
+    QS_STARTED,
+)
 
 log = logging.getLogger("lowwater.agent")
 
@@ -60,6 +69,36 @@ class HostLoop:
         self.next_timer = [0.0] * nq
         self.stopping = False
         self.finished = False
+        self.workers = 0  # worker processes of this capture host (set for a worker H/wI; 0: not one)
+        self.ledgers = [LossLedger() for _ in queries]  # losses charged to panes, per query (low_level.host.losses)
+
+    def take_drop_span(self, j: int) -> tuple[int, int] | None:
+        """The ns span of the frames the ring dropped not yet charged by query j (a source without a ring: None)."""
+        return None
+
+    def drop_counters(self) -> dict[str, int]:
+        """The host's cumulative counters of records lost before any query saw them (low_level.host.losses):
+        the capture socket's drops, the ring's, and malformed frames (a truncated capture's cut record too)."""
+        src = self.source_stats()
+        return {"socket": int(src.get("kernel_drops", 0)), "ring": self.ring_drops(),
+                "malformed": sum(self.parse_error_counts().values()) + int(bool(src.get("malformed_tail")))}
+
+    def losses(self, i: int, mark_pane: int, end_of_stream: bool) -> tuple[tuple[int, int, str, int], ...]:
+        """Query i's losses since its previous punctuation, charged to panes (taken: each counted once)."""
+        t = self.kernel.t
+        w = self.queries[i].window
+        clock = [int(t.qs[i, QS_MAXTS])] if t.qs[i, QS_STARTED] else []
+        if self.live_clock:
+            clock.append(time.time_ns())
+        clock_pane = (max(clock) - w.origin_ns) // w.pane_ns if clock else None
+        late_min = int(t.qs[i, QS_LATE_MIN])
+        t.qs[i, QS_LATE_MIN] = LATE_NONE
+        if end_of_stream:  # the interval ends at the data, not at the end-of-stream mark
+            mark_pane = clock_pane if clock_pane is not None else (self.ledgers[i].since or 0)
+        span = self.take_drop_span(i)
+        pspan = None if span is None else ((span[0] - w.origin_ns) // w.pane_ns, (span[1] - w.origin_ns) // w.pane_ns)
+        return self.ledgers[i].charge(self.drop_counters(), int(t.qs[i, QS_LATE]),
+                                      None if late_min == LATE_NONE else late_min, mark_pane, clock_pane, pspan)
 
     def _bound_pending(self) -> None:
         """Drained partials wait in ``pending`` for at most a small fraction of the backlog's bound, so the
@@ -164,7 +203,9 @@ class HostLoop:
         """Advance query i's mark, send what it covers, then the mark with the host's counters (on demand
         only when it moved; the timer re-sends it for liveness)."""
         q = self.queries[i]
-        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream, clock_ns=clock_ns)
+        hold = -(-q.heartbeat.max_disorder_ns // q.window.pane_ns)  # panes the mark waits for disorder
+        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream, hold_panes=hold,
+                    clock_ns=clock_ns)  # fmt: skip
         if m is not None and m.flushed:
             self.heartbeat_flushed[i] += m.flushed
         self.drain()  # what the mark covers goes first
@@ -178,8 +219,9 @@ class HostLoop:
         stats = {"packets": self.records_in(), "matched": int(t.qs[i, QS_MATCHED]),
                  "late": int(t.qs[i, QS_LATE]), "evictions": int(t.qs[i, QS_EVICT]),
                  "ring_drops": self.ring_drops(), "backlog_lost": int(self.emitter.backlog.lost),
-                 "parse_errors": sum(self.parse_error_counts().values())}  # fmt: skip
-        self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats)
+                 "parse_errors": sum(self.parse_error_counts().values()), "workers": self.workers}  # fmt: skip
+        losses = self.losses(i, int(self.last_mark_pane[i]), end_of_stream)
+        self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats, losses)
         self.heartbeats[i] += 1
         self.punctuated = True
         return m

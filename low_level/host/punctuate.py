@@ -64,7 +64,8 @@ def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, e
     the oldest pane in the table says nothing about packets still to come when the capture itself
     is out of order (a group's older panes are evicted from its probe window as its newer ones
     arrive), so a stream with up to D of disorder needs ``hold_panes = ceil(D / pane)`` to lose
-    nothing (benchmarks/bench_disorder.py measures both). The agent passes 0 (today's rule).
+    nothing (benchmarks/bench_disorder.py measures both). The agent passes the query's
+    ``heartbeat.max_disorder`` in panes (rounded up).
     """
     t = kernel.t
     spec = t.queries[q]

@@ -39,7 +39,7 @@ from contract.query import key_program as query_key_program
 from low_level.jit import cache as jitcache
 from low_level.kernel.filter import statements as filter_statements
 from low_level.kernel.parse import EXTRA_COLUMNS
-from low_level.kernel.selection import SS_BASE, SS_LATE, SS_MARK, SS_MATCHED, SS_MAXTS, SS_N
+from low_level.kernel.selection import SS_BASE, SS_LATE, SS_LATE_MIN, SS_MARK, SS_MATCHED, SS_MAXTS, SS_N
 from low_level.kernel.tables import QP_IFMASK, QP_KW, QP_NA, QP_POLICY, QP_PROBES, QP_STRIDE, Tables
 
 BLOCK = 128  # packets per block: parsed, filtered, keyed and hashed first, then folded query by query
@@ -209,6 +209,8 @@ def aggregate_q{q}({args}):
             phi = plo + pane_ns
         if pane < mark:
             late += 1  # punctuation already promised this pane is complete: grammatical drop
+            if pane < qs[q, QS_LATE_MIN]:
+                qs[q, QS_LATE_MIN] = pane  # the oldest pane that lost a packet (charged to its windows)
             continue
         matched += 1
         if t > maxts:
@@ -300,7 +302,7 @@ from low_level.kernel.sketchkey import hll_rank, hll_register, log_bucket, value
 from low_level.kernel.subaggregate import PANE_MAX, emit_packet_at, emit_slot, prefetch_w, slot_hash_at
 from low_level.kernel.tables import (EMPTY, MAXKW, PANE_RING, QP_BASE, QP_I, QP_IFMASK, QP_M,
                               QP_ORIGIN, QP_PANE_NS, QP_SIZE, QS_CUR, QS_EVICT, QS_LATE, QS_MARK, QS_MATCHED,
-                              QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
+                              QS_LATE_MIN, QS_MAXTS, QS_OCC, QS_OVERDUE, QS_STARTED, QS_TICK)
 
 NF = {nf}  # row stride of the block's copied rows: up to the columns this kernel's parser writes
 BLOCK = {block}
@@ -406,6 +408,8 @@ def _select_lines(k: int, shape: dict, ind: str) -> list[str]:
         f"{body}st_t = row[F.TS]",
         f"{body}if st_t < sst[{k}, {SS_MARK}]:",
         f"{body}    sst[{k}, {SS_LATE}] += 1",
+        f"{body}    if st_t < sst[{k}, {SS_LATE_MIN}]:",
+        f"{body}        sst[{k}, {SS_LATE_MIN}] = st_t",
         f"{body}else:",
         f"{body}    st_n = sst[{k}, {SS_N}]",
         f"{body}    st_o = sst[{k}, {SS_BASE}] + st_n * {w1}",

@@ -27,7 +27,7 @@ from contract import query as Q
 from contract import wire
 
 # sst columns (per select query)
-SS_N, SS_MARK, SS_LATE, SS_MAXTS, SS_MATCHED, SS_BASE, SS_LOST = range(7)
+SS_N, SS_MARK, SS_LATE, SS_MAXTS, SS_MATCHED, SS_BASE, SS_LOST, SS_LATE_MIN = range(8)
 NSS = 8
 MAX_BATCH_ROWS = 16384
 
@@ -45,6 +45,7 @@ class SelectBuffers:
             base += chunk * w
         self.sst[:, SS_MARK] = np.iinfo(np.int64).min
         self.sst[:, SS_MAXTS] = np.iinfo(np.int64).min
+        self.sst[:, SS_LATE_MIN] = np.iinfo(np.int64).max  # oldest timestamp of a late row since last taken
         self.sout = np.zeros(max(base, 1), dtype=np.int64)
 
     def drain(self, k: int) -> np.ndarray:
@@ -61,6 +62,8 @@ class SelectBuffers:
         else:
             maxts = int(self.sst[k, SS_MAXTS])
             clock = None if maxts == np.iinfo(np.int64).min else maxts
+            if clock is not None and not idle:  # a busy host's rows may come up to max_disorder out of order
+                clock -= self.selects[k].heartbeat.max_disorder_ns
             if live_clock and idle:
                 wall = now_ns - self.selects[k].heartbeat.skew_ns
                 clock = wall if clock is None else max(clock, wall)
@@ -87,6 +90,10 @@ class SelectOutbox:
     rows_sent: int = 0
     batches_sent: int = 0
     punctuations_sent: int = 0
+
+    # per (select, partition): (first ts, last ts, rows) shed since its last punctuation went out; the
+    # next one carries them (wire loss cause "shed") and the shed rows count in seq as if sent
+    shed: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_name = {s.name: s for s in self.selects}
@@ -115,8 +122,10 @@ class SelectOutbox:
             self._shed(self.rows - self.max_rows)
 
     def _shed(self, excess: int) -> None:
-        """Drop the oldest rows (never a punctuation) until ``excess`` rows are gone."""
-        for fifo in self.fifos.values():
+        """Drop the oldest rows (never a punctuation) until ``excess`` rows are gone; their time range
+        and count go with the partition's next punctuation, and into its seq (a lost punctuation then
+        still leaves a visible gap): the join flags the windows they touch."""
+        for key, fifo in self.fifos.items():
             keep: deque = deque()
             while fifo and excess > 0:
                 item = fifo.popleft()
@@ -125,6 +134,11 @@ class SelectOutbox:
                     excess -= cut
                     self.rows -= cut
                     self.lost += cut
+                    ts = item[:cut, 0]
+                    r = self.shed.get(key)  # one range per partition: bounded however long the outage
+                    lo, hi = int(ts.min()), int(ts.max())
+                    self.shed[key] = (lo, hi, cut) if r is None else (min(r[0], lo), max(r[1], hi), r[2] + cut)
+                    self.seq[key] = self.seq.get(key, 0) + cut
                     if cut < item.shape[0]:
                         keep.append(item[cut:])
                 else:
@@ -133,13 +147,15 @@ class SelectOutbox:
             if excess <= 0:
                 return
 
-    def punctuate(self, name: str, mark_ns: int, stats: dict[str, int]) -> None:
+    def punctuate(self, name: str, mark_ns: int, stats: dict[str, int],
+                  losses: tuple[tuple[int, int, str, int], ...] = ()) -> None:  # fmt: skip
         """Queue a punctuation on every partition of the select's topic, after everything queued so far."""
         s = self.by_name[name]
         now = time.time_ns()
         for p in range(s.kafka.partitions):
             self.fifos[(name, p)].append(
-                wire.Punctuation(name, self.host, self.incarnation, p, 0, mark_ns, mark_ns, now, stats))
+                wire.Punctuation(name, self.host, self.incarnation, p, 0, mark_ns, mark_ns, now, stats,
+                                 losses=losses))  # fmt: skip
 
     def pump(self, send: Any) -> int:
         """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order per partition."""
@@ -166,10 +182,12 @@ class SelectOutbox:
                     else:
                         fifo[0] = item[n:]
                 else:
+                    shed = (self.shed[(name, part)],) if (name, part) in self.shed else ()
                     p = wire.Punctuation(name, self.host, self.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats)
+                                         item.mark_ns, item.sent_wall_ns, item.stats, shed, item.losses)
                     if not send(topic, part, wire.encode_punctuation(p)):
                         return handed
+                    self.shed.pop((name, part), None)
                     self.punctuations_sent += 1
                     fifo.popleft()
                 handed += 1

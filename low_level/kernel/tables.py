@@ -27,10 +27,12 @@ MAXKW = 8
 NQP = 16
 # qs columns (state, updated by the kernel and by the heartbeat)
 (QS_STARTED, QS_CUR, QS_MARK, QS_OCC, QS_MATCHED, QS_LATE, QS_EVICT, QS_FLUSH_SLOW, QS_FLUSH_SWEEP,
- QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX) = range(17)
-NQS = 17
+ QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX, QS_LATE_MIN) = range(18)
+NQS = 18
 QS_NAMES = ("started", "cur_pane", "mark_pane", "occupancy", "matched", "late", "evictions", "flush_slow",
-            "flush_sweep", "flush_iop", "overdue", "cursor", "tick", "out_n", "emitted", "max_ts", "burst_max")
+            "flush_sweep", "flush_iop", "overdue", "cursor", "tick", "out_n", "emitted", "max_ts", "burst_max",
+            "late_min_pane")
+LATE_NONE = np.iinfo(np.int64).max  # QS_LATE_MIN when no packet was late since the agent last took it
 
 
 def table_memory(words: int) -> np.ndarray:
@@ -90,6 +92,7 @@ class Tables:
             tab[base : base + size * stride : stride] = EMPTY
         qs = np.zeros((nq, NQS), dtype=np.int64)
         qs[:, QS_MARK] = EMPTY
+        qs[:, QS_LATE_MIN] = LATE_NONE  # the oldest pane of a late packet (the agent charges late losses to panes)
         return cls(
             queries=list(queries),
             qp=qp,

@@ -101,6 +101,7 @@ function incompleteWhy(r) {
   if (shed > 0) why.push(`${fmtNum(shed)} records shed by a capture host's backlog`);
   if (r.missing_records > shed) why.push(`${fmtNum(r.missing_records - shed)} records missing (sequence gap${shed ? "" : " or shed"})`);
   if (r.incomplete_groups > 0) why.push(`${fmtNum(r.incomplete_groups)} groups incomplete`);
+  if (r.loss_causes) why.push(`lost: ${r.loss_causes}`);  // which host, which cause, how many (flagged windows)
   return "incomplete: " + (why.join("; ") || "provisional");
 }
 
