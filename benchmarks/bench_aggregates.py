@@ -54,11 +54,19 @@ from lowwater_testing.traffic import make_traffic
 
 NS = 1_000_000_000
 HOSTS = ("a", "b")
+
+
 def alert_query(min_count: int, topic: str) -> Q.QuerySpec:
     """Packets and bytes per port per 2 s, alerting on busy ports."""
-    return spec("alert_bench", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
-                alerts=[{"name": "busy_port", "when": f"packets >= {min_count}", "severity": "warning"}], window="2s",
-                topic=topic, partitions=2)  # fmt: skip
+    return spec(
+        "alert_bench",
+        group_by=["dst_port"],
+        aggregates=["count as packets", "sum(length) as bytes"],
+        alerts=[{"name": "busy_port", "when": f"packets >= {min_count}", "severity": "warning"}],
+        window="2s",
+        topic=topic,
+        partitions=2,
+    )
 
 
 class Receiver:
@@ -113,11 +121,23 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
         broker.start()
         topic = broker.create_topic("lowwater.alert_bench", 2)
         q = alert_query(args.min_count, topic)
-        spark = build_spark("lowwater-bench-aggregates", master=args.master, state=work / "spark-state",
-                            extra_conf={"spark.sql.shuffle.partitions": "2"})  # fmt: skip
-        opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "results"),
-                          checkpoint=str(work / "ckpt"), trigger_ms=trigger_ms, shuffle_partitions=2,
-                          expected_hosts=HOSTS, host_timeout_ms=60_000, alert_webhook=rx.url, name="bench-alerts")  # fmt: skip
+        spark = build_spark(
+            "lowwater-bench-aggregates",
+            master=args.master,
+            state=work / "spark-state",
+            extra_conf={"spark.sql.shuffle.partitions": "2"},
+        )
+        opts = JobOptions(
+            bootstrap=broker.bootstrap_servers,
+            results=str(work / "results"),
+            checkpoint=str(work / "ckpt"),
+            trigger_ms=trigger_ms,
+            shuffle_partitions=2,
+            expected_hosts=HOSTS,
+            host_timeout_ms=60_000,
+            alert_webhook=rx.url,
+            name="bench-alerts",
+        )
         job = HighLevelJob(spark, [q], opts)
         submitted: dict[str, float] = {}
         submit = job.delivery.submit
@@ -134,11 +154,22 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
         traffic = make_traffic(args.rate * args.seconds, args.groups, t0, args.seconds * NS, seed=3)
         hix = split_hosts(len(traffic), len(HOSTS), seed=1)
         rows = traffic.rows()
-        streams = [host_messages(q, rows[hix == i], h, partitions=2, punct_every_ns=NS // 5, seed=i,
-                                 end_mark=wire.END_OF_STREAM)  # the capture's end closes everything
-                   for i, h in enumerate(HOSTS)]  # fmt: skip
+        streams = [
+            host_messages(
+                q,
+                rows[hix == i],
+                h,
+                partitions=2,
+                punct_every_ns=NS // 5,
+                seed=i,
+                end_mark=wire.END_OF_STREAM,
+            )  # the capture's end closes everything
+            for i, h in enumerate(HOSTS)
+        ]
         msgs = interleave(streams, seed=2)
-        log(f"replaying {len(msgs)} messages over {args.seconds} s of wall-clock data time (trigger {trigger_ms} ms)")
+        log(
+            f"replaying {len(msgs)} messages over {args.seconds} s of wall-clock data time (trigger {trigger_ms} ms)"
+        )
         prod = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1, linger_ms=0)
         try:
             for m in msgs:  # send each message when the wall clock reaches its data-time send instant
@@ -162,43 +193,98 @@ def alert_latency(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
         shutil.rmtree(work, ignore_errors=True)
     after_close = [t - _ts(a["startsAt"]) for t, a in rx.arrivals]
     # the two parts: close -> the sink hands the alerts over (the rest of the micro-batch), then the post
-    in_batch = [submitted[a["annotations"]["lowwater_id"]] - _ts(a["startsAt"]) for _, a in rx.arrivals
-                if a["annotations"]["lowwater_id"] in submitted]  # fmt: skip
-    delivery = [t - submitted[a["annotations"]["lowwater_id"]] for t, a in rx.arrivals
-                if a["annotations"]["lowwater_id"] in submitted]  # fmt: skip
-    steady = [x for (t, a), x in zip(rx.arrivals, after_close, strict=True) if _ts(a["labels"]["window_end"]) >= t0 / NS + 10]
+    in_batch = [
+        submitted[a["annotations"]["lowwater_id"]] - _ts(a["startsAt"])
+        for _, a in rx.arrivals
+        if a["annotations"]["lowwater_id"] in submitted
+    ]
+    delivery = [
+        t - submitted[a["annotations"]["lowwater_id"]]
+        for t, a in rx.arrivals
+        if a["annotations"]["lowwater_id"] in submitted
+    ]
+    steady = [
+        x
+        for (t, a), x in zip(rx.arrivals, after_close, strict=True)
+        if _ts(a["labels"]["window_end"]) >= t0 / NS + 10
+    ]
     after_end = [t - _ts(a["labels"]["window_end"]) for t, a in rx.arrivals]
     ids = [a["annotations"]["lowwater_id"] for _, a in rx.arrivals]
     ends = sorted({a["labels"]["window_end"] for _, a in rx.arrivals})
     p95 = _pct(after_close, 95)
     return {
-        "alerts": len(ids), "distinct_alerts": len(set(ids)), "windows_with_alerts": len(ends),
-        "trigger_s": trigger_ms / 1000, "window_s": 2, "hosts": len(HOSTS), "rate_pkt_per_s": args.rate,
-        "groups": args.groups, "seconds": args.seconds, "punctuation_every_s": 0.2, "master": args.master,
-        "latency_after_close_s": {"p50": _pct(after_close, 50), "p95": p95, "p99": _pct(after_close, 99),
-                                  "max": _pct(after_close, 100)},
-        "latency_after_close_steady_s": {"p50": _pct(steady, 50), "p95": _pct(steady, 95), "n": len(steady),
-                                         "note": "windows ending >= 10 s after the replay started (warm JVM)"},
+        "alerts": len(ids),
+        "distinct_alerts": len(set(ids)),
+        "windows_with_alerts": len(ends),
+        "trigger_s": trigger_ms / 1000,
+        "window_s": 2,
+        "hosts": len(HOSTS),
+        "rate_pkt_per_s": args.rate,
+        "groups": args.groups,
+        "seconds": args.seconds,
+        "punctuation_every_s": 0.2,
+        "master": args.master,
+        "latency_after_close_s": {
+            "p50": _pct(after_close, 50),
+            "p95": p95,
+            "p99": _pct(after_close, 99),
+            "max": _pct(after_close, 100),
+        },
+        "latency_after_close_steady_s": {
+            "p50": _pct(steady, 50),
+            "p95": _pct(steady, 95),
+            "n": len(steady),
+            "note": "windows ending >= 10 s after the replay started (warm JVM)",
+        },
         "close_to_sink_handoff_s": {"p50": _pct(in_batch, 50), "p95": _pct(in_batch, 95)},
-        "handoff_to_receiver_s": {"p50": _pct(delivery, 50), "p95": _pct(delivery, 95), "max": _pct(delivery, 100)},
-        "latency_after_window_end_s": {"p50": _pct(after_end, 50), "p95": _pct(after_end, 95),
-                                       "max": _pct(after_end, 100)},
-        "goal": "p95 after close <= 1 trigger interval", "goal_met": bool(p95 <= trigger_ms / 1000),
+        "handoff_to_receiver_s": {
+            "p50": _pct(delivery, 50),
+            "p95": _pct(delivery, 95),
+            "max": _pct(delivery, 100),
+        },
+        "latency_after_window_end_s": {
+            "p50": _pct(after_end, 50),
+            "p95": _pct(after_end, 95),
+            "max": _pct(after_end, 100),
+        },
+        "goal": "p95 after close <= 1 trigger interval",
+        "goal_met": bool(p95 <= trigger_ms / 1000),
         "goal_met_steady": bool(_pct(steady, 95) <= trigger_ms / 1000),
-    }  # fmt: skip
+    }
 
 
 HOLISTIC_QUERIES = config(
-    query("distinct_src_per_dst", group_by=["dst_ip"], aggregates=["count_distinct(src_ip) as sources"], window="1m",
-          table=524288),
-    query("hll_src_per_dst", group_by=["dst_ip"],
-          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 12, "as": "sources"}],
-          window="1m", table=524288),
-    query("top_src_per_dst24", group_by=["dst_ip/24"],
-          aggregates=[{"fn": "top", "field": "src_ip", "k": 10, "by": "length", "as": "bytes"}], window="1m", table=524288),
-    query("len_quantiles_per_proto", group_by=["protocol"],
-          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}], window="1m", table=4096),
-).text  # fmt: skip
+    query(
+        "distinct_src_per_dst",
+        group_by=["dst_ip"],
+        aggregates=["count_distinct(src_ip) as sources"],
+        window="1m",
+        table=524288,
+    ),
+    query(
+        "hll_src_per_dst",
+        group_by=["dst_ip"],
+        aggregates=[
+            {"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 12, "as": "sources"}
+        ],
+        window="1m",
+        table=524288,
+    ),
+    query(
+        "top_src_per_dst24",
+        group_by=["dst_ip/24"],
+        aggregates=[{"fn": "top", "field": "src_ip", "k": 10, "by": "length", "as": "bytes"}],
+        window="1m",
+        table=524288,
+    ),
+    query(
+        "len_quantiles_per_proto",
+        group_by=["protocol"],
+        aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}],
+        window="1m",
+        table=4096,
+    ),
+).text
 
 
 def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -226,11 +312,17 @@ def kernel_rates(args: argparse.Namespace, log: Callable[[str], None]) -> dict[s
     mpps = {n: args.packets / min(v) / 1e6 for n, v in runs.items()}
     q4_rate = mpps["Q4 count (lazy)"]
     ratios = {n: round(m / q4_rate, 3) for n, m in mpps.items() if n != "Q4 count (lazy)"}
-    return {"packets": args.packets, "groups": args.kgroups, "repeat": args.repeat,
-            "mpps": {n: round(m, 3) for n, m in mpps.items()},
-            "all_mpps": {n: [round(args.packets / s / 1e6, 3) for s in v] for n, v in runs.items()},
-            "records_emitted": emitted, "ratio_vs_q4": ratios, "min_ratio_vs_q4": min(ratios.values()),
-            "goal_min_ratio": 0.5}  # fmt: skip
+    return {
+        "packets": args.packets,
+        "groups": args.kgroups,
+        "repeat": args.repeat,
+        "mpps": {n: round(m, 3) for n, m in mpps.items()},
+        "all_mpps": {n: [round(args.packets / s / 1e6, 3) for s in v] for n, v in runs.items()},
+        "records_emitted": emitted,
+        "ratio_vs_q4": ratios,
+        "min_ratio_vs_q4": min(ratios.values()),
+        "goal_min_ratio": 0.5,
+    }
 
 
 def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
@@ -243,7 +335,9 @@ def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     n, seeds = args.distinct, args.seeds
     rows = []
     for p in range(10, 17):
-        q = spec("d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": p}])
+        q = spec(
+            "d", aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": p}]
+        )
         errs = []
         for seed in range(seeds):
             rng = np.random.default_rng(1000 + seed)
@@ -251,15 +345,28 @@ def hll_error(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
             words = np.column_stack([vals >> 32, vals])  # two address words
             reg, rank = sketch.hll_register_rank(words, p)
             regs = pd.Series(rank).groupby(reg).max()
-            est = holistic.offline(q, np.zeros(len(regs), np.int64), regs.index.to_numpy(np.int64).reshape(-1, 1),
-                                   regs.to_numpy(np.int64).reshape(-1, 1))  # fmt: skip
+            est = holistic.offline(
+                q,
+                np.zeros(len(regs), np.int64),
+                regs.index.to_numpy(np.int64).reshape(-1, 1),
+                regs.to_numpy(np.int64).reshape(-1, 1),
+            )
             errs.append(float(est.iloc[0, -1]) / n - 1)
-        rec = 8 * (1 + Q.key_width(q) + len(Q.state_columns(q)))  # bytes of one wire record (pane, key, state)
-        row = {"precision": p, "registers": 1 << p, "max_record_bytes": (1 << p) * rec,
-               "std_error_theory": round(sketch.hll_relative_error(p), 5),
-               "rms_error": round(float(np.sqrt(np.mean(np.square(errs)))), 5),
-               "max_abs_error": round(float(np.max(np.abs(errs))), 5), "errors": [round(e, 5) for e in errs]}  # fmt: skip
-        log(f"p={p}: rms {row['rms_error']:.4f} (theory {row['std_error_theory']:.4f}), max {row['max_abs_error']:.4f}")
+        rec = 8 * (
+            1 + Q.key_width(q) + len(Q.state_columns(q))
+        )  # bytes of one wire record (pane, key, state)
+        row = {
+            "precision": p,
+            "registers": 1 << p,
+            "max_record_bytes": (1 << p) * rec,
+            "std_error_theory": round(sketch.hll_relative_error(p), 5),
+            "rms_error": round(float(np.sqrt(np.mean(np.square(errs)))), 5),
+            "max_abs_error": round(float(np.max(np.abs(errs))), 5),
+            "errors": [round(e, 5) for e in errs],
+        }
+        log(
+            f"p={p}: rms {row['rms_error']:.4f} (theory {row['std_error_theory']:.4f}), max {row['max_abs_error']:.4f}"
+        )
         rows.append(row)
     return {"distinct": n, "seeds": seeds, "by_precision": rows, "default_precision": sketch.HLL_DEFAULT_P}
 
@@ -276,7 +383,11 @@ def adaptwid(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
 
     rng = np.random.default_rng(3)
     out = []
-    for k, per_pane, groups, values in ((6, 200_000, 1000, 50_000), (6, 200_000, 1000, 2_000), (2, 200_000, 1000, 50_000)):
+    for k, per_pane, groups, values in (
+        (6, 200_000, 1000, 50_000),
+        (6, 200_000, 1000, 2_000),
+        (2, 200_000, 1000, 50_000),
+    ):
         panes = 20
         pane = np.repeat(np.arange(panes, dtype=np.int64), per_pane)
         grp = rng.integers(0, groups, len(pane))
@@ -303,17 +414,29 @@ def adaptwid(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
         b = pd.concat(res) if res else pd.Series(dtype=np.int64)
         t_raw = time.perf_counter() - t0
         assert int(a.sum()) == int(b.sum()), "both strategies must count the same"
-        row = {"panes_per_window": k, "packets_per_pane": per_pane, "groups": groups, "value_domain": values,
-               "rows_held_pane_sets": held_sets, "rows_held_raw": held_raw, "seconds_pane_sets": round(t_sets, 3),
-               "seconds_raw_buffer": round(t_raw, 3), "faster": "pane_sets" if t_sets < t_raw else "raw_buffer",
-               "records_shipped_ratio_raw_vs_sets": round(held_raw / held_sets, 2)}  # fmt: skip
+        row = {
+            "panes_per_window": k,
+            "packets_per_pane": per_pane,
+            "groups": groups,
+            "value_domain": values,
+            "rows_held_pane_sets": held_sets,
+            "rows_held_raw": held_raw,
+            "seconds_pane_sets": round(t_sets, 3),
+            "seconds_raw_buffer": round(t_raw, 3),
+            "faster": "pane_sets" if t_sets < t_raw else "raw_buffer",
+            "records_shipped_ratio_raw_vs_sets": round(held_raw / held_sets, 2),
+        }
         log(json.dumps(row))
         out.append(row)
     return {"cases": out}
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, Callable[[str], None]], dict[str, Any]]] = {
-    "alert_latency": alert_latency, "kernel_rates": kernel_rates, "hll_error": hll_error, "adaptwid": adaptwid}
+    "alert_latency": alert_latency,
+    "kernel_rates": kernel_rates,
+    "hll_error": hll_error,
+    "adaptwid": adaptwid,
+}
 
 
 def main() -> None:
@@ -327,7 +450,9 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--packets", type=int, default=4_000_000, help="kernel_rates: packets in the ring")
     ap.add_argument("--kgroups", type=int, default=65536, help="kernel_rates: generator groups")
-    ap.add_argument("--repeat", type=int, default=3, help="kernel_rates: interleaved rounds (best is reported)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="kernel_rates: interleaved rounds (best is reported)"
+    )
     ap.add_argument("--distinct", type=int, default=1_000_000, help="hll_error: distinct values")
     ap.add_argument("--seeds", type=int, default=5, help="hll_error: seeds per precision")
     args = ap.parse_args()

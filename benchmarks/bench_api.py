@@ -36,15 +36,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 TMP = harness.RESULTS / "tmp" / "api_store"
 QUERY = "q4_pairs"
-CONFIG = config(query("q4_pairs", description="packet count per (srcIP, dstIP) per minute (benchmark)",
-                      filter="ip_version == 4", group_by=["src_ip", "dst_ip"], window="1m")).text
-SCHEMA = pa.schema([
-    ("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
-    ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
-    ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()), ("hosts_expected", pa.int32()),
-    ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()), ("missing_records", pa.int64()),
-    ("complete", pa.bool_()), ("kind", pa.string()),
-])  # fmt: skip
+CONFIG = config(
+    query(
+        "q4_pairs",
+        description="packet count per (srcIP, dstIP) per minute (benchmark)",
+        filter="ip_version == 4",
+        group_by=["src_ip", "dst_ip"],
+        window="1m",
+    )
+).text
+SCHEMA = pa.schema(
+    [
+        ("window_start", pa.timestamp("us", tz="UTC")),
+        ("window_end", pa.timestamp("us", tz="UTC")),
+        ("src_ip", pa.string()),
+        ("dst_ip", pa.string()),
+        ("packets", pa.int64()),
+        ("closed_at", pa.timestamp("us", tz="UTC")),
+        ("hosts", pa.int32()),
+        ("hosts_expected", pa.int32()),
+        ("hosts_in_mark", pa.int32()),
+        ("late_partials", pa.int64()),
+        ("missing_records", pa.int64()),
+        ("complete", pa.bool_()),
+        ("kind", pa.string()),
+    ]
+)
 
 
 def _addresses(rng: np.random.Generator, n: int) -> pa.Array:
@@ -88,23 +105,39 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
             n += k
             corrections += k
         ws_arr = pa.array(wss, pa.timestamp("us", tz="UTC"))
-        table = pa.table({
-            "window_start": ws_arr,
-            "window_end": pa.array([w + timedelta(minutes=1) for w in wss], pa.timestamp("us", tz="UTC")),
-            "src_ip": srcs.take(pa.array(src_idx)), "dst_ip": dsts.take(pa.array(dst_idx)),
-            "packets": pa.array(packets, pa.int64()),
-            "closed_at": pa.array([ws + timedelta(minutes=1, seconds=3)] * n, pa.timestamp("us", tz="UTC")),
-            "hosts": pa.array(np.full(n, 3, np.int32)), "hosts_expected": pa.array(np.full(n, 3, np.int32)),
-            "hosts_in_mark": pa.array(np.full(n, 3, np.int32)), "late_partials": pa.array(np.zeros(n, np.int64)),
-            "missing_records": pa.array(np.zeros(n, np.int64)), "complete": pa.array(np.ones(n, bool)),
-            "kind": pa.array(kind, pa.string()),
-        }, schema=SCHEMA)  # fmt: skip
+        table = pa.table(
+            {
+                "window_start": ws_arr,
+                "window_end": pa.array([w + timedelta(minutes=1) for w in wss], pa.timestamp("us", tz="UTC")),
+                "src_ip": srcs.take(pa.array(src_idx)),
+                "dst_ip": dsts.take(pa.array(dst_idx)),
+                "packets": pa.array(packets, pa.int64()),
+                "closed_at": pa.array(
+                    [ws + timedelta(minutes=1, seconds=3)] * n, pa.timestamp("us", tz="UTC")
+                ),
+                "hosts": pa.array(np.full(n, 3, np.int32)),
+                "hosts_expected": pa.array(np.full(n, 3, np.int32)),
+                "hosts_in_mark": pa.array(np.full(n, 3, np.int32)),
+                "late_partials": pa.array(np.zeros(n, np.int64)),
+                "missing_records": pa.array(np.zeros(n, np.int64)),
+                "complete": pa.array(np.ones(n, bool)),
+                "kind": pa.array(kind, pa.string()),
+            },
+            schema=SCHEMA,
+        )
         d = root / f"query={QUERY}" / f"date={ws.date().isoformat()}"
         d.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, d / f"part-{m:012d}.parquet")
         written += n
-    return {"rows": written, "corrections": corrections, "files": minutes, "groups_per_window": groups,
-            "first_window": first.isoformat(), "end": end.isoformat(), "generate_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "rows": written,
+        "corrections": corrections,
+        "files": minutes,
+        "groups_per_window": groups,
+        "first_window": first.isoformat(),
+        "end": end.isoformat(),
+        "generate_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _free_port() -> int:
@@ -122,8 +155,12 @@ def _machine() -> dict:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu_model": model or platform.processor(), "python": platform.python_version(),
-            "platform": platform.platform()}  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model or platform.processor(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -153,11 +190,16 @@ def main(argv: list[str] | None = None) -> None:
     meta = json.loads(manifest.read_text()) if manifest.exists() else None
     if args.regen or meta is None or meta.get("want") != want:
         end = datetime.now(UTC).replace(second=0, microsecond=0)
-        print(f"generating {args.rows:,} rows over {args.minutes} one-minute windows in {TMP} ...", flush=True)
+        print(
+            f"generating {args.rows:,} rows over {args.minutes} one-minute windows in {TMP} ...", flush=True
+        )
         info = generate(TMP, args.rows, args.minutes, end)
         meta = {"want": want, **info}
         manifest.write_text(json.dumps(meta, indent=1))
-    print(f"store: {meta['rows']:,} rows in {meta['files']} files ({meta['corrections']:,} corrections)", flush=True)
+    print(
+        f"store: {meta['rows']:,} rows in {meta['files']} files ({meta['corrections']:,} corrections)",
+        flush=True,
+    )
     end = datetime.fromisoformat(meta["end"])
     config = TMP / "bench.yaml"
     config.write_text(CONFIG)
@@ -165,10 +207,22 @@ def main(argv: list[str] | None = None) -> None:
     port = _free_port()
     # the real CLI in its own process (a server thread here would share the GIL with the client)
     server = subprocess.Popen(
-        [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(config),
-         "--results", str(TMP), "--port", str(port), "--log-level", "warning"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from high_level.serve.api import main; main()",
+            "--config",
+            str(config),
+            "--results",
+            str(TMP),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     start = (end - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/queries/{QUERY}/results"
@@ -192,9 +246,12 @@ def main(argv: list[str] | None = None) -> None:
             cold = time.perf_counter() - t0
             r.raise_for_status()
             body = r.json()
-            print(f"startup incl. background warm-up: {startup:.1f} s; first request: {cold * 1000:.0f} ms, "
-                  f"{body['paging']['total']} rows in the top-{args.top} set, "
-                  f"{body['paging']['returned']} returned, {len(r.content) / 1e6:.2f} MB", flush=True)  # fmt: skip
+            print(
+                f"startup incl. background warm-up: {startup:.1f} s; first request: {cold * 1000:.0f} ms, "
+                f"{body['paging']['total']} rows in the top-{args.top} set, "
+                f"{body['paging']['returned']} returned, {len(r.content) / 1e6:.2f} MB",
+                flush=True,
+            )
             for _ in range(5):
                 client.get(url, params=params).raise_for_status()
             cpu0 = _cpu_seconds(server.pid)
@@ -225,13 +282,18 @@ def main(argv: list[str] | None = None) -> None:
     ms = [t * 1000 for t in times]
     res = {
         "benchmark": "GET /queries/q4_pairs/results?top=100&start=<1h before the newest window> "
-                     "(HTTP to lowwater-api in its own process, sequential; default page limit 1000)",
+        "(HTTP to lowwater-api in its own process, sequential; default page limit 1000)",
         "machine": _machine(),
         "versions": {"duckdb": duckdb.__version__, "pyarrow": pa.__version__},
         "store": meta,
-        "request": {"top": args.top, "start": params["start"], "end": params["end"],
-                    "rows_in_top_set": body["paging"]["total"], "rows_returned": body["paging"]["returned"],
-                    "response_bytes": len(r.content)},  # fmt: skip
+        "request": {
+            "top": args.top,
+            "start": params["start"],
+            "end": params["end"],
+            "rows_in_top_set": body["paging"]["total"],
+            "rows_returned": body["paging"]["returned"],
+            "response_bytes": len(r.content),
+        },
         "requests": len(ms),
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "startup_with_warmup_s": round(startup, 1),
@@ -249,11 +311,13 @@ def main(argv: list[str] | None = None) -> None:
     res["meets_target"] = res["p95_ms"] <= 100
     harness.RESULTS.mkdir(parents=True, exist_ok=True)
     harness.write_results("api.json", res)
-    print(f"{len(ms)} requests: p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms "
-          f"(max {res['max_ms']} ms); server CPU {res['server_cpu_ms_per_request']} ms/request; "
-          f"limit=10000 p50 {res['all_6000_rows_limit_10000_p50_ms']} ms; latest?top=100 p50 {res['latest_top100_p50_ms']} ms; "
-          f"load average {res['load_average_before_after']}; "
-          f"{'meets' if res['meets_target'] else 'MISSES'} the p95 <= 100 ms target -> {harness.RESULTS / 'api.json'}")  # fmt: skip
+    print(
+        f"{len(ms)} requests: p50 {res['p50_ms']} ms, p95 {res['p95_ms']} ms, p99 {res['p99_ms']} ms "
+        f"(max {res['max_ms']} ms); server CPU {res['server_cpu_ms_per_request']} ms/request; "
+        f"limit=10000 p50 {res['all_6000_rows_limit_10000_p50_ms']} ms; latest?top=100 p50 {res['latest_top100_p50_ms']} ms; "
+        f"load average {res['load_average_before_after']}; "
+        f"{'meets' if res['meets_target'] else 'MISSES'} the p95 <= 100 ms target -> {harness.RESULTS / 'api.json'}"
+    )
 
 
 if __name__ == "__main__":

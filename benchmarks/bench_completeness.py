@@ -43,9 +43,16 @@ def tally(cause: str, runs: list[list[Any]]) -> dict[str, Any]:
     vs = [v for r in runs for v in r]
     wrong = sum(v.wrong for v in vs)
     caught = sum(v.wrong and v.flagged for v in vs)
-    return {"cause": cause, "runs": len(runs), "windows": len(vs), "wrong": wrong,
-            "flagged": sum(v.flagged for v in vs), "wrong_and_complete": wrong - caught,
-            "recall": caught / wrong if wrong else None, "false_alarms": sum(v.flagged and not v.wrong for v in vs)}
+    return {
+        "cause": cause,
+        "runs": len(runs),
+        "windows": len(vs),
+        "wrong": wrong,
+        "flagged": sum(v.flagged for v in vs),
+        "wrong_and_complete": wrong - caught,
+        "recall": caught / wrong if wrong else None,
+        "false_alarms": sum(v.flagged and not v.wrong for v in vs),
+    }
 
 
 def main() -> None:
@@ -78,24 +85,30 @@ def main() -> None:
             r["seconds"] = round(time.monotonic() - t0, 1)
             rows.append(r)
             rec = "-" if r["recall"] is None else f"{r['recall']:.2f}"
-            print(f"{cause:28s} windows {r['windows']:4d}  wrong {r['wrong']:3d}  flagged {r['flagged']:3d}  "
-                  f"wrong&complete {r['wrong_and_complete']:2d}  recall {rec:>4s}  false alarms {r['false_alarms']:3d}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{cause:28s} windows {r['windows']:4d}  wrong {r['wrong']:3d}  flagged {r['flagged']:3d}  "
+                f"wrong&complete {r['wrong_and_complete']:2d}  recall {rec:>4s}  false alarms {r['false_alarms']:3d}",
+                flush=True,
+            )
     finally:
         broker.stop()
     recalls = [r["recall"] for r in rows if r["recall"] is not None]
     out = {
-        "benchmark": "completeness", "machine": machine(), "method": {"doc": __doc__, "repeat": args.repeat},
+        "benchmark": "completeness",
+        "machine": machine(),
+        "method": {"doc": __doc__, "repeat": args.repeat},
         "causes_tested": len({r["cause"].split(" ")[0] for r in rows}),
         "wrong_and_complete_total": sum(r["wrong_and_complete"] for r in rows),
         "recall_min": min(recalls) if recalls else None,
         "false_alarms_total": sum(r["false_alarms"] for r in rows),
         "rows": rows,
-    }  # fmt: skip
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "completeness.json").write_text(json.dumps(out, indent=2))
-    print(f"causes {out['causes_tested']}, wrong and complete {out['wrong_and_complete_total']}, "
-          f"recall min {out['recall_min']}; wrote {RESULTS / 'completeness.json'}")
+    print(
+        f"causes {out['causes_tested']}, wrong and complete {out['wrong_and_complete_total']}, "
+        f"recall min {out['recall_min']}; wrote {RESULTS / 'completeness.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -59,29 +59,56 @@ MS = 1_000_000
 GROUPS = 1000
 CHUNK = 256
 CASES = {
-    "band": {"range": "8s", "slide": "800ms", "pane_ns": 800 * MS, "disorder_ns": 400 * MS,
-             "slacks_ms": [0, 40, 80, 160, 320, 400, 500]},
-    "block": {"range": "10s", "slide": "1s", "pane_ns": NS, "disorder_ns": 8200 * MS,
-              "slacks_ms": [0, 900, 1800, 3600, 5500, 7200, 8200, 10000]},
+    "band": {
+        "range": "8s",
+        "slide": "800ms",
+        "pane_ns": 800 * MS,
+        "disorder_ns": 400 * MS,
+        "slacks_ms": [0, 40, 80, 160, 320, 400, 500],
+    },
+    "block": {
+        "range": "10s",
+        "slide": "1s",
+        "pane_ns": NS,
+        "disorder_ns": 8200 * MS,
+        "slacks_ms": [0, 900, 1800, 3600, 5500, 7200, 8200, 10000],
+    },
     # block-sorted disorder of the default skew (2 s): what the default heartbeat.max_disorder must absorb
     "block_2s": {"range": "10s", "slide": "1s", "pane_ns": NS, "disorder_ns": 2 * NS, "slacks_ms": [0, 2000]},
-}  # fmt: skip
+}
 # the operator's setting (contract.query.HeartbeatSpec.max_disorder) at its default, as the agent applies it
 DEFAULT_MAX_DISORDER_NS = Q.HeartbeatSpec().max_disorder_ns
 
 
 def make_query(case: dict[str, Any], m: int) -> Q.QuerySpec:
-    return spec("disorder", group_by=["src_ip", "dst_ip"], window={"range": case["range"], "slide": case["slide"]},
-                table=16384, flush={"policy": "lazy", "m": m})
+    return spec(
+        "disorder",
+        group_by=["src_ip", "dst_ip"],
+        window={"range": case["range"], "slide": case["slide"]},
+        table=16384,
+        flush={"policy": "lazy", "m": m},
+    )
 
 
-def stream(kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: int, seed: int = 7) -> dict[str, Any]:
+def stream(
+    kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: int, seed: int = 7
+) -> dict[str, Any]:
     """Frames in arrival order, their timestamps, group codes and windows (first window per packet)."""
     n = rate * seconds
     frames, caplen, wirelen, ts = generate_frames(n, groups=GROUPS, seed=seed, synthetic_pps=rate)
     out, status, err = empty_outputs(n)
-    parse_batch(frames.reshape(-1), np.arange(n, dtype=np.int64) * frames.shape[1], caplen, wirelen, ts,
-                np.zeros(n, np.int64), n, out, status, err)  # fmt: skip
+    parse_batch(
+        frames.reshape(-1),
+        np.arange(n, dtype=np.int64) * frames.shape[1],
+        caplen,
+        wirelen,
+        ts,
+        np.zeros(n, np.int64),
+        n,
+        out,
+        status,
+        err,
+    )
     _, pane, key, _ = packet_partials(q, out)
     if len(pane) != n:
         raise AssertionError("every generated packet must match the filterless query")
@@ -93,8 +120,15 @@ def stream(kind: str, case: dict[str, Any], q: Q.QuerySpec, rate: int, seconds: 
     else:
         blk = (ts - ts[0]) // case["disorder_ns"]
         order = np.lexsort((ts, code, blk))
-    return {"frames": np.ascontiguousarray(frames[order]), "caplen": caplen[order], "wirelen": wirelen[order],
-            "ts": ts[order], "pane": pane[order], "code": code[order], "uniq": uniq}  # fmt: skip
+    return {
+        "frames": np.ascontiguousarray(frames[order]),
+        "caplen": caplen[order],
+        "wirelen": wirelen[order],
+        "ts": ts[order],
+        "pane": pane[order],
+        "code": code[order],
+        "uniq": uniq,
+    }
 
 
 def counts(pane: np.ndarray, code: np.ndarray, first: np.ndarray, k: int, wlo: int, whi: int) -> np.ndarray:
@@ -149,10 +183,17 @@ def run_punctuation(s: dict[str, Any], q: Q.QuerySpec, wlo: int, whi: int, hold:
     take(int(runmax[-1]), wire.END_OF_STREAM // 2)
     ends = lay.window_end_ns(np.arange(wlo, whi + 1))
     lat = [(closed_at[w] - int(ends[w - wlo])) / NS for w in range(wlo, whi + 1)]
-    return {"got": got, "latency": lat, "late": tables.stat(0, "late"), "evictions": tables.stat(0, "evictions")}
+    return {
+        "got": got,
+        "latency": lat,
+        "late": tables.stat(0, "late"),
+        "evictions": tables.stat(0, "evictions"),
+    }
 
 
-def run_slack(s: dict[str, Any], lay: Layout, slack_ns: int, consistent: bool, wlo: int, whi: int) -> dict[str, Any]:
+def run_slack(
+    s: dict[str, Any], lay: Layout, slack_ns: int, consistent: bool, wlo: int, whi: int
+) -> dict[str, Any]:
     ts, pane, code = s["ts"], s["pane"], s["code"]
     runmax = np.maximum.accumulate(ts)
     wm = runmax - slack_ns  # watermark when each packet arrives (itself included)
@@ -165,7 +206,9 @@ def run_slack(s: dict[str, Any], lay: Layout, slack_ns: int, consistent: bool, w
         got = counts(pane, code, np.maximum(pane, first_open), lay.k, wlo, whi)
     ends = lay.window_end_ns(np.arange(wlo, whi + 1))
     idx = np.searchsorted(wm, ends, side="left")  # first arrival with wm >= end(w)
-    lat = [(int(runmax[i]) - int(e)) / NS if i < len(ts) else math.nan for i, e in zip(idx, ends, strict=True)]
+    lat = [
+        (int(runmax[i]) - int(e)) / NS if i < len(ts) else math.nan for i, e in zip(idx, ends, strict=True)
+    ]
     return {"got": got, "latency": lat, "late": int(late_any.sum())}
 
 
@@ -183,11 +226,22 @@ def run_case(kind: str, rate: int, seconds: int) -> list[dict[str, Any]]:
     def row(plan: str, slack_ms: int | None, r: dict[str, Any]) -> None:
         err, wrong = accuracy(r["got"], exact)
         lat = np.array(r["latency"], dtype=np.float64)
-        rows.append({"disorder": kind, "plan": plan, "slack_ms": slack_ms, "m": m if plan.startswith("punctuation") else None,
-                     "latency_mean_s": float(np.nanmean(lat)), "latency_max_s": float(np.nanmax(lat)),
-                     "mean_error_pct": err, "wrong_results_pct": wrong, "late_packets": int(r["late"]),
-                     "late_pct": 100.0 * int(r["late"]) / len(s["ts"]), "windows": whi - wlo + 1,
-                     "evictions": r.get("evictions")})  # fmt: skip
+        rows.append(
+            {
+                "disorder": kind,
+                "plan": plan,
+                "slack_ms": slack_ms,
+                "m": m if plan.startswith("punctuation") else None,
+                "latency_mean_s": float(np.nanmean(lat)),
+                "latency_max_s": float(np.nanmax(lat)),
+                "mean_error_pct": err,
+                "wrong_results_pct": wrong,
+                "late_packets": int(r["late"]),
+                "late_pct": 100.0 * int(r["late"]) / len(s["ts"]),
+                "windows": whi - wlo + 1,
+                "evictions": r.get("evictions"),
+            }
+        )
 
     row("punctuation", None, run_punctuation(s, q, wlo, whi))
     row("punctuation, hold m", None, run_punctuation(s, q, wlo, whi, hold=m))
@@ -195,8 +249,11 @@ def run_case(kind: str, rate: int, seconds: int) -> list[dict[str, Any]]:
     row("punctuation, default max_disorder", None, run_punctuation(s, q, wlo, whi, hold=default_hold))
     for sl in case["slacks_ms"]:
         for consistent in (True, False):
-            row("consistent slack" if consistent else "generous slack", sl,
-                run_slack(s, lay, sl * MS, consistent, wlo, whi))  # fmt: skip
+            row(
+                "consistent slack" if consistent else "generous slack",
+                sl,
+                run_slack(s, lay, sl * MS, consistent, wlo, whi),
+            )
     return rows
 
 
@@ -209,35 +266,68 @@ def main() -> None:
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores; {args.rate:,} pkt/s, {seconds} s per case", flush=True)
     rows: list[dict[str, Any]] = []
-    print(f"{'disorder':8s} {'plan':17s} {'slack ms':>8s} {'latency s':>9s} {'max s':>6s} {'err %':>7s} {'wrong %':>8s} "
-          f"{'late pkts':>9s}")  # fmt: skip
+    print(
+        f"{'disorder':8s} {'plan':17s} {'slack ms':>8s} {'latency s':>9s} {'max s':>6s} {'err %':>7s} {'wrong %':>8s} "
+        f"{'late pkts':>9s}"
+    )
     for kind in CASES:
         rs = run_case(kind, args.rate, seconds)
         rows += rs
         for r in rs:
             sl = "-" if r["slack_ms"] is None else str(r["slack_ms"])
-            print(f"{r['disorder']:8s} {r['plan']:17s} {sl:>8s} {r['latency_mean_s']:9.3f} {r['latency_max_s']:6.2f} "
-                  f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}", flush=True)  # fmt: skip
+            print(
+                f"{r['disorder']:8s} {r['plan']:17s} {sl:>8s} {r['latency_mean_s']:9.3f} {r['latency_max_s']:6.2f} "
+                f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}",
+                flush=True,
+            )
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("disorder.json", {
-        "benchmark": "disorder_in_one_stream", "figure": "dissertation Fig. 6-11 (band) and 6-12 (block-sorted)",
-        "machine": m, "method": {"doc": __doc__, "rate_pkt_per_s": args.rate, "seconds": seconds, "groups": GROUPS,
-                                 "cases": CASES, "quick": args.quick}, "rows": rows})  # fmt: skip
+    harness.write_results(
+        "disorder.json",
+        {
+            "benchmark": "disorder_in_one_stream",
+            "figure": "dissertation Fig. 6-11 (band) and 6-12 (block-sorted)",
+            "machine": m,
+            "method": {
+                "doc": __doc__,
+                "rate_pkt_per_s": args.rate,
+                "seconds": seconds,
+                "groups": GROUPS,
+                "cases": CASES,
+                "quick": args.quick,
+            },
+            "rows": rows,
+        },
+    )
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
-    for a, kind, metric, label in ((ax[0], "band", "mean_error_pct", "mean error (%)"),
-                                   (ax[1], "block", "wrong_results_pct", "wrong (window, group) results (%)")):  # fmt: skip
-        for plan, color, marker in (("consistent slack", "#c33", "s"), ("generous slack", "#36c", "^"),
-                                    ("punctuation", "#2a7", "o"), ("punctuation, hold m", "#e90", "D")):  # fmt: skip
+    for a, kind, metric, label in (
+        (ax[0], "band", "mean_error_pct", "mean error (%)"),
+        (ax[1], "block", "wrong_results_pct", "wrong (window, group) results (%)"),
+    ):
+        for plan, color, marker in (
+            ("consistent slack", "#c33", "s"),
+            ("generous slack", "#36c", "^"),
+            ("punctuation", "#2a7", "o"),
+            ("punctuation, hold m", "#e90", "D"),
+        ):
             rs = [r for r in rows if r["disorder"] == kind and r["plan"] == plan]
-            a.plot([r["latency_mean_s"] for r in rs], [r[metric] for r in rs], marker=marker, color=color,
-                   label=f"{plan} (lazy m={rs[0]['m']})" if rs[0]["m"] else plan,
-                   linestyle="-" if len(rs) > 1 else "none", markersize=9 if rs[0]["m"] else 6)  # fmt: skip
+            a.plot(
+                [r["latency_mean_s"] for r in rs],
+                [r[metric] for r in rs],
+                marker=marker,
+                color=color,
+                label=f"{plan} (lazy m={rs[0]['m']})" if rs[0]["m"] else plan,
+                linestyle="-" if len(rs) > 1 else "none",
+                markersize=9 if rs[0]["m"] else 6,
+            )
         a.set_xlabel("mean latency (s of stream time after the window end)")
         a.set_ylabel(label)
-        a.set_title(f"{kind} disorder ({CASES[kind]['disorder_ns'] / NS:g} s), RANGE {CASES[kind]['range']} "
-                    f"SLIDE {CASES[kind]['slide']}", fontsize=9)  # fmt: skip
+        a.set_title(
+            f"{kind} disorder ({CASES[kind]['disorder_ns'] / NS:g} s), RANGE {CASES[kind]['range']} "
+            f"SLIDE {CASES[kind]['slide']}",
+            fontsize=9,
+        )
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
     fig.tight_layout()

@@ -30,8 +30,14 @@ from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
 from lowwater_testing.queries import config, query
 
-QUERY = config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"],
-                     table=65536)).text
+QUERY = config(
+    query(
+        "pairs",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as packets", "sum(length) as bytes"],
+        table=65536,
+    )
+).text
 
 
 def export(packets: int, tmp: Path) -> list[bytes]:
@@ -92,11 +98,15 @@ def lowwater_socket(datagrams: list[bytes], repeat: int, gap_s: float) -> tuple[
     k.warm()
     col = FlowCollector(buffer_bytes=1 << 26).open()
     col.warm()
-    sender = multiprocessing.get_context("spawn").Process(target=_send, args=(datagrams, col.port, repeat, gap_s))
+    sender = multiprocessing.get_context("spawn").Process(
+        target=_send, args=(datagrams, col.port, repeat, gap_s)
+    )
     sender.start()
     records, idle, cpu = 0, 0, 0.0
     while idle < 2000:
-        t0 = time.process_time()  # CPU of receiving and folding only: an idle poll is the loop's, not the work's
+        t0 = (
+            time.process_time()
+        )  # CPU of receiving and folding only: an idle poll is the loop's, not the work's
         got = col.receive()
         while col.pending:
             b = col.decode()
@@ -124,8 +134,11 @@ def nfcapd(datagrams: list[bytes], repeat: int, gap_s: float, tmp: Path) -> tupl
     probe.close()
     d = tmp / "nfcapd"
     d.mkdir()
-    proc = subprocess.Popen(["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600", "-B", str(1 << 24)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        ["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600", "-B", str(1 << 24)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.0)
     c0 = _cpu_of(proc.pid)
     _send(datagrams, port, repeat, gap_s)
@@ -134,7 +147,9 @@ def nfcapd(datagrams: list[bytes], repeat: int, gap_s: float, tmp: Path) -> tupl
     proc.terminate()
     proc.wait(30)
     files = sorted(p for p in d.iterdir() if p.name.startswith("nfcapd."))
-    out = subprocess.run(["nfdump", "-I", "-r", str(files[-1])], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nfdump", "-I", "-r", str(files[-1])], capture_output=True, text=True, check=True
+    ).stdout
     flows = int(next(line.split(":")[1] for line in out.splitlines() if line.startswith("Flows:")))
     return flows, c1 - c0
 
@@ -159,18 +174,33 @@ def main(argv: list[str] | None = None) -> None:
     want = one * a.repeat
     ok = mem_n == want and sock_n == want and nf_n == want
     res = {
-        "machine": m, "export": {"pcap_packets": a.packets, "datagrams": per_pass, "records": one, "repeat": a.repeat,
-                                 "exporter": "softflowd 1.1.0 -v 10 -A milli"},
+        "machine": m,
+        "export": {
+            "pcap_packets": a.packets,
+            "datagrams": per_pass,
+            "records": one,
+            "repeat": a.repeat,
+            "exporter": "softflowd 1.1.0 -v 10 -A milli",
+        },
         "records_per_s": round(mem_n / mem_cpu) if mem_cpu else None,
         "lowwater_memory": {"records": mem_n, "cpu_s": round(mem_cpu, 3)},
-        "lowwater_socket": {"records": sock_n, "cpu_s": round(sock_cpu, 3),
-                            "records_per_cpu_s": round(sock_n / sock_cpu) if sock_cpu else None},
-        "nfcapd": {"records": nf_n, "cpu_s": round(nf_cpu, 3),
-                   "records_per_cpu_s": round(nf_n / nf_cpu) if nf_cpu else None},
+        "lowwater_socket": {
+            "records": sock_n,
+            "cpu_s": round(sock_cpu, 3),
+            "records_per_cpu_s": round(sock_n / sock_cpu) if sock_cpu else None,
+        },
+        "nfcapd": {
+            "records": nf_n,
+            "cpu_s": round(nf_cpu, 3),
+            "records_per_cpu_s": round(nf_n / nf_cpu) if nf_cpu else None,
+        },
         "all_records_counted": ok,
-    }  # fmt: skip
-    res["vs_nfcapd"] = (round(res["lowwater_socket"]["records_per_cpu_s"] / res["nfcapd"]["records_per_cpu_s"], 2)
-                        if ok and nf_cpu and sock_cpu else None)  # fmt: skip
+    }
+    res["vs_nfcapd"] = (
+        round(res["lowwater_socket"]["records_per_cpu_s"] / res["nfcapd"]["records_per_cpu_s"], 2)
+        if ok and nf_cpu and sock_cpu
+        else None
+    )
     print(f"machine: {m['cpu']} ({m['cores']} cores)")
     print(f"export: {one} records in {per_pass} datagrams, x{a.repeat}")
     print(f"lowwater decode+aggregate (memory): {res['records_per_s']:,} records/s per core")
@@ -178,7 +208,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"nfcapd via UDP socket:   {res['nfcapd']['records_per_cpu_s']:,} records per CPU-s")
     print(f"vs_nfcapd (socket paths, per CPU-s): {res['vs_nfcapd']}; every record counted: {ok}")
     if not ok:
-        print(f"record counts differ (want {want}): memory {mem_n}, socket {sock_n}, nfcapd {nf_n}", file=sys.stderr)
+        print(
+            f"record counts differ (want {want}): memory {mem_n}, socket {sock_n}, nfcapd {nf_n}",
+            file=sys.stderr,
+        )
     harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("flows.json", res, indent=1)
 

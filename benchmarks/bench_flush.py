@@ -92,31 +92,61 @@ def main() -> None:
     bar = tqdm(total=len(configs), desc="flush policies", unit="config")
     for g in group_counts:
         per_window = 8 * g
-        frames, caplen, wirelen, ts = generate_frames(3 * per_window, groups=g, seed=3, snaplen=64,
-                                                      proto_mix={"tcp": 1.0}, sizes=(64, 64),
-                                                      synthetic_pps=max(1, per_window // 60))
+        frames, caplen, wirelen, ts = generate_frames(
+            3 * per_window,
+            groups=g,
+            seed=3,
+            snaplen=64,
+            proto_mix={"tcp": 1.0},
+            sizes=(64, 64),
+            synthetic_pps=max(1, per_window // 60),
+        )
         for ratio in (0.5, 1, 2):
             table = int(g * ratio)
             for policy in POLICIES:
-                traces = [service_trace(frames, caplen, wirelen, ts, q4(table, policy)) for _ in range(args.repeat)]
+                traces = [
+                    service_trace(frames, caplen, wirelen, ts, q4(table, policy)) for _ in range(args.repeat)
+                ]
                 trace = np.minimum.reduce(traces)  # per chunk, the least disturbed run
                 rate = sustained_rate(trace, args.ring)
-                rows.append({"groups": g, "table": table, "ratio": ratio, "policy": policy,
-                             "sustained_pps": rate, "mean_pps": len(ts) / trace.sum(),
-                             "worst_chunk_ms": trace.max() * 1e3})
+                rows.append(
+                    {
+                        "groups": g,
+                        "table": table,
+                        "ratio": ratio,
+                        "policy": policy,
+                        "sustained_pps": rate,
+                        "mean_pps": len(ts) / trace.sum(),
+                        "worst_chunk_ms": trace.max() * 1e3,
+                    }
+                )
                 bar.update(1)
         del frames
     bar.close()
-    print(f"\n{'groups':>8} {'table':>8} {'policy':>6} {'sustained Mpkt/s':>17} {'mean Mpkt/s':>12} "
-          f"{'worst chunk ms':>15} {'vs iop':>7}")
+    print(
+        f"\n{'groups':>8} {'table':>8} {'policy':>6} {'sustained Mpkt/s':>17} {'mean Mpkt/s':>12} "
+        f"{'worst chunk ms':>15} {'vs iop':>7}"
+    )
     for r in rows:
-        iop = next(x for x in rows if x["groups"] == r["groups"] and x["table"] == r["table"] and x["policy"] == "iop")
+        iop = next(
+            x
+            for x in rows
+            if x["groups"] == r["groups"] and x["table"] == r["table"] and x["policy"] == "iop"
+        )
         r["ratio_vs_iop"] = r["sustained_pps"] / iop["sustained_pps"]
-        print(f"{r['groups']:>8} {r['table']:>8} {r['policy']:>6} {r['sustained_pps'] / 1e6:17.2f} "
-              f"{r['mean_pps'] / 1e6:12.2f} {r['worst_chunk_ms']:15.2f} {r['ratio_vs_iop']:7.2f}")
+        print(
+            f"{r['groups']:>8} {r['table']:>8} {r['policy']:>6} {r['sustained_pps'] / 1e6:17.2f} "
+            f"{r['mean_pps'] / 1e6:12.2f} {r['worst_chunk_ms']:15.2f} {r['ratio_vs_iop']:7.2f}"
+        )
     harness.RESULTS.mkdir(exist_ok=True)
-    out = {"benchmark": "flush_policies", "method": __doc__, "ring_slots": args.ring, "chunk": CHUNK,
-           "rows": rows, "machine": m}
+    out = {
+        "benchmark": "flush_policies",
+        "method": __doc__,
+        "ring_slots": args.ring,
+        "chunk": CHUNK,
+        "rows": rows,
+        "machine": m,
+    }
     harness.write_results("flush_policies.json", out)
     plot(rows, group_counts)
     print(f"wrote {harness.RESULTS / 'flush_policies.json'} and flush_policies.png")
@@ -128,8 +158,15 @@ def plot(rows: list[dict], group_counts: list[int]) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
     for ax, ratio in zip(axes, (0.5, 1, 2), strict=True):
         for policy, style in (("iop", "o-"), ("slow", "s-"), ("lazy", "^-")):
-            ys = [next(r["sustained_pps"] for r in rows if r["groups"] == g and r["ratio"] == ratio
-                       and r["policy"] == policy) / 1e6 for g in group_counts]
+            ys = [
+                next(
+                    r["sustained_pps"]
+                    for r in rows
+                    if r["groups"] == g and r["ratio"] == ratio and r["policy"] == policy
+                )
+                / 1e6
+                for g in group_counts
+            ]
             ax.plot([g / 1000 for g in group_counts], ys, style, label=policy)
         ax.set_title(f"table = {ratio:g} x groups")
         ax.set_xlabel("groups (thousands)")

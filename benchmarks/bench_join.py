@@ -47,22 +47,29 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml"
 
 def workload(n_syn: int, seed: int = 1) -> tuple[Q.Config, np.ndarray, np.ndarray]:
     cfg = Q.load(CONFIG)
-    cfg = Q.Config(cfg.path, [], [s.model_copy(update={"kafka": Q.KafkaSpec(topic=s.topic, partitions=1)})
-                                  for s in cfg.selects], cfg.joins)  # fmt: skip
+    cfg = Q.Config(
+        cfg.path,
+        [],
+        [s.model_copy(update={"kafka": Q.KafkaSpec(topic=s.topic, partitions=1)}) for s in cfg.selects],
+        cfg.joins,
+    )
     t = make_handshake_traffic(n_syn, T0, 60 * NS, seed=seed, max_latency_ns=4 * NS)  # a minute of handshakes
     parsed = t.rows()
     left, right = (simulate.select_oracle(s, parsed) for s in cfg.selects)
     return cfg, left, right
 
 
-def arrival(cfg: Q.Config, left: np.ndarray, right: np.ndarray, skew_s: int, hosts: int = 3,
-            seed: int = 2) -> list[simulate.Message]:  # fmt: skip
+def arrival(
+    cfg: Q.Config, left: np.ndarray, right: np.ndarray, skew_s: int, hosts: int = 3, seed: int = 2
+) -> list[simulate.Message]:
     rng = np.random.default_rng(seed)
     streams = []
     for s, rows in zip(cfg.selects, (left, right), strict=True):
         hidx = rng.integers(0, hosts, len(rows))
-        streams += [simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // (hosts - 1))
-                    for h in range(hosts)]  # fmt: skip
+        streams += [
+            simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // (hosts - 1))
+            for h in range(hosts)
+        ]
     return simulate.interleave(streams, seed=seed)
 
 
@@ -78,8 +85,11 @@ def _latency(lat: list[np.ndarray]) -> dict:
     x = np.concatenate(lat) / NS if lat else np.zeros(0)
     if not len(x):
         return {}
-    return {"p50": round(float(np.percentile(x, 50)), 2), "p95": round(float(np.percentile(x, 95)), 2),
-            "max": round(float(x.max()), 2)}  # fmt: skip
+    return {
+        "p50": round(float(np.percentile(x, 50)), 2),
+        "p95": round(float(np.percentile(x, 95)), 2),
+        "max": round(float(x.max()), 2),
+    }
 
 
 def run_oa(cfg: Q.Config, msgs: list[simulate.Message], batch: int) -> dict:
@@ -99,9 +109,14 @@ def run_oa(cfg: Q.Config, msgs: list[simulate.Message], batch: int) -> dict:
         lat.append(max(m.t_ns for m in chunk) - np.maximum(out.l_ts, out.r_ts))
         peak_rows, peak_bytes = max(peak_rows, bj.state_rows), max(peak_bytes, bj.state_bytes)
     rows_in = sum(wire.decode(m.value).n for m in msgs if not m.is_punctuation)
-    return {"pairs": pairs, "peak_state_rows": peak_rows, "peak_state_bytes": peak_bytes,
-            "input_rows": rows_in, "input_tuples_per_s_one_core": round(rows_in / busy),
-            "latency_s": _latency(lat)}  # fmt: skip
+    return {
+        "pairs": pairs,
+        "peak_state_rows": peak_rows,
+        "peak_state_bytes": peak_bytes,
+        "input_rows": rows_in,
+        "input_tuples_per_s_one_core": round(rows_in / busy),
+        "latency_s": _latency(lat),
+    }
 
 
 class InOrderJoin:
@@ -112,8 +127,14 @@ class InOrderJoin:
     def __init__(self, lay: JoinLayout, hosts: tuple[str, ...]) -> None:
         self.lay = lay
         self.melds = {s: Meld(10**12, hosts) for s in ("left", "right")}
-        self.buf = {s: [np.empty(0, np.int64), np.empty((0, w), np.int64)] for s, w in (("left", lay.lw), ("right", lay.rw))}
-        self.window = [np.empty(0, np.int64), np.empty((0, lay.lw), np.int64)]  # released left rows of the band
+        self.buf = {
+            s: [np.empty(0, np.int64), np.empty((0, w), np.int64)]
+            for s, w in (("left", lay.lw), ("right", lay.rw))
+        }
+        self.window = [
+            np.empty(0, np.int64),
+            np.empty((0, lay.lw), np.int64),
+        ]  # released left rows of the band
 
     def process(self, values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """-> (left ts, right ts) of the pairs this step emits."""
@@ -122,7 +143,10 @@ class InOrderJoin:
             b = wire.decode(v)
             side = lay.side_of(b.query)
             if isinstance(b, wire.Rows):
-                self.buf[side] = [np.concatenate([self.buf[side][0], b.ts]), np.concatenate([self.buf[side][1], b.cols])]
+                self.buf[side] = [
+                    np.concatenate([self.buf[side][0], b.ts]),
+                    np.concatenate([self.buf[side][1], b.cols]),
+                ]
             elif isinstance(b, wire.Punctuation):
                 self.melds[side].observe(b.host, b.incarnation, b.mark_ns, b.mark_ns, b.sent_wall_ns, 0)
         marks = [m.low_water_mark() for m in self.melds.values()]
@@ -135,9 +159,13 @@ class InOrderJoin:
             go = ts < front
             rel[s] = (ts[go], cols[go])
             self.buf[s] = [ts[~go], cols[~go]]
-        wl = [np.concatenate([self.window[0], rel["left"][0]]), np.concatenate([self.window[1], rel["left"][1]])]
-        li, ri = match_pairs(wl[1][:, list(lay.lkey)], wl[0], rel["right"][1][:, list(lay.rkey)], rel["right"][0],
-                             lay.band_ns)  # fmt: skip
+        wl = [
+            np.concatenate([self.window[0], rel["left"][0]]),
+            np.concatenate([self.window[1], rel["left"][1]]),
+        ]
+        li, ri = match_pairs(
+            wl[1][:, list(lay.lkey)], wl[0], rel["right"][1][:, list(lay.rkey)], rel["right"][0], lay.band_ns
+        )
         keep = wl[0] >= front - lay.band_ns
         self.window = [wl[0][keep], wl[1][keep]]
         return wl[0][li], rel["right"][0][ri]
@@ -163,10 +191,17 @@ def run_in_order(cfg: Q.Config, msgs: list[simulate.Message], batch: int) -> dic
         pairs += len(lts)
         lat.append(max(m.t_ns for m in chunk) - np.maximum(lts, rts))
         peak_rows, peak_bytes = max(peak_rows, io.state_rows), max(peak_bytes, io.state_bytes)
-    return {"pairs": pairs, "peak_state_rows": peak_rows, "peak_state_bytes": peak_bytes, "latency_s": _latency(lat)}
+    return {
+        "pairs": pairs,
+        "peak_state_rows": peak_rows,
+        "peak_state_bytes": peak_bytes,
+        "latency_s": _latency(lat),
+    }
 
 
-def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, delay_s: int, band_ns: int) -> dict:
+def run_spark(
+    spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, delay_s: int, band_ns: int
+) -> dict:
     """Spark's stream-stream inner join with watermarks over the same arrival, one file per micro-batch."""
     from pyspark.sql import functions as F
 
@@ -191,16 +226,26 @@ def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, de
         schema = "ts_ns long, sh long, sl long, sp long, dh long, dl long, dp long"
 
         def stream(side: int, p: str):
-            d = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(tmp / f"in{side}"))
+            d = (
+                spark.readStream.schema(schema)
+                .option("maxFilesPerTrigger", 1)
+                .parquet(str(tmp / f"in{side}"))
+            )
             d = d.select(*[F.col(c).alias(f"{p}{c}") for c in ("ts_ns", "sh", "sl", "sp", "dh", "dl", "dp")])
             d = d.withColumn(f"{p}ts", F.timestamp_micros((F.col(f"{p}ts_ns") / 1000).cast("long")))
             return d.withWatermark(f"{p}ts", f"{delay_s} seconds")
 
         left, right = stream(0, "l_"), stream(1, "r_")
-        cond = ((F.col("l_sh") == F.col("r_dh")) & (F.col("l_sl") == F.col("r_dl")) & (F.col("l_sp") == F.col("r_dp"))
-                & (F.col("l_dh") == F.col("r_sh")) & (F.col("l_dl") == F.col("r_sl")) & (F.col("l_dp") == F.col("r_sp"))
-                & (F.col("r_ts") >= F.col("l_ts"))
-                & (F.col("r_ts") <= F.col("l_ts") + F.expr(f"INTERVAL {band_ns // NS} SECONDS")))  # fmt: skip
+        cond = (
+            (F.col("l_sh") == F.col("r_dh"))
+            & (F.col("l_sl") == F.col("r_dl"))
+            & (F.col("l_sp") == F.col("r_dp"))
+            & (F.col("l_dh") == F.col("r_sh"))
+            & (F.col("l_dl") == F.col("r_sl"))
+            & (F.col("l_dp") == F.col("r_sp"))
+            & (F.col("r_ts") >= F.col("l_ts"))
+            & (F.col("r_ts") <= F.col("l_ts") + F.expr(f"INTERVAL {band_ns // NS} SECONDS"))
+        )
         joined = left.join(right, cond, "inner")
         got: dict[int, pd.DataFrame] = {}
 
@@ -225,11 +270,20 @@ def run_spark(spark, cfg: Q.Config, msgs: list[simulate.Message], batch: int, de
         data_batches = [p["batchId"] for p in q.recentProgress if p["numInputRows"]]
         q.stop()
         pairs = sum(len(d) for d in got.values())
-        lat = [clocks[i] - np.maximum(got[b]["l_ts_ns"].to_numpy(), got[b]["r_ts_ns"].to_numpy())
-               for i, b in enumerate(data_batches) if b in got]  # micro-batch i read chunk i (one file each)
+        lat = [
+            clocks[i] - np.maximum(got[b]["l_ts_ns"].to_numpy(), got[b]["r_ts_ns"].to_numpy())
+            for i, b in enumerate(data_batches)
+            if b in got
+        ]  # micro-batch i read chunk i (one file each)
         rows_in = sum(wire.decode(m.value).n for m in msgs if not m.is_punctuation)
-        return {"pairs": int(pairs), "peak_state_rows": peak, "peak_state_bytes": peak_bytes, "batches": k,
-                "input_tuples_per_s_local2": round(rows_in / secs), "latency_s": _latency(lat)}  # fmt: skip
+        return {
+            "pairs": int(pairs),
+            "peak_state_rows": peak,
+            "peak_state_bytes": peak_bytes,
+            "batches": k,
+            "input_tuples_per_s_local2": round(rows_in / secs),
+            "latency_s": _latency(lat),
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -293,8 +347,11 @@ class CpuSampler:
 
     def between(self, t0: float, t1: float) -> dict[str, float]:
         w = np.array([s[0] for s in self.samples])
-        return {k: round(float(np.interp(t1, w, c) - np.interp(t0, w, c)), 2)
-                for k in self.samples[0][1] for c in [np.array([s[1][k] for s in self.samples])]}  # fmt: skip
+        return {
+            k: round(float(np.interp(t1, w, c) - np.interp(t0, w, c)), 2)
+            for k in self.samples[0][1]
+            for c in [np.array([s[1][k] for s in self.samples])]
+        }
 
 
 def stage_times(spark) -> list[dict]:
@@ -308,8 +365,19 @@ def stage_times(spark) -> list[dict]:
     out: dict[str, dict] = {}
     for st in stages:
         key = f"{st['numTasks']} tasks: {st['name'][:60]}"
-        d = out.setdefault(key, {"stage": key, "stages": 0, "run_s": 0.0, "cpu_s": 0.0, "gc_s": 0.0,
-                                 "input_mb": 0.0, "shuffle_write_mb": 0.0, "shuffle_read_mb": 0.0})  # fmt: skip
+        d = out.setdefault(
+            key,
+            {
+                "stage": key,
+                "stages": 0,
+                "run_s": 0.0,
+                "cpu_s": 0.0,
+                "gc_s": 0.0,
+                "input_mb": 0.0,
+                "shuffle_write_mb": 0.0,
+                "shuffle_read_mb": 0.0,
+            },
+        )
         d["stages"] += 1
         d["run_s"] += st.get("executorRunTime", 0) / 1e3
         d["cpu_s"] += st.get("executorCpuTime", 0) / 1e9
@@ -320,8 +388,9 @@ def stage_times(spark) -> list[dict]:
     return [{k: round(v, 2) if isinstance(v, float) else v for k, v in d.items()} for d in out.values()]
 
 
-def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_messages: int,
-            stages: bool = False) -> dict:  # fmt: skip
+def run_job(
+    left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_messages: int, stages: bool = False
+) -> dict:
     """The job path: the hosts' select batches in a real Kafka broker (2 partitions per input), the real
     job (:class:`high_level.job.HighLevelJob`, the handshake join only) on ``local[2]``; every stored
     window's ``completed`` summed must equal the oracle's pairs."""
@@ -345,11 +414,20 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
         for s, rows in zip(cfg.selects, (left, right), strict=True):
             hidx = rng.integers(0, 3, len(rows))
             for h in range(3):
-                tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in
-                           simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // 2)]
+                tagged += [
+                    (m.t_ns, s.topic, m.partition, m.value)
+                    for m in simulate.select_messages(
+                        s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // 2
+                    )
+                ]
         tagged.sort(key=lambda x: x[0])
-        prod = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1, linger_ms=5, batch_size=1 << 20,
-                             max_request_size=8 << 20)  # fmt: skip
+        prod = KafkaProducer(
+            bootstrap_servers=broker.bootstrap_servers,
+            acks=1,
+            linger_ms=5,
+            batch_size=1 << 20,
+            max_request_size=8 << 20,
+        )
         for _, topic, part, value in tagged:
             prod.send(topic, value=value, partition=part)
         prod.flush()
@@ -363,10 +441,18 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
         if stages:  # the monitoring API needs the UI
             conf |= {"spark.ui.enabled": "true", "spark.ui.port": "0"}
         spark = build_spark("bench-join-job", "local[2]", conf, state=work / "spark")
-        opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / "res"), checkpoint=str(work / "ck"),
-                          trigger_ms=1000, shuffle_partitions=2, name="bench-join", create_topics=False,
-                          expected_hosts=("cap-0", "cap-1", "cap-2"), host_timeout_ms=10**9,
-                          max_offsets_per_trigger=batch_messages)  # fmt: skip
+        opts = JobOptions(
+            bootstrap=broker.bootstrap_servers,
+            results=str(work / "res"),
+            checkpoint=str(work / "ck"),
+            trigger_ms=1000,
+            shuffle_partitions=2,
+            name="bench-join",
+            create_topics=False,
+            expected_hosts=("cap-0", "cap-1", "cap-2"),
+            host_timeout_ms=10**9,
+            max_offsets_per_trigger=batch_messages,
+        )
         job = HighLevelJob(spark, [], opts, config=cfg)
         cpu = CpuSampler()
         t0 = time.perf_counter()
@@ -387,24 +473,44 @@ def run_job(left: np.ndarray, right: np.ndarray, pairs: int, skew_s: int, batch_
 
     def batch_rows(p: dict) -> int:
         src = p["sources"][0]
-        start, end = (json.loads(x) if isinstance(x, str) else x for x in (src["startOffset"], src["endOffset"]))
-        return sum(cum[(t, int(q))][o] - cum[(t, int(q))][(start or {}).get(t, {}).get(q, 0)]
-                   for t, parts in end.items() for q, o in parts.items())  # fmt: skip
+        start, end = (
+            json.loads(x) if isinstance(x, str) else x for x in (src["startOffset"], src["endOffset"])
+        )
+        return sum(
+            cum[(t, int(q))][o] - cum[(t, int(q))][(start or {}).get(t, {}).get(q, 0)]
+            for t, parts in end.items()
+            for q, o in parts.items()
+        )
 
     warm = prog[1:] or prog  # the first micro-batch starts the Python workers and the Kafka consumers
     busy = sum(p["durationMs"]["triggerExecution"] for p in warm) / 1e3
     start = [datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() for p in warm]
     warm_cpu = cpu.between(start[0], start[-1] + warm[-1]["durationMs"]["triggerExecution"] / 1e3)
     warm_rows = sum(batch_rows(p) for p in warm)
-    return {"input_rows": rows_in, "messages": len(tagged), "rows_per_message": round(rows_in / len(tagged)),
-            "skew_s": skew_s, "messages_per_batch": batch_messages, "pairs": completed,
-            "pairs_vs_oracle": completed - pairs, "wall_s": round(wall, 1),
-            "batches": [{"messages": p["numInputRows"], "rows": batch_rows(p), "ms": p["durationMs"]["triggerExecution"],
-                         "add_batch_ms": p["durationMs"].get("addBatch")} for p in prog],
-            "input_tuples_per_s": round(warm_rows / busy),
-            "warm_cpu_s": warm_cpu, "input_tuples_per_cpu_s": round(warm_rows / sum(warm_cpu.values())),
-            "input_tuples_per_s_wall": round(rows_in / wall),
-            **({"stages": stage_rows} if stages else {})}  # fmt: skip
+    return {
+        "input_rows": rows_in,
+        "messages": len(tagged),
+        "rows_per_message": round(rows_in / len(tagged)),
+        "skew_s": skew_s,
+        "messages_per_batch": batch_messages,
+        "pairs": completed,
+        "pairs_vs_oracle": completed - pairs,
+        "wall_s": round(wall, 1),
+        "batches": [
+            {
+                "messages": p["numInputRows"],
+                "rows": batch_rows(p),
+                "ms": p["durationMs"]["triggerExecution"],
+                "add_batch_ms": p["durationMs"].get("addBatch"),
+            }
+            for p in prog
+        ],
+        "input_tuples_per_s": round(warm_rows / busy),
+        "warm_cpu_s": warm_cpu,
+        "input_tuples_per_cpu_s": round(warm_rows / sum(warm_cpu.values())),
+        "input_tuples_per_s_wall": round(rows_in / wall),
+        **({"stages": stage_rows} if stages else {}),
+    }
 
 
 def main() -> None:
@@ -413,11 +519,15 @@ def main() -> None:
     ap.add_argument("--skews", default="0,10,20,40")
     ap.add_argument("--batch", type=int, default=30, help="Kafka messages per micro-batch")
     ap.add_argument("--no-spark", action="store_true")
-    ap.add_argument("--job-copies", type=int, default=10, help="job path: copies of the minute of handshakes (0: skip)")
+    ap.add_argument(
+        "--job-copies", type=int, default=10, help="job path: copies of the minute of handshakes (0: skip)"
+    )
     ap.add_argument("--job-batch", type=int, default=3000, help="job path: Kafka messages per micro-batch")
     ap.add_argument("--job-skew", type=int, default=0, help="job path: inter-host skew (s)")
     ap.add_argument("--job-only", action="store_true", help="only the job path (prints its figures)")
-    ap.add_argument("--job-update", action="store_true", help="with --job-only: replace join.json's job block")
+    ap.add_argument(
+        "--job-update", action="store_true", help="with --job-only: replace join.json's job block"
+    )
     ap.add_argument("--job-stages", action="store_true", help="job path: add Spark's time per stage (UI on)")
     args = ap.parse_args()
     m = machine()
@@ -428,9 +538,14 @@ def main() -> None:
     if args.job_only:
         jl, jr = scaled(left, right, args.job_copies)
         job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch, args.job_stages)
-        assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
-        job |= {"machine": m, "load_avg_1_5_15_at_start": load0,
-                "load_avg_1_5_15_at_end": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+        assert job["pairs_vs_oracle"] == 0, (
+            f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        )
+        job |= {
+            "machine": m,
+            "load_avg_1_5_15_at_start": load0,
+            "load_avg_1_5_15_at_end": [round(x, 1) for x in os.getloadavg()],
+        }
         print(json.dumps(job, indent=1))
         if args.job_update:  # the job block of join.json only (its own machine, date and load)
             path = harness.RESULTS / "join.json"
@@ -439,14 +554,21 @@ def main() -> None:
             path.write_text(json.dumps(d, indent=2))
             print(f"wrote the job block of {path}")
         return
-    print(f"machine: {m['cpu']}; {len(left):,} SYN rows, {len(right):,} SYN-ACK rows, {want:,} pairs in the band")
+    print(
+        f"machine: {m['cpu']}; {len(left):,} SYN rows, {len(right):,} SYN-ACK rows, {want:,} pairs in the band"
+    )
     spark = None
     if not args.no_spark:
         from high_level.cluster.session import build_spark
         from local_stack.jars import spark_kafka_jars
 
-        spark = build_spark("bench-join", "local[2]", {"spark.sql.shuffle.partitions": "2"}, jars=spark_kafka_jars(),
-                            state=tempfile.mkdtemp(prefix="lw-bench-join-state-"))  # fmt: skip
+        spark = build_spark(
+            "bench-join",
+            "local[2]",
+            {"spark.sql.shuffle.partitions": "2"},
+            jars=spark_kafka_jars(),
+            state=tempfile.mkdtemp(prefix="lw-bench-join-state-"),
+        )
     rows = []
     for skew in [int(x) for x in args.skews.split(",")]:
         msgs = arrival(cfg, left, right, skew)
@@ -460,18 +582,31 @@ def main() -> None:
             row["spark"]["pairs_vs_oracle"] = row["spark"]["pairs"] - want
         rows.append(row)
         sp = row.get("spark", {})
-        print(f"skew {skew:3d} s: OA peak state {oa['peak_state_rows']:8,} rows {oa['peak_state_bytes'] / 2**20:7.2f} MiB, "
-              f"{oa['input_tuples_per_s_one_core']:,} rows/s on one core; Spark peak state "
-              f"{sp.get('peak_state_rows', '-')} rows, pairs {sp.get('pairs', '-')} (oracle {want}); in-order peak "
-              f"{row['in_order']['peak_state_rows']:,} rows; latency p50 OA {oa['latency_s'].get('p50')} s, in-order "
-              f"{row['in_order']['latency_s'].get('p50')} s, Spark {sp.get('latency_s', {}).get('p50')} s", flush=True)
-    result = {"benchmark": "join", "query": "configs/handshake.yaml handshakes (inner, within 3 s)",
-              "syn_rows": len(left), "synack_rows": len(right), "pairs": want, "hosts": 3, "batch_messages": args.batch,
-              "rows": rows, "machine": m, "load_avg_1_5_15_at_start": load0}  # fmt: skip
+        print(
+            f"skew {skew:3d} s: OA peak state {oa['peak_state_rows']:8,} rows {oa['peak_state_bytes'] / 2**20:7.2f} MiB, "
+            f"{oa['input_tuples_per_s_one_core']:,} rows/s on one core; Spark peak state "
+            f"{sp.get('peak_state_rows', '-')} rows, pairs {sp.get('pairs', '-')} (oracle {want}); in-order peak "
+            f"{row['in_order']['peak_state_rows']:,} rows; latency p50 OA {oa['latency_s'].get('p50')} s, in-order "
+            f"{row['in_order']['latency_s'].get('p50')} s, Spark {sp.get('latency_s', {}).get('p50')} s",
+            flush=True,
+        )
+    result = {
+        "benchmark": "join",
+        "query": "configs/handshake.yaml handshakes (inner, within 3 s)",
+        "syn_rows": len(left),
+        "synack_rows": len(right),
+        "pairs": want,
+        "hosts": 3,
+        "batch_messages": args.batch,
+        "rows": rows,
+        "machine": m,
+        "load_avg_1_5_15_at_start": load0,
+    }
     at40 = [r for r in rows if r["skew_s"] == 40 and "spark" in r]
     if at40 and at40[0]["spark"]["peak_state_rows"]:
-        result["oa_state_rows_ratio_vs_spark_at_40s"] = round(at40[0]["oa"]["peak_state_rows"]
-                                                              / at40[0]["spark"]["peak_state_rows"], 3)
+        result["oa_state_rows_ratio_vs_spark_at_40s"] = round(
+            at40[0]["oa"]["peak_state_rows"] / at40[0]["spark"]["peak_state_rows"], 3
+        )
     result["oa_input_tuples_per_s_one_core"] = min(r["oa"]["input_tuples_per_s_one_core"] for r in rows)
     if spark is not None:
         spark.stop()
@@ -479,12 +614,17 @@ def main() -> None:
     if args.job_copies:
         jl, jr = scaled(left, right, args.job_copies)
         job = run_job(jl, jr, want * args.job_copies, args.job_skew, args.job_batch, args.job_stages)
-        assert job["pairs_vs_oracle"] == 0, f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        assert job["pairs_vs_oracle"] == 0, (
+            f"the job found {job['pairs']} pairs, oracle {want * args.job_copies}"
+        )
         result["job"] = job
         result["input_tuples_per_s"] = job["input_tuples_per_s"]
-        print(f"job path (Kafka -> the Spark job, local[2]): {job['input_rows']:,} rows, {job['rows_per_message']} per "
-              f"message: {job['input_tuples_per_s']:,} rows/s over the warm micro-batches, "
-              f"{job['input_tuples_per_s_wall']:,} rows/s start to end", flush=True)
+        print(
+            f"job path (Kafka -> the Spark job, local[2]): {job['input_rows']:,} rows, {job['rows_per_message']} per "
+            f"message: {job['input_tuples_per_s']:,} rows/s over the warm micro-batches, "
+            f"{job['input_tuples_per_s_wall']:,} rows/s start to end",
+            flush=True,
+        )
     result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
     harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("join.json", result)
@@ -493,8 +633,11 @@ def main() -> None:
 
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         xs = [r["skew_s"] for r in rows]
-        series = [("oa", "o-", "lowwater OA-Join (punctuation)"), ("in_order", "^--", "in-order sort-merge (seed baseline)"),
-                  ("spark", "s-", "Spark stream-stream join (watermark = skew)")]  # fmt: skip
+        series = [
+            ("oa", "o-", "lowwater OA-Join (punctuation)"),
+            ("in_order", "^--", "in-order sort-merge (seed baseline)"),
+            ("spark", "s-", "Spark stream-stream join (watermark = skew)"),
+        ]
         for k, style, label in series:
             if all(k in r for r in rows):
                 ax.plot(xs, [r[k]["peak_state_rows"] for r in rows], style, label=label)

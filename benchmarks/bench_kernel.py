@@ -67,13 +67,27 @@ def reference_q4(frames, caplen, ts, start, stop, shift, used, keys, counts, out
         o = i * REF_SNAPLEN  # a constant: Numba then drops the negative-index fix-ups (1.8x here)
         if caplen[i] < 34 or frames[o + 12] != 0x08 or frames[o + 13] != 0x00:
             continue
-        s = ((np.int64(frames[o + 26]) << 24) | (np.int64(frames[o + 27]) << 16)
-             | (np.int64(frames[o + 28]) << 8) | np.int64(frames[o + 29]))
-        d = ((np.int64(frames[o + 30]) << 24) | (np.int64(frames[o + 31]) << 16)
-             | (np.int64(frames[o + 32]) << 8) | np.int64(frames[o + 33]))
+        s = (
+            (np.int64(frames[o + 26]) << 24)
+            | (np.int64(frames[o + 27]) << 16)
+            | (np.int64(frames[o + 28]) << 8)
+            | np.int64(frames[o + 29])
+        )
+        d = (
+            (np.int64(frames[o + 30]) << 24)
+            | (np.int64(frames[o + 31]) << 16)
+            | (np.int64(frames[o + 32]) << 8)
+            | np.int64(frames[o + 33])
+        )
         w = ts[i] // MINUTE_NS
-        h = np.int64((np.uint64(s) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(d) * np.uint64(0xC2B2AE3D27D4EB4F)
-                      + np.uint64(w) * np.uint64(0x165667B19E3779F9)) >> np.uint64(shift))
+        h = np.int64(
+            (
+                np.uint64(s) * np.uint64(0x9E3779B97F4A7C15)
+                + np.uint64(d) * np.uint64(0xC2B2AE3D27D4EB4F)
+                + np.uint64(w) * np.uint64(0x165667B19E3779F9)
+            )
+            >> np.uint64(shift)
+        )
         j = h & mask
         for _ in range(REF_PROBES):
             if used[j] == 0:
@@ -87,7 +101,12 @@ def reference_q4(frames, caplen, ts, start, stop, shift, used, keys, counts, out
             j = (j + 1) & mask
         else:
             j = h & mask
-            out[nout, 0], out[nout, 1], out[nout, 2], out[nout, 3] = keys[j, 0], keys[j, 1], keys[j, 2], counts[j]
+            out[nout, 0], out[nout, 1], out[nout, 2], out[nout, 3] = (
+                keys[j, 0],
+                keys[j, 1],
+                keys[j, 2],
+                counts[j],
+            )
             nout += 1
             keys[j, 0], keys[j, 1], keys[j, 2] = w, s, d
             counts[j] = 1
@@ -104,13 +123,16 @@ def run_reference(ring: Ring, n: int, table: int) -> tuple[float, float, np.ndar
     counts = np.empty(table, dtype=np.int64)
     out = np.empty((CHUNK, 4), dtype=np.int64)
     for a in (used, keys, counts, out):
-        a.fill(0)  # written, not calloc'ed: no page faults in the timed part (lowwater's tables are written too)
+        a.fill(
+            0
+        )  # written, not calloc'ed: no page faults in the timed part (lowwater's tables are written too)
     parts = []
     shift = 64 - (table.bit_length() - 1)
     t0, c0 = time.perf_counter(), time.process_time()
     for s in range(0, n, CHUNK):
-        k = reference_q4(ring.frames, ring.caplen, ring.ts, s, min(n, s + CHUNK), shift,
-                         used, keys, counts, out)
+        k = reference_q4(
+            ring.frames, ring.caplen, ring.ts, s, min(n, s + CHUNK), shift, used, keys, counts, out
+        )
         parts.append(out[:k].copy())
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     live = used > 0
@@ -121,7 +143,9 @@ def run_reference(ring: Ring, n: int, table: int) -> tuple[float, float, np.ndar
 def merged(recs: np.ndarray) -> np.ndarray:
     """(pane, src, dst, count) rows summed per (pane, src, dst), sorted: the exact Q4 result."""
     keys, inv = np.unique(recs[:, :3], axis=0, return_inverse=True)
-    return np.concatenate([keys, np.bincount(inv.ravel(), weights=recs[:, 3]).astype(np.int64)[:, None]], axis=1)
+    return np.concatenate(
+        [keys, np.bincount(inv.ravel(), weights=recs[:, 3]).astype(np.int64)[:, None]], axis=1
+    )
 
 
 def three_queries() -> list[Q.QuerySpec]:
@@ -142,8 +166,13 @@ def fill_ring(frames: np.ndarray, caplen, wirelen, ts) -> Ring:
     return ring
 
 
-def run_kernel(ring: Ring, queries: list[Q.QuerySpec], n: int, keep: bool = False,
-               selects: list[Q.SelectSpec] | None = None) -> tuple[float, float, dict]:
+def run_kernel(
+    ring: Ring,
+    queries: list[Q.QuerySpec],
+    n: int,
+    keep: bool = False,
+    selects: list[Q.SelectSpec] | None = None,
+) -> tuple[float, float, dict]:
     """One timed pass over the ring: (wall s, CPU s, stats of the first query). No queries = the fused
     pass alone (parse into the kernel's scratch row only: the floor for the whole kernel). ``keep``
     also returns the first query's records (evicted, then flushed at end of stream) in stats["recs"]."""
@@ -166,8 +195,10 @@ def run_kernel(ring: Ring, queries: list[Q.QuerySpec], n: int, keep: bool = Fals
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     st: dict = {}
     if queries:
-        st = {name: tables.stat(0, name) for name in ("evictions", "flush_slow", "flush_sweep", "flush_iop",
-                                                      "burst_max")}
+        st = {
+            name: tables.stat(0, name)
+            for name in ("evictions", "flush_slow", "flush_sweep", "flush_iop", "burst_max")
+        }
         st["emitted"] = emitted
     if sels:
         st["selected"] = selected
@@ -186,7 +217,9 @@ def check_reference(ring: Ring, n: int, table: int) -> int:
     lw = np.stack([recs[:, 0], recs[:, 2] & 0xFFFFFFFF, recs[:, 4] & 0xFFFFFFFF, recs[:, 5]], axis=1)
     lw = merged(lw)
     if ref.shape != lw.shape or not (ref == lw).all():
-        raise SystemExit("the reference kernel and lowwater's Q4 disagree: the reference is not a fair yardstick")
+        raise SystemExit(
+            "the reference kernel and lowwater's Q4 disagree: the reference is not a fair yardstick"
+        )
     if int(ref[:, 3].sum()) != n:
         raise SystemExit(f"the reference counted {int(ref[:, 3].sum())} of {n} packets")
     return len(ref)
@@ -199,13 +232,22 @@ def main() -> None:
     ap.add_argument("--table", type=int, default=1 << 19)
     ap.add_argument("--pps", type=int, default=100_000, help="synthetic packet rate (sets windows crossed)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--select", action="store_true", help="only Q4 vs Q4 + the handshake selects (adds to kernel.json)")
+    ap.add_argument(
+        "--select", action="store_true", help="only Q4 vs Q4 + the handshake selects (adds to kernel.json)"
+    )
     args = ap.parse_args()
     m = machine()
     print(f"machine: {m['cpu']} ({m.get('cpu_id', '')}), {m['cores']} cores, {m['memory_gib']} GiB")
     print(f"generating {args.packets:,} frames over {args.groups:,} (src, dst) groups ...", flush=True)
-    frames, caplen, wirelen, ts = generate_frames(args.packets, groups=args.groups, seed=7, snaplen=64,
-                                                  proto_mix={"tcp": 1.0}, synthetic_pps=args.pps, sizes=(64, 64))
+    frames, caplen, wirelen, ts = generate_frames(
+        args.packets,
+        groups=args.groups,
+        seed=7,
+        snaplen=64,
+        proto_mix={"tcp": 1.0},
+        synthetic_pps=args.pps,
+        sizes=(64, 64),
+    )
     n = args.packets
     print(f"data time span {(ts[-1] - ts[0]) / 1e9:.0f} s = {(ts[-1] - ts[0]) / 60e9:.1f} one-minute windows")
     ring = fill_ring(frames, caplen, wirelen, ts)
@@ -234,8 +276,18 @@ def main() -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         for s in range(0, n, 1 << 20):
             e = min(n, s + (1 << 20))
-            parse_batch(flat, offsets[s:e], ring.caplen[s:e], ring.wirelen[s:e], ring.ts[s:e],
-                        ring.iface[s:e], e - s, rows_out[: e - s], status[s:e], errs)
+            parse_batch(
+                flat,
+                offsets[s:e],
+                ring.caplen[s:e],
+                ring.wirelen[s:e],
+                ring.ts[s:e],
+                ring.iface[s:e],
+                e - s,
+                rows_out[: e - s],
+                status[s:e],
+                errs,
+            )
         return time.perf_counter() - t0, time.process_time() - c0, {}
 
     variants = {
@@ -253,26 +305,48 @@ def main() -> None:
             runs[name].append(fn())
     rows: list[dict] = []
     for name, rs in runs.items():
-        rows.append({"variant": name, "mpps": n / min(r[0] for r in rs) / 1e6, "mpps_cpu": n / min(r[1] for r in rs) / 1e6,
-                     "all_mpps": [round(n / r[0] / 1e6, 2) for r in rs], **rs[0][2]})
+        rows.append(
+            {
+                "variant": name,
+                "mpps": n / min(r[0] for r in rs) / 1e6,
+                "mpps_cpu": n / min(r[1] for r in rs) / 1e6,
+                "all_mpps": [round(n / r[0] / 1e6, 2) for r in rs],
+                **rs[0][2],
+            }
+        )
     by = {r["variant"]: r for r in rows}
-    ref, lazy, slow = by["reference Q4 kernel"]["mpps"], by["Q4 kernel, lazy"]["mpps"], by["Q4 kernel, slow"]["mpps"]
+    ref, lazy, slow = (
+        by["reference Q4 kernel"]["mpps"],
+        by["Q4 kernel, lazy"]["mpps"],
+        by["Q4 kernel, slow"]["mpps"],
+    )
     three_mpps = by["three queries (default.yaml)"]["mpps"]
     # per-round ratios too: each round's variants ran back to back, so they saw the same neighbours
-    round_ratio = [round(runs["reference Q4 kernel"][i][0] / runs["Q4 kernel, lazy"][i][0], 3) for i in range(args.repeat)]
+    round_ratio = [
+        round(runs["reference Q4 kernel"][i][0] / runs["Q4 kernel, lazy"][i][0], 3)
+        for i in range(args.repeat)
+    ]
     # wall-clock rates are the result; CPU-time rates are shown because the machine may be shared
     print(f"\n{'variant':30s} {'Mpkt/s':>8s} {'(cpu)':>8s} {'vs ref':>7s} {'evictions':>10s}  all runs")
     for r in rows:
-        print(f"{r['variant']:30s} {r['mpps']:8.2f} {r['mpps_cpu']:8.2f} {r['mpps'] / ref:7.2f} "
-              f"{r.get('evictions', ''):>10}  {r['all_mpps']}")
+        print(
+            f"{r['variant']:30s} {r['mpps']:8.2f} {r['mpps_cpu']:8.2f} {r['mpps'] / ref:7.2f} "
+            f"{r.get('evictions', ''):>10}  {r['all_mpps']}"
+        )
     cpu_ratio = by["Q4 kernel, lazy"]["mpps_cpu"] / by["reference Q4 kernel"]["mpps_cpu"]
-    print(f"kernel_vs_reference = {lazy / ref:.3f} (slow flush {slow / ref:.3f}; per round {round_ratio}; "
-          f"by CPU time {cpu_ratio:.3f}); "
-          f"three queries = {three_mpps / lazy:.2f} of Q4 lazy")
+    print(
+        f"kernel_vs_reference = {lazy / ref:.3f} (slow flush {slow / ref:.3f}; per round {round_ratio}; "
+        f"by CPU time {cpu_ratio:.3f}); "
+        f"three queries = {three_mpps / lazy:.2f} of Q4 lazy"
+    )
     result = {
         "benchmark": "kernel",
         "query": "Q4: count per (src_ip, dst_ip) per 1-minute tumbling window",
-        "packets": n, "groups": args.groups, "table": args.table, "snaplen": 64, "one_core": True,
+        "packets": n,
+        "groups": args.groups,
+        "table": args.table,
+        "snaplen": 64,
+        "one_core": True,
         "cpu": m["cpu"],
         "kernel_mpps": round(lazy, 2),
         "kernel_mpps_cpu": round(by["Q4 kernel, lazy"]["mpps_cpu"], 2),
@@ -281,12 +355,14 @@ def main() -> None:
         "kernel_vs_reference_slow": round(slow / ref, 3),
         "kernel_vs_reference_per_round": round_ratio,
         # by CPU time: on a shared machine wall time also counts time the process waited for a core
-        "kernel_vs_reference_cpu": round(by["Q4 kernel, lazy"]["mpps_cpu"] / by["reference Q4 kernel"]["mpps_cpu"], 3),
+        "kernel_vs_reference_cpu": round(
+            by["Q4 kernel, lazy"]["mpps_cpu"] / by["reference Q4 kernel"]["mpps_cpu"], 3
+        ),
         "three_queries_mpps": round(three_mpps, 2),
         "three_queries_vs_q4": round(three_mpps / lazy, 3),
         "reference": "benchmarks/bench_kernel.py reference_q4: IPv4 ethertype check, src/dst, minute, "
-                     f"table {args.table} linear probing ({REF_PROBES} probes), evict home slot; counts checked "
-                     f"equal to lowwater Q4 lazy on all {keys:,} keys",
+        f"table {args.table} linear probing ({REF_PROBES} probes), evict home slot; counts checked "
+        f"equal to lowwater Q4 lazy on all {keys:,} keys",
         "three_queries": [q.name for q in three],
         "rows": rows,
         "machine": m,
@@ -305,35 +381,45 @@ def select_main(args: argparse.Namespace, ring: Ring, n: int, m: dict) -> None:
     runs: dict[str, list] = {"Q4 kernel, lazy": [], "Q4 + SYN/SYN-ACK selects": []}
     for _ in range(args.repeat):
         runs["Q4 kernel, lazy"].append(run_kernel(ring, [q4(args.table, "lazy")], n))
-        runs["Q4 + SYN/SYN-ACK selects"].append(run_kernel(ring, [q4(args.table, "lazy")], n, selects=selects))
+        runs["Q4 + SYN/SYN-ACK selects"].append(
+            run_kernel(ring, [q4(args.table, "lazy")], n, selects=selects)
+        )
     q4_mpps = n / min(r[0] for r in runs["Q4 kernel, lazy"]) / 1e6
     sel_mpps = n / min(r[0] for r in runs["Q4 + SYN/SYN-ACK selects"]) / 1e6
     q4_cpu = n / min(r[1] for r in runs["Q4 kernel, lazy"]) / 1e6
     sel_cpu = n / min(r[1] for r in runs["Q4 + SYN/SYN-ACK selects"]) / 1e6
-    per_round = [round(runs["Q4 kernel, lazy"][i][0] / runs["Q4 + SYN/SYN-ACK selects"][i][0], 3)
-                 for i in range(args.repeat)]  # fmt: skip
+    per_round = [
+        round(runs["Q4 kernel, lazy"][i][0] / runs["Q4 + SYN/SYN-ACK selects"][i][0], 3)
+        for i in range(args.repeat)
+    ]
     selected = runs["Q4 + SYN/SYN-ACK selects"][0][2]["selected"]
     for name, rs in runs.items():
-        print(f"{name:30s} {n / min(r[0] for r in rs) / 1e6:8.2f} Mpkt/s  all runs "
-              f"{[round(n / r[0] / 1e6, 2) for r in rs]}")
-    print(f"select_kernel_mpps = {sel_mpps:.2f} = {sel_mpps / q4_mpps:.2f} of Q4 in the same run "
-          f"({selected:,} rows selected of {n:,} packets); per round {per_round}; by CPU time "
-          f"{sel_cpu:.2f} vs {q4_cpu:.2f} = {sel_cpu / q4_cpu:.2f}")
+        print(
+            f"{name:30s} {n / min(r[0] for r in rs) / 1e6:8.2f} Mpkt/s  all runs "
+            f"{[round(n / r[0] / 1e6, 2) for r in rs]}"
+        )
+    print(
+        f"select_kernel_mpps = {sel_mpps:.2f} = {sel_mpps / q4_mpps:.2f} of Q4 in the same run "
+        f"({selected:,} rows selected of {n:,} packets); per round {per_round}; by CPU time "
+        f"{sel_cpu:.2f} vs {q4_cpu:.2f} = {sel_cpu / q4_cpu:.2f}"
+    )
     path = harness.RESULTS / "kernel.json"
     result = json.loads(path.read_text()) if path.exists() else {"benchmark": "kernel"}
-    result.update({
-        "select_kernel_mpps": round(sel_mpps, 2),
-        "select_q4_mpps_same_run": round(q4_mpps, 2),
-        "select_vs_q4": round(sel_mpps / q4_mpps, 3),
-        "select_vs_q4_per_round": per_round,
-        "select_kernel_mpps_cpu": round(sel_cpu, 2),
-        "select_vs_q4_cpu": round(sel_cpu / q4_cpu, 3),
-        "select_rows": int(selected),
-        "select_packets": n,
-        "select_queries": "Q4 (lazy) + configs/handshake.yaml syns and synacks in one generated pass, rows drained "
-                          "per kernel call",
-        "select_machine": m,
-    })  # fmt: skip
+    result.update(
+        {
+            "select_kernel_mpps": round(sel_mpps, 2),
+            "select_q4_mpps_same_run": round(q4_mpps, 2),
+            "select_vs_q4": round(sel_mpps / q4_mpps, 3),
+            "select_vs_q4_per_round": per_round,
+            "select_kernel_mpps_cpu": round(sel_cpu, 2),
+            "select_vs_q4_cpu": round(sel_cpu / q4_cpu, 3),
+            "select_rows": int(selected),
+            "select_packets": n,
+            "select_queries": "Q4 (lazy) + configs/handshake.yaml syns and synacks in one generated pass, rows drained "
+            "per kernel call",
+            "select_machine": m,
+        }
+    )
     harness.RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")

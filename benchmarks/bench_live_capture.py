@@ -64,11 +64,22 @@ WARMUP = 2000  # frames sent before each measured replay, outside the query (10.
 LOSS_OK = 0.001  # <= 0.1 % loss counts as no-drop
 SRC_MAC, DST_MAC = "02:00:00:cc:00:02", "02:00:00:cc:00:99"
 
+
 def q4_yaml(table: int) -> str:
     """The OOP paper's Q4 on the benchmark's destination net, into its own topic."""
-    return config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
-                        filter="dst_ip in [10.78.0.0/16]", group_by=["src_ip", "dst_ip"], window="1m", table=table,
-                        flush={"policy": "lazy", "m": 2}, topic="lowwater.livecap.q4", partitions=2)).text
+    return config(
+        query(
+            "q4",
+            description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+            filter="dst_ip in [10.78.0.0/16]",
+            group_by=["src_ip", "dst_ip"],
+            window="1m",
+            table=table,
+            flush={"policy": "lazy", "m": 2},
+            topic="lowwater.livecap.q4",
+            partitions=2,
+        )
+    ).text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,8 +91,12 @@ def build_pcap(path: Path, n: int, groups: int, frame_bytes: int, dst_net: int =
     from scapy.all import IP, TCP, Ether, Raw
 
     pad = max(0, frame_bytes - 54)
-    tmpl = bytes(Ether(src=SRC_MAC, dst=DST_MAC) / IP(src="10.77.0.0", dst=f"10.{dst_net}.0.0", ttl=64)
-                 / TCP(sport=40000, dport=80, flags="A") / Raw(b"\0" * pad))  # fmt: skip
+    tmpl = bytes(
+        Ether(src=SRC_MAC, dst=DST_MAC)
+        / IP(src="10.77.0.0", dst=f"10.{dst_net}.0.0", ttl=64)
+        / TCP(sport=40000, dport=80, flags="A")
+        / Raw(b"\0" * pad)
+    )
     size = len(tmpl)
     rng = np.random.default_rng(7)
     g = rng.integers(0, groups, n)
@@ -103,8 +118,11 @@ def build_pcap(path: Path, n: int, groups: int, frame_bytes: int, dst_net: int =
     hdr[:, 2] = hdr[:, 3] = size
     part = path.with_suffix(".part")
     with open(part, "wb") as fh:
-        fh.write(np.array([0xA1B2C3D4], "<u4").tobytes() + np.array([2, 4], "<u2").tobytes()
-                 + np.array([0, 0, 65535, 1], "<u4").tobytes())  # fmt: skip
+        fh.write(
+            np.array([0xA1B2C3D4], "<u4").tobytes()
+            + np.array([2, 4], "<u2").tobytes()
+            + np.array([0, 0, 65535, 1], "<u4").tobytes()
+        )
         fh.write(np.concatenate([rec, frames], axis=1).tobytes())
     part.rename(path)
 
@@ -145,8 +163,24 @@ def outer(args: argparse.Namespace, argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM still runs the clean-up below
     try:
         make_namespace(ns)
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, *argv, "--inside", ns,
-                                 "--pcap", str(pcap), "--warm", str(warm)], start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                __file__,
+                *argv,
+                "--inside",
+                ns,
+                "--pcap",
+                str(pcap),
+                "--warm",
+                str(warm),
+            ],
+            start_new_session=True,
+        )
         return proc.wait()
     except KeyboardInterrupt:
         return 130
@@ -205,8 +239,12 @@ def warm_up(pcap: Path) -> None:
 
 def processed(metrics: str) -> int:
     """lowwater_agent_packets_processed_total summed over the agent's workers."""
-    return int(sum(float(v) for v in re.findall(r"^lowwater_agent_packets_processed_total\{[^}]*\} (\S+)$", metrics,
-                                                re.M)))  # fmt: skip
+    return int(
+        sum(
+            float(v)
+            for v in re.findall(r"^lowwater_agent_packets_processed_total\{[^}]*\} (\S+)$", metrics, re.M)
+        )
+    )
 
 
 def free_port() -> int:
@@ -238,10 +276,29 @@ class Lowwater:
         self.port = free_port()
         self.log = self.work / f"agent-{self.workers}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "low_level.cli", "--config", str(self.cfg), "--source", "afpacket:vb,promisc",
-             "--host-id", "livecap", "--bootstrap", self.bootstrap, "--metrics-port", str(self.port),
-             "--workers", str(self.workers), "--summary", str(self.summary)],
-            cwd=REPO, stdout=self.log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "low_level.cli",
+                "--config",
+                str(self.cfg),
+                "--source",
+                "afpacket:vb,promisc",
+                "--host-id",
+                "livecap",
+                "--bootstrap",
+                self.bootstrap,
+                "--metrics-port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+                "--summary",
+                str(self.summary),
+            ],
+            cwd=REPO,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 300
         while "lowwater_agent_packets_processed_total" not in scrape(self.port):
             self._alive(deadline)
@@ -389,9 +446,12 @@ def inside(args: argparse.Namespace) -> int:
                     **got,
                 }
                 rows.append(row)
-                print(f"  {str(row['asked_pps']):>9} x{senders}: sent {rep['sent']:>9,} at {rep['pps']:>9,.0f} pkt/s, "
-                      f"counted {got['counted']:>9,}, loss {100 * loss:6.3f} %, kernel drops {got['kernel_drops']:,}"
-                      f" (load {row['load_avg']:.1f})", flush=True)  # fmt: skip
+                print(
+                    f"  {str(row['asked_pps']):>9} x{senders}: sent {rep['sent']:>9,} at {rep['pps']:>9,.0f} pkt/s, "
+                    f"counted {got['counted']:>9,}, loss {100 * loss:6.3f} %, kernel drops {got['kernel_drops']:,}"
+                    f" (load {row['load_avg']:.1f})",
+                    flush=True,
+                )
                 if loss > args.stop_loss:
                     print(f"  loss above {100 * args.stop_loss:.0f} %: higher rates skipped")
                     break
@@ -417,14 +477,21 @@ def write_results(args: argparse.Namespace, rows: list[dict], keep_machine: dict
         b = best[t]
         lossy = [r for r in rows if r["tool"] == t and r["loss"] > LOSS_OK]
         low = min((r["achieved_pps"] for r in lossy), default=None)
-        below = [r["achieved_pps"] for r in rows if r["tool"] == t and r["loss"] <= LOSS_OK
-                 and (low is None or r["achieved_pps"] < low)]  # fmt: skip
-        summary[t] = {"nodrop_pps": b["achieved_pps"] if b else 0, "nodrop_mbps": b["achieved_mbps"] if b else 0,
-                      # the highest lossless rate below the lowest lossy one (the load moves rates around)
-                      "nodrop_pps_below_first_loss": max(below, default=0),
-                      "lossless_at_every_rate": not lossy,
-                      "first_lossy": ({k: lossy[0][k] for k in ("achieved_pps", "loss", "kernel_drops")} if lossy
-                                      else None)}  # fmt: skip
+        below = [
+            r["achieved_pps"]
+            for r in rows
+            if r["tool"] == t and r["loss"] <= LOSS_OK and (low is None or r["achieved_pps"] < low)
+        ]
+        summary[t] = {
+            "nodrop_pps": b["achieved_pps"] if b else 0,
+            "nodrop_mbps": b["achieved_mbps"] if b else 0,
+            # the highest lossless rate below the lowest lossy one (the load moves rates around)
+            "nodrop_pps_below_first_loss": max(below, default=0),
+            "lossless_at_every_rate": not lossy,
+            "first_lossy": (
+                {k: lossy[0][k] for k in ("achieved_pps", "loss", "kernel_drops")} if lossy else None
+            ),
+        }
     lw = [t for t in tools if t.startswith("lowwater")]
     lw_best = max((summary[t]["nodrop_pps"] for t in lw), default=0)
     pms = [t for t in tools if t.startswith("pmacctd")]  # the best pmacctd setting counts
@@ -451,7 +518,9 @@ def write_results(args: argparse.Namespace, rows: list[dict], keep_machine: dict
         "lowwater_nodrop_pps": lw_best,
         "pmacctd_nodrop_pps": pm,
         "lowwater_vs_pmacctd_nodrop_ratio": round(lw_best / pm, 3) if pm and lw_best else None,
-        "lowwater_vs_pmacctd_below_first_loss_ratio": round(lw_low / pm_low, 3) if pm_low and lw_low else None,
+        "lowwater_vs_pmacctd_below_first_loss_ratio": round(lw_low / pm_low, 3)
+        if pm_low and lw_low
+        else None,
         "sender_top_pps": top_send,
         "sender_saturated": all(saturated.values()),
         "lossless_at_sender_top": saturated,

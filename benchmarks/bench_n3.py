@@ -40,19 +40,37 @@ VARIANTS = ("on demand", "on request", "periodic 1 s", "watermark = delay", "wat
 def measure(variant: str, delay_s: int, seconds: float) -> dict[str, Any]:
     mode = {"on demand": "on_demand", "on request": "on_request"}.get(variant, "periodic")
     q = H.query(WINDOW, interval="1s", on_demand=mode == "on_demand")
-    hosts = [H.SimHost("M1", q, DENSE, seconds, mode, seed=1), H.SimHost("M2", q, DENSE, seconds, mode, seed=3),
-             H.SimHost("C", q, SPARSE, seconds, mode, seed=5, groups=10, delay_ns=delay_s * H.NS)]  # fmt: skip
+    hosts = [
+        H.SimHost("M1", q, DENSE, seconds, mode, seed=1),
+        H.SimHost("M2", q, DENSE, seconds, mode, seed=3),
+        H.SimHost("C", q, SPARSE, seconds, mode, seed=5, groups=10, delay_ns=delay_s * H.NS),
+    ]
     wm = variant.startswith("watermark")
     t0 = time.perf_counter()
-    r = H.run(hosts, seconds, union="watermark" if wm else "punct", ask=mode == "on_request", margin_s=delay_s + 14,
-              watermark_delay_ns=(delay_s if variant == "watermark = delay" else 2) * H.NS)  # fmt: skip
+    r = H.run(
+        hosts,
+        seconds,
+        union="watermark" if wm else "punct",
+        ask=mode == "on_request",
+        margin_s=delay_s + 14,
+        watermark_delay_ns=(delay_s if variant == "watermark = delay" else 2) * H.NS,
+    )
     lat = np.array(r.latency_s) if r.latency_s else np.array([np.nan])
-    return {"delay_s": delay_s, "variant": variant, "windows": len(r.latency_s),
-            "latency_mean_s": float(np.mean(lat)), "latency_max_s": float(np.max(lat)),
-            "rows_peak": r.rows_peak, "rows_mean": r.rows_mean, "punctuations_per_s": r.punctuations_per_s,
-            "late_records": r.late_records, "packets_expected": r.packets_expected,
-            "packets_missing": r.packets_missing, "sparse_packets": len(hosts[2].arrivals),
-            "sim_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "delay_s": delay_s,
+        "variant": variant,
+        "windows": len(r.latency_s),
+        "latency_mean_s": float(np.mean(lat)),
+        "latency_max_s": float(np.max(lat)),
+        "rows_peak": r.rows_peak,
+        "rows_mean": r.rows_mean,
+        "punctuations_per_s": r.punctuations_per_s,
+        "late_records": r.late_records,
+        "packets_expected": r.packets_expected,
+        "packets_missing": r.packets_missing,
+        "sparse_packets": len(hosts[2].arrivals),
+        "sim_seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -65,21 +83,41 @@ def main() -> None:
     seconds = args.seconds or (30.0 if args.quick else 40.0)
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores; {seconds:.0f} s of stream per run", flush=True)
-    print(f"{'delay':>5s} {'variant':18s} {'win':>4s} {'mean s':>7s} {'max s':>7s} {'rows peak':>9s} {'rows mean':>9s} "
-          f"{'punct/s':>8s} {'late':>5s} {'missing':>8s}", flush=True)  # fmt: skip
+    print(
+        f"{'delay':>5s} {'variant':18s} {'win':>4s} {'mean s':>7s} {'max s':>7s} {'rows peak':>9s} {'rows mean':>9s} "
+        f"{'punct/s':>8s} {'late':>5s} {'missing':>8s}",
+        flush=True,
+    )
     rows = []
     for d in delays:
         for v in VARIANTS:
             r = measure(v, d, seconds)
             rows.append(r)
-            print(f"{d:5d} {v:18s} {r['windows']:4d} {r['latency_mean_s']:7.2f} {r['latency_max_s']:7.2f} "
-                  f"{r['rows_peak']:9,d} {r['rows_mean']:9,.0f} {r['punctuations_per_s']:8.2f} {r['late_records']:5d} "
-                  f"{r['packets_missing']:8,d}", flush=True)  # fmt: skip
+            print(
+                f"{d:5d} {v:18s} {r['windows']:4d} {r['latency_mean_s']:7.2f} {r['latency_max_s']:7.2f} "
+                f"{r['rows_peak']:9,d} {r['rows_mean']:9,.0f} {r['punctuations_per_s']:8.2f} {r['late_records']:5d} "
+                f"{r['packets_missing']:8,d}",
+                flush=True,
+            )
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("n3.json", {
-        "benchmark": "sparse_delayed_union", "figure": "OOP paper N3 (Fig. 13) / dissertation Fig. 8-11", "machine": m,
-        "method": {"doc": __doc__, "seconds": seconds, "dense_pkt_per_s": DENSE, "sparse_pkt_per_min": 4,
-                   "window": WINDOW, "delays_s": delays, "quick": args.quick}, "rows": rows})  # fmt: skip
+    harness.write_results(
+        "n3.json",
+        {
+            "benchmark": "sparse_delayed_union",
+            "figure": "OOP paper N3 (Fig. 13) / dissertation Fig. 8-11",
+            "machine": m,
+            "method": {
+                "doc": __doc__,
+                "seconds": seconds,
+                "dense_pkt_per_s": DENSE,
+                "sparse_pkt_per_min": 4,
+                "window": WINDOW,
+                "delays_s": delays,
+                "quick": args.quick,
+            },
+            "rows": rows,
+        },
+    )
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
@@ -89,15 +127,29 @@ def main() -> None:
         x = [r["delay_s"] for r in rs]
         ax[0].plot(x, [r["latency_mean_s"] for r in rs], marker="o", color=colors[v], label=v)
         ax[1].plot(x, [r["rows_peak"] for r in rs], marker="o", color=colors[v], label=v)
-        ax[2].plot(x, [100 * r["packets_missing"] / max(1, r["packets_expected"]) for r in rs], marker="o",
-                   color=colors[v], label=v)  # fmt: skip
-    for a, t in zip(ax, ("mean window-close latency (s)", "peak state (union rows + host tables)",
-                         "packets missing from closed windows (%)"), strict=True):  # fmt: skip
+        ax[2].plot(
+            x,
+            [100 * r["packets_missing"] / max(1, r["packets_expected"]) for r in rs],
+            marker="o",
+            color=colors[v],
+            label=v,
+        )
+    for a, t in zip(
+        ax,
+        (
+            "mean window-close latency (s)",
+            "peak state (union rows + host tables)",
+            "packets missing from closed windows (%)",
+        ),
+        strict=True,
+    ):
         a.set_title(t, fontsize=9)
         a.set_xlabel("delay of the sparse host C (s)")
         a.grid(alpha=0.3)
     ax[0].legend(fontsize=8)
-    fig.suptitle(f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count", fontsize=10)
+    fig.suptitle(
+        f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(harness.RESULTS / "n3.png", dpi=110)
     print(f"wrote {harness.RESULTS / 'n3.json'} and n3.png")

@@ -39,13 +39,26 @@ from low_level.host.ondemand import RequestListener
 from lowwater_testing.queries import spec
 
 NS = 1_000_000_000
-SETTINGS = {"periodic 0.1 s": ("100ms", False), "periodic 1 s": ("1s", False), "periodic 10 s": ("10s", False),
-            "on demand": ("1s", True), "on request": ("1s", False)}
+SETTINGS = {
+    "periodic 0.1 s": ("100ms", False),
+    "periodic 1 s": ("1s", False),
+    "periodic 10 s": ("10s", False),
+    "on demand": ("1s", True),
+    "on request": ("1s", False),
+}
 
 
 def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
-    return spec("ondemand", group_by=["src_ip", "dst_ip"], window="1s", table=65536, flush={"policy": "lazy", "m": 1},
-                heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand}, topic=topic, partitions=1)
+    return spec(
+        "ondemand",
+        group_by=["src_ip", "dst_ip"],
+        window="1s",
+        table=65536,
+        flush={"policy": "lazy", "m": 1},
+        heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand},
+        topic=topic,
+        partitions=1,
+    )
 
 
 def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
@@ -56,20 +69,36 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     asker, listeners = None, {}
     if label == "on request":
         ctl = broker.create_topic(f"{topic}.control", 1)
-        asker = PunctuationAsker([Layout.of(q)], KafkaClients(broker.bootstrap_servers), topic=ctl, min_gap_ms=200)
+        asker = PunctuationAsker(
+            [Layout.of(q)], KafkaClients(broker.bootstrap_servers), topic=ctl, min_gap_ms=200
+        )
         for h in ("dense", "sparse"):
             listeners[h] = RequestListener(h, [q], broker.bootstrap_servers, topic=ctl).start()
             listeners[h].ready.wait(30)
-    dense = Agent([q], {"type": "generator", "rate": 50_000, "groups": 2000, "clock": "wall"}, "dense",
-                  broker.bootstrap_servers, control=listeners.get("dense"))
-    sparse = Agent([q], {"type": "generator", "rate": 0.05, "groups": 10, "clock": "wall", "seed": 2}, "sparse",
-                   broker.bootstrap_servers, control=listeners.get("sparse"))
+    dense = Agent(
+        [q],
+        {"type": "generator", "rate": 50_000, "groups": 2000, "clock": "wall"},
+        "dense",
+        broker.bootstrap_servers,
+        control=listeners.get("dense"),
+    )
+    sparse = Agent(
+        [q],
+        {"type": "generator", "rate": 0.05, "groups": 10, "clock": "wall", "seed": 2},
+        "sparse",
+        broker.bootstrap_servers,
+        control=listeners.get("sparse"),
+    )
     threads = [threading.Thread(target=a.run, args=(seconds,), daemon=True) for a in (dense, sparse)]
     t_start = time.time()
     for t in threads:
         t.start()
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False,
-                             consumer_timeout_ms=50, fetch_max_wait_ms=10)
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers,
+        enable_auto_commit=False,
+        consumer_timeout_ms=50,
+        fetch_max_wait_ms=10,
+    )
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -81,9 +110,19 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     def ask() -> None:
         """On request: what the job's status fold hands the asker after a batch."""
         if asker is not None:
-            asker.observe([{"query": q.name, "partition": 0, "low_water_mark_pane": meld.low_water_mark(),
-                            "closed_before_window": last_lwm, "open_windows": 1,
-                            "blocked_by": meld.blocking_hosts(), "now_ms": int(time.time() * 1000)}])  # fmt: skip
+            asker.observe(
+                [
+                    {
+                        "query": q.name,
+                        "partition": 0,
+                        "low_water_mark_pane": meld.low_water_mark(),
+                        "closed_before_window": last_lwm,
+                        "open_windows": 1,
+                        "blocked_by": meld.blocking_hosts(),
+                        "now_ms": int(time.time() * 1000),
+                    }
+                ]
+            )
 
     while any(t.is_alive() for t in threads) or time.time() < t_start + seconds + 2:
         for msg in consumer:
@@ -117,9 +156,15 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
     # windows that ended while both hosts ran, leaving margin for the slowest setting
     lat = [closed_at[w] - (w + 1) for w in closed_at if t_start + 3 < w + 1 < t_start + seconds - 11]
     lat_arr = np.array(lat) if lat else np.array([float("nan")])
-    return {"setting": label, "windows": len(lat), "latency_mean_s": float(np.mean(lat_arr)),
-            "latency_p50_s": float(np.median(lat_arr)), "latency_max_s": float(np.max(lat_arr)),
-            "punctuations_per_s": puncts / seconds, "requests_per_s": requests / seconds}
+    return {
+        "setting": label,
+        "windows": len(lat),
+        "latency_mean_s": float(np.mean(lat_arr)),
+        "latency_p50_s": float(np.median(lat_arr)),
+        "latency_max_s": float(np.max(lat_arr)),
+        "punctuations_per_s": puncts / seconds,
+        "requests_per_s": requests / seconds,
+    }
 
 
 def main() -> None:
@@ -143,16 +188,26 @@ def main() -> None:
     finally:
         broker.stop()
     od = next(r for r in rows if r["setting"] == "on demand")
-    print(f"\n{'setting':16s} {'windows':>7s} {'mean s':>7s} {'p50 s':>7s} {'max s':>7s} {'punct/s':>8s} {'mean vs on demand':>18s}")
+    print(
+        f"\n{'setting':16s} {'windows':>7s} {'mean s':>7s} {'p50 s':>7s} {'max s':>7s} {'punct/s':>8s} {'mean vs on demand':>18s}"
+    )
     for r in rows:
-        print(f"{r['setting']:16s} {r['windows']:7d} {r['latency_mean_s']:7.2f} {r['latency_p50_s']:7.2f} "
-              f"{r['latency_max_s']:7.2f} {r['punctuations_per_s']:8.1f} {r['latency_mean_s'] / od['latency_mean_s']:18.2f}")
-    harness.write_results("on_demand.json", {"benchmark": "on_demand_punctuation", "method": __doc__,
-                                                         "rows": rows, "machine": m})
+        print(
+            f"{r['setting']:16s} {r['windows']:7d} {r['latency_mean_s']:7.2f} {r['latency_p50_s']:7.2f} "
+            f"{r['latency_max_s']:7.2f} {r['punctuations_per_s']:8.1f} {r['latency_mean_s'] / od['latency_mean_s']:18.2f}"
+        )
+    harness.write_results(
+        "on_demand.json",
+        {"benchmark": "on_demand_punctuation", "method": __doc__, "rows": rows, "machine": m},
+    )
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([r["setting"] for r in rows], [r["latency_mean_s"] for r in rows], color=["#999", "#999", "#999", "#2a7", "#1a5"])
+    ax.bar(
+        [r["setting"] for r in rows],
+        [r["latency_mean_s"] for r in rows],
+        color=["#999", "#999", "#999", "#2a7", "#1a5"],
+    )
     ax.set_ylabel("mean window-close latency (s)")
     ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
     fig.tight_layout()

@@ -35,16 +35,26 @@ MEASURED_PANES = 20
 
 
 def layout(k: int) -> Layout:
-    q = spec("panes", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "max(length) as biggest"],
-             window={"range": f"{k}s", "slide": "1s"})
+    q = spec(
+        "panes",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as packets", "max(length) as biggest"],
+        window={"range": f"{k}s", "slide": "1s"},
+    )
     return Layout.of(q)
 
 
 def pane_records(p: int, groups: int, per_pane: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng((5, p, groups, per_pane))
     g = rng.integers(0, groups, per_pane)
-    key = np.column_stack([np.zeros(per_pane, np.int64), 0xFFFF_0A00_0000 + g // 64, np.zeros(per_pane, np.int64),
-                           0xFFFF_C0A8_0000 + g])  # fmt: skip
+    key = np.column_stack(
+        [
+            np.zeros(per_pane, np.int64),
+            0xFFFF_0A00_0000 + g // 64,
+            np.zeros(per_pane, np.int64),
+            0xFFFF_C0A8_0000 + g,
+        ]
+    )
     state = np.column_stack([np.ones(per_pane, np.int64), rng.integers(64, 1501, per_pane)])
     return np.full(per_pane, p, np.int64), key, state
 
@@ -83,10 +93,19 @@ def run(k: int, groups: int, per_pane: int) -> list[dict[str, Any]]:
             totals["unpaned"][w] = (int(out.state[s, 0].sum()), int(out.state[s, 1].max()))
     if totals["paned"] != totals["unpaned"]:
         raise AssertionError(f"k={k}: paned and unpaned windows differ")
-    return [{"panes_per_window": k, "groups": groups, "records_per_pane": per_pane,
-             "records_per_group_per_pane": per_pane / groups, "plan": v,
-             "cpu_ms_per_pane": 1000 * cpu[v] / MEASURED_PANES, "rows_mean": float(np.mean(rows[v])),
-             "windows_checked": len(totals[v])} for v in ("paned", "unpaned")]  # fmt: skip
+    return [
+        {
+            "panes_per_window": k,
+            "groups": groups,
+            "records_per_pane": per_pane,
+            "records_per_group_per_pane": per_pane / groups,
+            "plan": v,
+            "cpu_ms_per_pane": 1000 * cpu[v] / MEASURED_PANES,
+            "rows_mean": float(np.mean(rows[v])),
+            "windows_checked": len(totals[v]),
+        }
+        for v in ("paned", "unpaned")
+    ]
 
 
 def main() -> None:
@@ -100,30 +119,56 @@ def main() -> None:
     print(f"machine: {m['cpu']}, {m['cores']} cores", flush=True)
     layout(2)  # warm imports
     rows: list[dict[str, Any]] = []
-    print(f"{'k':>3s} {'rec/group/pane':>14s} {'paned ms':>9s} {'unpaned ms':>10s} {'ratio':>6s} {'paned rows':>10s} "
-          f"{'unpaned rows':>12s}")  # fmt: skip
+    print(
+        f"{'k':>3s} {'rec/group/pane':>14s} {'paned ms':>9s} {'unpaned ms':>10s} {'ratio':>6s} {'paned rows':>10s} "
+        f"{'unpaned rows':>12s}"
+    )
     for d in dens:
         for k in ks:
             a, b = run(k, args.groups, d * args.groups)
             a["time_ratio_paned_vs_unpaned"] = a["cpu_ms_per_pane"] / b["cpu_ms_per_pane"]
             a["rows_ratio_paned_vs_unpaned"] = a["rows_mean"] / b["rows_mean"]
             rows += [a, b]
-            print(f"{k:3d} {d:14d} {a['cpu_ms_per_pane']:9.2f} {b['cpu_ms_per_pane']:10.2f} "
-                  f"{a['time_ratio_paned_vs_unpaned']:6.2f} {a['rows_mean']:10,.0f} {b['rows_mean']:12,.0f}", flush=True)
+            print(
+                f"{k:3d} {d:14d} {a['cpu_ms_per_pane']:9.2f} {b['cpu_ms_per_pane']:10.2f} "
+                f"{a['time_ratio_paned_vs_unpaned']:6.2f} {a['rows_mean']:10,.0f} {b['rows_mean']:12,.0f}",
+                flush=True,
+            )
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("panes.json", {
-        "benchmark": "panes_vs_no_panes", "figure": "dissertation Fig. 6-15", "machine": m,
-        "method": {"doc": __doc__, "measured_panes": MEASURED_PANES, "groups": args.groups, "quick": args.quick},
-        "rows": rows})  # fmt: skip
+    harness.write_results(
+        "panes.json",
+        {
+            "benchmark": "panes_vs_no_panes",
+            "figure": "dissertation Fig. 6-15",
+            "machine": m,
+            "method": {
+                "doc": __doc__,
+                "measured_panes": MEASURED_PANES,
+                "groups": args.groups,
+                "quick": args.quick,
+            },
+            "rows": rows,
+        },
+    )
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for d, color in zip(dens, ("#36c", "#2a7"), strict=False):
         rs = [r for r in rows if r["plan"] == "paned" and r["records_per_group_per_pane"] == d]
-        ax[0].plot([r["panes_per_window"] for r in rs], [r["time_ratio_paned_vs_unpaned"] for r in rs], marker="o",
-                   color=color, label=f"{d} record(s) per group per pane")  # fmt: skip
-        ax[1].plot([r["panes_per_window"] for r in rs], [r["rows_ratio_paned_vs_unpaned"] for r in rs], marker="o",
-                   color=color, label=f"{d} record(s) per group per pane")  # fmt: skip
+        ax[0].plot(
+            [r["panes_per_window"] for r in rs],
+            [r["time_ratio_paned_vs_unpaned"] for r in rs],
+            marker="o",
+            color=color,
+            label=f"{d} record(s) per group per pane",
+        )
+        ax[1].plot(
+            [r["panes_per_window"] for r in rs],
+            [r["rows_ratio_paned_vs_unpaned"] for r in rs],
+            marker="o",
+            color=color,
+            label=f"{d} record(s) per group per pane",
+        )
     for a, t in zip(ax, ("CPU time, paned / unpaned", "rows held, paned / unpaned"), strict=True):
         a.set_xscale("log")
         a.set_xlabel("panes per window (range / slide)")

@@ -87,8 +87,14 @@ def run(queries: list[Q.QuerySpec], pcap: Path, bootstrap: str | None, producer=
     """One agent run; seconds from the source's start (producer connected, see wait_connected) until
     Agent.finish returned, i.e. until the end-of-stream punctuation is sent and Kafka has acknowledged
     every batch (the producer's close and the source thread's join after that are not the pipeline's work)."""
-    agent = Agent(queries, {"type": "pcap", "path": str(pcap), "mode": "fast", "progress": True}, "bench",
-                  bootstrap, ring_slots=1 << 18, producer=producer)
+    agent = Agent(
+        queries,
+        {"type": "pcap", "path": str(pcap), "mode": "fast", "progress": True},
+        "bench",
+        bootstrap,
+        ring_slots=1 << 18,
+        producer=producer,
+    )
     if bootstrap is not None:
         CONNECT_S.append(wait_connected(agent, queries))
     done: list[tuple[float, float]] = []
@@ -107,14 +113,22 @@ def run(queries: list[Q.QuerySpec], pcap: Path, bootstrap: str | None, producer=
 
 def main() -> None:
     ap = harness.parser()
-    ap.add_argument("--config", type=Path, default=None,
-                    help="run every query of this file (default: the three named queries of configs/default.yaml)")
+    ap.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="run every query of this file (default: the three named queries of configs/default.yaml)",
+    )
     ap.add_argument("--packets", type=int, default=8_000_000)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every variant; the best is reported")
     ap.add_argument("--groups", type=int, default=65536)
-    ap.add_argument("--cpu", type=int, default=-1,
-                    help="the one CPU for the one-core variants (agent's reader thread, kernel loop and producer "
-                         "all on it); -1 = the last CPU")
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=-1,
+        help="the one CPU for the one-core variants (agent's reader thread, kernel loop and producer "
+        "all on it); -1 = the last CPU",
+    )
     args = ap.parse_args()
     m = machine()
     print(f"machine: {m['cpu']} ({m['cpu_id']}), {m['cores']} cores")
@@ -124,8 +138,9 @@ def main() -> None:
     TMP.mkdir(parents=True, exist_ok=True)
     pcap = TMP / "bench.pcap"
     print(f"writing {args.packets:,} frames to {pcap} ...", flush=True)
-    frames, caplen, wirelen, ts = generate_frames(args.packets, groups=args.groups, seed=9, snaplen=64,
-                                                  proto_mix={"tcp": 1.0}, synthetic_pps=200_000)
+    frames, caplen, wirelen, ts = generate_frames(
+        args.packets, groups=args.groups, seed=9, snaplen=64, proto_mix={"tcp": 1.0}, synthetic_pps=200_000
+    )
     write_pcap_ns(pcap, frames, caplen, wirelen, ts)
     ring = fill_ring(frames, caplen, wirelen, ts)  # the same frames for the kernel-only variant
     del frames
@@ -142,7 +157,11 @@ def main() -> None:
         ("kernel alone (ring pre-filled)", True, lambda: kernel_alone(ring, queries, n)),
         ("pcap -> kernel -> discard, one core", True, lambda: run(queries, pcap, None, NullProducer())),
         ("pcap -> kernel -> Kafka (acks=all), one core", True, lambda: run(queries, pcap, kafka)),
-        ("pcap -> kernel -> Kafka (acks=all), reader on a 2nd core", False, lambda: run(queries, pcap, kafka)),
+        (
+            "pcap -> kernel -> Kafka (acks=all), reader on a 2nd core",
+            False,
+            lambda: run(queries, pcap, kafka),
+        ),
     ]
     times: dict[str, list[float]] = {v[0]: [] for v in variants}
     cpu: dict[str, list[float]] = {v[0]: [] for v in variants}
@@ -170,37 +189,63 @@ def main() -> None:
     rows = []
     for name in names:
         best = min(times[name])
-        rows.append({"variant": name, "seconds": best, "mpps": n / best / 1e6,
-                     "all_mpps": [round(n / x / 1e6, 2) for x in times[name]],
-                     "cpu_seconds": min(cpu[name]), "all_cpu_seconds": [round(x, 3) for x in cpu[name]]})
+        rows.append(
+            {
+                "variant": name,
+                "seconds": best,
+                "mpps": n / best / 1e6,
+                "all_mpps": [round(n / x / 1e6, 2) for x in times[name]],
+                "cpu_seconds": min(cpu[name]),
+                "all_cpu_seconds": [round(x, 3) for x in cpu[name]],
+            }
+        )
     rows[2].update(records_sent=st.records_sent, bytes_sent=st.bytes_sent, batches=st.batches_sent)
     ratio = rows[2]["mpps"] / rows[0]["mpps"]
     per_round = [round(k / f, 3) for k, f in zip(times[names[0]], times[names[2]], strict=True)]
-    by_cpu = rows[0]["cpu_seconds"] / rows[2]["cpu_seconds"]  # on a shared machine wall time counts others' turns too
+    by_cpu = (
+        rows[0]["cpu_seconds"] / rows[2]["cpu_seconds"]
+    )  # on a shared machine wall time counts others' turns too
     print(f"\n{'variant':58s} {'seconds':>8s} {'Mpkt/s':>8s} {'vs kernel':>9s} {'CPU s':>6s}  all runs")
     for r in rows:
-        print(f"{r['variant']:58s} {r['seconds']:8.2f} {r['mpps']:8.2f} {r['mpps'] / rows[0]['mpps']:9.2f} "
-              f"{r['cpu_seconds']:6.2f}  {r['all_mpps']}")
-    print(f"Kafka: {st.records_sent:,} partial records in {st.batches_sent:,} batches, {st.bytes_sent / 1e6:.1f} MB")
-    print(f"pcap_to_kafka_vs_kernel = {ratio:.3f} on CPU {one} (per round: {per_round}); "
-          f"with the reader on a second core {rows[3]['mpps'] / rows[0]['mpps']:.3f}; by CPU time {by_cpu:.3f}")
-    out = {"benchmark": "pcap_to_kafka", "packets": n, "groups": args.groups,
-           "config": config.name, "queries": [q.name for q in queries],
-           "query": f"{len(queries)} queries of {config.name} in one pass", "cpu": m["cpu"],
-           "e2e_mpps": rows[2]["mpps"], "kernel_mpps": rows[0]["mpps"], "pcap_to_kafka_vs_kernel": round(ratio, 3),
-           "pcap_to_kafka_vs_kernel_per_round": per_round,
-           "pcap_to_kafka_vs_kernel_by_cpu": round(by_cpu, 3),
-           "pcap_to_kafka_vs_kernel_two_cores": round(rows[3]["mpps"] / rows[0]["mpps"], 3),
-           "e2e_mpps_two_cores": rows[3]["mpps"], "pinned_cpu": one,
-           "timing": "from the pcap source's start (the agent's producer connected and holding the topics' "
-                     "metadata) until Agent.finish returned (end-of-stream punctuation sent, every batch "
-                     "acknowledged by Kafka); kernel alone = bench_kernel's loop over a pre-filled ring",
-           "connect_seconds_untimed": [round(x, 3) for x in CONNECT_S],
-           "cpu_time": "CPU seconds of the benchmark process over the same interval (every thread: the agent's loop and "
-                       "its Kafka client's I/O thread; not the broker), best of the rounds",
-           "load_average": LOADS,
-           "repeat": args.repeat, "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
-           "rows": rows, "machine": m}
+        print(
+            f"{r['variant']:58s} {r['seconds']:8.2f} {r['mpps']:8.2f} {r['mpps'] / rows[0]['mpps']:9.2f} "
+            f"{r['cpu_seconds']:6.2f}  {r['all_mpps']}"
+        )
+    print(
+        f"Kafka: {st.records_sent:,} partial records in {st.batches_sent:,} batches, {st.bytes_sent / 1e6:.1f} MB"
+    )
+    print(
+        f"pcap_to_kafka_vs_kernel = {ratio:.3f} on CPU {one} (per round: {per_round}); "
+        f"with the reader on a second core {rows[3]['mpps'] / rows[0]['mpps']:.3f}; by CPU time {by_cpu:.3f}"
+    )
+    out = {
+        "benchmark": "pcap_to_kafka",
+        "packets": n,
+        "groups": args.groups,
+        "config": config.name,
+        "queries": [q.name for q in queries],
+        "query": f"{len(queries)} queries of {config.name} in one pass",
+        "cpu": m["cpu"],
+        "e2e_mpps": rows[2]["mpps"],
+        "kernel_mpps": rows[0]["mpps"],
+        "pcap_to_kafka_vs_kernel": round(ratio, 3),
+        "pcap_to_kafka_vs_kernel_per_round": per_round,
+        "pcap_to_kafka_vs_kernel_by_cpu": round(by_cpu, 3),
+        "pcap_to_kafka_vs_kernel_two_cores": round(rows[3]["mpps"] / rows[0]["mpps"], 3),
+        "e2e_mpps_two_cores": rows[3]["mpps"],
+        "pinned_cpu": one,
+        "timing": "from the pcap source's start (the agent's producer connected and holding the topics' "
+        "metadata) until Agent.finish returned (end-of-stream punctuation sent, every batch "
+        "acknowledged by Kafka); kernel alone = bench_kernel's loop over a pre-filled ring",
+        "connect_seconds_untimed": [round(x, 3) for x in CONNECT_S],
+        "cpu_time": "CPU seconds of the benchmark process over the same interval (every thread: the agent's loop and "
+        "its Kafka client's I/O thread; not the broker), best of the rounds",
+        "load_average": LOADS,
+        "repeat": args.repeat,
+        "all_seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "rows": rows,
+        "machine": m,
+    }
     harness.write_results("pcap_to_kafka.json", out)
     print(f"wrote {harness.RESULTS / 'pcap_to_kafka.json'}")
 

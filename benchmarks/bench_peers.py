@@ -66,8 +66,16 @@ PMACCTD = "pmacctd"
 # A result: {(minute start, epoch s, src IPv4 as int, dst IPv4 as int): packets}
 Counts = dict[tuple[int, int, int], int]
 
-Q4_YAML = config(query("q4", description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
-                       group_by=["src_ip", "dst_ip"], window="1m", table=524288, flush={"policy": "lazy", "m": 2})).text
+Q4_YAML = config(
+    query(
+        "q4",
+        description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+        group_by=["src_ip", "dst_ip"],
+        window="1m",
+        table=524288,
+        flush={"policy": "lazy", "m": 2},
+    )
+).text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,12 +87,21 @@ def write_pcap(path: Path, n: int, groups: int, span_s: int, snaplen: int) -> di
     import dpkt
 
     pps = max(1, -(-n // span_s))
-    print(f"generating {n:,} TCP/IPv4 frames over {groups:,} (src, dst) groups at {pps:,} pkt/s of data time ...",
-          flush=True)
-    frames, caplen, wirelen, ts = generate_frames(n, groups=groups, snaplen=snaplen, proto_mix={"tcp": 1.0},
-                                                  sizes=(64, 1500), synthetic_pps=pps)
-    if not (frames[:, 12] == 0x08).all() or not (frames[:, 13] == 0x00).all() or not (frames[:, 14] == 0x45).all():
-        raise SystemExit("generator produced non-IPv4 frames; the ground truth below assumes plain Ethernet/IPv4")
+    print(
+        f"generating {n:,} TCP/IPv4 frames over {groups:,} (src, dst) groups at {pps:,} pkt/s of data time ...",
+        flush=True,
+    )
+    frames, caplen, wirelen, ts = generate_frames(
+        n, groups=groups, snaplen=snaplen, proto_mix={"tcp": 1.0}, sizes=(64, 1500), synthetic_pps=pps
+    )
+    if (
+        not (frames[:, 12] == 0x08).all()
+        or not (frames[:, 13] == 0x00).all()
+        or not (frames[:, 14] == 0x45).all()
+    ):
+        raise SystemExit(
+            "generator produced non-IPv4 frames; the ground truth below assumes plain Ethernet/IPv4"
+        )
     us = ts // 1000  # the pcap keeps microseconds; every tool sees these
     if not path.exists():
         part = path.with_suffix(".part")
@@ -101,8 +118,15 @@ def write_pcap(path: Path, n: int, groups: int, span_s: int, snaplen: int) -> di
     src = frames[:, 26:30].copy().view(">u4").ravel().astype(np.int64)
     dst = frames[:, 30:34].copy().view(">u4").ravel().astype(np.int64)
     minute = (us // 1_000_000) // 60 * 60
-    return {"minute": minute, "src": src, "dst": dst, "span_ns": int(ts[-1] - ts[0]), "pps": pps,
-            "wire_bytes": int(wirelen.sum()), "caplen_max": int(caplen.max())}
+    return {
+        "minute": minute,
+        "src": src,
+        "dst": dst,
+        "span_ns": int(ts[-1] - ts[0]),
+        "pps": pps,
+        "wire_bytes": int(wirelen.sum()),
+        "caplen_max": int(caplen.max()),
+    }
 
 
 def truth_counts(g: dict, k: int | None = None) -> Counts:
@@ -154,7 +178,6 @@ def merge_partials(pane, pair, cnt):
     return o_pane[:m], o_pair[:m], o_cnt[:m]
 
 
-
 def run_lowwater(path: Path, q: Q.QuerySpec) -> tuple[dict, Counts]:
     """One timed run of the agent's loop (minus Kafka) on the pcap, then the per-(pane, key) merge."""
     ring = Ring(1 << 18)  # the agent's default ring
@@ -189,19 +212,36 @@ def run_lowwater(path: Path, q: Q.QuerySpec) -> tuple[dict, Counts]:
         raise SystemExit(f"lowwater returned a non-IPv4 key: {F.words_to_ip(int(sh[bad]), int(sl[bad]))}")
     # merge the partials per (pane, key), as the high level does
     pair = ((sl & 0xFFFFFFFF) << 32 | (dl & 0xFFFFFFFF)).view(np.uint64)
-    m_pane, m_pair, merged = merge_partials(np.ascontiguousarray(pane), pair, np.ascontiguousarray(state[:, 0]))
+    m_pane, m_pair, merged = merge_partials(
+        np.ascontiguousarray(pane), pair, np.ascontiguousarray(state[:, 0])
+    )
     t2 = time.perf_counter()
     cpu = time.process_time() - c0
     src.join(5)
     st = src.stats()
-    info = {"seconds": t2 - t0, "cpu_s": cpu, "agent_s": t1 - t0, "merge_s": t2 - t1, "partials": len(recs),
-            "keys": len(m_pane), "frames_read": st["frames_read"], "ring_drops": ring.drops,
-            "evictions": tables.stat(0, "evictions"), "late": tables.stat(0, "late"),
-            "matched": tables.stat(0, "matched"), "packets": int(kernel.hc[0])}
+    info = {
+        "seconds": t2 - t0,
+        "cpu_s": cpu,
+        "agent_s": t1 - t0,
+        "merge_s": t2 - t1,
+        "partials": len(recs),
+        "keys": len(m_pane),
+        "frames_read": st["frames_read"],
+        "ring_drops": ring.drops,
+        "evictions": tables.stat(0, "evictions"),
+        "late": tables.stat(0, "late"),
+        "matched": tables.stat(0, "matched"),
+        "packets": int(kernel.hc[0]),
+    }
     if len(recs):  # spot check the layout against the contract's decoder
-        assert F.words_to_ip(int(sh[0]), int(sl[0])) == socket.inet_ntoa(int(sl[0] & 0xFFFFFFFF).to_bytes(4, "big"))
+        assert F.words_to_ip(int(sh[0]), int(sl[0])) == socket.inet_ntoa(
+            int(sl[0] & 0xFFFFFFFF).to_bytes(4, "big")
+        )
     minute = m_pane * (q.window.pane_ns // NS) + q.window.origin_ns // NS
-    out = {(int(m), int(k >> 32), int(k & 0xFFFFFFFF)): int(c) for m, k, c in zip(minute, m_pair, merged, strict=True)}
+    out = {
+        (int(m), int(k >> 32), int(k & 0xFFFFFFFF)): int(c)
+        for m, k, c in zip(minute, m_pair, merged, strict=True)
+    }
     return info, out
 
 
@@ -383,8 +423,9 @@ def run_pmacct(pcap: Path, entries: int, idle_s: float = 0.5) -> tuple[dict, Cou
     conf = TMP / "pmacct-q4.conf"
     conf.write_text(pmacct_config(pcap, outdir, entries))
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.Popen([PMACCTD, "-f", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [PMACCTD, "-f", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1
+    )
     events: dict[str, float] = {}
     log: list[str] = []
 
@@ -393,9 +434,13 @@ def run_pmacct(pcap: Path, entries: int, idle_s: float = 0.5) -> tuple[dict, Cou
         for line in proc.stderr:
             now = time.perf_counter()
             log.append(line.rstrip())
-            for key, text in (("sleep", "sleeping for 2 seconds"), ("plugin_ready", "cache entries="),
-                              ("eof", "finished reading PCAP capture file"),
-                              ("purge_start", "Purging cache - START"), ("purge_end", "Purging cache - END")):
+            for key, text in (
+                ("sleep", "sleeping for 2 seconds"),
+                ("plugin_ready", "cache entries="),
+                ("eof", "finished reading PCAP capture file"),
+                ("purge_start", "Purging cache - START"),
+                ("purge_end", "Purging cache - END"),
+            ):
                 if text in line and key not in events:
                     events[key] = now
 
@@ -448,10 +493,15 @@ def run_pmacct(pcap: Path, entries: int, idle_s: float = 0.5) -> tuple[dict, Cou
         print("pmacctd reported loss:\n  " + "\n  ".join(lost[:5]))
     start = events["sleep"] + 2.0
     purge = events["purge_end"] - events["purge_start"]
-    info = {"seconds": ingest_end - start + purge, "ingest_s": ingest_end - start, "purge_s": purge,
-            "core_eof_s": events["eof"] - start,
-            "cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
-            "loss_messages": lost, "rows": 0}
+    info = {
+        "seconds": ingest_end - start + purge,
+        "ingest_s": ingest_end - start,
+        "purge_s": purge,
+        "core_eof_s": events["eof"] - start,
+        "cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
+        "loss_messages": lost,
+        "rows": 0,
+    }
     out: Counter = Counter()
     for f in sorted(outdir.glob("bin-*.csv")):
         label = int(f.stem.split("-", 1)[1]) + PM_OFFSET
@@ -484,8 +534,10 @@ def compare(name: str, got: Counts, want: Counts) -> dict:
         per_min.setdefault(m, [0, 0])[0] += v
     for (m, _, _), v in got.items():
         per_min.setdefault(m, [0, 0])[1] += v
-    print(f"!! {name} DISAGREES with the ground truth: {len(missing)} keys missing, {len(extra)} extra, "
-          f"{len(diff)} with other counts; packets {sum(got.values()):,} vs {sum(want.values()):,}")
+    print(
+        f"!! {name} DISAGREES with the ground truth: {len(missing)} keys missing, {len(extra)} extra, "
+        f"{len(diff)} with other counts; packets {sum(got.values()):,} vs {sum(want.values()):,}"
+    )
     for m in sorted(per_min):
         print(f"   minute {m}: truth {per_min[m][0]:,} {name} {per_min[m][1]:,}")
     for k in (missing + extra + diff)[:5]:
@@ -494,24 +546,32 @@ def compare(name: str, got: Counts, want: Counts) -> dict:
     if sum(got.values()) == sum(want.values()) and set(per_min) == {m for m, _, _ in want}:
         reason = "same total: packets counted in other minutes (bin boundaries) or under other keys"
     print(f"   likely: {reason}")
-    return {"agrees": False, "keys": len(want), "missing": len(missing), "extra": len(extra), "differ": len(diff),
-            "packets_got": sum(got.values()), "packets_want": sum(want.values()), "reason": reason}
+    return {
+        "agrees": False,
+        "keys": len(want),
+        "missing": len(missing),
+        "extra": len(extra),
+        "differ": len(diff),
+        "packets_got": sum(got.values()),
+        "packets_want": sum(want.values()),
+        "reason": reason,
+    }
 
 
 TIMING = {
     "lowwater": "wall time (perf_counter) from PcapSource.start() (file mmapped, page cache warm) until the "
-                "end-of-stream flush is drained, plus the numpy merge of the partials per (pane, key). Two "
-                "threads: the pcap reader and the kernel loop (Agent.run's loop minus Kafka and heartbeats).",
+    "end-of-stream flush is drained, plus the numpy merge of the partials per (pane, key). Two "
+    "threads: the pcap reader and the kernel loop (Agent.run's loop minus Kafka and heartbeats).",
     "dpkt": "wall time of the Python loop: dpkt.pcap.Reader over the open file, Ethernet() parse, IP check, "
-            "Counter[(minute, src, dst)] += 1 (keys as bytes; converted after timing). One thread.",
+    "Counter[(minute, src, dst)] += 1 (keys as bytes; converted after timing). One thread.",
     "scapy": "wall time of the Python loop over the first --scapy-packets packets: RawPcapReader, Ether() "
-             "dissection, getlayer(IP), Counter += 1. One thread.",
+    "dissection, getlayer(IP), Counter += 1. One thread.",
     "pmacctd": "processing = (ingest end - read start) + final purge, wall clock; see run_pmacct's docstring: "
-               "read start = 2 s after the core logs its fixed pre-read sleep, ingest end = when the plugin's "
-               "CPU time stops growing after the core logged end of file, purge = between the plugin's "
-               "'Purging cache - START/END' log lines (the purge runs on SIGINT to the plugin). Excluded: startup, "
-               "pmacct's fixed 2 s sleep before reading, our 0.5 s idle detection. Included: pmacct's own 1 ms sleep per "
-               "buffer handed to the plugin. Two processes (core, print plugin).",
+    "read start = 2 s after the core logs its fixed pre-read sleep, ingest end = when the plugin's "
+    "CPU time stops growing after the core logged end of file, purge = between the plugin's "
+    "'Purging cache - START/END' log lines (the purge runs on SIGINT to the plugin). Excluded: startup, "
+    "pmacct's fixed 2 s sleep before reading, our 0.5 s idle detection. Included: pmacct's own 1 ms sleep per "
+    "buffer handed to the plugin. Two processes (core, print plugin).",
 }
 
 
@@ -526,8 +586,13 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
     ax.set_ylabel("Mpkt/s (log scale)")
     ax.set_title(title, fontsize=10)
     for b, r in zip(bars, rows, strict=True):
-        ax.annotate(f"{r['mpps']:.3g}\n({r['packets'] / 1e6:.2g} Mpkt)", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{r['mpps']:.3g}\n({r['packets'] / 1e6:.2g} Mpkt)",
+            (b.get_x() + b.get_width() / 2, b.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylim(max(min(vals), 1e-4) / 3, max(vals) * 5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -558,9 +623,11 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
     pcap = TMP / f"peers-{packets}-{groups}-{span}s-snap{snaplen}.pcap"
     g = write_pcap(pcap, packets, groups, span, snaplen)
     truth = truth_counts(g)
-    print(f"pcap {pcap.name}: {pcap.stat().st_size / 2**20:.0f} MiB, {packets:,} packets, "
-          f"{g['span_ns'] / NS:.0f} s of data time, {len({k[0] for k in truth})} minutes, "
-          f"{len(truth):,} (minute, src, dst) keys")
+    print(
+        f"pcap {pcap.name}: {pcap.stat().st_size / 2**20:.0f} MiB, {packets:,} packets, "
+        f"{g['span_ns'] / NS:.0f} s of data time, {len({k[0] for k in truth})} minutes, "
+        f"{len(truth):,} (minute, src, dst) keys"
+    )
 
     q = Q.load_text(Q4_YAML).queries[0]
     results: dict[str, dict] = {}
@@ -572,11 +639,19 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
         for i in range(repeat):
             info, got = fn()
             verdict = compare(tool, got, want)
-            runs.append({"seconds": round(info["seconds"], 4), "cpu_s": round(info["cpu_s"], 4),
-                         "agrees": verdict["agrees"]})
-            print(f"  {tool} run {i + 1}/{repeat}: {info['packets']:,} packets in {info['seconds']:.3f} s "
-                  f"= {info['packets'] / info['seconds'] / 1e6:.3f} Mpkt/s (cpu {info['cpu_s']:.2f} s), counts "
-                  f"{'agree' if verdict['agrees'] else 'DISAGREE'}", flush=True)
+            runs.append(
+                {
+                    "seconds": round(info["seconds"], 4),
+                    "cpu_s": round(info["cpu_s"], 4),
+                    "agrees": verdict["agrees"],
+                }
+            )
+            print(
+                f"  {tool} run {i + 1}/{repeat}: {info['packets']:,} packets in {info['seconds']:.3f} s "
+                f"= {info['packets'] / info['seconds'] / 1e6:.3f} Mpkt/s (cpu {info['cpu_s']:.2f} s), counts "
+                f"{'agree' if verdict['agrees'] else 'DISAGREE'}",
+                flush=True,
+            )
             if best is None or info["seconds"] < best[0]["seconds"]:
                 best = (info, verdict)
             if verdict["agrees"] and (best_ok is None or info["seconds"] < best_ok[0]["seconds"]):
@@ -611,17 +686,34 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
     rows = []
     for tool, r in results.items():
         rate = r["packets"] / r["seconds"]
-        rows.append({"tool": tool, "packets": r["packets"], "seconds": round(r["seconds"], 4),
-                     "mpps": round(rate / 1e6, 4), "ratio_vs_lowwater": round(rate / lw, 5),
-                     "agrees": agree[tool]["agrees"], "timing": TIMING[tool],
-                     **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
-                        if k not in ("seconds", "packets")}})
-    print(f"\n{'tool':10s} {'packets':>10s} {'seconds':>9s} {'Mpkt/s':>9s} {'vs lowwater':>12s} {'cpu s':>8s}  counts")
+        rows.append(
+            {
+                "tool": tool,
+                "packets": r["packets"],
+                "seconds": round(r["seconds"], 4),
+                "mpps": round(rate / 1e6, 4),
+                "ratio_vs_lowwater": round(rate / lw, 5),
+                "agrees": agree[tool]["agrees"],
+                "timing": TIMING[tool],
+                **{
+                    k: (round(v, 4) if isinstance(v, float) else v)
+                    for k, v in r.items()
+                    if k not in ("seconds", "packets")
+                },
+            }
+        )
+    print(
+        f"\n{'tool':10s} {'packets':>10s} {'seconds':>9s} {'Mpkt/s':>9s} {'vs lowwater':>12s} {'cpu s':>8s}  counts"
+    )
     for r in rows:
-        print(f"{r['tool']:10s} {r['packets']:>10,} {r['seconds']:9.3f} {r['mpps']:9.3f} {r['ratio_vs_lowwater']:12.4f}"
-              f" {r['cpu_s']:8.2f}  {'agree' if r['agrees'] else 'DISAGREE'}")
+        print(
+            f"{r['tool']:10s} {r['packets']:>10,} {r['seconds']:9.3f} {r['mpps']:9.3f} {r['ratio_vs_lowwater']:12.4f}"
+            f" {r['cpu_s']:8.2f}  {'agree' if r['agrees'] else 'DISAGREE'}"
+        )
     r = results["lowwater"]
-    print(f"lowwater: agent loop {r['agent_s']:.3f} s + merge of {r['partials']:,} partials {r['merge_s']:.3f} s")
+    print(
+        f"lowwater: agent loop {r['agent_s']:.3f} s + merge of {r['partials']:,} partials {r['merge_s']:.3f} s"
+    )
     vs_pm = vs_pm_cpu = None
     if "pmacctd" in results:
         r = results["pmacctd"]
@@ -630,15 +722,25 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
         # that loses its core for a moment loses a larger share of its wall time than a 15 s pmacctd run
         lw_cpu = results["lowwater"]
         vs_pm_cpu = round((lw_cpu["packets"] / lw_cpu["cpu_s"]) / (r["packets"] / r["cpu_s"]), 2)
-        print(f"pmacctd: ingest {r['ingest_s']:.3f} s (core at end of file after {r['core_eof_s']:.3f} s) "
-              f"+ final purge of {r['rows']:,} rows {r['purge_s']:.3f} s; lowwater = {vs_pm}x pmacctd "
-              f"({vs_pm_cpu}x by CPU time)")
+        print(
+            f"pmacctd: ingest {r['ingest_s']:.3f} s (core at end of file after {r['core_eof_s']:.3f} s) "
+            f"+ final purge of {r['rows']:,} rows {r['purge_s']:.3f} s; lowwater = {vs_pm}x pmacctd "
+            f"({vs_pm_cpu}x by CPU time)"
+        )
     return {
-        "pcap": {"file": str(pcap.relative_to(harness.RESULTS.parent.parent)), "bytes": pcap.stat().st_size,
-                 "format": "classic pcap, microsecond timestamps, Ethernet", "packets": packets,
-                 "groups": groups, "snaplen": snaplen, "data_span_s": round(g["span_ns"] / NS, 3),
-                 "data_pps": g["pps"], "minutes": len({k[0] for k in truth}), "keys": len(truth),
-                 "traffic": "low_level.capture.sources.generator.generate_frames: TCP/IPv4, sizes 64..1500, seed 1"},
+        "pcap": {
+            "file": str(pcap.relative_to(harness.RESULTS.parent.parent)),
+            "bytes": pcap.stat().st_size,
+            "format": "classic pcap, microsecond timestamps, Ethernet",
+            "packets": packets,
+            "groups": groups,
+            "snaplen": snaplen,
+            "data_span_s": round(g["span_ns"] / NS, 3),
+            "data_pps": g["pps"],
+            "minutes": len({k[0] for k in truth}),
+            "keys": len(truth),
+            "traffic": "low_level.capture.sources.generator.generate_frames: TCP/IPv4, sizes 64..1500, seed 1",
+        },
         "lowwater_vs_pmacctd": vs_pm,
         "lowwater_vs_pmacctd_cpu": vs_pm_cpu,
         "all_agree": all(a["agrees"] for a in agree.values()),
@@ -650,16 +752,29 @@ def run_shape(args: argparse.Namespace, packets: int, groups: int, span: int, sn
 
 def main() -> None:
     ap = harness.parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", default=None, metavar="PACKETS,GROUPS,SPAN_S,SNAPLEN",
-                    help=f"a pcap shape (repeatable); default: {' and '.join(SHAPES)}")
+    ap.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        metavar="PACKETS,GROUPS,SPAN_S,SNAPLEN",
+        help=f"a pcap shape (repeatable); default: {' and '.join(SHAPES)}",
+    )
     ap.add_argument("--scapy-packets", type=int, default=50_000, help="scapy runs on this many first packets")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of lowwater and pmacctd; the best is kept")
-    ap.add_argument("--slow-repeat", type=int, default=1,
-                    help="timed runs of the Python loops (100x slower than lowwater: noise does not matter)")
+    ap.add_argument(
+        "--repeat", type=int, default=5, help="timed runs of lowwater and pmacctd; the best is kept"
+    )
+    ap.add_argument(
+        "--slow-repeat",
+        type=int,
+        default=1,
+        help="timed runs of the Python loops (100x slower than lowwater: noise does not matter)",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=["dpkt", "scapy", "pmacctd"])
     args = ap.parse_args()
     m = machine()
-    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (shared: best of {args.repeat} runs)")
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB (shared: best of {args.repeat} runs)"
+    )
     TMP.mkdir(parents=True, exist_ok=True)
     shapes = []
     for spec in args.shape or SHAPES:
@@ -674,7 +789,7 @@ def main() -> None:
         "pcap": first["pcap"],
         "repeat": args.repeat,
         "best_of": f"lowwater and pmacctd ran {args.repeat} times, dpkt and scapy {min(args.repeat, args.slow_repeat)} "
-                   "(shared machine); seconds = the fastest run whose counts agree, runs = all",
+        "(shared machine); seconds = the fastest run whose counts agree, runs = all",
         "all_agree": ok,
         "agreement": first["agreement"],
         "rows": first["rows"],
@@ -688,9 +803,12 @@ def main() -> None:
     harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("peers.json", result)
     p = first["pcap"]
-    chart(first["rows"], harness.RESULTS / "peers.png",
-          f"Q4 (count per src,dst per minute) on one pcap: {p['packets'] / 1e6:g} Mpkt, {p['groups']:,} pairs\n"
-          f"{m['cpu']}, {m['cores']} cores; best of {args.repeat}")
+    chart(
+        first["rows"],
+        harness.RESULTS / "peers.png",
+        f"Q4 (count per src,dst per minute) on one pcap: {p['packets'] / 1e6:g} Mpkt, {p['groups']:,} pairs\n"
+        f"{m['cpu']}, {m['cores']} cores; best of {args.repeat}",
+    )
     print(f"\nlowwater vs pmacctd per shape: {result['lowwater_vs_pmacctd']}")
     print(f"wrote {harness.RESULTS / 'peers.json'} and {harness.RESULTS / 'peers.png'}")
     if not ok:

@@ -51,15 +51,22 @@ T0 = 1_700_000_000_000_000_000
 QUERY = config(query("bench_pairs", group_by=["src_ip", "dst_ip"])).text
 
 
-def make_messages(q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int,
-                  seed: int = 0) -> list[tuple[int, bytes, int]]:  # fmt: skip
+def make_messages(
+    q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int, seed: int = 0
+) -> list[tuple[int, bytes, int]]:
     """(partition, value, records) in per-host order: each pane's partials, then punctuation."""
     rng = np.random.default_rng(seed)
     p0 = T0 // q.window.pane_ns
     per_pane_host = max(1, records // (panes * hosts))
     gid = np.arange(groups, dtype=np.int64)
-    keys = np.column_stack([np.zeros(groups, np.int64), 0xFFFF_0A00_0000 + gid // 256,
-                            np.zeros(groups, np.int64), 0xFFFF_C0A8_0000 + gid % 65536])  # fmt: skip
+    keys = np.column_stack(
+        [
+            np.zeros(groups, np.int64),
+            0xFFFF_0A00_0000 + gid // 256,
+            np.zeros(groups, np.int64),
+            0xFFFF_C0A8_0000 + gid % 65536,
+        ]
+    )
     parts_of = wire.partition_of(keys, q.kafka.partitions)
     seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
     out = []
@@ -71,8 +78,9 @@ def make_messages(q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: 
                 for s in range(0, len(sel), batch):
                     k = keys[sel[s : s + batch]]
                     n = len(k)
-                    v = wire.encode_partials(q.name, f"h{h}", 1, p, seq[(h, p)], np.full(n, pane), k,
-                                             rng.integers(1, 5, (n, 1)))  # fmt: skip
+                    v = wire.encode_partials(
+                        q.name, f"h{h}", 1, p, seq[(h, p)], np.full(n, pane), k, rng.integers(1, 5, (n, 1))
+                    )
                     seq[(h, p)] += n
                     out.append((p, v, n))
                 mark = pane + 1 if pane + 1 < p0 + panes else wire.END_OF_STREAM
@@ -106,16 +114,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark setting for this run (repeatable), e.g. spark.driver.memory=4g")
-    ap.add_argument("--batch-records", type=int, nargs="+", default=[250_000, 1_000_000],
-                    help="micro-batch bounds to measure (records; sent as maxOffsetsPerTrigger)")
+    ap.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting for this run (repeatable), e.g. spark.driver.memory=4g",
+    )
+    ap.add_argument(
+        "--batch-records",
+        type=int,
+        nargs="+",
+        default=[250_000, 1_000_000],
+        help="micro-batch bounds to measure (records; sent as maxOffsetsPerTrigger)",
+    )
     ap.add_argument("--sweep", action="store_true", help="run the open-state sweep -> rollup_scale.json")
     ap.add_argument("--sweep-groups", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
-    ap.add_argument("--sweep-records", type=int, default=12_000_000,
-                    help="measured partials per sweep point (12 micro-batches: a long-open pane's merges amortised)")
+    ap.add_argument(
+        "--sweep-records",
+        type=int,
+        default=12_000_000,
+        help="measured partials per sweep point (12 micro-batches: a long-open pane's merges amortised)",
+    )
     ap.add_argument("--sweep-batch", type=int, default=1_000_000, help="records per micro-batch in the sweep")
-    ap.add_argument("--states", nargs="+", default=["blob", "chunked"], help="state layouts the sweep compares")
+    ap.add_argument(
+        "--states", nargs="+", default=["blob", "chunked"], help="state layouts the sweep compares"
+    )
     a = ap.parse_args(argv)
     broker = None
     if a.bootstrap is None:
@@ -145,13 +169,19 @@ class BatchClock(HighLevelJob):
         self.marks.append((time.perf_counter(), int(done)))
 
 
-def run_config(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, batch_records: int,
-               total: int) -> dict[str, Any]:  # fmt: skip
+def run_config(
+    spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, batch_records: int, total: int
+) -> dict[str, Any]:
     """Read the whole topic from a fresh checkpoint, at most ``batch_records`` per micro-batch."""
     max_offsets = max(1, batch_records // a.batch)  # Kafka messages per trigger (a.batch records each)
-    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / f"results-{batch_records}"),
-                      checkpoint=str(work / f"ckpt-{batch_records}"), trigger_ms=100,
-                      shuffle_partitions=a.partitions, max_offsets_per_trigger=max_offsets)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / f"results-{batch_records}"),
+        checkpoint=str(work / f"ckpt-{batch_records}"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+        max_offsets_per_trigger=max_offsets,
+    )
     job = BatchClock(spark, [q], opts)
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)  # local mode: the JVM runs the Python workers
     c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
@@ -171,13 +201,19 @@ def run_config(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, ba
     (t_first, r_first), (t_last, r_last) = marks[0], marks[-1]
     sustained = (r_last - r_first) / (t_last - t_first) if len(marks) > 1 else float("nan")
     return {
-        "batch_records": batch_records, "max_offsets_per_trigger": max_offsets, "batches": len(marks),
-        "first_batch_seconds": round(t_first - t0, 2), "first_batch_records": r_first,
-        "sustained_records_per_s": round(sustained), "sustained_records": r_last - r_first,
+        "batch_records": batch_records,
+        "max_offsets_per_trigger": max_offsets,
+        "batches": len(marks),
+        "first_batch_seconds": round(t_first - t0, 2),
+        "first_batch_records": r_first,
+        "sustained_records_per_s": round(sustained),
+        "sustained_records": r_last - r_first,
         "sustained_seconds": round(t_last - t_first, 3),
-        "catchup_seconds": round(took, 2), "catchup_records_per_s": round(total / took),
-        "cpu_seconds": round(cpu, 2), "duration_ms": phases,
-    }  # fmt: skip
+        "catchup_seconds": round(took, 2),
+        "catchup_records_per_s": round(total / took),
+        "cpu_seconds": round(cpu, 2),
+        "duration_ms": phases,
+    }
 
 
 def new_topic_query(bootstrap: str, partitions: int, prefix: str) -> Q.QuerySpec:
@@ -205,15 +241,23 @@ def _run(a: argparse.Namespace) -> int:
     off = offline_rate(q, msgs)
     print(f"offline processor: {off:,.0f} partial records/s over {total:,} records", flush=True)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="lowwater-bench-"))
-    prod = KafkaProducer(bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
-                         batch_size=1 << 20)  # fmt: skip
+    prod = KafkaProducer(
+        bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
+    )
     warm = len(msgs) // a.panes  # the first pane warms the JVM and the Python workers (own checkpoint)
     for p, v, _ in msgs[:warm]:
         prod.send(topic, value=v, partition=p)
     prod.flush()
-    spark = build_spark("lowwater-bench", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf))
-    wopts = JobOptions(bootstrap=a.bootstrap, results=str(work / "results-warm"), checkpoint=str(work / "ckpt-warm"),
-                       trigger_ms=100, shuffle_partitions=a.partitions)  # fmt: skip
+    spark = build_spark(
+        "lowwater-bench", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf)
+    )
+    wopts = JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / "results-warm"),
+        checkpoint=str(work / "ckpt-warm"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+    )
     job = HighLevelJob(spark, [q], wopts)
     job.start()
     job.process_all_available()
@@ -226,22 +270,33 @@ def _run(a: argparse.Namespace) -> int:
     for batch_records in a.batch_records:
         r = run_config(spark, q, a, work, batch_records, total)
         configs.append(r)
-        print(f"batches of <= {batch_records:,} records: {r['batches']} batches; first (with query start) "
-              f"{r['first_batch_seconds']:.2f} s; then {r['sustained_records_per_s']:,} records/s sustained; "
-              f"whole catch-up {r['catchup_records_per_s']:,} records/s", flush=True)
+        print(
+            f"batches of <= {batch_records:,} records: {r['batches']} batches; first (with query start) "
+            f"{r['first_batch_seconds']:.2f} s; then {r['sustained_records_per_s']:,} records/s sustained; "
+            f"whole catch-up {r['catchup_records_per_s']:,} records/s",
+            flush=True,
+        )
     head = configs[-1]
     res = {
-        "records_total": total, "messages": len(msgs), "groups": a.groups, "hosts": a.hosts, "panes": a.panes,
-        "partitions": a.partitions, "master": a.master, "spark_conf": a.spark_conf,
+        "records_total": total,
+        "messages": len(msgs),
+        "groups": a.groups,
+        "hosts": a.hosts,
+        "panes": a.panes,
+        "partitions": a.partitions,
+        "master": a.master,
+        "spark_conf": a.spark_conf,
         "definition": "spark_records_per_s = sustained rate of the running job: partial records consumed after "
-                      "its first micro-batch divided by the wall time from the end of the first batch's sink to "
-                      "the end of the last (micro-batches of at most batch_records, read back to back from a "
-                      "full topic). The first batch, which carries the query start, is reported separately, "
-                      "and catchup_records_per_s counts it in.",
-        "spark_records_per_s": head["sustained_records_per_s"], "batch_records": head["batch_records"],
+        "its first micro-batch divided by the wall time from the end of the first batch's sink to "
+        "the end of the last (micro-batches of at most batch_records, read back to back from a "
+        "full topic). The first batch, which carries the query start, is reported separately, "
+        "and catchup_records_per_s counts it in.",
+        "spark_records_per_s": head["sustained_records_per_s"],
+        "batch_records": head["batch_records"],
         "catchup_records_per_s": head["catchup_records_per_s"],
-        "offline_records_per_s": round(off), "configs": configs,
-    }  # fmt: skip
+        "offline_records_per_s": round(off),
+        "configs": configs,
+    }
     res["ratio_spark_vs_offline"] = round(res["spark_records_per_s"] / res["offline_records_per_s"], 3)
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "configs"}, indent=1))
@@ -252,16 +307,23 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
-def sweep_messages(q: Q.QuerySpec, groups: int, records: int, hosts: int, batch: int,
-                   seed: int = 0) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:  # fmt: skip
+def sweep_messages(
+    q: Q.QuerySpec, groups: int, records: int, hosts: int, batch: int, seed: int = 0
+) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:
     """(fill and measured partials, end-of-stream punctuation): pane p0 gets every one of ``groups``
     groups once (spread over the hosts), each host marks p0 (so it stays open), then ``records`` more
     partials of random groups of p0."""
     rng = np.random.default_rng(seed)
     p0 = T0 // q.window.pane_ns
     gid = np.arange(groups, dtype=np.int64)
-    keys = np.column_stack([np.zeros(groups, np.int64), 0xFFFF_0A00_0000 + gid // 256,
-                            np.zeros(groups, np.int64), 0xFFFF_C0A8_0000 + gid % 65536])  # fmt: skip
+    keys = np.column_stack(
+        [
+            np.zeros(groups, np.int64),
+            0xFFFF_0A00_0000 + gid // 256,
+            np.zeros(groups, np.int64),
+            0xFFFF_C0A8_0000 + gid % 65536,
+        ]
+    )
     parts_of = wire.partition_of(keys, q.kafka.partitions)
     seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
     out: list[tuple[int, bytes, int]] = []
@@ -271,14 +333,29 @@ def sweep_messages(q: Q.QuerySpec, groups: int, records: int, hosts: int, batch:
             sel = g[parts_of[g] == p]
             for s in range(0, len(sel), batch):
                 k = keys[sel[s : s + batch]]
-                v = wire.encode_partials(q.name, f"h{h}", 1, p, seq[(h, p)], np.full(len(k), p0), k,
-                                         rng.integers(1, 5, (len(k), 1)))  # fmt: skip
+                v = wire.encode_partials(
+                    q.name,
+                    f"h{h}",
+                    1,
+                    p,
+                    seq[(h, p)],
+                    np.full(len(k), p0),
+                    k,
+                    rng.integers(1, 5, (len(k), 1)),
+                )
                 seq[(h, p)] += len(k)
                 out.append((p, v, len(k)))
 
     def punct(mark: int) -> list[tuple[int, bytes, int]]:
-        return [(p, wire.encode_punctuation(wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})), 0)
-                for h in range(hosts) for p in range(q.kafka.partitions)]  # fmt: skip
+        return [
+            (
+                p,
+                wire.encode_punctuation(wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})),
+                0,
+            )
+            for h in range(hosts)
+            for p in range(q.kafka.partitions)
+        ]
 
     for h, g in enumerate(np.array_split(rng.permutation(groups), hosts)):
         emit(h, g)
@@ -288,12 +365,20 @@ def sweep_messages(q: Q.QuerySpec, groups: int, records: int, hosts: int, batch:
     return out, punct(wire.END_OF_STREAM)
 
 
-def _sweep_run(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str,
-               fill: int, total: int) -> dict[str, Any]:  # fmt: skip
+def _sweep_run(
+    spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str, fill: int, total: int
+) -> dict[str, Any]:
     """One state layout on one sweep topic: the rate of the batches after the fill."""
-    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / f"results-{tag}"), checkpoint=str(work / f"ckpt-{tag}"),
-                      trigger_ms=100, shuffle_partitions=a.partitions, max_offsets_per_trigger=max(1, a.sweep_batch // a.batch),
-                      state=state, create_topics=False)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / f"results-{tag}"),
+        checkpoint=str(work / f"ckpt-{tag}"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+        max_offsets_per_trigger=max(1, a.sweep_batch // a.batch),
+        state=state,
+        create_topics=False,
+    )
     job = BatchClock(spark, [q], opts)
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)
     c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
@@ -307,26 +392,49 @@ def _sweep_run(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, ta
         raise SystemExit(f"{tag}: the job consumed {marks[-1][1] if marks else 0:,} of {total:,} records")
     i0 = next(i for i, m in enumerate(marks) if m[1] >= fill)  # the batch that completes the fill
     (t0, r0), (t1, r1) = marks[i0], marks[-1]
-    return {"state": state, "batches": len(marks), "measured_batches": len(marks) - 1 - i0,
-            "measured_records": r1 - r0, "measured_seconds": round(t1 - t0, 3),
-            "records_per_s": round((r1 - r0) / (t1 - t0)), "cpu_seconds_whole_run": round(cpu, 2),
-            "state_memory_bytes": sum(int(o.get("memoryUsedBytes", 0)) for o in state_ops),
-            "state_rows": sum(int(o.get("numRowsTotal", 0)) for o in state_ops)}  # fmt: skip
+    return {
+        "state": state,
+        "batches": len(marks),
+        "measured_batches": len(marks) - 1 - i0,
+        "measured_records": r1 - r0,
+        "measured_seconds": round(t1 - t0, 3),
+        "records_per_s": round((r1 - r0) / (t1 - t0)),
+        "cpu_seconds_whole_run": round(cpu, 2),
+        "state_memory_bytes": sum(int(o.get("memoryUsedBytes", 0)) for o in state_ops),
+        "state_rows": sum(int(o.get("numRowsTotal", 0)) for o in state_ops),
+    }
 
 
-def _sweep_check(spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str,
-                 groups: int, total: int) -> None:  # fmt: skip
+def _sweep_check(
+    spark: Any,
+    q: Q.QuerySpec,
+    a: argparse.Namespace,
+    work: Path,
+    tag: str,
+    state: str,
+    groups: int,
+    total: int,
+) -> None:
     """Restart the run after the end-of-stream punctuation: the pane closes with every group and record."""
     import duckdb
 
-    opts = JobOptions(bootstrap=a.bootstrap, results=str(work / f"results-{tag}"), checkpoint=str(work / f"ckpt-{tag}"),
-                      trigger_ms=100, shuffle_partitions=a.partitions, state=state, create_topics=False)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / f"results-{tag}"),
+        checkpoint=str(work / f"ckpt-{tag}"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+        state=state,
+        create_topics=False,
+    )
     job = HighLevelJob(spark, [q], opts)
     job.start()
     job.process_all_available()
     job.stop()
-    n, s = duckdb.sql(f"select count(*), sum(packets) from read_parquet('{work}/results-{tag}/query={q.name}/**/*.parquet', "
-                      "hive_partitioning=true) where kind = 'final'").fetchall()[0]  # fmt: skip
+    n, s = duckdb.sql(
+        f"select count(*), sum(packets) from read_parquet('{work}/results-{tag}/query={q.name}/**/*.parquet', "
+        "hive_partitioning=true) where kind = 'final'"
+    ).fetchall()[0]
     if n != groups:
         raise SystemExit(f"{tag}: {n:,} final rows, expected {groups:,}")
     print(f"  {tag}: closed {n:,} groups, {s:,} packets", flush=True)
@@ -337,10 +445,13 @@ def _sweep(a: argparse.Namespace) -> int:
 
     from local_stack.spark_session import build_spark
 
-    spark = build_spark("lowwater-bench-scale", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf))
+    spark = build_spark(
+        "lowwater-bench-scale", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf)
+    )
     work = Path(a.workdir or tempfile.mkdtemp(prefix="lowwater-scale-"))
-    prod = KafkaProducer(bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
-                         batch_size=1 << 20)  # fmt: skip
+    prod = KafkaProducer(
+        bootstrap_servers=a.bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
+    )
     points = []
     for groups in a.sweep_groups:
         q = new_topic_query(a.bootstrap, a.partitions, "scale")
@@ -365,9 +476,11 @@ def _sweep(a: argparse.Namespace) -> int:
             else:
                 raise SystemExit(f"{groups}-{state}: failed three times")
             point[state] = r
-            print(f"{groups:>9,} open groups, {state:>7}: {r['records_per_s']:>10,} partials/s over "
-                  f"{r['measured_batches']} batches ({r['measured_records']:,} records, {r['measured_seconds']} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"{groups:>9,} open groups, {state:>7}: {r['records_per_s']:>10,} partials/s over "
+                f"{r['measured_batches']} batches ({r['measured_records']:,} records, {r['measured_seconds']} s)",
+                flush=True,
+            )
         for p, v, _ in eos:
             prod.send(topic, value=v, partition=p)
         prod.flush()
@@ -391,15 +504,22 @@ def _sweep(a: argparse.Namespace) -> int:
 def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: bool) -> None:
     lo, hi = points[0], points[-1]
     res: dict[str, Any] = {
-        "benchmark": "rollup_scale", "sweep_records": a.sweep_records, "sweep_batch_records": a.sweep_batch,
-        "hosts": a.hosts, "partitions": a.partitions, "master": a.master, "spark_conf": a.spark_conf,
+        "benchmark": "rollup_scale",
+        "sweep_records": a.sweep_records,
+        "sweep_batch_records": a.sweep_batch,
+        "hosts": a.hosts,
+        "partitions": a.partitions,
+        "master": a.master,
+        "spark_conf": a.spark_conf,
         "definition": "records_per_s = partial records of the micro-batches after the fill divided by the wall time "
-                      "from the end of the batch that completed the fill to the end of the last; the open pane holds "
-                      "open_groups groups all along (nothing closes while measured). rate_ratio_<hi>_vs_<lo> = "
-                      "chunked rate at the largest open state / chunked rate at the smallest; the same ratio of the "
-                      "blob state alongside.",
-        "points": points, "complete": complete, "load_avg_at_write": [round(x, 2) for x in os.getloadavg()],
-    }  # fmt: skip
+        "from the end of the batch that completed the fill to the end of the last; the open pane holds "
+        "open_groups groups all along (nothing closes while measured). rate_ratio_<hi>_vs_<lo> = "
+        "chunked rate at the largest open state / chunked rate at the smallest; the same ratio of the "
+        "blob state alongside.",
+        "points": points,
+        "complete": complete,
+        "load_avg_at_write": [round(x, 2) for x in os.getloadavg()],
+    }
     if len(points) > 1:
         for st in a.states:
             res[f"{st}_rate_ratio"] = round(hi[st]["records_per_s"] / lo[st]["records_per_s"], 3)
@@ -407,7 +527,9 @@ def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: 
         if "chunked" in a.states and (lo["open_groups"], hi["open_groups"]) == (100_000, 5_000_000):
             res["rate_ratio_5m_vs_100k"] = res["chunked_rate_ratio"]
     if {"blob", "chunked"} <= set(a.states):
-        res["chunked_vs_blob_at_largest"] = round(hi["chunked"]["records_per_s"] / hi["blob"]["records_per_s"], 3)
+        res["chunked_vs_blob_at_largest"] = round(
+            hi["chunked"]["records_per_s"] / hi["blob"]["records_per_s"], 3
+        )
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "points"}, indent=1), flush=True)
     harness.RESULTS.mkdir(exist_ok=True)

@@ -50,8 +50,9 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(t, p, 1) for p, t in topics.items()] + [NewTopic(warm, 2, 1)])
     admin.close()
-    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20,
-                         batch_size=1 << 20)  # fmt: skip
+    prod = KafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
+    )
     totals = {}
     for p, t in [*topics.items(), (2, warm)]:
         n = a.records if t != warm else a.records // 10
@@ -71,12 +72,23 @@ def driver(a: argparse.Namespace) -> int:
 
     spec = json.loads(a.driver)
     w = spec["workers"]
-    conf = {"spark.executor.memory": a.executor_memory, "spark.executor.cores": "1", "spark.cores.max": str(w),
-            "spark.driver.memory": "1g", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}  # fmt: skip
+    conf = {
+        "spark.executor.memory": a.executor_memory,
+        "spark.executor.cores": "1",
+        "spark.cores.max": str(w),
+        "spark.driver.memory": "1g",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+    }
     work = Path(spec["work"])
-    spark = build_spark(f"lowwater-scaling-w{w}", spec["master"], conf, jars=spark_kafka_jars(), state=work / "state",
-                        driver_host="127.0.0.1")  # fmt: skip
+    spark = build_spark(
+        f"lowwater-scaling-w{w}",
+        spec["master"],
+        conf,
+        jars=spark_kafka_jars(),
+        state=work / "state",
+        driver_host="127.0.0.1",
+    )
     ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
     warm = query_for(spec["warm"], 2)
     wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
@@ -129,8 +141,9 @@ def chart(rows: list[dict], path: Path) -> None:
 def summarize(rows: list[dict], head: dict) -> dict:
     """The figures of one run: rates per (W, P), the ratios, what the executors' CPU says about the limit."""
     for r in rows:  # load-independent: records per second of executor CPU
-        r["records_per_executor_cpu_s"] = round((r["first_batch_records"] + r["sustained_records"])
-                                                / max(r["executor_cpu_seconds"], 1e-9))  # fmt: skip
+        r["records_per_executor_cpu_s"] = round(
+            (r["first_batch_records"] + r["sustained_records"]) / max(r["executor_cpu_seconds"], 1e-9)
+        )
     rate = {(r["workers"], r["partitions"]): r["sustained_records_per_s"] for r in rows}
     per_cpu = {(r["workers"], r["partitions"]): r["records_per_executor_cpu_s"] for r in rows}
     wmax = max(w for w, _ in rate)
@@ -140,16 +153,17 @@ def summarize(rows: list[dict], head: dict) -> dict:
         return round(x[a] / x[b], 3) if a in x and b in x else None
 
     res = {
-        "benchmark": "scaling", **head,
+        "benchmark": "scaling",
+        **head,
         "setup": "Spark standalone master + W workers of 1 core (spark-class, loopback), one executor of 1 core "
-                 "per worker, driver in its own process, one Kafka broker; all on the same 2-core VM",
+        "per worker, driver in its own process, one Kafka broker; all on the same 2-core VM",
         "rows": rows,
         "rates": {f"w{w}_p{p}": v for (w, p), v in sorted(rate.items())},
         "p2_vs_p1": ratio(rate, (wmax, 2), (wmax, 1)),
         "p4_vs_p1": ratio(rate, (wmax, 4), (wmax, 1)),
         "w2_vs_w1_at_p2": ratio(rate, (2, 2), (1, 2)),
         "records_per_executor_cpu_s": {f"w{w}_p{p}": v for (w, p), v in sorted(per_cpu.items())},
-    }  # fmt: skip
+    }
     busy = {f"w{r['workers']}_p{r['partitions']}": r["executor_cores_busy"] for r in rows}
     res["executor_cores_busy"] = busy
     res["limit"] = (
@@ -165,9 +179,11 @@ def summarize(rows: list[dict], head: dict) -> dict:
         p1 = mbusy.get(f"w{wmax}_p1")
         if p1:
             res["p2_vs_p1_ceiling_on_this_machine"] = round(res["machine"]["cores"] / p1, 3)
-            res["limit"] += (f"; at P = 1 every process together (executors, driver, broker, master, workers) already "
-                             f"kept {p1:.2f} of the {res['machine']['cores']} cores busy, so at that CPU per record no P "
-                             f"can gain more than {res['p2_vs_p1_ceiling_on_this_machine']}x here")  # fmt: skip
+            res["limit"] += (
+                f"; at P = 1 every process together (executors, driver, broker, master, workers) already "
+                f"kept {p1:.2f} of the {res['machine']['cores']} cores busy, so at that CPU per record no P "
+                f"can gain more than {res['p2_vs_p1_ceiling_on_this_machine']}x here"
+            )
     return res
 
 
@@ -191,8 +207,10 @@ def main() -> int:
         return driver(a)
     if a.rewrite:
         old = json.loads((harness.RESULTS / "scaling.json").read_text())
-        head = {k: old[k] for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes",
-                                    "batch_records")}  # fmt: skip
+        head = {
+            k: old[k]
+            for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes", "batch_records")
+        }
         return write(summarize(old["rows"], head))
 
     from local_stack.kafka_broker import KafkaBroker
@@ -212,12 +230,24 @@ def main() -> int:
         )
         for w in a.workers:
             with SparkCluster(work / f"spark-w{w}", workers=w, cores=1, memory="1536m") as cluster:
-                spec = {"master": cluster.master, "bootstrap": broker.bootstrap_servers, "workers": w,
-                        "topics": topics, "warm": warm, "totals": totals, "work": str(work / f"job-w{w}"),
-                        "worker_pids": [p.pid for p in cluster.procs[1:]]}  # fmt: skip
+                spec = {
+                    "master": cluster.master,
+                    "bootstrap": broker.bootstrap_servers,
+                    "workers": w,
+                    "topics": topics,
+                    "warm": warm,
+                    "totals": totals,
+                    "work": str(work / f"job-w{w}"),
+                    "worker_pids": [p.pid for p in cluster.procs[1:]],
+                }
                 t0 = time.monotonic()
-                proc = subprocess.run([sys.executable, __file__, "--driver", json.dumps(spec),
-                                       *sys.argv[1:]], capture_output=True, text=True, cwd=REPO, timeout=3600)  # fmt: skip
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--driver", json.dumps(spec), *sys.argv[1:]],
+                    capture_output=True,
+                    text=True,
+                    cwd=REPO,
+                    timeout=3600,
+                )
                 if proc.returncode != 0:
                     raise SystemExit(f"driver for {w} workers failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
                 for line in proc.stdout.splitlines():

@@ -90,10 +90,14 @@ WARM_STEP_S = 5
 SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000  # IPv4-mapped 10.0.0.x / 192.168.x.y
 ROW_BYTES = 8 + 4 * 8 + 2 * 8  # window/pane id + key words + (count, sum)
 HOSTS = ("A", "B")
-QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
+QUERY = config(
+    query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])
+).text
 
 GID = np.arange(GROUPS, dtype=np.int64)
-KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])
+KEYS = np.column_stack(
+    [np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID]
+)
 
 
 # -- the two capture hosts ------------------------------------------------------------------------
@@ -114,7 +118,9 @@ def second_tuples(host: int, t: int) -> np.ndarray:
     g = rng.integers(0, GROUPS, RATE)
     length = rng.integers(64, 1501, RATE)
     out = np.empty(RATE, TUPLE)
-    order = np.argsort(ts := (T0_S + t) * NS + np.random.default_rng((18, host, t)).integers(0, NS, RATE), kind="stable")
+    order = np.argsort(
+        ts := (T0_S + t) * NS + np.random.default_rng((18, host, t)).integers(0, NS, RATE), kind="stable"
+    )
     out["ts"], out["k"], out["len"] = ts[order], KEYS[g[order]], length[order]
     return out
 
@@ -142,13 +148,27 @@ class Host:
             for s in range(0, len(sel), MAX_BATCH):
                 k = KEYS[sel[s : s + MAX_BATCH]]
                 n = len(k)
-                out.append((p, wire.encode_partials(self.q.name, self.name, 1, p, self.seq[p], np.full(n, pane), k,
-                                                    st[s : s + MAX_BATCH])))  # fmt: skip
+                out.append(
+                    (
+                        p,
+                        wire.encode_partials(
+                            self.q.name,
+                            self.name,
+                            1,
+                            p,
+                            self.seq[p],
+                            np.full(n, pane),
+                            k,
+                            st[s : s + MAX_BATCH],
+                        ),
+                    )
+                )
                 self.seq[p] += n
         mark = (T0_S + t + 1) // WINDOW_S  # every pane before the one holding t+1 is complete
         for p in range(PARTITIONS):
-            pu = wire.Punctuation(self.q.name, self.name, 1, p, self.seq[p], mark, mark * WINDOW_S * NS,
-                                  (T0_S + t + 1) * NS, {})  # fmt: skip
+            pu = wire.Punctuation(
+                self.q.name, self.name, 1, p, self.seq[p], mark, mark * WINDOW_S * NS, (T0_S + t + 1) * NS, {}
+            )
             out.append((p, wire.encode_punctuation(pu)))
         return out
 
@@ -159,7 +179,9 @@ class Recorder:
     step: int = 0
     first_step: dict[int, int] = field(default_factory=dict)  # window end (s, relative) -> step seen first
     last_step: dict[int, int] = field(default_factory=dict)
-    rows: dict[int, list[np.ndarray]] = field(default_factory=dict)  # window end -> [gid, packets, bytes] blocks
+    rows: dict[int, list[np.ndarray]] = field(
+        default_factory=dict
+    )  # window end -> [gid, packets, bytes] blocks
     batch_ids: list[int] = field(default_factory=list)
 
 
@@ -210,7 +232,11 @@ def state_sample(job: RecordingJob, variant: str) -> dict[str, int]:
         rows = sum(p.state_rows for p in qs.values())
     else:
         rows = int(prog.get("stateRows", 0))
-    return {"rows": rows, "payload_bytes": rows * ROW_BYTES, "spark_memory_bytes": int(prog.get("stateMemoryBytes", 0))}
+    return {
+        "rows": rows,
+        "payload_bytes": rows * ROW_BYTES,
+        "spark_memory_bytes": int(prog.get("stateMemoryBytes", 0)),
+    }
 
 
 def wait_progress(job: RecordingJob, timeout: float = 10.0) -> None:
@@ -253,16 +279,31 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
     jobs: dict[str, RecordingJob] = {}
     for v in VARIANTS:
         mode, delay = ("oop", 0) if v == "oop" else ("watermark", skew * 1000 if v == "wm=skew" else 2000)
-        opts = JobOptions(bootstrap=broker.bootstrap_servers, results=str(work / f"{skew}-{v}" / "results"),
-                          checkpoint=str(work / f"{skew}-{v}" / "ckpt"), mode=mode, watermark_delay_ms=delay,
-                          trigger_ms=200, host_timeout_ms=3_600_000, expected_hosts=HOSTS, shuffle_partitions=2,
-                          name=f"skew{skew}-{v.replace('=', '')}", create_topics=False,
-                          kafka_options={"kafka.isolation.level": "read_committed"},
-                          state=STATE)  # fmt: skip
+        opts = JobOptions(
+            bootstrap=broker.bootstrap_servers,
+            results=str(work / f"{skew}-{v}" / "results"),
+            checkpoint=str(work / f"{skew}-{v}" / "ckpt"),
+            mode=mode,
+            watermark_delay_ms=delay,
+            trigger_ms=200,
+            host_timeout_ms=3_600_000,
+            expected_hosts=HOSTS,
+            shuffle_partitions=2,
+            name=f"skew{skew}-{v.replace('=', '')}",
+            create_topics=False,
+            kafka_options={"kafka.isolation.level": "read_committed"},
+            state=STATE,
+        )
         jobs[v] = RecordingJob(spark, [q], opts)
         jobs[v].start()
-    prod = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id=f"bench-skew-{topic}",
-                         acks="all", linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20)  # fmt: skip
+    prod = KafkaProducer(
+        bootstrap_servers=broker.bootstrap_servers,
+        transactional_id=f"bench-skew-{topic}",
+        acks="all",
+        linger_ms=5,
+        max_request_size=16 << 20,
+        batch_size=1 << 20,
+    )
     prod.init_transactions()
     warm_end = skew + 10  # coarse steps until B has sent 10 s
     steady = (skew + 20, skew + 20 + meas)  # state sampled at steps T in (a, b]
@@ -302,14 +343,25 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
                 if steady[0] < T <= steady[1]:
                     samples[v].append(state_sample(j, v))
             if steady[0] < T <= steady[1]:
-                iop_samples.append({"rows": len(iop.roll), "tuples": iop.buffered_tuples,
-                                    "payload_bytes": len(iop.roll) * ROW_BYTES + iop.buffered_bytes})  # fmt: skip
+                iop_samples.append(
+                    {
+                        "rows": len(iop.roll),
+                        "tuples": iop.buffered_tuples,
+                        "payload_bytes": len(iop.roll) * ROW_BYTES + iop.buffered_bytes,
+                    }
+                )
                 for pr in j.streams[0].recentProgress:  # per batch, deduplicated by batch id
-                    drops[v][int(pr["batchId"])] = sum(int(o.get("numRowsDroppedByWatermark", 0))
-                                                       for o in pr.get("stateOperators") or [])  # fmt: skip
+                    drops[v][int(pr["batchId"])] = sum(
+                        int(o.get("numRowsDroppedByWatermark", 0)) for o in pr.get("stateOperators") or []
+                    )
             if i % 10 == 0 or T == last:
-                s = {v: (samples[v][-1]["rows"] if samples[v] else state_sample(j, v)["rows"]) for v, j in jobs.items()}
-                log(f"  skew {skew:2d}s step T={T:3d}/{last} s  state rows {s}  {time.monotonic() - t_start:5.0f}s")
+                s = {
+                    v: (samples[v][-1]["rows"] if samples[v] else state_sample(j, v)["rows"])
+                    for v, j in jobs.items()
+                }
+                log(
+                    f"  skew {skew:2d}s step T={T:3d}/{last} s  state rows {s}  {time.monotonic() - t_start:5.0f}s"
+                )
         dropped = {v: sum(d.values()) for v, d in drops.items()}
     finally:
         prod.close()
@@ -320,7 +372,11 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
     recs["iop"] = iop_rec
     for v, rec in recs.items():
         # latency over the windows (end >= 20 s) this variant emitted at a 1-s step
-        lat = [rec.last_step[e] - e for e in sorted(rec.last_step) if e >= 2 * WINDOW_S and rec.last_step[e] in fine]
+        lat = [
+            rec.last_step[e] - e
+            for e in sorted(rec.last_step)
+            if e >= 2 * WINDOW_S and rec.last_step[e] in fine
+        ]
         miss_rows = wrong_rows = miss_pk = total_pk = 0
         for e in loss_windows:
             exp = oracle[(T0_S + e) // WINDOW_S - 1]
@@ -335,51 +391,69 @@ def run_skew(spark: Any, broker: Any, work: Path, skew: int, meas: int, log: Any
             miss_pk += int(exp[:, 0].sum() - got[:, 0].sum())
             total_pk += int(exp[:, 0].sum())
         sm = samples[v] if v != "iop" else iop_samples
-        out.append({
-            "skew_s": skew, "variant": v,
-            "watermark_delay_s": None if v in ("oop", "iop") else (skew if v == "wm=skew" else 2),
-            "state_rows_mean": float(np.mean([s["rows"] for s in sm])),
-            "state_rows_max": max(s["rows"] for s in sm),
-            "payload_mib_mean": float(np.mean([s["payload_bytes"] for s in sm])) / 2**20,
-            "spark_state_mib_mean": float(np.mean([s.get("spark_memory_bytes", 0) for s in sm])) / 2**20,
-            "spark_state_mib_max": max(s.get("spark_memory_bytes", 0) for s in sm) / 2**20,
-            "iop_buffer_tuples_mean": float(np.mean([s["tuples"] for s in sm])) if v == "iop" else None,
-            "latency_windows": len(lat), "latency_mean_s": float(np.mean(lat)) if lat else None,
-            "latency_max_s": max(lat) if lat else None,
-            "loss_windows": len(loss_windows),
-            "loss_windows_not_emitted": sum(e not in rec.last_step for e in loss_windows),
-            "dropped_by_watermark": dropped.get(v, 0), "rows_missing": miss_rows, "rows_wrong": wrong_rows,
-            "packets_missing": miss_pk, "packets_total": total_pk,
-            "packets_missing_pct": 100.0 * miss_pk / total_pk if total_pk else 0.0,
-            "batch_ms_mean": float(np.mean(durations[v])) if durations.get(v) else None,
-            "steps": len(steps), "steady_samples": len(sm),
-        })  # fmt: skip
+        out.append(
+            {
+                "skew_s": skew,
+                "variant": v,
+                "watermark_delay_s": None if v in ("oop", "iop") else (skew if v == "wm=skew" else 2),
+                "state_rows_mean": float(np.mean([s["rows"] for s in sm])),
+                "state_rows_max": max(s["rows"] for s in sm),
+                "payload_mib_mean": float(np.mean([s["payload_bytes"] for s in sm])) / 2**20,
+                "spark_state_mib_mean": float(np.mean([s.get("spark_memory_bytes", 0) for s in sm])) / 2**20,
+                "spark_state_mib_max": max(s.get("spark_memory_bytes", 0) for s in sm) / 2**20,
+                "iop_buffer_tuples_mean": float(np.mean([s["tuples"] for s in sm])) if v == "iop" else None,
+                "latency_windows": len(lat),
+                "latency_mean_s": float(np.mean(lat)) if lat else None,
+                "latency_max_s": max(lat) if lat else None,
+                "loss_windows": len(loss_windows),
+                "loss_windows_not_emitted": sum(e not in rec.last_step for e in loss_windows),
+                "dropped_by_watermark": dropped.get(v, 0),
+                "rows_missing": miss_rows,
+                "rows_wrong": wrong_rows,
+                "packets_missing": miss_pk,
+                "packets_total": total_pk,
+                "packets_missing_pct": 100.0 * miss_pk / total_pk if total_pk else 0.0,
+                "batch_ms_mean": float(np.mean(durations[v])) if durations.get(v) else None,
+                "steps": len(steps),
+                "steady_samples": len(sm),
+            }
+        )
     return out
 
 
 # -- report --------------------------------------------------------------------------------------
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'skew':>5s} {'mode':8s} {'state rows':>10s} {'+ tuples':>9s} {'payload':>8s} {'spark mem':>9s} {'latency':>8s} "
-            f"{'lat max':>7s} {'dropped':>8s} {'rows miss':>9s} {'rows wrong':>10s} {'pkts miss':>9s} {'batch':>6s}")  # fmt: skip
-    lines = [head, f"{'s':>5s} {'':8s} {'mean':>10s} {'(iop)':>9s} {'MiB':>8s} {'MiB':>9s} {'mean s':>8s} {'s':>7s} "
-             f"{'records':>8s} {'':>9s} {'':>10s} {'%':>9s} {'ms':>6s}"]  # fmt: skip
+    head = (
+        f"{'skew':>5s} {'mode':8s} {'state rows':>10s} {'+ tuples':>9s} {'payload':>8s} {'spark mem':>9s} {'latency':>8s} "
+        f"{'lat max':>7s} {'dropped':>8s} {'rows miss':>9s} {'rows wrong':>10s} {'pkts miss':>9s} {'batch':>6s}"
+    )
+    lines = [
+        head,
+        f"{'s':>5s} {'':8s} {'mean':>10s} {'(iop)':>9s} {'MiB':>8s} {'MiB':>9s} {'mean s':>8s} {'s':>7s} "
+        f"{'records':>8s} {'':>9s} {'':>10s} {'%':>9s} {'ms':>6s}",
+    ]
     for r in rows:
         lat = "-" if r["latency_mean_s"] is None else f"{r['latency_mean_s']:.1f}"
         lmax = "-" if r["latency_max_s"] is None else f"{r['latency_max_s']}"
         tup = "-" if r.get("iop_buffer_tuples_mean") is None else f"{r['iop_buffer_tuples_mean']:,.0f}"
-        lines.append(f"{r['skew_s']:5d} {r['variant']:8s} {r['state_rows_mean']:10,.0f} {tup:>9s} {r['payload_mib_mean']:8.1f} "
-                     f"{r['spark_state_mib_mean']:9.1f} {lat:>8s} {lmax:>7s} {r['dropped_by_watermark']:8,d} "
-                     f"{r['rows_missing']:9,d} {r['rows_wrong']:10,d} {r['packets_missing_pct']:9.1f} "
-                     f"{r['batch_ms_mean'] or 0:6.0f}")  # fmt: skip
+        lines.append(
+            f"{r['skew_s']:5d} {r['variant']:8s} {r['state_rows_mean']:10,.0f} {tup:>9s} {r['payload_mib_mean']:8.1f} "
+            f"{r['spark_state_mib_mean']:9.1f} {lat:>8s} {lmax:>7s} {r['dropped_by_watermark']:8,d} "
+            f"{r['rows_missing']:9,d} {r['rows_wrong']:10,d} {r['packets_missing_pct']:9.1f} "
+            f"{r['batch_ms_mean'] or 0:6.0f}"
+        )
     return "\n".join(lines)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = harness.pyplot()
 
-    style = {"oop": ("lowwater (punctuation)", "#2a7", "o", 10), "wm=skew": ("Spark watermark, delay = skew", "#36c", "s", 7),
-             "wm=2s": ("Spark watermark, delay = 2 s", "#c33", "^", 5),
-             "iop": ("in-order merge (IOP) + roll-up", "#999", "D", 5)}  # fmt: skip
+    style = {
+        "oop": ("lowwater (punctuation)", "#2a7", "o", 10),
+        "wm=skew": ("Spark watermark, delay = skew", "#36c", "s", 7),
+        "wm=2s": ("Spark watermark, delay = 2 s", "#c33", "^", 5),
+        "iop": ("in-order merge (IOP) + roll-up", "#999", "D", 5),
+    }
     # markers shrink in drawing order so that equal values (e.g. both watermarks at 5-10 s) stay visible
     fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
     for v, (label, color, marker, size) in style.items():
@@ -391,14 +465,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax[1].plot(x, [r["spark_state_mib_mean"] for r in rs], **kw)
         ax[2].plot(x, [r["latency_mean_s"] if r["latency_mean_s"] is not None else np.nan for r in rs], **kw)
         ax[3].plot(x, [r["packets_missing_pct"] for r in rs], **kw)
-    titles = ("state payload (MiB, mean; IOP: + buffered 48-B tuples)", "Spark state store memoryUsedBytes (MiB, mean)",
-              "result latency: leading host's time - window end (s)", "packets missing from results (%)")  # fmt: skip
+    titles = (
+        "state payload (MiB, mean; IOP: + buffered 48-B tuples)",
+        "Spark state store memoryUsedBytes (MiB, mean)",
+        "result latency: leading host's time - window end (s)",
+        "packets missing from results (%)",
+    )
     for a, t in zip(ax, titles, strict=True):
         a.set_title(t, fontsize=9)
         a.set_xlabel("skew between the two hosts (s)")
         a.grid(alpha=0.3)
     ax[0].legend(fontsize=8)
-    fig.suptitle(f"2 hosts x {RATE:,} pkt/s, {GROUPS:,} groups, {WINDOW_S}-s tumbling windows (replay)", fontsize=10)
+    fig.suptitle(
+        f"2 hosts x {RATE:,} pkt/s, {GROUPS:,} groups, {WINDOW_S}-s tumbling windows (replay)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -407,7 +487,9 @@ def main() -> None:
     ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skews 0, 20 s and a shorter steady phase (< 4 min)")
     ap.add_argument("--skews", default=None, help="comma list of skews in seconds (default 0,5,10,20,40)")
-    ap.add_argument("--meas", type=int, default=None, help="steady phase in seconds of data time (default 30)")
+    ap.add_argument(
+        "--meas", type=int, default=None, help="steady phase in seconds of data time (default 30)"
+    )
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
     skews = [int(s) for s in (args.skews or ("0,20" if args.quick else "0,5,10,20,40")).split(",")]
@@ -428,8 +510,12 @@ def main() -> None:
     try:
         log(f"starting Kafka on {broker.bootstrap_servers} and Spark {args.master} (state under {work}) ...")
         broker.start()
-        spark = build_spark("lowwater-bench-skew", master=args.master, state=work / "spark-state",
-                            extra_conf={"spark.sql.shuffle.partitions": "2"})  # fmt: skip
+        spark = build_spark(
+            "lowwater-bench-skew",
+            master=args.master,
+            state=work / "spark-state",
+            extra_conf={"spark.sql.shuffle.partitions": "2"},
+        )
         try:
             for skew in skews:
                 log(f"skew {skew} s: 3 jobs (oop, watermark delay={skew}s, watermark delay=2s) ...")
@@ -445,17 +531,34 @@ def main() -> None:
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores; {took:.0f} s total")
     print(table(rows))
     method = {
-        "doc": __doc__, "hosts": 2, "rate_pkt_per_s_per_host": RATE, "groups": GROUPS, "window_s": WINDOW_S,
-        "kafka_partitions": PARTITIONS, "master": args.master, "steady_phase_s": meas, "skews_s": skews,
-        "state_row_bytes": ROW_BYTES, "quick": args.quick, "runtime_s": round(took),
-    }  # fmt: skip
+        "doc": __doc__,
+        "hosts": 2,
+        "rate_pkt_per_s_per_host": RATE,
+        "groups": GROUPS,
+        "window_s": WINDOW_S,
+        "kafka_partitions": PARTITIONS,
+        "master": args.master,
+        "steady_phase_s": meas,
+        "skews_s": skews,
+        "state_row_bytes": ROW_BYTES,
+        "quick": args.quick,
+        "runtime_s": round(took),
+    }
     by = {(r["skew_s"], r["variant"]): r for r in rows}
     ratio = {str(k): by[(k, "oop")]["payload_mib_mean"] / by[(k, "iop")]["payload_mib_mean"] for k in skews}
     print(f"oop / iop state payload by skew: {ratio} (OOP paper Fig. 1: ~0.3 at 40 s)")
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("skew.json", {"benchmark": "memory_latency_vs_skew", "machine": m,
-                                                   "method": method, "oop_vs_iop_state_by_skew": ratio,
-                                                   "oop_vs_iop_state_at_40s": ratio.get("40"), "rows": rows})  # fmt: skip
+    harness.write_results(
+        "skew.json",
+        {
+            "benchmark": "memory_latency_vs_skew",
+            "machine": m,
+            "method": method,
+            "oop_vs_iop_state_by_skew": ratio,
+            "oop_vs_iop_state_at_40s": ratio.get("40"),
+            "rows": rows,
+        },
+    )
     plot(rows, harness.RESULTS / "skew.png")
     print(f"wrote {harness.RESULTS / 'skew.json'} and {harness.RESULTS / 'skew.png'}")
 

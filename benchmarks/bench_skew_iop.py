@@ -52,9 +52,13 @@ SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000
 HOSTS = ("A", "B")
 MAX_BATCH = 65_536
 TUPLE = np.dtype([("ts", "<i8"), ("k", "<i8", (4,)), ("len", "<i8")])  # a buffered packet tuple: 48 B
-QUERY = config(query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])).text
+QUERY = config(
+    query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])
+).text
 GID = np.arange(GROUPS, dtype=np.int64)
-KEYS = np.column_stack([np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID])
+KEYS = np.column_stack(
+    [np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID]
+)
 
 
 def second_packets(host: int, t: int, rate: int) -> np.ndarray:
@@ -82,12 +86,28 @@ def host_second_msgs(q: Q.QuerySpec, h: int, t: int, tup: np.ndarray, seq: list[
     out = []
     for s in range(0, len(nz), MAX_BATCH):
         sel = nz[s : s + MAX_BATCH]
-        out.append(wire.encode_partials(q.name, HOSTS[h], 1, 0, seq[h], np.full(len(sel), pane), KEYS[sel],
-                                        np.column_stack([cnt[sel], byt[sel]]), compress=False))  # fmt: skip
+        out.append(
+            wire.encode_partials(
+                q.name,
+                HOSTS[h],
+                1,
+                0,
+                seq[h],
+                np.full(len(sel), pane),
+                KEYS[sel],
+                np.column_stack([cnt[sel], byt[sel]]),
+                compress=False,
+            )
+        )
         seq[h] += len(sel)
     mark = (T0_S + t + 1) // WINDOW_S
-    out.append(wire.encode_punctuation(wire.Punctuation(q.name, HOSTS[h], 1, 0, seq[h], mark, mark * WINDOW_S * NS,
-                                                        (T0_S + t + 1) * NS, {})))  # fmt: skip
+    out.append(
+        wire.encode_punctuation(
+            wire.Punctuation(
+                q.name, HOSTS[h], 1, 0, seq[h], mark, mark * WINDOW_S * NS, (T0_S + t + 1) * NS, {}
+            )
+        )
+    )
     return out
 
 
@@ -130,7 +150,11 @@ class InOrderUnion:
         if ready:
             rel = np.concatenate(ready)
             rel = rel[np.argsort(rel["ts"], kind="stable")]  # the ordered union's output
-            self.roll.add(rel["ts"] // self.pane_ns, rel["k"], np.column_stack([np.ones(len(rel), np.int64), rel["len"]]))
+            self.roll.add(
+                rel["ts"] // self.pane_ns,
+                rel["k"],
+                np.column_stack([np.ones(len(rel), np.int64), rel["len"]]),
+            )
         return self.roll.close(int(frontier_ns // self.pane_ns))
 
     @property
@@ -150,7 +174,10 @@ def run_skew(rate: int, skew: int, meas: int) -> list[dict[str, Any]]:
     iop = InOrderUnion(lay)
     seq = [0, 0]
     last = skew + 20 + meas
-    samples: dict[str, list[tuple[int, int, int, int]]] = {"oop": [], "iop": []}  # rows, bytes, buffer tuples, bytes
+    samples: dict[str, list[tuple[int, int, int, int]]] = {
+        "oop": [],
+        "iop": [],
+    }  # rows, bytes, buffer tuples, bytes
     closed_oop: dict[int, int] = {}
     closed_iop: dict[int, int] = {}
     secs = {"oop": 0.0, "iop": 0.0}
@@ -174,35 +201,51 @@ def run_skew(rate: int, skew: int, meas: int) -> list[dict[str, Any]]:
         secs["iop"] += time.perf_counter() - t0
         if skew + 20 < T <= last:
             samples["oop"].append((len(oop), rollup_bytes(oop), 0, 0))
-            samples["iop"].append((len(iop.roll), rollup_bytes(iop.roll), iop.buffered_tuples, iop.buffered_bytes))
+            samples["iop"].append(
+                (len(iop.roll), rollup_bytes(iop.roll), iop.buffered_tuples, iop.buffered_bytes)
+            )
     rows = []
     for v, closed in (("oop", closed_oop), ("iop", closed_iop)):
         s = np.array(samples[v], dtype=np.float64)
         total = s[:, 1] + s[:, 3]
         lat = [T - ((w + 1) * WINDOW_S - T0_S) for w, T in closed.items() if (w + 1) * WINDOW_S - T0_S >= 20]
-        rows.append({
-            "rate_pkt_per_s": rate, "skew_s": skew, "variant": v,
-            "agg_rows_mean": float(s[:, 0].mean()), "agg_rows_max": int(s[:, 0].max()),
-            "buffer_tuples_mean": float(s[:, 2].mean()), "buffer_tuples_max": int(s[:, 2].max()),
-            "state_mib_mean": float(total.mean()) / 2**20, "state_mib_max": float(total.max()) / 2**20,
-            "agg_mib_mean": float(s[:, 1].mean()) / 2**20, "buffer_mib_mean": float(s[:, 3].mean()) / 2**20,
-            "latency_mean_s": float(np.mean(lat)) if lat else None, "windows_closed": len(closed),
-            "cpu_s": round(secs[v], 3), "samples": len(s),
-        })  # fmt: skip
+        rows.append(
+            {
+                "rate_pkt_per_s": rate,
+                "skew_s": skew,
+                "variant": v,
+                "agg_rows_mean": float(s[:, 0].mean()),
+                "agg_rows_max": int(s[:, 0].max()),
+                "buffer_tuples_mean": float(s[:, 2].mean()),
+                "buffer_tuples_max": int(s[:, 2].max()),
+                "state_mib_mean": float(total.mean()) / 2**20,
+                "state_mib_max": float(total.max()) / 2**20,
+                "agg_mib_mean": float(s[:, 1].mean()) / 2**20,
+                "buffer_mib_mean": float(s[:, 3].mean()) / 2**20,
+                "latency_mean_s": float(np.mean(lat)) if lat else None,
+                "windows_closed": len(closed),
+                "cpu_s": round(secs[v], 3),
+                "samples": len(s),
+            }
+        )
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'rate':>7s} {'skew':>4s} {'plan':5s} {'agg rows':>9s} {'buffer tuples':>13s} {'state MiB':>9s} "
-             f"{'max MiB':>8s} {'oop/iop':>7s} {'latency s':>9s} {'cpu s':>6s}"]  # fmt: skip
+    lines = [
+        f"{'rate':>7s} {'skew':>4s} {'plan':5s} {'agg rows':>9s} {'buffer tuples':>13s} {'state MiB':>9s} "
+        f"{'max MiB':>8s} {'oop/iop':>7s} {'latency s':>9s} {'cpu s':>6s}"
+    ]
     by = {(r["rate_pkt_per_s"], r["skew_s"], r["variant"]): r for r in rows}
     for r in rows:
         iop = by.get((r["rate_pkt_per_s"], r["skew_s"], "iop"))
         ratio = r["state_mib_mean"] / iop["state_mib_mean"] if iop else float("nan")
         lat = "-" if r["latency_mean_s"] is None else f"{r['latency_mean_s']:.1f}"
-        lines.append(f"{r['rate_pkt_per_s']:7,d} {r['skew_s']:4d} {r['variant']:5s} {r['agg_rows_mean']:9,.0f} "
-                     f"{r['buffer_tuples_mean']:13,.0f} {r['state_mib_mean']:9.1f} {r['state_mib_max']:8.1f} "
-                     f"{ratio:7.2f} {lat:>9s} {r['cpu_s']:6.1f}")  # fmt: skip
+        lines.append(
+            f"{r['rate_pkt_per_s']:7,d} {r['skew_s']:4d} {r['variant']:5s} {r['agg_rows_mean']:9,.0f} "
+            f"{r['buffer_tuples_mean']:13,.0f} {r['state_mib_mean']:9.1f} {r['state_mib_max']:8.1f} "
+            f"{ratio:7.2f} {lat:>9s} {r['cpu_s']:6.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -212,9 +255,17 @@ def spark_rows() -> list[dict[str, Any]]:
     if not p.exists():
         return []
     d = json.loads(p.read_text())
-    return [{"skew_s": r["skew_s"], "variant": r["variant"], "state_rows_mean": r["state_rows_mean"],
-             "payload_mib_mean": r["payload_mib_mean"], "spark_state_mib_mean": r["spark_state_mib_mean"],
-             "run": d["machine"].get("date")} for r in d["rows"]]  # fmt: skip
+    return [
+        {
+            "skew_s": r["skew_s"],
+            "variant": r["variant"],
+            "state_rows_mean": r["state_rows_mean"],
+            "payload_mib_mean": r["payload_mib_mean"],
+            "spark_state_mib_mean": r["spark_state_mib_mean"],
+            "run": d["machine"].get("date"),
+        }
+        for r in d["rows"]
+    ]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -223,9 +274,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     rates = sorted({r["rate_pkt_per_s"] for r in rows})
     fig, ax = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4), squeeze=False)
     for a, rate in zip(ax[0], rates, strict=True):
-        for v, color, label in (("iop", "#c33", "IOP: ordered union + roll-up"), ("oop", "#2a7", "lowwater (OOP)")):
-            rs = sorted((r for r in rows if r["rate_pkt_per_s"] == rate and r["variant"] == v), key=lambda r: r["skew_s"])
-            a.plot([r["skew_s"] for r in rs], [r["state_mib_max"] for r in rs], marker="o", color=color, label=label)
+        for v, color, label in (
+            ("iop", "#c33", "IOP: ordered union + roll-up"),
+            ("oop", "#2a7", "lowwater (OOP)"),
+        ):
+            rs = sorted(
+                (r for r in rows if r["rate_pkt_per_s"] == rate and r["variant"] == v),
+                key=lambda r: r["skew_s"],
+            )
+            a.plot(
+                [r["skew_s"] for r in rs],
+                [r["state_mib_max"] for r in rs],
+                marker="o",
+                color=color,
+                label=label,
+            )
         a.set_title(f"2 hosts x {rate:,} pkt/s, 65,536 groups, 10-s windows", fontsize=9)
         a.set_xlabel("skew of the late host (s)")
         a.set_ylabel("peak state (MiB)")
@@ -254,16 +317,33 @@ def main() -> None:
             rows += run_skew(rate, skew, meas)
             print(table(rows[-2:]), flush=True)
     by = {(r["rate_pkt_per_s"], r["skew_s"], r["variant"]): r for r in rows}
-    ratio40 = {str(rate): by[(rate, 40, "oop")]["state_mib_max"] / by[(rate, 40, "iop")]["state_mib_max"]
-               for rate in rates if (rate, 40, "oop") in by}  # fmt: skip
+    ratio40 = {
+        str(rate): by[(rate, 40, "oop")]["state_mib_max"] / by[(rate, 40, "iop")]["state_mib_max"]
+        for rate in rates
+        if (rate, 40, "oop") in by
+    }
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores; {time.monotonic() - t_all:.0f} s")
     print(table(rows))
     print(f"oop/iop peak state at 40 s skew: {ratio40} (paper ~0.3)")
     harness.RESULTS.mkdir(exist_ok=True)
-    out = {"benchmark": "skew_oop_vs_iop", "figure": "OOP paper Fig. 1 / dissertation Fig. 8-8", "machine": m,
-           "method": {"doc": __doc__, "groups": GROUPS, "window_s": WINDOW_S, "rates": rates, "skews_s": skews,
-                      "steady_phase_s": meas, "quick": args.quick, "tuple_bytes": TUPLE.itemsize},
-           "oop_vs_iop_state_at_40s": ratio40, "rows": rows, "spark_watermark_from_skew_json": spark_rows()}  # fmt: skip
+    out = {
+        "benchmark": "skew_oop_vs_iop",
+        "figure": "OOP paper Fig. 1 / dissertation Fig. 8-8",
+        "machine": m,
+        "method": {
+            "doc": __doc__,
+            "groups": GROUPS,
+            "window_s": WINDOW_S,
+            "rates": rates,
+            "skews_s": skews,
+            "steady_phase_s": meas,
+            "quick": args.quick,
+            "tuple_bytes": TUPLE.itemsize,
+        },
+        "oop_vs_iop_state_at_40s": ratio40,
+        "rows": rows,
+        "spark_watermark_from_skew_json": spark_rows(),
+    }
     harness.write_results("skew_iop.json", out)
     plot(rows, harness.RESULTS / "skew_iop.png")
     print(f"wrote {harness.RESULTS / 'skew_iop.json'} and skew_iop.png")

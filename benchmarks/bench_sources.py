@@ -40,8 +40,9 @@ def _consume(caplen, ctr, acc):
 
 def write_pcap(path: str, n: int, size: int) -> None:
     """n generated frames of ``size`` bytes as a nanosecond pcap."""
-    frames, caplen, wirelen, ts = generate_frames(n, groups=65536, seed=1, snaplen=size, sizes=(size, size),
-                                                  proto_mix={"udp": 1.0})
+    frames, caplen, wirelen, ts = generate_frames(
+        n, groups=65536, seed=1, snaplen=size, sizes=(size, size), proto_mix={"udp": 1.0}
+    )
     write_pcap_ns(Path(path), frames, caplen, wirelen, ts)
 
 
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=2_000_000)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--slots", type=int, default=1 << 16)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (after a warm-up); best and median shown")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs per measurement (after a warm-up); best and median shown"
+    )
     args = ap.parse_args(argv)
     n = args.frames
 

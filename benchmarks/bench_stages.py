@@ -71,18 +71,36 @@ def main() -> None:
     n = args.packets
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores; {n:,} frames, {args.groups:,} groups")
-    frames, caplen, wirelen, ts = generate_frames(n, groups=args.groups, seed=4, snaplen=64, sizes=(64, 64),
-                                                  proto_mix={"tcp": 1.0}, synthetic_pps=100_000)
+    frames, caplen, wirelen, ts = generate_frames(
+        n,
+        groups=args.groups,
+        seed=4,
+        snaplen=64,
+        sizes=(64, 64),
+        proto_mix={"tcp": 1.0},
+        synthetic_pps=100_000,
+    )
     TMP.mkdir(parents=True, exist_ok=True)
     pcap = TMP / "stages.pcap"
     write_pcap_ns(pcap, frames, caplen, wirelen, ts)
     rows: list[dict] = []
 
-    def add(stage: str, unit: str, count: int, secs: float, packets: int = n, source: str = "this run") -> None:
-        rows.append({"stage": stage, "unit": unit, "rate": count / secs, "ns_per_packet": secs / packets * 1e9,
-                     "source": source})
-        print(f"  {stage:10s} {count / secs / 1e6:8.2f} M {unit}/s  ({secs / packets * 1e9:6.1f} ns per packet)",
-              flush=True)
+    def add(
+        stage: str, unit: str, count: int, secs: float, packets: int = n, source: str = "this run"
+    ) -> None:
+        rows.append(
+            {
+                "stage": stage,
+                "unit": unit,
+                "rate": count / secs,
+                "ns_per_packet": secs / packets * 1e9,
+                "source": source,
+            }
+        )
+        print(
+            f"  {stage:10s} {count / secs / 1e6:8.2f} M {unit}/s  ({secs / packets * 1e9:6.1f} ns per packet)",
+            flush=True,
+        )
 
     # 1. capture
     best = 0.0
@@ -100,7 +118,9 @@ def main() -> None:
     st = np.zeros(n, dtype=np.int64)
     errs = np.zeros(16, dtype=np.int64)
     parse_batch(flat[:6400], offs[:100], caplen[:100], wirelen[:100], ts[:100], ifs[:100], 100, out, st, errs)
-    secs = min(_timed(lambda: parse_batch(flat, offs, caplen, wirelen, ts, ifs, n, out, st, errs)) for _ in range(3))
+    secs = min(
+        _timed(lambda: parse_batch(flat, offs, caplen, wirelen, ts, ifs, n, out, st, errs)) for _ in range(3)
+    )
     add("parse", "frames", n, secs)
     # 3. kernel
     q = q4(1 << 17, "lazy", "stages.q4", partitions=2)
@@ -134,8 +154,15 @@ def main() -> None:
         broker.create_topic("stages.q4", 2)
         from kafka import KafkaProducer
 
-        prod = Capture(KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", linger_ms=5,
-                                     batch_size=1 << 20, max_request_size=8 << 20))
+        prod = Capture(
+            KafkaProducer(
+                bootstrap_servers=broker.bootstrap_servers,
+                acks="all",
+                linger_ms=5,
+                batch_size=1 << 20,
+                max_request_size=8 << 20,
+            )
+        )
         em = Emitter([q], "stages", None, producer=prod, ensure_topics=False)
         prod.inner.send("stages.warmup", value=b"x").get(timeout=60)  # connection and metadata, not timed
         t0 = time.perf_counter()
@@ -164,16 +191,32 @@ def main() -> None:
     if "rollup.json" in quoted:
         r = quoted["rollup.json"]
         rate = r["spark_records_per_s"]
-        rows.append({"stage": "spark roll-up", "unit": "records", "rate": rate,
-                     "ns_per_packet": len(allrecs) / rate / n * 1e9, "source": "results/rollup.json"})
+        rows.append(
+            {
+                "stage": "spark roll-up",
+                "unit": "records",
+                "rate": rate,
+                "ns_per_packet": len(allrecs) / rate / n * 1e9,
+                "source": "results/rollup.json",
+            }
+        )
     ratio = len(allrecs) / n
     print(f"\npartials per packet in this run: {ratio:.4f} ({len(allrecs):,} partial records)")
     print(f"{'stage':14s} {'rate':>14s} {'ns/packet':>10s}  source")
     for r in rows:
-        print(f"{r['stage']:14s} {r['rate'] / 1e6:9.2f} M {r['unit'][:3]}/s {r['ns_per_packet']:10.1f}  {r['source']}")
-    out_json = {"benchmark": "stages", "method": __doc__, "packets": n, "groups": args.groups,
-                "partials": int(len(allrecs)), "rows": rows, "quoted": {k: v.get("machine") for k, v in quoted.items()},
-                "machine": m}
+        print(
+            f"{r['stage']:14s} {r['rate'] / 1e6:9.2f} M {r['unit'][:3]}/s {r['ns_per_packet']:10.1f}  {r['source']}"
+        )
+    out_json = {
+        "benchmark": "stages",
+        "method": __doc__,
+        "packets": n,
+        "groups": args.groups,
+        "partials": int(len(allrecs)),
+        "rows": rows,
+        "quoted": {k: v.get("machine") for k, v in quoted.items()},
+        "machine": m,
+    }
     harness.write_results("stages.json", out_json)
     plt = harness.pyplot()
 

@@ -46,33 +46,61 @@ def variants(quick: bool) -> list[dict[str, Any]]:
     for iv, rate in (("10s", 0.1), ("1s", 1), ("100ms", 10), ("10ms", 100)):
         if quick and iv in ("10ms",):
             continue
-        v.append({"label": f"B periodic {iv}", "group": "B", "mode": "periodic", "interval": iv, "rate": rate})
+        v.append(
+            {"label": f"B periodic {iv}", "group": "B", "mode": "periodic", "interval": iv, "rate": rate}
+        )
     v += [
         {"label": "C on demand", "group": "C", "mode": "on_demand", "interval": "1s"},
         {"label": "C' on request", "group": "C'", "mode": "on_request", "interval": "1s", "ask": True},
         {"label": "D latent timestamps", "group": "D", "mode": "on_demand", "interval": "1s", "latent": True},
-        {"label": "C, dense sweep every 100 ms", "group": "floor", "mode": "on_demand", "interval": "100ms",
-         "sweep": True},
-        {"label": "C, 0.1-s panes (slide 0.1 s)", "group": "floor", "mode": "on_demand", "interval": "1s",
-         "window": "{range: 1s, slide: 100ms}"},
-    ]  # fmt: skip
+        {
+            "label": "C, dense sweep every 100 ms",
+            "group": "floor",
+            "mode": "on_demand",
+            "interval": "100ms",
+            "sweep": True,
+        },
+        {
+            "label": "C, 0.1-s panes (slide 0.1 s)",
+            "group": "floor",
+            "mode": "on_demand",
+            "interval": "1s",
+            "window": "{range: 1s, slide: 100ms}",
+        },
+    ]
     return v
 
 
 def measure(v: dict[str, Any], seconds: float) -> dict[str, Any]:
-    q = H.query(v.get("window", TUMBLING), m=v.get("m", 1), interval=v["interval"],
-                on_demand=v["mode"] == "on_demand")  # fmt: skip
+    q = H.query(
+        v.get("window", TUMBLING), m=v.get("m", 1), interval=v["interval"], on_demand=v["mode"] == "on_demand"
+    )
     dense = H.SimHost("dense", q, DENSE, seconds, v["mode"], seed=1, sweep_on_timer=v.get("sweep", False))
-    sparse = H.SimHost("sparse", q, SPARSE, seconds, "latent" if v.get("latent") else v["mode"], seed=2, groups=10)
+    sparse = H.SimHost(
+        "sparse", q, SPARSE, seconds, "latent" if v.get("latent") else v["mode"], seed=2, groups=10
+    )
     t0 = time.perf_counter()
-    r = H.run([dense, sparse], seconds, latent=("sparse",) if v.get("latent") else (), ask=v.get("ask", False))
+    r = H.run(
+        [dense, sparse], seconds, latent=("sparse",) if v.get("latent") else (), ask=v.get("ask", False)
+    )
     lat = np.array(r.latency_s) if r.latency_s else np.array([np.nan])
-    return {"variant": v["label"], "group": v["group"], "heartbeat_interval": v["interval"],
-            "windows": len(r.latency_s), "latency_mean_s": float(np.mean(lat)), "latency_p50_s": float(np.median(lat)),
-            "latency_max_s": float(np.max(lat)), "wait_fraction": r.wait_fraction, "rows_peak": r.rows_peak,
-            "rows_mean": r.rows_mean, "punctuations_per_s": r.punctuations_per_s,
-            "late_records": r.late_records, "packets_missing": r.packets_missing,
-            "sparse_packets": len(sparse.arrivals), "sim_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "variant": v["label"],
+        "group": v["group"],
+        "heartbeat_interval": v["interval"],
+        "windows": len(r.latency_s),
+        "latency_mean_s": float(np.mean(lat)),
+        "latency_p50_s": float(np.median(lat)),
+        "latency_max_s": float(np.max(lat)),
+        "wait_fraction": r.wait_fraction,
+        "rows_peak": r.rows_peak,
+        "rows_mean": r.rows_mean,
+        "punctuations_per_s": r.punctuations_per_s,
+        "late_records": r.late_records,
+        "packets_missing": r.packets_missing,
+        "sparse_packets": len(sparse.arrivals),
+        "sim_seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -84,29 +112,48 @@ def main() -> None:
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores; {seconds:.0f} s of stream per variant", flush=True)
     rows = []
-    head = (f"{'variant':32s} {'win':>4s} {'mean s':>8s} {'p50 s':>7s} {'max s':>7s} {'wait %':>7s} {'rows pk':>8s} "
-            f"{'rows mean':>9s} {'punct/s':>8s} {'late':>5s} {'miss':>5s}")  # fmt: skip
+    head = (
+        f"{'variant':32s} {'win':>4s} {'mean s':>8s} {'p50 s':>7s} {'max s':>7s} {'wait %':>7s} {'rows pk':>8s} "
+        f"{'rows mean':>9s} {'punct/s':>8s} {'late':>5s} {'miss':>5s}"
+    )
     print(head, flush=True)
     for v in variants(args.quick):
         r = measure(v, seconds)
         rows.append(r)
-        print(f"{r['variant']:32s} {r['windows']:4d} {r['latency_mean_s']:8.3f} {r['latency_p50_s']:7.3f} "
-              f"{r['latency_max_s']:7.3f} {100 * r['wait_fraction']:7.2f} {r['rows_peak']:8,d} {r['rows_mean']:9,.0f} "
-              f"{r['punctuations_per_s']:8.2f} {r['late_records']:5d} {r['packets_missing']:5d}", flush=True)  # fmt: skip
+        print(
+            f"{r['variant']:32s} {r['windows']:4d} {r['latency_mean_s']:8.3f} {r['latency_p50_s']:7.3f} "
+            f"{r['latency_max_s']:7.3f} {100 * r['wait_fraction']:7.2f} {r['rows_peak']:8,d} {r['rows_mean']:9,.0f} "
+            f"{r['punctuations_per_s']:8.2f} {r['late_records']:5d} {r['packets_missing']:5d}",
+            flush=True,
+        )
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("union.json", {
-        "benchmark": "on_demand_union_variants", "figure": "on-demand punctuation paper Fig. 7 and 8", "machine": m,
-        "method": {"doc": __doc__, "seconds": seconds, "dense_pkt_per_s": DENSE, "sparse_pkt_per_s": SPARSE,
-                   "quick": args.quick}, "rows": rows})  # fmt: skip
+    harness.write_results(
+        "union.json",
+        {
+            "benchmark": "on_demand_union_variants",
+            "figure": "on-demand punctuation paper Fig. 7 and 8",
+            "machine": m,
+            "method": {
+                "doc": __doc__,
+                "seconds": seconds,
+                "dense_pkt_per_s": DENSE,
+                "sparse_pkt_per_s": SPARSE,
+                "quick": args.quick,
+            },
+            "rows": rows,
+        },
+    )
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
     labels = [r["variant"] for r in rows]
     colors = {"A": "#c33", "B": "#999", "C": "#2a7", "C'": "#1a5", "D": "#36c", "floor": "#e90"}
     col = [colors[r["group"]] for r in rows]
-    for a, key, title, log in ((ax[0], "latency_mean_s", "mean window-close latency (s, log)", True),
-                               (ax[1], "wait_fraction", "fraction of time the union idle-waits", False),
-                               (ax[2], "rows_peak", "peak rows held: union + host tables (log)", True)):  # fmt: skip
+    for a, key, title, log in (
+        (ax[0], "latency_mean_s", "mean window-close latency (s, log)", True),
+        (ax[1], "wait_fraction", "fraction of time the union idle-waits", False),
+        (ax[2], "rows_peak", "peak rows held: union + host tables (log)", True),
+    ):
         a.barh(labels, [max(r[key], 1e-4) for r in rows], color=col)
         a.set_title(title, fontsize=9)
         if log:
@@ -115,8 +162,11 @@ def main() -> None:
         a.tick_params(axis="y", labelsize=8)
     for a in ax[1:]:
         a.set_yticklabels([])
-    fig.suptitle(f"dense {DENSE:,} pkt/s + sparse {SPARSE} pkt/s host, 1-s windows, {seconds:.0f} s of stream "
-                 "(virtual time, real kernel + processor)", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"dense {DENSE:,} pkt/s + sparse {SPARSE} pkt/s host, 1-s windows, {seconds:.0f} s of stream "
+        "(virtual time, real kernel + processor)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(harness.RESULTS / "union.png", dpi=110)
     print(f"wrote {harness.RESULTS / 'union.json'} and union.png")

@@ -43,8 +43,14 @@ from high_level.live.publish import LIVE_KINDS, live_messages, split_provisional
 from high_level.live.queue import Update, UpdateQueue, replay
 from lowwater_testing.queries import config, query
 
-CONFIG = config(query("ports_live", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes"],
-                      window={"landmark": "30s", "update": "1s"})).text
+CONFIG = config(
+    query(
+        "ports_live",
+        group_by=["dst_port"],
+        aggregates=["count as packets", "sum(length) as bytes"],
+        window={"landmark": "30s", "update": "1s"},
+    )
+).text
 GROUPS, PPS, HOSTS = 200, 600, ("h0", "h1")
 LOAD_FACTORS = (0.5, 1.0, 2.0, 4.0, 8.0)
 T0_S = 1_764_000_000  # data clock origin (whole minutes: windows align)
@@ -79,9 +85,21 @@ def live_updates(dist: str, seconds: int, seed: int = 1) -> tuple[list[tuple[flo
                     )
                     seq[h] += len(g)
             mark = pane + 1
-            values.append(wire.encode_punctuation(wire.Punctuation(q.name, h, 1, 0, seq[h], int(mark),
-                                                                   lay.origin_ns + int(mark) * lay.pane_ns,
-                                                                   int(mark) * lay.pane_ns, {})))  # fmt: skip
+            values.append(
+                wire.encode_punctuation(
+                    wire.Punctuation(
+                        q.name,
+                        h,
+                        1,
+                        0,
+                        seq[h],
+                        int(mark),
+                        lay.origin_ns + int(mark) * lay.pane_ns,
+                        int(mark) * lay.pane_ns,
+                        {},
+                    )
+                )
+            )
             del hi
         packed = pa.Table.from_pandas(
             proc.process_packed(values, (T0_S + b + 1) * 1000), preserve_index=False
@@ -110,12 +128,23 @@ def live_updates(dist: str, seconds: int, seed: int = 1) -> tuple[list[tuple[flo
 # policy as reported -> (queue policy, supersede): the seed's baselines are plain append queues (FIFO, and
 # FIFO with random drop at p = 1 - 1/LF); "fifo+final" is the live endpoint's FIFO (a final drops its
 # key's queued provisionals), reported to show what window awareness alone buys
-VARIANTS = {"fifo": ("fifo", False), "random": ("random", False), "fifo+final": ("fifo", True),
-            "inplace": ("inplace", True), "linecutting": ("linecutting", True)}  # fmt: skip
+VARIANTS = {
+    "fifo": ("fifo", False),
+    "random": ("random", False),
+    "fifo+final": ("fifo", True),
+    "inplace": ("inplace", True),
+    "linecutting": ("linecutting", True),
+}
 
 
-def run_policy(variant: str, timed: list[tuple[float, Update]], lf: float, offered_per_s: float, end: float,
-               seed: int = 0) -> dict:  # fmt: skip
+def run_policy(
+    variant: str,
+    timed: list[tuple[float, Update]],
+    lf: float,
+    offered_per_s: float,
+    end: float,
+    seed: int = 0,
+) -> dict:
     policy, supersede = VARIANTS[variant]
     service_s = lf / offered_per_s
     drop_p = max(0.0, 1.0 - 1.0 / lf) if policy == "random" else 0.0
@@ -124,13 +153,23 @@ def run_policy(variant: str, timed: list[tuple[float, Update]], lf: float, offer
     out = replay(q, [(t, Update(**vars(u))) for t, u in timed], until=end, charge_cpu=True)
     cpu = time.process_time() - t0
     delivered = sum(1 for _, x in out if isinstance(x, Update))
-    return {"policy": variant, "load_factor": lf, "service_ms": round(service_s * 1e3, 3),
-            "staleness_s": round(q.meter.stream_average(end), 4),
-            "result_staleness_s": round(q.meter.mean_result_staleness, 4), "delivered": delivered,
-            "throughput_per_s": round(delivered / end, 2), "offered": q.stats.offered,
-            "overwrites": q.stats.overwrites, "superseded": q.stats.superseded, "dropped": q.stats.dropped,
-            "skipped_windows": q.stats.skipped_windows, "max_cells": q.stats.max_cells,
-            "measured_load_factor": round(q.load_factor(end), 3), "cpu_s": round(cpu, 3)}  # fmt: skip
+    return {
+        "policy": variant,
+        "load_factor": lf,
+        "service_ms": round(service_s * 1e3, 3),
+        "staleness_s": round(q.meter.stream_average(end), 4),
+        "result_staleness_s": round(q.meter.mean_result_staleness, 4),
+        "delivered": delivered,
+        "throughput_per_s": round(delivered / end, 2),
+        "offered": q.stats.offered,
+        "overwrites": q.stats.overwrites,
+        "superseded": q.stats.superseded,
+        "dropped": q.stats.dropped,
+        "skipped_windows": q.stats.skipped_windows,
+        "max_cells": q.stats.max_cells,
+        "measured_load_factor": round(q.load_factor(end), 3),
+        "cpu_s": round(cpu, 3),
+    }
 
 
 def main() -> None:
@@ -147,9 +186,14 @@ def main() -> None:
         timed, counts = live_updates(dist, seconds)
         end = timed[-1][0] + 1.0
         offered_per_s = len(timed) / end
-        feeds[dist] = {**counts, "updates": len(timed), "updates_per_s": round(offered_per_s, 1),
-                       "keys": len({u.key for _, u in timed}), "seconds": end,
-                       "high_level_s": round(time.perf_counter() - t, 2)}  # fmt: skip
+        feeds[dist] = {
+            **counts,
+            "updates": len(timed),
+            "updates_per_s": round(offered_per_s, 1),
+            "keys": len({u.key for _, u in timed}),
+            "seconds": end,
+            "high_level_s": round(time.perf_counter() - t, 2),
+        }
         print(f"{dist}: {len(timed)} live updates ({counts}) in {end:.0f} s of data, {offered_per_s:.0f}/s")
         for lf in LOAD_FACTORS:
             for pol in VARIANTS:
@@ -168,10 +212,20 @@ def main() -> None:
     inplace_vs_fifo = (
         get("uniform", "inplace", 4.0)["staleness_s"] / get("uniform", "fifo", 4.0)["staleness_s"]
     )
-    lc_vs_ip = {str(lf): round(get("zipf", "linecutting", lf)["staleness_s"] / get("zipf", "inplace", lf)["staleness_s"], 4)
-                for lf in LOAD_FACTORS if lf > 1 and get("zipf", "inplace", lf)["staleness_s"] > 0}  # fmt: skip
-    loss = {str(lf): round(1 - get("zipf", "linecutting", lf)["delivered"] / get("zipf", "inplace", lf)["delivered"], 4)
-            for lf in LOAD_FACTORS if lf > 1}  # fmt: skip
+    lc_vs_ip = {
+        str(lf): round(
+            get("zipf", "linecutting", lf)["staleness_s"] / get("zipf", "inplace", lf)["staleness_s"], 4
+        )
+        for lf in LOAD_FACTORS
+        if lf > 1 and get("zipf", "inplace", lf)["staleness_s"] > 0
+    }
+    loss = {
+        str(lf): round(
+            1 - get("zipf", "linecutting", lf)["delivered"] / get("zipf", "inplace", lf)["delivered"], 4
+        )
+        for lf in LOAD_FACTORS
+        if lf > 1
+    }
     summary = {
         "inplace_vs_fifo_staleness_at_lf4": round(inplace_vs_fifo, 4),
         "inplace_vs_fifo_final_staleness_at_lf4": round(
@@ -185,15 +239,28 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=1))
     harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results("upstream.json", {
-        "benchmark": "upstream", "machine": m, "query": CONFIG.strip(), "groups": GROUPS, "packets_per_s": PPS,
-        "hosts": len(HOSTS), "seconds": seconds, "zipf": 1.2, "load_factors": list(LOAD_FACTORS), "feeds": feeds,
-        **summary, "rows": rows,
-        "method": "real partition processor (live results on) -> live publisher encoding -> contract.live.decode -> "
-                  "UpdateQueue; simulated consumer clock, each take charged its measured CPU time; staleness per "
-                  "the seed's Definitions 9-10 (time-average per (window, group) over its life, mean over keys), "
-                  "at the end of the data; throughput = updates delivered in the same simulated time",
-    }, indent=1)  # fmt: skip
+    harness.write_results(
+        "upstream.json",
+        {
+            "benchmark": "upstream",
+            "machine": m,
+            "query": CONFIG.strip(),
+            "groups": GROUPS,
+            "packets_per_s": PPS,
+            "hosts": len(HOSTS),
+            "seconds": seconds,
+            "zipf": 1.2,
+            "load_factors": list(LOAD_FACTORS),
+            "feeds": feeds,
+            **summary,
+            "rows": rows,
+            "method": "real partition processor (live results on) -> live publisher encoding -> contract.live.decode -> "
+            "UpdateQueue; simulated consumer clock, each take charged its measured CPU time; staleness per "
+            "the seed's Definitions 9-10 (time-average per (window, group) over its life, mean over keys), "
+            "at the end of the data; throughput = updates delivered in the same simulated time",
+        },
+        indent=1,
+    )
     if not a.no_plot:
         plt = harness.pyplot()
 

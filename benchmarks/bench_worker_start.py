@@ -31,10 +31,17 @@ def one_start(exe: str, path: str, timeout_s: float) -> float:
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     srv.settimeout(timeout_s)
-    env = dict(os.environ, PYTHONPATH=path, PYTHON_WORKER_FACTORY_PORT=str(srv.getsockname()[1]),
-               PYTHON_WORKER_FACTORY_SECRET="secret", PYTHONUNBUFFERED="YES")  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=path,
+        PYTHON_WORKER_FACTORY_PORT=str(srv.getsockname()[1]),
+        PYTHON_WORKER_FACTORY_SECRET="secret",
+        PYTHONUNBUFFERED="YES",
+    )
     t0 = time.perf_counter()
-    p = subprocess.Popen([exe, "-m", DRIVER_WORKER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [exe, "-m", DRIVER_WORKER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         conn, _ = srv.accept()
         f = conn.makefile("rwb")
@@ -56,7 +63,9 @@ def one_start(exe: str, path: str, timeout_s: float) -> float:
 def main() -> int:
     ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--starts", type=int, default=8)
-    ap.add_argument("--timeout", type=float, default=60.0, help="give up on one start after this many seconds")
+    ap.add_argument(
+        "--timeout", type=float, default=60.0, help="give up on one start after this many seconds"
+    )
     a = ap.parse_args()
     import pyspark
 
@@ -71,8 +80,10 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
     for name, ts in times.items():
         srt = sorted(ts)
-        print(f"{name:8s} over {WINDOW_S:.0f} s: {sum(t > WINDOW_S for t in ts)} of {len(ts)}; "
-              f"median {srt[len(srt) // 2]:.2f} s, max {srt[-1]:.2f} s")  # fmt: skip
+        print(
+            f"{name:8s} over {WINDOW_S:.0f} s: {sum(t > WINDOW_S for t in ts)} of {len(ts)}; "
+            f"median {srt[len(srt) // 2]:.2f} s, max {srt[-1]:.2f} s"
+        )
     return 0
 
 

@@ -26,7 +26,9 @@ def _lscpu() -> dict[str, str]:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if v.strip()}
+    return {
+        k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if v.strip()
+    }
 
 
 def _thp_mode() -> str:
@@ -54,11 +56,21 @@ def machine() -> dict[str, str | int]:
     except (ValueError, OSError):
         pass
     ls = _lscpu()
-    cpu_id = ", ".join(f"{k} {ls[k]}" for k in ("Vendor ID", "CPU family", "Model", "Stepping", "L2 cache", "L3 cache")
-                       if k in ls)
-    return {"cpu": cpu, "cpu_id": cpu_id, "hypervisor": ls.get("Hypervisor vendor", "none"), "thp": _thp_mode(),
-            "cores": os.cpu_count() or 0, "memory_gib": mem_gib, "python": platform.python_version(),
-            "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    cpu_id = ", ".join(
+        f"{k} {ls[k]}"
+        for k in ("Vendor ID", "CPU family", "Model", "Stepping", "L2 cache", "L3 cache")
+        if k in ls
+    )
+    return {
+        "cpu": cpu,
+        "cpu_id": cpu_id,
+        "hypervisor": ls.get("Hypervisor vendor", "none"),
+        "thp": _thp_mode(),
+        "cores": os.cpu_count() or 0,
+        "memory_gib": mem_gib,
+        "python": platform.python_version(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def load() -> list[float]:
@@ -81,8 +93,12 @@ def parser(doc: str | None = None, **kw: Any) -> argparse.ArgumentParser:
     if doc is not None:
         kw.setdefault("description", doc.split("\n\n")[0])
     ap = _Parser(**kw)
-    ap.add_argument("--out", default=str(RESULTS), help="directory for the results JSON and pictures "
-                    "(default: benchmarks/results, the published figures)")  # fmt: skip
+    ap.add_argument(
+        "--out",
+        default=str(RESULTS),
+        help="directory for the results JSON and pictures "
+        "(default: benchmarks/results, the published figures)",
+    )
     return ap
 
 

@@ -38,10 +38,18 @@ ON_DEMAND_GAP = 10 * MS
 MODES = ("eos", "periodic", "on_demand", "latent", "on_request")
 
 
-def query(window: str, m: int = 1, interval: str = "1s", on_demand: bool = True, skew: str = "100ms") -> Q.QuerySpec:
+def query(
+    window: str, m: int = 1, interval: str = "1s", on_demand: bool = True, skew: str = "100ms"
+) -> Q.QuerySpec:
     """A count per (src_ip, dst_ip) with the given window, lazy flush m and heartbeat settings."""
-    return spec("union", group_by=["src_ip", "dst_ip"], window=yaml.safe_load(window), table=65536,
-                flush={"policy": "lazy", "m": m}, heartbeat={"interval": interval, "skew": skew, "on_demand": on_demand})
+    return spec(
+        "union",
+        group_by=["src_ip", "dst_ip"],
+        window=yaml.safe_load(window),
+        table=65536,
+        flush={"policy": "lazy", "m": m},
+        heartbeat={"interval": interval, "skew": skew, "on_demand": on_demand},
+    )
 
 
 @dataclass
@@ -92,7 +100,9 @@ class SimHost:
         recs = self.tables.drain(0)
         if len(recs):
             pane, key, state = self.tables.split(0, recs)
-            out.append(wire.encode_partials(self.q.name, self.name, 1, 0, self.seq, pane, key, state, compress=False))
+            out.append(
+                wire.encode_partials(self.q.name, self.name, 1, 0, self.seq, pane, key, state, compress=False)
+            )
             self.seq += len(recs)
 
     def _punctuate(self, now: int, idle: bool, timer: bool, out: list[bytes], eos: bool = False) -> None:
@@ -102,8 +112,13 @@ class SimHost:
             self.mark_pane, self.mark_ns = m.pane, m.ns
         elif not timer or self.mark_pane is None:
             return
-        out.append(wire.encode_punctuation(wire.Punctuation(self.q.name, self.name, 1, 0, self.seq, int(self.mark_pane),
-                                                            int(self.mark_ns), now, {})))  # fmt: skip
+        out.append(
+            wire.encode_punctuation(
+                wire.Punctuation(
+                    self.q.name, self.name, 1, 0, self.seq, int(self.mark_pane), int(self.mark_ns), now, {}
+                )
+            )
+        )
         self.punctuations += 1
 
     def step(self, now: int) -> list[bytes]:
@@ -131,7 +146,9 @@ class SimHost:
             self.asked = False
             self.last_on_demand = now
             self._punctuate(now, True, False, out)
-        elif self.mode == "on_demand" and hb.on_demand and idle and now - self.last_on_demand >= ON_DEMAND_GAP:
+        elif (
+            self.mode == "on_demand" and hb.on_demand and idle and now - self.last_on_demand >= ON_DEMAND_GAP
+        ):
             self.last_on_demand = now
             self._punctuate(now, idle, False, out)
         return out
@@ -173,9 +190,17 @@ class Result:
     packets_missing: int
 
 
-def run(hosts: list[SimHost], seconds: float, *, union: str = "punct", watermark_delay_ns: int = 0,
-        latent: tuple[str, ...] = (), margin_s: float = 5.0, warm_s: float = 2.0,
-        ask: bool = False) -> Result:  # fmt: skip
+def run(
+    hosts: list[SimHost],
+    seconds: float,
+    *,
+    union: str = "punct",
+    watermark_delay_ns: int = 0,
+    latent: tuple[str, ...] = (),
+    margin_s: float = 5.0,
+    warm_s: float = 2.0,
+    ask: bool = False,
+) -> Result:
     """Run the hosts and a union for ``seconds`` of virtual time, then end of stream.
 
     ``union``: ``punct`` = the real processor (windows close by the min over hosts' punctuation; hosts
@@ -205,8 +230,17 @@ def run(hosts: list[SimHost], seconds: float, *, union: str = "punct", watermark
         for h in hosts:
             msgs = h.finish(now) if now > end else h.step(now)
             if msgs:
-                inflight.append((now + h.delay_ns, order, [m for m in msgs if h.name not in latent or
-                                                           not isinstance(wire.decode(m), wire.Punctuation)]))  # fmt: skip
+                inflight.append(
+                    (
+                        now + h.delay_ns,
+                        order,
+                        [
+                            m
+                            for m in msgs
+                            if h.name not in latent or not isinstance(wire.decode(m), wire.Punctuation)
+                        ],
+                    )
+                )
                 order += 1
         due = [x for x in inflight if x[0] <= now]
         if due or now > end:
@@ -273,5 +307,14 @@ def run(hosts: list[SimHost], seconds: float, *, union: str = "punct", watermark
     for h in hosts:
         sent += h.punctuations
     late = sum(h.late for h in hosts) + late_wm + sum(int(v["late"]) for v in qs.hosts.values())
-    return Result(lat, rows_peak, float(np.mean(rows)) if rows else 0.0, wait_ns / (end - T0), sent / seconds,
-                  late, len(lat), exp_total, missing)  # fmt: skip
+    return Result(
+        lat,
+        rows_peak,
+        float(np.mean(rows)) if rows else 0.0,
+        wait_ns / (end - T0),
+        sent / seconds,
+        late,
+        len(lat),
+        exp_total,
+        missing,
+    )

@@ -11,7 +11,9 @@ import numpy as np
 REC = np.dtype([("sec", "<u4"), ("frac", "<u4"), ("caplen", "<u4"), ("wirelen", "<u4")])
 
 
-def write_pcap_ns(path: Path, frames: np.ndarray, caplen: np.ndarray, wirelen: np.ndarray, ts: np.ndarray) -> None:
+def write_pcap_ns(
+    path: Path, frames: np.ndarray, caplen: np.ndarray, wirelen: np.ndarray, ts: np.ndarray
+) -> None:
     """All frames must have caplen == frames.shape[1] (fixed-size records)."""
     n, snap = frames.shape
     if not np.all(caplen == snap):

@@ -72,10 +72,14 @@ class Fold:
 _SUM_INT = Fold("CAST(sum({c}) {val} AS BIGINT)")
 _FINAL = Fold("max(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")
 _DECIDED = Fold("coalesce(max({c}) FILTER (WHERE {fin}), max({c}) {val})")  # decided at close
-_WEIGHTED = Fold("sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END) / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0)",
-                 _FINAL.sql)  # fmt: skip
-_WEIGHTED_SUMMARY = Fold("sum(CASE WHEN {ok} THEN {c} * {w} END) / nullif(sum(CASE WHEN {ok} THEN {w} END), 0)",
-                         "avg(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})")  # fmt: skip
+_WEIGHTED = Fold(
+    "sum(CASE WHEN {ok} THEN {c} * {w} ELSE 0 END) / nullif(sum(CASE WHEN {ok} THEN {w} ELSE 0 END), 0)",
+    _FINAL.sql,
+)
+_WEIGHTED_SUMMARY = Fold(
+    "sum(CASE WHEN {ok} THEN {c} * {w} END) / nullif(sum(CASE WHEN {ok} THEN {w} END), 0)",
+    "avg(CASE WHEN isfinite({c}) THEN {c} END) FILTER (WHERE {fin})",
+)
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,12 @@ class Aggregate:
     params: tuple[str, ...] = ()  # AggregateSpec parameters it takes
     check: Callable[[Any], None] | None = None  # further validation of the AggregateSpec (raises ValueError)
     prefix: str = ""  # the default name's prefix (default: fn)
-    outputs: Callable[[Any], list[tuple[str, str]]] | None = None  # (column, result kind); default [(name, fn)]
-    over_join: bool = False  # a join may compute it over its output rows (state lifted from the join expression)
+    outputs: Callable[[Any], list[tuple[str, str]]] | None = (
+        None  # (column, result kind); default [(name, fn)]
+    )
+    over_join: bool = (
+        False  # a join may compute it over its output rows (state lifted from the join expression)
+    )
 
     @property
     def holistic(self) -> bool:
@@ -170,8 +178,10 @@ _WIDE = {"src_mac": 48, "dst_mac": 48, "mpls_label": 20}  # int fields wider tha
 
 def _check_square(a: Any) -> None:
     if _WIDE.get(a.field, 0) > _SQUARE_BITS:
-        raise ValueError(f"{a.fn} sums squares in 64 bits: {a.field!r} ({_WIDE[a.field]} bits) is wider than "
-                         f"{_SQUARE_BITS} bits")  # fmt: skip
+        raise ValueError(
+            f"{a.fn} sums squares in 64 bits: {a.field!r} ({_WIDE[a.field]} bits) is wider than "
+            f"{_SQUARE_BITS} bits"
+        )
 
 
 def _check_distinct(a: Any) -> None:
@@ -237,20 +247,37 @@ _COUNT = StatePart("count", MERGE_SUM, LIFT_ONE)
 _SUM = StatePart("sum", MERGE_SUM, LIFT_VALUE)
 _SUMSQ = StatePart("sumsq", MERGE_SUM, LIFT_SQUARE)
 
-REGISTRY: dict[str, Aggregate] = {a.fn: a for a in (
-    Aggregate("count", (StatePart("", MERGE_SUM, LIFT_ONE),), _int, field_kinds=(), over_join=True),
-    Aggregate("sum", (StatePart("", MERGE_SUM, LIFT_VALUE),), _int, over_join=True),
-    Aggregate("min", (StatePart("", MERGE_MIN, LIFT_VALUE),), _int, over_join=True),
-    Aggregate("max", (StatePart("", MERGE_MAX, LIFT_VALUE),), _int, over_join=True),
-    Aggregate("avg", (_SUM, _COUNT), _mean, over_join=True),  # travels as (sum, count): merges exactly
-    Aggregate("variance", (_COUNT, _SUM, _SUMSQ), _variance, check=_check_square),  # population
-    Aggregate("stddev", (_COUNT, _SUM, _SUMSQ), _stddev, check=_check_square),  # sqrt of the variance
-    Aggregate("count_distinct", _distinct_state, field_kinds=("int", "ip"), params=("approx", "precision"),
-              check=_check_distinct, prefix="distinct"),
-    Aggregate("quantiles", (_N,), params=("q", "accuracy"), check=_check_quantiles, outputs=_quantile_outputs),
-    Aggregate("top", _top_state, field_kinds=("int", "ip"), params=("k", "by", "capacity"), check=_check_top,
-              outputs=_top_outputs),
-)}  # fmt: skip
+REGISTRY: dict[str, Aggregate] = {
+    a.fn: a
+    for a in (
+        Aggregate("count", (StatePart("", MERGE_SUM, LIFT_ONE),), _int, field_kinds=(), over_join=True),
+        Aggregate("sum", (StatePart("", MERGE_SUM, LIFT_VALUE),), _int, over_join=True),
+        Aggregate("min", (StatePart("", MERGE_MIN, LIFT_VALUE),), _int, over_join=True),
+        Aggregate("max", (StatePart("", MERGE_MAX, LIFT_VALUE),), _int, over_join=True),
+        Aggregate("avg", (_SUM, _COUNT), _mean, over_join=True),  # travels as (sum, count): merges exactly
+        Aggregate("variance", (_COUNT, _SUM, _SUMSQ), _variance, check=_check_square),  # population
+        Aggregate("stddev", (_COUNT, _SUM, _SUMSQ), _stddev, check=_check_square),  # sqrt of the variance
+        Aggregate(
+            "count_distinct",
+            _distinct_state,
+            field_kinds=("int", "ip"),
+            params=("approx", "precision"),
+            check=_check_distinct,
+            prefix="distinct",
+        ),
+        Aggregate(
+            "quantiles", (_N,), params=("q", "accuracy"), check=_check_quantiles, outputs=_quantile_outputs
+        ),
+        Aggregate(
+            "top",
+            _top_state,
+            field_kinds=("int", "ip"),
+            params=("k", "by", "capacity"),
+            check=_check_top,
+            outputs=_top_outputs,
+        ),
+    )
+}
 NAMES = tuple(REGISTRY)
 HOLISTIC = tuple(fn for fn, a in REGISTRY.items() if a.holistic)
 PARAMS = tuple(dict.fromkeys(p for a in REGISTRY.values() for p in a.params))

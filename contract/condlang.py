@@ -205,8 +205,14 @@ def names(node: Cond) -> set[str]:
 
 
 _ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide}
-_CMPF = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
-         ">=": np.greater_equal}  # fmt: skip
+_CMPF = {
+    "==": np.equal,
+    "!=": np.not_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
+}
 
 
 def evaluate(node: Cond, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:

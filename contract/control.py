@@ -60,8 +60,12 @@ def _name(text: str, what: str) -> bytes:
 def encode_request(r: PunctuationRequest) -> bytes:
     if not 0 <= r.partition < 1 << 32:
         raise ControlError(f"partition out of range: {r.partition}")
-    body = (_HEAD.pack(MAGIC, VERSION, KIND_PUNCT_REQUEST) + _name(r.query, "query") + _name(r.host, "host")
-            + _TAIL.pack(r.partition, r.waiting_pane, r.sent_wall_ns))  # fmt: skip
+    body = (
+        _HEAD.pack(MAGIC, VERSION, KIND_PUNCT_REQUEST)
+        + _name(r.query, "query")
+        + _name(r.host, "host")
+        + _TAIL.pack(r.partition, r.waiting_pane, r.sent_wall_ns)
+    )
     return body + _CRC.pack(zlib.crc32(body))
 
 

@@ -28,7 +28,9 @@ SPORT = 6  # 0 when absent (non-TCP/UDP, or an IPv4/IPv6 non-first fragment)
 DPORT = 7
 PROTO = 8  # IP protocol number (IPv6: the upper-layer header after the extension headers); -1 if no IP
 LEN = 9  # original frame length on the wire, bytes
-TCP_FLAGS = 10  # the TCP flags byte (FIN=1, SYN=2, RST=4, PSH=8, ACK=16, URG=32, ECE=64, CWR=128); 0 if not TCP
+TCP_FLAGS = (
+    10  # the TCP flags byte (FIN=1, SYN=2, RST=4, PSH=8, ACK=16, URG=32, ECE=64, CWR=128); 0 if not TCP
+)
 VLAN = 11  # outer 802.1Q VLAN id, 0 when untagged
 TTL = 12  # IPv4 TTL or IPv6 hop limit
 TOS = 13  # IPv4 TOS byte or IPv6 traffic class
@@ -60,9 +62,17 @@ IPV4_MAPPED_PREFIX = 0xFFFF_0000_0000
 LPM_NET, LPM_ASN = 2, 3
 SRC_NET, DST_NET, SRC_ASN, DST_ASN = -3, -4, -5, -6
 ENRICH_SOURCES: dict[int, tuple[int, int]] = {
-    SRC_NET: (SRC_HI, LPM_NET), DST_NET: (DST_HI, LPM_NET), SRC_ASN: (SRC_HI, LPM_ASN), DST_ASN: (DST_HI, LPM_ASN),
+    SRC_NET: (SRC_HI, LPM_NET),
+    DST_NET: (DST_HI, LPM_NET),
+    SRC_ASN: (SRC_HI, LPM_ASN),
+    DST_ASN: (DST_HI, LPM_ASN),
 }
-ENRICH_FIELDS: dict[str, int] = {"src_net": SRC_NET, "dst_net": DST_NET, "src_asn": SRC_ASN, "dst_asn": DST_ASN}
+ENRICH_FIELDS: dict[str, int] = {
+    "src_net": SRC_NET,
+    "dst_net": DST_NET,
+    "src_asn": SRC_ASN,
+    "dst_asn": DST_ASN,
+}
 
 TCP_FLAG_BITS = {"FIN": 1, "SYN": 2, "RST": 4, "PSH": 8, "ACK": 16, "URG": 32, "ECE": 64, "CWR": 128}
 PROTOCOL_NUMBERS = {"icmp": 1, "tcp": 6, "udp": 17, "icmpv6": 58, "gre": 47, "esp": 50, "sctp": 132}
@@ -108,11 +118,26 @@ CATALOG: dict[str, Field] = {
         _f("mpls_label", "int", (MPLS_LABEL,), "outer MPLS label (-1 if no MPLS)"),
         _f("inner_ip_version", "int", (INNER_IPVER,), "4 / 6 inside a GRE or VXLAN tunnel, 0 if none"),
         _f("inner_src_ip", "ip", (INNER_SRC_HI, INNER_SRC_LO), "source address inside a GRE/VXLAN tunnel"),
-        _f("inner_dst_ip", "ip", (INNER_DST_HI, INNER_DST_LO), "destination address inside a GRE/VXLAN tunnel"),
+        _f(
+            "inner_dst_ip",
+            "ip",
+            (INNER_DST_HI, INNER_DST_LO),
+            "destination address inside a GRE/VXLAN tunnel",
+        ),
         _f("src_net", "enrich", (SRC_HI, SRC_LO), "id of the networks-file net holding src_ip (0 if none)"),
         _f("dst_net", "enrich", (DST_HI, DST_LO), "id of the networks-file net holding dst_ip (0 if none)"),
-        _f("src_asn", "enrich", (SRC_HI, SRC_LO), "AS number of the networks-file net holding src_ip (0 if none)"),
-        _f("dst_asn", "enrich", (DST_HI, DST_LO), "AS number of the networks-file net holding dst_ip (0 if none)"),
+        _f(
+            "src_asn",
+            "enrich",
+            (SRC_HI, SRC_LO),
+            "AS number of the networks-file net holding src_ip (0 if none)",
+        ),
+        _f(
+            "dst_asn",
+            "enrich",
+            (DST_HI, DST_LO),
+            "AS number of the networks-file net holding dst_ip (0 if none)",
+        ),
     )
 }
 

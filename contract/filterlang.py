@@ -43,7 +43,10 @@ OP_TRUTHY = 15
 OP_LOAD_NET = 16  # push the networks-file lookup of an enrichment field (a0: F.SRC_NET .. F.DST_ASN)
 MAX_STACK = 32  # deepest expression accepted (values live at once); the generated code itself has no stack
 
-CONSTANTS = {**{k: v for k, v in F.TCP_FLAG_BITS.items()}, **{k.upper(): v for k, v in F.PROTOCOL_NUMBERS.items()}}
+CONSTANTS = {
+    **{k: v for k, v in F.TCP_FLAG_BITS.items()},
+    **{k.upper(): v for k, v in F.PROTOCOL_NUMBERS.items()},
+}
 CONSTANTS.update({k: v for k, v in F.PROTOCOL_NUMBERS.items()})
 
 _CMP = {"==": OP_EQ, "!=": OP_NE, "<": OP_LT, "<=": OP_LE, ">": OP_GT, ">=": OP_GE}

@@ -64,7 +64,9 @@ class KafkaSecurity(BaseModel):
         elif self.sasl_mechanism or self.username or self.password:
             raise ValueError(f"sasl_mechanism/username/password need a SASL_* protocol, not {self.protocol}")
         if not tls and (self.ca_file or self.cert_file or self.key_file or not self.check_hostname):
-            raise ValueError(f"ca_file/cert_file/key_file/check_hostname need an SSL protocol, not {self.protocol}")
+            raise ValueError(
+                f"ca_file/cert_file/key_file/check_hostname need an SSL protocol, not {self.protocol}"
+            )
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("cert_file and key_file go together (mutual TLS)")
         return self
@@ -81,8 +83,11 @@ class KafkaSecurity(BaseModel):
         out["security_protocol"] = self.protocol
         if self.protocol.startswith("SASL_"):
             assert self.password is not None
-            out.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,
-                       sasl_plain_password=self.password.get_secret_value())  # fmt: skip
+            out.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.username,
+                sasl_plain_password=self.password.get_secret_value(),
+            )
         if self.ca_file:
             out["ssl_cafile"] = self.ca_file
         if self.cert_file:
@@ -100,7 +105,9 @@ class KafkaSecurity(BaseModel):
         if self.protocol.startswith("SASL_"):
             assert self.sasl_mechanism and self.username and self.password is not None
             out["kafka.sasl.mechanism"] = self.sasl_mechanism
-            out["kafka.sasl.jaas.config"] = jaas_config(self.sasl_mechanism, self.username, self.password.get_secret_value())
+            out["kafka.sasl.jaas.config"] = jaas_config(
+                self.sasl_mechanism, self.username, self.password.get_secret_value()
+            )
         if self.ca_file:
             out["kafka.ssl.truststore.type"] = "PEM"
             out["kafka.ssl.truststore.location"] = self.ca_file
@@ -111,7 +118,6 @@ class KafkaSecurity(BaseModel):
         if self.protocol.endswith("SSL") and not self.check_hostname:
             out["kafka.ssl.endpoint.identification.algorithm"] = ""
         return out
-
 
     def revealed(self) -> dict[str, Any]:
         """The block as plain JSON-able values, password included: for handing it to a child process."""

@@ -30,8 +30,12 @@ from contract import results as R
 
 LIVE_TOPIC_PREFIX = "lowwater.live."
 # compaction keeps the newest value per key; closed windows' keys are removed after retention
-TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": "600000",
-                "delete.retention.ms": "3600000"}  # fmt: skip
+TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "min.cleanable.dirty.ratio": "0.1",
+    "segment.ms": "600000",
+    "delete.retention.ms": "3600000",
+}
 PROVISIONAL_KIND = "provisional"  # the stateful step's output rows that carry provisional values
 TOPIC_PARTITIONS = 1  # one reader (the API) wants the whole query in order of publication
 

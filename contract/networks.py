@@ -106,7 +106,9 @@ def parse_text(text: str, path: str = "<networks>") -> Networks:
         elif len(parts) == 3:
             name, asn_text, cidr = parts
             if not _NAME.fullmatch(name):
-                raise ConfigError(path, no, "name", f"{name!r} is not a name (letters, digits, . _ : / -, at most 64)")
+                raise ConfigError(
+                    path, no, "name", f"{name!r} is not a name (letters, digits, . _ : / -, at most 64)"
+                )
         else:
             raise ConfigError(path, no, "line", "expected [<name>,]<asn>,<prefix>/<len>")
         if not re.fullmatch(r"\d{1,10}", asn_text) or int(asn_text) >= 1 << 32:

@@ -86,45 +86,63 @@ STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
-ROW_KINDS = ("correction", "final", "late", "update")  # in text order: the order rows of one window are written in
+ROW_KINDS = (
+    "correction",
+    "final",
+    "late",
+    "update",
+)  # in text order: the order rows of one window are written in
 COMPLETENESS_COLUMNS = ("hosts_expected", "hosts_in_mark", "late_partials", "missing_records", "complete")
 FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", *COMPLETENESS_COLUMNS, "kind")
 RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ALERTS_DIR = "_alerts"
 DELIVERED_FILE = "_delivered.jsonl"
-ALERT_SCHEMA = pa.schema([
-    pa.field("id", pa.string(), nullable=False),  # alert_id(query, alert, window_start, group)
-    pa.field("query", pa.string(), nullable=False),
-    pa.field("alert", pa.string(), nullable=False),
-    pa.field("severity", pa.string(), nullable=False),
-    pa.field("window_start", TIMESTAMP, nullable=False),
-    pa.field("window_end", TIMESTAMP, nullable=False),
-    pa.field("closed_at", TIMESTAMP, nullable=False),
-    pa.field("group", pa.string(), nullable=False),  # JSON object: group-by column -> value
-    pa.field("values", pa.string(), nullable=False),  # JSON object: aggregate -> value
-    pa.field("labels", pa.string(), nullable=False),  # JSON object: every label the webhook gets
-    pa.field("summary", pa.string(), nullable=False),
-], metadata={b"lowwater.kind": b"alerts"})  # fmt: skip
+ALERT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # alert_id(query, alert, window_start, group)
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("alert", pa.string(), nullable=False),
+        pa.field("severity", pa.string(), nullable=False),
+        pa.field("window_start", TIMESTAMP, nullable=False),
+        pa.field("window_end", TIMESTAMP, nullable=False),
+        pa.field("closed_at", TIMESTAMP, nullable=False),
+        pa.field("group", pa.string(), nullable=False),  # JSON object: group-by column -> value
+        pa.field("values", pa.string(), nullable=False),  # JSON object: aggregate -> value
+        pa.field("labels", pa.string(), nullable=False),  # JSON object: every label the webhook gets
+        pa.field("summary", pa.string(), nullable=False),
+    ],
+    metadata={b"lowwater.kind": b"alerts"},
+)
 INCOMPLETE_DIR = "_incomplete"
 # Why a window is short (see the module docstring): a sequence gap (lost in flight between host and job),
 # panes shed by the host's backlog or select outbox, frames the capture socket dropped, frames the host's
 # ring refused, packets below the host's own mark, a host that timed out before its mark passed the window,
 # and (joins) input rows that reached the job below its mark
 INCOMPLETE_CAUSES = ("gap", "shed", "socket_drops", "ring_drops", "host_late", "timeout", "job_late")
-WIRE_CAUSES = {"shed": "shed", "socket": "socket_drops", "ring": "ring_drops", "late": "host_late"}  # wire -> here
-INCOMPLETE_SCHEMA = pa.schema([
-    pa.field("window_start", TIMESTAMP, nullable=False),
-    pa.field("window_end", TIMESTAMP, nullable=False),
-    pa.field("flagged_at", TIMESTAMP, nullable=False),  # processing time of the batch that wrote the row
-    pa.field("partition", pa.int32(), nullable=False),  # Kafka partition of the query's topic
-    pa.field("host", pa.string(), nullable=False),
-    pa.field("cause", pa.string(), nullable=False),  # one of INCOMPLETE_CAUSES
-    pa.field("first_pane_start", TIMESTAMP, nullable=False),  # the window's short panes: [first start, last end)
-    pa.field("last_pane_end", TIMESTAMP, nullable=False),
-    pa.field("records", pa.int64(), nullable=False),
-    pa.field("after_close", pa.bool_(), nullable=False),  # learned after the window's rows were written
-], metadata={b"lowwater.kind": b"incomplete"})  # fmt: skip
+WIRE_CAUSES = {
+    "shed": "shed",
+    "socket": "socket_drops",
+    "ring": "ring_drops",
+    "late": "host_late",
+}  # wire -> here
+INCOMPLETE_SCHEMA = pa.schema(
+    [
+        pa.field("window_start", TIMESTAMP, nullable=False),
+        pa.field("window_end", TIMESTAMP, nullable=False),
+        pa.field("flagged_at", TIMESTAMP, nullable=False),  # processing time of the batch that wrote the row
+        pa.field("partition", pa.int32(), nullable=False),  # Kafka partition of the query's topic
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("cause", pa.string(), nullable=False),  # one of INCOMPLETE_CAUSES
+        pa.field(
+            "first_pane_start", TIMESTAMP, nullable=False
+        ),  # the window's short panes: [first start, last end)
+        pa.field("last_pane_end", TIMESTAMP, nullable=False),
+        pa.field("records", pa.int64(), nullable=False),
+        pa.field("after_close", pa.bool_(), nullable=False),  # learned after the window's rows were written
+    ],
+    metadata={b"lowwater.kind": b"incomplete"},
+)
 
 
 class ResultsLayoutError(ValueError):
@@ -222,7 +240,10 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     completeness columns (module docstring).
     """
     check_names(q)
-    fields = [pa.field("window_start", TIMESTAMP, nullable=False), pa.field("window_end", TIMESTAMP, nullable=False)]
+    fields = [
+        pa.field("window_start", TIMESTAMP, nullable=False),
+        pa.field("window_end", TIMESTAMP, nullable=False),
+    ]
     fields += [pa.field(n, pa.string() if kind == "ip" else pa.int64()) for n, kind in key_columns(q)]
     fields += [pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64()) for n, fn in aggregate_columns(q)]
     fields += [
@@ -248,10 +269,18 @@ def check_file_schema(q: Q.QuerySpec, found: pa.Schema, where: str = "") -> None
         extra = [n for n, _ in got if n not in dict(exp)]
         typed = [f"{n}: {t} (want {dict(exp)[n]})" for n, t in got if n in dict(exp) and dict(exp)[n] != t]
         detail = "; ".join(
-            s for s in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "",
-                        ", ".join(typed), "" if missing or extra or typed else "columns out of order") if s
-        )  # fmt: skip
-        raise ResultsLayoutError(f"{where or 'result file'} of query {q.name!r} does not follow the layout: {detail}")
+            s
+            for s in (
+                f"missing {missing}" if missing else "",
+                f"unexpected {extra}" if extra else "",
+                ", ".join(typed),
+                "" if missing or extra or typed else "columns out of order",
+            )
+            if s
+        )
+        raise ResultsLayoutError(
+            f"{where or 'result file'} of query {q.name!r} does not follow the layout: {detail}"
+        )
 
 
 def alerts_dir(root: str | Path) -> Path:
@@ -268,8 +297,13 @@ def alert_files(root: str | Path) -> list[Path]:
     folder = alerts_dir(root)
     if not folder.is_dir():
         return []
-    return sorted(f for d in folder.iterdir() if d.is_dir() and QUERY_DIR.match(d.name)
-                  for f in d.iterdir() if parse_part_name(f.name) is not None)  # fmt: skip
+    return sorted(
+        f
+        for d in folder.iterdir()
+        if d.is_dir() and QUERY_DIR.match(d.name)
+        for f in d.iterdir()
+        if parse_part_name(f.name) is not None
+    )
 
 
 def incomplete_dir(root: str | Path, query: str) -> Path:
@@ -296,7 +330,9 @@ def check_incomplete_schema(found: pa.Schema, where: str = "") -> None:
     got = [(f.name, f.type) for f in found]
     exp = [(f.name, f.type) for f in INCOMPLETE_SCHEMA]
     if got != exp:
-        raise ResultsLayoutError(f"{where or 'flagged-window file'} does not follow the layout: {got} != {exp}")
+        raise ResultsLayoutError(
+            f"{where or 'flagged-window file'} does not follow the layout: {got} != {exp}"
+        )
 
 
 def delivered_path(root: str | Path) -> Path:

@@ -29,7 +29,9 @@ class SettingsError(ValueError):
 class _FileSource(PydanticBaseSettingsSource):
     """The parsed settings file of the current :func:`load` call (below the environment)."""
 
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+    def get_field_value(
+        self, field: Any, field_name: str
+    ) -> tuple[Any, str, bool]:  # pragma: no cover - unused
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
@@ -39,13 +41,19 @@ class _FileSource(PydanticBaseSettingsSource):
 class RoleSettings(BaseSettings):
     """Base of the per-role models; a subclass sets ``env_prefix`` (``LOWWATER_AGENT_`` ...)."""
 
-    model_config = SettingsConfigDict(extra="forbid", env_nested_delimiter="__", env_ignore_empty=True,
-                                      validate_default=True)
+    model_config = SettingsConfigDict(
+        extra="forbid", env_nested_delimiter="__", env_ignore_empty=True, validate_default=True
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _FileSource(settings_cls)
 
 
@@ -81,7 +89,9 @@ def load(cls: type[S], flags: Mapping[str, Any], settings_file: str | Path | Non
         for e in exc.errors():
             loc = ".".join(str(x) for x in e.get("loc", ()))
             env = prefix + "__".join(str(x) for x in e.get("loc", ())).upper()
-            lines.append(f"{loc}: {e.get('msg')} (flag, {env}{' or ' + str(settings_file) if settings_file else ''})")
+            lines.append(
+                f"{loc}: {e.get('msg')} (flag, {env}{' or ' + str(settings_file) if settings_file else ''})"
+            )
         raise SettingsError("; ".join(lines)) from None
     finally:
         _FILE.reset(token)

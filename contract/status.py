@@ -97,11 +97,21 @@ class _HostTotals(_Model):
     records: int = 0
     restarts: int = 0
 
-    def fold(self, live: bool, mark_ns: int | None, lag_s: float | None, late: int, missing: int, records: int,
-             restarts: int) -> None:  # fmt: skip
+    def fold(
+        self,
+        live: bool,
+        mark_ns: int | None,
+        lag_s: float | None,
+        late: int,
+        missing: int,
+        records: int,
+        restarts: int,
+    ) -> None:
         self.live = self.live and live
         if mark_ns is not None:
-            self.low_water_mark_ns = mark_ns if self.low_water_mark_ns is None else min(self.low_water_mark_ns, mark_ns)
+            self.low_water_mark_ns = (
+                mark_ns if self.low_water_mark_ns is None else min(self.low_water_mark_ns, mark_ns)
+            )
         if lag_s is not None:
             self.lag_s = lag_s if self.lag_s is None else max(self.lag_s, lag_s)
         self.late_partials += late
@@ -205,8 +215,13 @@ class StatusDocument(_Model):
                 return False
             for p in q.partitions.values():
                 h = p.hosts.get(host)
-                if (p.open_windows or h is None or h.incarnation != incarnation or h.mark_pane is None
-                        or h.mark_pane < END_OF_STREAM):  # fmt: skip
+                if (
+                    p.open_windows
+                    or h is None
+                    or h.incarnation != incarnation
+                    or h.mark_pane is None
+                    or h.mark_pane < END_OF_STREAM
+                ):
                     return False
         return True
 
@@ -259,8 +274,9 @@ def group_workers(hosts: list[HostStatus]) -> list[CaptureHostStatus]:
         g.workers.append(h.host)
         g.workers_live += int(h.live)
         g.queries += [q for q in h.queries if q not in g.queries]
-        g.fold(h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records,
-               h.restarts)  # fmt: skip
+        g.fold(
+            h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records, h.restarts
+        )
     for g in out.values():
         g.workers.sort(key=lambda w: (len(w), w))
     return [out[k] for k in sorted(out)]
@@ -275,7 +291,15 @@ def summarize_hosts(queries: Mapping[str, QueryStatus]) -> list[HostStatus]:
             worker_of = {"capture_host": cap, "worker": worker} if worker else {}
             agg = out.setdefault(name, HostStatus(host=name, **worker_of))
             agg.queries.append(qname)
-            agg.fold(h.live, h.low_water_mark_ns, h.lag_s, h.late_partials, h.missing_records, h.records, h.restarts)
+            agg.fold(
+                h.live,
+                h.low_water_mark_ns,
+                h.lag_s,
+                h.late_partials,
+                h.missing_records,
+                h.records,
+                h.restarts,
+            )
     return [out[k] for k in sorted(out)]
 
 

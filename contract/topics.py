@@ -64,8 +64,14 @@ class PartitionChangeRefused(RuntimeError):
 PROCEDURE = "deploy/README.md, 'Changing a query's partition count'"
 
 
-def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, grow: bool = False,
-                  timeout_ms: int = 30_000, exact: bool = False) -> dict[str, str]:  # fmt: skip
+def ensure_topics(
+    admin: Any,
+    wanted: Mapping[str, int],
+    replication: int = 1,
+    grow: bool = False,
+    timeout_ms: int = 30_000,
+    exact: bool = False,
+) -> dict[str, str]:
     """Make every topic of ``wanted`` exist with at least its partitions; return topic -> action.
 
     ``exact``: a topic with more partitions than wanted is refused too (agents, job), not reported."""
@@ -74,7 +80,10 @@ def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, g
     more = {t: n for t, n in wanted.items() if t in have and have[t] > n}
     if more and exact:
         raise PartitionChangeRefused(
-            ", ".join(f"topic {t} has {have[t]} partitions, the config asks for {n}" for t, n in sorted(more.items()))
+            ", ".join(
+                f"topic {t} has {have[t]} partitions, the config asks for {n}"
+                for t, n in sorted(more.items())
+            )
             + ": the config's kafka.partitions must equal the topic's (partials are placed by hash mod partitions;"
             " hosts on two counts would split a group over two partitions). Set kafka.partitions to the topic's"
             f" count on every capture host and the job, at a clean cut ({PROCEDURE})"
@@ -82,7 +91,10 @@ def ensure_topics(admin: Any, wanted: Mapping[str, int], replication: int = 1, g
     grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
     if grow_to and not grow:
         raise PartitionChangeRefused(
-            ", ".join(f"topic {t} has {have[t]} partitions, the config asks for {n}" for t, n in sorted(grow_to.items()))
+            ", ".join(
+                f"topic {t} has {have[t]} partitions, the config asks for {n}"
+                for t, n in sorted(grow_to.items())
+            )
             + ": lowwater does not add partitions by itself (a group's partials would move to another partition,"
             " splitting the windows open across the change). To change it: stop the agents, wait until /status"
             " shows no open windows, run create_topics.py --grow, restart the job and the agents"
@@ -131,11 +143,17 @@ def connect(bootstrap: str, security: Mapping[str, Any], deadline_s: float) -> A
     end = time.monotonic() + deadline_s
     while True:
         try:
-            return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lowwater-create-topics",
-                                    bootstrap_timeout_ms=int(min(deadline_s, 10) * 1000),
-                                    request_timeout_ms=30_000, **security)  # fmt: skip
+            return KafkaAdminClient(
+                bootstrap_servers=bootstrap,
+                client_id="lowwater-create-topics",
+                bootstrap_timeout_ms=int(min(deadline_s, 10) * 1000),
+                request_timeout_ms=30_000,
+                **security,
+            )
         except Exception as exc:  # noqa: BLE001 - NoBrokersAvailable, connection errors: retry
             if time.monotonic() >= end:
-                raise RuntimeError(f"Kafka at {bootstrap} not reachable after {deadline_s:.0f}s: {exc}") from exc
+                raise RuntimeError(
+                    f"Kafka at {bootstrap} not reachable after {deadline_s:.0f}s: {exc}"
+                ) from exc
             log.info("waiting for Kafka at %s (%s)", bootstrap, exc)
             time.sleep(2)

@@ -74,7 +74,16 @@ COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compre
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
 
-PUNCT_STATS = ("packets", "matched", "late", "evictions", "ring_drops", "backlog_lost", "parse_errors", "workers")
+PUNCT_STATS = (
+    "packets",
+    "matched",
+    "late",
+    "evictions",
+    "ring_drops",
+    "backlog_lost",
+    "parse_errors",
+    "workers",
+)
 
 _HEAD = struct.Struct("<2sBB")
 _MID = struct.Struct("<qIq")
@@ -128,16 +137,31 @@ def _str(s: str) -> bytes:
     return struct.pack("<H", len(b)) + b
 
 
-def _frame(kind: int, query: str, host: str, incarnation: int, partition: int, seq: int, body: bytes) -> bytes:
+def _frame(
+    kind: int, query: str, host: str, incarnation: int, partition: int, seq: int, body: bytes
+) -> bytes:
     msg = b"".join(
-        (_HEAD.pack(MAGIC, VERSION, kind), _str(query), _str(host), _MID.pack(incarnation, partition, seq), body)
+        (
+            _HEAD.pack(MAGIC, VERSION, kind),
+            _str(query),
+            _str(host),
+            _MID.pack(incarnation, partition, seq),
+            body,
+        )
     )
     return msg + _CRC.pack(zlib.crc32(msg))
 
 
 def encode_partials(
-    query: str, host: str, incarnation: int, partition: int, seq: int,
-    pane: np.ndarray, key: np.ndarray, state: np.ndarray, compress: bool = True,
+    query: str,
+    host: str,
+    incarnation: int,
+    partition: int,
+    seq: int,
+    pane: np.ndarray,
+    key: np.ndarray,
+    state: np.ndarray,
+    compress: bool = True,
 ) -> bytes:
     """One batch of n partial aggregates (arrays are converted to little-endian int64); LZ4-compressed
     (kind PARTIALS_LZ4) when ``compress`` and the body has at least ``COMPRESS_MIN`` bytes."""
@@ -148,11 +172,18 @@ def encode_partials(
     if not (0 < kw < 256 and 0 < na < 256):
         raise WireError("key and state widths must be 1..255 words")
     body = b"".join(
-        (_PART.pack(n, kw, na), np.ascontiguousarray(pane, dtype="<i8").tobytes(), key.tobytes(), state.tobytes())
+        (
+            _PART.pack(n, kw, na),
+            np.ascontiguousarray(pane, dtype="<i8").tobytes(),
+            key.tobytes(),
+            state.tobytes(),
+        )
     )
     if compress and len(body) >= COMPRESS_MIN:
         packed = pa.compress(body, codec="lz4", asbytes=True)
-        return _frame(KIND_PARTIALS_LZ4, query, host, incarnation, partition, seq, _RAW.pack(len(body)) + packed)
+        return _frame(
+            KIND_PARTIALS_LZ4, query, host, incarnation, partition, seq, _RAW.pack(len(body)) + packed
+        )
     return _frame(KIND_PARTIALS, query, host, incarnation, partition, seq, body)
 
 
@@ -176,8 +207,9 @@ class Rows:
 _ROWS = struct.Struct("<IB")
 
 
-def encode_rows(query: str, host: str, incarnation: int, partition: int, seq: int, rows: np.ndarray,
-                compress: bool = True) -> bytes:
+def encode_rows(
+    query: str, host: str, incarnation: int, partition: int, seq: int, rows: np.ndarray, compress: bool = True
+) -> bytes:
     """One batch of selected rows from an int64[n, 1 + w] block (timestamp first), column-major on the wire."""
     rows = np.asarray(rows, dtype=np.int64)
     n, w1 = rows.shape
@@ -262,8 +294,9 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         if raw_len > MAX_RAW:
             raise WireError(f"compressed partials claim {raw_len} bytes, more than the {MAX_RAW} accepted")
         try:
-            raw = pa.decompress(bytes(view[pos + _RAW.size : end]), decompressed_size=raw_len, codec="lz4",
-                                asbytes=True)  # fmt: skip
+            raw = pa.decompress(
+                bytes(view[pos + _RAW.size : end]), decompressed_size=raw_len, codec="lz4", asbytes=True
+            )
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise WireError(f"compressed partials do not decompress: {exc}") from None
         if len(raw) != raw_len:
@@ -285,7 +318,9 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         pos += _PART.size
         size = 8 * n * (1 + kw + na)
         if pos + size != end:
-            raise WireError(f"partials body is {end - pos} bytes, header says {size} (n={n}, kw={kw}, na={na})")
+            raise WireError(
+                f"partials body is {end - pos} bytes, header says {size} (n={n}, kw={kw}, na={na})"
+            )
         if kw == 0 or na == 0:
             raise WireError("key and state widths must be at least 1")
         arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
@@ -320,12 +355,18 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         if n == 0 or n > MAX_SHED_RANGES or end - at != 32 * n:
             raise WireError(f"loss ranges: {n} claimed, {end - at} bytes of them")
         r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 4)
-        if (r[:, 0] > r[:, 1]).any() or (r[:, 3] < 0).any() or ((r[:, 2] < 0) | (r[:, 2] >= len(LOSS_CAUSES))).any():
+        if (
+            (r[:, 0] > r[:, 1]).any()
+            or (r[:, 3] < 0).any()
+            or ((r[:, 2] < 0) | (r[:, 2] >= len(LOSS_CAUSES))).any()
+        ):
             raise WireError("loss ranges need first <= last, records >= 0 and a known cause")
         shed = tuple((int(a), int(b), int(c)) for a, b, k, c in r.tolist() if k == 0)
         losses = tuple((int(a), int(b), LOSS_CAUSES[k], int(c)) for a, b, k, c in r.tolist() if k != 0)
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
-        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed, losses)
+        return Punctuation(
+            query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed, losses
+        )
     raise WireError(f"unknown batch kind {kind}")
 
 

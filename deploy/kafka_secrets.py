@@ -54,9 +54,25 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 def make_ca(d: Path) -> bool:
     if (d / "ca.key").exists() and (d / "ca.pem").exists():
         return False
-    _openssl("req", "-x509", "-newkey", "rsa:3072", "-nodes", "-days", "3650", "-subj", "/CN=lowwater Kafka CA",
-             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:3072",
+        "-nodes",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=lowwater Kafka CA",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     (d / "ca.key").chmod(0o600)
     (d / "ca.pem").chmod(0o644)
     return True
@@ -72,13 +88,38 @@ def make_broker(d: Path, names: list[str], force: bool) -> bool:
         return False
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        _openssl("req", "-newkey", "rsa:3072", "-nodes", "-subj", f"/CN={names[0]}", "-keyout", str(t / "key.pem"),
-                 "-out", str(t / "req.csr"))  # fmt: skip
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:3072",
+            "-nodes",
+            "-subj",
+            f"/CN={names[0]}",
+            "-keyout",
+            str(t / "key.pem"),
+            "-out",
+            str(t / "req.csr"),
+        )
         (t / "ext.cnf").write_text(
             f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
         )
-        _openssl("x509", "-req", "-in", str(t / "req.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
-                 "-CAcreateserial", "-days", "825", "-extfile", str(t / "ext.cnf"), "-out", str(t / "cert.pem"))  # fmt: skip
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(t / "req.csr"),
+            "-CA",
+            str(d / "ca.pem"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "825",
+            "-extfile",
+            str(t / "ext.cnf"),
+            "-out",
+            str(t / "cert.pem"),
+        )
         _openssl("pkcs8", "-topk8", "-nocrypt", "-in", str(t / "key.pem"), "-out", str(t / "key8.pem"))
         # read by the broker's user (uid 1000 in the Kafka image): like deploy/secrets/*, world-readable
         _write(
@@ -106,8 +147,13 @@ def write_users(d: Path, users: dict[str, str], external_host: str, port: int) -
     for u, p in users.items():
         host_dir = d / "capture-hosts" / u
         _write(host_dir / "ca.pem", (d / "ca.pem").read_text())
-        block = {"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "username": u, "password": p,
-                 "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+        block = {
+            "protocol": "SASL_SSL",
+            "sasl_mechanism": "PLAIN",
+            "username": u,
+            "password": p,
+            "ca_file": "/etc/lowwater/kafka/ca.pem",
+        }
         _write(
             host_dir / "agent.env",
             f"# capture host {u}: add to deploy/capture-host/.env there; ca.pem goes to its "

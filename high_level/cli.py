@@ -52,8 +52,11 @@ def _json(text: str | None, flag: str) -> Any:
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The flags the user gave (as settings fields) and the settings file, if any."""
-    p = argparse.ArgumentParser(prog="lowwater-job", description="lowwater high-level job (PySpark, out of order). "
-                                "Every flag can also be set as LOWWATER_JOB_<FLAG> or in --settings FILE.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="lowwater-job",
+        description="lowwater high-level job (PySpark, out of order). "
+        "Every flag can also be set as LOWWATER_JOB_<FLAG> or in --settings FILE.",
+    )
     p.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
     p.add_argument("--config", help="queries YAML (default configs/default.yaml)")
     p.add_argument("--query", dest="queries", action="append", help="run only these queries (repeatable)")
@@ -68,34 +71,72 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--late-policy", choices=LATE_POLICIES)
     p.add_argument("--max-offsets-per-trigger", type=int)
     p.add_argument("--master", help="Spark master (default local[2])")
-    p.add_argument("--shuffle-partitions", type=int,
-                   help="state partitions (default: the cores of --master); fixed once a checkpoint exists")
+    p.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        help="state partitions (default: the cores of --master); fixed once a checkpoint exists",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--kafka-security", metavar="JSON",
-                   help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, ...), "
-                        "used by the Kafka source and the topic provisioning alike; see deploy/SECURITY.md")
-    p.add_argument("--kafka-option", action="append", metavar="KEY=VALUE",
-                   help="an extra kafka.* option of Spark's Kafka source, e.g. kafka.isolation.level=read_committed")
-    p.add_argument("--spark-conf", action="append", metavar="KEY=VALUE", help="an extra Spark setting (repeatable)")
-    p.add_argument("--driver-host", help="address executors reach the driver at (non-local master; default: host name)")
-    p.add_argument("--control-topic", help="ask the hosts that block a window for punctuation on this topic "
-                   "(e.g. lowwater.control; agents run with the same --control-topic)")
-    p.add_argument("--retention-days", type=int, help="delete the results of windows older than this many days "
-                   "(checked every minute; default: keep everything)")
-    p.add_argument("--spark-jars", help="comma list of the Spark Kafka connector jars, or of directories of them "
-                   "(required; `python -m local_stack.jars --spark-list` prints what ./lw setup fetched)")
-    p.add_argument("--alert-webhook", metavar="URL",
-                   help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts")
+    p.add_argument(
+        "--kafka-security",
+        metavar="JSON",
+        help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, ...), "
+        "used by the Kafka source and the topic provisioning alike; see deploy/SECURITY.md",
+    )
+    p.add_argument(
+        "--kafka-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an extra kafka.* option of Spark's Kafka source, e.g. kafka.isolation.level=read_committed",
+    )
+    p.add_argument(
+        "--spark-conf", action="append", metavar="KEY=VALUE", help="an extra Spark setting (repeatable)"
+    )
+    p.add_argument(
+        "--driver-host", help="address executors reach the driver at (non-local master; default: host name)"
+    )
+    p.add_argument(
+        "--control-topic",
+        help="ask the hosts that block a window for punctuation on this topic "
+        "(e.g. lowwater.control; agents run with the same --control-topic)",
+    )
+    p.add_argument(
+        "--retention-days",
+        type=int,
+        help="delete the results of windows older than this many days "
+        "(checked every minute; default: keep everything)",
+    )
+    p.add_argument(
+        "--spark-jars",
+        help="comma list of the Spark Kafka connector jars, or of directories of them "
+        "(required; `python -m local_stack.jars --spark-list` prints what ./lw setup fetched)",
+    )
+    p.add_argument(
+        "--alert-webhook",
+        metavar="URL",
+        help="Alertmanager v2 endpoint for alert rules, e.g. http://127.0.0.1:9093/api/v2/alerts",
+    )
     p.add_argument("--alert-timeout", help="timeout of one webhook post (default 2s)")
-    p.add_argument("--live", action="store_true", default=None,
-                   help="publish provisional values of open windows (and finals) to lowwater.live.<query>")
-    p.add_argument("--state", choices=("auto", "blob", "chunked"),
-                   help="OOP state layout: chunked keeps pane tables as per-batch chunks in RocksDB (a batch costs "
-                        "what it brings, not the open groups); blob saves the whole processor every batch; auto "
-                        "(default): chunked unless --live, a landmark/bounded-top query or a blob checkpoint "
-                        "needs the blob")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        default=None,
+        help="publish provisional values of open windows (and finals) to lowwater.live.<query>",
+    )
+    p.add_argument(
+        "--state",
+        choices=("auto", "blob", "chunked"),
+        help="OOP state layout: chunked keeps pane tables as per-batch chunks in RocksDB (a batch costs "
+        "what it brings, not the open groups); blob saves the whole processor every batch; auto "
+        "(default): chunked unless --live, a landmark/bounded-top query or a blob checkpoint "
+        "needs the blob",
+    )
     a = p.parse_args(argv)
-    flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_option", "spark_conf")}
+    flags = {
+        k: v
+        for k, v in vars(a).items()
+        if v is not None and k not in ("settings", "kafka_option", "spark_conf")
+    }
     if a.expected_hosts is not None:
         flags["expected_hosts"] = [h.strip() for h in a.expected_hosts.split(",") if h.strip()]
     if a.spark_jars is not None:
@@ -136,17 +177,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = Q.load(s.config)
         opts = s.options()
         queries = [cfg.query(n) for n in s.queries] if s.queries else cfg.queries
-        pipelines(opts.mode, queries, cfg)  # a config the mode cannot run: say so at once, before Spark starts
+        pipelines(
+            opts.mode, queries, cfg
+        )  # a config the mode cannot run: say so at once, before Spark starts
         if not s.spark_jars:
-            raise SettingsError("no Spark Kafka connector jars: give --spark-jars (jar files or a directory of them) "
-                                "or LOWWATER_JOB_SPARK_JARS; ./lw run passes what ./lw setup fetched")  # fmt: skip
+            raise SettingsError(
+                "no Spark Kafka connector jars: give --spark-jars (jar files or a directory of them) "
+                "or LOWWATER_JOB_SPARK_JARS; ./lw run passes what ./lw setup fetched"
+            )
     except (SettingsError, Q.ConfigError, KeyError, ValueError) as exc:
         print(f"lowwater-job: {exc}", file=sys.stderr)
         return 2
     from high_level.cluster.session import build_spark, connector_jars
 
     state = os.environ.get("LOWWATER_STATE_DIR") or str(Path(s.checkpoint).resolve().parent)
-    spark = build_spark("lowwater-job", s.master, s.spark_conf, jars=connector_jars(s.spark_jars), state=state, driver_host=s.driver_host)
+    spark = build_spark(
+        "lowwater-job",
+        s.master,
+        s.spark_conf,
+        jars=connector_jars(s.spark_jars),
+        state=state,
+        driver_host=s.driver_host,
+    )
     job = HighLevelJob(spark, queries, opts, config=cfg)
     if s.metrics_port:
         job.metrics.serve(s.metrics_port)

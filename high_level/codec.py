@@ -82,6 +82,8 @@ def decompress(buf: bytes, magic: bytes) -> bytes:
         raise CodecError("compressed state bytes are truncated")
     (n,) = _RAWLEN.unpack_from(buf, len(magic))
     try:
-        return pa.decompress(buf[len(magic) + _RAWLEN.size :], decompressed_size=n, codec="zstd", asbytes=True)
+        return pa.decompress(
+            buf[len(magic) + _RAWLEN.size :], decompressed_size=n, codec="zstd", asbytes=True
+        )
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CodecError(f"compressed state bytes do not decompress: {exc}") from None

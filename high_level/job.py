@@ -37,7 +37,9 @@ from high_level.results.store import ResultStore
 
 __all__ = ["MODES", "PIPELINES", "STATES", "HighLevelJob", "JobOptions", "pipelines", "wait_for_batch_end"]
 log = logging.getLogger("lowwater.job")
-_FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+_FS_CHECKPOINT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 
 
 def _is_local_path(location: str) -> bool:
@@ -58,7 +60,9 @@ def _watermark(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> list[
 
 
 PIPELINES: dict[str, Callable[[Sequence[Q.QuerySpec], Q.Config | None], list[Pipeline]]] = {
-    "oop": _punctuation, "watermark": _watermark}  # fmt: skip
+    "oop": _punctuation,
+    "watermark": _watermark,
+}
 assert set(PIPELINES) == set(MODES)
 
 
@@ -84,8 +88,14 @@ def wait_for_batch_end(stream: Any, deadline: float, poll_s: float = 0.05) -> bo
 class HighLevelJob:
     """Starts the pipelines of its mode and feeds them one sink; owns the result store and the metrics."""
 
-    def __init__(self, spark: Any, queries: Sequence[Q.QuerySpec], opts: JobOptions,
-                 metrics: JobMetrics | None = None, config: Q.Config | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spark: Any,
+        queries: Sequence[Q.QuerySpec],
+        opts: JobOptions,
+        metrics: JobMetrics | None = None,
+        config: Q.Config | None = None,
+    ) -> None:
         # join queries (high_level/join/pipeline.py) come with the config that names their select inputs
         if not queries and (config is None or not config.joins):
             raise ValueError("no queries")
@@ -94,7 +104,7 @@ class HighLevelJob:
         self.queries = list(queries)
         self.opts = opts
         self.metrics = metrics or JobMetrics()
-        stored = self.queries + (config.stored_queries[len(config.queries):] if config is not None else [])
+        stored = self.queries + (config.stored_queries[len(config.queries) :] if config is not None else [])
         self.store = ResultStore(opts.results, stored)
         self.exporter = ResultExporter(self.queries)
         if self.exporter.queries:  # results as Prometheus series, from the rows the store writes
@@ -110,11 +120,26 @@ class HighLevelJob:
         self.asker, self.live, self.feed = self.outputs.asker, self.outputs.live, self.outputs.feed
         self.delivery = None
         if opts.alert_webhook:
-            self.delivery = AlertDelivery(opts.results, opts.alert_webhook, self.metrics, timeout_s=opts.alert_timeout_ms / 1e3,
-                                          queue_size=opts.alert_queue, generator_url=opts.alert_generator_url)  # fmt: skip
-        self.sink = ResultSink(self.store, stored, opts.mode, opts.status_settings, self.metrics,
-                               self.stream_progress, self.delivery, self.asker.observe if self.asker else None,
-                               live=self.live, feed=self.feed)  # fmt: skip
+            self.delivery = AlertDelivery(
+                opts.results,
+                opts.alert_webhook,
+                self.metrics,
+                timeout_s=opts.alert_timeout_ms / 1e3,
+                queue_size=opts.alert_queue,
+                generator_url=opts.alert_generator_url,
+            )
+        self.sink = ResultSink(
+            self.store,
+            stored,
+            opts.mode,
+            opts.status_settings,
+            self.metrics,
+            self.stream_progress,
+            self.delivery,
+            self.asker.observe if self.asker else None,
+            live=self.live,
+            feed=self.feed,
+        )
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -152,7 +177,9 @@ class HighLevelJob:
             for p in self.pipelines:
                 for topic, n in p.topics().items():
                     if wanted.setdefault(topic, n) != n:
-                        raise ValueError(f"topic {topic!r}: the queries ask for {wanted[topic]} and {n} partitions")
+                        raise ValueError(
+                            f"topic {topic!r}: the queries ask for {wanted[topic]} and {n} partitions"
+                        )
             actions = ensure_topics(admin, wanted)
             for p in self.pipelines:
                 actions.update(p.provision(admin, self.opts))
@@ -195,10 +222,17 @@ class HighLevelJob:
 
     def stream_progress(self) -> dict[str, S.StreamProgress]:
         """:meth:`progress` in the status contract's terms."""
-        return {name: S.StreamProgress(batch_id=p["batchId"], input_rows=p["numInputRows"], duration_ms=p["durationMs"],
-                                       state_rows=p["stateRows"], state_memory_bytes=p["stateMemoryBytes"],
-                                       dropped_by_watermark=p["droppedByWatermark"])
-                for name, p in self.progress().items()}  # fmt: skip
+        return {
+            name: S.StreamProgress(
+                batch_id=p["batchId"],
+                input_rows=p["numInputRows"],
+                duration_ms=p["durationMs"],
+                state_rows=p["stateRows"],
+                state_memory_bytes=p["stateMemoryBytes"],
+                dropped_by_watermark=p["droppedByWatermark"],
+            )
+            for name, p in self.progress().items()
+        }
 
     def dropped_by_watermark(self) -> dict[str, int]:
         """Rows Spark's watermark dropped, per stream, over every micro-batch seen so far.
@@ -218,7 +252,9 @@ class HighLevelJob:
                 bid = int(p.get("batchId", -1))
                 if bid > seen:
                     ops = p.get("stateOperators") or []
-                    self._dropped[name] = self._dropped.get(name, 0) + sum(int(o.get("numRowsDroppedByWatermark", 0)) for o in ops)
+                    self._dropped[name] = self._dropped.get(name, 0) + sum(
+                        int(o.get("numRowsDroppedByWatermark", 0)) for o in ops
+                    )
                     seen = bid
             self._dropped_seen[name] = seen
         return dict(self._dropped)

@@ -21,53 +21,118 @@ class JobMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.records = Counter("lowwater_job_records_consumed", "Partial records consumed", registry=r)
-        self.windows = Counter("lowwater_job_windows_closed", "Final (window, group) rows emitted", ["query"], registry=r)
-        self.corrections = Counter("lowwater_job_corrections", "Correction rows emitted", ["query"], registry=r)
-        self.late = Counter("lowwater_job_late_partials", "Partial records behind the closed frontier",
-                            ["query", "host"], registry=r)  # fmt: skip
-        self.host_lwm = Gauge("lowwater_job_host_low_water_mark_seconds",
-                              "Host's punctuation mark (data time, min over partitions)", ["query", "host"], registry=r)  # fmt: skip
-        self.host_lag = Gauge("lowwater_job_host_lag_seconds", "Processing time minus the host's mark",
-                              ["query", "host"], registry=r)  # fmt: skip
-        self.host_live = Gauge("lowwater_job_host_live", "1 if the host punctuated within host_timeout on every partition",
-                               ["query", "host"], registry=r)  # fmt: skip
-        self.missing = Gauge("lowwater_job_missing_records", "Records a punctuation says were sent but never arrived",
-                             ["query", "host"], registry=r)  # fmt: skip
-        self.open_windows = Gauge("lowwater_job_open_windows", "Windows holding data, not closed yet", ["query"], registry=r)
-        self.state_rows = Gauge("lowwater_job_state_rows", "Rows in the pane tables (OOP) or Spark state store",
-                                ["query"], registry=r)  # fmt: skip
-        self.state_bytes = Gauge("lowwater_job_state_memory_bytes", "Spark state store memory", ["query"], registry=r)
-        self.join_state_rows = Gauge("lowwater_job_join_state_rows", "Input rows a join holds (both inputs)",
-                                     ["query", "partition"], registry=r)  # fmt: skip
-        self.join_state_bytes = Gauge("lowwater_job_join_state_bytes", "Bytes of the input rows a join holds",
-                                      ["query", "partition"], registry=r)  # fmt: skip
-        self.dropped = Gauge("lowwater_job_rows_dropped_by_watermark", "Rows Spark's watermark dropped since the job started (baseline mode)",
-                             ["query"], registry=r)  # fmt: skip
+        self.windows = Counter(
+            "lowwater_job_windows_closed", "Final (window, group) rows emitted", ["query"], registry=r
+        )
+        self.corrections = Counter(
+            "lowwater_job_corrections", "Correction rows emitted", ["query"], registry=r
+        )
+        self.late = Counter(
+            "lowwater_job_late_partials",
+            "Partial records behind the closed frontier",
+            ["query", "host"],
+            registry=r,
+        )
+        self.host_lwm = Gauge(
+            "lowwater_job_host_low_water_mark_seconds",
+            "Host's punctuation mark (data time, min over partitions)",
+            ["query", "host"],
+            registry=r,
+        )
+        self.host_lag = Gauge(
+            "lowwater_job_host_lag_seconds",
+            "Processing time minus the host's mark",
+            ["query", "host"],
+            registry=r,
+        )
+        self.host_live = Gauge(
+            "lowwater_job_host_live",
+            "1 if the host punctuated within host_timeout on every partition",
+            ["query", "host"],
+            registry=r,
+        )
+        self.missing = Gauge(
+            "lowwater_job_missing_records",
+            "Records a punctuation says were sent but never arrived",
+            ["query", "host"],
+            registry=r,
+        )
+        self.open_windows = Gauge(
+            "lowwater_job_open_windows", "Windows holding data, not closed yet", ["query"], registry=r
+        )
+        self.state_rows = Gauge(
+            "lowwater_job_state_rows",
+            "Rows in the pane tables (OOP) or Spark state store",
+            ["query"],
+            registry=r,
+        )
+        self.state_bytes = Gauge(
+            "lowwater_job_state_memory_bytes", "Spark state store memory", ["query"], registry=r
+        )
+        self.join_state_rows = Gauge(
+            "lowwater_job_join_state_rows",
+            "Input rows a join holds (both inputs)",
+            ["query", "partition"],
+            registry=r,
+        )
+        self.join_state_bytes = Gauge(
+            "lowwater_job_join_state_bytes",
+            "Bytes of the input rows a join holds",
+            ["query", "partition"],
+            registry=r,
+        )
+        self.dropped = Gauge(
+            "lowwater_job_rows_dropped_by_watermark",
+            "Rows Spark's watermark dropped since the job started (baseline mode)",
+            ["query"],
+            registry=r,
+        )
         self.batch_duration = Histogram(
-            "lowwater_job_batch_duration_seconds", "Micro-batch duration (sink side, includes the stateful step)",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r,
+            "lowwater_job_batch_duration_seconds",
+            "Micro-batch duration (sink side, includes the stateful step)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
         )
         self.latency = Histogram(
-            "lowwater_job_result_latency_seconds", "Window close time minus window end",
-            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 3600), registry=r,
+            "lowwater_job_result_latency_seconds",
+            "Window close time minus window end",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 3600),
+            registry=r,
         )
 
-        self.having_dropped = Counter("lowwater_job_having_dropped", "Final rows not stored: HAVING was false",
-                                      ["query"], registry=r)  # fmt: skip
-        self.flagged_windows = Counter("lowwater_job_flagged_windows", "Short windows flagged (rows or not), per "
-                                       "window, host and cause: shed by a backlog, or a sequence gap",
-                                       ["query", "cause"], registry=r)  # fmt: skip
-        self.alerts_fired = Counter("lowwater_job_alerts_fired", "Alerts fired (one per rule, window, group at close)",
-                                    ["query", "alert"], registry=r)  # fmt: skip
-        self.alerts_delivered = Counter("lowwater_job_alerts_delivered", "Alerts the webhook accepted",
-                                        ["query", "alert"], registry=r)  # fmt: skip
-        self.alerts_failed = Counter("lowwater_job_alerts_failed", "Failed webhook posts (each is retried)", registry=r)
-        self.alerts_overflow = Counter("lowwater_job_alerts_overflow",
-                                       "Alerts not queued (queue full; re-read from the alert store later)", registry=r)  # fmt: skip
+        self.having_dropped = Counter(
+            "lowwater_job_having_dropped", "Final rows not stored: HAVING was false", ["query"], registry=r
+        )
+        self.flagged_windows = Counter(
+            "lowwater_job_flagged_windows",
+            "Short windows flagged (rows or not), per "
+            "window, host and cause: shed by a backlog, or a sequence gap",
+            ["query", "cause"],
+            registry=r,
+        )
+        self.alerts_fired = Counter(
+            "lowwater_job_alerts_fired",
+            "Alerts fired (one per rule, window, group at close)",
+            ["query", "alert"],
+            registry=r,
+        )
+        self.alerts_delivered = Counter(
+            "lowwater_job_alerts_delivered", "Alerts the webhook accepted", ["query", "alert"], registry=r
+        )
+        self.alerts_failed = Counter(
+            "lowwater_job_alerts_failed", "Failed webhook posts (each is retried)", registry=r
+        )
+        self.alerts_overflow = Counter(
+            "lowwater_job_alerts_overflow",
+            "Alerts not queued (queue full; re-read from the alert store later)",
+            registry=r,
+        )
         self.alerts_pending = Gauge("lowwater_job_alerts_pending", "Alerts queued for delivery", registry=r)
         self.alert_latency = Histogram(
-            "lowwater_job_alert_delivery_latency_seconds", "Webhook accepted an alert, minus its window's close",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300), registry=r,
+            "lowwater_job_alert_delivery_latency_seconds",
+            "Webhook accepted an alert, minus its window's close",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
         )
 
     def serve(self, port: int) -> None:

@@ -29,8 +29,15 @@ PRODUCER = {"linger_ms": 0, "acks": 1}  # a request is worth sending at once
 class PunctuationAsker:
     """Rate-limited punctuation requests from a blocked (query, partition) to the hosts blocking it."""
 
-    def __init__(self, layouts: Sequence[Layout], kafka: KafkaClients | None, topic: str = C.CONTROL_TOPIC,
-                 min_gap_ms: int = 200, producer: Any = None, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        layouts: Sequence[Layout],
+        kafka: KafkaClients | None,
+        topic: str = C.CONTROL_TOPIC,
+        min_gap_ms: int = 200,
+        producer: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.layouts = {lay.name: lay for lay in layouts}
         self.topic, self.min_gap_s, self.clock = topic, min_gap_ms / 1000.0, clock
         if producer is None:

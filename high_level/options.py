@@ -13,7 +13,10 @@ from contract.kafka_security import KafkaSecurity
 from high_level.aggregate.processor import LATE_POLICIES, Settings
 from high_level.kafkaclients import KafkaClients
 
-MODES = ("oop", "watermark")  # oop: punctuation (the pipelines of high_level.job.PIPELINES); watermark: baseline
+MODES = (
+    "oop",
+    "watermark",
+)  # oop: punctuation (the pipelines of high_level.job.PIPELINES); watermark: baseline
 # State layout of the OOP step: "blob" (the processor saved whole every micro-batch), "chunked" (pane tables
 # as per-batch chunks in RocksDB, high_level/aggregate/chunks.py: a batch pays for what it brings, not for the open
 # groups), "auto" (chunked unless a query needs the blob: high_level.aggregate.chunks.chunked_unsupported).
@@ -76,7 +79,12 @@ class JobOptions:
     @property
     def status_settings(self) -> S.JobSettings:
         """The settings as the status document reports them."""
-        return S.JobSettings(trigger_ms=self.trigger_ms, host_timeout_ms=self.host_timeout_ms,
-                             expected_hosts=list(self.expected_hosts), late_policy=self.late_policy,
-                             watermark_delay_ms=self.watermark_delay_ms,
-                             alert_webhook=bool(self.alert_webhook), retention_days=self.retention_days)  # fmt: skip
+        return S.JobSettings(
+            trigger_ms=self.trigger_ms,
+            host_timeout_ms=self.host_timeout_ms,
+            expected_hosts=list(self.expected_hosts),
+            late_policy=self.late_policy,
+            watermark_delay_ms=self.watermark_delay_ms,
+            alert_webhook=bool(self.alert_webhook),
+            retention_days=self.retention_days,
+        )

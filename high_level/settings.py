@@ -48,14 +48,22 @@ class JobSettings(RoleSettings):
     driver_host: str | None = None
     spark_jars: list[str] = Field(default_factory=list)
     control_topic: str | None = None
-    retention_days: int | None = Field(default=None, ge=1, description="delete results of windows older than this")
-    alert_webhook: str | None = Field(default=None, description="Alertmanager v2 URL, e.g. http://am:9093/api/v2/alerts")
+    retention_days: int | None = Field(
+        default=None, ge=1, description="delete results of windows older than this"
+    )
+    alert_webhook: str | None = Field(
+        default=None, description="Alertmanager v2 URL, e.g. http://am:9093/api/v2/alerts"
+    )
     alert_timeout: str = "2s"
     alert_queue: int = Field(default=10_000, ge=1)
     alert_generator_url: str = "http://127.0.0.1:8080/ui"
-    live: bool = Field(default=False, description="publish provisional values of open windows to lowwater.live.<query>")
+    live: bool = Field(
+        default=False, description="publish provisional values of open windows to lowwater.live.<query>"
+    )
     state: Literal["auto", "blob", "chunked"] = Field(
-        default="auto", description="OOP state layout: chunked (batch-proportional cost, RocksDB), blob, auto (default)")
+        default="auto",
+        description="OOP state layout: chunked (batch-proportional cost, RocksDB), blob, auto (default)",
+    )
 
     @field_validator("alert_webhook", "alert_generator_url")
     @classmethod
@@ -64,7 +72,9 @@ class JobSettings(RoleSettings):
             return v
         u = urlsplit(v)
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{v!r} is not an http(s) URL with a host (e.g. http://alertmanager:9093/api/v2/alerts)")
+            raise ValueError(
+                f"{v!r} is not an http(s) URL with a host (e.g. http://alertmanager:9093/api/v2/alerts)"
+            )
         try:
             u.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
@@ -83,8 +93,10 @@ class JobSettings(RoleSettings):
     def _kafka_options(cls, v: dict[str, str]) -> dict[str, str]:
         bad = sorted(k for k in v if not k.startswith("kafka.") or k.startswith(_SECURITY_KEYS))
         if bad:
-            raise ValueError(f"{bad}: kafka_options take kafka.* source options other than security "
-                             "(security goes in kafka_security, shared with the topic provisioning)")
+            raise ValueError(
+                f"{bad}: kafka_options take kafka.* source options other than security "
+                "(security goes in kafka_security, shared with the topic provisioning)"
+            )
         return v
 
     @field_validator("spark_conf")
@@ -100,13 +112,25 @@ class JobSettings(RoleSettings):
         ms = lambda text: Q.parse_duration_ns(text) // 1_000_000  # noqa: E731
         m = re.fullmatch(r"local\[(\d+)\]", self.master.strip())
         return JobOptions(
-            bootstrap=self.bootstrap, results=self.results, checkpoint=self.checkpoint, mode=self.mode,
-            trigger_ms=ms(self.trigger), host_timeout_ms=ms(self.host_timeout),
-            expected_hosts=tuple(self.expected_hosts), late_policy=self.late_policy,
-            watermark_delay_ms=ms(self.watermark_delay), max_offsets_per_trigger=self.max_offsets_per_trigger,
+            bootstrap=self.bootstrap,
+            results=self.results,
+            checkpoint=self.checkpoint,
+            mode=self.mode,
+            trigger_ms=ms(self.trigger),
+            host_timeout_ms=ms(self.host_timeout),
+            expected_hosts=tuple(self.expected_hosts),
+            late_policy=self.late_policy,
+            watermark_delay_ms=ms(self.watermark_delay),
+            max_offsets_per_trigger=self.max_offsets_per_trigger,
             shuffle_partitions=self.shuffle_partitions or (int(m.group(1)) if m else None),
-            kafka_security=self.kafka_security, kafka_options=dict(self.kafka_options),
-            alert_webhook=self.alert_webhook, alert_timeout_ms=ms(self.alert_timeout), alert_queue=self.alert_queue,
-            alert_generator_url=self.alert_generator_url, control_topic=self.control_topic, retention_days=self.retention_days,
-            live=self.live, state=self.state,
-        )  # fmt: skip
+            kafka_security=self.kafka_security,
+            kafka_options=dict(self.kafka_options),
+            alert_webhook=self.alert_webhook,
+            alert_timeout_ms=ms(self.alert_timeout),
+            alert_queue=self.alert_queue,
+            alert_generator_url=self.alert_generator_url,
+            control_topic=self.control_topic,
+            retention_days=self.retention_days,
+            live=self.live,
+            state=self.state,
+        )

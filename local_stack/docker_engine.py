@@ -144,10 +144,17 @@ def build_python_base() -> str:
         root = Path(tmp) / "rootfs"
         _log(f"debootstrap bookworm -> {tag} (a few minutes, once)")
         proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm", str(root),
-             DEBIAN_MIRROR],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                "bookworm",
+                str(root),
+                DEBIAN_MIRROR,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise DockerError(
                 f"debootstrap failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
@@ -162,9 +169,18 @@ def build_python_base() -> str:
                 if f.is_file():
                     f.unlink()
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
-        _docker("import", "--change", "ENV LANG=C.UTF-8", "--change",
-                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "--change", 'CMD ["python3"]', "-", tag, stdin=tar.stdout)  # fmt: skip
+        _docker(
+            "import",
+            "--change",
+            "ENV LANG=C.UTF-8",
+            "--change",
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "--change",
+            'CMD ["python3"]',
+            "-",
+            tag,
+            stdin=tar.stdout,
+        )
         tar.wait()
     _log(f"{tag} built in {time.monotonic() - t0:.0f} s")
     return tag
@@ -181,8 +197,11 @@ def build_standins(base: str) -> dict[str, str]:
     """Kafka, Prometheus and Alertmanager stand-ins; returns {compose image variable: tag}."""
     out: dict[str, str] = {}
     jars = kafka_broker_jars_dir()
-    for name, var in (("kafka", "KAFKA_IMAGE"), ("prometheus", "PROMETHEUS_IMAGE"),
-                      ("alertmanager", "ALERTMANAGER_IMAGE")):  # fmt: skip
+    for name, var in (
+        ("kafka", "KAFKA_IMAGE"),
+        ("prometheus", "PROMETHEUS_IMAGE"),
+        ("alertmanager", "ALERTMANAGER_IMAGE"),
+    ):
         recipe = IMAGES_DIR / name
         extra: tuple[Path, ...] = (jars / "jars.txt",) if name == "kafka" else ()
         tag = f"lowwater-standin/{name}:{_recipe_hash(base, recipe, *extra)}"

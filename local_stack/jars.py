@@ -115,11 +115,15 @@ def _fill(pom: Path, tmp: Path, overrides: Sequence[str]) -> None:
     listing = tmp / "dependency-list.txt"
     _run_mvn(
         [
-            "-f", str(pom),
-            "dependency:copy-dependencies", "dependency:list",
-            f"-DoutputDirectory={tmp}", "-DincludeScope=runtime", f"-DoutputFile={listing}",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            "dependency:list",
+            f"-DoutputDirectory={tmp}",
+            "-DincludeScope=runtime",
+            f"-DoutputFile={listing}",
         ]
-    )  # fmt: skip
+    )
     coords = {(g, a): (v, c) for g, a, v, c in _parse_dependency_list(listing.read_text())}
     listing.unlink()
     for spec in overrides:
@@ -208,8 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: fetch both jar sets (idempotent) and print where they are."""
     parser = argparse.ArgumentParser(prog="python -m local_stack.jars", description=__doc__.split("\n")[0])
     parser.add_argument("--force", action="store_true", help="fetch again even if the stamps match")
-    parser.add_argument("--spark-list", action="store_true",
-                        help="print only the Spark Kafka jars as a comma list (for lowwater-job --spark-jars)")
+    parser.add_argument(
+        "--spark-list",
+        action="store_true",
+        help="print only the Spark Kafka jars as a comma list (for lowwater-job --spark-jars)",
+    )
     args = parser.parse_args(argv)
     if args.spark_list:
         print(",".join(spark_kafka_jars(force=args.force)))

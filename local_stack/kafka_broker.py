@@ -78,16 +78,20 @@ def java_executable() -> str:
         else shutil.which("java")
     )
     if java is None:
-        raise KafkaBrokerError(f"Java {MIN_JAVA}+ is required for the Kafka broker but `java` is not on PATH; "
-                               "run ./lw setup (installs openjdk-17-jre-headless)")  # fmt: skip
+        raise KafkaBrokerError(
+            f"Java {MIN_JAVA}+ is required for the Kafka broker but `java` is not on PATH; "
+            "run ./lw setup (installs openjdk-17-jre-headless)"
+        )
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     if m is None:
         raise KafkaBrokerError(f"could not read the Java version from `{java} -version`: {out.strip()!r}")
     major = int(m.group(2)) if m.group(1) == "1" else int(m.group(1))  # "1.8.0" style means 8
     if major < MIN_JAVA:
-        raise KafkaBrokerError(f"Java {MIN_JAVA}+ is required for the Kafka broker, {java} is Java {major}; "
-                               "run ./lw setup or point JAVA_HOME at a newer JDK")  # fmt: skip
+        raise KafkaBrokerError(
+            f"Java {MIN_JAVA}+ is required for the Kafka broker, {java} is Java {major}; "
+            "run ./lw setup or point JAVA_HOME at a newer JDK"
+        )
     return java
 
 
@@ -308,14 +312,24 @@ class KafkaBroker:
             cmd = ["setpriv", "--pdeathsig", "TERM", *cmd]  # setpriv execs java: same pid
         with open(self.log_dir / "stdout.log", "ab") as out:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.base_dir, start_new_session=True,
-            )  # fmt: skip
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.base_dir,
+                start_new_session=True,
+            )
         self.pid_path.write_text(f"{self._proc.pid}\n")
         self.info_path.write_text(
-            json.dumps({"port": self.port, "controller_port": self.controller_port,
-                        "security_protocol": self.security_protocol}) + "\n"
-        )  # fmt: skip
+            json.dumps(
+                {
+                    "port": self.port,
+                    "controller_port": self.controller_port,
+                    "security_protocol": self.security_protocol,
+                }
+            )
+            + "\n"
+        )
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -371,9 +385,10 @@ class KafkaBroker:
         from kafka.errors import TopicAlreadyExistsError
 
         admin = KafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000),
+            bootstrap_servers=self.bootstrap_servers,
+            request_timeout_ms=int(timeout * 1000),
             **self.client_security(),
-        )  # fmt: skip
+        )
         try:
             spec = {"num_partitions": partitions, "replication_factor": 1, "configs": dict(config or {})}
             try:
@@ -400,7 +415,9 @@ class KafkaBroker:
         Refused while the broker runs: its files are open and it would recreate them.
         """
         if self.is_running():
-            raise KafkaBrokerError(f"broker {self.name!r} runs (pid {self.pid}); stop it before wiping its data")
+            raise KafkaBrokerError(
+                f"broker {self.name!r} runs (pid {self.pid}); stop it before wiping its data"
+            )
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -513,17 +530,19 @@ class KafkaBroker:
             )
         if self.tls:
             password = (self.tls_dir / "store.password").read_text().strip()
-            cfg.update({
-                "ssl.keystore.type": "PKCS12",
-                "ssl.keystore.location": str(self.tls_dir / "broker.p12"),
-                "ssl.keystore.password": password,
-                "ssl.key.password": password,
-                # the broker is its own inter-broker client: it trusts the same CA as every client
-                "ssl.truststore.type": "PEM",
-                "ssl.truststore.location": str(self.ca_file),
-                "ssl.client.auth": "none",
-                "ssl.endpoint.identification.algorithm": "https",
-            })  # fmt: skip
+            cfg.update(
+                {
+                    "ssl.keystore.type": "PKCS12",
+                    "ssl.keystore.location": str(self.tls_dir / "broker.p12"),
+                    "ssl.keystore.password": password,
+                    "ssl.key.password": password,
+                    # the broker is its own inter-broker client: it trusts the same CA as every client
+                    "ssl.truststore.type": "PEM",
+                    "ssl.truststore.location": str(self.ca_file),
+                    "ssl.client.auth": "none",
+                    "ssl.endpoint.identification.algorithm": "https",
+                }
+            )
         if self.acls:
             cfg["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
             # ANONYMOUS: the PLAINTEXT controller listener's principal (see the class docstring)
@@ -559,18 +578,52 @@ class KafkaBroker:
                 )
             return proc.stdout
 
-        run(*keypair, "-alias", "ca", "-dname", "CN=lowwater local test CA", "-ext", "bc:c",
-            "-keystore", str(ca), *store)  # fmt: skip
+        run(
+            *keypair,
+            "-alias",
+            "ca",
+            "-dname",
+            "CN=lowwater local test CA",
+            "-ext",
+            "bc:c",
+            "-keystore",
+            str(ca),
+            *store,
+        )
         run("-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca), *store, "-file", str(self.ca_file))
         run(*keypair, "-alias", "broker", "-dname", "CN=localhost", "-keystore", str(broker), *store)
         csr = run("-certreq", "-alias", "broker", "-keystore", str(broker), *store)
-        signed = run("-gencert", "-rfc", "-alias", "ca", "-keystore", str(ca), *store, "-validity", "3650",
-                     "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-ext", "KU=digitalSignature,keyEncipherment",
-                     "-ext", "EKU=serverAuth,clientAuth", stdin=csr)  # fmt: skip
+        signed = run(
+            "-gencert",
+            "-rfc",
+            "-alias",
+            "ca",
+            "-keystore",
+            str(ca),
+            *store,
+            "-validity",
+            "3650",
+            "-ext",
+            "SAN=IP:127.0.0.1,DNS:localhost",
+            "-ext",
+            "KU=digitalSignature,keyEncipherment",
+            "-ext",
+            "EKU=serverAuth,clientAuth",
+            stdin=csr,
+        )
         (tls / "broker.pem").write_text(signed)
         for alias, pem in (("ca", self.ca_file), ("broker", tls / "broker.pem")):  # CA first, then the reply
-            run("-importcert", "-noprompt", "-alias", alias, "-file", str(pem),
-                "-keystore", str(broker), *store)  # fmt: skip
+            run(
+                "-importcert",
+                "-noprompt",
+                "-alias",
+                alias,
+                "-file",
+                str(pem),
+                "-keystore",
+                str(broker),
+                *store,
+            )
         ca.unlink()  # nothing else will be signed: a lying-around CA key that clients trust is a liability
         done.write_text(pw + "\n")
         for f in tls.iterdir():
@@ -619,8 +672,19 @@ class KafkaBroker:
 
     def _format(self, java: str, classpath: str) -> None:
         """`kafka-storage.sh format --standalone`: a new cluster id and a one-voter dynamic quorum."""
-        cmd = [java, *self._jvm_opts(), "-cp", classpath, "kafka.tools.StorageTool", "format",
-               "--cluster-id", _kafka_uuid(), "--config", str(self.properties_path), "--standalone"]  # fmt: skip
+        cmd = [
+            java,
+            *self._jvm_opts(),
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            _kafka_uuid(),
+            "--config",
+            str(self.properties_path),
+            "--standalone",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.base_dir)
         if proc.returncode != 0:
             raise KafkaBrokerError(
@@ -697,8 +761,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sasl_user:
         users = dict(u.partition("=")[::2] for u in args.sasl_user)
     try:
-        broker = KafkaBroker(args.name, args.port, state=args.state_dir, die_with_parent=False,
-                             sasl_users=users, tls=args.tls, acls=args.acls)  # fmt: skip
+        broker = KafkaBroker(
+            args.name,
+            args.port,
+            state=args.state_dir,
+            die_with_parent=False,
+            sasl_users=users,
+            tls=args.tls,
+            acls=args.acls,
+        )
     except ValueError as e:
         parser.error(str(e))
     if args.command == "start":
@@ -711,8 +782,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KafkaBrokerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"started in {time.monotonic() - t0:.1f}s: pid {broker.pid}, bootstrap {broker.bootstrap_servers}, "
-              f"log {broker.server_log}")  # fmt: skip
+        print(
+            f"started in {time.monotonic() - t0:.1f}s: pid {broker.pid}, bootstrap {broker.bootstrap_servers}, "
+            f"log {broker.server_log}"
+        )
         if broker.security_protocol != "PLAINTEXT":
             print(f"security {broker.security_protocol}" + (f", CA {broker.ca_file}" if broker.tls else ""))
         return 0

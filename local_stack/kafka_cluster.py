@@ -31,24 +31,36 @@ class ClusterNode(KafkaBroker):
         cfg.pop("controller.quorum.bootstrap.servers", None)
         rf = str(self.cluster.replication)
         isr = str(max(1, self.cluster.replication - 1))
-        cfg.update({
-            "node.id": str(self.node_id),
-            "controller.quorum.voters": self.cluster.voters,
-            "default.replication.factor": rf,
-            "min.insync.replicas": isr,
-            "unclean.leader.election.enable": "false",
-            "offsets.topic.replication.factor": rf,
-            "transaction.state.log.replication.factor": rf,
-            "transaction.state.log.min.isr": isr,
-            "share.coordinator.state.topic.replication.factor": rf,
-            "share.coordinator.state.topic.min.isr": isr,
-        })  # fmt: skip
+        cfg.update(
+            {
+                "node.id": str(self.node_id),
+                "controller.quorum.voters": self.cluster.voters,
+                "default.replication.factor": rf,
+                "min.insync.replicas": isr,
+                "unclean.leader.election.enable": "false",
+                "offsets.topic.replication.factor": rf,
+                "transaction.state.log.replication.factor": rf,
+                "transaction.state.log.min.isr": isr,
+                "share.coordinator.state.topic.replication.factor": rf,
+                "share.coordinator.state.topic.min.isr": isr,
+            }
+        )
         return cfg
 
     def _format(self, java: str, classpath: str) -> None:
         """`kafka-storage.sh format` with the cluster's id (a static quorum: no --standalone)."""
-        cmd = [java, *self._jvm_opts(), "-cp", classpath, "kafka.tools.StorageTool", "format",
-               "--cluster-id", self.cluster.cluster_id, "--config", str(self.properties_path)]  # fmt: skip
+        cmd = [
+            java,
+            *self._jvm_opts(),
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            self.cluster.cluster_id,
+            "--config",
+            str(self.properties_path),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.base_dir)
         if proc.returncode != 0:
             raise KafkaBrokerError(
@@ -108,8 +120,9 @@ class KafkaCluster:
             self.stop()
             raise
 
-    def create_topic(self, name: str, partitions: int, config: Mapping[str, str] | None = None,
-                     timeout: float = 30.0) -> str:  # fmt: skip
+    def create_topic(
+        self, name: str, partitions: int, config: Mapping[str, str] | None = None, timeout: float = 30.0
+    ) -> str:
         """Topic ``name`` with ``partitions`` partitions of ``replication`` replicas each."""
         from kafka import KafkaAdminClient
 
@@ -117,8 +130,11 @@ class KafkaCluster:
             bootstrap_servers=self.bootstrap_servers, request_timeout_ms=int(timeout * 1000)
         )
         try:
-            spec: dict[str, Any] = {"num_partitions": partitions, "replication_factor": self.replication,
-                                    "configs": dict(config or {})}  # fmt: skip
+            spec: dict[str, Any] = {
+                "num_partitions": partitions,
+                "replication_factor": self.replication,
+                "configs": dict(config or {}),
+            }
             admin.create_topics({name: spec}, timeout_ms=int(timeout * 1000))
             admin.wait_for_topics([name], timeout_ms=int(timeout * 1000))
         finally:

@@ -41,8 +41,9 @@ def _get_json(url: str) -> dict | None:
 class SparkCluster:
     """``workers`` standalone workers of ``cores`` cores and ``memory`` each, and their master, logs in ``work``."""
 
-    def __init__(self, work: Path, workers: int = 2, cores: int = 1, memory: str = "768m",
-                 daemon_memory: str = "256m") -> None:  # fmt: skip
+    def __init__(
+        self, work: Path, workers: int = 2, cores: int = 1, memory: str = "768m", daemon_memory: str = "256m"
+    ) -> None:
         self.work = Path(work)
         self.workers, self.cores, self.memory, self.daemon_memory = workers, cores, memory, daemon_memory
         self.port, self.ui_port = free_port(), free_port()
@@ -54,26 +55,60 @@ class SparkCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
-                "SPARK_DAEMON_MEMORY": self.daemon_memory, "SPARK_LOG_DIR": str(self.work),
-                "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}  # fmt: skip
+        return {
+            **os.environ,
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_DAEMON_MEMORY": self.daemon_memory,
+            "SPARK_LOG_DIR": str(self.work),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+        }
 
     def _spawn(self, name: str, *args: str) -> None:
         log = (self.work / f"{name}.log").open("wb")
         self._logs.append(log)
         cls = str(spark_home() / "bin" / "spark-class")
-        self.procs.append(subprocess.Popen([cls, *args], env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                           cwd=self.work, start_new_session=True))  # fmt: skip
+        self.procs.append(
+            subprocess.Popen(
+                [cls, *args],
+                env=self._env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.work,
+                start_new_session=True,
+            )
+        )
 
     def spawn(self) -> SparkCluster:
         """Start the master and the workers without waiting (see :meth:`wait_ready`)."""
         self.work.mkdir(parents=True, exist_ok=True)
-        self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                    str(self.port), "--webui-port", str(self.ui_port))  # fmt: skip
+        self._spawn(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
         for i in range(self.workers):
-            self._spawn(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
-                        str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                        "--work-dir", str(self.work / f"w{i}"), self.master)  # fmt: skip
+            self._spawn(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(self.work / f"w{i}"),
+                self.master,
+            )
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> SparkCluster:
@@ -86,8 +121,11 @@ class SparkCluster:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 names = ["master", *(f"worker{i}" for i in range(self.workers))]
-                tails = "\n".join((self.work / f"{n}.log").read_text()[-1500:] for n in names
-                                  if (self.work / f"{n}.log").exists())  # fmt: skip
+                tails = "\n".join(
+                    (self.work / f"{n}.log").read_text()[-1500:]
+                    for n in names
+                    if (self.work / f"{n}.log").exists()
+                )
                 raise SparkClusterError(f"the standalone cluster did not come up (state {st}):\n{tails}")
             time.sleep(0.5)
 

@@ -42,12 +42,15 @@ def _log_of(proc: subprocess.Popen, logs: Path) -> Path:
 def _exited(proc: subprocess.Popen, logs: Path) -> SystemExit:
     """The stack's exit when one of its processes ended unexpectedly: who, its status, its last words."""
     name = Path(str(proc.args[0])).name
-    return SystemExit(f"lowwater-stack: {name} exited with {proc.returncode}; the end of its log "
-                      f"({_log_of(proc, logs)}):\n{_tail(_log_of(proc, logs))}")  # fmt: skip
+    return SystemExit(
+        f"lowwater-stack: {name} exited with {proc.returncode}; the end of its log "
+        f"({_log_of(proc, logs)}):\n{_tail(_log_of(proc, logs))}"
+    )
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen, logs: Path, done_ok: bool = False,
-               waiting: str = "") -> None:  # fmt: skip
+def _wait_http(
+    url: str, timeout: float, proc: subprocess.Popen, logs: Path, done_ok: bool = False, waiting: str = ""
+) -> None:
     """Wait until ``url`` answers; a process that exits first is an error, unless it exited cleanly and
     ``done_ok`` (an agent on a short capture may be done before its metrics were ever asked for).
     ``waiting`` is said every 30 s, so a long first start (a cold kernel compile) does not look hung."""
@@ -77,8 +80,9 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + ln for ln in text[-lines:])
 
 
-def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_s: float,
-                      procs: list[subprocess.Popen]) -> str:  # fmt: skip
+def _capture_finished(
+    summary_path: Path, status_path: Path, host: str, timeout_s: float, procs: list[subprocess.Popen]
+) -> str:
     """After a finite source ended: wait until the job has closed every window of the capture, and
     return the line that says so (or what is still open when ``timeout_s`` passes)."""
     try:
@@ -92,7 +96,9 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
     while time.monotonic() < deadline:
         for p in procs:
             if p.poll() is not None:
-                raise SystemExit(f"lowwater-stack: {p.args[0]} exited with {p.returncode} while closing the capture's windows")
+                raise SystemExit(
+                    f"lowwater-stack: {p.args[0]} exited with {p.returncode} while closing the capture's windows"
+                )
         try:
             doc = S.read(status_path)
             if doc.stream_ended(host, int(seen["incarnation"])):
@@ -102,35 +108,58 @@ def _capture_finished(summary_path: Path, status_path: Path, host: str, timeout_
         time.sleep(0.5)
     else:
         open_ = {n: q.open_windows for n, q in (doc.queries.items() if doc else [])}
-        return (f"capture finished, but not every window closed within {timeout_s:.0f}s "
-                f"(open windows per query: {open_ or why or 'no status yet'})")  # fmt: skip
+        return (
+            f"capture finished, but not every window closed within {timeout_s:.0f}s "
+            f"(open windows per query: {open_ or why or 'no status yet'})"
+        )
     packets = seen.get("packets")
-    lost = [f"{seen[k]} {k.replace('_', ' ')}" for k in ("parse_errors", "ring_drops", "backlog_lost") if seen.get(k)]
-    return (f"capture finished: {packets if packets is not None else '?'} packets"
-            f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed")
+    lost = [
+        f"{seen[k]} {k.replace('_', ' ')}"
+        for k in ("parse_errors", "ring_drops", "backlog_lost")
+        if seen.get(k)
+    ]
+    return (
+        f"capture finished: {packets if packets is not None else '?'} packets"
+        f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed"
+    )
 
 
 DEFAULT_SOURCE = "generator:rate=20000,groups=5000,clock=wall"
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="lowwater-stack", description="run lowwater locally: Kafka, Spark job, API, agent")
+    ap = argparse.ArgumentParser(
+        prog="lowwater-stack", description="run lowwater locally: Kafka, Spark job, API, agent"
+    )
     ap.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
-    ap.add_argument("--source", default=None,
-                    help="agent source (see lowwater-agent --help); default: the config's top-level 'source:', "
-                         f"else synthetic traffic at 20k pkt/s ({DEFAULT_SOURCE}). "
-                         "A finite source (pcap:FILE) ends with every window closed; the stack stays up until Ctrl-C")
+    ap.add_argument(
+        "--source",
+        default=None,
+        help="agent source (see lowwater-agent --help); default: the config's top-level 'source:', "
+        f"else synthetic traffic at 20k pkt/s ({DEFAULT_SOURCE}). "
+        "A finite source (pcap:FILE) ends with every window closed; the stack stays up until Ctrl-C",
+    )
     ap.add_argument("--kafka-port", type=int, default=9092)
     ap.add_argument("--api-port", type=int, default=8080)
     ap.add_argument("--agent-metrics-port", type=int, default=9101)
     ap.add_argument("--job-metrics-port", type=int, default=9102)
     ap.add_argument("--duration", type=float, default=None, help="stop everything after this many seconds")
-    ap.add_argument("--close-timeout", type=float, default=300.0,
-                    help="after a finite source ends, wait this long for every window to close")
-    ap.add_argument("--fresh", action="store_true",
-                    help="start from nothing: delete the local Kafka broker's data, results and checkpoints")
-    ap.add_argument("--alert-webhook", metavar="URL",
-                    help="deliver the queries' alerts to this Alertmanager v2 endpoint (e.g. http://127.0.0.1:9093/api/v2/alerts)")
+    ap.add_argument(
+        "--close-timeout",
+        type=float,
+        default=300.0,
+        help="after a finite source ends, wait this long for every window to close",
+    )
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from nothing: delete the local Kafka broker's data, results and checkpoints",
+    )
+    ap.add_argument(
+        "--alert-webhook",
+        metavar="URL",
+        help="deliver the queries' alerts to this Alertmanager v2 endpoint (e.g. http://127.0.0.1:9093/api/v2/alerts)",
+    )
     args = ap.parse_args(argv)
     try:
         cfg = Q.load(args.config)
@@ -189,23 +218,80 @@ def main(argv: list[str] | None = None) -> None:
         # the job gets the connector jars ./lw setup fetched (the product never looks for them itself);
         # resolved in the job's own process, so a first fetch overlaps the API's and the agent's start
         jars = 'jars="$("$0" -m local_stack.jars --spark-list)" || exit 1; exec "$@" --spark-jars "$jars"'
-        spawn("job", ["sh", "-c", jars, sys.executable, _bin("lowwater-job"), "--config", args.config, "--bootstrap", bootstrap,
-                      "--results", str(results), "--checkpoint", str(checkpoint), "--master", "local[2]",
-                      "--metrics-port", str(args.job_metrics_port), "--control-topic", CONTROL_TOPIC, "--live",
-                      *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else [])])
-        api = spawn("api", [_bin("lowwater-api"), "--config", args.config, "--results", str(results),
-                            "--port", str(args.api_port), "--live-bootstrap", bootstrap])
+        spawn(
+            "job",
+            [
+                "sh",
+                "-c",
+                jars,
+                sys.executable,
+                _bin("lowwater-job"),
+                "--config",
+                args.config,
+                "--bootstrap",
+                bootstrap,
+                "--results",
+                str(results),
+                "--checkpoint",
+                str(checkpoint),
+                "--master",
+                "local[2]",
+                "--metrics-port",
+                str(args.job_metrics_port),
+                "--control-topic",
+                CONTROL_TOPIC,
+                "--live",
+                *(["--alert-webhook", args.alert_webhook] if args.alert_webhook else []),
+            ],
+        )
+        api = spawn(
+            "api",
+            [
+                _bin("lowwater-api"),
+                "--config",
+                args.config,
+                "--results",
+                str(results),
+                "--port",
+                str(args.api_port),
+                "--live-bootstrap",
+                bootstrap,
+            ],
+        )
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)
         print("[stack] starting the capture agent ...", flush=True)
-        agent = spawn("agent", [_bin("lowwater-agent"), "--config", args.config, "--source", args.source,
-                                "--host-id", host_id, "--bootstrap", bootstrap,
-                                "--metrics-port", str(args.agent_metrics_port), "--summary", str(summary_path),
-                                "--control-topic", CONTROL_TOPIC])
+        agent = spawn(
+            "agent",
+            [
+                _bin("lowwater-agent"),
+                "--config",
+                args.config,
+                "--source",
+                args.source,
+                "--host-id",
+                host_id,
+                "--bootstrap",
+                bootstrap,
+                "--metrics-port",
+                str(args.agent_metrics_port),
+                "--summary",
+                str(summary_path),
+                "--control-topic",
+                CONTROL_TOPIC,
+            ],
+        )
         # a first run compiles the generated kernel (cached afterwards): minutes on a busy 2-core machine
-        _wait_http(f"http://127.0.0.1:{args.agent_metrics_port}/metrics", 600, agent, logs, done_ok=True,
-                   waiting="the agent is still starting: compiling its capture kernel on a first run")  # fmt: skip
+        _wait_http(
+            f"http://127.0.0.1:{args.agent_metrics_port}/metrics",
+            600,
+            agent,
+            logs,
+            done_ok=True,
+            waiting="the agent is still starting: compiling its capture kernel on a first run",
+        )
         page = f"http://127.0.0.1:{args.api_port}/ui"
-        print(f"""
+        print(
+            f"""
 lowwater is running.
   results page   {page}
   REST API docs  http://127.0.0.1:{args.api_port}/docs
@@ -213,7 +299,9 @@ lowwater is running.
   job metrics    http://127.0.0.1:{args.job_metrics_port}/metrics
   logs           {logs}
 Windows close as the agent's punctuation passes them (the first 10 s windows after ~15 s).
-Press Ctrl-C to stop.""", flush=True)
+Press Ctrl-C to stop.""",
+            flush=True,
+        )
         deadline = None if args.duration is None else time.monotonic() + args.duration
         while deadline is None or time.monotonic() < deadline:
             for p in list(procs):
@@ -221,9 +309,16 @@ Press Ctrl-C to stop.""", flush=True)
                     continue
                 if p is agent and p.returncode == 0:
                     procs.remove(agent)
-                    print("[stack] the capture source ended; waiting for the job to close every window ...", flush=True)
-                    line = _capture_finished(summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs)
-                    print(f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True)
+                    print(
+                        "[stack] the capture source ended; waiting for the job to close every window ...",
+                        flush=True,
+                    )
+                    line = _capture_finished(
+                        summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs
+                    )
+                    print(
+                        f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True
+                    )
                     continue
                 if p.returncode in (0, -signal.SIGINT, -signal.SIGTERM, 130, 143):
                     # Ctrl-C in a terminal reaches every process of its group, and a child may stop before

@@ -40,9 +40,13 @@ def parse_source(text: str) -> dict[str, Any]:
             raise ValueError("pcap source needs a path: pcap:/path/file.pcap[,loop][,paced]")
         if not os.access(path, os.R_OK) or os.path.isdir(path):  # say so now, not after compiling the kernel
             raise ValueError(f"capture file {path!r} does not exist or cannot be read")
-        return {"type": "pcap", "path": path, "loop": "loop" in flags,
-                "mode": "paced" if "paced" in flags or "loop" in flags else "fast",
-                "rebase_to_now": "loop" in flags}
+        return {
+            "type": "pcap",
+            "path": path,
+            "loop": "loop" in flags,
+            "mode": "paced" if "paced" in flags or "loop" in flags else "fast",
+            "rebase_to_now": "loop" in flags,
+        }
     if kind == "afpacket":
         ifaces, *flags = rest.split(",")
         if not ifaces:
@@ -57,28 +61,52 @@ def parse_source(text: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The flags the user gave (as settings fields) and the settings file, if any."""
-    ap = argparse.ArgumentParser(prog="lowwater-agent", description="lowwater capture-host agent. Every flag can "
-                                 "also be set as LOWWATER_AGENT_<FLAG> or in --settings FILE.")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="lowwater-agent",
+        description="lowwater capture-host agent. Every flag can "
+        "also be set as LOWWATER_AGENT_<FLAG> or in --settings FILE.",
+    )
     ap.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
     ap.add_argument("--config", help="queries YAML (default configs/default.yaml)")
     ap.add_argument("--query", dest="queries", action="append", help="run only these queries (default: all)")
-    ap.add_argument("--source", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]")
+    ap.add_argument(
+        "--source", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]"
+    )
     ap.add_argument("--host-id", help="this capture host's id (default: the host name)")
     ap.add_argument("--bootstrap", help="Kafka bootstrap servers (default 127.0.0.1:9092)")
     ap.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9101; 0 = off)")
     ap.add_argument("--ring-slots", type=int)
     ap.add_argument("--duration", type=float, help="stop after this many seconds")
-    ap.add_argument("--linger", action="store_true", default=None, help="keep running (heartbeats) after a finite source ends")
-    ap.add_argument("--kafka-security", metavar="JSON",
-                    help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, cert_file, "
-                         "key_file, check_hostname); see deploy/SECURITY.md")
-    ap.add_argument("--control-topic",
-                    help="answer punctuation requests of the high level on this topic (e.g. lowwater.control)")
-    ap.add_argument("--summary", metavar="FILE",
-                    help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit")
-    ap.add_argument("--workers", type=int, help="worker processes on this host (AF_PACKET fanout or a replay split "
-                    "by flow; each punctuates as host H/wI); default: half the cores for afpacket, else 1")
-    ap.add_argument("--fanout", choices=("hash", "cpu"), help="AF_PACKET fanout mode of the workers (default hash)")
+    ap.add_argument(
+        "--linger",
+        action="store_true",
+        default=None,
+        help="keep running (heartbeats) after a finite source ends",
+    )
+    ap.add_argument(
+        "--kafka-security",
+        metavar="JSON",
+        help="the Kafka security block (protocol, sasl_mechanism, username, password, ca_file, cert_file, "
+        "key_file, check_hostname); see deploy/SECURITY.md",
+    )
+    ap.add_argument(
+        "--control-topic",
+        help="answer punctuation requests of the high level on this topic (e.g. lowwater.control)",
+    )
+    ap.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="write what the agent saw (packets, drops, matches per query) to FILE as JSON at exit",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes on this host (AF_PACKET fanout or a replay split "
+        "by flow; each punctuates as host H/wI); default: half the cores for afpacket, else 1",
+    )
+    ap.add_argument(
+        "--fanout", choices=("hash", "cpu"), help="AF_PACKET fanout mode of the workers (default hash)"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # INDEX/COUNT/GROUP, set by the supervisor
     a = ap.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("settings", "kafka_security")}
@@ -120,23 +148,36 @@ def main(argv: list[str] | None = None) -> None:
     selects = [q for q in named_selects if any(q.runs_on(h) for h in hosts)]
     for q in named:
         if q not in queries:
-            log.info("query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources))
+            log.info(
+                "query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources)
+            )
     if not queries and not selects:
-        raise SystemExit(f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}")
+        raise SystemExit(
+            f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}"
+        )
     if nworkers > 1 and worker is None:
         try:
             parse_source(s.source)
         except ValueError as exc:
             raise SystemExit(f"lowwater-agent: cannot open source {s.source!r}: {exc}") from None
-        raise SystemExit(W.supervise(list(sys.argv[1:] if argv is None else argv), s.host_id, nworkers, s.source,
-                                     s.metrics_port, s.summary))  # fmt: skip
+        raise SystemExit(
+            W.supervise(
+                list(sys.argv[1:] if argv is None else argv),
+                s.host_id,
+                nworkers,
+                s.source,
+                s.metrics_port,
+                s.summary,
+            )
+        )
     opts: dict[str, Any] = {"producer_config": s.kafka_security.kafka_python()}
     control = None
     if s.control_topic:
         from low_level.host.ondemand import RequestListener
 
-        control = RequestListener(s.host_id, queries, s.bootstrap, topic=s.control_topic,
-                                  consumer_config=opts["producer_config"]).start()
+        control = RequestListener(
+            s.host_id, queries, s.bootstrap, topic=s.control_topic, consumer_config=opts["producer_config"]
+        ).start()
     try:
         spec = parse_source(s.source)
         if spec["type"] == "flows":
@@ -146,12 +187,25 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit("lowwater-agent: a flow collector runs as one process (--workers 1)")
 
             if selects:
-                raise SystemExit("lowwater-agent: select queries need packets; a flow source has none "
-                                 f"({', '.join(x.name for x in selects)})")
-            agent: HostLoop = FlowAgent(queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks)
+                raise SystemExit(
+                    "lowwater-agent: select queries need packets; a flow source has none "
+                    f"({', '.join(x.name for x in selects)})"
+                )
+            agent: HostLoop = FlowAgent(
+                queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks
+            )
         else:
-            packets = Agent(queries, None if worker else spec, s.host_id, s.bootstrap, ring_slots=s.ring_slots,
-                            emitter_opts=opts, control=control, selects=selects, networks=cfg.networks)
+            packets = Agent(
+                queries,
+                None if worker else spec,
+                s.host_id,
+                s.bootstrap,
+                ring_slots=s.ring_slots,
+                emitter_opts=opts,
+                control=control,
+                selects=selects,
+                networks=cfg.networks,
+            )
             if worker:  # a fanout member (live) or a flow share (replay): low_level/capture/fanout.py
                 from low_level.capture.fanout import worker_source
 
@@ -167,8 +221,14 @@ def main(argv: list[str] | None = None) -> None:
 
         serve_metrics(agent, s.metrics_port)
     agent.watch_signals()
-    log.info("host %s: %d queries, %d select queries, source %s, Kafka %s", s.host_id, len(queries), len(selects),
-             s.source, s.bootstrap)
+    log.info(
+        "host %s: %d queries, %d select queries, source %s, Kafka %s",
+        s.host_id,
+        len(queries),
+        len(selects),
+        s.source,
+        s.bootstrap,
+    )
     agent.run(s.duration, exit_at_end=not s.linger)
     if s.summary:
         import json

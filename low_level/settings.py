@@ -30,7 +30,9 @@ class AgentSettings(RoleSettings):
     duration: float | None = Field(default=None, gt=0)
     linger: bool = False
     summary: str | None = None
-    control_topic: str | None = None  # answer the high level's punctuation requests (low_level/host/ondemand.py)
+    control_topic: str | None = (
+        None  # answer the high level's punctuation requests (low_level/host/ondemand.py)
+    )
     kafka_security: KafkaSecurity = KafkaSecurity()
     # worker processes of this host (low_level/capture/workers.py); None: low_level.capture.workers.default_workers
     workers: int | None = Field(default=None, ge=1, le=256)

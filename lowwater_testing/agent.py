@@ -19,8 +19,15 @@ from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
 REPO = Path(__file__).resolve().parents[1]
 
 
-def agent_cmd(cfg: str | Path, source: str, *, host: str | None = "cap-1", bootstrap: str | None = None,
-              metrics_port: int = 0, extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+def agent_cmd(
+    cfg: str | Path,
+    source: str,
+    *,
+    host: str | None = "cap-1",
+    bootstrap: str | None = None,
+    metrics_port: int = 0,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     """``lowwater-agent`` (as ``python -m low_level.cli``) with the flags every test passes."""
     cmd = [sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source", source]
     if host is not None:
@@ -30,11 +37,14 @@ def agent_cmd(cfg: str | Path, source: str, *, host: str | None = "cap-1", boots
     return [*cmd, "--metrics-port", str(metrics_port), *extra]
 
 
-def run_agent(cfg: str | Path, source: str, *, check: bool = True, timeout: float = 300,
-              **flags) -> subprocess.CompletedProcess:  # fmt: skip
+def run_agent(
+    cfg: str | Path, source: str, *, check: bool = True, timeout: float = 300, **flags
+) -> subprocess.CompletedProcess:
     """Run the agent to its end (a pcap, a counted generator); with ``check``, assert it exited 0 and show
     the tail of its stderr if not. ``flags`` as for :func:`agent_cmd`."""
-    proc = subprocess.run(agent_cmd(cfg, source, **flags), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        agent_cmd(cfg, source, **flags), capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

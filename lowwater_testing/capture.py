@@ -66,14 +66,40 @@ def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> Non
 
 def pairs_query(topic: str, partitions: int = 2) -> Q.QuerySpec:
     """Count, bytes and max length per (src, dst) per second, lazy flush: the fault and shedding tests' query."""
-    return spec("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as n", "sum(length) as bytes", "max(length) as mx"],
-                window="1s", table=256, flush={"policy": "lazy", "m": 2}, topic=topic, partitions=partitions,
-                heartbeat={"max_disorder": "0s"})  # in-order capture: the mark follows the table  # fmt: skip
+    return spec(
+        "pairs",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as n", "sum(length) as bytes", "max(length) as mx"],
+        window="1s",
+        table=256,
+        flush={"policy": "lazy", "m": 2},
+        topic=topic,
+        partitions=partitions,
+        heartbeat={"max_disorder": "0s"},
+    )  # in-order capture: the mark follows the table
 
 
-def make_query(policy: str, size: int, *, name: str = "q", window: str = "{range: 10s}", group: str = "[src_ip, dst_ip]",
-               aggs: str = "[{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]", flt: str = "",
-               m: int = 2, i: int = 16, partitions: int = 1) -> Q.QuerySpec:  # fmt: skip
+def make_query(
+    policy: str,
+    size: int,
+    *,
+    name: str = "q",
+    window: str = "{range: 10s}",
+    group: str = "[src_ip, dst_ip]",
+    aggs: str = "[{fn: count, as: packets}, {fn: sum, field: length, as: bytes}]",
+    flt: str = "",
+    m: int = 2,
+    i: int = 16,
+    partitions: int = 1,
+) -> Q.QuerySpec:
     """One query for the kernel tests; ``window``, ``group`` and ``aggs`` are YAML flow snippets as in a file."""
-    return spec(name, group_by=yaml.safe_load(group), aggregates=yaml.safe_load(aggs), window=yaml.safe_load(window),
-                table=size, flush={"policy": policy, "m": m, "i": i}, partitions=partitions, filter=flt or None)  # fmt: skip
+    return spec(
+        name,
+        group_by=yaml.safe_load(group),
+        aggregates=yaml.safe_load(aggs),
+        window=yaml.safe_load(window),
+        table=size,
+        flush={"policy": policy, "m": m, "i": i},
+        partitions=partitions,
+        filter=flt or None,
+    )

@@ -127,14 +127,19 @@ BASE: dict[str, bytes] = {
         / IP(src=V4A, dst=V4B)
         / TCP(sport=80, dport=5000, flags="A", window=0)
     ),
-    "v4_tcp_max_window": bytes(eth() / IP(src=V4A, dst=V4B) / TCP(sport=81, dport=5001, flags="A", window=65535)),
+    "v4_tcp_max_window": bytes(
+        eth() / IP(src=V4A, dst=V4B) / TCP(sport=81, dport=5001, flags="A", window=65535)
+    ),
     "v4_icmp_echo_reply": bytes(eth() / IP(src=V4B, dst=V4A) / ICMP(type=0, code=0) / Raw(b"pong")),
     "v4_icmp_unreach": bytes(
         Ether(src="00:1b:21:0a:0b:0c", dst="3c:fd:fe:01:02:03") / IP(src=V4B, dst=V4A) / ICMP(type=3, code=13)
     ),
     "v6_icmp_unreach": bytes(eth() / IPv6(src=V6B, dst=V6A) / ICMPv6DestUnreach(code=4) / Raw(b"\x00" * 8)),
     "mpls_v4_tcp": bytes(
-        eth() / MPLS(label=16000, s=0, ttl=64) / MPLS(label=3, s=1, ttl=64) / IP(src=V4A, dst=V4B, ttl=7)
+        eth()
+        / MPLS(label=16000, s=0, ttl=64)
+        / MPLS(label=3, s=1, ttl=64)
+        / IP(src=V4A, dst=V4B, ttl=7)
         / TCP(sport=179, dport=40179, flags="PA", window=1000)
     ),
     "mpls_v6_udp": bytes(
@@ -146,28 +151,41 @@ BASE: dict[str, bytes] = {
         eth() / IP(src=V4A, dst=V4B, proto=47) / GRE() / IP(src="172.16.0.1", dst="172.16.9.9") / UDP(dport=7)
     ),
     "gre_opts_v6_in_v4": bytes(
-        eth() / IP(src=V4A, dst=V4B, proto=47)
+        eth()
+        / IP(src=V4A, dst=V4B, proto=47)
         / GRE(chksum_present=1, key_present=1, key=0xABCD, seqnum_present=1, sequence_number=5)
-        / IPv6(src="2001:db8:a::1", dst="fd00::ff") / TCP(sport=1, dport=2)
+        / IPv6(src="2001:db8:a::1", dst="fd00::ff")
+        / TCP(sport=1, dport=2)
     ),
     "gre_v4_in_v6": bytes(
         eth() / IPv6(src=V6A, dst=V6B, nh=47) / GRE() / IP(src="100.64.0.5", dst="8.8.8.8") / ICMP()
     ),
     "gre_teb_v4": bytes(
-        eth() / IP(src=V4A, dst=V4B, proto=47) / GRE(proto=0x6558)
-        / Ether(src="0a:00:00:00:00:01", dst="0a:00:00:00:00:02") / IP(src="192.0.2.1", dst="192.0.2.2") / UDP()
+        eth()
+        / IP(src=V4A, dst=V4B, proto=47)
+        / GRE(proto=0x6558)
+        / Ether(src="0a:00:00:00:00:01", dst="0a:00:00:00:00:02")
+        / IP(src="192.0.2.1", dst="192.0.2.2")
+        / UDP()
     ),
     "vxlan_v4": bytes(
-        eth() / IP(src=V4A, dst=V4B) / UDP(sport=51000, dport=4789) / VXLAN(flags=0x08, vni=4242)
-        / Ether(src="0a:00:00:00:00:03", dst="0a:00:00:00:00:04") / IP(src="10.200.0.1", dst="10.200.0.2")
+        eth()
+        / IP(src=V4A, dst=V4B)
+        / UDP(sport=51000, dport=4789)
+        / VXLAN(flags=0x08, vni=4242)
+        / Ether(src="0a:00:00:00:00:03", dst="0a:00:00:00:00:04")
+        / IP(src="10.200.0.1", dst="10.200.0.2")
         / TCP(sport=3, dport=4)
     ),
     "vxlan_v6_vlan_in_v6": bytes(
-        eth() / IPv6(src=V6A, dst=V6B) / UDP(sport=51001, dport=4789) / VXLAN(flags=0x08, vni=1)
-        / Ether(src="0a:00:00:00:00:05", dst="0a:00:00:00:00:06") / Dot1Q(vlan=77)
-        / IPv6(src="2001:db8:beef::7", dst="2001:db8:beef::8") / UDP(sport=5, dport=6)
+        eth()
+        / IPv6(src=V6A, dst=V6B)
+        / UDP(sport=51001, dport=4789)
+        / VXLAN(flags=0x08, vni=1)
+        / Ether(src="0a:00:00:00:00:05", dst="0a:00:00:00:00:06")
+        / Dot1Q(vlan=77)
+        / IPv6(src="2001:db8:beef::7", dst="2001:db8:beef::8")
+        / UDP(sport=5, dport=6)
     ),
-    "v6_dot1q_icmp": bytes(
-        eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)
-    ),
+    "v6_dot1q_icmp": bytes(eth() / Dot1Q(vlan=9) / IPv6(src=V6A, dst=V6B) / ICMPv6EchoRequest(id=3, seq=4)),
 }

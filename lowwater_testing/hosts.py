@@ -27,9 +27,19 @@ def traffic_messages(queries, t, punct_s: dict[str, int] | None = None, seed=7):
     tagged = []
     for qi, q in enumerate(queries):
         every = (punct_s or {}).get(q.name, 1) * 10**9
-        streams = [host_messages(q, rows[hix == i], h, partitions=q.kafka.partitions, skew_ns=SKEW_S[i] * 10**9,
-                                 punct_every_ns=every, end_mark=wire.END_OF_STREAM, seed=seed + i)
-                   for i, h in enumerate(HOSTS)]  # fmt: skip
+        streams = [
+            host_messages(
+                q,
+                rows[hix == i],
+                h,
+                partitions=q.kafka.partitions,
+                skew_ns=SKEW_S[i] * 10**9,
+                punct_every_ns=every,
+                end_mark=wire.END_OF_STREAM,
+                seed=seed + i,
+            )
+            for i, h in enumerate(HOSTS)
+        ]
         for j, m in enumerate(interleave(streams, seed=seed + qi)):
             tagged.append((m.t_ns, qi, j, q.topic, m.partition, m.value))
     tagged.sort(key=lambda x: x[:3])
@@ -57,27 +67,58 @@ def final_rows(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
     kw = Q.key_width(q)
     k = np.stack(f["key"].to_numpy()) if len(f) else np.empty((0, kw), np.int64)
     s = np.stack(f["state"].to_numpy()) if len(f) else np.empty((0, len(Q.state_columns(q))), np.int64)
-    got = pd.DataFrame({"window": f["window"].to_numpy(np.int64), **{f"k{i}": k[:, i] for i in range(kw)},
-                        **{f"s{j}": s[:, j] for j in range(s.shape[1])}})  # fmt: skip
+    got = pd.DataFrame(
+        {
+            "window": f["window"].to_numpy(np.int64),
+            **{f"k{i}": k[:, i] for i in range(kw)},
+            **{f"s{j}": s[:, j] for j in range(s.shape[1])},
+        }
+    )
     return got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
 
 
 def emulated_messages(q, traffic, partitions, punct_every_s=1, skew=(0, 15, 40), seed=0, end=True):
     rows = traffic.rows()
     hix = split_hosts(len(traffic), len(HOSTS), seed=5)
-    streams = [host_messages(q, rows[hix == i], h, partitions=partitions, skew_ns=skew[i] * 10**9,
-                             punct_every_ns=punct_every_s * 10**9, seed=i,
-                             end_mark=wire.END_OF_STREAM if end else None)  # fmt: skip
-               for i, h in enumerate(HOSTS)]
+    streams = [
+        host_messages(
+            q,
+            rows[hix == i],
+            h,
+            partitions=partitions,
+            skew_ns=skew[i] * 10**9,
+            punct_every_ns=punct_every_s * 10**9,
+            seed=i,
+            end_mark=wire.END_OF_STREAM if end else None,
+        )
+        for i, h in enumerate(HOSTS)
+    ]
     return interleave(streams, seed=seed)
 
 
 CONFIG = config(  # the offline roll-up tests' queries: tumbling, sliding, sliding with an origin
-    query("pairs", group_by=["src_ip", "dst_ip"],
-          aggregates=["count as packets", "sum(length) as bytes", "avg(length) as avg_len", "min(ttl) as min_ttl",
-                      "max(ttl) as max_ttl"]),
-    query("ports9x3", filter="protocol == tcp", group_by=["dst_port"], aggregates=["count as syns", "min(ttl) as min_ttl"],
-          window={"range": "9s", "slide": "3s"}),
-    query("nets", group_by=["dst_ip/24"], aggregates=["max(length) as max_len"],
-          window={"range": "20s", "slide": "5s", "origin": "2s"}),
-).text  # fmt: skip
+    query(
+        "pairs",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=[
+            "count as packets",
+            "sum(length) as bytes",
+            "avg(length) as avg_len",
+            "min(ttl) as min_ttl",
+            "max(ttl) as max_ttl",
+        ],
+    ),
+    query(
+        "ports9x3",
+        filter="protocol == tcp",
+        group_by=["dst_port"],
+        aggregates=["count as syns", "min(ttl) as min_ttl"],
+        window={"range": "9s", "slide": "3s"},
+    ),
+    query(
+        "nets",
+        group_by=["dst_ip/24"],
+        aggregates=["max(length) as max_len"],
+        window={"range": "20s", "slide": "5s", "origin": "2s"},
+    ),
+).text

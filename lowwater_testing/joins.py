@@ -59,7 +59,10 @@ def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray
                 return [int(ts) if w < 0 else int(cols[w]) for w in ws]
 
             key = tuple(v for side, ws in lay.group for v in val(side, ws)) or (0,)
-            vals = {alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms) for _, alias, terms in lay.aggs}
+            vals = {
+                alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms)
+                for _, alias, terms in lay.aggs
+            }
             pane = (lts - rl.origin_ns) // rl.pane_ns
             for w in range(pane, pane + rl.k):
                 if (w - rl.k + 1) % rl.s == 0:
@@ -67,22 +70,28 @@ def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray
     df = pd.DataFrame(rows)
     agg = {alias: {"count": "size", "avg": "mean"}.get(fn, fn) for fn, alias, _ in lay.aggs}
     first = next(iter(agg))
-    out = df.groupby(["window", "key"]).agg({a: (f if f != "size" else "size") for a, f in agg.items()
-                                              if a != first or f != "size"})
+    out = df.groupby(["window", "key"]).agg(
+        {a: (f if f != "size" else "size") for a, f in agg.items() if a != first or f != "size"}
+    )
     if agg[first] == "size":
         out[first] = df.groupby(["window", "key"]).size()
     return out.reset_index().sort_values(["window", "key"]).reset_index(drop=True)[["window", "key", *agg]]
 
 
-def handshake_messages(cfg: Q.Config, left: np.ndarray, right: np.ndarray, hosts: int, skew_s: int,
-                       seed: int) -> list[tuple[str, int, bytes]]:
+def handshake_messages(
+    cfg: Q.Config, left: np.ndarray, right: np.ndarray, hosts: int, skew_s: int, seed: int
+) -> list[tuple[str, int, bytes]]:
     """(topic, partition, value) of every emulated host's messages for both selects, merged by send time."""
     rng = np.random.default_rng(seed)
     tagged = []
     for s, rows in zip(cfg.selects, (left, right), strict=True):
         hidx = rng.integers(0, hosts, len(rows))
-        streams = [simulate.select_messages(s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // max(1, hosts - 1))
-                   for h in range(hosts)]
+        streams = [
+            simulate.select_messages(
+                s, rows[hidx == h], f"cap-{h}", skew_ns=skew_s * NS * h // max(1, hosts - 1)
+            )
+            for h in range(hosts)
+        ]
         tagged += [(m.t_ns, s.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=seed)]
     tagged.sort(key=lambda x: x[0])
     return [(t, p, v) for _, t, p, v in tagged]

@@ -39,8 +39,9 @@ class Message:
         return self.mark_pane is not None
 
 
-def _masked_addresses(ver: np.ndarray, hi: np.ndarray, lo: np.ndarray, prefix4: int | None,
-                      prefix6: int | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _masked_addresses(
+    ver: np.ndarray, hi: np.ndarray, lo: np.ndarray, prefix4: int | None, prefix6: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each address cut to its family's prefix by :mod:`ipaddress`, not by the kernel's mask words
     (``Q.key_program``), so a wrong mask there shows up as a difference; distinct addresses once."""
     triples = np.column_stack([ver, hi, lo]).astype(np.int64)
@@ -64,7 +65,9 @@ def _field_values(r: np.ndarray, name: str) -> np.ndarray:
     return r[:, F.TOS] >> 2 if name == "dscp" else r[:, F.CATALOG[name].columns[0]]
 
 
-def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def packet_partials(
+    q: Q.QuerySpec, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per matching packet: (row index, pane, key words, state), the reference the low level must equal.
 
     Written from the query's own terms (fields, prefixes, aggregate functions), not from the kernel's
@@ -94,8 +97,11 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
             cols.extend(A.lift(p, values) for p in A.REGISTRY[a.fn].parts(a))
     if h is not None:  # the sub-key and its state (contract.sketch), from the aggregate's own terms
         fld = F.CATALOG[h.field or ""]
-        value = (np.column_stack([r[:, fld.columns[0]], r[:, fld.columns[0] + 1]]) if fld.kind == "ip"
-                 else _field_values(r, fld.name).reshape(-1, 1)).astype(np.int64)  # fmt: skip
+        value = (
+            np.column_stack([r[:, fld.columns[0]], r[:, fld.columns[0] + 1]])
+            if fld.kind == "ip"
+            else _field_values(r, fld.name).reshape(-1, 1)
+        ).astype(np.int64)
         if h.fn == "count_distinct" and h.hll_precision is not None:
             reg, rank = sketch.hll_register_rank(value, h.hll_precision)
             words.append(reg)
@@ -110,8 +116,9 @@ def packet_partials(q: Q.QuerySpec, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     return idx, pane.astype(np.int64), key.astype(np.int64), np.column_stack(cols).astype(np.int64)
 
 
-def aggregate(q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray,
-              state: np.ndarray) -> pd.DataFrame:  # fmt: skip
+def aggregate(
+    q: Q.QuerySpec, group_cols: dict[str, np.ndarray], key: np.ndarray, state: np.ndarray
+) -> pd.DataFrame:
     """One row per (group columns, key words), state columns merged by their merge op, sorted."""
     data = dict(group_cols)
     kcols = [f"k{i}" for i in range(key.shape[1])]
@@ -133,10 +140,19 @@ def pane_oracle(q: Q.QuerySpec, rows: np.ndarray) -> pd.DataFrame:
 
 
 def host_messages(
-    q: Q.QuerySpec, rows: np.ndarray, host: str, *, partitions: int, incarnation: int = 1,
-    punct_every_ns: int = 1_000_000_000, evictions: int = 3, skew_ns: int = 0, end_mark: int | None = None,
-    seed: int = 0, max_batch: int = 4096,
-) -> list[Message]:  # fmt: skip
+    q: Q.QuerySpec,
+    rows: np.ndarray,
+    host: str,
+    *,
+    partitions: int,
+    incarnation: int = 1,
+    punct_every_ns: int = 1_000_000_000,
+    evictions: int = 3,
+    skew_ns: int = 0,
+    end_mark: int | None = None,
+    seed: int = 0,
+    max_batch: int = 4096,
+) -> list[Message]:
     """All messages one host sends for ``q`` over its packets ``rows`` (sorted by send time).
 
     Partials of pane p leave at data time ``end(p) + e * pane/2`` for eviction round e, so a group's
@@ -185,15 +201,25 @@ def host_messages(
         if pi < len(pend):
             mark = min(mark, int(suffix_min[pi]))
         for p in range(partitions):
-            punct = wire.Punctuation(q.name, host, incarnation, p, seq[p], int(mark), w.origin_ns + int(mark) * w.pane_ns,
-                                     tick, {})  # fmt: skip
+            punct = wire.Punctuation(
+                q.name, host, incarnation, p, seq[p], int(mark), w.origin_ns + int(mark) * w.pane_ns, tick, {}
+            )
             events.append((tick, order, p, wire.encode_punctuation(punct), int(mark)))
             order += 1
     if end_mark is not None:
         for p in range(partitions):
-            punct = wire.Punctuation(q.name, host, incarnation, p, seq[p], int(end_mark), wire.END_OF_STREAM, 0, {})
-            events.append((int(ticks[-1]) + punct_every_ns if len(ticks) else 0, order, p,
-                           wire.encode_punctuation(punct), int(end_mark)))  # fmt: skip
+            punct = wire.Punctuation(
+                q.name, host, incarnation, p, seq[p], int(end_mark), wire.END_OF_STREAM, 0, {}
+            )
+            events.append(
+                (
+                    int(ticks[-1]) + punct_every_ns if len(ticks) else 0,
+                    order,
+                    p,
+                    wire.encode_punctuation(punct),
+                    int(end_mark),
+                )
+            )
             order += 1
     return [Message(t + skew_ns, host, p, v, m) for t, _, p, v, m in events]
 
@@ -238,9 +264,16 @@ def window_oracle(q: Q.QuerySpec, pane_oracle: pd.DataFrame) -> pd.DataFrame:
 
 
 def select_messages(
-    s: Q.SelectSpec, rows: np.ndarray, host: str, *, incarnation: int = 1, punct_every_ns: int | None = 1_000_000_000,
-    batch_ns: int = 100_000_000, skew_ns: int = 0, end: bool = True,
-) -> list[Message]:  # fmt: skip
+    s: Q.SelectSpec,
+    rows: np.ndarray,
+    host: str,
+    *,
+    incarnation: int = 1,
+    punct_every_ns: int | None = 1_000_000_000,
+    batch_ns: int = 100_000_000,
+    skew_ns: int = 0,
+    end: bool = True,
+) -> list[Message]:
     """What one host sends for select ``s`` over its selected rows (int64[n, 1 + width], timestamp first).
 
     Rows leave in batches every ``batch_ns`` of data time (at the batch's end), split by the partition of
@@ -249,8 +282,11 @@ def select_messages(
     """
     rows = rows[np.argsort(rows[:, 0], kind="stable")]
     parts = s.kafka.partitions
-    part = wire.partition_of(rows[:, [1 + i for i in s.partition_words]], parts) if s.partition_by and len(rows) \
-        else np.zeros(len(rows), np.int64)  # fmt: skip
+    part = (
+        wire.partition_of(rows[:, [1 + i for i in s.partition_words]], parts)
+        if s.partition_by and len(rows)
+        else np.zeros(len(rows), np.int64)
+    )
     events: list[tuple[int, int, int, bytes, int | None]] = []
     seq = [0] * parts
     order = 0
@@ -265,15 +301,20 @@ def select_messages(
     for tick in [*ticks, None]:
         while bi < len(batches) and (tick is None or batches[bi][0] <= tick):
             t, p, ix = batches[bi]
-            events.append((t, order, p, wire.encode_rows(s.name, host, incarnation, p, seq[p], rows[ix]), None))
+            events.append(
+                (t, order, p, wire.encode_rows(s.name, host, incarnation, p, seq[p], rows[ix]), None)
+            )
             seq[p] += len(ix)
             order += 1
             bi += 1
         if tick is None:
             break
         # every row below the mark has left: the clock, held below the oldest row still waiting in a batch
-        mark = min(tick, int(rows[np.concatenate([ix for _, _, ix in batches[bi:]]), 0].min())) \
-            if bi < len(batches) else tick  # fmt: skip
+        mark = (
+            min(tick, int(rows[np.concatenate([ix for _, _, ix in batches[bi:]]), 0].min()))
+            if bi < len(batches)
+            else tick
+        )
         for p in range(parts):
             pu = wire.Punctuation(s.name, host, incarnation, p, seq[p], mark, mark, tick, {})
             events.append((tick, order, p, wire.encode_punctuation(pu), mark))
@@ -281,7 +322,9 @@ def select_messages(
     if end:
         t_end = (ticks[-1] if ticks else int(bt[-1]) if len(bt) else 0) + 1
         for p in range(parts):
-            pu = wire.Punctuation(s.name, host, incarnation, p, seq[p], wire.END_OF_STREAM, wire.END_OF_STREAM, 0, {})
+            pu = wire.Punctuation(
+                s.name, host, incarnation, p, seq[p], wire.END_OF_STREAM, wire.END_OF_STREAM, 0, {}
+            )
             events.append((t_end, order, p, wire.encode_punctuation(pu), wire.END_OF_STREAM))
             order += 1
     return [Message(t + skew_ns, host, p, v, m) for t, _, p, v, m in events]
@@ -312,12 +355,20 @@ def window_causes(out: pd.DataFrame, window_start_ns: dict[int, int]) -> dict[in
     import json
 
     rows = out[out["kind"].isin(["final", "late", "correction"])]
-    short = rows[(rows["hosts_in_mark"] < rows["hosts_expected"]) | (rows["late_partials"] > 0)
-                 | (rows["missing_records"] > 0)]  # fmt: skip
+    short = rows[
+        (rows["hosts_in_mark"] < rows["hosts_expected"])
+        | (rows["late_partials"] > 0)
+        | (rows["missing_records"] > 0)
+    ]
     causes: dict[int, dict[str, int]] = {}
-    for w, m, e, late, miss in zip(short["window"].tolist(), short["hosts_in_mark"].tolist(),
-                                   short["hosts_expected"].tolist(), short["late_partials"].tolist(),
-                                   short["missing_records"].tolist(), strict=True):  # fmt: skip
+    for w, m, e, late, miss in zip(
+        short["window"].tolist(),
+        short["hosts_in_mark"].tolist(),
+        short["hosts_expected"].tolist(),
+        short["late_partials"].tolist(),
+        short["missing_records"].tolist(),
+        strict=True,
+    ):
         c = causes.setdefault(int(w), {})
         for name, n in (("timeout", int(e) - int(m)), ("job_late", int(late)), ("missing", int(miss))):
             if n > 0:
@@ -332,15 +383,20 @@ def window_causes(out: pd.DataFrame, window_start_ns: dict[int, int]) -> dict[in
     return {w: {k: v for k, v in c.items() if v > 0} for w, c in causes.items()}
 
 
-def judge(got: dict[int, set], exp: dict[int, set], causes: dict[int, dict[str, int]],
-          windows: Iterable[int]) -> list[Verdict]:  # fmt: skip
+def judge(
+    got: dict[int, set], exp: dict[int, set], causes: dict[int, dict[str, int]], windows: Iterable[int]
+) -> list[Verdict]:
     """One verdict per window of ``windows``: wrong when its stored rows (``got``) differ from the oracle's
     (``exp``), flagged when the job gave it any cause."""
-    return [Verdict(w, got.get(w, set()) != exp.get(w, set()), bool(causes.get(w)), dict(causes.get(w, {})))
-            for w in sorted(windows)]  # fmt: skip
+    return [
+        Verdict(w, got.get(w, set()) != exp.get(w, set()), bool(causes.get(w)), dict(causes.get(w, {})))
+        for w in sorted(windows)
+    ]
 
 
-def judge_windows(out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: dict[int, int]) -> list[Verdict]:
+def judge_windows(
+    out: pd.DataFrame, expected: pd.DataFrame, window_start_ns: dict[int, int]
+) -> list[Verdict]:
     """Every window of a job's generic output rows (``high_level.aggregate.processor.OUTPUT_COLUMNS``,
     incl. its flagged-window rows) judged against ``expected`` (``window, k0.., s0..``, as
     :func:`window_oracle`): the completeness property is that no window is wrong and unflagged.

@@ -28,8 +28,20 @@ def serve_api(store: Store, token: str | None = None, *extra: str) -> tuple[subp
     """``lowwater-api`` over the store on a free port, once ``/health`` answers -> (process, base URL).
     ``extra``: more flags (``--live-bootstrap``...)."""
     port = free_port()
-    cmd = [sys.executable, "-c", "from high_level.serve.api import main; main()", "--config", str(store.config),
-           "--results", str(store.root), "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from high_level.serve.api import main; main()",
+        "--config",
+        str(store.config),
+        "--results",
+        str(store.root),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("LOWWATER_API_TOKEN", None)
     if token:
@@ -60,7 +72,20 @@ def stop(proc: subprocess.Popen) -> None:
 
 def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
     """Headless Chromium on ``url`` (``--dump-dom``, ``--screenshot=...`` in ``extra``)."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--window-size=1280,900", "--virtual-time-budget=5000", *extra, url]  # fmt: skip
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=5000",
+        *extra,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)

@@ -42,10 +42,18 @@ def agg(text: str | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def query(name: str, *, group_by: list[Any] | tuple = (), aggregates: list[str | dict] | tuple = ("count as packets",),
-          window: str | dict[str, Any] = "10s", table: int | dict[str, Any] | None = None,
-          flush: str | dict[str, Any] | None = None, topic: str | None = None, partitions: int | None = None,
-          **more: Any) -> dict[str, Any]:  # fmt: skip
+def query(
+    name: str,
+    *,
+    group_by: list[Any] | tuple = (),
+    aggregates: list[str | dict] | tuple = ("count as packets",),
+    window: str | dict[str, Any] = "10s",
+    table: int | dict[str, Any] | None = None,
+    flush: str | dict[str, Any] | None = None,
+    topic: str | None = None,
+    partitions: int | None = None,
+    **more: Any,
+) -> dict[str, Any]:
     """One aggregate query's mapping.
 
     ``window``: ``"10s"`` is ``{range: 10s}``; a dict is passed through. ``table``: a size or a dict.

@@ -23,14 +23,35 @@ from lowwater_testing.queries import config, query
 from lowwater_testing.traffic import oracle
 
 QUERIES = config(
-    query("tumble", group_by=["src_ip", "dst_ip"],
-          aggregates=["count as packets", "sum(length) as bytes", "avg(length) as avg_len", "max(ttl) as max_ttl"]),
-    query("slide", filter="protocol == tcp", group_by=["dst_port"], aggregates=["count as pkts", "min(ttl) as min_ttl"],
-          window={"range": "9s", "slide": "3s"}),
+    query(
+        "tumble",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=[
+            "count as packets",
+            "sum(length) as bytes",
+            "avg(length) as avg_len",
+            "max(ttl) as max_ttl",
+        ],
+    ),
+    query(
+        "slide",
+        filter="protocol == tcp",
+        group_by=["dst_port"],
+        aggregates=["count as pkts", "min(ttl) as min_ttl"],
+        window={"range": "9s", "slide": "3s"},
+    ),
     query("gate", group_by=["dst_port"], aggregates=["count as n", "sum(length) as bytes"]),
-    query("mixed", group_by=["dst_ip/24/48", "dscp"],
-          aggregates=["count as packets", "min(tos) as min_tos", "max(tos) as max_tos", "avg(dscp) as avg_dscp"]),
-).text  # fmt: skip
+    query(
+        "mixed",
+        group_by=["dst_ip/24/48", "dscp"],
+        aggregates=[
+            "count as packets",
+            "min(tos) as min_tos",
+            "max(tos) as max_tos",
+            "avg(dscp) as avg_dscp",
+        ],
+    ),
+).text
 
 
 BASE = Q.load_text(QUERIES)
@@ -39,13 +60,17 @@ BASE = Q.load_text(QUERIES)
 def variant(topic_factory, base: str, name: str, partitions: int) -> Q.QuerySpec:
     """The base query under a new name, on a fresh topic with ``partitions`` partitions."""
     topic = topic_factory(partitions=partitions, prefix=f"hl-{name}")
-    return BASE.query(base).model_copy(update={"name": name, "kafka": Q.KafkaSpec(topic=topic, partitions=partitions)})
+    return BASE.query(base).model_copy(
+        update={"name": name, "kafka": Q.KafkaSpec(topic=topic, partitions=partitions)}
+    )
 
 
 def read_results(results: Path, name: str) -> pd.DataFrame:
     if not list((results / f"query={name}").glob("**/*.parquet")):
         return pd.DataFrame(columns=["window_end", "kind"])
-    return duckdb.sql(f"select * from read_parquet('{results}/query={name}/**/*.parquet', hive_partitioning=true)").df()
+    return duckdb.sql(
+        f"select * from read_parquet('{results}/query={name}/**/*.parquet', hive_partitioning=true)"
+    ).df()
 
 
 def expected_typed(q: Q.QuerySpec, t) -> pd.DataFrame:
@@ -84,8 +109,14 @@ def assert_exact(results: Path, q: Q.QuerySpec, t) -> pd.DataFrame:
 
 
 def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
-    opts = JobOptions(results=str(tmp_path / f"results-{tag}"), checkpoint=str(tmp_path / f"ckpt-{tag}"),
-                      trigger_ms=kw.pop("trigger_ms", 300), shuffle_partitions=2, name=f"t-{tag}", **kw)  # fmt: skip
+    opts = JobOptions(
+        results=str(tmp_path / f"results-{tag}"),
+        checkpoint=str(tmp_path / f"ckpt-{tag}"),
+        trigger_ms=kw.pop("trigger_ms", 300),
+        shuffle_partitions=2,
+        name=f"t-{tag}",
+        **kw,
+    )
     job = HighLevelJob(spark, queries, opts)
     job.start()
     return job
@@ -111,16 +142,40 @@ class Host:
             if sel.any():
                 k = key[sel]
                 state = np.column_stack([np.full(len(k), n), np.full(len(k), n * length)])
-                out.append((self.q.topic, p, wire.encode_partials(self.q.name, self.name, self.inc, p, self.seq[p],
-                                                                  np.full(len(k), pane), k, state)))  # fmt: skip
+                out.append(
+                    (
+                        self.q.topic,
+                        p,
+                        wire.encode_partials(
+                            self.q.name, self.name, self.inc, p, self.seq[p], np.full(len(k), pane), k, state
+                        ),
+                    )
+                )
                 self.seq[p] += len(k)
         return out
 
     def punct(self, mark: int) -> list[tuple[str, int, bytes]]:
         w = self.q.window
-        return [(self.q.topic, p, wire.encode_punctuation(wire.Punctuation(
-            self.q.name, self.name, self.inc, p, self.seq[p], mark, w.origin_ns + mark * w.pane_ns, time.time_ns(), {})))
-            for p in range(self.q.kafka.partitions)]  # fmt: skip
+        return [
+            (
+                self.q.topic,
+                p,
+                wire.encode_punctuation(
+                    wire.Punctuation(
+                        self.q.name,
+                        self.name,
+                        self.inc,
+                        p,
+                        self.seq[p],
+                        mark,
+                        w.origin_ns + mark * w.pane_ns,
+                        time.time_ns(),
+                        {},
+                    )
+                ),
+            )
+            for p in range(self.q.kafka.partitions)
+        ]
 
 
 PORTS = [22, 53, 80, 443, 8080]
@@ -142,10 +197,12 @@ def read_available(df: Any, checkpoint: Path, timeout_s: float = 120) -> list:
     spark = df.sparkSession
     table = f"rows_{uuid.uuid4().hex}"
     query = (
-        df.writeStream.format("memory").queryName(table)
+        df.writeStream.format("memory")
+        .queryName(table)
         .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         finished = query.awaitTermination(timeout=timeout_s)
     finally:

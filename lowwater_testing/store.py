@@ -20,20 +20,56 @@ import pyarrow.parquet as pq
 from lowwater_testing.queries import config, query
 
 CONFIG = config(
-    query("q4_pairs", description="packet count per (srcIP, dstIP) per minute", filter="ip_version == 4",
-          group_by=["src_ip", "dst_ip"], aggregates=["count as packets"], window="1m"),
-    query("bytes_per_dst24", description="bytes and packets per destination /24", group_by=["dst_ip/24"],
-          aggregates=["sum(length) as bytes", "count as packets", "avg(length) as avg_len", "max(length) as max_len"],
-          window="1m"),
-    query("syn_per_port", description="TCP SYNs per destination port, 1 minute sliding every 10 s",
-          filter="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK", group_by=["dst_port"],
-          aggregates=["count as syns", "min(ttl) as min_ttl"], window={"range": "1m", "slide": "10s"}),
-    query("avg_only", description="average length per source port (no count aggregate)", group_by=["src_port"],
-          aggregates=["avg(length) as avg_len", "min(ttl) as min_ttl"], window="1m"),
-).text  # fmt: skip
+    query(
+        "q4_pairs",
+        description="packet count per (srcIP, dstIP) per minute",
+        filter="ip_version == 4",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as packets"],
+        window="1m",
+    ),
+    query(
+        "bytes_per_dst24",
+        description="bytes and packets per destination /24",
+        group_by=["dst_ip/24"],
+        aggregates=[
+            "sum(length) as bytes",
+            "count as packets",
+            "avg(length) as avg_len",
+            "max(length) as max_len",
+        ],
+        window="1m",
+    ),
+    query(
+        "syn_per_port",
+        description="TCP SYNs per destination port, 1 minute sliding every 10 s",
+        filter="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
+        group_by=["dst_port"],
+        aggregates=["count as syns", "min(ttl) as min_ttl"],
+        window={"range": "1m", "slide": "10s"},
+    ),
+    query(
+        "avg_only",
+        description="average length per source port (no count aggregate)",
+        group_by=["src_port"],
+        aggregates=["avg(length) as avg_len", "min(ttl) as min_ttl"],
+        window="1m",
+    ),
+).text
 
-SRC = ["10.0.0.1", "10.0.0.2", "10.1.2.3", "10.200.0.9", "192.168.1.10", "172.16.5.4",
-       "2001:db8::1", "2001:db8::2", "2001:db8:1::7", "fd00::1:2", "2001:db8::ffff:1"]  # fmt: skip
+SRC = [
+    "10.0.0.1",
+    "10.0.0.2",
+    "10.1.2.3",
+    "10.200.0.9",
+    "192.168.1.10",
+    "172.16.5.4",
+    "2001:db8::1",
+    "2001:db8::2",
+    "2001:db8:1::7",
+    "fd00::1:2",
+    "2001:db8::ffff:1",
+]
 DST = ["10.9.9.9", "8.8.8.8", "2001:db8:aa::53"]
 DST24 = ["10.9.9.0", "8.8.8.0", "192.0.2.0", "2001:db8:aa::", "2001:db8:bb::"]
 PORTS = [22, 53, 80, 443, 8080, 3306]
@@ -58,14 +94,28 @@ def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Sche
     day = df["window_start"].min().date().isoformat()
     d = root / f"query={query}" / f"date={day}"
     d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), d / f"part-{batch:012d}.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(df, schema=schema, preserve_index=False), d / f"part-{batch:012d}.parquet"
+    )
 
 
 def _schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
-    return pa.schema([("window_start", TS), ("window_end", TS), *keys, *aggs,
-                      ("closed_at", TS), ("hosts", pa.int32()), ("hosts_expected", pa.int32()),
-                      ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()), ("missing_records", pa.int64()),
-                      ("complete", pa.bool_()), ("kind", pa.string())])  # fmt: skip
+    return pa.schema(
+        [
+            ("window_start", TS),
+            ("window_end", TS),
+            *keys,
+            *aggs,
+            ("closed_at", TS),
+            ("hosts", pa.int32()),
+            ("hosts_expected", pa.int32()),
+            ("hosts_in_mark", pa.int32()),
+            ("late_partials", pa.int64()),
+            ("missing_records", pa.int64()),
+            ("complete", pa.bool_()),
+            ("kind", pa.string()),
+        ]
+    )
 
 
 def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
@@ -83,7 +133,9 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         df = pd.DataFrame(recs)
         df.insert(0, "window_start", pd.Timestamp(ws))
         df.insert(1, "window_end", pd.Timestamp(ws + timedelta(seconds=range_s)))
-        df["closed_at"] = pd.Timestamp(ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0)))
+        df["closed_at"] = pd.Timestamp(
+            ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0))
+        )
         df["hosts"] = np.int32(2)
         df["hosts_expected"] = np.int32(2)
         df["hosts_in_mark"] = np.int32(2)
@@ -100,8 +152,12 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     frames, finals = [], []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
-        recs = [{"src_ip": s, "dst_ip": d, "packets": int(rng.integers(1, 60)) * (3 if s == "10.0.0.1" else 1)}
-                for s in SRC for d in DST if rng.random() < 0.8]  # fmt: skip
+        recs = [
+            {"src_ip": s, "dst_ip": d, "packets": int(rng.integers(1, 60)) * (3 if s == "10.0.0.1" else 1)}
+            for s in SRC
+            for d in DST
+            if rng.random() < 0.8
+        ]
         recs[0]["packets"] = recs[1]["packets"] = 77  # a tie, broken by the key columns
         df = frame(ws, 60, recs, "final")
         if w == INCOMPLETE_DEAD:  # closed after a host died before its mark passed the window
@@ -110,7 +166,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         if w == 7:
             _write(root, "q4_pairs", batch, df.iloc[: len(df) // 2], schema)
             batch += 1
-            _write(root, "q4_pairs", batch, df.iloc[len(df) // 2:], schema)
+            _write(root, "q4_pairs", batch, df.iloc[len(df) // 2 :], schema)
         else:
             _write(root, "q4_pairs", batch, df, schema)
         batch += 1
@@ -128,8 +184,12 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             batch += 1
             frames.append(cdf)
         if w == INCOMPLETE_LATE + 1:  # late partials dropped for one group of the previous window
-            ldf = frame(first + timedelta(minutes=INCOMPLETE_LATE), 60,
-                        [{**finals[INCOMPLETE_LATE].iloc[1][["src_ip", "dst_ip"]].to_dict(), "packets": 999}], "late")
+            ldf = frame(
+                first + timedelta(minutes=INCOMPLETE_LATE),
+                60,
+                [{**finals[INCOMPLETE_LATE].iloc[1][["src_ip", "dst_ip"]].to_dict(), "packets": 999}],
+                "late",
+            )
             ldf["late_partials"] = np.int64(3)
             ldf["complete"] = False
             _write(root, "q4_pairs", batch, ldf, schema)
@@ -138,8 +198,10 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
     # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
-    schema = _schema([("dst_ip_24", pa.string())],
-                     [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())])  # fmt: skip
+    schema = _schema(
+        [("dst_ip_24", pa.string())],
+        [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())],
+    )
     frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
@@ -147,16 +209,35 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         for d in DST24:
             n = int(rng.integers(1, 40))
             lens = rng.integers(60, 1500, n)
-            recs.append({"dst_ip_24": d, "bytes": int(lens.sum()), "packets": n,
-                         "avg_len": float(lens.mean()), "max_len": int(lens.max())})  # fmt: skip
+            recs.append(
+                {
+                    "dst_ip_24": d,
+                    "bytes": int(lens.sum()),
+                    "packets": n,
+                    "avg_len": float(lens.mean()),
+                    "max_len": int(lens.max()),
+                }
+            )
         df = frame(ws, 60, recs, "final")
         _write(root, "bytes_per_dst24", batch, df, schema)
         batch += 1
         frames.append(df)
         if w == 6:
             lens = np.array([1400, 1450])
-            cdf = frame(first + timedelta(minutes=2), 60, [{"dst_ip_24": DST24[1], "bytes": int(lens.sum()), "packets": 2,
-                                                          "avg_len": float(lens.mean()), "max_len": int(lens.max())}], "correction")  # fmt: skip
+            cdf = frame(
+                first + timedelta(minutes=2),
+                60,
+                [
+                    {
+                        "dst_ip_24": DST24[1],
+                        "bytes": int(lens.sum()),
+                        "packets": 2,
+                        "avg_len": float(lens.mean()),
+                        "max_len": int(lens.max()),
+                    }
+                ],
+                "correction",
+            )
             _write(root, "bytes_per_dst24", batch, cdf, schema)
             batch += 1
             frames.append(cdf)
@@ -169,7 +250,10 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         parts = []
         for k in range(6):
             ws = first + timedelta(minutes=b, seconds=10 * k)
-            recs = [{"dst_port": p, "syns": int(rng.integers(0, 500)), "min_ttl": int(rng.integers(30, 64))} for p in PORTS]
+            recs = [
+                {"dst_port": p, "syns": int(rng.integers(0, 500)), "min_ttl": int(rng.integers(30, 64))}
+                for p in PORTS
+            ]
             parts.append(frame(ws, 60, recs, "final"))
         df = pd.concat(parts, ignore_index=True)
         _write(root, "syn_per_port", batch, df, schema)
@@ -182,12 +266,20 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
-        recs = [{"src_port": p, "avg_len": float(rng.integers(60, 1500)), "min_ttl": int(rng.integers(30, 64))} for p in PORTS]
+        recs = [
+            {"src_port": p, "avg_len": float(rng.integers(60, 1500)), "min_ttl": int(rng.integers(30, 64))}
+            for p in PORTS
+        ]
         df = frame(ws, 60, recs, "final")
         _write(root, "avg_only", batch, df, schema)
         batch += 1
         frames.append(df)
-    cdf = frame(first + timedelta(minutes=5), 60, [{"src_port": PORTS[0], "avg_len": 9999.0, "min_ttl": 1}], "correction")
+    cdf = frame(
+        first + timedelta(minutes=5),
+        60,
+        [{"src_port": PORTS[0], "avg_len": 9999.0, "min_ttl": 1}],
+        "correction",
+    )
     _write(root, "avg_only", batch, cdf, schema)
     frames.append(cdf)
     rows["avg_only"] = pd.concat(frames, ignore_index=True)
@@ -196,16 +288,28 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     return Store(root, config, rows, first, first + timedelta(minutes=N_WINDOWS - 1))
 
 
-def write_flagged(root: Path, query: str, window_start: datetime, range_s: int, host: str, records: int,
-                  batch: int = 10**6) -> None:  # fmt: skip
+def write_flagged(
+    root: Path, query: str, window_start: datetime, range_s: int, host: str, records: int, batch: int = 10**6
+) -> None:
     """A flagged-window file (contract.results.INCOMPLETE_SCHEMA): ``host`` shed every pane of one window."""
     from contract import results as R
 
     us = int(window_start.timestamp()) * 1_000_000
     end = us + range_s * 1_000_000
-    t = pa.table({"window_start": [us], "window_end": [end], "flagged_at": [end + 5_000_000], "partition": [0],
-                  "host": [host], "cause": ["shed"], "first_pane_start": [us], "last_pane_end": [end],
-                  "records": [records], "after_close": [False]}).cast(R.INCOMPLETE_SCHEMA)  # fmt: skip
+    t = pa.table(
+        {
+            "window_start": [us],
+            "window_end": [end],
+            "flagged_at": [end + 5_000_000],
+            "partition": [0],
+            "host": [host],
+            "cause": ["shed"],
+            "first_pane_start": [us],
+            "last_pane_end": [end],
+            "records": [records],
+            "after_close": [False],
+        }
+    ).cast(R.INCOMPLETE_SCHEMA)
     path = R.incomplete_part_path(root, query, window_start.date(), batch)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, path)
@@ -220,29 +324,74 @@ def write_status(root: Path, now: datetime) -> dict:
     mark = now_ms * 10**6 - 20 * 10**9
 
     def host(mark_ns: int, live: bool, lag: float, late: int, missing: int) -> S.HostOnPartition:
-        return S.HostOnPartition(live=live, expected=False, mark_pane=mark_ns // 10**10, mark_ns=mark_ns, lag_s=lag,
-                                 last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100,
-                                 sent_records=100, received_records=100 - missing, missing_records=missing,
-                                 late_partials=late)  # fmt: skip
+        return S.HostOnPartition(
+            live=live,
+            expected=False,
+            mark_pane=mark_ns // 10**10,
+            mark_ns=mark_ns,
+            lag_s=lag,
+            last_heard_ms=now_ms,
+            silent_s=0.5,
+            punctuations=9,
+            incarnation=1,
+            records=100,
+            sent_records=100,
+            received_records=100 - missing,
+            missing_records=missing,
+            late_partials=late,
+        )
 
-    def part(q: str, p: int, hosts: dict[str, S.HostOnPartition], open_windows: int, lwm: int | None) -> S.PartitionStatus:
-        return S.PartitionStatus(query=q, partition=p, now_ms=now_ms, low_water_mark_pane=None if lwm is None else lwm // 10**10,
-                                 low_water_mark_ns=lwm, closed_before_window=None, blocked_by=["cap-a"], live_hosts=1,
-                                 open_windows=open_windows, state_rows=10 * open_windows, windows_closed=5, records=100,
-                                 hosts=hosts)  # fmt: skip
+    def part(
+        q: str, p: int, hosts: dict[str, S.HostOnPartition], open_windows: int, lwm: int | None
+    ) -> S.PartitionStatus:
+        return S.PartitionStatus(
+            query=q,
+            partition=p,
+            now_ms=now_ms,
+            low_water_mark_pane=None if lwm is None else lwm // 10**10,
+            low_water_mark_ns=lwm,
+            closed_before_window=None,
+            blocked_by=["cap-a"],
+            live_hosts=1,
+            open_windows=open_windows,
+            state_rows=10 * open_windows,
+            windows_closed=5,
+            records=100,
+            hosts=hosts,
+        )
 
     queries = {
-        "q4_pairs": S.summarize_query({
-            0: part("q4_pairs", 0, {"cap-a": host(mark, True, 1.5, 3, 0), "cap-b": host(mark - 90 * 10**9, False, 95.0, 10, 4)},
-                    2, mark),
-            1: part("q4_pairs", 1, {"cap-a": host(mark, True, 2.0, 1, 0)}, 1, mark),
-        }),
+        "q4_pairs": S.summarize_query(
+            {
+                0: part(
+                    "q4_pairs",
+                    0,
+                    {
+                        "cap-a": host(mark, True, 1.5, 3, 0),
+                        "cap-b": host(mark - 90 * 10**9, False, 95.0, 10, 4),
+                    },
+                    2,
+                    mark,
+                ),
+                1: part("q4_pairs", 1, {"cap-a": host(mark, True, 2.0, 1, 0)}, 1, mark),
+            }
+        ),
         "bytes_per_dst24": S.summarize_query({0: part("bytes_per_dst24", 0, {}, 0, None)}),
-    }  # fmt: skip
-    doc = S.StatusDocument(mode="oop", updated_ms=now_ms, batch_id=4,
-                           settings=S.JobSettings(trigger_ms=1000, host_timeout_ms=10_000, expected_hosts=[],
-                                                  late_policy="drop", watermark_delay_ms=10_000),
-                           queries=queries, hosts=S.summarize_hosts(queries))  # fmt: skip
+    }
+    doc = S.StatusDocument(
+        mode="oop",
+        updated_ms=now_ms,
+        batch_id=4,
+        settings=S.JobSettings(
+            trigger_ms=1000,
+            host_timeout_ms=10_000,
+            expected_hosts=[],
+            late_policy="drop",
+            watermark_delay_ms=10_000,
+        ),
+        queries=queries,
+        hosts=S.summarize_hosts(queries),
+    )
     (root / "_status.json").write_text(doc.model_dump_json())
     return doc.model_dump(mode="json")
 
@@ -252,10 +401,14 @@ def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:
     late rows add nothing to the values, their late partials, and make their group incomplete."""
     all_rows = store.rows[query]
     flags = all_rows.groupby(["window_start", *keys], as_index=False).agg(
-        late_partials=("late_partials", "sum"), complete=("complete", "all"))
+        late_partials=("late_partials", "sum"), complete=("complete", "all")
+    )
     df = all_rows[all_rows["kind"] != "late"].copy()
-    aggs = {c: ("sum" if c in ("packets", "bytes", "syns") else "max" if c.startswith("max") else "min")
-            for c in df.columns if c in ("packets", "bytes", "syns", "max_len", "min_ttl")}  # fmt: skip
+    aggs = {
+        c: ("sum" if c in ("packets", "bytes", "syns") else "max" if c.startswith("max") else "min")
+        for c in df.columns
+        if c in ("packets", "bytes", "syns", "max_len", "min_ttl")
+    }
     g = df.groupby(["window_start", *keys], as_index=False)
     out = g.agg({**aggs, "window_end": "max"})
     if "avg_len" in df.columns and "packets" in df.columns:
@@ -264,8 +417,10 @@ def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:
         out["avg_len"] = (w["_w"] / w["_n"]).to_numpy()
     elif "avg_len" in df.columns:
         fin = df[df["kind"] == "final"].set_index(["window_start", *keys])["avg_len"]
-        out["avg_len"] = [fin.get(tuple(r), np.nan) if keys else fin.get(r[0], np.nan)
-                          for r in out[["window_start", *keys]].itertuples(index=False)]  # fmt: skip
+        out["avg_len"] = [
+            fin.get(tuple(r), np.nan) if keys else fin.get(r[0], np.nan)
+            for r in out[["window_start", *keys]].itertuples(index=False)
+        ]
     out["corrections"] = g["kind"].agg(lambda s: int((s == "correction").sum()))["kind"].to_numpy()
     return out.merge(flags, on=["window_start", *keys], how="left")
 

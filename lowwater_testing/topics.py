@@ -32,7 +32,9 @@ def produce(kafka: Any, items: list[tuple[str, int, bytes]]) -> None:
     """Send (topic, partition, value) in this order (kafka-python keeps per-partition order)."""
     from kafka import KafkaProducer
 
-    prod = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2, max_request_size=8 << 20)
+    prod = KafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2, max_request_size=8 << 20
+    )
     try:
         for topic, part, value in items:
             prod.send(topic, value=value, partition=part)
@@ -41,5 +43,7 @@ def produce(kafka: Any, items: list[tuple[str, int, bytes]]) -> None:
         prod.close(5)
 
 
-def read_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, wire.Partials | wire.Punctuation]]:
+def read_all(
+    bootstrap: str, topic: str, partitions: int
+) -> list[tuple[int, wire.Partials | wire.Punctuation]]:
     return [(p, wire.decode(v)) for p, vals in read_topic(bootstrap, topic, partitions).items() for v in vals]

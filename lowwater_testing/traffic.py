@@ -103,17 +103,21 @@ def make_traffic(n: int, groups: int, t0_ns: int, span_ns: int, seed: int = 0) -
     proto = np.where(rng.random(n) < 0.8, 6, 17).astype(np.int64)
     flags = rng.choice(np.array([2, 16, 18, 24, 17]), n).astype(np.int64)
     return Traffic(
-        ts=ts, src=src, dst=dst,
+        ts=ts,
+        src=src,
+        dst=dst,
         sport=rng.integers(1024, 65535, n).astype(np.int64),
         dport=rng.choice(np.array([22, 53, 80, 443, 8080]), n).astype(np.int64),
-        proto=proto, flags=flags,
+        proto=proto,
+        flags=flags,
         length=rng.integers(60, 1500, n).astype(np.int64),
         ttl=rng.integers(1, 255, n).astype(np.int64),
     )
 
 
-def make_mixed_traffic(n: int, groups: int, t0_ns: int, span_ns: int, seed: int = 0,
-                       v6_share: float = 0.5) -> Traffic:  # fmt: skip
+def make_mixed_traffic(
+    n: int, groups: int, t0_ns: int, span_ns: int, seed: int = 0, v6_share: float = 0.5
+) -> Traffic:
     """:func:`make_traffic` with a share of IPv6 packets and random TOS bytes (every DSCP and ECN value).
 
     IPv6 addresses are 2001:db8:S:N:<interface id> with S (0..3) picking the /48 and N a few /64s
@@ -221,8 +225,15 @@ def merge_partials(q: Q.QuerySpec, pane: np.ndarray, key: np.ndarray, state: np.
     return aggregate(q, {"pane": pane}, key, state)
 
 
-def make_handshake_traffic(n_syn: int, t0_ns: int, span_ns: int, seed: int = 0, answered: float = 0.7,
-                           max_latency_ns: int = 2_000_000_000, noise: int = 0) -> Traffic:
+def make_handshake_traffic(
+    n_syn: int,
+    t0_ns: int,
+    span_ns: int,
+    seed: int = 0,
+    answered: float = 0.7,
+    max_latency_ns: int = 2_000_000_000,
+    noise: int = 0,
+) -> Traffic:
     """TCP handshakes: ``n_syn`` SYNs client -> server, a share ``answered`` of them followed by the
     server's SYN-ACK (addresses and ports swapped) 0..max_latency later, plus ``noise`` ACK packets;
     sorted by time."""
@@ -242,7 +253,15 @@ def make_handshake_traffic(n_syn: int, t0_ns: int, span_ns: int, seed: int = 0, 
     flags = np.concatenate([np.full(n_syn, 2), np.full(na, 18), np.full(noise, 16)]).astype(np.int64)
     ts = np.concatenate([t_syn, t_ack, rng.integers(t0_ns, t0_ns + span_ns, noise)]).astype(np.int64)
     n = len(ts)
-    t = Traffic(ts=ts, src=src, dst=dst, sport=sp.astype(np.int64), dport=dp.astype(np.int64),
-                proto=np.full(n, 6, dtype=np.int64), flags=flags, length=np.full(n, 60, dtype=np.int64),
-                ttl=np.full(n, 64, dtype=np.int64))
+    t = Traffic(
+        ts=ts,
+        src=src,
+        dst=dst,
+        sport=sp.astype(np.int64),
+        dport=dp.astype(np.int64),
+        proto=np.full(n, 6, dtype=np.int64),
+        flags=flags,
+        length=np.full(n, 60, dtype=np.int64),
+        ttl=np.full(n, 64, dtype=np.int64),
+    )
     return t.take(np.argsort(t.ts, kind="stable"))

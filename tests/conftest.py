@@ -106,9 +106,13 @@ def veth_pair():
         except subprocess.CalledProcessError as exc:
             pytest.skip(f"cannot create a network namespace / veth pair here: {exc.stderr.decode().strip()}")
         for name, pre in ((host, []), (peer, ["ip", "netns", "exec", ns])):
-            _sh(*pre, sys.executable, "-c",
-                 f"import os; p='/proc/sys/net/ipv6/conf/{name}/disable_ipv6'; "
-                 "os.path.exists(p) and open(p, 'w').write('1')")
+            _sh(
+                *pre,
+                sys.executable,
+                "-c",
+                f"import os; p='/proc/sys/net/ipv6/conf/{name}/disable_ipv6'; "
+                "os.path.exists(p) and open(p, 'w').write('1')",
+            )
         _sh("ip", "addr", "add", "10.203.77.1/30", "dev", host)
         _sh("ip", "link", "set", host, "up")
         _sh("ip", "netns", "exec", ns, "ip", "addr", "add", "10.203.77.2/30", "dev", peer)

@@ -17,14 +17,23 @@ NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 
 
-    # dpkt float timestamps lose ns precision; the oracle below reads the same file back, so it agrees
+# dpkt float timestamps lose ns precision; the oracle below reads the same file back, so it agrees
 
 
 def test_agent_replays_pcap_to_kafka_exactly(kafka, topic_factory, tmp_path: Path) -> None:
     topic = topic_factory(partitions=3)
     cfg = tmp_path / "q.yaml"
-    config(query("pairs", group_by=["src_ip", "dst_ip"], window="2s", table=1024, flush={"policy": "lazy", "m": 2},
-                 topic=topic, partitions=3)).write(cfg)
+    config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            window="2s",
+            table=1024,
+            flush={"policy": "lazy", "m": 2},
+            topic=topic,
+            partitions=3,
+        )
+    ).write(cfg)
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 30_000, 3000, 20, seed=11)
     run_agent(cfg, f"pcap:{pcap}", bootstrap=kafka.bootstrap_servers)

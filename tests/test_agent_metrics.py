@@ -69,16 +69,32 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
 
     nets = tmp_path / "nets.txt"
     nets.write_text("64497,10.0.0.0/8\n")
-    agent = FlowAgent([flow_query()], {"type": "flows", "host": "127.0.0.1", "port": 0}, "router-m", None,
-                      producer=RecordingProducer(), networks=str(nets))
+    agent = FlowAgent(
+        [flow_query()],
+        {"type": "flows", "host": "127.0.0.1", "port": 0},
+        "router-m",
+        None,
+        producer=RecordingProducer(),
+        networks=str(nets),
+    )
     reg = CollectorRegistry()
     server = serve_metrics(agent, 0, registry=reg)
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for d in (v9(1, [template(256, FIELDS)]),
-                  v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000)
-                                + flow_record(0x0A000003, 0x0A000004, 5, 500, 9_500))])):
+        for d in (
+            v9(1, [template(256, FIELDS)]),
+            v9(
+                1,
+                [
+                    flowset(
+                        256,
+                        flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000)
+                        + flow_record(0x0A000003, 0x0A000004, 5, 500, 9_500),
+                    )
+                ],
+            ),
+        ):
             tx.sendto(d, ("127.0.0.1", agent.collector.port))
         tx.close()
         deadline = time.monotonic() + 10

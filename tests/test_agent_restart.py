@@ -33,17 +33,32 @@ GROUPS = 400
 def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen:
     return subprocess.Popen(
         agent_cmd(cfg, source, host=host, bootstrap=bootstrap),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory, tmp_path: Path) -> None:
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    config(query("pairs", group_by=["src_ip", "dst_ip"], window="1s", table=1024, flush={"policy": "lazy", "m": 2},
-                 topic=topic, partitions=2)).write(cfg)
+    config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            window="1s",
+            table=1024,
+            flush={"policy": "lazy", "m": 2},
+            topic=topic,
+            partitions=2,
+        )
+    ).write(cfg)
     q = Q.load(cfg).queries[0]
     common = f"groups={GROUPS},clock=synthetic,synthetic_pps={PPS},rate={PPS}"
-    first = agent(cfg, kafka.bootstrap_servers, "cap", f"generator:{common},start_ns={START},count={PPS * 60}")
+    first = agent(
+        cfg, kafka.bootstrap_servers, "cap", f"generator:{common},start_ns={START},count={PPS * 60}"
+    )
     # let it run a few seconds of data (and wall) time, until several marks are in Kafka, then kill it
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -55,13 +70,17 @@ def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
     before = read_topic(kafka.bootstrap_servers, topic, 2)
-    last_mark = min(max(b.mark_pane for v in vs if isinstance(b := wire.decode(v), wire.Punctuation))
-                    for vs in before.values())
+    last_mark = min(
+        max(b.mark_pane for v in vs if isinstance(b := wire.decode(v), wire.Punctuation))
+        for vs in before.values()
+    )
     assert START // NS < last_mark < START // NS + 60, last_mark
     # the restarted agent goes on 3 s of data time after the last mark, for 2 s
     resume = (last_mark - START // NS + 3) * PPS
     start2 = START + resume * (NS // PPS)
-    second = agent(cfg, kafka.bootstrap_servers, "cap", f"generator:{common},start_ns={start2},count={2 * PPS}")
+    second = agent(
+        cfg, kafka.bootstrap_servers, "cap", f"generator:{common},start_ns={start2},count={2 * PPS}"
+    )
     out = second.communicate(timeout=120)[0]
     assert second.returncode == 0, out.decode(errors="replace").split("Traceback")[-1][-3000:]
 
@@ -79,7 +98,11 @@ def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory
         host = st.hosts["cap"]
         assert host.restarts == 1, host
         gap = host.last_restart
-        assert gap is not None and gap.incomplete_from_pane <= last_mark + 1 and gap.new_mark_pane >= gap.incomplete_from_pane
+        assert (
+            gap is not None
+            and gap.incomplete_from_pane <= last_mark + 1
+            and gap.new_mark_pane >= gap.incomplete_from_pane
+        )
     # exact below the dead incarnation's last mark; only windows from there on may miss packets
     ts1 = generate_frames(resume, groups=GROUPS, synthetic_pps=PPS, start_ns=START)[3]
     ts2 = generate_frames(2 * PPS, groups=GROUPS, synthetic_pps=PPS, start_ns=start2)[3]

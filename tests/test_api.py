@@ -107,8 +107,13 @@ def test_queries_list_definitions_windows_columns(plain: TestClient) -> None:
     assert q4["definition"]["group_by"] == ["src_ip", "dst_ip"]
     assert "name: q4_pairs" in q4["yaml"] and "filter: ip_version == 4" in q4["yaml"]
     assert q4["window"]["range_ns"] == 60 * 10**9 and q4["window"]["tumbling"] is True
-    assert [(k["name"], k["kind"], k["type"]) for k in q4["key_columns"]] == [("src_ip", "ip", "string"), ("dst_ip", "ip", "string")]
-    assert [(a["name"], a["fn"], a["type"]) for a in q4["aggregate_columns"]] == [("packets", "count", "int64")]
+    assert [(k["name"], k["kind"], k["type"]) for k in q4["key_columns"]] == [
+        ("src_ip", "ip", "string"),
+        ("dst_ip", "ip", "string"),
+    ]
+    assert [(a["name"], a["fn"], a["type"]) for a in q4["aggregate_columns"]] == [
+        ("packets", "count", "int64")
+    ]
     b = by["bytes_per_dst24"]
     assert [k["name"] for k in b["key_columns"]] == ["dst_ip_24"] and b["key_columns"][0]["prefix4"] == 24
     assert {a["name"]: a["type"] for a in b["aggregate_columns"]}["avg_len"] == "float64"
@@ -153,16 +158,23 @@ def test_fold_sum_count_max_and_weighted_avg(client: TestClient, store: Store) -
     for c in ("bytes", "packets", "max_len", "corrections"):
         assert (m[c] == m[f"{c}_exp"]).all(), c
     assert np.allclose(m["avg_len"], m["avg_len_exp"])
-    row = m[(m["window_start"] == iso(store.first + timedelta(minutes=2))) & (m["dst_ip_24"] == DST24[1])].iloc[0]
+    row = m[
+        (m["window_start"] == iso(store.first + timedelta(minutes=2))) & (m["dst_ip_24"] == DST24[1])
+    ].iloc[0]
     assert row["corrections"] == 1 and row["max_len"] >= 1450
 
 
 def test_avg_without_count_keeps_the_final_value(client: TestClient, store: Store) -> None:
     got = frame(all_rows(client, "avg_only"))
-    row = got[(got["window_start"] == iso(store.first + timedelta(minutes=5))) & (got["src_port"] == PORTS[0])].iloc[0]
+    row = got[
+        (got["window_start"] == iso(store.first + timedelta(minutes=5))) & (got["src_port"] == PORTS[0])
+    ].iloc[0]
     final = store.rows["avg_only"]
-    fin = final[(final["kind"] == "final") & (final["src_port"] == PORTS[0])
-                & (final["window_start"] == pd.Timestamp(store.first + timedelta(minutes=5)))]["avg_len"].iloc[0]  # fmt: skip
+    fin = final[
+        (final["kind"] == "final")
+        & (final["src_port"] == PORTS[0])
+        & (final["window_start"] == pd.Timestamp(store.first + timedelta(minutes=5)))
+    ]["avg_len"].iloc[0]
     assert row["avg_len"] == fin != 9999.0  # documented: avg cannot be folded without a count
     assert row["min_ttl"] == 1 and row["corrections"] == 1  # min is folded
 
@@ -198,11 +210,15 @@ def test_default_range_follows_the_newest_window_of_a_replay(tmp_path: Path) -> 
         assert body["paging"]["total"] == len(exp) > 0
         assert set(frame(body)["window_start"]) == set(exp["window_start"])
         newest = max(exp["window_start"])
-        assert body["end"] == iso(datetime.fromisoformat(newest.replace("Z", "+00:00")) + timedelta(minutes=1))
+        assert body["end"] == iso(
+            datetime.fromisoformat(newest.replace("Z", "+00:00")) + timedelta(minutes=1)
+        )
         series = c.get("/queries/q4_pairs/series").json()
         assert {r["window_start"] for r in series["rows"]} == set(exp["window_start"])
         assert c.get("/queries/q4_pairs/incomplete").json()["end"] == body["end"]
-        assert all_rows(c, "q4_pairs", start="-1h")["paging"]["total"] == 0  # an explicit range is the clock's
+        assert (
+            all_rows(c, "q4_pairs", start="-1h")["paging"]["total"] == 0
+        )  # an explicit range is the clock's
         assert all_rows(c, "q4_pairs", end="now")["paging"]["total"] == 0
 
 
@@ -217,33 +233,44 @@ def _matches(value: str, flt: str) -> bool:
     return addr == (other.ipv4_mapped or other) if other.version == 6 else addr == other
 
 
-@pytest.mark.parametrize("params, col, values", [
-    ({"key.src_ip": "10.0.0.1"}, "src_ip", ["10.0.0.1"]),
-    ({"filter": "src_ip:10.0.0.0/8"}, "src_ip", ["10.0.0.0/8"]),
-    ({"filter": "src_ip:10.0.0.0/15"}, "src_ip", ["10.0.0.0/15"]),  # not on an octet boundary
-    ({"key.src_ip": "10.0.0.2/32"}, "src_ip", ["10.0.0.2"]),
-    ({"key.src_ip": "0.0.0.0/0"}, "src_ip", ["0.0.0.0/0"]),
-    ({"key.src_ip": "::ffff:10.0.0.0/104"}, "src_ip", ["10.0.0.0/8"]),
-    ({"key.src_ip": "2001:DB8:0::1"}, "src_ip", ["2001:db8::1"]),  # not canonical text
-    ({"key.src_ip": "2001:db8::/32"}, "src_ip", ["2001:db8::/32"]),
-    ({"filter": "src_ip:2001:db8::/48"}, "src_ip", ["2001:db8::/48"]),
-    ({"key.src_ip": "2001:db8::/126"}, "src_ip", ["2001:db8::/126"]),  # longer than 64 bits
-    ({"key.src_ip": "fd00::/8"}, "src_ip", ["fd00::/8"]),
-    ({"key.src_ip": "::/0"}, "src_ip", ["::/0"]),
-    ({"key.dst_ip": "2001:db8:aa::53"}, "dst_ip", ["2001:db8:aa::53"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "params, col, values",
+    [
+        ({"key.src_ip": "10.0.0.1"}, "src_ip", ["10.0.0.1"]),
+        ({"filter": "src_ip:10.0.0.0/8"}, "src_ip", ["10.0.0.0/8"]),
+        ({"filter": "src_ip:10.0.0.0/15"}, "src_ip", ["10.0.0.0/15"]),  # not on an octet boundary
+        ({"key.src_ip": "10.0.0.2/32"}, "src_ip", ["10.0.0.2"]),
+        ({"key.src_ip": "0.0.0.0/0"}, "src_ip", ["0.0.0.0/0"]),
+        ({"key.src_ip": "::ffff:10.0.0.0/104"}, "src_ip", ["10.0.0.0/8"]),
+        ({"key.src_ip": "2001:DB8:0::1"}, "src_ip", ["2001:db8::1"]),  # not canonical text
+        ({"key.src_ip": "2001:db8::/32"}, "src_ip", ["2001:db8::/32"]),
+        ({"filter": "src_ip:2001:db8::/48"}, "src_ip", ["2001:db8::/48"]),
+        ({"key.src_ip": "2001:db8::/126"}, "src_ip", ["2001:db8::/126"]),  # longer than 64 bits
+        ({"key.src_ip": "fd00::/8"}, "src_ip", ["fd00::/8"]),
+        ({"key.src_ip": "::/0"}, "src_ip", ["::/0"]),
+        ({"key.dst_ip": "2001:db8:aa::53"}, "dst_ip", ["2001:db8:aa::53"]),
+    ],
+)
 def test_key_filters(client: TestClient, store: Store, params: dict, col: str, values: list[str]) -> None:
     got = frame(all_rows(client, "q4_pairs", **params))
     exp = expected_q4(store)
     exp = exp[exp[col].map(lambda v: any(_matches(v, f) for f in values))]
     assert len(exp) > 0
     assert sorted(map(tuple, got[["window_start", *Q4_KEYS, "packets"]].values.tolist())) == sorted(
-        map(tuple, exp[["window_start", *Q4_KEYS, "packets"]].values.tolist()))
+        map(tuple, exp[["window_start", *Q4_KEYS, "packets"]].values.tolist())
+    )
 
 
 def test_filters_or_within_a_column_and_across_columns(client: TestClient, store: Store) -> None:
-    r = client.get("/queries/q4_pairs/results", params=[("filter", "dst_ip:8.8.8.8"), ("filter", "dst_ip:10.9.9.9"),
-                                                         ("key.src_ip", "10.0.0.0/8"), ("limit", "10000")])  # fmt: skip
+    r = client.get(
+        "/queries/q4_pairs/results",
+        params=[
+            ("filter", "dst_ip:8.8.8.8"),
+            ("filter", "dst_ip:10.9.9.9"),
+            ("key.src_ip", "10.0.0.0/8"),
+            ("limit", "10000"),
+        ],
+    )
     got = frame(r.json())
     exp = expected_q4(store)
     exp = exp[exp["dst_ip"].isin(["8.8.8.8", "10.9.9.9"]) & exp["src_ip"].str.startswith("10.")]
@@ -254,22 +281,37 @@ def test_filters_or_within_a_column_and_across_columns(client: TestClient, store
 def test_int_key_filter(client: TestClient, store: Store) -> None:
     got = frame(all_rows(client, "syn_per_port", **{"key.dst_port": "443"}))
     assert set(got["dst_port"]) == {443} and len(got) == 120
-    r = client.get("/queries/syn_per_port/results", params=[("filter", "dst_port:80"), ("filter", "dst_port:443"), ("limit", "10000")])
+    r = client.get(
+        "/queries/syn_per_port/results",
+        params=[("filter", "dst_port:80"), ("filter", "dst_port:443"), ("limit", "10000")],
+    )
     assert set(frame(r.json())["dst_port"]) == {80, 443}
 
 
-@pytest.mark.parametrize("order_by, cols, asc", [
-    ("-packets", ["packets", "window_start", "src_ip", "dst_ip"], [False, True, True, True]),
-    ("packets", ["packets", "window_start", "src_ip", "dst_ip"], [True, True, True, True]),
-    ("-window_start,-packets", ["window_start", "packets", "src_ip", "dst_ip"], [False, False, True, True]),
-    ("dst_ip,-packets", ["dst_ip", "packets", "window_start", "src_ip"], [True, False, True, True]),
-    (None, ["window_start", "src_ip", "dst_ip"], [True, True, True]),
-])  # fmt: skip
-def test_order_by(client: TestClient, store: Store, order_by: str | None, cols: list[str], asc: list[bool]) -> None:
+@pytest.mark.parametrize(
+    "order_by, cols, asc",
+    [
+        ("-packets", ["packets", "window_start", "src_ip", "dst_ip"], [False, True, True, True]),
+        ("packets", ["packets", "window_start", "src_ip", "dst_ip"], [True, True, True, True]),
+        (
+            "-window_start,-packets",
+            ["window_start", "packets", "src_ip", "dst_ip"],
+            [False, False, True, True],
+        ),
+        ("dst_ip,-packets", ["dst_ip", "packets", "window_start", "src_ip"], [True, False, True, True]),
+        (None, ["window_start", "src_ip", "dst_ip"], [True, True, True]),
+    ],
+)
+def test_order_by(
+    client: TestClient, store: Store, order_by: str | None, cols: list[str], asc: list[bool]
+) -> None:
     params = {"order_by": order_by} if order_by else {}
     got = frame(all_rows(client, "q4_pairs", **params))
     exp = expected_q4(store).sort_values(cols, ascending=asc)
-    assert got[["window_start", *Q4_KEYS, "packets"]].values.tolist() == exp[["window_start", *Q4_KEYS, "packets"]].values.tolist()
+    assert (
+        got[["window_start", *Q4_KEYS, "packets"]].values.tolist()
+        == exp[["window_start", *Q4_KEYS, "packets"]].values.tolist()
+    )
 
 
 def _top(exp: pd.DataFrame, n: int, col: str, desc: bool, keys: list[str]) -> pd.DataFrame:
@@ -289,11 +331,18 @@ def test_top_n_per_window(client: TestClient, store: Store, n: int) -> None:
     assert body["paging"]["total"] == len(exp)
 
 
-@pytest.mark.parametrize("params", [
-    {"top": "3", "order_by": "packets"},  # bottom 3: the general path
-    {"top": "3", "key.src_ip": "0.0.0.0/0", "filter": "src_ip:::/0"},  # filters (matching all): general path
-    {"top": "3", "order_by": "-window_start"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"top": "3", "order_by": "packets"},  # bottom 3: the general path
+        {
+            "top": "3",
+            "key.src_ip": "0.0.0.0/0",
+            "filter": "src_ip:::/0",
+        },  # filters (matching all): general path
+        {"top": "3", "order_by": "-window_start"},
+    ],
+)
 def test_top_variants(client: TestClient, store: Store, params: dict) -> None:
     got = frame(all_rows(client, "q4_pairs", **params))
     desc = params.get("order_by") != "packets"
@@ -309,12 +358,18 @@ def test_top_on_sliding_windows_and_other_aggregates(client: TestClient, store: 
     exp = store.rows["syn_per_port"].copy()
     exp["window_start"] = exp["window_start"].map(iso)
     exp = _top(exp, 2, "syns", True, ["dst_port"])
-    assert got[["window_start", "dst_port", "syns", "rank"]].values.tolist() == exp[["window_start", "dst_port", "syns", "rank"]].values.tolist()
+    assert (
+        got[["window_start", "dst_port", "syns", "rank"]].values.tolist()
+        == exp[["window_start", "dst_port", "syns", "rank"]].values.tolist()
+    )
     got = frame(all_rows(client, "bytes_per_dst24", top="2", order_by="-max_len"))
     exp = folded(store, "bytes_per_dst24", ["dst_ip_24"])
     exp["window_start"] = exp["window_start"].map(iso)
     exp = _top(exp, 2, "max_len", True, ["dst_ip_24"])
-    assert got[["window_start", "dst_ip_24", "max_len"]].values.tolist() == exp[["window_start", "dst_ip_24", "max_len"]].values.tolist()
+    assert (
+        got[["window_start", "dst_ip_24", "max_len"]].values.tolist()
+        == exp[["window_start", "dst_ip_24", "max_len"]].values.tolist()
+    )
 
 
 @pytest.mark.parametrize("extra", [{}, {"top": "4"}, {"order_by": "-packets"}])
@@ -323,12 +378,16 @@ def test_pagination(client: TestClient, extra: dict) -> None:
     total = full["paging"]["total"]
     pages, offset = [], 0
     while offset is not None:
-        body = client.get("/queries/q4_pairs/results", params={"limit": "37", "offset": str(offset), **extra}).json()
+        body = client.get(
+            "/queries/q4_pairs/results", params={"limit": "37", "offset": str(offset), **extra}
+        ).json()
         assert body["paging"]["total"] == total and body["paging"]["limit"] == 37
         pages += body["rows"]
         offset = body["paging"]["next_offset"]
     assert pages == full["rows"]
-    past = client.get("/queries/q4_pairs/results", params={"limit": "10", "offset": str(total + 5), **extra}).json()
+    past = client.get(
+        "/queries/q4_pairs/results", params={"limit": "10", "offset": str(total + 5), **extra}
+    ).json()
     assert past["rows"] == [] and past["paging"]["total"] == total and past["paging"]["next_offset"] is None
 
 
@@ -336,8 +395,10 @@ def test_csv(client: TestClient, store: Store) -> None:
     r = client.get("/queries/q4_pairs/results", params={"format": "csv", "top": "2", "limit": "15"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     lines = r.text.strip().split("\n")
-    assert lines[0] == ("window_start,window_end,src_ip,dst_ip,packets,hosts,closed_at,corrections,"
-                        "hosts_expected,hosts_in_mark,late_partials,missing_records,complete,rank")
+    assert lines[0] == (
+        "window_start,window_end,src_ip,dst_ip,packets,hosts,closed_at,corrections,"
+        "hosts_expected,hosts_in_mark,late_partials,missing_records,complete,rank"
+    )
     assert len(lines) == 16 and int(r.headers["x-total-count"]) == 2 * 20
     first = lines[1].split(",")
     assert first[0] == iso(store.first) and first[-1] == "1"
@@ -346,7 +407,9 @@ def test_csv(client: TestClient, store: Store) -> None:
 # ---- latest, series
 def test_latest_window(client: TestClient, store: Store) -> None:
     body = client.get("/queries/q4_pairs/latest").json()
-    assert body["window_start"] == iso(store.last) and body["window_end"] == iso(store.last + timedelta(minutes=1))
+    assert body["window_start"] == iso(store.last) and body["window_end"] == iso(
+        store.last + timedelta(minutes=1)
+    )
     exp = expected_q4(store)
     exp = exp[exp["window_start"] == iso(store.last)]
     assert body["paging"]["total"] == len(exp) == len(body["rows"])
@@ -359,9 +422,21 @@ def test_latest_window(client: TestClient, store: Store) -> None:
 
 def test_series_totals(client: TestClient, store: Store) -> None:
     body = client.get("/queries/q4_pairs/series").json()
-    assert body["columns"] == ["window_start", "window_end", "groups", "packets", "complete", "incomplete_groups",
-                               "hosts_expected", "hosts_in_mark", "late_partials", "missing_records",
-                               "shed_records", "flagged", "loss_causes"]  # fmt: skip
+    assert body["columns"] == [
+        "window_start",
+        "window_end",
+        "groups",
+        "packets",
+        "complete",
+        "incomplete_groups",
+        "hosts_expected",
+        "hosts_in_mark",
+        "late_partials",
+        "missing_records",
+        "shed_records",
+        "flagged",
+        "loss_causes",
+    ]
     assert not any(r["flagged"] or r["shed_records"] for r in body["rows"])  # nothing flagged in this store
     df = store.rows["q4_pairs"]
     exp = df[df["kind"] != "late"].groupby("window_start")["packets"].sum()  # late rows are no value
@@ -371,9 +446,13 @@ def test_series_totals(client: TestClient, store: Store) -> None:
     assert [r["window_start"] for r in body["rows"]] == [iso(t) for t in exp.index]
     b = client.get("/queries/bytes_per_dst24/series").json()["rows"]
     d = store.rows["bytes_per_dst24"]
-    w = (d["avg_len"] * d["packets"]).groupby(d["window_start"]).sum() / d.groupby("window_start")["packets"].sum()
+    w = (d["avg_len"] * d["packets"]).groupby(d["window_start"]).sum() / d.groupby("window_start")[
+        "packets"
+    ].sum()
     assert np.allclose([r["avg_len"] for r in b], w.tolist())
-    assert client.get("/queries/q4_pairs/series", params={"format": "csv"}).text.startswith("window_start,window_end,groups,packets")
+    assert client.get("/queries/q4_pairs/series", params={"format": "csv"}).text.startswith(
+        "window_start,window_end,groups,packets"
+    )
 
 
 # ---- completeness
@@ -386,12 +465,21 @@ def test_results_complete_filter_and_columns(client: TestClient, store: Store) -
     assert (merged["complete"] == merged["complete_exp"]).all()
     assert (merged["late_partials"] == merged["late_partials_exp"]).all()
     assert (merged["packets"] == merged["packets_exp"]).all()  # the late row's 999 packets are not added
-    dead, late = iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)), iso(store.first + timedelta(minutes=INCOMPLETE_LATE))
+    dead, late = (
+        iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)),
+        iso(store.first + timedelta(minutes=INCOMPLETE_LATE)),
+    )
     bad = everything[~everything["complete"]]
     assert set(bad["window_start"]) == {dead, late}
     assert (bad[bad["window_start"] == dead]["hosts_in_mark"] == 1).all()
-    assert len(bad[bad["window_start"] == late]) == 1 and bad[bad["window_start"] == late]["late_partials"].iloc[0] == 3
-    yes, no = frame(all_rows(client, "q4_pairs", complete="true")), frame(all_rows(client, "q4_pairs", complete="false"))
+    assert (
+        len(bad[bad["window_start"] == late]) == 1
+        and bad[bad["window_start"] == late]["late_partials"].iloc[0] == 3
+    )
+    yes, no = (
+        frame(all_rows(client, "q4_pairs", complete="true")),
+        frame(all_rows(client, "q4_pairs", complete="false")),
+    )
     assert yes["complete"].all() and not no["complete"].any() and len(yes) + len(no) == len(everything)
     assert len(no) == len(bad)
     top = frame(all_rows(client, "q4_pairs", complete="true", top="3"))  # ranked among complete rows only
@@ -400,7 +488,10 @@ def test_results_complete_filter_and_columns(client: TestClient, store: Store) -
 
 
 def test_series_and_latest_complete_filter(client: TestClient, store: Store) -> None:
-    dead, late = iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)), iso(store.first + timedelta(minutes=INCOMPLETE_LATE))
+    dead, late = (
+        iso(store.first + timedelta(minutes=INCOMPLETE_DEAD)),
+        iso(store.first + timedelta(minutes=INCOMPLETE_LATE)),
+    )
     rows = client.get("/queries/q4_pairs/series").json()["rows"]
     assert {r["window_start"] for r in rows if not r["complete"]} == {dead, late}
     assert {r["window_start"]: r["incomplete_groups"] for r in rows}[late] == 1
@@ -425,24 +516,46 @@ def test_complete_parameter_rejects_anything_but_true_false(plain: TestClient, p
 def test_status(plain: TestClient, store: Store) -> None:
     """/status serves the job's validated document: hosts counted as hosts (not partitions), the
     per-host figures the job summed, partitions listed separately."""
-    write_status(store.root, datetime.now(UTC))  # fresh: the module's earlier tests may take over a minute under load
+    write_status(
+        store.root, datetime.now(UTC)
+    )  # fresh: the module's earlier tests may take over a minute under load
     body = plain.get("/status").json()
     assert body["available"] is True and body["stale"] is False and body["updated_at"].endswith("Z")
     hosts = {h["host"]: h for h in body["hosts"]}
     assert hosts["cap-a"]["live"] is True and hosts["cap-b"]["live"] is False
     assert hosts["cap-b"]["lag_s"] == 95.0 and hosts["cap-a"]["lag_s"] == 2.0
     assert hosts["cap-a"]["late_partials"] == 4 and hosts["cap-b"]["missing_records"] == 4
-    assert hosts["cap-a"]["queries"] == ["bytes_per_dst24", "q4_pairs"] or hosts["cap-a"]["queries"] == ["q4_pairs"]
+    assert hosts["cap-a"]["queries"] == ["bytes_per_dst24", "q4_pairs"] or hosts["cap-a"]["queries"] == [
+        "q4_pairs"
+    ]
     q = body["queries"]["q4_pairs"]
-    assert q["open_windows"] == 3 and q["hosts_total"] == 2 and q["hosts_live"] == 1 and q["partitions_total"] == 2
-    assert sorted(q["partitions"]) == ["0", "1"] and q["partitions"]["0"]["hosts"]["cap-b"]["missing_records"] == 4
-    assert body == {**json.loads((store.root / "_status.json").read_text()),
-                    **{k: body[k] for k in ("available", "error", "updated_at", "age_s", "stale")},
-                    "live": {"enabled": False, "received": 0, "consumers": []}}  # fmt: skip
+    assert (
+        q["open_windows"] == 3
+        and q["hosts_total"] == 2
+        and q["hosts_live"] == 1
+        and q["partitions_total"] == 2
+    )
+    assert (
+        sorted(q["partitions"]) == ["0", "1"]
+        and q["partitions"]["0"]["hosts"]["cap-b"]["missing_records"] == 4
+    )
+    assert body == {
+        **json.loads((store.root / "_status.json").read_text()),
+        **{k: body[k] for k in ("available", "error", "updated_at", "age_s", "stale")},
+        "live": {"enabled": False, "received": 0, "consumers": []},
+    }
 
 
-@pytest.mark.parametrize("content", [None, "{not json", "[1, 2]", '{"updated_at": "yesterday", "queries": {"q": 5}}',
-                                     '{"queries": {"q": {"partitions": {"0": {"hosts": {"h": {"lag_s": NaN, "live": "yes"}}}}}}}'])  # fmt: skip
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,
+        "{not json",
+        "[1, 2]",
+        '{"updated_at": "yesterday", "queries": {"q": 5}}',
+        '{"queries": {"q": {"partitions": {"0": {"hosts": {"h": {"lag_s": NaN, "live": "yes"}}}}}}}',
+    ],
+)
 def test_status_missing_or_not_in_the_contract(tmp_path: Path, store: Store, content: str | None) -> None:
     """A missing file, or one that does not validate against the status contract, is unavailable with the
     reason: nothing is guessed from a document of another shape."""
@@ -454,17 +567,33 @@ def test_status_missing_or_not_in_the_contract(tmp_path: Path, store: Store, con
         assert r.status_code == 200
         body = r.json()
         assert body["available"] is False and "queries" not in body
-        assert ("no _status.json yet" in body["error"]) if content is None else ("status contract" in body["error"])
+        assert (
+            ("no _status.json yet" in body["error"])
+            if content is None
+            else ("status contract" in body["error"])
+        )
 
 
 # ---- auth and metrics
-GUARDED = ["/queries", "/queries/q4_pairs", "/queries/q4_pairs/results", "/queries/q4_pairs/latest",
-           "/queries/q4_pairs/series", "/status", "/metrics"]  # fmt: skip
+GUARDED = [
+    "/queries",
+    "/queries/q4_pairs",
+    "/queries/q4_pairs/results",
+    "/queries/q4_pairs/latest",
+    "/queries/q4_pairs/series",
+    "/status",
+    "/metrics",
+]
 
 
 @pytest.mark.parametrize("path", GUARDED)
 def test_auth(authed: TestClient, path: str) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": "Bearer"},
+    ):
         r = authed.get(path, headers=headers)
         assert r.status_code == 401, (path, headers)
         assert r.headers.get("www-authenticate") == "Bearer"
@@ -545,7 +674,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("endpoint, params, hint", BAD)
-def test_bad_parameters_are_400_with_a_message(plain: TestClient, endpoint: str, params: dict, hint: str) -> None:
+def test_bad_parameters_are_400_with_a_message(
+    plain: TestClient, endpoint: str, params: dict, hint: str
+) -> None:
     r = plain.get(f"/queries/q4_pairs/{endpoint}", params=params)
     assert r.status_code == 400, r.text
     assert hint in r.json()["detail"]
@@ -560,14 +691,41 @@ def test_bad_int_key(plain: TestClient, value: str) -> None:
 
 
 INJECTIONS = [
-    "'; DROP TABLE results; --", "1 OR 1=1", '" OR ""="', "window_start; SELECT 1", "packets DESC, (SELECT 1)",
-    "$files", "?", "0.0.0.0/0' OR '1'='1", "read_parquet('/etc/passwd')", "\x00", "%00", "𝔡𝔯𝔬𝔭", "-packets--",
-    "window_start) UNION SELECT * FROM duckdb_settings() --", "10.0.0.1' --", "1; COPY (SELECT 1) TO '/tmp/x'",
-]  # fmt: skip
+    "'; DROP TABLE results; --",
+    "1 OR 1=1",
+    '" OR ""="',
+    "window_start; SELECT 1",
+    "packets DESC, (SELECT 1)",
+    "$files",
+    "?",
+    "0.0.0.0/0' OR '1'='1",
+    "read_parquet('/etc/passwd')",
+    "\x00",
+    "%00",
+    "𝔡𝔯𝔬𝔭",
+    "-packets--",
+    "window_start) UNION SELECT * FROM duckdb_settings() --",
+    "10.0.0.1' --",
+    "1; COPY (SELECT 1) TO '/tmp/x'",
+]
 
 
-@pytest.mark.parametrize("param", ["start", "end", "order_by", "filter", "key.src_ip", "format", "top", "limit",
-                                   "offset", "key.src_ip' --", "name"])  # fmt: skip
+@pytest.mark.parametrize(
+    "param",
+    [
+        "start",
+        "end",
+        "order_by",
+        "filter",
+        "key.src_ip",
+        "format",
+        "top",
+        "limit",
+        "offset",
+        "key.src_ip' --",
+        "name",
+    ],
+)
 def test_sql_injection_attempts_are_rejected(plain: TestClient, param: str) -> None:
     before = all_rows(plain, "q4_pairs")["paging"]["total"]
     for payload in INJECTIONS:
@@ -607,7 +765,9 @@ def test_unreadable_and_temporary_files_are_skipped(tmp_path: Path, store: Store
         assert body["paging"]["total"] == len(expected_q4(store))
         assert c.get("/queries/q4_pairs/latest").status_code == 200
         assert c.get("/health").json()["rejected_files"] == {"total": 2, "current": 2}
-        rejected = c.app.state.reader.index.rejected()  # the reasons: in the log and here, not in open /health
+        rejected = (
+            c.app.state.reader.index.rejected()
+        )  # the reasons: in the log and here, not in open /health
     # the two part files are rejected with their reason; temporary and marker files are not results at all
     assert {Path(p).name for p in rejected} == {"part-000000099999.parquet", "part-000000099997.parquet"}
     assert "unreadable Parquet footer" in rejected[str(day / "part-000000099999.parquet")]
@@ -617,17 +777,30 @@ def test_unreadable_and_temporary_files_are_skipped(tmp_path: Path, store: Store
 def _q4_table(store: Store, ws: pd.Timestamp, pairs: list[tuple[str, int]], kind: str) -> pa.Table:
     """q4_pairs rows in the contract's schema (what the job writes), one per (src_ip, packets)."""
     n = len(pairs)
-    return pa.table({"window_start": [ws] * n, "window_end": [ws + pd.Timedelta(minutes=1)] * n,
-                     "src_ip": [p[0] for p in pairs], "dst_ip": ["8.8.8.8"] * n, "packets": [p[1] for p in pairs],
-                     "closed_at": [ws + pd.Timedelta(minutes=2)] * n, "hosts": [2] * n, "hosts_expected": [2] * n,
-                     "hosts_in_mark": [2] * n, "late_partials": [0] * n, "missing_records": [0] * n,
-                     "complete": [True] * n, "kind": [kind] * n},
-                    schema=R.schema(load(store.config).query("q4_pairs")))  # fmt: skip
+    return pa.table(
+        {
+            "window_start": [ws] * n,
+            "window_end": [ws + pd.Timedelta(minutes=1)] * n,
+            "src_ip": [p[0] for p in pairs],
+            "dst_ip": ["8.8.8.8"] * n,
+            "packets": [p[1] for p in pairs],
+            "closed_at": [ws + pd.Timedelta(minutes=2)] * n,
+            "hosts": [2] * n,
+            "hosts_expected": [2] * n,
+            "hosts_in_mark": [2] * n,
+            "late_partials": [0] * n,
+            "missing_records": [0] * n,
+            "complete": [True] * n,
+            "kind": [kind] * n,
+        },
+        schema=R.schema(load(store.config).query("q4_pairs")),
+    )
 
 
 @pytest.mark.parametrize("cache_mb", [512, 0])
-def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, store: Store, cache_mb: int,
-                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_files_that_break_the_layout_are_rejected_and_counted(
+    tmp_path: Path, store: Store, cache_mb: int, caplog: pytest.LogCaptureFixture
+) -> None:
     """Nothing is cast or guessed: a file whose columns are not the contract's is skipped, logged once
     with the reason and counted in /health; the files that follow the layout are still served."""
     root = tmp_path / "results"
@@ -637,31 +810,52 @@ def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, st
     good = _q4_table(store, ws, [("10.0.0.1", 3), ("10.0.0.2", 2)], "final")
     pq.write_table(good, d / "part-000000000001.parquet")
     # an older writer: ns timestamps, int32 counts, no kind/hosts/closed_at (was silently cast before)
-    pq.write_table(pa.table({"window_start": pa.array([ws.value] * 2, pa.timestamp("ns", tz="UTC")),
-                             "window_end": pa.array([ws.value + 60 * 10**9] * 2, pa.timestamp("ns", tz="UTC")),
-                             "src_ip": ["10.0.0.9", "2001:db8::1"], "dst_ip": ["8.8.8.8", "8.8.8.8"],
-                             "packets": pa.array([30, 40], pa.int32())}), d / "part-000000000002.parquet")  # fmt: skip
-    pq.write_table(good.set_column(4, "packets", good.column("packets").cast(pa.int32())), d / "part-000000000003.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "window_start": pa.array([ws.value] * 2, pa.timestamp("ns", tz="UTC")),
+                "window_end": pa.array([ws.value + 60 * 10**9] * 2, pa.timestamp("ns", tz="UTC")),
+                "src_ip": ["10.0.0.9", "2001:db8::1"],
+                "dst_ip": ["8.8.8.8", "8.8.8.8"],
+                "packets": pa.array([30, 40], pa.int32()),
+            }
+        ),
+        d / "part-000000000002.parquet",
+    )
+    pq.write_table(
+        good.set_column(4, "packets", good.column("packets").cast(pa.int32())),
+        d / "part-000000000003.parquet",
+    )
     pq.write_table(good.append_column("extra", pa.array([1, 2])), d / "part-000000000004.parquet")
     kind_at = good.schema.get_field_index("kind")
-    pq.write_table(good.set_column(kind_at, "kind", pa.array(["final", "bogus"])), d / "part-000000000005.parquet")
+    pq.write_table(
+        good.set_column(kind_at, "kind", pa.array(["final", "bogus"])), d / "part-000000000005.parquet"
+    )
     # the layout before completeness columns: rejected and counted like any other (no second version)
-    pq.write_table(good.select([c for c in good.column_names if c not in R.COMPLETENESS_COLUMNS]),
-                   d / "part-000000000006.parquet")  # fmt: skip
+    pq.write_table(
+        good.select([c for c in good.column_names if c not in R.COMPLETENESS_COLUMNS]),
+        d / "part-000000000006.parquet",
+    )
     reasons = {
         "part-000000000002.parquet": "missing ['closed_at', 'hosts', 'hosts_expected', 'hosts_in_mark', "
-                                     "'late_partials', 'missing_records', 'complete', 'kind']; "
-                                     "window_start: timestamp[ns, tz=UTC]",
+        "'late_partials', 'missing_records', 'complete', 'kind']; "
+        "window_start: timestamp[ns, tz=UTC]",
         "part-000000000006.parquet": "missing ['hosts_expected', 'hosts_in_mark', 'late_partials', "
-                                     "'missing_records', 'complete']",
+        "'missing_records', 'complete']",
         "part-000000000003.parquet": "packets: int32 (want int64)",
         "part-000000000004.parquet": "unexpected ['extra']",
         "part-000000000005.parquet": "row kinds ['bogus', 'final']",
     }
-    with caplog.at_level("WARNING", logger="lowwater.api"), TestClient(create_app(store.config, root, cache_mb=cache_mb)) as c:
+    with (
+        caplog.at_level("WARNING", logger="lowwater.api"),
+        TestClient(create_app(store.config, root, cache_mb=cache_mb)) as c,
+    ):
         for _ in range(2):
             rows = all_rows(c, "q4_pairs")["rows"]
-            assert sorted((r["src_ip"], r["packets"], r["hosts"]) for r in rows) == [("10.0.0.1", 3, 2), ("10.0.0.2", 2, 2)]
+            assert sorted((r["src_ip"], r["packets"], r["hosts"]) for r in rows) == [
+                ("10.0.0.1", 3, 2),
+                ("10.0.0.2", 2, 2),
+            ]
         assert c.get("/queries/q4_pairs/latest").json()["window_start"] == iso(store.last)
         assert c.get("/health").json()["rejected_files"] == {"total": 5, "current": 5}
         now = {Path(p).name: why for p, why in c.app.state.reader.index.rejected().items()}
@@ -675,23 +869,48 @@ def test_files_that_break_the_layout_are_rejected_and_counted(tmp_path: Path, st
 # ---- the fast top-N path against the general one, on random stores
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    n_windows=st.integers(1, 5), groups=st.integers(1, 12), split=st.booleans(), top=st.integers(1, 6),
-    per_file=st.integers(1, 3), first_in_range=st.integers(0, 2),
+    n_windows=st.integers(1, 5),
+    groups=st.integers(1, 12),
+    split=st.booleans(),
+    top=st.integers(1, 6),
+    per_file=st.integers(1, 3),
+    first_in_range=st.integers(0, 2),
     corrections=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 14), st.integers(-5, 50)), max_size=8),
     seed=st.integers(0, 10**6),
-)  # fmt: skip
-def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, store: Store, n_windows: int, groups: int,
-                                      split: bool, top: int, per_file: int, first_in_range: int, corrections: list,
-                                      seed: int) -> None:  # fmt: skip
+)
+def test_fast_top_equals_general_path(
+    tmp_path_factory: pytest.TempPathFactory,
+    store: Store,
+    n_windows: int,
+    groups: int,
+    split: bool,
+    top: int,
+    per_file: int,
+    first_in_range: int,
+    corrections: list,
+    seed: int,
+) -> None:
     """Windows in one or several files, files with several windows, ranges cutting through files."""
     rng = np.random.default_rng(seed)
     root = tmp_path_factory.mktemp("fast") / "results"
     base = store.first
-    schema = pa.schema([("window_start", pa.timestamp("us", tz="UTC")), ("window_end", pa.timestamp("us", tz="UTC")),
-                        ("src_ip", pa.string()), ("dst_ip", pa.string()), ("packets", pa.int64()),
-                        ("closed_at", pa.timestamp("us", tz="UTC")), ("hosts", pa.int32()),
-                        ("hosts_expected", pa.int32()), ("hosts_in_mark", pa.int32()), ("late_partials", pa.int64()),
-                        ("missing_records", pa.int64()), ("complete", pa.bool_()), ("kind", pa.string())])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("window_start", pa.timestamp("us", tz="UTC")),
+            ("window_end", pa.timestamp("us", tz="UTC")),
+            ("src_ip", pa.string()),
+            ("dst_ip", pa.string()),
+            ("packets", pa.int64()),
+            ("closed_at", pa.timestamp("us", tz="UTC")),
+            ("hosts", pa.int32()),
+            ("hosts_expected", pa.int32()),
+            ("hosts_in_mark", pa.int32()),
+            ("late_partials", pa.int64()),
+            ("missing_records", pa.int64()),
+            ("complete", pa.bool_()),
+            ("kind", pa.string()),
+        ]
+    )
     batch = 0
 
     def write(recs: list[dict]) -> None:
@@ -703,14 +922,28 @@ def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, 
 
     def rec(w: int, g: int, p: int, kind: str) -> dict:
         ws = base + timedelta(minutes=w)
-        return {"window_start": ws, "window_end": ws + timedelta(minutes=1), "src_ip": f"10.0.{g // 7}.{g}",
-                "dst_ip": "8.8.8.8" if g % 2 else "2001:db8::5", "packets": p, "closed_at": ws, "hosts": 1,
-                "hosts_expected": 1, "hosts_in_mark": 1, "late_partials": int(kind != "final"),
-                "missing_records": 0, "complete": kind != "late", "kind": kind}
+        return {
+            "window_start": ws,
+            "window_end": ws + timedelta(minutes=1),
+            "src_ip": f"10.0.{g // 7}.{g}",
+            "dst_ip": "8.8.8.8" if g % 2 else "2001:db8::5",
+            "packets": p,
+            "closed_at": ws,
+            "hosts": 1,
+            "hosts_expected": 1,
+            "hosts_in_mark": 1,
+            "late_partials": int(kind != "final"),
+            "missing_records": 0,
+            "complete": kind != "late",
+            "kind": kind,
+        }
 
     for w0 in range(0, n_windows, per_file):
-        recs = [rec(w, g, int(rng.integers(1, 8)), "final")  # small values: many ties
-                for w in range(w0, min(n_windows, w0 + per_file)) for g in range(groups)]  # fmt: skip
+        recs = [
+            rec(w, g, int(rng.integers(1, 8)), "final")  # small values: many ties
+            for w in range(w0, min(n_windows, w0 + per_file))
+            for g in range(groups)
+        ]
         if split and len(recs) > 1:
             write(recs[::2])
             write(recs[1::2])
@@ -733,21 +966,61 @@ def test_fast_top_equals_general_path(tmp_path_factory: pytest.TempPathFactory, 
 
 # ---- fuzzing: no parameter combination may produce a 5xx
 NAMES = ["q4_pairs", "bytes_per_dst24", "syn_per_port", "avg_only"]
-PARAM_KEYS = ["start", "end", "filter", "order_by", "top", "limit", "offset", "format", "key.src_ip", "key.dst_port",
-              "key.dst_ip_24", "key.", "key.src_port", "x"]  # fmt: skip
+PARAM_KEYS = [
+    "start",
+    "end",
+    "filter",
+    "order_by",
+    "top",
+    "limit",
+    "offset",
+    "format",
+    "key.src_ip",
+    "key.dst_port",
+    "key.dst_ip_24",
+    "key.",
+    "key.src_port",
+    "x",
+]
 VALUES = st.one_of(
     st.text(max_size=30),
-    st.sampled_from(["now", "-1h", "now-15m", "0", "1714564800.5", "2024-05-01T12:00:00Z", "2024-05-01", "-1", "1e309",
-                     "10.0.0.0/8", "src_ip:10.0.0.0/8", "dst_port:443", "2001:db8::/32", "::/0", "-packets",
-                     "window_start", "packets,-window_start", "csv", "json", "NaN", "inf", "9" * 30, "443"]),
-    st.integers(-10**20, 10**20).map(str),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            "now",
+            "-1h",
+            "now-15m",
+            "0",
+            "1714564800.5",
+            "2024-05-01T12:00:00Z",
+            "2024-05-01",
+            "-1",
+            "1e309",
+            "10.0.0.0/8",
+            "src_ip:10.0.0.0/8",
+            "dst_port:443",
+            "2001:db8::/32",
+            "::/0",
+            "-packets",
+            "window_start",
+            "packets,-window_start",
+            "csv",
+            "json",
+            "NaN",
+            "inf",
+            "9" * 30,
+            "443",
+        ]
+    ),
+    st.integers(-(10**20), 10**20).map(str),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.one_of(st.sampled_from(NAMES), st.text(max_size=10)),
-       endpoint=st.sampled_from(["results", "latest", "series", ""]),
-       params=st.lists(st.tuples(st.sampled_from(PARAM_KEYS), VALUES), max_size=6))  # fmt: skip
+@given(
+    name=st.one_of(st.sampled_from(NAMES), st.text(max_size=10)),
+    endpoint=st.sampled_from(["results", "latest", "series", ""]),
+    params=st.lists(st.tuples(st.sampled_from(PARAM_KEYS), VALUES), max_size=6),
+)
 def test_fuzz_parameters_never_5xx(plain: TestClient, name: str, endpoint: str, params: list) -> None:
     name = quote(name, safe="")
     path = f"/queries/{name}/{endpoint}" if endpoint else f"/queries/{name}"
@@ -767,8 +1040,9 @@ def test_schemathesis_no_5xx(plain: TestClient) -> None:
         op = result.ok()
         strategy = op.as_strategy()
         if "{name}" in op.path:  # mostly real query names, so the deeper code runs, plus random ones
-            strategy = st.tuples(strategy, st.one_of(st.sampled_from(NAMES), st.text(min_size=1, max_size=8))).map(
-                lambda cn: (cn[0].path_parameters.update(name=cn[1]) or cn[0]))  # fmt: skip
+            strategy = st.tuples(
+                strategy, st.one_of(st.sampled_from(NAMES), st.text(min_size=1, max_size=8))
+            ).map(lambda cn: cn[0].path_parameters.update(name=cn[1]) or cn[0])
 
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
         @given(case=strategy)
@@ -796,9 +1070,14 @@ def test_concurrent_requests_on_a_cold_cache(store: Store) -> None:
 
     app = create_app(store.config, store.root)
     c = TestClient(app)  # no lifespan: nothing warmed, the threads fill the cache themselves
-    calls = [("/queries/q4_pairs/results", {"top": "3"}), ("/queries/q4_pairs/results", {"key.src_ip": "10.0.0.0/8"}),
-             ("/queries/bytes_per_dst24/latest", {}), ("/queries/syn_per_port/series", {}), ("/status", {}),
-             ("/queries/avg_only/results", {"order_by": "-avg_len"})] * 8  # fmt: skip
+    calls = [
+        ("/queries/q4_pairs/results", {"top": "3"}),
+        ("/queries/q4_pairs/results", {"key.src_ip": "10.0.0.0/8"}),
+        ("/queries/bytes_per_dst24/latest", {}),
+        ("/queries/syn_per_port/series", {}),
+        ("/status", {}),
+        ("/queries/avg_only/results", {"order_by": "-avg_len"}),
+    ] * 8
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda pc: c.get(pc[0], params=pc[1]), calls))
     assert [r.status_code for r in responses] == [200] * len(calls)
@@ -818,12 +1097,17 @@ def test_top_when_a_correction_pushes_a_group_down(tmp_path: Path, store: Store,
     d = root / "query=q4_pairs" / f"date={store.first.date().isoformat()}"
     d.mkdir(parents=True)
     ws = pd.Timestamp(store.first)
-    pq.write_table(_q4_table(store, ws, [("10.0.0.1", 10), ("10.0.0.2", 9), ("10.0.0.3", 8), ("10.0.0.4", 7)], "final"),
-                   d / "part-000000000001.parquet")
+    pq.write_table(
+        _q4_table(store, ws, [("10.0.0.1", 10), ("10.0.0.2", 9), ("10.0.0.3", 8), ("10.0.0.4", 7)], "final"),
+        d / "part-000000000001.parquet",
+    )
     pq.write_table(_q4_table(store, ws, [("10.0.0.1", -5)], "correction"), d / "part-000000000002.parquet")
     with TestClient(create_app(store.config, root, cache_mb=cache_mb)) as c:
         rows = all_rows(c, "q4_pairs", top="2", start=iso(ws), end=iso(ws + pd.Timedelta(minutes=1)))["rows"]
-    assert [(r["src_ip"], r["packets"], r["corrections"]) for r in rows] == [("10.0.0.2", 9, 0), ("10.0.0.3", 8, 0)]
+    assert [(r["src_ip"], r["packets"], r["corrections"]) for r in rows] == [
+        ("10.0.0.2", 9, 0),
+        ("10.0.0.3", 8, 0),
+    ]
 
 
 def test_reads_what_the_real_writer_writes(tmp_path: Path, store: Store) -> None:
@@ -839,21 +1123,52 @@ def test_reads_what_the_real_writer_writes(tmp_path: Path, store: Store) -> None
 
     def row(kind: str, addr: str, lens: list[int], batch_ms: int) -> dict:
         hi, lo = F.ip_to_words(addr)
-        state = [sum(lens), len(lens), sum(lens), len(lens), max(lens)]  # bytes, packets, avg_len.{sum,count}, max_len
-        return {"query": q.name, "partition": 0, "window": 0, "window_start_ns": ws_ns, "window_end_ns": ws_ns + 60 * 10**9,
-                "key": [F.to_int64(hi), F.to_int64(lo)], "state": state, "kind": kind, "closed_at_ms": batch_ms,
-                "hosts": 2, "hosts_expected": 2, "hosts_in_mark": 2, "late_partials": int(kind != "final"),
-                "missing_records": 0, "status": None}  # fmt: skip
+        state = [
+            sum(lens),
+            len(lens),
+            sum(lens),
+            len(lens),
+            max(lens),
+        ]  # bytes, packets, avg_len.{sum,count}, max_len
+        return {
+            "query": q.name,
+            "partition": 0,
+            "window": 0,
+            "window_start_ns": ws_ns,
+            "window_end_ns": ws_ns + 60 * 10**9,
+            "key": [F.to_int64(hi), F.to_int64(lo)],
+            "state": state,
+            "kind": kind,
+            "closed_at_ms": batch_ms,
+            "hosts": 2,
+            "hosts_expected": 2,
+            "hosts_in_mark": 2,
+            "late_partials": int(kind != "final"),
+            "missing_records": 0,
+            "status": None,
+        }
 
     t = ws_ns // 10**6 + 65_000
-    writer.write_batch(1, pd.DataFrame([row("final", "10.9.9.0", [100, 300], t), row("final", "2001:db8:aa::", [1500], t)]))
+    writer.write_batch(
+        1, pd.DataFrame([row("final", "10.9.9.0", [100, 300], t), row("final", "2001:db8:aa::", [1500], t)])
+    )
     writer.write_batch(2, pd.DataFrame([row("correction", "10.9.9.0", [800], t + 5000)]))
-    writer.write_batch(3, pd.DataFrame([row("late", "2001:db8:aa::", [9000], t + 6000)]))  # policy drop: no value
+    writer.write_batch(
+        3, pd.DataFrame([row("late", "2001:db8:aa::", [9000], t + 6000)])
+    )  # policy drop: no value
     for cache in (512, 0):
         with TestClient(create_app(store.config, root, cache_mb=cache)) as c:
-            rows = all_rows(c, q.name, start=iso(store.first), end=iso(store.first + timedelta(minutes=1)), top="5")["rows"]
-            got = {r["dst_ip_24"]: (r["bytes"], r["packets"], r["avg_len"], r["max_len"], r["corrections"]) for r in rows}
+            rows = all_rows(
+                c, q.name, start=iso(store.first), end=iso(store.first + timedelta(minutes=1)), top="5"
+            )["rows"]
+            got = {
+                r["dst_ip_24"]: (r["bytes"], r["packets"], r["avg_len"], r["max_len"], r["corrections"])
+                for r in rows
+            }
             assert got == {"10.9.9.0": (1200, 3, 400.0, 800, 1), "2001:db8:aa::": (1500, 1, 1500.0, 1500, 0)}
             flags = {r["dst_ip_24"]: (r["complete"], r["late_partials"]) for r in rows}
-            assert flags == {"10.9.9.0": (True, 1), "2001:db8:aa::": (False, 1)}  # folded late record / dropped one
+            assert flags == {
+                "10.9.9.0": (True, 1),
+                "2001:db8:aa::": (False, 1),
+            }  # folded late record / dropped one
             assert c.get(f"/queries/{q.name}/latest").json()["window_start"] == iso(store.first)

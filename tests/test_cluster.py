@@ -103,9 +103,16 @@ def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple
     catches up from the others). Returns the seconds the sends took."""
     from kafka import KafkaProducer
 
-    prod = KafkaProducer(bootstrap_servers=cluster.bootstrap_servers, acks="all", enable_idempotence=True,
-                         linger_ms=2, max_request_size=8 << 20, request_timeout_ms=5000, retry_backoff_ms=200,
-                         delivery_timeout_ms=120_000)  # fmt: skip
+    prod = KafkaProducer(
+        bootstrap_servers=cluster.bootstrap_servers,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        max_request_size=8 << 20,
+        request_timeout_ms=5000,
+        retry_backoff_ms=200,
+        delivery_timeout_ms=120_000,
+    )
     victim = cluster.nodes[_leader(cluster, topic, 0) - 1]
     futures = []
     third = len(msgs) // 3
@@ -134,7 +141,9 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
     master, kafka = clusters
     topic = kafka.create_topic("lw-rf3-pairs", 2, {"min.insync.replicas": "2"})
     cfg = tmp_path / "q.yaml"
-    config(query("on_clusters", group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, topic=topic, partitions=2)).write(cfg)
+    config(
+        query("on_clusters", group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, topic=topic, partitions=2)
+    ).write(cfg)
     q = Q.load(cfg).queries[0]
     t = make_traffic(5000, 120, T0, 60 * 10**9, seed=17)
     msgs = traffic_messages([q], t)
@@ -152,9 +161,24 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
 
     results = tmp_path / "results"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", DRIVER, master, str(cfg), kafka.bootstrap_servers,
-                           str(results), str(tmp_path / "ckpt"), str(tmp_path / "state"), ",".join(HOSTS)],
-                          capture_output=True, text=True, timeout=400, cwd=REPO)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            master,
+            str(cfg),
+            kafka.bootstrap_servers,
+            str(results),
+            str(tmp_path / "ckpt"),
+            str(tmp_path / "state"),
+            ",".join(HOSTS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     print(f"job on the standalone cluster: {time.monotonic() - t0:.1f} s")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("CLUSTER "))

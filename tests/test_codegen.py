@@ -20,12 +20,30 @@ def mixed_queries() -> list:
     return [
         make_query("lazy", 1024, name="pairs"),  # two whole addresses, count + sum
         make_query("slow", 128, name="nets", group="[dst_ip/24]", aggs="[{fn: sum, field: length, as: b}]"),
-        make_query("iop", 64, name="syn_ports", group="[dst_port]", aggs="[{fn: count, as: n}]",
-                   flt="protocol == tcp and tcp_flags & SYN"),
-        make_query("lazy", 16, name="total", group="[]",
-                   aggs="[{fn: count, as: n}, {fn: min, field: ttl, as: lo}, {fn: max, field: length, as: hi}]"),
-        make_query("slow", 256, name="proto_src", group="[protocol, src_port]", window="{range: 4s, slide: 2s}",
-                   aggs="[{fn: max, field: ttl, as: hi}]", i=3),
+        make_query(
+            "iop",
+            64,
+            name="syn_ports",
+            group="[dst_port]",
+            aggs="[{fn: count, as: n}]",
+            flt="protocol == tcp and tcp_flags & SYN",
+        ),
+        make_query(
+            "lazy",
+            16,
+            name="total",
+            group="[]",
+            aggs="[{fn: count, as: n}, {fn: min, field: ttl, as: lo}, {fn: max, field: length, as: hi}]",
+        ),
+        make_query(
+            "slow",
+            256,
+            name="proto_src",
+            group="[protocol, src_port]",
+            window="{range: 4s, slide: 2s}",
+            aggs="[{fn: max, field: ttl, as: hi}]",
+            i=3,
+        ),
     ]
 
 
@@ -68,11 +86,15 @@ def test_a_changed_source_gets_a_fresh_cache(tmp_path: Path) -> None:
     for pkg in ("low_level", "contract"):
         shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     code = "import sys; sys.path.insert(0, sys.argv[1]); from low_level.jit import cache as jitcache; print(jitcache.sources_digest())"
-    before = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    before = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert before.stdout.strip() == jitcache.sources_digest()
     with (tmp_path / "low_level" / "kernel" / "tables.py").open("a") as f:
         f.write("\n# a comment is enough\n")
-    after = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    after = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert after.stdout.strip() != before.stdout.strip()
 
 
@@ -81,8 +103,10 @@ def test_every_filter_form_in_one_generated_pass() -> None:
     exactly the packets the reference interpreter accepts."""
     from lowwater_testing.queries import FILTERS
 
-    queries = [make_query("lazy", 256, name=f"f{i}", group="[dst_port]", aggs="[{fn: count, as: n}]", flt=f)
-               for i, f in enumerate(FILTERS)]
+    queries = [
+        make_query("lazy", 256, name=f"f{i}", group="[dst_port]", aggs="[{fn: count, as: n}]", flt=f)
+        for i, f in enumerate(FILTERS)
+    ]
     assert_one_pass_exact(queries, make_traffic(20_000, 800, T0, 10 * NS, seed=12))
 
 
@@ -91,8 +115,14 @@ def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
     from low_level.host.agent import Agent
     from lowwater_testing.capture import RecordingProducer
 
-    agent = Agent([make_query("slow", 128, name="warm", group="[src_port]")], None, "h", None,
-                  ring_slots=1 << 10, producer=RecordingProducer())
+    agent = Agent(
+        [make_query("slow", 128, name="warm", group="[src_port]")],
+        None,
+        "h",
+        None,
+        ring_slots=1 << 10,
+        producer=RecordingProducer(),
+    )
     compiled = agent.kernel.compiled
     assert compiled.process_frames.signatures and compiled.process_arrays.signatures
     assert agent.kernel.hc[0] == 0 and agent.ring.fill == 0  # nothing was consumed or counted
@@ -101,6 +131,7 @@ def test_the_agent_compiles_its_kernel_before_capture_starts() -> None:
 def test_the_lean_parser_serves_queries_that_read_no_extra_column() -> None:
     """Columns only the full parser writes (MACs, TCP window, ICMP, MPLS, ethertype) cost nothing
     unless some query of the host reads one: in a filter, a key or an aggregate."""
+
     def parser(*queries) -> str:
         text = codegen.kernel_source(codegen.shape_of(Tables.build(list(queries))))
         lean = "parse_frame_lean(frames" in text
@@ -109,7 +140,13 @@ def test_the_lean_parser_serves_queries_that_read_no_extra_column() -> None:
         return "parse_frame_lean(" if lean else "parse_frame("
 
     assert parser(*mixed_queries()) == "parse_frame_lean("
-    assert parser(make_query("lazy", 64), make_query("lazy", 64, name="w", flt="tcp_window == 0")) == "parse_frame("
+    assert (
+        parser(make_query("lazy", 64), make_query("lazy", 64, name="w", flt="tcp_window == 0"))
+        == "parse_frame("
+    )
     assert parser(make_query("lazy", 64, group="[src_mac]")) == "parse_frame("
-    assert parser(make_query("lazy", 64, group="[]", aggs="[{fn: max, field: icmp_type, as: t}]")) == "parse_frame("
+    assert (
+        parser(make_query("lazy", 64, group="[]", aggs="[{fn: max, field: icmp_type, as: t}]"))
+        == "parse_frame("
+    )
     assert parser(make_query("lazy", 64, flt="src_ip in [10.0.0.0/8] and dscp > 3")) == "parse_frame_lean("

@@ -37,7 +37,9 @@ NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 
 
-def agg_query(topic: str, window: str = "{range: 1s}", max_disorder: str = "0s", partitions: int = 2) -> Q.QuerySpec:
+def agg_query(
+    topic: str, window: str = "{range: 1s}", max_disorder: str = "0s", partitions: int = 2
+) -> Q.QuerySpec:
     return Q.load_text(f"""
 queries:
   - name: pairs
@@ -69,17 +71,30 @@ def test_an_expected_capture_host_waits_for_every_worker_its_workers_announce() 
 
 
 def _punct(q: Q.QuerySpec, host: str, mark: int, seq: int = 0, losses=(), workers: int = 0) -> bytes:
-    return wire.encode_punctuation(wire.Punctuation(q.name, host, 1, 0, seq, mark, 0, 0, {"workers": workers}, (),
-                                                    tuple(losses)))  # fmt: skip
+    return wire.encode_punctuation(
+        wire.Punctuation(q.name, host, 1, 0, seq, mark, 0, 0, {"workers": workers}, (), tuple(losses))
+    )
 
 
 def test_losses_before_kafka_flag_exactly_the_windows_of_their_panes_and_malformed_frames_do_not() -> None:
     q = agg_query("t", window="{range: 2s, slide: 1s}", partitions=1)
     lay = Layout.of(q)
-    part = wire.encode_partials(q.name, "h", 1, 0, 0, np.arange(10, dtype=np.int64), np.ones((10, lay.kw), np.int64),
-                                np.ones((10, lay.na), np.int64))  # fmt: skip
+    part = wire.encode_partials(
+        q.name,
+        "h",
+        1,
+        0,
+        0,
+        np.arange(10, dtype=np.int64),
+        np.ones((10, lay.kw), np.int64),
+        np.ones((10, lay.na), np.int64),
+    )
     proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=("h",)))
-    msgs = [part, _punct(q, "h", 3, 10), _punct(q, "h", 11, 10, [(4, 5, "socket", 7), (8, 8, "malformed", 2)])]
+    msgs = [
+        part,
+        _punct(q, "h", 3, 10),
+        _punct(q, "h", 11, 10, [(4, 5, "socket", 7), (8, 8, "malformed", 2)]),
+    ]
     df = proc.process(msgs, 1000)
     fin = df[df["kind"] == "final"]
     short = set(fin.loc[fin["missing_records"] > 0, "window"].astype(int))
@@ -125,8 +140,13 @@ def consume(bootstrap: str, topics: list[str], partitions: int = 2) -> dict[tupl
     return out
 
 
-def run_job(q: Q.QuerySpec, values: dict[tuple[str, int], list[bytes]], settings: Settings, batches: int = 12,
-            step_ms: int = 500) -> pd.DataFrame:  # fmt: skip
+def run_job(
+    q: Q.QuerySpec,
+    values: dict[tuple[str, int], list[bytes]],
+    settings: Settings,
+    batches: int = 12,
+    step_ms: int = 500,
+) -> pd.DataFrame:
     """The job's per-partition step over what reached Kafka, in ``batches`` micro-batches per partition
     (state saved and restored between them, as Spark does), processing time passing ``step_ms`` each."""
     lay = Layout.of(q)
@@ -163,7 +183,9 @@ def push(agent: Agent, frames: np.ndarray, cap: np.ndarray, wl: np.ndarray, ts: 
     flat = np.ascontiguousarray(frames).ravel()
     width = frames.shape[1]
     arrs = agent.ring.arrays()
-    return sum(not ring_push(*arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0) for i in range(len(ts)))
+    return sum(
+        not ring_push(*arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0) for i in range(len(ts))
+    )
 
 
 def drain(agent: Agent, punctuate: bool = True) -> None:
@@ -201,8 +223,9 @@ def ring_drops(kafka, topic_factory, window: str = "{range: 1s}") -> list[simula
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("window", ["{range: 1s}", "{range: 3s, slide: 1s}"])
-def test_ring_drops_of_frames_sent_faster_than_a_small_ring_drains_flag_their_windows(kafka, topic_factory,
-                                                                                     window) -> None:  # fmt: skip
+def test_ring_drops_of_frames_sent_faster_than_a_small_ring_drains_flag_their_windows(
+    kafka, topic_factory, window
+) -> None:
     assert_property(ring_drops(kafka, topic_factory, window), "ring_drops")
 
 
@@ -246,7 +269,9 @@ def killed_host(kafka, topic_factory) -> list[simulate.Verdict]:
     q = agg_query(topic_factory(partitions=2), "{range: 2s, slide: 1s}")
     traffic = make_traffic(20_000, 300, T0, 12 * NS, seed=33)
     hosts = simulate.split_hosts(len(traffic), 2, seed=1)
-    agents = [Agent([q], None, f"h{i}", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024) for i in (0, 1)]
+    agents = [
+        Agent([q], None, f"h{i}", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024) for i in (0, 1)
+    ]
     shares = [traffic.take(np.flatnonzero(hosts == i)) for i in (0, 1)]
     shares = [t.take(np.argsort(t.ts, kind="stable")) for t in shares]  # on the wire in time order
     for i in (1, 0):  # h1 first: killed, it falls silent while h0's partials and marks go on arriving
@@ -261,8 +286,12 @@ def killed_host(kafka, topic_factory) -> list[simulate.Verdict]:
             agent.finish()
         assert agent.emitter.flush(60)
         agent.emitter.close()
-    df = run_job(q, consume(kafka.bootstrap_servers, [q.topic]), Settings(host_timeout_ms=1500, expected_hosts=("h0", "h1")),
-                 batches=20)  # fmt: skip
+    df = run_job(
+        q,
+        consume(kafka.bootstrap_servers, [q.topic]),
+        Settings(host_timeout_ms=1500, expected_hosts=("h0", "h1")),
+        batches=20,
+    )
     return verdicts(q, df, traffic)
 
 
@@ -285,8 +314,13 @@ def truncated_capture(tmp_path) -> tuple[list[simulate.Verdict], int]:
     with pcap.open("r+b") as f:
         f.truncate(pcap.stat().st_size - 20)  # the last record loses its last bytes
     prod = RecordingProducer()
-    agent = Agent([q], {"type": "pcap", "path": str(pcap), "loop": False, "mode": "fast", "rebase_to_now": False},
-                  "h-trunc", None, producer=prod)  # fmt: skip
+    agent = Agent(
+        [q],
+        {"type": "pcap", "path": str(pcap), "loop": False, "mode": "fast", "rebase_to_now": False},
+        "h-trunc",
+        None,
+        producer=prod,
+    )
     agent.run()
     assert agent.source.stats()["malformed_tail"]
     values: dict[tuple[str, int], list[bytes]] = {}
@@ -315,21 +349,28 @@ def handshake_config(t1: str, t2: str, kind: str = "anti") -> Q.Config:
     text = text.replace("kafka: {partitions: 4}", f"kafka: {{topic: {t2}, partitions: 2}}", 1)
     text = text.replace("window: {range: 1m}", "window: {range: 5s}")
     if kind != "inner":
-        text = text.replace("    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_port]\n")
-        text = text.replace("      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
-                            "      - {fn: max, expr: left.src_port, as: max_port}\n")
+        text = text.replace(
+            "    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_port]\n"
+        )
+        text = text.replace(
+            "      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
+            "      - {fn: max, expr: left.src_port, as: max_port}\n",
+        )
     return Q.load_text(text)
 
 
-def join_verdicts(cfg: Q.Config, values: dict[tuple[str, int], list[bytes]], traffic, hosts: tuple[str, ...]
-                  ) -> list[simulate.Verdict]:  # fmt: skip
+def join_verdicts(
+    cfg: Q.Config, values: dict[tuple[str, int], list[bytes]], traffic, hosts: tuple[str, ...]
+) -> list[simulate.Verdict]:
     from lowwater_testing.joins import join_oracle, join_window_oracle
 
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
     rl = lay.rollup
     proc = JoinProcessor(lay, Settings(10**9, hosts, "drop"))
-    by_part = {p: [v for t in (lay.left_topic, lay.right_topic) for v in values.get((t, p), [])]
-               for p in range(lay.partitions)}  # fmt: skip
+    by_part = {
+        p: [v for t in (lay.left_topic, lay.right_topic) for v in values.get((t, p), [])]
+        for p in range(lay.partitions)
+    }
     out, now = [], 1_000_000
     for b in range(8):
         chunk = {p: vs[len(vs) * b // 8 : len(vs) * (b + 1) // 8] for p, vs in by_part.items()}
@@ -353,8 +394,10 @@ def join_verdicts(cfg: Q.Config, values: dict[tuple[str, int], list[bytes]], tra
     wins = {w for w in set(exp) | set(got) if closed is not None and w < closed}
     if len(wins) < len(set(exp) | set(got)):
         st = json.loads(df.loc[df["kind"] == "status", "status"].iloc[-1])
-        print(f"join {lay.name}: {len(set(exp) | set(got)) - len(wins)} windows still open; marks "
-              f"{ {h: v['mark_ns'] for h, v in st['hosts'].items()} }, closed before {closed}")
+        print(
+            f"join {lay.name}: {len(set(exp) | set(got)) - len(wins)} windows still open; marks "
+            f"{ {h: v['mark_ns'] for h, v in st['hosts'].items()} }, closed before {closed}"
+        )
     starts = {w: int(rl.window_start_ns(np.array([w]))[0]) for w in wins}
     return simulate.judge(got, exp, simulate.window_causes(df, starts), wins)
 
@@ -364,12 +407,16 @@ def select_outage(kafka, topic_factory, kind: str = "anti") -> list[simulate.Ver
     cfg = handshake_config(topic_factory(partitions=2), topic_factory(partitions=2), kind)
     traffic = make_handshake_traffic(6_000, T0, 30 * NS, seed=35, answered=0.7, max_latency_ns=2 * NS)
     frames, cap, wl, ts = build_frames(traffic)
-    agent = Agent([], None, "cap", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024, selects=cfg.selects)
+    agent = Agent(
+        [], None, "cap", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024, selects=cfg.selects
+    )
     agent.emitter.outbox.max_rows = 800
     deadline = time.monotonic() + 60
     while agent.emitter.producer is None and time.monotonic() < deadline:  # connected before capture starts
         time.sleep(0.1)
-    agent.emitter.max_inflight_bytes = 4096  # an uplink that holds little beyond the outbox (the broker is down)
+    agent.emitter.max_inflight_bytes = (
+        4096  # an uplink that holds little beyond the outbox (the broker is down)
+    )
     third = len(ts) // 3
     for s in range(0, third, 500):
         push(agent, frames[s : s + 500], cap[s : s + 500], wl[s : s + 500], ts[s : s + 500])
@@ -396,15 +443,19 @@ def select_outage(kafka, topic_factory, kind: str = "anti") -> list[simulate.Ver
     agent.finish()
     assert agent.emitter.flush(90)
     agent.emitter.close()
-    vs = join_verdicts(cfg, consume(kafka.bootstrap_servers, [s.topic for s in cfg.selects]), traffic, ("cap",))
+    vs = join_verdicts(
+        cfg, consume(kafka.bootstrap_servers, [s.topic for s in cfg.selects]), traffic, ("cap",)
+    )
     return vs
 
 
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(reason="open: after this outage the join's closed frontier stops 3 windows short of the end "
-                   "of stream (both inputs' marks at end of stream); the windows it closed are all flagged, "
-                   "none wrong and complete, but no exact window is left to show the flags discriminate")
+@pytest.mark.xfail(
+    reason="open: after this outage the join's closed frontier stops 3 windows short of the end "
+    "of stream (both inputs' marks at end of stream); the windows it closed are all flagged, "
+    "none wrong and complete, but no exact window is left to show the flags discriminate"
+)
 @pytest.mark.parametrize("kind", ["anti", "inner"])
 def test_an_outage_longer_than_the_select_outbox_flags_the_joins_windows(kafka, topic_factory, kind) -> None:
     """SYN-ACKs shed by the host's outbox during a Kafka outage: an anti join would call their SYNs

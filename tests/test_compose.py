@@ -96,8 +96,15 @@ class Compose:
         self.project, self.files, self.env_file, self.env = project, files, env_file, env
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-        cmd = ["docker-compose", "-p", self.project, *[a for f in self.files for a in ("-f", str(f))],
-               "--env-file", str(self.env_file), *args]  # fmt: skip
+        cmd = [
+            "docker-compose",
+            "-p",
+            self.project,
+            *[a for f in self.files for a in ("-f", str(f))],
+            "--env-file",
+            str(self.env_file),
+            *args,
+        ]
         return run(cmd, env=self.env, check=check, timeout=timeout)
 
     def logs(self, *services: str, tail: int = 60) -> str:
@@ -189,8 +196,19 @@ class Site:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.ports = {k: free_port() for k in ("kafka", "api", "prometheus", "alertmanager", "spark", "grafana",
-                                                "replay_metrics", "live_metrics")}  # fmt: skip
+        self.ports = {
+            k: free_port()
+            for k in (
+                "kafka",
+                "api",
+                "prometheus",
+                "alertmanager",
+                "spark",
+                "grafana",
+                "replay_metrics",
+                "live_metrics",
+            )
+        }
         self.token = os.urandom(16).hex()
 
     def api(self, path: str) -> Any:
@@ -262,8 +280,22 @@ def site() -> Iterator[Site]:
     # secure by default: the operator's one setup script makes the CA, the broker's certificate and a
     # credential per capture host (SASL_SSL on the external listener, ACLs from kafka-init)
     s.secrets = tmp / "kafka-secrets"
-    run([sys.executable, str(REPO / "deploy" / "kafka_secrets.py"), "--dir", str(s.secrets), "--external-host",
-         "localhost", "--external-port", str(p["kafka"]), "--san", "127.0.0.1", "replay-01", "live-01"])  # fmt: skip
+    run(
+        [
+            sys.executable,
+            str(REPO / "deploy" / "kafka_secrets.py"),
+            "--dir",
+            str(s.secrets),
+            "--external-host",
+            "localhost",
+            "--external-port",
+            str(p["kafka"]),
+            "--san",
+            "127.0.0.1",
+            "replay-01",
+            "live-01",
+        ]
+    )
     central_env = tmp / "central.env"
     central_env.write_text(f"""# the compose test's deploy/.env
 KAFKA_EXTERNAL_HOST=localhost
@@ -293,8 +325,10 @@ LOWWATER_JOB_TRIGGER=1s
 """)
     s.central = Compose(CENTRAL, [REPO / "docker-compose.yml"], central_env, env)
     capture_envs = {}
-    for name, host, source, port in ((REPLAY, "replay-01", "pcap:/var/lib/lowwater/pcap/capture.pcap", p["replay_metrics"]),
-                                     (LIVE, "live-01", f"afpacket:{VETH}", p["live_metrics"])):  # fmt: skip
+    for name, host, source, port in (
+        (REPLAY, "replay-01", "pcap:/var/lib/lowwater/pcap/capture.pcap", p["replay_metrics"]),
+        (LIVE, "live-01", f"afpacket:{VETH}", p["live_metrics"]),
+    ):
         f = tmp / f"{name}.env"
         bundle = s.secrets / "capture-hosts" / host  # what the operator copies to the capture host
         f.write_text(f"""# the compose test's capture-host .env: agent.env of kafka_secrets.py (host id, bootstrap,
@@ -420,8 +454,21 @@ def test_central_stack_comes_up_healthy_on_loopback_only(up: Site) -> None:
         assert agent["HostConfig"]["NetworkMode"] == "host"
         assert sorted(agent["HostConfig"]["CapAdd"]) == ["NET_ADMIN", "NET_RAW"]
     # the worker default honours the container's CPU quota (0.5 CPU on this host's cores: 1, not cores/2)
-    out = run(["docker", "run", "--rm", "--cpus", "0.5", "--network", "none", "lowwater-agent:0.1.0", "python", "-c",
-               "from low_level.capture.cpuquota import usable_cpus; print(usable_cpus())"]).stdout  # fmt: skip
+    out = run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--cpus",
+            "0.5",
+            "--network",
+            "none",
+            "lowwater-agent:0.1.0",
+            "python",
+            "-c",
+            "from low_level.capture.cpuquota import usable_cpus; print(usable_cpus())",
+        ]
+    ).stdout
     assert out.strip() == "1", out
 
 
@@ -466,8 +513,11 @@ def test_external_listener_is_sasl_ssl_and_acls_limit_a_capture_host(up: Site) -
 
     s = up
     bootstrap = f"localhost:{s.ports['kafka']}"
-    line = next(ln for ln in (s.secrets / "capture-hosts" / "replay-01" / "agent.env").read_text().splitlines()
-                if ln.startswith("LOWWATER_AGENT_KAFKA_SECURITY="))  # fmt: skip
+    line = next(
+        ln
+        for ln in (s.secrets / "capture-hosts" / "replay-01" / "agent.env").read_text().splitlines()
+        if ln.startswith("LOWWATER_AGENT_KAFKA_SECURITY=")
+    )
     block = json.loads(line.split("=", 1)[1])
     block["ca_file"] = str(s.secrets / "ca.pem")
     good = KafkaSecurity.model_validate(block).kafka_python()
@@ -484,8 +534,12 @@ def test_external_listener_is_sasl_ssl_and_acls_limit_a_capture_host(up: Site) -
         p.close(5)
     for bad in ({}, {**good, "sasl_plain_password": "wrong"}):
         with pytest.raises(KafkaError):
-            c = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10000, api_version_auto_timeout_ms=10000,
-                              **bad)  # fmt: skip
+            c = KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                request_timeout_ms=10000,
+                api_version_auto_timeout_ms=10000,
+                **bad,
+            )
             try:
                 c.topics()
             finally:
@@ -561,10 +615,21 @@ def test_having_alert_reaches_alertmanager(up: Site) -> None:
 def test_page_renders_in_headless_chromium(up: Site, tmp_path: Path) -> None:
     s = up
     assert CHROMIUM, "chromium is missing: ./lw setup installs it"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000", "--dump-dom",
-           f"http://127.0.0.1:{s.ports['api']}/ui#token={s.token}"]  # fmt: skip
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=8000",
+        "--dump-dom",
+        f"http://127.0.0.1:{s.ports['api']}/ui#token={s.token}",
+    ]
     dom = run(cmd, timeout=120).stdout
     assert 'id="q-pairs"' in dom and 'id="q-bytes_per_dst24"' in dom, dom[-3000:]
     assert 'class="top-row"' in dom and "live-01" in dom, dom[-3000:]
@@ -623,15 +688,40 @@ def test_three_broker_profile_replicates(up: Site) -> None:
         if cs.get("kafka-init", {}).get("State", {}).get("Status") != "exited":
             return False
         assert cs["kafka-init"]["State"]["ExitCode"] == 0, s.k3.logs("kafka-init")
-        return run(["docker", "exec", cs["kafka"]["Id"], "/opt/kafka/bin/kafka-topics.sh", "--bootstrap-server",
-                    "kafka:9092", "--describe", "--topic", "lowwater.ct.pairs"]).stdout  # fmt: skip
+        return run(
+            [
+                "docker",
+                "exec",
+                cs["kafka"]["Id"],
+                "/opt/kafka/bin/kafka-topics.sh",
+                "--bootstrap-server",
+                "kafka:9092",
+                "--describe",
+                "--topic",
+                "lowwater.ct.pairs",
+            ]
+        ).stdout
 
     out = wait("3-broker topics", described, 300, lambda: s.k3.logs(tail=40))
     assert "ReplicationFactor: 3" in out, out
     assert len(re.findall(r"Isr: \d,\d,\d", out)) == 2, out  # both partitions: three replicas in sync
     kafka = s.k3.containers()["kafka"]["Id"]
-    conf = run(["docker", "exec", kafka, "/opt/kafka/bin/kafka-configs.sh", "--bootstrap-server", "kafka:9092",
-                "--describe", "--entity-type", "topics", "--entity-name", "lowwater.ct.pairs", "--all"]).stdout  # fmt: skip
+    conf = run(
+        [
+            "docker",
+            "exec",
+            kafka,
+            "/opt/kafka/bin/kafka-configs.sh",
+            "--bootstrap-server",
+            "kafka:9092",
+            "--describe",
+            "--entity-type",
+            "topics",
+            "--entity-name",
+            "lowwater.ct.pairs",
+            "--all",
+        ]
+    ).stdout
     assert re.search(r"^\s*min.insync.replicas=2 ", conf, re.M), conf
     s.k3("down", "-v", "-t", "10", timeout=300)
     TIMINGS["kafka_cluster_s"] = round(time.monotonic() - t0, 1)

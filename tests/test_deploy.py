@@ -43,8 +43,18 @@ DASHBOARDS = DEPLOY / "grafana" / "dashboards"
 ROLES = ("agent", "central")  # Dockerfile targets = pyproject extras = deploy/requirements-<role>.lock
 LOCKS = {role: DEPLOY / f"requirements-{role}.lock" for role in ROLES}
 # what a capture host must not install or import: the central roles' stack and the test/bench tools
-NOT_ON_CAPTURE_HOSTS = ("pyspark", "py4j", "duckdb", "fastapi", "starlette", "uvicorn", "pandas", "dpkt", "scapy",
-                        "matplotlib")  # fmt: skip
+NOT_ON_CAPTURE_HOSTS = (
+    "pyspark",
+    "py4j",
+    "duckdb",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "pandas",
+    "dpkt",
+    "scapy",
+    "matplotlib",
+)
 
 # Values for the variables compose files require (${VAR:?...}), for `config` only.
 REQUIRED_ENV = {
@@ -52,7 +62,10 @@ REQUIRED_ENV = {
     "LOWWATER_AGENT_BOOTSTRAP": "central.example.net:9094",
 }
 # the env files the services read (env_file), as an operator copies them from the examples
-ENV_FILES = {"CENTRAL_ENV_FILE": str(DEPLOY / "env.example"), "CAPTURE_ENV_FILE": str(DEPLOY / "capture-host" / "env.example")}
+ENV_FILES = {
+    "CENTRAL_ENV_FILE": str(DEPLOY / "env.example"),
+    "CAPTURE_ENV_FILE": str(DEPLOY / "capture-host" / "env.example"),
+}
 CAPTURE_CAPS = {"NET_RAW", "NET_ADMIN"}
 LOWWATER_SERVICES_CMD = {"lowwater-agent", "lowwater-job", "lowwater-api"}
 
@@ -136,8 +149,12 @@ def compose_binary() -> list[str] | None:
     """docker-compose (installed with apt-get when missing and possible), else ``docker compose``."""
     exe = shutil.which("docker-compose")
     if exe is None and shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
-        subprocess.run(["apt-get", "install", "-y", "-qq", "docker-compose"], capture_output=True, timeout=600,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "docker-compose"],
+            capture_output=True,
+            timeout=600,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
         exe = shutil.which("docker-compose")
     if exe is not None:
         return [exe]
@@ -150,8 +167,10 @@ def compose_binary() -> list[str] | None:
 @pytest.fixture(scope="module")
 def compose_cmd() -> list[str]:
     cmd = compose_binary()
-    assert cmd is not None, ("neither docker-compose nor `docker compose` is available (./lw setup installs the "
-                             "Debian package docker-compose): compose files not validated")  # fmt: skip
+    assert cmd is not None, (
+        "neither docker-compose nor `docker compose` is available (./lw setup installs the "
+        "Debian package docker-compose): compose files not validated"
+    )
     return cmd
 
 
@@ -159,18 +178,34 @@ def compose_cmd() -> list[str]:
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_compose_file_passes_docker_compose_config(compose_cmd: list[str], path: Path) -> None:
     env = {**os.environ, **REQUIRED_ENV, **ENV_FILES}
-    proc = subprocess.run([*compose_cmd, "-f", str(path), "config"], capture_output=True, text=True, env=env,
-                          cwd=path.parent, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [*compose_cmd, "-f", str(path), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=path.parent,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"{' '.join(compose_cmd)} -f {path} config failed:\n{proc.stderr}"
     resolved = yaml.safe_load(proc.stdout)
     assert set(resolved["services"]) == set(services(path)), "compose and the test's own parsing disagree"
 
 
-@pytest.mark.parametrize(("path", "var"), [(CAPTURE, "LOWWATER_AGENT_HOST_ID"), (CAPTURE, "LOWWATER_AGENT_BOOTSTRAP")])
-def test_compose_refuses_to_run_without_required_settings(compose_cmd: list[str], path: Path, var: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "var"), [(CAPTURE, "LOWWATER_AGENT_HOST_ID"), (CAPTURE, "LOWWATER_AGENT_BOOTSTRAP")]
+)
+def test_compose_refuses_to_run_without_required_settings(
+    compose_cmd: list[str], path: Path, var: str
+) -> None:
     env = {k: v for k, v in {**os.environ, **REQUIRED_ENV, **ENV_FILES}.items() if k != var}
-    proc = subprocess.run([*compose_cmd, "-f", str(path), "config", "-q"], capture_output=True, text=True,
-                          env=env, cwd=path.parent, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [*compose_cmd, "-f", str(path), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=path.parent,
+        timeout=120,
+    )
     assert proc.returncode != 0 and var in proc.stderr, proc.stderr
 
 
@@ -193,7 +228,16 @@ def test_compose_service_hygiene() -> None:
 
 def test_central_compose_wiring() -> None:
     svcs = services(CENTRAL)
-    assert {"kafka", "kafka-init", "spark-master", "spark-worker", "job", "api", "prometheus", "grafana"} <= set(svcs)
+    assert {
+        "kafka",
+        "kafka-init",
+        "spark-master",
+        "spark-worker",
+        "job",
+        "api",
+        "prometheus",
+        "grafana",
+    } <= set(svcs)
     kafka = svcs["kafka"]
     assert kafka["image"] == "apache/kafka:4.1.1"
     env = kafka["environment"]
@@ -202,7 +246,9 @@ def test_central_compose_wiring() -> None:
     assert "kafka-data" in load_compose(CENTRAL)["volumes"]
     assert "INTERNAL://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
     assert "EXTERNAL://" in env["KAFKA_ADVERTISED_LISTENERS"], "capture hosts need a host-reachable listener"
-    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", "topics come from kafka-init with their partitions"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", (
+        "topics come from kafka-init with their partitions"
+    )
     # kafka-init before the job; the job and the workers share the checkpoint at the same path (executors
     # write the state store there); the API reads the job's results read-only.
     assert svcs["job"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
@@ -228,8 +274,9 @@ def test_central_compose_wiring() -> None:
 
 def cli_flags(module: str) -> set[str]:
     """The ``--flags`` in ``python -m module --help``."""
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return set(re.findall(r"--[a-z][a-z0-9-]*", out.stdout))
 
@@ -242,7 +289,9 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
     assert job[0] == "lowwater-job"
     env = {k: v for k, v in services(CENTRAL)["job"]["environment"].items() if k.startswith("LOWWATER_JOB_")}
     assert env["LOWWATER_JOB_DRIVER_HOST"] == "job"
-    with pytest.MonkeyPatch.context() as mp:  # the environment compose gives the job: env.example, then environment:
+    with (
+        pytest.MonkeyPatch.context() as mp
+    ):  # the environment compose gives the job: env.example, then environment:
         for k, v in {**env_file_settings(DEPLOY / "env.example", "LOWWATER_JOB_"), **env}.items():
             mp.setenv(k, str(v))
         s = settings_from(job[1:])
@@ -258,7 +307,9 @@ def test_compose_job_agent_and_topic_commands_are_accepted_by_the_real_clis() ->
         used = {c for c in cmd if c.startswith("--")}
         assert used <= agent_flags, f"{name}: unknown agent flags {used - agent_flags}"
     init = command_of(services(CENTRAL)["kafka-init"])
-    assert {c for c in init if c.startswith("--")} <= cli_flags_of_script(DEPLOY / "docker" / "create_topics.py")
+    assert {c for c in init if c.startswith("--")} <= cli_flags_of_script(
+        DEPLOY / "docker" / "create_topics.py"
+    )
 
 
 def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
@@ -272,8 +323,13 @@ def test_compose_api_command_is_accepted_by_the_real_cli() -> None:
     assert services(CENTRAL)["api"]["env_file"] == services(CENTRAL)["job"]["env_file"] == "./deploy/.env"
     example = env_file_settings(DEPLOY / "env.example", "LOWWATER_")
     assert example["LOWWATER_API_KAFKA_SECURITY"] == example["LOWWATER_JOB_KAFKA_SECURITY"]
-    block = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": "job", "password": "pw",
-             "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+    block = {
+        "protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "username": "job",
+        "password": "pw",
+        "ca_file": "/etc/lowwater/kafka/ca.pem",
+    }
     for value, protocol in (("", "PLAINTEXT"), (json.dumps(block), "SASL_SSL")):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("LOWWATER_API_KAFKA_SECURITY", value)
@@ -291,9 +347,13 @@ def env_file_settings(path: Path, prefix: str) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize(("path", "roles"), [(DEPLOY / "env.example", ("job", "api")),
-                                             (DEPLOY / "capture-host" / "env.example", ("agent",))])  # fmt: skip
-def test_env_examples_use_one_naming_scheme_that_reaches_the_roles(path: Path, roles: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("path", "roles"),
+    [(DEPLOY / "env.example", ("job", "api")), (DEPLOY / "capture-host" / "env.example", ("agent",))],
+)
+def test_env_examples_use_one_naming_scheme_that_reaches_the_roles(
+    path: Path, roles: tuple[str, ...]
+) -> None:
     """Every LOWWATER_* name in an env file is LOWWATER_<ROLE>_<SETTING> of a role that reads the file
     (env_file), so it takes effect: no compose-only look-alikes, nothing silently ignored."""
     from high_level.serve.settings import ApiSettings
@@ -305,8 +365,10 @@ def test_env_examples_use_one_naming_scheme_that_reaches_the_roles(path: Path, r
     assert names, path
     for name in names:
         role = next((r for r in roles if name.startswith(f"LOWWATER_{r.upper()}_")), None)
-        assert role is not None, f"{path.name}: {name} is not a setting of {roles} (compose-only names have no LOWWATER_)"
-        field = name[len(f"LOWWATER_{role.upper()}_"):].lower().split("__")[0]
+        assert role is not None, (
+            f"{path.name}: {name} is not a setting of {roles} (compose-only names have no LOWWATER_)"
+        )
+        field = name[len(f"LOWWATER_{role.upper()}_") :].lower().split("__")[0]
         assert field in models[role].model_fields, f"{path.name}: {name}: {role} has no setting {field!r}"
     svcs = {**services(CENTRAL), **services(CAPTURE)}
     for role in roles:
@@ -315,8 +377,14 @@ def test_env_examples_use_one_naming_scheme_that_reaches_the_roles(path: Path, r
 
 
 def cli_flags_of_script(path: Path) -> set[str]:
-    out = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(path), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return set(re.findall(r"--[a-z][a-z0-9-]*", out.stdout))
 
@@ -327,18 +395,28 @@ def test_secrets_are_files_shared_by_the_api_and_prometheus() -> None:
     compose = load_compose(CENTRAL)
     svcs = compose["services"]
     raw = svcs["api"]["command"]
-    assert raw[1] == "/app/deploy/docker/env_from_files.py" and "LOWWATER_API_TOKEN=/run/secrets/api_token" in raw
+    assert (
+        raw[1] == "/app/deploy/docker/env_from_files.py"
+        and "LOWWATER_API_TOKEN=/run/secrets/api_token" in raw
+    )
     assert "api_token" in svcs["api"]["secrets"] and "api_token" in svcs["prometheus"]["secrets"]
-    api_job = next(sc for sc in _prometheus()["scrape_configs"] if "api:8080" in sc["static_configs"][0]["targets"])
+    api_job = next(
+        sc for sc in _prometheus()["scrape_configs"] if "api:8080" in sc["static_configs"][0]["targets"]
+    )
     assert api_job["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/api_token"}
-    assert svcs["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert (
+        svcs["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+        == "/run/secrets/grafana_admin_password"
+    )
     assert "grafana_admin_password" in svcs["grafana"]["secrets"]
     for name, sec in compose["secrets"].items():
         assert sec["file"].startswith("./deploy/secrets/"), name
     assert "secrets/" in (DEPLOY / ".gitignore").read_text().split()
     for name, svc in svcs.items():
         for key in svc.get("environment", {}):
-            assert not re.search(r"TOKEN|PASSWORD|SECRET", key) or key.endswith("__FILE"), f"{name}: {key} in env"
+            assert not re.search(r"TOKEN|PASSWORD|SECRET", key) or key.endswith("__FILE"), (
+                f"{name}: {key} in env"
+            )
 
 
 def test_env_from_files_wrapper(tmp_path: Path) -> None:
@@ -351,11 +429,27 @@ def test_env_from_files_wrapper(tmp_path: Path) -> None:
     for bad in ([f"X={tmp_path / 'missing'}"], [f"X={tmp_path / 'empty'}"], ["novalue"], [f"1X={tok}"]):
         with pytest.raises(ValueError):
             mod.read_env_files(bad)
-    out = subprocess.run([sys.executable, str(wrapper), f"TOK={tok}", "--", sys.executable, "-c",
-                          "import os; print(os.environ['TOK'])"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(wrapper),
+            f"TOK={tok}",
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['TOK'])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "s3cret", out.stderr
-    out = subprocess.run([sys.executable, str(wrapper), f"TOK={tmp_path / 'missing'}", "--", "true"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(wrapper), f"TOK={tmp_path / 'missing'}", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "cannot read" in out.stderr
 
 
@@ -377,7 +471,8 @@ def test_every_prometheus_static_target_is_a_compose_service_port() -> None:
                 service = "prometheus" if host == "localhost" else host
                 assert service in svcs, f"{sc['job_name']}: target {target}: no compose service {service!r}"
                 assert int(port) in container_ports(svcs[service]), (
-                    f"{sc['job_name']}: {target}: {service} does not expose port {port}")  # fmt: skip
+                    f"{sc['job_name']}: {target}: {service} does not expose port {port}"
+                )
                 lp = listening_port(svcs[service])
                 if lp is not None:
                     assert int(port) == lp, f"{target}: {service} listens on {lp}"
@@ -397,13 +492,27 @@ def test_file_sd_capture_hosts_use_the_agent_metrics_port() -> None:
     svcs = services(CENTRAL)
     prom = svcs["prometheus"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"] if v.startswith("./")}
-    capture_port = int(env_file_settings(DEPLOY / "capture-host" / "env.example", "LOWWATER_AGENT_")["LOWWATER_AGENT_METRICS_PORT"])
-    assert capture_port == 9101 and services(CAPTURE)["agent"]["environment"]["LOWWATER_HEALTH_URL"].endswith(":9101/metrics")
-    files = [f for sc in _prometheus()["scrape_configs"] for c in sc.get("file_sd_configs", []) for f in c["files"]]
+    capture_port = int(
+        env_file_settings(DEPLOY / "capture-host" / "env.example", "LOWWATER_AGENT_")[
+            "LOWWATER_AGENT_METRICS_PORT"
+        ]
+    )
+    assert capture_port == 9101 and services(CAPTURE)["agent"]["environment"]["LOWWATER_HEALTH_URL"].endswith(
+        ":9101/metrics"
+    )
+    files = [
+        f for sc in _prometheus()["scrape_configs"] for c in sc.get("file_sd_configs", []) for f in c["files"]
+    ]
     assert files, "capture hosts need a file_sd file"
     for f in files:
-        local = next((REPO / src / Path(f).relative_to(dst) for dst, src in mounts.items()
-                      if Path(f).is_relative_to(dst)), None)  # fmt: skip
+        local = next(
+            (
+                REPO / src / Path(f).relative_to(dst)
+                for dst, src in mounts.items()
+                if Path(f).is_relative_to(dst)
+            ),
+            None,
+        )
         assert local is not None and local.is_file(), f"{f} is not a file mounted from deploy/"
         for group in yaml.safe_load(local.read_text()):
             for target in group["targets"]:
@@ -426,13 +535,22 @@ def test_promtool_accepts_the_prometheus_config_and_every_dashboard_expression(t
     cfg.write_text(text.replace("/run/secrets/api_token", str(secret)))
     out = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    rules = [{"record": f"lowwater:check_{i}", "expr": re.sub(r"\$(host|query)\b", ".*",
-                                                          e.replace("$__rate_interval", "1m"))}
-             for i, (_, _, e) in enumerate(dashboard_exprs()) if not e.startswith("label_values(")]  # fmt: skip
+    rules = [
+        {
+            "record": f"lowwater:check_{i}",
+            "expr": re.sub(r"\$(host|query)\b", ".*", e.replace("$__rate_interval", "1m")),
+        }
+        for i, (_, _, e) in enumerate(dashboard_exprs())
+        if not e.startswith("label_values(")
+    ]
     rf = tmp_path / "rules.yml"
     rf.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    out = subprocess.run([promtool, "check", "rules", str(rf), *map(str, sorted(RULES.glob("*.yml")))],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [promtool, "check", "rules", str(rf), *map(str, sorted(RULES.glob("*.yml")))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -440,21 +558,40 @@ def test_alert_and_recording_rules_use_only_exported_metrics() -> None:
     """Every metric an alert or recording rule reads is exported by the code (or Prometheus' ``up``,
     or a series recorded by the rules themselves); the rules directory is mounted into Prometheus."""
     defined = set().union(*defined_metrics().values())
-    rules = [r for f in sorted(RULES.glob("*.yml")) for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+    rules = [
+        r
+        for f in sorted(RULES.glob("*.yml"))
+        for g in yaml.safe_load(f.read_text())["groups"]
+        for r in g["rules"]
+    ]
     recorded = {r["record"] for r in rules if "record" in r}
     assert recorded and any("alert" in r for r in rules)
     for r in rules:
         for n in promql_metrics(r["expr"]):
-            assert n == "up" or n in recorded or exposition_candidates(n) & defined, f"{r}: {n} is not exported"
+            assert n == "up" or n in recorded or exposition_candidates(n) & defined, (
+                f"{r}: {n} is not exported"
+            )
     mounts = services(CENTRAL)["prometheus"]["volumes"]
     assert any(str(v).startswith("./deploy/prometheus/rules:/etc/prometheus/rules") for v in mounts), mounts
 
 
 # -- Grafana plots only metrics the code exports ----------------------------------------------------
 _PROMQL_KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
-    "inf", "nan", "le",
-}  # fmt: skip
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+    "le",
+}
 
 
 def promql_metrics(expr: str) -> set[str]:
@@ -475,7 +612,10 @@ def promql_metrics(expr: str) -> set[str]:
 
 
 def test_promql_metric_extraction() -> None:
-    assert promql_metrics('sum by (host) (rate(a_total{host=~"$host"}[$__rate_interval])) / b') == {"a_total", "b"}
+    assert promql_metrics('sum by (host) (rate(a_total{host=~"$host"}[$__rate_interval])) / b') == {
+        "a_total",
+        "b",
+    }
     assert promql_metrics("histogram_quantile(0.99, sum by (le) (rate(x_bucket[5m])))") == {"x_bucket"}
     assert promql_metrics("label_values(m_total, host)") == {"m_total"}
     assert promql_metrics("max without (instance) (g) > bool 1e-9") == {"g"}
@@ -534,14 +674,20 @@ def test_dashboard_metrics_are_all_lowwater_metrics() -> None:
         names = promql_metrics(expr)
         assert names, f"{fname} / {title}: no metric in {expr!r}"
         for n in names:
-            assert re.fullmatch(r"lowwater_(agent|job|api)_[a-z0-9_]+", n), f"{fname} / {title}: {n} in {expr!r}"
+            assert re.fullmatch(r"lowwater_(agent|job|api)_[a-z0-9_]+", n), (
+                f"{fname} / {title}: {n} in {expr!r}"
+            )
 
 
 @pytest.mark.parametrize("component", ["agent", "job", "api"])
 def test_every_dashboard_metric_is_defined_in_the_code(component: str) -> None:
     defined = defined_metrics()[component]
-    used = {(n, f"{f} / {t}") for f, t, e in dashboard_exprs() for n in promql_metrics(e)
-            if n.startswith(f"lowwater_{component}_")}  # fmt: skip
+    used = {
+        (n, f"{f} / {t}")
+        for f, t, e in dashboard_exprs()
+        for n in promql_metrics(e)
+        if n.startswith(f"lowwater_{component}_")
+    }
     assert used, f"the dashboard plots no lowwater_{component}_* metric"
     assert defined, f"no lowwater_{component}_* metric found in the code ({len(used)} panel uses unchecked)"
     missing = sorted({(n, where) for n, where in used if not exposition_candidates(n) & defined})
@@ -550,13 +696,19 @@ def test_every_dashboard_metric_is_defined_in_the_code(component: str) -> None:
 
 def test_dashboard_covers_the_operational_signals() -> None:
     text = "\n".join(e for _, _, e in dashboard_exprs())
-    for needle in ("lowwater_agent_packets_captured_total", "lowwater_agent_packets_processed_total",  # throughput
-                   "lowwater_agent_ring_drops_total", "lowwater_agent_kernel_drops_total",  # drops
-                   "lowwater_agent_evictions_total",  # evictions
-                   "lowwater_job_host_lag_seconds",  # low-water-mark lag per host
-                   "lowwater_job_late_partials_total"):  # late data  # fmt: skip
+    for needle in (
+        "lowwater_agent_packets_captured_total",
+        "lowwater_agent_packets_processed_total",  # throughput
+        "lowwater_agent_ring_drops_total",
+        "lowwater_agent_kernel_drops_total",  # drops
+        "lowwater_agent_evictions_total",  # evictions
+        "lowwater_job_host_lag_seconds",  # low-water-mark lag per host
+        "lowwater_job_late_partials_total",
+    ):  # late data
         assert needle in text, needle
-    assert re.search(r"histogram_quantile\(.*lowwater_job_result_latency_seconds_bucket", text), "window-close latency"
+    assert re.search(r"histogram_quantile\(.*lowwater_job_result_latency_seconds_bucket", text), (
+        "window-close latency"
+    )
 
 
 def test_grafana_provisioning_matches_compose_and_dashboards() -> None:
@@ -642,7 +794,9 @@ def _resolved_from_images() -> list[str]:
     args = dict(re.findall(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)", text, re.M))
     images = []
     for ref in re.findall(r"^FROM\s+(\S+)", text, re.M):
-        images.append(re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), ref))
+        images.append(
+            re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
+        )
     return images
 
 
@@ -653,7 +807,8 @@ def test_dockerfile_base_image_is_pinned_to_an_exact_tag() -> None:
     for image in external:
         assert "$" not in image, f"unresolved base image {image}"
         assert "@sha256:" in image or re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", image), (
-            f"base image {image} is not pinned to an exact version tag")  # fmt: skip
+            f"base image {image} is not pinned to an exact version tag"
+        )
         assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
 
 
@@ -677,20 +832,40 @@ def test_dockerfile_builds_what_the_roles_need() -> None:
     agent = stages["agent"] + stages["build-agent"]
     central = stages["central"] + stages["build-central"]
     assert "openjdk-17-jre-headless" in stages["central"], "Spark 4 needs Java 17"
-    assert "local_stack.jars" in central and "spark_kafka_jars" in central, "connector jars via the project's Maven fetch"
-    for word in ("openjdk", "maven", "spark_kafka_jars", "requirements-central.lock", "/var/lib/lowwater/jars"):
+    assert "local_stack.jars" in central and "spark_kafka_jars" in central, (
+        "connector jars via the project's Maven fetch"
+    )
+    for word in (
+        "openjdk",
+        "maven",
+        "spark_kafka_jars",
+        "requirements-central.lock",
+        "/var/lib/lowwater/jars",
+    ):
         assert word not in agent and word not in stages["base"], f"the agent image gets {word}"
     for role, text in (("agent", agent), ("central", central)):
         assert f"deploy/requirements-{role}.lock" in text, f"target {role} does not install its lock"
         assert re.search(r"^HEALTHCHECK\s", stages[role], re.M), role
         assert re.search(r"^LABEL\s+org\.opencontainers\.image\.", stages[role], re.M), role
     text = DOCKERFILE.read_text()
-    for script in re.findall(r"/app/(deploy/docker/[\w.]+\.py)", text + CENTRAL.read_text() + CAPTURE.read_text()):
+    for script in re.findall(
+        r"/app/(deploy/docker/[\w.]+\.py)", text + CENTRAL.read_text() + CAPTURE.read_text()
+    ):
         assert (REPO / script).is_file(), script
-    ignore = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    ignore = [
+        ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.strip() and ln[0] != "#"
+    ]
     assert "!deploy/docker" in ignore
     assert all(f"!deploy/{LOCKS[r].name}" in ignore for r in ROLES)
-    for needed in ("local_stack", "contract", "low_level", "high_level", "configs", "pyproject.toml", "README.md"):
+    for needed in (
+        "local_stack",
+        "contract",
+        "low_level",
+        "high_level",
+        "configs",
+        "pyproject.toml",
+        "README.md",
+    ):
         assert needed not in ignore, f".dockerignore drops {needed}, which the image needs"
 
 
@@ -702,7 +877,9 @@ def test_compose_services_build_their_roles_target() -> None:
             if "build" not in svc:
                 continue
             role = "agent" if command_of(svc)[0] == "lowwater-agent" else "central"
-            assert svc["build"].get("target") == role, f"{path.name}: {name} builds {svc['build'].get('target')}"
+            assert svc["build"].get("target") == role, (
+                f"{path.name}: {name} builds {svc['build'].get('target')}"
+            )
             assert f"lowwater-{role}:" in svc["image"], f"{path.name}: {name} image {svc['image']}"
             seen.add(role)
     assert seen == set(ROLES)
@@ -733,24 +910,34 @@ def test_requirements_lock_pins_every_dependency_of_the_role(role: str) -> None:
         req = Requirement(dep)
         got = pins.get(canonicalize_name(req.name))
         assert got is not None, f"{req.name} (pyproject, {role}) is not pinned in {LOCKS[role].name}"
-        assert req.specifier.contains(got, prereleases=True), f"{req.name}=={got} violates pyproject {req.specifier}"
+        assert req.specifier.contains(got, prereleases=True), (
+            f"{req.name}=={got} violates pyproject {req.specifier}"
+        )
     if role == "central":
         spark_pom = (REPO / "local_stack" / "maven" / "spark-kafka.pom.xml").read_text()
         spark = re.search(r"<spark.version>([^<]+)</spark.version>", spark_pom).group(1)
         assert pins["pyspark"] == spark, "pyspark must equal the Spark Kafka connector version"
     else:
-        assert not set(pins) & set(NOT_ON_CAPTURE_HOSTS), f"the agent lock pins {set(pins) & set(NOT_ON_CAPTURE_HOSTS)}"
+        assert not set(pins) & set(NOT_ON_CAPTURE_HOSTS), (
+            f"the agent lock pins {set(pins) & set(NOT_ON_CAPTURE_HOSTS)}"
+        )
 
 
 def test_agent_extra_leaves_out_the_central_stack_and_test_tools() -> None:
     from packaging.requirements import Requirement
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    names = {Requirement(d).name.lower() for d in project["dependencies"] + project["optional-dependencies"]["agent"]}
+    names = {
+        Requirement(d).name.lower()
+        for d in project["dependencies"] + project["optional-dependencies"]["agent"]
+    }
     assert not names & set(NOT_ON_CAPTURE_HOSTS), names & set(NOT_ON_CAPTURE_HOSTS)
     for tool in ("dpkt", "scapy"):  # only where used
         assert any(Requirement(d).name == tool for d in project["optional-dependencies"]["test"])
-        assert not any(Requirement(d).name == tool for d in project["dependencies"] + project["optional-dependencies"]["central"])
+        assert not any(
+            Requirement(d).name == tool
+            for d in project["dependencies"] + project["optional-dependencies"]["central"]
+        )
 
 
 def test_agent_import_graph_stays_off_the_central_stack() -> None:
@@ -772,8 +959,22 @@ def test_agent_import_graph_stays_off_the_central_stack() -> None:
     forbidden = {*NOT_ON_CAPTURE_HOSTS, "high_level", "local_stack"}
     assert not top & forbidden, top & forbidden
     # imports inside functions (sources, Kafka, metrics are loaded lazily) never ran above: read them all
-    allowed = {*sys.stdlib_module_names, "contract", "low_level", "numpy", "numba", "llvmlite", "pyarrow", "pydantic", "pydantic_settings",
-               "yaml", "kafka", "crc32c", "prometheus_client", "tqdm"}  # fmt: skip
+    allowed = {
+        *sys.stdlib_module_names,
+        "contract",
+        "low_level",
+        "numpy",
+        "numba",
+        "llvmlite",
+        "pyarrow",
+        "pydantic",
+        "pydantic_settings",
+        "yaml",
+        "kafka",
+        "crc32c",
+        "prometheus_client",
+        "tqdm",
+    }
     for py in [*(REPO / "contract").rglob("*.py"), *(REPO / "low_level").rglob("*.py")]:
         for node in ast.walk(ast.parse(py.read_text())):
             if isinstance(node, ast.Import):
@@ -822,16 +1023,26 @@ def test_create_topics_plan(create_topics: ModuleType) -> None:
     wanted = create_topics.wanted_topics(cfg.queries)
     assert wanted == {q.topic: q.kafka.partitions for q in cfg.queries}
     admin = FakeAdmin({"lowwater.q4_pairs": 1, "lowwater.syn_per_port": 4})
-    with pytest.raises(create_topics.PartitionChangeRefused, match="lowwater.q4_pairs has 1 partitions, the config asks for 2"):
+    with pytest.raises(
+        create_topics.PartitionChangeRefused,
+        match="lowwater.q4_pairs has 1 partitions, the config asks for 2",
+    ):
         create_topics.ensure_topics(admin, wanted)  # never grown by default: groups would move mid-window
-    assert admin.topics == {"lowwater.q4_pairs": 1, "lowwater.syn_per_port": 4}  # refused before changing anything
+    assert admin.topics == {
+        "lowwater.q4_pairs": 1,
+        "lowwater.syn_per_port": 4,
+    }  # refused before changing anything
     actions = create_topics.ensure_topics(admin, wanted, grow=True)
     assert admin.topics["lowwater.q4_pairs"] == 2 and "grown" in actions["lowwater.q4_pairs"]
     assert admin.topics["lowwater.bytes_per_dst24"] == 2 and "created" in actions["lowwater.bytes_per_dst24"]
     assert admin.topics["lowwater.syn_per_port"] == 4 and "exists" in actions["lowwater.syn_per_port"]
-    assert create_topics.ensure_topics(admin, wanted) == {t: ("exists" if n == 2 else actions[t])
-                                                          for t, n in admin.topics.items()}  # fmt: skip
-    shared = [SimpleNamespace(name=n, topic="t", kafka=SimpleNamespace(partitions=p)) for n, p in (("a", 2), ("b", 3))]
+    assert create_topics.ensure_topics(admin, wanted) == {
+        t: ("exists" if n == 2 else actions[t]) for t, n in admin.topics.items()
+    }
+    shared = [
+        SimpleNamespace(name=n, topic="t", kafka=SimpleNamespace(partitions=p))
+        for n, p in (("a", 2), ("b", 3))
+    ]
     with pytest.raises(ValueError, match="share topic"):
         create_topics.wanted_topics(shared)
 
@@ -845,7 +1056,9 @@ def test_create_topics_against_the_real_broker(create_topics: ModuleType, kafka:
         with pytest.raises(create_topics.PartitionChangeRefused, match="--grow"):
             create_topics.ensure_topics(admin, {name: 3})
         assert create_topics.existing_partitions(admin, [name]) == {name: 2}
-        assert create_topics.ensure_topics(admin, {name: 3}, grow=True) == {name: "grown from 2 to 3 partitions"}
+        assert create_topics.ensure_topics(admin, {name: 3}, grow=True) == {
+            name: "grown from 2 to 3 partitions"
+        }
         assert create_topics.existing_partitions(admin, [name]) == {name: 3}
     finally:
         admin.close()
@@ -860,7 +1073,9 @@ def test_job_builds_its_session_without_the_local_stack() -> None:
         tree = ast.parse(mod.read_text())
         names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [n for n in names if n and n.startswith("local_stack")], f"{mod.relative_to(REPO)} imports local_stack"
+        assert not [n for n in names if n and n.startswith("local_stack")], (
+            f"{mod.relative_to(REPO)} imports local_stack"
+        )
 
 
 def test_healthcheck_script(tmp_path: Path) -> None:
@@ -891,7 +1106,9 @@ def test_healthcheck_script(tmp_path: Path) -> None:
         server.server_close()
 
 
-def test_capture_host_grants_cover_only_the_queries_a_host_runs(create_topics: ModuleType, tmp_path: Path) -> None:
+def test_capture_host_grants_cover_only_the_queries_a_host_runs(
+    create_topics: ModuleType, tmp_path: Path
+) -> None:
     """kafka-init's ACL plan: WRITE on the topics of the queries whose sources match the host, READ on
     the control topic, DESCRIBE on both; nothing for another host's query (the broker enforces it:
     tests/test_compose.py)."""
@@ -906,9 +1123,15 @@ queries:
      sources: ["edge-*"], kafka: {topic: lowwater.edge, partitions: 1}}
 """)
     grants = create_topics.capture_host_grants(Q.load(cfg), ["edge-1", "core-1"], "lowwater.control")
-    assert grants["edge-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.edge": {"WRITE", "DESCRIBE"},
-                                "lowwater.control": {"READ", "DESCRIBE"}}  # fmt: skip
-    assert grants["core-1"] == {"lowwater.all": {"WRITE", "DESCRIBE"}, "lowwater.control": {"READ", "DESCRIBE"}}
+    assert grants["edge-1"] == {
+        "lowwater.all": {"WRITE", "DESCRIBE"},
+        "lowwater.edge": {"WRITE", "DESCRIBE"},
+        "lowwater.control": {"READ", "DESCRIBE"},
+    }
+    assert grants["core-1"] == {
+        "lowwater.all": {"WRITE", "DESCRIBE"},
+        "lowwater.control": {"READ", "DESCRIBE"},
+    }
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# capture hosts\nedge-1\n\ncore-1\n")
     assert create_topics.read_hosts(str(hosts)) == ["edge-1", "core-1"]
@@ -918,8 +1141,24 @@ def test_kafka_secrets_script_makes_ca_broker_cert_and_one_user_per_host(tmp_pat
     """deploy/kafka_secrets.py: idempotent; a new host adds a user and keeps the others' passwords."""
     script = DEPLOY / "kafka_secrets.py"
     d = tmp_path / "k"
-    run = lambda *a: subprocess.run([sys.executable, str(script), "--dir", str(d), "--external-host", "kafka.example",  # noqa: E731
-                                     *a], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+
+    def run(*a):
+        return subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                "--dir",
+                str(d),
+                "--external-host",
+                "kafka.example",
+                *a,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+
     assert "made CA" in run("cap-1")
     jaas = (d / "kafka_server_jaas.conf").read_text()
     assert jaas.startswith("//") and "external.KafkaServer" in jaas and 'user_cap-1="' in jaas
@@ -932,9 +1171,21 @@ def test_kafka_secrets_script_makes_ca_broker_cert_and_one_user_per_host(tmp_pat
     assert (d / "capture-hosts.txt").read_text() == "cap-1\ncap-2\n"
     env = (d / "capture-hosts" / "cap-2" / "agent.env").read_text()
     block = json.loads(env.split("LOWWATER_AGENT_KAFKA_SECURITY=", 1)[1])
-    assert block["protocol"] == "SASL_SSL" and block["username"] == "cap-2" and "LOWWATER_AGENT_BOOTSTRAP=kafka.example:9094" in env
-    cert = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(d / "broker.pem")],
-                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert (
+        block["protocol"] == "SASL_SSL"
+        and block["username"] == "cap-2"
+        and "LOWWATER_AGENT_BOOTSTRAP=kafka.example:9094" in env
+    )
+    cert = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(d / "broker.pem")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "DNS:kafka.example" in cert
-    ok = subprocess.run(["openssl", "verify", "-CAfile", str(d / "ca.pem"), str(d / "broker.pem")], capture_output=True, text=True)
+    ok = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(d / "ca.pem"), str(d / "broker.pem")],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr

@@ -20,8 +20,13 @@ NS = 1_000_000_000
 
 
 def _query(m: int) -> Q.QuerySpec:
-    return spec("d", group_by=["src_ip", "dst_ip"], window={"range": "4s", "slide": "1s"}, table=4096,
-                flush={"policy": "lazy", "m": m})
+    return spec(
+        "d",
+        group_by=["src_ip", "dst_ip"],
+        window={"range": "4s", "slide": "1s"},
+        table=4096,
+        flush={"policy": "lazy", "m": m},
+    )
 
 
 def _run(hold: int) -> tuple[int, int, int]:
@@ -33,7 +38,12 @@ def _run(hold: int) -> tuple[int, int, int]:
     frames, caplen, wirelen, ts = generate_frames(n, groups=200, seed=3, synthetic_pps=1000)
     flow = np.ascontiguousarray(frames[:, 26:34]).view(np.uint64).ravel()  # IPv4 src+dst: flow by flow
     order = np.lexsort((ts, flow, (ts - ts[0]) // 6_500_000_000))
-    frames, caplen, wirelen, ts = np.ascontiguousarray(frames[order]), caplen[order], wirelen[order], ts[order]
+    frames, caplen, wirelen, ts = (
+        np.ascontiguousarray(frames[order]),
+        caplen[order],
+        wirelen[order],
+        ts[order],
+    )
     t = Tables.build([q], chunk=256)
     k = Kernel(t)
     merged = 0

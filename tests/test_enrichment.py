@@ -64,7 +64,9 @@ def _random_networks(rng: np.random.Generator, n: int) -> str:
 
 def _words(addrs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     w = [F.ip_to_words(a) for a in addrs]
-    return np.array([F.to_int64(h) for h, _ in w], np.int64), np.array([F.to_int64(lo) for _, lo in w], np.int64)
+    return np.array([F.to_int64(h) for h, _ in w], np.int64), np.array(
+        [F.to_int64(lo) for _, lo in w], np.int64
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -98,14 +100,17 @@ def test_names_map_back_and_ids_are_stable() -> None:
     assert nets.name_of(0) == "" and nets.name_of(5).startswith("net#")
 
 
-@pytest.mark.parametrize(("line", "field"), [
-    ("64500,10.0.0.1/8", "prefix"),  # host bits set
-    ("x y,64500,10.0.0.0/8", "name"),
-    ("64500", "line"),
-    ("4294967296,10.0.0.0/8", "asn"),
-    ("64500,10.0.0.0/33", "prefix"),
-    ("64500,10.0.0.0/8", "prefix"),  # the prefix of line 2 again
-])
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("64500,10.0.0.1/8", "prefix"),  # host bits set
+        ("x y,64500,10.0.0.0/8", "name"),
+        ("64500", "line"),
+        ("4294967296,10.0.0.0/8", "asn"),
+        ("64500,10.0.0.0/33", "prefix"),
+        ("64500,10.0.0.0/8", "prefix"),  # the prefix of line 2 again
+    ],
+)
 def test_bad_lines_are_reported_with_their_line(tmp_path: Path, line: str, field: str) -> None:
     path = tmp_path / "nets.txt"
     path.write_text(f"! header\nok,1,10.0.0.0/8\n\n{line}\n")
@@ -135,9 +140,22 @@ queries:
 
 def _query(name: str, group: str, flt: str = "") -> Q.QuerySpec:
     """``group``: the group_by list as YAML (``"[src_net, {field: dst_net, as: to}]"``)."""
-    return config(query(name, group_by=yaml.safe_load(group), aggregates=["count as n", "sum(length) as b"], window="2s",
-                        table=256, flush={"policy": "lazy", "m": 2}, filter=flt or None),
-                  networks="/nonexistent/only-the-kernel-table-matters").load().queries[0]  # fmt: skip
+    return (
+        config(
+            query(
+                name,
+                group_by=yaml.safe_load(group),
+                aggregates=["count as n", "sum(length) as b"],
+                window="2s",
+                table=256,
+                flush={"policy": "lazy", "m": 2},
+                filter=flt or None,
+            ),
+            networks="/nonexistent/only-the-kernel-table-matters",
+        )
+        .load()
+        .queries[0]
+    )
 
 
 def _enrich_reference(nets: N.Networks, rows: np.ndarray) -> dict[int, np.ndarray]:
@@ -154,7 +172,9 @@ def _enrich_reference(nets: N.Networks, rows: np.ndarray) -> dict[int, np.ndarra
     return out
 
 
-def _run(queries: list[Q.QuerySpec], traffic, tables_nets: list[np.ndarray], chunk: int = 512) -> list[np.ndarray]:
+def _run(
+    queries: list[Q.QuerySpec], traffic, tables_nets: list[np.ndarray], chunk: int = 512
+) -> list[np.ndarray]:
     """Run the kernel over the traffic; switch to the next networks table at each equal share of it."""
     tables = Tables.build(queries, chunk=chunk)
     k = Kernel(tables, nets=tables_nets[0])
@@ -195,7 +215,10 @@ def test_group_by_and_filter_on_enrichment_fields_is_exact() -> None:
     pane = (rows[:, F.TS] - queries[0].window.origin_ns) // queries[0].window.pane_ns
     want = [Counter(), Counter(), Counter()]
     for i in range(len(rows)):
-        keys = [(int(ref[F.DST_ASN][i]),), (int(ref[F.SRC_NET][i]), int(ref[F.DST_NET][i]), int(rows[i, F.PROTO]))]
+        keys = [
+            (int(ref[F.DST_ASN][i]),),
+            (int(ref[F.SRC_NET][i]), int(ref[F.DST_NET][i]), int(rows[i, F.PROTO])),
+        ]
         prog = compile_filter(queries[2].filter)
         if evaluate(prog, rows[i], lambda src, _r, i=i: ref[src][i]):
             d = int(rows[i, F.DST_LO]) & ~0xFF
@@ -282,10 +305,14 @@ def test_agent_groups_by_dst_asn_end_to_end(kafka, topic_factory, tmp_path: Path
     from lowwater_testing.topics import read_all
 
     topic = topic_factory(partitions=2)
-    (tmp_path / "nets.txt").write_text("64497,192.168.0.0/16\nsmall,64498,192.168.0.0/22\n64499,192.168.4.0/24\n")
+    (tmp_path / "nets.txt").write_text(
+        "64497,192.168.0.0/16\nsmall,64498,192.168.0.0/22\n64499,192.168.4.0/24\n"
+    )
     cfg = tmp_path / "q.yaml"
-    config(query("by_asn", group_by=["dst_asn"], window="2s", table=64, topic=topic, partitions=2),
-           networks="nets.txt").write(cfg)
+    config(
+        query("by_asn", group_by=["dst_asn"], window="2s", table=64, topic=topic, partitions=2),
+        networks="nets.txt",
+    ).write(cfg)
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 6_000, 900, 8, seed=3)
     run_agent(cfg, f"pcap:{pcap}", bootstrap=kafka.bootstrap_servers)
@@ -307,8 +334,10 @@ def test_agent_refuses_a_bad_networks_file_with_its_line(tmp_path: Path) -> None
 
     (tmp_path / "nets.txt").write_text("64497,192.168.0.0/16\n64498,192.168.0.1/24\n")
     cfg = tmp_path / "q.yaml"
-    cfg.write_text("networks: nets.txt\nqueries:\n  - name: a\n    group_by: [dst_asn]\n"
-                   "    aggregates: [{fn: count}]\n    window: {range: 2s}\n")
+    cfg.write_text(
+        "networks: nets.txt\nqueries:\n  - name: a\n    group_by: [dst_asn]\n"
+        "    aggregates: [{fn: count}]\n    window: {range: 2s}\n"
+    )
     proc = run_agent(cfg, "generator", host=None, extra=("--duration", "1"), check=False)
     assert proc.returncode != 0
     assert f"{tmp_path / 'nets.txt'}:2: prefix" in proc.stderr
@@ -323,9 +352,12 @@ def test_the_api_names_net_ids_from_the_same_file(tmp_path: Path) -> None:
     names = NetNames(str(path))
     rows = [(N.net_id("ten"), N.net_id("small"), 6), (0, 12345, 17)]
     got = names.for_rows(q, ["src_net", "to", "protocol"], rows)
-    assert got == {"src_net": {str(N.net_id("ten")): "ten", "0": ""},
-                   "to": {str(N.net_id("small")): "small", "12345": "net#12345"}}
+    assert got == {
+        "src_net": {str(N.net_id("ten")): "ten", "0": ""},
+        "to": {str(N.net_id("small")): "small", "12345": "net#12345"},
+    }
     path.write_text("tiny,1,192.168.0.0/22\n")  # renamed: re-read on change
-    assert names.for_rows(q, ["src_net", "to", "protocol"], rows)["to"][str(N.net_id("small"))] == "net#" + str(
-        N.net_id("small"))
+    assert names.for_rows(q, ["src_net", "to", "protocol"], rows)["to"][
+        str(N.net_id("small"))
+    ] == "net#" + str(N.net_id("small"))
     assert NetNames(None).for_rows(q, ["src_net"], rows) == {}

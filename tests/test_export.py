@@ -15,10 +15,14 @@ from high_level.job import HighLevelJob, JobOptions
 from lowwater_testing.queries import config, query
 
 CONFIG = config(
-    query("ports", group_by=["dst_port"], aggregates=["count as packets", "sum(length) as bytes", "max(length) as biggest"],
-          export={"top": 3, "by": "bytes"}),
+    query(
+        "ports",
+        group_by=["dst_port"],
+        aggregates=["count as packets", "sum(length) as bytes", "max(length) as biggest"],
+        export={"top": 3, "by": "bytes"},
+    ),
     query("quiet", group_by=["dst_port"], aggregates=["count as packets"]),
-).text  # fmt: skip
+).text
 
 
 def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: list[tuple[int, ...]]) -> None:
@@ -28,38 +32,75 @@ def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: lis
     end = lay.window_end_ns(w)
     key = np.array([[r[0]] for r in rows], np.int64)
     state = np.array([list(r[1:]) for r in rows], np.int64)
-    job.store.write_query(batch, q, w, np.ones(n, np.int8), pa.array(["final"] * n), end - lay.range_ns, end, key, state,
-                          np.full(n, 1), np.ones(n, np.int32), np.ones(n, np.int32),
-                          np.tile(np.array([1, 0, 0], np.int64), (n, 1)))  # complete: 1 of 1 host, nothing late or missing  # fmt: skip
+    job.store.write_query(
+        batch,
+        q,
+        w,
+        np.ones(n, np.int8),
+        pa.array(["final"] * n),
+        end - lay.range_ns,
+        end,
+        key,
+        state,
+        np.full(n, 1),
+        np.ones(n, np.int32),
+        np.ones(n, np.int32),
+        np.tile(np.array([1, 0, 0], np.int64), (n, 1)),
+    )  # complete: 1 of 1 host, nothing late or missing
 
 
 def _scrape(job: HighLevelJob) -> dict[str, list]:
     text = generate_latest(job.metrics.registry).decode()
-    return {f.name: f.samples for f in text_string_to_metric_families(text) if f.name.startswith("lowwater_job_result")}
+    return {
+        f.name: f.samples
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("lowwater_job_result")
+    }
 
 
 def test_top_groups_of_the_newest_window_bounded_and_stamped(tmp_path) -> None:
     cfg = Q.load_text(CONFIG)
     ports = cfg.query("ports")
-    job = HighLevelJob(None, cfg.queries, JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c")))
+    job = HighLevelJob(
+        None,
+        cfg.queries,
+        JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c")),
+    )
     w0 = (1_700_000_000 * 10**9 - ports.window.origin_ns) // ports.window.pane_ns
-    _write(job, ports, 1, w0, [(80, 5, 5000, 1500), (443, 9, 900, 100), (22, 1, 60, 60), (53, 2, 200, 100), (25, 1, 40, 40)])
+    _write(
+        job,
+        ports,
+        1,
+        w0,
+        [(80, 5, 5000, 1500), (443, 9, 900, 100), (22, 1, 60, 60), (53, 2, 200, 100), (25, 1, 40, 40)],
+    )
     _write(job, cfg.query("quiet"), 1, w0, [(80, 5)])
     s = _scrape(job)
     top = [x for x in s["lowwater_job_result"] if x.labels["aggregate"] == "bytes"]
-    assert [(x.labels["dst_port"], x.value) for x in top] == [("80", 5000), ("443", 900), ("53", 200)]  # top 3 by bytes
-    assert len(s["lowwater_job_result"]) == 3 * 3  # bounded: top x aggregates, the other groups are not exported
+    assert [(x.labels["dst_port"], x.value) for x in top] == [
+        ("80", 5000),
+        ("443", 900),
+        ("53", 200),
+    ]  # top 3 by bytes
+    assert (
+        len(s["lowwater_job_result"]) == 3 * 3
+    )  # bounded: top x aggregates, the other groups are not exported
     end_s = (ports.window.origin_ns + (w0 + 1) * ports.window.pane_ns) / 1e9
     assert {x.timestamp for x in s["lowwater_job_result"]} == {end_s}
     totals = {x.labels["aggregate"]: x.value for x in s["lowwater_job_result_window_total"]}
     assert totals == {"packets": 18, "bytes": 6200, "biggest": 1500}
-    assert not any(x.labels["query"] == "quiet" for x in s["lowwater_job_result"])  # no `export`: nothing exported
+    assert not any(
+        x.labels["query"] == "quiet" for x in s["lowwater_job_result"]
+    )  # no `export`: nothing exported
     # a newer window replaces the series; an older one arriving later (a batch with a late window) does not
     _write(job, ports, 2, w0 + 1, [(8080, 1, 10, 10)])
     _write(job, ports, 3, w0 - 5, [(80, 100, 10**6, 1500)])
     s = _scrape(job)
     assert [(x.labels["dst_port"], x.labels["aggregate"], x.value) for x in s["lowwater_job_result"]] == [
-        ("8080", "packets", 1), ("8080", "bytes", 10), ("8080", "biggest", 10)]
+        ("8080", "packets", 1),
+        ("8080", "bytes", 10),
+        ("8080", "biggest", 10),
+    ]
     assert {x.timestamp for x in s["lowwater_job_result"]} == {end_s + 10}
 
 

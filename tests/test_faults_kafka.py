@@ -66,8 +66,15 @@ def test_outage_keeps_capturing_with_bounded_backlog_then_delivers(kafka, topic_
     groups = 500
     traffic = make_traffic(80_000, groups, T0, 8 * NS, seed=22)  # 8 panes x 500 groups
     # a tiny merge threshold forces in-place merging during the outage
-    agent = Agent([q], None, "h-down", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048,
-                  emitter_opts={"merge_at": 3000, "max_records": 50_000})
+    agent = Agent(
+        [q],
+        None,
+        "h-down",
+        kafka.bootstrap_servers,
+        ring_slots=1 << 13,
+        chunk=2048,
+        emitter_opts={"merge_at": 3000, "max_records": 50_000},
+    )
     feed(agent, traffic, 0, 10_000)
     assert agent.emitter.flush(30)
     kafka.stop()

@@ -40,7 +40,9 @@ from lowwater_testing.queries import config, query
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 PEERS = shutil.which("softflowd") and shutil.which("nfcapd") and shutil.which("nfdump")
-needs_peers = pytest.mark.skipif(not PEERS, reason="softflowd / nfdump not installed (./lw setup installs them)")
+needs_peers = pytest.mark.skipif(
+    not PEERS, reason="softflowd / nfdump not installed (./lw setup installs them)"
+)
 
 
 def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
@@ -51,8 +53,11 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    cap = subprocess.Popen(["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cap = subprocess.Popen(
+        ["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(1.0)
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -67,8 +72,13 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     files = sorted(str(p) for p in d.iterdir() if p.name.startswith("nfcapd."))
     assert files
     # %te, not %ter: nfdump 1.7.1 prints %ter's milliseconds without their leading digit
-    out = subprocess.run(["nfdump", "-q", "-N", "-o", "fmt:%te,%sa,%da,%sp,%dp,%pkt,%byt", "-r", files[-1]],
-                         capture_output=True, text=True, env={**os.environ, "TZ": "UTC"}, check=True).stdout
+    out = subprocess.run(
+        ["nfdump", "-q", "-N", "-o", "fmt:%te,%sa,%da,%sp,%dp,%pkt,%byt", "-r", files[-1]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TZ": "UTC"},
+        check=True,
+    ).stdout
     recs = []
     for line in out.splitlines():
         te, sa, da, sp, dp, pk, by = (x.strip() for x in line.split(","))
@@ -81,9 +91,18 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
 def _records(col: FlowCollector) -> list[tuple]:
     b = col.decode()
     r = b.rows[: b.n]
-    return [(int(x[F.TS]) // 1_000_000, F.words_to_ip(int(x[F.SRC_HI]), int(x[F.SRC_LO])),
-             F.words_to_ip(int(x[F.DST_HI]), int(x[F.DST_LO])), int(x[F.SPORT]), int(x[F.DPORT]), int(w), int(x[F.LEN]))
-            for x, w in zip(r, b.weights[: b.n], strict=True)]  # fmt: skip
+    return [
+        (
+            int(x[F.TS]) // 1_000_000,
+            F.words_to_ip(int(x[F.SRC_HI]), int(x[F.SRC_LO])),
+            F.words_to_ip(int(x[F.DST_HI]), int(x[F.DST_LO])),
+            int(x[F.SPORT]),
+            int(x[F.DPORT]),
+            int(w),
+            int(x[F.LEN]),
+        )
+        for x, w in zip(r, b.weights[: b.n], strict=True)
+    ]
 
 
 def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int = 512) -> Counter:
@@ -173,29 +192,59 @@ def test_weighted_kernel_is_exact_under_disorder() -> None:
 def test_sampling_options_renormalise_and_templates_are_per_domain() -> None:
     """A v9 options record says 1-in-100: records count 100x, per (exporter, domain); the same template
     id means different layouts in two domains; an unknown or expired template is counted, not guessed."""
-    opts = flowset(1, (300).to_bytes(2, "big") + (4).to_bytes(2, "big") + (8).to_bytes(2, "big") +
-                b"\x00\x01\x00\x04" + b"\x00\x22\x00\x04" + b"\x00\x23\x00\x01")
+    opts = flowset(
+        1,
+        (300).to_bytes(2, "big")
+        + (4).to_bytes(2, "big")
+        + (8).to_bytes(2, "big")
+        + b"\x00\x01\x00\x04"
+        + b"\x00\x22\x00\x04"
+        + b"\x00\x23\x00\x01",
+    )
     opt_data = flowset(300, b"\x00\x00\x00\x00" + (100).to_bytes(4, "big") + b"\x02")
     col = FlowCollector()
-    col.feed([
-        v9(1, [template(256, FIELDS), opts, opt_data]),
-        v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
-        v9(2, [template(256, list(reversed(FIELDS)))]),
-        v9(2, [flowset(256, bytes([17]) + (9_500).to_bytes(4, "big") + (70).to_bytes(4, "big") + (1).to_bytes(4, "big")
-                     + (0x0A000009).to_bytes(4, "big") + (0x0A000003).to_bytes(4, "big"))]),
-        v9(3, [flowset(256, flow_record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
-        v9(1, [flowset(256, flow_record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000),  # template too old
-    ])
+    col.feed(
+        [
+            v9(1, [template(256, FIELDS), opts, opt_data]),
+            v9(1, [flowset(256, flow_record(0x0A000001, 0x0A000002, 3, 300, 9_000))]),
+            v9(2, [template(256, list(reversed(FIELDS)))]),
+            v9(
+                2,
+                [
+                    flowset(
+                        256,
+                        bytes([17])
+                        + (9_500).to_bytes(4, "big")
+                        + (70).to_bytes(4, "big")
+                        + (1).to_bytes(4, "big")
+                        + (0x0A000009).to_bytes(4, "big")
+                        + (0x0A000003).to_bytes(4, "big"),
+                    )
+                ],
+            ),
+            v9(3, [flowset(256, flow_record(1, 2, 3, 4, 5))]),  # domain 3 never defined template 256
+            v9(
+                1, [flowset(256, flow_record(1, 2, 3, 4, 5))], clock_s=1_700_000_010 + 4000
+            ),  # template too old
+        ]
+    )
     b = col.decode()
     assert b.n == 2
     r = b.rows
     assert (b.weights[0], r[0, F.LEN], b.sampling_rate[0]) == (300, 30_000, 100)
     assert r[0, F.TS] == 1_700_000_010 * NS - 1_000 * 1_000_000  # end = export clock - (uptime - last)
     assert (b.weights[1], r[1, F.LEN], b.sampling_rate[1], r[1, F.PROTO]) == (1, 70, 1, 17)
-    assert r[1, F.DST_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000009 and r[1, F.SRC_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000003
+    assert (
+        r[1, F.DST_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000009
+        and r[1, F.SRC_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000003
+    )
     st = col.stats()
     assert st["errors"]["unknown_template"] == 1 and st["errors"]["expired_template"] == 1
-    assert st["sampling_rate"] == {"('127.0.0.1', 0)/1": 100, "('127.0.0.1', 0)/2": 1, "('127.0.0.1', 0)/3": 1}
+    assert st["sampling_rate"] == {
+        "('127.0.0.1', 0)/1": 100,
+        "('127.0.0.1', 0)/2": 1,
+        "('127.0.0.1', 0)/3": 1,
+    }
 
 
 def test_low_water_mark_follows_the_slowest_exporter_and_late_records_are_counted() -> None:
@@ -208,8 +257,10 @@ def test_low_water_mark_follows_the_slowest_exporter_and_late_records_are_counte
     # exporter 2 silent for longer than exporter_timeout: it stops holding the mark
     assert col.clock_mark_ns(now_ns=(1_700_000_060 + 301) * NS) == (1_700_000_100 - 16) * NS
     # a record ending before the promised mark is late
-    col.feed([v9(1, [flowset(256, flow_record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
-             exporter=("10.0.0.1", 2055))
+    col.feed(
+        [v9(1, [flowset(256, flow_record(1, 2, 1, 60, 1_000))], clock_s=1_700_000_100, uptime_ms=100_000)],
+        exporter=("10.0.0.1", 2055),
+    )
     col.decode()
     assert col.late_records == 1
 
@@ -250,7 +301,9 @@ def test_fuzzed_datagrams_are_counted_never_crash() -> None:
     st = col.stats()
     assert col.datagrams == total
     assert col.records > 0 and sum(st["errors"].values()) > 0
-    assert {"truncated", "wrong_version", "bad_set_length", "unknown_template"} <= {k for k, v in st["errors"].items() if v}
+    assert {"truncated", "wrong_version", "bad_set_length", "unknown_template"} <= {
+        k for k, v in st["errors"].items() if v
+    }
 
 
 @needs_peers
@@ -264,8 +317,17 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
 
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=PAIRS_AGGREGATES, window="2s", table=256,
-                 topic=topic, partitions=2)).write(cfg)
+    config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            aggregates=PAIRS_AGGREGATES,
+            window="2s",
+            table=256,
+            topic=topic,
+            partitions=2,
+        )
+    ).write(cfg)
     pcap = tmp_path / "t.pcap"
     flow_pcap(pcap, 5000, seed=12)
     datagrams, _ = softflowd_export(pcap, "10", tmp_path)
@@ -274,9 +336,17 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     port = probe.getsockname()[1]
     probe.close()
     agent = subprocess.Popen(
-        agent_cmd(cfg, f"flows:127.0.0.1:{port},inactive=15", host="router-1", bootstrap=kafka.bootstrap_servers,
-                  extra=("--summary", str(tmp_path / "summary.json"))),
-        stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+        agent_cmd(
+            cfg,
+            f"flows:127.0.0.1:{port},inactive=15",
+            host="router-1",
+            bootstrap=kafka.bootstrap_servers,
+            extra=("--summary", str(tmp_path / "summary.json")),
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         for line in agent.stderr:  # ready once it says which source it runs
             if "queries, source" in line:

@@ -44,7 +44,9 @@ def fuzz_frames(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return data, caplen
 
 
-def parse_all(data: np.ndarray, caplen: np.ndarray, fill: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def parse_all(
+    data: np.ndarray, caplen: np.ndarray, fill: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     n = len(caplen)
     buf = data.copy()
     cols = np.arange(SLOT)
@@ -86,8 +88,19 @@ def mutate_yaml(text: str, rng: random.Random) -> str:
             j = rng.randrange(len(line))
             lines[i] = line[:j] + rng.choice("{}[]:,-'\"#&*!|>%@` \t0x") + line[j + 1 :]
         elif op == 3:
-            lines.insert(i, rng.choice(["    bogus: 1", "  - name: x", "    window: {range: -1s}",
-                                        "    table: {size: 3}", "    filter: \"ttl >\"", "queries: []"]))
+            lines.insert(
+                i,
+                rng.choice(
+                    [
+                        "    bogus: 1",
+                        "  - name: x",
+                        "    window: {range: -1s}",
+                        "    table: {size: 3}",
+                        '    filter: "ttl >"',
+                        "queries: []",
+                    ]
+                ),
+            )
         elif op == 4:
             del lines[i]
         else:

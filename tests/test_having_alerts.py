@@ -35,17 +35,36 @@ NS = 10**9
 HOSTS = ("h0", "h1", "h2")
 
 CONFIG = config(
-    query("r9s6", filter="protocol == tcp", group_by=["dst_port"],
-          aggregates=["count as syns", "sum(length) as bytes", "min(ttl) as min_ttl"], window={"range": "9s", "slide": "6s"}),
-    query("r10s4o1", group_by=["dst_ip/24"], aggregates=["max(length) as max_len", "count as packets"],
-          window={"range": "10s", "slide": "4s", "origin": "1s"}),
-    query("lm20s5", group_by=["dst_port"], aggregates=["count as packets", "max(length) as max_len"],
-          window={"landmark": "20s", "update": "5s", "origin": "3s"}),
-    query("ports", group_by=["dst_port"], aggregates=["count as syns", "avg(length) as avg_len"],
-          having="syns >= 30 and avg_len > 0",
-          alerts=[{"name": "syn_flood", "when": "syns >= 40", "severity": "critical", "labels": {"team": "noc"}},
-                  {"name": "big", "when": "avg_len > 1000 and syns > 5", "severity": "info"}]),
-).text  # fmt: skip
+    query(
+        "r9s6",
+        filter="protocol == tcp",
+        group_by=["dst_port"],
+        aggregates=["count as syns", "sum(length) as bytes", "min(ttl) as min_ttl"],
+        window={"range": "9s", "slide": "6s"},
+    ),
+    query(
+        "r10s4o1",
+        group_by=["dst_ip/24"],
+        aggregates=["max(length) as max_len", "count as packets"],
+        window={"range": "10s", "slide": "4s", "origin": "1s"},
+    ),
+    query(
+        "lm20s5",
+        group_by=["dst_port"],
+        aggregates=["count as packets", "max(length) as max_len"],
+        window={"landmark": "20s", "update": "5s", "origin": "3s"},
+    ),
+    query(
+        "ports",
+        group_by=["dst_port"],
+        aggregates=["count as syns", "avg(length) as avg_len"],
+        having="syns >= 30 and avg_len > 0",
+        alerts=[
+            {"name": "syn_flood", "when": "syns >= 40", "severity": "critical", "labels": {"team": "noc"}},
+            {"name": "big", "when": "avg_len > 1000 and syns > 5", "severity": "info"},
+        ],
+    ),
+).text
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +86,36 @@ def test_condition_language_matches_a_python_reference():
     cases = {
         "a > 10": lambda a, b, c: a > 10,
         "a >= 10 and not b == 0": lambda a, b, c: a >= 10 and not b == 0,
-        "a / b > 3 or c < 5": lambda a, b, c: (a / b if b else (np.inf if a > 0 else -np.inf if a < 0 else np.nan)) > 3 or c < 5,
+        "a / b > 3 or c < 5": lambda a, b, c: (
+            (a / b if b else (np.inf if a > 0 else -np.inf if a < 0 else np.nan)) > 3 or c < 5
+        ),
         "-a + 2 * b * 3 - 1 <= -(b - a) / 2": lambda a, b, c: -a + 2 * b * 3 - 1 <= -(b - a) / 2,
         "c != c": lambda a, b, c: c != c,
         "1.5e1 < c and (a == 3 or b != 2)": lambda a, b, c: 15.0 < c and (a == 3 or b != 2),
         "9007199254740993 > a": lambda a, b, c: 9007199254740993 > a,
-    }  # fmt: skip
+    }
     for text, ref in cases.items():
         got = C.evaluate(C.parse(text, ["a", "b", "c"]), cols, n)
-        want = np.array([bool(ref(int(a), int(b), float(c))) for a, b, c in zip(cols["a"], cols["b"], cols["c"], strict=True)])
+        want = np.array(
+            [
+                bool(ref(int(a), int(b), float(c)))
+                for a, b, c in zip(cols["a"], cols["b"], cols["c"], strict=True)
+            ]
+        )
         assert got.tolist() == want.tolist(), text
     assert C.names(C.parse("a > b + 1", ["a", "b", "c"])) == {"a", "b"}
-    for bad in ("a >", "a", "a > 1 and", "open('x')", "a > 1; b", "a.b > 1", "(a > 1", "a > (b > 1)", "x > 1", "not a"):
+    for bad in (
+        "a >",
+        "a",
+        "a > 1 and",
+        "open('x')",
+        "a > 1; b",
+        "a.b > 1",
+        "(a > 1",
+        "a > (b > 1)",
+        "x > 1",
+        "not a",
+    ):
         with pytest.raises(C.ConditionError):
             C.parse(bad, ["a", "b", "c"])
     with pytest.raises(C.ConditionError, match="nested too deeply"):
@@ -92,7 +129,9 @@ def packet_windows(q: Q.QuerySpec, t) -> pd.DataFrame:
     Per-second oracle rows (the query reduced to 1-s tumbling panes) are assigned to every window
     containing their second by brute force; the WID is the window's last gcd pane."""
     w = q.window
-    one = q.model_copy(update={"window": Q.WindowSpec.model_validate({"range": 1, "origin": w.origin_ns / NS})})
+    one = q.model_copy(
+        update={"window": Q.WindowSpec.model_validate({"range": 1, "origin": w.origin_ns / NS})}
+    )
     po = oracle(one, t)
     kcols = [c for c in po.columns if c.startswith("k")]
     scols = [c for c in po.columns if c.startswith("s")]
@@ -106,8 +145,10 @@ def packet_windows(q: Q.QuerySpec, t) -> pd.DataFrame:
         d["window"] = (start[inside] - w.origin_ns) // w.pane_ns + w.panes_per_window - 1
         parts.append(d)
     d = pd.concat(parts, ignore_index=True)
-    aggs = {f"s{j}": {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
-            for j, c in enumerate(Q.state_columns(q))}  # fmt: skip
+    aggs = {
+        f"s{j}": {Q.MERGE_SUM: "sum", Q.MERGE_MIN: "min", Q.MERGE_MAX: "max"}[c.merge]
+        for j, c in enumerate(Q.state_columns(q))
+    }
     out = d.groupby(["window", *kcols], as_index=False).agg({s: aggs[s] for s in scols})
     return out.sort_values(["window", *kcols]).reset_index(drop=True)
 
@@ -125,8 +166,12 @@ def test_landmark_by_hand(cfg):
     assert len(r.close(6)) == 0 and r.landmark_update().state.tolist() == [[2, 50]]  # window 7: panes 4, 5
     assert r.pane.tolist() == [5]  # the closed landmark's panes purged, the open one's folded
     bad = "queries:\n  - name: x\n    aggregates: [{fn: count}]\n    window: {%s}\n"
-    for spec, why in (("landmark: 1d, update: 7m", "must divide"), ("landmark: 1d, range: 1h, update: 1m", "not 'range'"),
-                      ("range: 1m, update: 10s", "belongs to a landmark"), ("landmark: 1d", "needs 'update'")):
+    for spec, why in (
+        ("landmark: 1d, update: 7m", "must divide"),
+        ("landmark: 1d, range: 1h, update: 1m", "not 'range'"),
+        ("range: 1m, update: 10s", "belongs to a landmark"),
+        ("landmark: 1d", "needs 'update'"),
+    ):
         with pytest.raises(Q.ConfigError, match=why):
             Q.load_text(bad % spec)
 
@@ -136,7 +181,11 @@ def test_range9_slide6_by_hand(cfg):
     lay = Layout.of(cfg.query("r9s6"))
     assert (lay.pane_ns, lay.k, lay.s) == (3 * NS, 3, 2)
     r = QueryRollup(lay)
-    r.add(np.arange(0, 8), np.full((8, 1), 80), np.column_stack([2 ** np.arange(8), np.full(8, 100), np.arange(8)]))
+    r.add(
+        np.arange(0, 8),
+        np.full((8, 1), 80),
+        np.column_stack([2 ** np.arange(8), np.full(8, 100), np.arange(8)]),
+    )
     assert r.open_windows() == 5  # WIDs 0, 2, 4, 6, 8 hold data
     out = r.close(7)
     got = {int(w): tuple(int(x) for x in s) for w, s in zip(out.window, out.state, strict=True)}
@@ -160,9 +209,19 @@ def test_gcd_windows_exact_across_the_disorder_matrix(cfg, traffic, name):
     hix = split_hosts(len(traffic), len(HOSTS), seed=2)
     settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
     for partitions, punct, seed in ((1, 1, 0), (2, 10, 1), (4, 1, 2), (2, 10**4, 3)):
-        streams = [host_messages(q, rows[hix == i], h, partitions=partitions, skew_ns=(0, 17, 40)[i] * NS,
-                                 punct_every_ns=punct * NS, seed=seed + i, end_mark=wire.END_OF_STREAM)
-                   for i, h in enumerate(HOSTS)]  # fmt: skip
+        streams = [
+            host_messages(
+                q,
+                rows[hix == i],
+                h,
+                partitions=partitions,
+                skew_ns=(0, 17, 40)[i] * NS,
+                punct_every_ns=punct * NS,
+                seed=seed + i,
+                end_mark=wire.END_OF_STREAM,
+            )
+            for i, h in enumerate(HOSTS)
+        ]
         msgs = interleave(streams, seed=seed)
         procs = {p: PartitionProcessor([lay], p, settings) for p in range(partitions)}
         got = []
@@ -183,8 +242,13 @@ def test_gcd_windows_exact_across_the_disorder_matrix(cfg, traffic, name):
                     updates += 1
         f = pd.concat(got, ignore_index=True)
         k, s = np.stack(f["key"].to_numpy()), np.stack(f["state"].to_numpy())
-        df = pd.DataFrame({"window": f["window"].to_numpy(np.int64), **{f"k{i}": k[:, i] for i in range(k.shape[1])},
-                           **{f"s{j}": s[:, j] for j in range(s.shape[1])}})  # fmt: skip
+        df = pd.DataFrame(
+            {
+                "window": f["window"].to_numpy(np.int64),
+                **{f"k{i}": k[:, i] for i in range(k.shape[1])},
+                **{f"s{j}": s[:, j] for j in range(s.shape[1])},
+            }
+        )
         df = df.sort_values(["window", *[f"k{i}" for i in range(k.shape[1])]]).reset_index(drop=True)
         assert df.equals(exp), (partitions, punct)
         assert all(len(pr.queries[name].rollup) == 0 for pr in procs.values())
@@ -196,13 +260,26 @@ def ports_rows(q: Q.QuerySpec, lay: Layout, windows, ports, counts, lengths, kin
     """Generic rows of the 'ports' query: (window, port, count, sum(length), count)."""
     w = np.asarray(windows, np.int64)
     n = len(w)
-    return pd.DataFrame({
-        "query": q.name, "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
-        "window_end_ns": lay.window_end_ns(w), "key": [np.array([p], np.int64) for p in ports],
-        "state": [np.array([c, c * ln, c], np.int64) for c, ln in zip(counts, lengths, strict=True)],
-        "kind": kind, "closed_at_ms": int(time.time() * 1000), "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
-        "late_partials": 0, "missing_records": 0, "status": None,
-    }, index=range(n))  # fmt: skip
+    return pd.DataFrame(
+        {
+            "query": q.name,
+            "partition": 0,
+            "window": w,
+            "window_start_ns": lay.window_start_ns(w),
+            "window_end_ns": lay.window_end_ns(w),
+            "key": [np.array([p], np.int64) for p in ports],
+            "state": [np.array([c, c * ln, c], np.int64) for c, ln in zip(counts, lengths, strict=True)],
+            "kind": kind,
+            "closed_at_ms": int(time.time() * 1000),
+            "hosts": 3,
+            "hosts_expected": 3,
+            "hosts_in_mark": 3,
+            "late_partials": 0,
+            "missing_records": 0,
+            "status": None,
+        },
+        index=range(n),
+    )
 
 
 def stored(root: Path, q: str) -> pd.DataFrame:
@@ -213,8 +290,11 @@ def stored(root: Path, q: str) -> pd.DataFrame:
 
 
 def job_for(cfg: Q.Config, root: Path, **kw) -> HighLevelJob:
-    return HighLevelJob(None, [cfg.query("ports")], JobOptions(bootstrap="x", results=str(root),
-                                                              checkpoint=str(root / "ck"), **kw))  # fmt: skip
+    return HighLevelJob(
+        None,
+        [cfg.query("ports")],
+        JobOptions(bootstrap="x", results=str(root), checkpoint=str(root / "ck"), **kw),
+    )
 
 
 def test_having_keeps_passing_finals_and_only_their_corrections(cfg, tmp_path):
@@ -230,7 +310,10 @@ def test_having_keeps_passing_finals_and_only_their_corrections(cfg, tmp_path):
     # 29 + 5 would pass now: HAVING is decided once, at close
     job.handle_rows(ports_rows(q, lay, [w0, w0], [80, 443], [5, 5], [100, 100], kind="correction"), 1)
     got = stored(tmp_path, "ports")
-    assert sorted(zip(got["dst_port"], got["kind"], got["syns"], strict=True)) == [(80, "correction", 5), (80, "final", 35)]
+    assert sorted(zip(got["dst_port"], got["kind"], got["syns"], strict=True)) == [
+        (80, "correction", 5),
+        (80, "final", 35),
+    ]
     # a replay of batch 1 decides the same (it reads only files of earlier batches)
     job.handle_rows(ports_rows(q, lay, [w0, w0], [80, 443], [5, 5], [100, 100], kind="correction"), 1)
     assert len(stored(tmp_path, "ports")) == 2
@@ -256,16 +339,36 @@ def test_alerts_fire_once_per_window_and_group_on_finals_only(cfg, tmp_path):
     job.handle_rows(rows, 0)  # a replay rewrites the same alert file, same ids
     job.handle_rows(ports_rows(q, lay, [w0], [443], [100], [2000], kind="correction"), 1)  # never fires
     a = alerts_in(tmp_path)
-    got = sorted(zip(a["alert"], a["group"], a["window_start"].astype("datetime64[us, UTC]").astype("int64"), strict=True))
+    got = sorted(
+        zip(
+            a["alert"],
+            a["group"],
+            a["window_start"].astype("datetime64[us, UTC]").astype("int64"),
+            strict=True,
+        )
+    )
     ws = int(lay.window_start_ns(np.array([w0]))[0]) // 1000
-    assert got == [("big", '{"dst_port":80}', ws), ("syn_flood", '{"dst_port":22}', ws),
-                   ("syn_flood", '{"dst_port":80}', ws), ("syn_flood", '{"dst_port":80}', ws + 10**7)]  # fmt: skip
+    assert got == [
+        ("big", '{"dst_port":80}', ws),
+        ("syn_flood", '{"dst_port":22}', ws),
+        ("syn_flood", '{"dst_port":80}', ws),
+        ("syn_flood", '{"dst_port":80}', ws + 10**7),
+    ]
     assert a["id"].is_unique
     labels = json.loads(a[(a["alert"] == "syn_flood") & (a["group"] == '{"dst_port":22}')]["labels"].iloc[0])
-    assert labels == {"alertname": "syn_flood", "severity": "critical", "team": "noc", "query": "ports",
-                      "dst_port": "22", "window_start": labels["window_start"], "window_end": labels["window_end"]}  # fmt: skip
+    assert labels == {
+        "alertname": "syn_flood",
+        "severity": "critical",
+        "team": "noc",
+        "query": "ports",
+        "dst_port": "22",
+        "window_start": labels["window_start"],
+        "window_end": labels["window_end"],
+    }
     assert json.loads(a["values"].iloc[0]).keys() == {"syns", "avg_len"}
-    fired = job.metrics.registry.get_sample_value("lowwater_job_alerts_fired_total", {"query": "ports", "alert": "syn_flood"})
+    fired = job.metrics.registry.get_sample_value(
+        "lowwater_job_alerts_fired_total", {"query": "ports", "alert": "syn_flood"}
+    )
     assert fired == 6  # 3 per run of batch 0 (the replay counts again; the store and delivery do not)
 
 
@@ -327,7 +430,10 @@ def test_delivery_survives_receiver_down_and_back_and_restarts_without_resending
             job.handle_rows(ports_rows(q, lay, [w0 + b] * 2, [80, 22], [40, 50], [10, 0]), b)
         assert time.monotonic() - t < 2.0
         deadline = time.monotonic() + 10
-        while job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total") < 2 and time.monotonic() < deadline:
+        while (
+            job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total") < 2
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total") >= 2
         assert job.delivery.queue and not rx.alerts
@@ -338,8 +444,9 @@ def test_delivery_survives_receiver_down_and_back_and_restarts_without_resending
         first = rx.alerts[0][1]
         assert set(first) == {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
         assert first["labels"]["alertname"] == "syn_flood" and first["startsAt"].endswith("Z")
-        delivered = job.metrics.registry.get_sample_value("lowwater_job_alerts_delivered_total",
-                                                          {"query": "ports", "alert": "syn_flood"})  # fmt: skip
+        delivered = job.metrics.registry.get_sample_value(
+            "lowwater_job_alerts_delivered_total", {"query": "ports", "alert": "syn_flood"}
+        )
         assert delivered == 10
         job.stop()
         # a restarted job re-reads the alert store and the ledger: nothing is sent twice, and an
@@ -365,16 +472,33 @@ def test_unreachable_webhook_is_a_counted_failure_and_a_bad_url_a_settings_error
         load(JobSettings, {"results": "r", "checkpoint": "c", "alert_webhook": "ftp://x/y"}, None)
     with pytest.raises(SettingsError, match="alert_webhook"):
         load(JobSettings, {"results": "r", "checkpoint": "c", "alert_webhook": "http://host:99999/"}, None)
-    s = load(JobSettings, {"results": "r", "checkpoint": "c", "alert_webhook": "http://127.0.0.1:9/api/v2/alerts"}, None)
+    s = load(
+        JobSettings,
+        {"results": "r", "checkpoint": "c", "alert_webhook": "http://127.0.0.1:9/api/v2/alerts"},
+        None,
+    )
     assert s.options().alert_webhook == "http://127.0.0.1:9/api/v2/alerts"
     m = JobMetrics()
     d = AlertDelivery(tmp_path, "http://127.0.0.1:9/api/v2/alerts", m, timeout_s=0.5, backoff_s=0.05)
-    row = {"id": "x", "query": "q", "alert": "a", "severity": "info", "window_start": 0, "window_end": 10**7,
-           "closed_at": 10**7, "group": "{}", "values": "{}", "labels": '{"alertname":"a"}', "summary": "s"}  # fmt: skip
+    row = {
+        "id": "x",
+        "query": "q",
+        "alert": "a",
+        "severity": "info",
+        "window_start": 0,
+        "window_end": 10**7,
+        "closed_at": 10**7,
+        "group": "{}",
+        "values": "{}",
+        "labels": '{"alertname":"a"}',
+        "summary": "s",
+    }
     d.submit(pa.Table.from_pylist([row], schema=R.ALERT_SCHEMA))
     d.start()
     deadline = time.monotonic() + 5
-    while (m.registry.get_sample_value("lowwater_job_alerts_failed_total") or 0) < 2 and time.monotonic() < deadline:
+    while (
+        m.registry.get_sample_value("lowwater_job_alerts_failed_total") or 0
+    ) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     d.stop()
     assert m.registry.get_sample_value("lowwater_job_alerts_failed_total") >= 2
@@ -409,7 +533,9 @@ def test_api_alerts_lists_fired_alerts_with_delivery_state(cfg, tmp_path):
 
 
 # -- the real job: Kafka -> Spark -> store + webhook -----------------------------------------------
-def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up(spark, kafka, topic_factory, tmp_path):
+def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up(
+    spark, kafka, topic_factory, tmp_path
+):
     """Three hosts skewed 0/12/40 s, 2 partitions: the RANGE 9 / SLIDE 6 query equals the oracle; the
     HAVING query stores exactly the oracle's passing rows; every (rule, window, group) the oracle says
     fires reaches the receiver exactly once, though it was down for the first micro-batches."""
@@ -432,9 +558,18 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     msgs = traffic_messages(queries, t)
     rx = Receiver()
     rx.down()
-    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
-                      trigger_ms=300, shuffle_partitions=2, name="t-having", expected_hosts=SPARK_HOSTS,
-                      host_timeout_ms=600_000, alert_webhook=rx.url, alert_timeout_ms=500)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res"),
+        checkpoint=str(tmp_path / "ck"),
+        trigger_ms=300,
+        shuffle_partitions=2,
+        name="t-having",
+        expected_hosts=SPARK_HOSTS,
+        host_timeout_ms=600_000,
+        alert_webhook=rx.url,
+        alert_timeout_ms=500,
+    )
     job = HighLevelJob(spark, queries, opts)
     job.delivery.backoff_s = job.delivery.max_backoff_s = 0.2
     job.start()
@@ -444,7 +579,10 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
             produce(kafka, [msgs[i] for i in chunk])
             job.process_all_available()
         deadline = time.monotonic() + 10
-        while not job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total") and time.monotonic() < deadline:
+        while (
+            not job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total")
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert job.delivery.queue and not rx.alerts  # fired while the receiver was down: waiting, not lost
         rx.up()
@@ -457,20 +595,34 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     res = Path(opts.results)
     r9 = queries[0]
     g = read_results(res, r9.name)
-    pd.testing.assert_frame_equal(normalised(g[g["kind"] == "final"], r9), normalised(expected_typed(r9, t), r9),
-                                  check_dtype=False)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        normalised(g[g["kind"] == "final"], r9), normalised(expected_typed(r9, t), r9), check_dtype=False
+    )
     ports = queries[1]
     exp = expected_typed(ports, t)
     want = exp[(exp["syns"] >= lo) & (exp["avg_len"] > 0)]
     got = read_results(res, ports.name)
     assert 0 < len(want) < len(exp)
-    pd.testing.assert_frame_equal(normalised(got, ports), normalised(want, ports), check_dtype=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(
+        normalised(got, ports), normalised(want, ports), check_dtype=False, rtol=1e-12
+    )
     fire = exp[exp["syns"] >= hi]
     big = exp[(exp["avg_len"] > 1000) & (exp["syns"] > 5)]
-    expect = sorted([("syn_flood", int(p), e.isoformat()) for p, e in zip(fire["dst_port"], fire["window_end"], strict=True)]
-                    + [("big", int(p), e.isoformat()) for p, e in zip(big["dst_port"], big["window_end"], strict=True)])  # fmt: skip
-    seen = sorted((a["labels"]["alertname"], int(a["labels"]["dst_port"]),
-                   pd.Timestamp(a["labels"]["window_end"]).isoformat()) for _, a in rx.alerts)  # fmt: skip
+    expect = sorted(
+        [
+            ("syn_flood", int(p), e.isoformat())
+            for p, e in zip(fire["dst_port"], fire["window_end"], strict=True)
+        ]
+        + [("big", int(p), e.isoformat()) for p, e in zip(big["dst_port"], big["window_end"], strict=True)]
+    )
+    seen = sorted(
+        (
+            a["labels"]["alertname"],
+            int(a["labels"]["dst_port"]),
+            pd.Timestamp(a["labels"]["window_end"]).isoformat(),
+        )
+        for _, a in rx.alerts
+    )
     assert seen == expect and len(expect) > 0
     assert job.metrics.registry.get_sample_value("lowwater_job_alerts_failed_total") >= 1
 
@@ -485,12 +637,23 @@ def test_landmark_updates_are_stored_and_the_api_serves_finals(cfg, traffic, tmp
     lay = Layout.of(q)
     rows = traffic.rows()
     hix = split_hosts(len(traffic), 2, seed=4)
-    msgs = interleave([host_messages(q, rows[hix == i], h, partitions=1, punct_every_ns=NS, seed=i,
-                                     end_mark=wire.END_OF_STREAM) for i, h in enumerate(("a", "b"))], seed=1)  # fmt: skip
+    msgs = interleave(
+        [
+            host_messages(
+                q, rows[hix == i], h, partitions=1, punct_every_ns=NS, seed=i, end_mark=wire.END_OF_STREAM
+            )
+            for i, h in enumerate(("a", "b"))
+        ],
+        seed=1,
+    )
     proc = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=("a", "b")))
-    job = HighLevelJob(None, [q], JobOptions(bootstrap="x", results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck")))
+    job = HighLevelJob(
+        None, [q], JobOptions(bootstrap="x", results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"))
+    )
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 9)):
-        packed = pa.Table.from_pandas(proc.process_packed([msgs[i].value for i in chunk], 1000 + b), preserve_index=False)
+        packed = pa.Table.from_pandas(
+            proc.process_packed([msgs[i].value for i in chunk], 1000 + b), preserve_index=False
+        )
         job.handle_packed(packed, b)
     got = stored(tmp_path / "res", q.name)
     assert set(got["kind"]) == {"final", "update"}
@@ -500,6 +663,8 @@ def test_landmark_updates_are_stored_and_the_api_serves_finals(cfg, traffic, tmp
     conf = tmp_path / "c.yaml"
     conf.write_text(CONFIG)
     with TestClient(create_app(conf, tmp_path / "res")) as c:
-        body = c.get(f"/queries/{q.name}/results", params={"start": "2023-11-14T00:00:00Z", "end": "2023-11-15T00:00:00Z",
-                                                            "limit": 10000}).json()  # fmt: skip
+        body = c.get(
+            f"/queries/{q.name}/results",
+            params={"start": "2023-11-14T00:00:00Z", "end": "2023-11-15T00:00:00Z", "limit": 10000},
+        ).json()
         assert body["paging"]["total"] == len(fin)

@@ -28,6 +28,7 @@ from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 T0 = 1_700_000_000_000_000_000
 HOSTS = ("h0", "h1", "h2")
 
+
 @pytest.fixture(scope="module")
 def cfg() -> Q.Config:
     return Q.load_text(CONFIG)
@@ -155,8 +156,13 @@ def test_rollup_chunks_equal_oracle_and_close_once(cfg, traffic, name, state):
     w = np.concatenate([o.window for o in out])
     k = np.concatenate([o.key for o in out])
     s = np.concatenate([o.state for o in out])
-    got = pd.DataFrame({"window": w, **{f"k{i}": k[:, i] for i in range(kw)},
-                        **{f"s{j}": s[:, j] for j in range(s.shape[1])}})  # fmt: skip
+    got = pd.DataFrame(
+        {
+            "window": w,
+            **{f"k{i}": k[:, i] for i in range(kw)},
+            **{f"s{j}": s[:, j] for j in range(s.shape[1])},
+        }
+    )
     got = got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
     assert got.equals(wo)
     assert len(r) == 0
@@ -172,9 +178,13 @@ def test_chunk_merge_rule_keeps_few_chunks_and_rewrites_little(shape):
     from high_level.aggregate.chunks import FANOUT, merge_run
 
     rng = np.random.default_rng(7)
-    batches = {"equal": np.full(2000, 1000), "growing": np.arange(1, 2001) * 10,
-               "shrinking": np.arange(2000, 0, -1) * 10, "heavy_tail": (rng.pareto(1.2, 2000) * 100 + 1).astype(int),
-               "saturated": np.full(2000, 20_000)}[shape]  # fmt: skip
+    batches = {
+        "equal": np.full(2000, 1000),
+        "growing": np.arange(1, 2001) * 10,
+        "shrinking": np.arange(2000, 0, -1) * 10,
+        "heavy_tail": (rng.pareto(1.2, 2000) * 100 + 1).astype(int),
+        "saturated": np.full(2000, 20_000),
+    }[shape]
     cap = 50_000 if shape == "saturated" else None
     sizes: list[int] = []
     written = most = merges = 0
@@ -205,9 +215,15 @@ def test_sliding_range9_slide3_by_hand():
     w = assemble(pane, key, state, 10, 16, 3, lay.ops)
     got = {(int(a), int(b[0])): tuple(c) for a, b, c in zip(w.window, w.key, w.state, strict=True)}
     assert got == {
-        (10, 80): (1, 50), (11, 80): (3, 40), (12, 80): (7, 40), (13, 80): (6, 40), (14, 80): (4, 60),
-        (13, 443): (8, 7), (14, 443): (8, 7), (15, 443): (8, 7),
-    }  # fmt: skip
+        (10, 80): (1, 50),
+        (11, 80): (3, 40),
+        (12, 80): (7, 40),
+        (13, 80): (6, 40),
+        (14, 80): (4, 60),
+        (13, 443): (8, 7),
+        (14, 443): (8, 7),
+        (15, 443): (8, 7),
+    }
     assert lay.window_end_ns(np.array([12]))[0] - lay.window_start_ns(np.array([12]))[0] == 9 * 10**9
 
 
@@ -219,12 +235,22 @@ def test_late_partials_counted_dropped_or_corrected(state):
     assert len(r.close(12)) == 2  # windows 10, 11
     # pane 8 only feeds closed windows (8..10): late. pane 11 feeds 11 (closed) and 12, 13 (open): late too,
     # but its contribution to the open windows is kept.
-    res = r.add(np.array([8, 11, 12]), np.array([[80], [80], [80]]), np.array([[5, 1], [7, 3], [1, 9]]),
-                host_idx=np.array([0, 1, 1]), n_hosts=2)  # fmt: skip
+    res = r.add(
+        np.array([8, 11, 12]),
+        np.array([[80], [80], [80]]),
+        np.array([[5, 1], [7, 3], [1, 9]]),
+        host_idx=np.array([0, 1, 1]),
+        n_hosts=2,
+    )
     assert res.late_per_host.tolist() == [1, 1]
     corr = {int(w): tuple(s) for w, s in zip(res.corrections.window, res.corrections.state, strict=True)}
     assert corr == {8: (5, 1), 9: (5, 1), 10: (5, 1), 11: (7, 3)}
-    assert dict(zip(res.corrections.window.tolist(), res.late_records.tolist(), strict=True)) == {8: 1, 9: 1, 10: 1, 11: 1}
+    assert dict(zip(res.corrections.window.tolist(), res.late_records.tolist(), strict=True)) == {
+        8: 1,
+        9: 1,
+        10: 1,
+        11: 1,
+    }
     final = r.close(100)
     got = {int(w): tuple(s) for w, s in zip(final.window, final.state, strict=True)}
     assert got == {12: (1 + 1 + 7 + 1, 3), 13: (1 + 7 + 1, 3), 14: (1, 9)}
@@ -263,7 +289,11 @@ def test_processor_exact_under_skew_order_partitions_and_density(cfg, traffic, n
         assert final_rows(df, q).equals(exp), (partitions, punct)
         st = [json.loads(s) for s in df[df["kind"] == "status"]["status"]]
         last = {s["partition"]: s for s in st}
-        assert all(h["late_partials"] == 0 and h["missing_records"] == 0 for s in last.values() for h in s["hosts"].values())
+        assert all(
+            h["late_partials"] == 0 and h["missing_records"] == 0
+            for s in last.values()
+            for h in s["hosts"].values()
+        )
         assert all(s["state_rows"] == 0 and s["open_windows"] == 0 for s in last.values())
         fin = df[df["kind"] == "final"]  # the normal case: every row complete, nothing late
         assert (fin["hosts_expected"] == 3).all() and (fin["hosts_in_mark"] == 3).all()
@@ -306,8 +336,11 @@ def _complete_windows_are_exact(df: pd.DataFrame, q: Q.QuerySpec, exp: pd.DataFr
     A window counts as complete when every final and late row of it says so (the store writes
     ``complete`` from exactly these columns)."""
     rows = df[(df["query"] == q.name) & df["kind"].isin(["final", "late"])]
-    ok = ((rows["hosts_in_mark"] == rows["hosts_expected"]) & (rows["late_partials"] == 0)
-          & (rows["missing_records"] == 0))  # fmt: skip
+    ok = (
+        (rows["hosts_in_mark"] == rows["hosts_expected"])
+        & (rows["late_partials"] == 0)
+        & (rows["missing_records"] == 0)
+    )
     by_win = ok.groupby(rows["window"].to_numpy()).all()
     complete = {int(w) for w in by_win[by_win].index}
     got = final_rows(df, q)
@@ -326,8 +359,9 @@ def test_completeness_host_dead_at_close(cfg, traffic):
     own = [i for i, m in enumerate(msgs) if m.host == "h2"]
     cut = own[len(own) // 2]
     last_mark = max(m.mark_pane for m in msgs[:cut] if m.host == "h2" and m.is_punctuation)
-    df = run_offline([q], msgs, 1, Settings(host_timeout_ms=1500, expected_hosts=HOSTS),
-                      drop={i for i in own if i >= cut})  # fmt: skip
+    df = run_offline(
+        [q], msgs, 1, Settings(host_timeout_ms=1500, expected_hosts=HOSTS), drop={i for i in own if i >= cut}
+    )
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
     assert complete and incomplete
     assert all(w < last_mark for w in complete) and all(w >= last_mark for w in incomplete)
@@ -357,7 +391,9 @@ def test_completeness_missing_records(cfg, traffic):
     q = cfg.query("ports9x3")
     exp = window_oracle(q, oracle(q, traffic))
     msgs = emulated_messages(q, traffic, 1)
-    victim = next(i for i, m in enumerate(msgs) if not m.is_punctuation and m.host == "h1" and i > len(msgs) // 3)
+    victim = next(
+        i for i, m in enumerate(msgs) if not m.is_punctuation and m.host == "h1" and i > len(msgs) // 3
+    )
     lost = wire.decode(msgs[victim].value)
     df = run_offline([q], msgs, 1, Settings(host_timeout_ms=10**9, expected_hosts=HOSTS), drop={victim})
     complete, incomplete = _complete_windows_are_exact(df, q, exp)
@@ -397,7 +433,9 @@ def test_state_bytes_are_compact_and_not_pickle(cfg, traffic):
     assert rows > 0 and len(b) < len(raw) < 8 * rows * (1 + lay.kw + lay.na) + 4096
     q2 = PartitionProcessor.from_bytes(b, [lay], p.settings)
     assert q2.to_bytes() == b
-    assert PartitionProcessor.from_bytes(raw, [lay], p.settings).to_bytes() == b  # state saved uncompressed earlier
+    assert (
+        PartitionProcessor.from_bytes(raw, [lay], p.settings).to_bytes() == b
+    )  # state saved uncompressed earlier
     with pytest.raises(codec.CodecError):
         codec.unpack(b"\x80\x04junk")
 
@@ -408,7 +446,9 @@ def test_chunks_are_compressed_and_old_chunks_still_load():
     from high_level.aggregate.chunks import CHUNK_ZMAGIC, decode_chunk, encode_chunk
 
     g = np.arange(100_000, dtype=np.int64)
-    key = np.column_stack([np.zeros_like(g), 0xFFFF_0A00_0000 + g // 256, np.zeros_like(g), 0xFFFF_C0A8_0000 + g % 65536])
+    key = np.column_stack(
+        [np.zeros_like(g), 0xFFFF_0A00_0000 + g // 256, np.zeros_like(g), 0xFFFF_C0A8_0000 + g % 65536]
+    )
     state = (g % 7 + 1).reshape(-1, 1)
     b = encode_chunk(key, state)
     assert b.startswith(CHUNK_ZMAGIC) and len(b) * 3 < key.nbytes + state.nbytes
@@ -428,7 +468,9 @@ def test_ip_strings_vectorised_equals_contract():
     words = np.array([F.ip_to_words(a) for a in addrs], dtype=object)
     hi = np.array([F.to_int64(w[0]) for w in words], np.int64)
     lo = np.array([F.to_int64(w[1]) for w in words], np.int64)
-    assert ip_strings(hi, lo).tolist() == [F.words_to_ip(int(h), int(lw)) for h, lw in zip(hi, lo, strict=True)]
+    assert ip_strings(hi, lo).tolist() == [
+        F.words_to_ip(int(h), int(lw)) for h, lw in zip(hi, lo, strict=True)
+    ]
 
 
 def test_store_typed_layout_and_replay_overwrites(cfg, tmp_path):
@@ -436,27 +478,52 @@ def test_store_typed_layout_and_replay_overwrites(cfg, tmp_path):
     lay = Layout.of(q)
     rng = np.random.default_rng(0)
     n = 50
-    w = np.array([T0 // lay.pane_ns + i % 3 for i in range(n)]) + np.where(np.arange(n) > 40, 8640, 0)  # two days
+    w = np.array([T0 // lay.pane_ns + i % 3 for i in range(n)]) + np.where(
+        np.arange(n) > 40, 8640, 0
+    )  # two days
     src = 0xFFFF_0A00_0000 + rng.integers(0, 99, n)
     key = np.column_stack([np.zeros(n, np.int64), src, np.zeros(n, np.int64), src + 256])
-    state = np.column_stack([rng.integers(1, 9, (n, 1)), rng.integers(60, 1500, (n, 1)),
-                             rng.integers(60, 1500, (n, 1)), rng.integers(1, 5, (n, 1)),
-                             rng.integers(1, 255, (n, 2))])  # fmt: skip
-    rows = pd.DataFrame({
-        "query": "pairs", "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
-        "window_end_ns": lay.window_end_ns(w), "key": list(key), "state": list(state), "kind": "final",
-        "closed_at_ms": 1_700_000_100_000, "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
-        "late_partials": 0, "missing_records": np.where(np.arange(n) == 0, 5, 0), "status": None,
-    })  # fmt: skip
+    state = np.column_stack(
+        [
+            rng.integers(1, 9, (n, 1)),
+            rng.integers(60, 1500, (n, 1)),
+            rng.integers(60, 1500, (n, 1)),
+            rng.integers(1, 5, (n, 1)),
+            rng.integers(1, 255, (n, 2)),
+        ]
+    )
+    rows = pd.DataFrame(
+        {
+            "query": "pairs",
+            "partition": 0,
+            "window": w,
+            "window_start_ns": lay.window_start_ns(w),
+            "window_end_ns": lay.window_end_ns(w),
+            "key": list(key),
+            "state": list(state),
+            "kind": "final",
+            "closed_at_ms": 1_700_000_100_000,
+            "hosts": 3,
+            "hosts_expected": 3,
+            "hosts_in_mark": 3,
+            "late_partials": 0,
+            "missing_records": np.where(np.arange(n) == 0, 5, 0),
+            "status": None,
+        }
+    )
     store = ResultStore(tmp_path, [q])
     assert store.write_batch(7, rows) == {"pairs": n}
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
-    assert files == ["query=pairs/date=2023-11-14/part-000000000007.parquet",
-                     "query=pairs/date=2023-11-15/part-000000000007.parquet"]  # fmt: skip
+    assert files == [
+        "query=pairs/date=2023-11-14/part-000000000007.parquet",
+        "query=pairs/date=2023-11-15/part-000000000007.parquet",
+    ]
     before = {f: (tmp_path / f).read_bytes() for f in files}
     store.write_batch(7, rows)  # a replayed batch rewrites the same files with the same bytes
     assert {f: (tmp_path / f).read_bytes() for f in files} == before
-    got = duckdb.sql(f"select * from read_parquet('{tmp_path}/query=pairs/**/*.parquet', hive_partitioning=true)").df()
+    got = duckdb.sql(
+        f"select * from read_parquet('{tmp_path}/query=pairs/**/*.parquet', hive_partitioning=true)"
+    ).df()
     assert len(got) == n and set(got["query"]) == {"pairs"}
     tbl = typed_table(q, rows)
     assert str(tbl.schema.field("window_start").type) == "timestamp[us, tz=UTC]"
@@ -477,19 +544,39 @@ def test_store_and_api_columns_of_the_newer_fields(tmp_path):
     from contract import fields as F
     from high_level.serve.columns import QueryInfo
 
-    q = spec("tun", group_by=["src_mac", "inner_src_ip/16", "icmp_type", "mpls_label"], aggregates=["count as n"], table=64)
+    q = spec(
+        "tun",
+        group_by=["src_mac", "inner_src_ip/16", "icmp_type", "mpls_label"],
+        aggregates=["count as n"],
+        table=64,
+    )
     lay = Layout.of(q)
     mac, inner = 0xFEDC_BA98_7654, F.IPV4_MAPPED_PREFIX | 0x0A32_0000
     key = np.array([[mac, 0, inner, 3, -1], [0x0200_0000_0001, 0, 0, -1, 16000]], np.int64)
     w = np.array([T0 // lay.pane_ns] * 2)
-    rows = pd.DataFrame({
-        "query": "tun", "partition": 0, "window": w, "window_start_ns": lay.window_start_ns(w),
-        "window_end_ns": lay.window_end_ns(w), "key": list(key), "state": [np.array([5]), np.array([2])],
-        "kind": "final", "closed_at_ms": 1_700_000_100_000, "hosts": 1, "hosts_expected": 1, "hosts_in_mark": 1,
-        "late_partials": 0, "missing_records": 0, "status": None,
-    })  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "query": "tun",
+            "partition": 0,
+            "window": w,
+            "window_start_ns": lay.window_start_ns(w),
+            "window_end_ns": lay.window_end_ns(w),
+            "key": list(key),
+            "state": [np.array([5]), np.array([2])],
+            "kind": "final",
+            "closed_at_ms": 1_700_000_100_000,
+            "hosts": 1,
+            "hosts_expected": 1,
+            "hosts_in_mark": 1,
+            "late_partials": 0,
+            "missing_records": 0,
+            "status": None,
+        }
+    )
     assert ResultStore(tmp_path, [q]).write_batch(1, rows) == {"tun": 2}
-    got = duckdb.sql(f"select * from read_parquet('{tmp_path}/query=tun/**/*.parquet', hive_partitioning=true)").df()
+    got = duckdb.sql(
+        f"select * from read_parquet('{tmp_path}/query=tun/**/*.parquet', hive_partitioning=true)"
+    ).df()
     names = [p.name for p in q.key_parts]
     assert [got[c].dtype.kind for c in names] == ["i", "O", "i", "i"]
     assert got[names[0]].tolist() == [mac, 0x0200_0000_0001]
@@ -520,8 +607,16 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
         outs.append(proc.process_packed(vals[: len(vals) // 2], 1000))
         outs.append(proc.process_packed(vals[len(vals) // 2 :], 2000))
         # a late partial after everything closed: a correction row
-        late = wire.encode_partials("ports9x3", "h0", 1, p, 10**6, np.array([T0 // lays[1].pane_ns]),
-                                    np.array([[80]]), np.array([[1, 64]]))  # fmt: skip
+        late = wire.encode_partials(
+            "ports9x3",
+            "h0",
+            1,
+            p,
+            10**6,
+            np.array([T0 // lays[1].pane_ns]),
+            np.array([[80]]),
+            np.array([[1, 64]]),
+        )
         outs.append(proc.process_packed([late], 3000))
         # panes a host shed, reported after their windows closed: flagged-window rows
         pane = T0 // lays[0].pane_ns
@@ -531,7 +626,9 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     assert set(packed["kind"].to_pylist()) == {"final", "correction", "status", "incomplete"}
 
     def job(root):
-        return HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(root), checkpoint=str(tmp_path / "ck")))
+        return HighLevelJob(
+            None, qs, JobOptions(bootstrap="x", results=str(root), checkpoint=str(tmp_path / "ck"))
+        )
 
     a, b = job(tmp_path / "a"), job(tmp_path / "b")
     wa = a.handle_rows(unpack_rows(packed, a.layouts), 3)
@@ -542,7 +639,11 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
     flagged = pd.read_parquet(tmp_path / "b" / "_incomplete")  # one file: query pairs, one day, batch 3
     assert sum(str(f).startswith("_incomplete") for f in files) == 1
-    assert sorted(set(flagged["partition"])) == [0, 1] and flagged["after_close"].all() and set(flagged["host"]) == {"h0"}
+    assert (
+        sorted(set(flagged["partition"])) == [0, 1]
+        and flagged["after_close"].all()
+        and set(flagged["host"]) == {"h0"}
+    )
     assert S.read(a.store.status_path).queries == S.read(b.store.status_path).queries
 
     def samples(j):
@@ -550,14 +651,18 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
 
     assert samples(a) == samples(b)
     assert b"lowwater_job_corrections_total" in generate_latest(b.metrics.registry)
-    assert f'lowwater_job_flagged_windows_total{{cause="shed",query="pairs"}} {len(flagged)}.0'.encode() in \
-        generate_latest(b.metrics.registry)
+    assert (
+        f'lowwater_job_flagged_windows_total{{cause="shed",query="pairs"}} {len(flagged)}.0'.encode()
+        in generate_latest(b.metrics.registry)
+    )
 
     class Batch:
         def toArrow(self):  # noqa: N802 - Spark's DataFrame method name
             return packed
 
-    r = HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "ck")))
+    r = HighLevelJob(
+        None, qs, JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "ck"))
+    )
     seen: list = []
     r.sink.on_rows.append(lambda rows, batch_id: seen.append(rows))
     r.sink.foreach_packed(Batch(), 3)
@@ -571,7 +676,9 @@ def test_idle_job_keeps_its_status_fresh(tmp_path):
     from high_level.job import HighLevelJob, JobOptions
 
     q = Q.load_text(CONFIG).query("pairs")
-    job = HighLevelJob(None, [q], JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c")))
+    job = HighLevelJob(
+        None, [q], JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"))
+    )
     p = PartitionProcessor([Layout.of(q)], 0, Settings(host_timeout_ms=10**9))
     st = p.status(p.queries["pairs"], 1_000_000)
     job.sink.fold_status([st], 7, {})
@@ -580,7 +687,11 @@ def test_idle_job_keeps_its_status_fresh(tmp_path):
     assert S.read(job.store.status_path).updated_ms == first.updated_ms
     job.sink.touch(first.updated_ms + 30_000)
     again = S.read(job.store.status_path)
-    assert again.updated_ms == first.updated_ms + 30_000 and again.batch_id == 7 and again.queries == first.queries
+    assert (
+        again.updated_ms == first.updated_ms + 30_000
+        and again.batch_id == 7
+        and again.queries == first.queries
+    )
     assert again.settings.alert_webhook is False
 
 
@@ -590,7 +701,9 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
     from high_level.job import HighLevelJob, JobOptions
 
     q = Q.load_text(CONFIG).query("pairs")
-    opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), retention_days=2)
+    opts = JobOptions(
+        bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), retention_days=2
+    )
     job = HighLevelJob(None, [q], opts)
     lay = Layout.of(q)
     day_ns = 86_400 * 10**9
@@ -599,10 +712,21 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
         start = now_ms * 10**6 - days_ago * day_ns
         w = np.array([(start - lay.origin_ns) // lay.pane_ns - lay.k + 1], np.int64)
         end = lay.window_end_ns(w)
-        job.store.write_query(10 - days_ago, q, w, np.array([1], np.int8), pa.array(["final"]), end - lay.range_ns, end,
-                              np.zeros((1, Q.key_width(q)), np.int64), np.ones((1, lay.na), np.int64),
-                              np.array([now_ms]), np.array([1], np.int32), np.array([1], np.int32),
-                              np.array([[1, 0, 0]], np.int64))  # fmt: skip
+        job.store.write_query(
+            10 - days_ago,
+            q,
+            w,
+            np.array([1], np.int8),
+            pa.array(["final"]),
+            end - lay.range_ns,
+            end,
+            np.zeros((1, Q.key_width(q)), np.int64),
+            np.ones((1, lay.na), np.int64),
+            np.array([now_ms]),
+            np.array([1], np.int32),
+            np.array([1], np.int32),
+            np.array([[1, 0, 0]], np.int64),
+        )
     days = [d for d, _ in R.date_dirs(job.store.root, q.name)]
     assert len(days) == 4
     p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9))
@@ -612,7 +736,9 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
     job.sink.touch(now_ms + 60_000)
     doc = S.read(job.store.status_path)
     assert doc.settings.retention_days == 2 and doc.store_bytes is not None and doc.store_bytes > 0
-    assert abs(doc.store_bytes - job.store.size_bytes()) < 4096  # measured just before the status was rewritten
+    assert (
+        abs(doc.store_bytes - job.store.size_bytes()) < 4096
+    )  # measured just before the status was rewritten
     job.sink.maintain(now_ms + 1000, opts.retention_days)  # within the check interval: nothing to do
     assert len(R.date_dirs(job.store.root, q.name)) == 2
 
@@ -626,17 +752,23 @@ def test_state_layout_auto_chunked_unless_a_query_or_the_checkpoint_needs_the_bl
     from high_level.job import JobOptions
 
     plain = Q.load_text(CONFIG).query("pairs")
-    landmark = spec("day", group_by=["dst_port"], aggregates=["count as n"], window={"landmark": "20s", "update": "5s"})
+    landmark = spec(
+        "day", group_by=["dst_port"], aggregates=["count as n"], window={"landmark": "20s", "update": "5s"}
+    )
 
     def layout(qs, state, ckpt="c"):
-        opts = JobOptions(bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state)
+        opts = JobOptions(
+            bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / ckpt), state=state
+        )
         return AggregatePipeline(qs).state_layout(opts)
 
     assert layout([plain], "auto") == "chunked" and layout([plain], "blob") == "blob"
     assert layout([plain, landmark], "auto") == "blob"
     with pytest.raises(ValueError, match="landmark"):
         layout([landmark], "chunked")
-    assert chunked_unsupported([Layout.of(plain)]) is None and "landmark" in chunked_unsupported([Layout.of(landmark)])
+    assert chunked_unsupported([Layout.of(plain)]) is None and "landmark" in chunked_unsupported(
+        [Layout.of(landmark)]
+    )
     assert JobOptions(bootstrap="x", results="r", checkpoint="c").state == "auto"  # the default
     # a checkpoint is resumed by the layout that wrote it: auto follows it, another layout is refused
     (tmp_path / "old" / "oop").mkdir(parents=True)

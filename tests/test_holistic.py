@@ -29,29 +29,68 @@ from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, m
 def talkers(capacity: int | None = None) -> dict:
     """Top 3 sources by bytes per destination /24 (a Misra-Gries summary of ``capacity`` items if given)."""
     top = {"fn": "top", "field": "src_ip", "k": 3, "capacity": capacity, "by": "length", "as": "bytes"}
-    return query("talkers", group_by=["dst_ip/24"], aggregates=[{k: v for k, v in top.items() if v is not None}, "count as packets"],
-                 table=512)  # fmt: skip
+    return query(
+        "talkers",
+        group_by=["dst_ip/24"],
+        aggregates=[{k: v for k, v in top.items() if v is not None}, "count as packets"],
+        table=512,
+    )
 
 
 CONFIG = config(
-    query("scan", group_by=["dst_ip"],
-          aggregates=["count as packets", "count_distinct(src_ip) as sources", "avg(length) as avg_len", "max(ttl) as max_ttl"],
-          having="sources > 3", alerts=[{"name": "scan", "when": "sources >= 10", "severity": "critical"}],
-          window={"range": "10s", "slide": "5s"}, table=256),
-    query("scanhll", group_by=["dst_ip"],
-          aggregates=[{"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 8, "as": "sources"},
-                      "count as packets"], table=256),
-    query("porthll", aggregates=[{"fn": "count_distinct", "field": "src_port", "approx": "hll", "as": "ports"}],
-          window={"range": "9s", "slide": "3s"}, table=1024),
-    query("sizes", group_by=["protocol"],
-          aggregates=[{"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"}, "sum(length) as bytes"],
-          having="len_p95 > 100", table=128),
-    query("ttls", group_by=["dst_port"],
-          aggregates=[{"fn": "quantiles", "field": "ttl", "q": [0.1, 0.5, 0.9], "accuracy": 0, "as": "ttl"}], table=64),
+    query(
+        "scan",
+        group_by=["dst_ip"],
+        aggregates=[
+            "count as packets",
+            "count_distinct(src_ip) as sources",
+            "avg(length) as avg_len",
+            "max(ttl) as max_ttl",
+        ],
+        having="sources > 3",
+        alerts=[{"name": "scan", "when": "sources >= 10", "severity": "critical"}],
+        window={"range": "10s", "slide": "5s"},
+        table=256,
+    ),
+    query(
+        "scanhll",
+        group_by=["dst_ip"],
+        aggregates=[
+            {"fn": "count_distinct", "field": "src_ip", "approx": "hll", "precision": 8, "as": "sources"},
+            "count as packets",
+        ],
+        table=256,
+    ),
+    query(
+        "porthll",
+        aggregates=[{"fn": "count_distinct", "field": "src_port", "approx": "hll", "as": "ports"}],
+        window={"range": "9s", "slide": "3s"},
+        table=1024,
+    ),
+    query(
+        "sizes",
+        group_by=["protocol"],
+        aggregates=[
+            {"fn": "quantiles", "field": "length", "q": [0.5, 0.95, 0.99], "as": "len"},
+            "sum(length) as bytes",
+        ],
+        having="len_p95 > 100",
+        table=128,
+    ),
+    query(
+        "ttls",
+        group_by=["dst_port"],
+        aggregates=[{"fn": "quantiles", "field": "ttl", "q": [0.1, 0.5, 0.9], "accuracy": 0, "as": "ttl"}],
+        table=64,
+    ),
     talkers(),
-    query("dscps", group_by=["protocol"],
-          aggregates=[{"fn": "count_distinct", "field": "dscp", "approx": "hll", "precision": 4, "as": "n"}], table=16),
-).text  # fmt: skip
+    query(
+        "dscps",
+        group_by=["protocol"],
+        aggregates=[{"fn": "count_distinct", "field": "dscp", "approx": "hll", "precision": 4, "as": "n"}],
+        table=16,
+    ),
+).text
 
 
 @pytest.fixture(scope="module")
@@ -281,11 +320,25 @@ def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) ->
         kc = [c for c in wo.columns if c.startswith("k")]
         sc = [c for c in wo.columns if c.startswith("s")]
         kind = np.where(np.arange(n) % 50 == 7, "correction", "final")
-        rows = pd.DataFrame({
-            "query": q.name, "partition": 0, "window": wo["window"], "window_start_ns": lay_end - q.window.range_ns,
-            "window_end_ns": lay_end, "key": list(wo[kc].to_numpy(np.int64)), "state": list(wo[sc].to_numpy(np.int64)),
-            "kind": kind, "closed_at_ms": 1, "hosts": 3, "hosts_expected": 3, "hosts_in_mark": 3,
-            "late_partials": 0, "missing_records": 0, "status": None})  # fmt: skip
+        rows = pd.DataFrame(
+            {
+                "query": q.name,
+                "partition": 0,
+                "window": wo["window"],
+                "window_start_ns": lay_end - q.window.range_ns,
+                "window_end_ns": lay_end,
+                "key": list(wo[kc].to_numpy(np.int64)),
+                "state": list(wo[sc].to_numpy(np.int64)),
+                "kind": kind,
+                "closed_at_ms": 1,
+                "hosts": 3,
+                "hosts_expected": 3,
+                "hosts_in_mark": 3,
+                "late_partials": 0,
+                "missing_records": 0,
+                "status": None,
+            }
+        )
         typed = typed_table(q, rows)
         assert typed.schema == R.schema(q)
         assert [c for c, _ in R.aggregate_columns(q)] == [

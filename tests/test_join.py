@@ -35,14 +35,27 @@ def config(partitions: int, kind: str = "inner", window: str = "{range: 10s}") -
     text = HANDSHAKE.replace("partitions: 4", f"partitions: {partitions}").replace("range: 1m}", window[1:])
     text = text.replace("window: {", "window: {") + ""
     if kind != "inner":
-        text = text.replace("    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_ip]\n")
-        text = text.replace("      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
-                            "      - {fn: max, expr: left.src_port, as: max_port}\n")
+        text = text.replace(
+            "    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_ip]\n"
+        )
+        text = text.replace(
+            "      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
+            "      - {fn: max, expr: left.src_port, as: max_port}\n",
+        )
     return Q.load_text(text)
 
 
-def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, skew_s: float, punct: int | None,
-             seed: int, checkpoint: bool = False) -> tuple[np.ndarray, np.ndarray, pd.DataFrame, list[BandJoin]]:
+def run_join(
+    cfg: Q.Config,
+    left: np.ndarray,
+    right: np.ndarray,
+    *,
+    hosts: int,
+    skew_s: float,
+    punct: int | None,
+    seed: int,
+    checkpoint: bool = False,
+) -> tuple[np.ndarray, np.ndarray, pd.DataFrame, list[BandJoin]]:
     """Emulated hosts -> shuffled arrival -> one BandJoin per partition in random micro-batches."""
     j = cfg.joins[0]
     sl, sr = cfg.selects
@@ -53,8 +66,14 @@ def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, 
         hidx = rng.integers(0, hosts, len(rows))  # asymmetric routing: any host may see either packet
         for h in range(hosts):
             skew = int(skew_s * NS * h / max(1, hosts - 1))
-            msgs = simulate.select_messages(s, rows[hidx == h], f"cap-{h}", punct_every_ns=punct, skew_ns=skew,
-                                            batch_ns=int(rng.choice([50, 200, 700])) * 1_000_000)
+            msgs = simulate.select_messages(
+                s,
+                rows[hidx == h],
+                f"cap-{h}",
+                punct_every_ns=punct,
+                skew_ns=skew,
+                batch_ns=int(rng.choice([50, 200, 700])) * 1_000_000,
+            )
             for p in range(s.kafka.partitions):  # Kafka keeps order per (topic, partition, producer) only
                 streams.append([m for m in msgs if m.partition == p])
     # shuffled arrival: each stream delayed by a random amount, merged by send time
@@ -81,8 +100,9 @@ def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, 
             if out.windows is not None and len(out.windows):
                 wins.append(out.windows)
             if checkpoint and rng.random() < 0.2:  # a restart: the state from its bytes alone
-                joins[p] = BandJoin.from_bytes(joins[p].to_bytes(), lay, host_timeout_ms=10**12,
-                                               expected_hosts=expected)
+                joins[p] = BandJoin.from_bytes(
+                    joins[p].to_bytes(), lay, host_timeout_ms=10**12, expected_hosts=expected
+                )
     w = merge_partitions(lay, wins)  # a group's window is closed on every partition: merge the partials
     got_w = pd.DataFrame({"window": w.window, "key": [tuple(k) for k in w.key.tolist()]})
     for k, v in finalize(lay, w.state).items():
@@ -91,13 +111,16 @@ def run_join(cfg: Q.Config, left: np.ndarray, right: np.ndarray, *, hosts: int, 
     return sort_rows(np.concatenate(pairs)), sort_rows(np.concatenate(unmatched)), got_w, joins
 
 
-def assert_exact(cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, seed: int, checkpoint: bool = False) -> None:
+def assert_exact(
+    cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, seed: int, checkpoint: bool = False
+) -> None:
     left, right = rows_of(cfg, 1500, seed)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
     want_p, want_u = join_oracle(lay, left, right)
     assert len(want_p) > 200 and len(want_u) > 100
-    got_p, got_u, got_w, joins = run_join(cfg, left, right, hosts=hosts, skew_s=skew_s, punct=punct, seed=seed,
-                                          checkpoint=checkpoint)
+    got_p, got_u, got_w, joins = run_join(
+        cfg, left, right, hosts=hosts, skew_s=skew_s, punct=punct, seed=seed, checkpoint=checkpoint
+    )
     if lay.type != "anti":
         np.testing.assert_array_equal(got_p, want_p)
     else:
@@ -112,26 +135,34 @@ def assert_exact(cfg: Q.Config, hosts: int, skew_s: float, punct: int | None, se
     assert all(j.late == {"left": 0, "right": 0} for j in joins)
 
 
-@pytest.mark.parametrize(("hosts", "skew_s", "punct", "partitions"), [
-    (1, 0, NS, 1),
-    (2, 10, 10 * NS, 2),
-    (3, 40, NS, 4),
-    (3, 40, None, 2),
-    (3, 25, 10 * NS, 1),
-])
-def test_inner_join_equals_the_oracle_under_disorder(hosts: int, skew_s: float, punct: int | None,
-                                                     partitions: int) -> None:
+@pytest.mark.parametrize(
+    ("hosts", "skew_s", "punct", "partitions"),
+    [
+        (1, 0, NS, 1),
+        (2, 10, 10 * NS, 2),
+        (3, 40, NS, 4),
+        (3, 40, None, 2),
+        (3, 25, 10 * NS, 1),
+    ],
+)
+def test_inner_join_equals_the_oracle_under_disorder(
+    hosts: int, skew_s: float, punct: int | None, partitions: int
+) -> None:
     assert_exact(config(partitions), hosts, skew_s, punct, seed=hosts * 7 + partitions)
 
 
-@pytest.mark.parametrize(("kind", "hosts", "skew_s", "punct", "partitions"), [
-    ("anti", 1, 0, 10 * NS, 1),
-    ("anti", 3, 40, NS, 4),
-    ("anti", 2, 5, None, 2),
-    ("left", 3, 40, 10 * NS, 2),
-])
-def test_anti_and_left_joins_equal_the_oracle_under_disorder(kind: str, hosts: int, skew_s: float,
-                                                             punct: int | None, partitions: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "hosts", "skew_s", "punct", "partitions"),
+    [
+        ("anti", 1, 0, 10 * NS, 1),
+        ("anti", 3, 40, NS, 4),
+        ("anti", 2, 5, None, 2),
+        ("left", 3, 40, 10 * NS, 2),
+    ],
+)
+def test_anti_and_left_joins_equal_the_oracle_under_disorder(
+    kind: str, hosts: int, skew_s: float, punct: int | None, partitions: int
+) -> None:
     assert_exact(config(partitions, kind), hosts, skew_s, punct, seed=hosts * 3 + partitions + 100)
 
 
@@ -158,7 +189,9 @@ def test_an_unanswered_syn_is_never_reported_before_the_right_input_passes_its_b
         if m.is_punctuation:
             b_right = m.mark_pane
         if len(out.u_ts):
-            assert b_right is not None and (out.u_ts + lay.band_ns < b_right).all(), "anti row before its band closed"
+            assert b_right is not None and (out.u_ts + lay.band_ns < b_right).all(), (
+                "anti row before its band closed"
+            )
             # and no later than needed: every unmatched row whose band the right mark passed is out now
         if b_right is not None:
             due = want_u[(want_u[:, 0] + lay.band_ns < b_right)]
@@ -173,8 +206,12 @@ def test_state_is_bounded_by_the_other_inputs_mark() -> None:
     lay = JoinLayout.of(cfg.joins[0], sl, sr)
     j = BandJoin(lay, host_timeout_ms=10**12)
     left, right = rows_of(cfg, 2000, seed=4, dup=False)
-    msgs = simulate.interleave([simulate.select_messages(sl, left, "a", punct_every_ns=NS),
-                                simulate.select_messages(sr, right, "a", punct_every_ns=NS)])
+    msgs = simulate.interleave(
+        [
+            simulate.select_messages(sl, left, "a", punct_every_ns=NS),
+            simulate.select_messages(sr, right, "a", punct_every_ns=NS),
+        ]
+    )
     peak = 0
     for m in msgs:
         j.process([m.value], 0)
@@ -196,8 +233,11 @@ def test_a_state_saved_as_npz_by_an_earlier_build_resumes_exactly() -> None:
     sl, sr = cfg.selects
     lay = JoinLayout.of(cfg.joins[0], sl, sr)
     left, right = rows_of(cfg, 600, seed=12)
-    msgs = simulate.interleave([simulate.select_messages(sl, left, f"cap-{h}", skew_ns=h * 5 * NS) for h in (0, 1)]
-                               + [simulate.select_messages(sr, right, "cap-0", skew_ns=0)], seed=3)  # fmt: skip
+    msgs = simulate.interleave(
+        [simulate.select_messages(sl, left, f"cap-{h}", skew_ns=h * 5 * NS) for h in (0, 1)]
+        + [simulate.select_messages(sr, right, "cap-0", skew_ns=0)],
+        seed=3,
+    )
     a, b = BandJoin(lay, host_timeout_ms=10**12), BandJoin(lay, host_timeout_ms=10**12)
     half = len(msgs) // 2
     outs: dict[str, list] = {"a": [], "b": []}
@@ -247,8 +287,12 @@ def test_match_pairs_checks_every_word_not_only_the_hash() -> None:
 
 def _topics(cfg: Q.Config, t1: str, t2: str, partitions: int) -> Q.Config:
     text = HANDSHAKE.replace("partitions: 4}", f"partitions: {partitions}}}")
-    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t1}, partitions: {partitions}}}", 1)
-    text = text.replace(f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t2}, partitions: {partitions}}}", 1)
+    text = text.replace(
+        f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t1}, partitions: {partitions}}}", 1
+    )
+    text = text.replace(
+        f"kafka: {{partitions: {partitions}}}", f"kafka: {{topic: {t2}, partitions: {partitions}}}", 1
+    )
     return Q.load_text(text)
 
 
@@ -259,8 +303,11 @@ def expected_windows(cfg: Q.Config, left: np.ndarray, right: np.ndarray) -> pd.D
     rl = lay.rollup
     w["window_end"] = pd.to_datetime(rl.origin_ns + (w["window"] + 1) * rl.pane_ns, utc=True)
     w["dst_port"] = [k[0] for k in w["key"]]
-    return w[["window_end", "dst_port", "completed", "avg_latency_ns"]].sort_values(["window_end", "dst_port"]) \
+    return (
+        w[["window_end", "dst_port", "completed", "avg_latency_ns"]]
+        .sort_values(["window_end", "dst_port"])
         .reset_index(drop=True)
+    )
 
 
 @pytest.mark.parametrize("threads", [True, False])
@@ -298,8 +345,13 @@ def test_job_step_merges_partitions_into_exact_windows(threads: bool, monkeypatc
     assert not g.duplicated(["window", "key"]).any()
     assert (g["hosts_in_mark"] == 3).all() and (g["hosts_expected"] == 3).all()
     fin = finalize(lay, np.array(g["state"].tolist()))
-    got_df = pd.DataFrame({"window_end": pd.to_datetime(g["window_end_ns"], utc=True),
-                           "dst_port": [k[0] for k in g["key"]], **fin})
+    got_df = pd.DataFrame(
+        {
+            "window_end": pd.to_datetime(g["window_end_ns"], utc=True),
+            "dst_port": [k[0] for k in g["key"]],
+            **fin,
+        }
+    )
     got_df = got_df.sort_values(["window_end", "dst_port"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got_df, expected_windows(cfg, left, right), check_dtype=False)
     peak = max(__import__("json").loads(s)["state_rows"] for s in statuses)
@@ -331,9 +383,16 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     cfg = _topics(config(2), t1, t2, 2)
     left, right = rows_of(cfg, 800, seed=31)
     produce(kafka, handshake_messages(cfg, left, right, hosts=3, skew_s=20, seed=4))
-    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
-                      trigger_ms=300, shuffle_partitions=2, name="t-join", create_topics=False,
-                      expected_hosts=("cap-0", "cap-1", "cap-2"))  # fmt: skip
+    opts = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res"),
+        checkpoint=str(tmp_path / "ck"),
+        trigger_ms=300,
+        shuffle_partitions=2,
+        name="t-join",
+        create_topics=False,
+        expected_hosts=("cap-0", "cap-1", "cap-2"),
+    )
     run_to_end(HighLevelJob(spark, [], opts, config=cfg))
     got = read_results(tmp_path / "res", "handshakes")
     fin = got[got["kind"] == "final"].copy()
@@ -348,17 +407,36 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     assert set(parts) == {"0", "1"} and all("state_bytes" in p for p in parts.values())
     # a join whose input topic is missing: a clear error before anything runs, nothing written
     bad = _topics(config(2), t1, "no-such-topic-" + t2, 2)
-    job2 = HighLevelJob(spark, [], JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res2"),
-                                              checkpoint=str(tmp_path / "ck2"), name="t-join2", create_topics=False),
-                        config=bad)  # fmt: skip
+    job2 = HighLevelJob(
+        spark,
+        [],
+        JobOptions(
+            bootstrap=kafka.bootstrap_servers,
+            results=str(tmp_path / "res2"),
+            checkpoint=str(tmp_path / "ck2"),
+            name="t-join2",
+            create_topics=False,
+        ),
+        config=bad,
+    )
     with pytest.raises(MissingInputTopic, match="no-such-topic"):
         job2.start()
     assert not list((tmp_path / "res2").glob("query=*"))
 
 
-GENERATED = dict(groups=300, seed=5, syn_fraction=0.3, synthetic_pps=1000, start_ns=T0, synack_fraction=0.7,
-                 synack_latency_ms=300, synack_latency_sigma=1.0, syn_retransmit_fraction=0.4,
-                 synack_duplicate_fraction=0.2, ipv6_fraction=0.1)
+GENERATED = dict(
+    groups=300,
+    seed=5,
+    syn_fraction=0.3,
+    synthetic_pps=1000,
+    start_ns=T0,
+    synack_fraction=0.7,
+    synack_latency_ms=300,
+    synack_latency_sigma=1.0,
+    syn_retransmit_fraction=0.4,
+    synack_duplicate_fraction=0.2,
+    ipv6_fraction=0.1,
+)
 
 
 def generated_rows(cfg: Q.Config, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -375,20 +453,28 @@ def generated_rows(cfg: Q.Config, n: int) -> tuple[np.ndarray, np.ndarray]:
         if not isinstance(tcp, dpkt.tcp.TCP) or not tcp.flags & dpkt.tcp.TH_SYN:
             continue
         if isinstance(ip, dpkt.ip.IP):
-            src, dst = (0, 0xFFFF00000000 | int.from_bytes(ip.src, "big")), (0, 0xFFFF00000000 | int.from_bytes(ip.dst, "big"))
+            src, dst = (
+                (0, 0xFFFF00000000 | int.from_bytes(ip.src, "big")),
+                (0, 0xFFFF00000000 | int.from_bytes(ip.dst, "big")),
+            )
             ttl = ip.ttl
         else:
-            src, dst = (int.from_bytes(a, "big", signed=True) for a in (ip.src[:8], ip.src[8:])), \
-                (int.from_bytes(a, "big", signed=True) for a in (ip.dst[:8], ip.dst[8:]))
+            src, dst = (
+                (int.from_bytes(a, "big", signed=True) for a in (ip.src[:8], ip.src[8:])),
+                (int.from_bytes(a, "big", signed=True) for a in (ip.dst[:8], ip.dst[8:])),
+            )
             ttl = ip.hlim
         row = [int(ts[k]), *src, tcp.sport, *dst, tcp.dport]
-        (right if tcp.flags & dpkt.tcp.TH_ACK else left).append(row + [ttl] * (tcp.flags & dpkt.tcp.TH_ACK != 0))
+        (right if tcp.flags & dpkt.tcp.TH_ACK else left).append(
+            row + [ttl] * (tcp.flags & dpkt.tcp.TH_ACK != 0)
+        )
     widths = [1 + sum(1 for _ in s.columns) for s in cfg.selects]
     return (np.array(left, np.int64).reshape(-1, widths[0]), np.array(right, np.int64).reshape(-1, widths[1]))
 
 
-def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle(spark, kafka, topic_factory,
-                                                                                 tmp_path) -> None:
+def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle(
+    spark, kafka, topic_factory, tmp_path
+) -> None:
     """The generator answering SYNs (lognormal latency, retransmitted SYNs, duplicate SYN-ACKs) -> the real
     agent process -> real Kafka -> the real job: the inner and the anti join's stored windows equal the
     brute-force oracle over the same packets parsed by dpkt (some handshakes, some unanswered SYNs)."""
@@ -419,9 +505,16 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     n = 30_000  # 30 s at 1000 packets/s: 4 windows of 10 s
     source = f"generator:clock=synthetic,count={n}," + ",".join(f"{k}={v}" for k, v in GENERATED.items())
     run_agent(path, source, host="cap-0", bootstrap=kafka.bootstrap_servers, timeout=600)
-    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
-                      trigger_ms=300, shuffle_partitions=2, name="t-join-gen", create_topics=False,
-                      expected_hosts=("cap-0",))  # fmt: skip
+    opts = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res"),
+        checkpoint=str(tmp_path / "ck"),
+        trigger_ms=300,
+        shuffle_partitions=2,
+        name="t-join-gen",
+        create_topics=False,
+        expected_hosts=("cap-0",),
+    )
     run_to_end(HighLevelJob(spark, [], opts, config=cfg))
     left, right = generated_rows(cfg, n)
     for j, cols in zip(cfg.joins, (["completed", "avg_latency_ns"], ["unanswered", "max_port"]), strict=True):
@@ -429,15 +522,25 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
         pairs, unmatched = join_oracle(lay, left, right)
         assert len(pairs) > 1000 and len(unmatched) > 500
         want = join_window_oracle(lay, pairs, unmatched)
-        want["window_end"] = pd.to_datetime(lay.rollup.origin_ns + (want["window"] + 1) * lay.rollup.pane_ns, utc=True)
+        want["window_end"] = pd.to_datetime(
+            lay.rollup.origin_ns + (want["window"] + 1) * lay.rollup.pane_ns, utc=True
+        )
         want["dst_port"] = [k[0] for k in want["key"]]
-        want = want[["window_end", "dst_port", *cols]].sort_values(["window_end", "dst_port"]).reset_index(drop=True)
+        want = (
+            want[["window_end", "dst_port", *cols]]
+            .sort_values(["window_end", "dst_port"])
+            .reset_index(drop=True)
+        )
         want["window_end"] = want["window_end"].astype("datetime64[ns, UTC]")
         got = read_results(tmp_path / "res", j.name)
         fin = got[got["kind"] == "final"].copy()
         assert fin["complete"].all()
         fin["window_end"] = pd.to_datetime(fin["window_end"], utc=True).astype("datetime64[ns, UTC]")
-        g = fin[["window_end", "dst_port", *cols]].sort_values(["window_end", "dst_port"]).reset_index(drop=True)
+        g = (
+            fin[["window_end", "dst_port", *cols]]
+            .sort_values(["window_end", "dst_port"])
+            .reset_index(drop=True)
+        )
         pd.testing.assert_frame_equal(g, want, check_dtype=False)
     # the generator's share shows: ~70 % of the SYNs answered within the band, retransmissions among the rest
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
@@ -455,13 +558,24 @@ def test_watermark_mode_refuses_join_queries_at_start(tmp_path, capsys) -> None:
     from high_level.job import HighLevelJob, JobOptions
 
     hs = Path(__file__).resolve().parents[1] / "configs" / "handshake.yaml"
-    rc = cli.main(["--config", str(hs), "--mode", "watermark", "--results", str(tmp_path / "r"),
-                   "--checkpoint", str(tmp_path / "c")])
+    rc = cli.main(
+        [
+            "--config",
+            str(hs),
+            "--mode",
+            "watermark",
+            "--results",
+            str(tmp_path / "r"),
+            "--checkpoint",
+            str(tmp_path / "c"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "'handshakes'" in err and "'silent_servers'" in err and "--mode oop" in err
     assert str(hs) in err and not (tmp_path / "r").exists()
-    opts = JobOptions(bootstrap="127.0.0.1:1", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"),
-                      mode="watermark")
+    opts = JobOptions(
+        bootstrap="127.0.0.1:1", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), mode="watermark"
+    )
     with pytest.raises(WatermarkJoinRefused, match="punctuation mode only"):
         HighLevelJob(None, [], opts, config=Q.load(hs))
     refuse_joins(Q.load(Path(__file__).resolve().parents[1] / "configs" / "default.yaml"))  # no joins: fine
@@ -504,8 +618,11 @@ def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
     assert sum(j.state_rows for j in proc.joins.values()) > 0
     new = proc.to_bytes()
     assert new.startswith(ZMAGIC)
-    head, arrays = codec.unpack(__import__("pyarrow").decompress(new[12:], decompressed_size=int.from_bytes(
-        new[4:12], "little"), codec="zstd", asbytes=True))  # fmt: skip
+    head, arrays = codec.unpack(
+        __import__("pyarrow").decompress(
+            new[12:], decompressed_size=int.from_bytes(new[4:12], "little"), codec="zstd", asbytes=True
+        )
+    )
     assert not any(k.endswith("_h") for k in arrays)
     del head["hashes"]
     for p, j in proc.joins.items():

@@ -97,8 +97,15 @@ def feed_oracle(q: Q.QuerySpec, traffic) -> np.ndarray:
     return np.column_stack([lay.window_start_ns(w["window"].to_numpy()), w[cols].to_numpy(np.int64)])
 
 
-def feed_messages(cfg: Q.Config, traffic, *, skew_s: int, punct_s: int, seed: int, replay: float = 0.2,
-                  ) -> list[tuple[str, bytes]]:  # fmt: skip
+def feed_messages(
+    cfg: Q.Config,
+    traffic,
+    *,
+    skew_s: int,
+    punct_s: int,
+    seed: int,
+    replay: float = 0.2,
+) -> list[tuple[str, bytes]]:
     """What the job's aggregate stream publishes on the feeds: hosts with skew -> shuffled partials -> one
     PartitionProcessor per (query, partition) in random batches -> sink-side publisher; a share ``replay``
     of the batches is published twice (a job restarted between publishing and committing)."""
@@ -109,16 +116,31 @@ def feed_messages(cfg: Q.Config, traffic, *, skew_s: int, punct_s: int, seed: in
     streams = []
     for q in aggs:
         for i, h in enumerate(HOSTS):
-            streams.append([(q.name, m) for m in simulate.host_messages(
-                q, rows[hix == i], h, partitions=q.kafka.partitions, skew_ns=skew_s * NS * i // 2,
-                punct_every_ns=punct_s * NS, seed=seed + i, end_mark=wire.END_OF_STREAM)])  # fmt: skip
+            streams.append(
+                [
+                    (q.name, m)
+                    for m in simulate.host_messages(
+                        q,
+                        rows[hix == i],
+                        h,
+                        partitions=q.kafka.partitions,
+                        skew_ns=skew_s * NS * i // 2,
+                        punct_every_ns=punct_s * NS,
+                        seed=seed + i,
+                        end_mark=wire.END_OF_STREAM,
+                    )
+                ]
+            )
     heads = [[m for _, m in s] for s in streams]
     merged = simulate.interleave(heads, seed=seed)
     owner = {id(m): qn for s in streams for qn, m in s}
     settings = Settings(host_timeout_ms=10**12, expected_hosts=HOSTS)
     lays = {q.name: Layout.of(q) for q in aggs}
-    procs = {(q.name, p): PartitionProcessor([lays[q.name]], p, settings) for q in aggs
-             for p in range(q.kafka.partitions)}  # fmt: skip
+    procs = {
+        (q.name, p): PartitionProcessor([lays[q.name]], p, settings)
+        for q in aggs
+        for p in range(q.kafka.partitions)
+    }
     pub = FeedPublisher(aggs, producer=object())
     statuses: dict[str, dict[int, object]] = {}
     out: list[tuple[str, bytes]] = []
@@ -198,8 +220,14 @@ def rows_oracle(lay, left: np.ndarray, right: np.ndarray) -> pd.DataFrame:
                 key += [0 if row is None else row[0 if w < 0 else 1 + w] for w in ws]
             out.append((int((lrow[0] - lay.rollup.origin_ns) // lay.rollup.pane_ns), tuple(key)))
     df = pd.DataFrame(out, columns=["window", "key"])
-    return df.groupby(["window", "key"]).size().rename("rows").reset_index().sort_values(["window", "key"]) \
-        .reset_index(drop=True)  # fmt: skip
+    return (
+        df.groupby(["window", "key"])
+        .size()
+        .rename("rows")
+        .reset_index()
+        .sort_values(["window", "key"])
+        .reset_index(drop=True)
+    )
 
 
 @pytest.mark.parametrize(("skew_s", "punct_s", "seed"), [(0, 1, 1), (40, 1, 2), (20, 10, 3), (40, 1000, 4)])
@@ -229,8 +257,9 @@ def test_joins_of_closed_windows_equal_the_oracle_under_disorder(cfg, traffic, s
                     "syns": [s[1] for s in got["state"]],
                 }
             )
-            pd.testing.assert_frame_equal(g.sort_values(["window", "key"]).reset_index(drop=True), want,
-                                          check_dtype=False)  # fmt: skip
+            pd.testing.assert_frame_equal(
+                g.sort_values(["window", "key"]).reset_index(drop=True), want, check_dtype=False
+            )
         assert proc.dedup.skipped > 0, "replayed feed batches are skipped"
         assert all(j.state_rows == 0 for j in proc.joins.values())
         assert len(got) >= 4
@@ -287,9 +316,16 @@ def test_late_corrections_are_stored_not_joined_and_counted(caplog) -> None:
     lay = Layout.of(q)
     rank = np.array([R.ROW_KINDS.index(k) for k in ("final", "correction", "final", "correction")], np.int8)
     n = len(rank)
-    w = QueryWindows(window=np.array([3, 2, 3, 1], np.int64), rank=rank, key=np.arange(2 * n).reshape(n, 2),
-                     state=np.full((n, lay.na), 5, np.int64), closed_at_ms=np.zeros(n, np.int64),
-                     hosts=np.ones(n, np.int32), hosts_expected=np.ones(n, np.int32), comp=np.zeros((n, 3), np.int64))
+    w = QueryWindows(
+        window=np.array([3, 2, 3, 1], np.int64),
+        rank=rank,
+        key=np.arange(2 * n).reshape(n, 2),
+        state=np.full((n, lay.na), 5, np.int64),
+        closed_at_ms=np.zeros(n, np.int64),
+        hosts=np.ones(n, np.int32),
+        hosts_expected=np.ones(n, np.int32),
+        comp=np.zeros((n, 3), np.int64),
+    )
     pub = FeedPublisher([q], producer=object())
     with caplog.at_level("WARNING", logger="lowwater.job.feed"):
         for batch in (1, 2):
@@ -371,16 +407,23 @@ def test_feed_dedup_skips_replayed_rows_batches_only() -> None:
         ),
     ],
 )
-def test_bad_joins_of_aggregates_name_file_line_and_reason(change: tuple[str, str], where: str | None) -> None:
+def test_bad_joins_of_aggregates_name_file_line_and_reason(
+    change: tuple[str, str], where: str | None
+) -> None:
     text = CONFIG.replace(*change, 1)
     assert text != CONFIG
     if where is None:  # an avg in synack_src: a join on it fails, a join on its other fields loads
         Q.load_text(text, "x.yaml")
-        text = text.replace("on: {left: [dst_ip], right: [server]}\n    within: window\n    type: inner",
-                            "on: {left: [dst_ip], right: [mean_len]}\n    within: window\n    type: inner", 1)
+        text = text.replace(
+            "on: {left: [dst_ip], right: [server]}\n    within: window\n    type: inner",
+            "on: {left: [dst_ip], right: [mean_len]}\n    within: window\n    type: inner",
+            1,
+        )
         where = "'mean_len' is an avg of aggregate query 'synack_src': an average (sum / count) has no exact value"
     if "left.mean_len" in text:
-        text = text.replace("{fn: max, field: src_port, as: max_cport}", "{fn: avg, field: length, as: mean_len}")
+        text = text.replace(
+            "{fn: max, field: src_port, as: max_cport}", "{fn: avg, field: length, as: mean_len}"
+        )
     with pytest.raises(Q.ConfigError) as e:
         Q.load_text(text, "x.yaml")
     assert where in str(e.value) and str(e.value).startswith("x.yaml:"), str(e.value)
@@ -449,8 +492,11 @@ def test_raw_rows_schema_and_select_join_rows_equal_the_oracle() -> None:
     g = pd.DataFrame(
         {"window": g["window"], "key": [tuple(k) for k in g["key"]], "rows": [s[0] for s in g["state"]]}
     )
-    pd.testing.assert_frame_equal(g.sort_values(["window", "key"]).reset_index(drop=True),
-                                  rows_oracle(lay, left, right), check_dtype=False)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        g.sort_values(["window", "key"]).reset_index(drop=True),
+        rows_oracle(lay, left, right),
+        check_dtype=False,
+    )
 
 
 def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_factory, tmp_path) -> None:
@@ -479,13 +525,24 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     hix = simulate.split_hosts(len(rows), 3, seed=1)
     tagged = []
     for q in cfg.queries:
-        streams = [simulate.host_messages(q, rows[hix == i], h, partitions=2, skew_ns=10 * NS * i, seed=i,
-                                          end_mark=wire.END_OF_STREAM) for i, h in enumerate(HOSTS)]  # fmt: skip
+        streams = [
+            simulate.host_messages(
+                q, rows[hix == i], h, partitions=2, skew_ns=10 * NS * i, seed=i, end_mark=wire.END_OF_STREAM
+            )
+            for i, h in enumerate(HOSTS)
+        ]
         tagged += [(m.t_ns, q.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=2)]
     produce(kafka, [(t, p, v) for _, t, p, v in sorted(tagged, key=lambda x: x[0])])
-    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
-                      trigger_ms=300, shuffle_partitions=2, name="t-feed", create_topics=True,
-                      expected_hosts=HOSTS)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res"),
+        checkpoint=str(tmp_path / "ck"),
+        trigger_ms=300,
+        shuffle_partitions=2,
+        name="t-feed",
+        create_topics=True,
+        expected_hosts=HOSTS,
+    )
     job = HighLevelJob(spark, cfg.queries, opts, config=cfg)
     job.start()
     try:
@@ -520,8 +577,13 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     # the feeds of other aggregate topics do not exist (no job created them): a clear error, nothing started
     t3, t4 = topic_factory(partitions=2), topic_factory(partitions=2)
     bad = Q.load_text(text.replace(t1, t3).replace(t2, t4))
-    opts2 = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res2"),
-                       checkpoint=str(tmp_path / "ck2"), name="t-feed2", create_topics=False)  # fmt: skip
+    opts2 = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res2"),
+        checkpoint=str(tmp_path / "ck2"),
+        name="t-feed2",
+        create_topics=False,
+    )
     job2 = HighLevelJob(spark, bad.queries, opts2, config=bad)
     with pytest.raises(MissingInputTopic, match="closed-window feed of an aggregate query"):
         job2.start()

@@ -77,12 +77,23 @@ def _users() -> dict[str, str]:
 
 
 def _query_yaml(path: Path, topic: str, partitions: int) -> Path:
-    return config(query("pairs", group_by=["src_ip", "dst_ip"], window="2s", table=1024, flush={"policy": "lazy", "m": 2},
-                        heartbeat={"interval": "200ms"}, topic=topic, partitions=partitions)).write(path)  # fmt: skip
+    return config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            window="2s",
+            table=1024,
+            flush={"policy": "lazy", "m": 2},
+            heartbeat={"interval": "200ms"},
+            topic=topic,
+            partitions=partitions,
+        )
+    ).write(path)
 
 
-def _agent_cmd(cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None,
-               metrics_port: int = 0) -> list[str]:  # fmt: skip
+def _agent_cmd(
+    cfg: Path, source: str, host: str, bootstrap: str, security: KafkaSecurity | None, metrics_port: int = 0
+) -> list[str]:
     cmd = agent_cmd(cfg, source, host=host, bootstrap=bootstrap, metrics_port=metrics_port)
     if security is not None:
         cmd += ["--kafka-security", json.dumps(security.revealed())]
@@ -111,8 +122,9 @@ def read_topic(
     return got
 
 
-def spark_read(spark: SparkSession, bootstrap: str, topic: str, extra: Mapping[str, str],
-               checkpoint: Path) -> dict[tuple[int, int], bytes]:  # fmt: skip
+def spark_read(
+    spark: SparkSession, bootstrap: str, topic: str, extra: Mapping[str, str], checkpoint: Path
+) -> dict[tuple[int, int], bytes]:
     """Every record of ``topic`` read once by the job's Kafka source (availableNow into a memory sink)."""
     from high_level.aggregate.ingest import kafka_stream
 
@@ -165,17 +177,23 @@ def _scrape(port: int) -> str:
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A SASL_PLAINTEXT broker (PLAIN mechanism) with ACLs: admin is a super user, the agent may write
     and create ``lowwater-sec*`` topics, the job may read them; nobody else may do anything."""
-    broker = KafkaBroker("sasl", port=0, state=tmp_path_factory.mktemp("kafka-sasl"), sasl_users=_users(),
-                         acls=True)  # fmt: skip
+    broker = KafkaBroker(
+        "sasl", port=0, state=tmp_path_factory.mktemp("kafka-sasl"), sasl_users=_users(), acls=True
+    )
     broker.start()
     try:
         topics = ResourcePattern(ResourceType.TOPIC, PREFIX, ACLResourcePatternType.PREFIXED)
-        grants = [(AGENT, ACLOperation.WRITE), (AGENT, ACLOperation.CREATE), (WRITER, ACLOperation.WRITE),
-                  (JOB, ACLOperation.READ)]  # fmt: skip
+        grants = [
+            (AGENT, ACLOperation.WRITE),
+            (AGENT, ACLOperation.CREATE),
+            (WRITER, ACLOperation.WRITE),
+            (JOB, ACLOperation.READ),
+        ]
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers, **broker.client_security())
         try:
-            result = admin.create_acls([ACL(f"User:{user}", "*", op, ACLPermissionType.ALLOW, topics)
-                                        for user, op in grants])  # fmt: skip
+            result = admin.create_acls(
+                [ACL(f"User:{user}", "*", op, ACLPermissionType.ALLOW, topics) for user, op in grants]
+            )
         finally:
             admin.close()
         assert not result["failed"], result
@@ -187,8 +205,9 @@ def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroke
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A SASL_SSL broker whose certificate (IP:127.0.0.1) is signed by a CA made for it."""
-    broker = KafkaBroker("sasl-ssl", port=0, state=tmp_path_factory.mktemp("kafka-sasl-ssl"),
-                         sasl_users=_users(), tls=True)  # fmt: skip
+    broker = KafkaBroker(
+        "sasl-ssl", port=0, state=tmp_path_factory.mktemp("kafka-sasl-ssl"), sasl_users=_users(), tls=True
+    )
     broker.start()
     try:
         yield broker
@@ -201,8 +220,9 @@ class RefusedAgent:
     def __init__(self, label: str, cmd: list[str], metrics_port: int, log: Path) -> None:
         self.label, self.metrics_port, self.log = label, metrics_port, log
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
         self.started = time.monotonic()
 
     def metrics(self) -> str:
@@ -296,10 +316,19 @@ def delivered(sasl_broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory
         for i in range(PACKETS):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
     security = sasl_broker.security(AGENT)
-    assert security.kafka_python() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
-                                       "sasl_plain_username": AGENT, "sasl_plain_password": sasl_broker.sasl_users[AGENT]}  # fmt: skip
-    proc = subprocess.run(_agent_cmd(cfg, f"pcap:{pcap}", "cap-sasl", sasl_broker.bootstrap_servers, security),
-                          capture_output=True, text=True, timeout=180, cwd=REPO)  # fmt: skip
+    assert security.kafka_python() == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": AGENT,
+        "sasl_plain_password": sasl_broker.sasl_users[AGENT],
+    }
+    proc = subprocess.run(
+        _agent_cmd(cfg, f"pcap:{pcap}", "cap-sasl", sasl_broker.bootstrap_servers, security),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"topic": topic, "stderr": proc.stderr}
 
@@ -334,23 +363,26 @@ def test_agent_delivers_partials_and_punctuation_over_sasl(
     assert all(p.stats["packets"] == PACKETS for p in ends.values())
 
 
-def test_spark_kafka_source_reads_over_sasl(sasl_broker: KafkaBroker, spark: SparkSession,
-                                            delivered: dict[str, Any], tmp_path: Path) -> None:  # fmt: skip
+def test_spark_kafka_source_reads_over_sasl(
+    sasl_broker: KafkaBroker, spark: SparkSession, delivered: dict[str, Any], tmp_path: Path
+) -> None:
     topic = delivered["topic"]
     password = sasl_broker.sasl_users[JOB]
     extra = {  # what LOWWATER_KAFKA_OPTIONS / the job's kafka_options carry in a deployment
         "kafka.security.protocol": "SASL_PLAINTEXT",
         "kafka.sasl.mechanism": "PLAIN",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                                  f'username="{JOB}" password="{password}";',
-    }  # fmt: skip
+        f'username="{JOB}" password="{password}";',
+    }
     assert extra == sasl_broker.spark_kafka_options(JOB)
     got = spark_read(spark, sasl_broker.bootstrap_servers, topic, extra, tmp_path / "ck")
     assert got == read_topic(sasl_broker.bootstrap_servers, topic, sasl_broker.client_security(JOB))
     kinds = Counter(type(wire.decode(v)).__name__ for v in got.values())
     assert kinds["Partials"] > 0 and kinds["Punctuation"] >= 2
-    assert sum(int(b.state[:, 0].sum()) for b in map(wire.decode, got.values())
-               if isinstance(b, wire.Partials)) == PACKETS  # fmt: skip
+    assert (
+        sum(int(b.state[:, 0].sum()) for b in map(wire.decode, got.values()) if isinstance(b, wire.Partials))
+        == PACKETS
+    )
 
     from pyspark.errors import StreamingQueryException
 
@@ -371,8 +403,10 @@ def test_wrong_or_missing_credentials_are_refused(
             )
     # the broker's reason reaches the client only when it reads the SASL response before the broker
     # closes the socket (a race in kafka-python); the broker's own log is the authoritative record
-    assert ("Authentication failed: Invalid username or password" in caplog.text
-            or "socket disconnected" in caplog.text)
+    assert (
+        "Authentication failed: Invalid username or password" in caplog.text
+        or "socket disconnected" in caplog.text
+    )
     assert "Failed authentication with /127.0.0.1" in sasl_broker.log_tail(400), "the broker logs the refusal"
 
 
@@ -418,8 +452,12 @@ def test_job_provisions_its_topics_with_its_security_block(sasl_broker: KafkaBro
     q = Q.load(_query_yaml(tmp_path / "q.yaml", topic, 3)).queries[0]
 
     def job(security: KafkaSecurity) -> HighLevelJob:
-        opts = JobOptions(bootstrap=sasl_broker.bootstrap_servers, results=str(tmp_path / "r"),
-                          checkpoint=str(tmp_path / "c"), kafka_security=security)  # fmt: skip
+        opts = JobOptions(
+            bootstrap=sasl_broker.bootstrap_servers,
+            results=str(tmp_path / "r"),
+            checkpoint=str(tmp_path / "c"),
+            kafka_security=security,
+        )
         return HighLevelJob(None, [q], opts)
 
     with pytest.raises(RuntimeError, match="not reachable"):
@@ -436,9 +474,18 @@ def test_create_topics_script_with_kafka_security(sasl_broker: KafkaBroker, tmp_
     """kafka-init's script with ``--kafka-security``: the agent's principal (CREATE on its topics) suffices."""
     topic = f"{PREFIX}-init-{uuid.uuid4().hex[:6]}"
     cfg = _query_yaml(tmp_path / "q.yaml", topic, 3)
-    cmd = [sys.executable, str(REPO / "deploy" / "docker" / "create_topics.py"), "--config", str(cfg),
-           "--bootstrap", sasl_broker.bootstrap_servers, "--wait", "20",
-           "--kafka-security", json.dumps(sasl_broker.security(AGENT).revealed())]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "deploy" / "docker" / "create_topics.py"),
+        "--config",
+        str(cfg),
+        "--bootstrap",
+        sasl_broker.bootstrap_servers,
+        "--wait",
+        "20",
+        "--kafka-security",
+        json.dumps(sasl_broker.security(AGENT).revealed()),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{topic}: created with 3 partitions" in proc.stderr
@@ -451,8 +498,9 @@ def test_create_topics_script_with_kafka_security(sasl_broker: KafkaBroker, tmp_
 
 
 # -- SASL_SSL -------------------------------------------------------------------------------------------
-def test_emitter_and_spark_over_sasl_ssl(tls_broker: KafkaBroker, spark: SparkSession, tmp_path: Path,
-                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_emitter_and_spark_over_sasl_ssl(
+    tls_broker: KafkaBroker, spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert tls_broker.security_protocol == "SASL_SSL"
     topic = f"lowwater-tls-{uuid.uuid4().hex[:8]}"  # created by the Emitter's ensure_topics
     q = Q.load(_query_yaml(tmp_path / "q.yaml", topic, 2)).queries[0]
@@ -511,8 +559,10 @@ def test_refused_agents_keep_capturing_and_deliver_nothing(
         )
     logs = {label: a.log.read_text() for label, a in agents.items()}
     # the reason reaches the client unless the broker closes the socket first (see above)
-    assert ("Invalid username or password" in logs["wrong-password"]
-            or "socket disconnected" in logs["wrong-password"]), logs["wrong-password"][-3000:]
+    assert (
+        "Invalid username or password" in logs["wrong-password"]
+        or "socket disconnected" in logs["wrong-password"]
+    ), logs["wrong-password"][-3000:]
     for label, log in logs.items():
         assert "Kafka not reachable" in log, f"{label}: the agent must say that it cannot reach Kafka"
     records = read_topic(
@@ -530,22 +580,38 @@ def test_api_live_reader_over_sasl_ssl(tls_broker: KafkaBroker, tmp_path: Path) 
     from high_level.serve.api import create_app
 
     cfg = _query_yaml(tmp_path / "q.yaml", f"lowwater-tls-live-{uuid.uuid4().hex[:6]}", 1)
-    admin = KafkaAdminClient(bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB))
+    admin = KafkaAdminClient(
+        bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB)
+    )
     try:
         from kafka.admin import NewTopic
 
         admin.create_topics([NewTopic(L.live_topic("pairs"), 1, 1, topic_configs=L.TOPIC_CONFIG)])
     finally:
         admin.close()
-    u = L.LiveUpdate(query="pairs", window_start_us=T0 // 1000, window_end_us=T0 // 1000 + 2_000_000,
-                     group={"src_ip": "10.0.0.1", "dst_ip": "10.0.0.2"}, values={"packets": 42}, final=True,
-                     version=3, published_ms=1, hosts_in_mark=1, hosts_expected=1, complete=True)  # fmt: skip
-    producer = KafkaProducer(bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB))
+    u = L.LiveUpdate(
+        query="pairs",
+        window_start_us=T0 // 1000,
+        window_end_us=T0 // 1000 + 2_000_000,
+        group={"src_ip": "10.0.0.1", "dst_ip": "10.0.0.2"},
+        values={"packets": 42},
+        final=True,
+        version=3,
+        published_ms=1,
+        hosts_in_mark=1,
+        hosts_expected=1,
+        complete=True,
+    )
+    producer = KafkaProducer(
+        bootstrap_servers=tls_broker.bootstrap_servers, **tls_broker.client_security(JOB)
+    )
     producer.send(L.live_topic("pairs"), value=L.encode(u)[1], key=L.encode(u)[0]).get(30)
     producer.close()
 
     def values(security: KafkaSecurity, wait_s: float) -> tuple[list, dict]:
-        app = create_app(cfg, tmp_path / "results", live_bootstrap=tls_broker.bootstrap_servers, live_security=security)
+        app = create_app(
+            cfg, tmp_path / "results", live_bootstrap=tls_broker.bootstrap_servers, live_security=security
+        )
         with TestClient(app) as api:
             deadline = time.monotonic() + wait_s
             while True:

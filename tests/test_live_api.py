@@ -28,10 +28,19 @@ W0 = 1_764_000_000_000_000  # a window start (us)
 def _upd(
     group: tuple[str, str], packets: int, final: bool, version: int, w0: int = W0, in_mark: int = 1
 ) -> L.LiveUpdate:
-    return L.LiveUpdate(query="q4_pairs", window_start_us=w0, window_end_us=w0 + 60_000_000,
-                        group={"src_ip": group[0], "dst_ip": group[1]}, values={"packets": packets}, final=final,
-                        version=version, published_ms=version * 1000, hosts_in_mark=2 if final else in_mark,
-                        hosts_expected=2, complete=final)  # fmt: skip
+    return L.LiveUpdate(
+        query="q4_pairs",
+        window_start_us=w0,
+        window_end_us=w0 + 60_000_000,
+        group={"src_ip": group[0], "dst_ip": group[1]},
+        values={"packets": packets},
+        final=final,
+        version=version,
+        published_ms=version * 1000,
+        hosts_in_mark=2 if final else in_mark,
+        hosts_expected=2,
+        complete=final,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +79,7 @@ def test_sse_serves_the_newest_values_final_last_and_counts_bad_messages(store: 
         _upd(a, 9, False, 2),
         _upd(a, 12, True, 3),
         _upd(a, 7, False, 2),
-    ]  # fmt: skip  (the last: an older version after the final, ignored)
+    ]  # (the last: an older version after the final, ignored)
     app = create_app(store.config, store.root, live_source=lambda hub: _Source(hub, ups))
     with TestClient(app) as c:
         st = c.get("/live").json()
@@ -125,7 +134,9 @@ def test_update_queues_are_on_metrics_and_status(store: Store) -> None:
         assert "lowwater_api_live_updates_received_total 3.0" in text
         live = c.get("/status").json()["live"]
         assert live["enabled"] and live["received"] == 3
-        assert [(x["id"], x["policy"], x["overwrites"]) for x in live["consumers"]] == [(sub.id, "inplace", 1)]
+        assert [(x["id"], x["policy"], x["overwrites"]) for x in live["consumers"]] == [
+            (sub.id, "inplace", 1)
+        ]
         sources[0].hub.unsubscribe(sub)
         assert "lowwater_api_live_consumers 0.0" in c.get("/metrics").text
 
@@ -172,8 +183,13 @@ def live_topic(kafka, store: Store) -> Iterator[object]:
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     cfg = Q.load(store.config)
     ensure_live_topics(admin, cfg.queries)
-    desc = admin.describe_configs([__import__("kafka.admin", fromlist=["ConfigResource"]).ConfigResource(
-        "TOPIC", L.live_topic("q4_pairs"))])  # fmt: skip
+    desc = admin.describe_configs(
+        [
+            __import__("kafka.admin", fromlist=["ConfigResource"]).ConfigResource(
+                "TOPIC", L.live_topic("q4_pairs")
+            )
+        ]
+    )
     admin.close()
     assert "compact" in str(desc)
     prod = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks=1)

@@ -36,8 +36,16 @@ def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic
     q = variant(topic_factory, "gate", "livegate", 1)
     h = {n: Host(n, q) for n in HOSTS}
     p0 = q.window.origin_ns // q.window.pane_ns + 1_700_000_000 // 10
-    job = start_job(spark, [q], tmp_path, "live", bootstrap=kafka.bootstrap_servers, expected_hosts=HOSTS,
-                    host_timeout_ms=600_000, live=True)  # fmt: skip
+    job = start_job(
+        spark,
+        [q],
+        tmp_path,
+        "live",
+        bootstrap=kafka.bootstrap_servers,
+        expected_hosts=HOSTS,
+        host_timeout_ms=600_000,
+        live=True,
+    )
     try:
         from kafka import KafkaAdminClient
         from kafka.admin import ConfigResource
@@ -47,8 +55,13 @@ def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic
         admin.close()
         assert "cleanup.policy" in cfg and "compact" in cfg  # created by the job, compacted
         # two of three hosts: the window is open, its values provisional (2 of 3 hosts past it)
-        produce(kafka, h["h0"].partials(p0, PORTS, 1, 100) + h["h0"].punct(p0 + 1)
-                + h["h1"].partials(p0, PORTS, 2, 100) + h["h1"].punct(p0 + 1))  # fmt: skip
+        produce(
+            kafka,
+            h["h0"].partials(p0, PORTS, 1, 100)
+            + h["h0"].punct(p0 + 1)
+            + h["h1"].partials(p0, PORTS, 2, 100)
+            + h["h1"].punct(p0 + 1),
+        )
         job.process_all_available()
         assert windows_of(job, q) == {}
         prov = _read_live(kafka, q.name, len(PORTS))

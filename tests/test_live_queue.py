@@ -11,8 +11,15 @@ from high_level.live.queue import POLICIES, Skipped, Update, UpdateQueue, replay
 from high_level.live.staleness import StalenessMeter
 
 
-def _arrivals(n_groups: int, n: int, period: float, zipf: float = 0.0, windows: int = 1, seed: int = 1,
-              finals: bool = True) -> list[tuple[float, Update]]:  # fmt: skip
+def _arrivals(
+    n_groups: int,
+    n: int,
+    period: float,
+    zipf: float = 0.0,
+    windows: int = 1,
+    seed: int = 1,
+    finals: bool = True,
+) -> list[tuple[float, Update]]:
     """``n`` provisional updates of (window, group) at evenly spaced times, groups drawn uniformly or
     Zipf-skewed, windows one after the other (each ends with the final of every group it touched)."""
     rng = random.Random(seed)

@@ -80,8 +80,14 @@ def test_provisional_values_are_exact_so_far_and_never_follow_the_final(cfg, tra
             df = procs[p].process(vals, 1_000_000 + b * 1000)
             frames.append(df)
             prov = df[df["kind"] == L.PROVISIONAL_KIND]
-            for w, key, st, in_mark, exp in zip(prov["window"], prov["key"], prov["state"], prov["hosts_in_mark"],
-                                                prov["hosts_expected"], strict=True):  # fmt: skip
+            for w, key, st, in_mark, exp in zip(
+                prov["window"],
+                prov["key"],
+                prov["state"],
+                prov["hosts_in_mark"],
+                prov["hosts_expected"],
+                strict=True,
+            ):
                 assert (int(w), tuple(key)) not in finals, "provisional value after the final"
                 assert np.array_equal(np.asarray(st), seen[p].window(int(w), np.asarray(key))), (w, key)
                 assert 0 <= in_mark < exp == len(HOSTS)  # open: some host's mark is not past it
@@ -100,8 +106,9 @@ def test_live_messages_follow_the_contract_and_feed_the_update_queue(cfg, traffi
     proc = PartitionProcessor([lay], 0, SETTINGS)
     timed, ideal, exact = [], {}, {}
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 60)):
-        packed = pa.Table.from_pandas(proc.process_packed([msgs[i].value for i in chunk], 1000 * b),
-                                      preserve_index=False)  # fmt: skip
+        packed = pa.Table.from_pandas(
+            proc.process_packed([msgs[i].value for i in chunk], 1000 * b), preserve_index=False
+        )
         prov_packed, rest = split_provisional(packed)
         prov, _ = unpack_windows(prov_packed, {q.name: lay}, LIVE_KINDS)
         wins, _ = unpack_windows(rest, {q.name: lay})
@@ -136,9 +143,18 @@ def test_live_messages_follow_the_contract_and_feed_the_update_queue(cfg, traffi
 
 def test_contract_refuses_what_does_not_validate(cfg):
     q = cfg.query("pairs")
-    good = L.LiveUpdate(query="pairs", window_start_us=0, window_end_us=10, group={"src_ip": "10.0.0.1", "dst_ip": "10.0.0.2"},
-                        values={"packets": 1, "bytes": 2, "avg_len": None, "min_ttl": 3, "max_ttl": 4}, final=False,
-                        version=1, published_ms=5, hosts_in_mark=0, hosts_expected=2)  # fmt: skip
+    good = L.LiveUpdate(
+        query="pairs",
+        window_start_us=0,
+        window_end_us=10,
+        group={"src_ip": "10.0.0.1", "dst_ip": "10.0.0.2"},
+        values={"packets": 1, "bytes": 2, "avg_len": None, "min_ttl": 3, "max_ttl": 4},
+        final=False,
+        version=1,
+        published_ms=5,
+        hosts_in_mark=0,
+        hosts_expected=2,
+    )
     k, v = L.encode(good)
     assert L.decode(k, v) == good
     L.check_query(good, q)
@@ -172,8 +188,9 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
     prod = _Producer()
     pub = LivePublisher([q], producer=prod)
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs := emulated_messages(q, traffic, 1))), 30)):
-        packed = pa.Table.from_pandas(proc.process_packed([msgs[i].value for i in chunk], 1000 * b),
-                                      preserve_index=False)  # fmt: skip
+        packed = pa.Table.from_pandas(
+            proc.process_packed([msgs[i].value for i in chunk], 1000 * b), preserve_index=False
+        )
         prov_packed, rest = split_provisional(packed)
         pub.publish(
             b,
@@ -193,16 +210,27 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
 def test_live_messages_of_a_holistic_query_carry_the_second_stage_per_group():
     """A distinct count's rows are per (window, group, value) until the second stage: the live message is
     one per (window, group) with the reduced value, its window and completeness read back in step."""
-    q = spec("fanin", group_by=["dst_port"], aggregates=["count_distinct(src_port) as sources", "count as packets"])
+    q = spec(
+        "fanin", group_by=["dst_port"], aggregates=["count_distinct(src_port) as sources", "count as packets"]
+    )
     lay = Layout.of(q)
     # window 7: dst_port 80 from src ports 1, 2, 3 (2 packets each), dst_port 443 from 9; window 8: 80 from 5
     key = np.array([[80, 1], [80, 2], [80, 3], [443, 9], [80, 5]], np.int64)
     n = len(key)
-    w = QueryWindows(window=np.array([7, 7, 7, 7, 8], np.int64), rank=np.full(n, R.ROW_KINDS.index("final"), np.int8), key=key,
-                     state=np.full((n, 1), 2, np.int64), closed_at_ms=np.array([5, 5, 5, 5, 6], np.int64),
-                     hosts=np.ones(n, np.int32), hosts_expected=np.array([2, 2, 2, 2, 1], np.int32),
-                     comp=np.array([[1, 0, 0]] * n, np.int64))  # fmt: skip
-    docs = {(u.window_end_us, u.group["dst_port"]): u for u in (L.decode(k, v) for k, v in live_messages(q, lay, w, True, 3))}
+    w = QueryWindows(
+        window=np.array([7, 7, 7, 7, 8], np.int64),
+        rank=np.full(n, R.ROW_KINDS.index("final"), np.int8),
+        key=key,
+        state=np.full((n, 1), 2, np.int64),
+        closed_at_ms=np.array([5, 5, 5, 5, 6], np.int64),
+        hosts=np.ones(n, np.int32),
+        hosts_expected=np.array([2, 2, 2, 2, 1], np.int32),
+        comp=np.array([[1, 0, 0]] * n, np.int64),
+    )
+    docs = {
+        (u.window_end_us, u.group["dst_port"]): u
+        for u in (L.decode(k, v) for k, v in live_messages(q, lay, w, True, 3))
+    }
     end7, end8 = (lay.window_end_ns(np.array([7, 8])) // 1000).tolist()
     assert set(docs) == {(end7, 80), (end7, 443), (end8, 80)}
     assert docs[(end7, 80)].values == {"sources": 3, "packets": 6}

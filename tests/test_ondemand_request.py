@@ -25,8 +25,16 @@ NS = 1_000_000_000
 
 
 def _query(topic: str = "t", interval: str = "1s") -> Q.QuerySpec:
-    return spec("asked", group_by=["src_ip", "dst_ip"], window="1s", table=4096, flush={"policy": "lazy", "m": 1},
-                heartbeat={"interval": interval, "skew": "100ms", "on_demand": False}, topic=topic, partitions=1)
+    return spec(
+        "asked",
+        group_by=["src_ip", "dst_ip"],
+        window="1s",
+        table=4096,
+        flush={"policy": "lazy", "m": 1},
+        heartbeat={"interval": interval, "skew": "100ms", "on_demand": False},
+        topic=topic,
+        partitions=1,
+    )
 
 
 def test_request_roundtrip_and_every_mutation_or_truncation_rejected() -> None:
@@ -60,10 +68,21 @@ class _Recorder:
 
 
 def _status(lwm: int | None, now_s: float, blocked: list[str], open_windows: int = 3) -> PartitionStatus:
-    return PartitionStatus(query="asked", partition=0, low_water_mark_pane=lwm, low_water_mark_ns=None,
-                           closed_before_window=lwm, open_windows=open_windows, blocked_by=blocked,
-                           now_ms=int(now_s * 1000), live_hosts=1, state_rows=0, windows_closed=0, records=0,
-                           hosts={})  # fmt: skip
+    return PartitionStatus(
+        query="asked",
+        partition=0,
+        low_water_mark_pane=lwm,
+        low_water_mark_ns=None,
+        closed_before_window=lwm,
+        open_windows=open_windows,
+        blocked_by=blocked,
+        now_ms=int(now_s * 1000),
+        live_hosts=1,
+        state_rows=0,
+        windows_closed=0,
+        records=0,
+        hosts={},
+    )
 
 
 def test_asker_asks_blocking_hosts_only_for_ended_windows_and_rate_limits() -> None:
@@ -81,7 +100,9 @@ def test_asker_asks_blocking_hosts_only_for_ended_windows_and_rate_limits() -> N
     assert asker.observe([_status(base + 10, base + 11.3, ["sparse"])]) == 0  # within 200 ms: suppressed
     clock[0] += 0.15
     assert asker.observe([_status(base + 10, base + 11.5, ["sparse"])]) == 1
-    assert asker.observe([_status(None, base + 11.5, ["never-heard"])]) == 1  # an expected host never punctuated
+    assert (
+        asker.observe([_status(None, base + 11.5, ["never-heard"])]) == 1
+    )  # an expected host never punctuated
 
 
 def test_listener_keeps_one_pending_flag_per_query_for_its_own_host() -> None:
@@ -100,23 +121,41 @@ def test_listener_keeps_one_pending_flag_per_query_for_its_own_host() -> None:
 
 def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_heartbeat(
     kafka, spark, topic_factory, tmp_path
-) -> None:  # fmt: skip
+) -> None:
     """A dense agent (1-s heartbeats) and a sparse agent whose only timer punctuation falls at its start
     (heartbeat every 300 s, on-demand-when-idle off): without requests no window after its start
     could close for five minutes. With the asker, the job asks it and windows keep closing."""
     topic, ctl = topic_factory(1), topic_factory(1, prefix="ctl")
     dense_q, sparse_q = _query(topic, "1s"), _query(topic, "300s")
-    opts = JobOptions(bootstrap=kafka.bootstrap_servers, results=str(tmp_path / "res"), checkpoint=str(tmp_path / "ck"),
-                      trigger_ms=300, host_timeout_ms=120_000, expected_hosts=("dense", "sparse"),
-                      shuffle_partitions=2, name="t-asked", create_topics=False, control_topic=ctl)  # fmt: skip
+    opts = JobOptions(
+        bootstrap=kafka.bootstrap_servers,
+        results=str(tmp_path / "res"),
+        checkpoint=str(tmp_path / "ck"),
+        trigger_ms=300,
+        host_timeout_ms=120_000,
+        expected_hosts=("dense", "sparse"),
+        shuffle_partitions=2,
+        name="t-asked",
+        create_topics=False,
+        control_topic=ctl,
+    )
     job = HighLevelJob(spark, [dense_q], opts)
     assert job.asker is not None
     listener = RequestListener("sparse", [sparse_q], kafka.bootstrap_servers, topic=ctl).start()
     assert listener.ready.wait(30)
-    dense = Agent([dense_q], {"type": "generator", "rate": 2000, "groups": 100, "clock": "wall"}, "dense",
-                  kafka.bootstrap_servers)  # fmt: skip
-    sparse = Agent([sparse_q], {"type": "generator", "rate": 0.001, "groups": 10, "clock": "wall", "seed": 2},
-                   "sparse", kafka.bootstrap_servers, control=listener)  # fmt: skip
+    dense = Agent(
+        [dense_q],
+        {"type": "generator", "rate": 2000, "groups": 100, "clock": "wall"},
+        "dense",
+        kafka.bootstrap_servers,
+    )
+    sparse = Agent(
+        [sparse_q],
+        {"type": "generator", "rate": 0.001, "groups": 10, "clock": "wall", "seed": 2},
+        "sparse",
+        kafka.bootstrap_servers,
+        control=listener,
+    )
     job.start()
     start_pane = time.time_ns() // NS
     threads = [threading.Thread(target=a.run, args=(60,), daemon=True) for a in (dense, sparse)]
@@ -131,7 +170,9 @@ def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_hea
             if closed is not None and closed >= start_pane + 6:
                 break
             time.sleep(0.5)
-        assert closed is not None and closed >= start_pane + 6, f"closed frontier {closed}, start pane {start_pane}"
+        assert closed is not None and closed >= start_pane + 6, (
+            f"closed frontier {closed}, start pane {start_pane}"
+        )
         assert job.asker.sent > 0
         assert listener.accepted > 0
         assert sparse.heartbeats[0] >= 2  # the timer fired once; the rest were answers to requests

@@ -501,7 +501,21 @@ CUT_FRAMES = [
     "mpls_v6_udp",
     "mpls_null_v4_icmp",
 ]
-_L3_FIELDS = [IPVER, SRC_HI, SRC_LO, DST_HI, DST_LO, PROTO, TTL, TOS, VLAN, ETHERTYPE, SRC_MAC, DST_MAC, MPLS_LABEL]
+_L3_FIELDS = [
+    IPVER,
+    SRC_HI,
+    SRC_LO,
+    DST_HI,
+    DST_LO,
+    PROTO,
+    TTL,
+    TOS,
+    VLAN,
+    ETHERTYPE,
+    SRC_MAC,
+    DST_MAC,
+    MPLS_LABEL,
+]
 
 
 @pytest.mark.parametrize("name", CUT_FRAMES)
@@ -534,8 +548,17 @@ def test_every_cut_length(name: str) -> None:
             assert outs[0][c][_L3_FIELDS].tolist() == full[_L3_FIELDS].tolist(), c
 
 
-@pytest.mark.parametrize("name", ["v4_tcp_zero_window", "v4_tcp_max_window", "v4_icmp_unreach", "v6_icmp_unreach",
-                                  "v6_dot1q_icmp", "v4_dot1q"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "v4_tcp_zero_window",
+        "v4_tcp_max_window",
+        "v4_icmp_unreach",
+        "v6_icmp_unreach",
+        "v6_dot1q_icmp",
+        "v4_dot1q",
+    ],
+)
 def test_new_fields_at_every_cut(name: str) -> None:
     """MACs need the whole Ethernet header, ETHERTYPE every VLAN tag too; the TCP window and the ICMP
     type/code appear exactly when their own bytes are captured (also on truncated_l4), else -1."""
@@ -560,7 +583,10 @@ def test_new_fields_explicit_values() -> None:
     """The newer fields spelled out, independent of dpkt and scapy."""
     row, _ = parse_one(BASE["v4_tcp_zero_window"])
     assert row[SRC_MAC] == 0xFEDC_BA98_7654 and row[DST_MAC] == 0xFFFF_FFFF_FFFF
-    assert int_to_mac(int(row[SRC_MAC])) == "fe:dc:ba:98:76:54" and mac_to_int("FF:ff:ff:ff:ff:ff") == row[DST_MAC]
+    assert (
+        int_to_mac(int(row[SRC_MAC])) == "fe:dc:ba:98:76:54"
+        and mac_to_int("FF:ff:ff:ff:ff:ff") == row[DST_MAC]
+    )
     assert (row[ETHERTYPE], row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (0x0800, 0, -1, -1)
     row, _ = parse_one(BASE["v4_tcp_max_window"])
     assert row[TCP_WINDOW] == 65535
@@ -586,15 +612,27 @@ def test_mpls_explicit_values_and_cuts() -> None:
     """Outer label of a stack, labels 0 and 2^20-1, VLAN + MPLS (which dpkt does not decode), too deep a
     stack and a pseudowire under it; MPLS_LABEL appears once the top entry is captured."""
     row, status = parse_one(BASE["mpls_v4_tcp"])
-    assert status == PARSE_OK and (row[MPLS_LABEL], row[ETHERTYPE], row[TTL], row[DPORT]) == (16000, 0x8847, 7, 40179)
+    assert status == PARSE_OK and (row[MPLS_LABEL], row[ETHERTYPE], row[TTL], row[DPORT]) == (
+        16000,
+        0x8847,
+        7,
+        40179,
+    )
     row, _ = parse_one(BASE["mpls_v6_udp"])
     assert (row[MPLS_LABEL], row[IPVER], row[DPORT]) == (0xFFFFF, 6, 53)
     row, _ = parse_one(BASE["mpls_null_v4_icmp"])
     assert (row[MPLS_LABEL], row[ICMP_TYPE]) == (0, 11)
     row, _ = parse_one(BASE["v4_tcp_syn"])
     assert row[MPLS_LABEL] == -1
-    row, status = parse_one(bytes(eth() / Dot1Q(vlan=30) / MPLS(label=77, s=1) / IP(src=V4A, dst=V4B) / UDP(dport=9)))
-    assert status == PARSE_OK and (row[VLAN], row[MPLS_LABEL], row[ETHERTYPE], row[DPORT]) == (30, 77, 0x8847, 9)
+    row, status = parse_one(
+        bytes(eth() / Dot1Q(vlan=30) / MPLS(label=77, s=1) / IP(src=V4A, dst=V4B) / UDP(dport=9))
+    )
+    assert status == PARSE_OK and (row[VLAN], row[MPLS_LABEL], row[ETHERTYPE], row[DPORT]) == (
+        30,
+        77,
+        0x8847,
+        9,
+    )
     deep = eth()
     for i in range(9):
         deep = deep / MPLS(label=100 + i, s=int(i == 8))
@@ -609,7 +647,14 @@ def test_mpls_explicit_values_and_cuts() -> None:
     assert names(status[14:23]) == ["truncated_mpls"] * 9 and names(status[23:24]) == ["truncated_ipv4"]
 
 
-TUNNELS = ["gre_v4_in_v4", "gre_opts_v6_in_v4", "gre_v4_in_v6", "gre_teb_v4", "vxlan_v4", "vxlan_v6_vlan_in_v6"]
+TUNNELS = [
+    "gre_v4_in_v4",
+    "gre_opts_v6_in_v4",
+    "gre_v4_in_v6",
+    "gre_teb_v4",
+    "vxlan_v4",
+    "vxlan_v6_vlan_in_v6",
+]
 
 
 @pytest.mark.parametrize("name", TUNNELS)
@@ -636,7 +681,10 @@ def test_inner_explicit_values_and_non_tunnels() -> None:
     """Inner addresses spelled out; GRE version 1 (PPTP), a cut GRE payload, UDP 4789 without the I
     flag, and plain traffic have none."""
     row, _ = parse_one(BASE["gre_v4_in_v4"])
-    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO]))) == (4, "172.16.0.1")
+    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO]))) == (
+        4,
+        "172.16.0.1",
+    )
     assert words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO])) == "172.16.9.9" and row[PROTO] == 47
     row, _ = parse_one(BASE["gre_opts_v6_in_v4"])
     assert (row[INNER_IPVER], words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO]))) == (6, "fd00::ff")
@@ -650,7 +698,10 @@ def test_inner_explicit_values_and_non_tunnels() -> None:
         bytes(eth() / IP(src=V4A, dst=V4B) / UDP(dport=4789) / VXLAN(flags=0) / Ether() / IP(src="1.1.1.1")),
     ):
         row, status = parse_one(frame)
-        assert status == PARSE_OK and row[[INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]].tolist() == [0] * 5
+        assert (
+            status == PARSE_OK
+            and row[[INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]].tolist() == [0] * 5
+        )
 
 
 def test_every_cut_length_ah() -> None:
@@ -768,8 +819,20 @@ def test_lean_parser_differs_only_in_extra_columns() -> None:
     other = [k for k in range(NFIELDS) if k not in EXTRA_COLUMNS]
     assert lean[:, other].tolist() == full[:, other].tolist()
     assert (lean[:, list(EXTRA_COLUMNS)] == -77).all()
-    assert set(EXTRA_COLUMNS) == {ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL,
-                                  INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO}
+    assert set(EXTRA_COLUMNS) == {
+        ETHERTYPE,
+        SRC_MAC,
+        DST_MAC,
+        TCP_WINDOW,
+        ICMP_TYPE,
+        ICMP_CODE,
+        MPLS_LABEL,
+        INNER_IPVER,
+        INNER_SRC_HI,
+        INNER_SRC_LO,
+        INNER_DST_HI,
+        INNER_DST_LO,
+    }
 
 
 @pytest.mark.parametrize("lean", [False, True])
@@ -779,7 +842,9 @@ def test_parse_frame_has_no_refcount_calls(lean: bool) -> None:
 
     from low_level.kernel.parse import parse_frame, parse_frame_lean
 
-    fresh = njit(nogil=True)((parse_frame_lean if lean else parse_frame).py_func)  # uncached copy, so its LLVM IR can be inspected
+    fresh = njit(nogil=True)(
+        (parse_frame_lean if lean else parse_frame).py_func
+    )  # uncached copy, so its LLVM IR can be inspected
     sig = (
         types.uint8[::1],
         types.int64,

@@ -41,11 +41,15 @@ def test_agents_and_job_refuse_a_topic_whose_count_is_not_the_configs(kafka, top
         # kafka-init (create_topics.py) leaves a larger topic alone and says so ...
         assert ensure_topics(admin, {topic: 2}) == {topic: "exists with 3 partitions (config: 2)"}
         # ... the agents and the job do not: hosts on two counts would split a group
-        with pytest.raises(PartitionChangeRefused, match=f"topic {topic} has 3 partitions, the config asks for 2"):
+        with pytest.raises(
+            PartitionChangeRefused, match=f"topic {topic} has 3 partitions, the config asks for 2"
+        ):
             ensure_topics(admin, {topic: 2}, exact=True)
         with pytest.raises(PartitionChangeRefused, match="Changing a query's partition count"):
             partitioncount.check_topics(admin, [query_on(topic, 2)])
-        with pytest.raises(PartitionChangeRefused, match=f"topic {topic} has 3 partitions, the config asks for 4"):
+        with pytest.raises(
+            PartitionChangeRefused, match=f"topic {topic} has 3 partitions, the config asks for 4"
+        ):
             partitioncount.check_topics(admin, [query_on(topic, 4)])
         partitioncount.check_topics(admin, [query_on(topic, 3)])  # equal: fine
         assert existing_partitions(admin, [topic]) == {topic: 3}  # nothing was changed
@@ -59,12 +63,37 @@ def test_agents_and_job_refuse_a_topic_whose_count_is_not_the_configs(kafka, top
 
 
 def status_doc(query: str, open_windows: int) -> S.StatusDocument:
-    part = S.PartitionStatus(query=query, partition=0, now_ms=1, low_water_mark_pane=None, low_water_mark_ns=None,
-                             closed_before_window=None, blocked_by=[], live_hosts=0, open_windows=open_windows,
-                             state_rows=0, windows_closed=0, records=0, hosts={})  # fmt: skip
-    return S.StatusDocument(mode="oop", updated_ms=1, batch_id=1, settings=S.JobSettings.model_validate(
-        {"trigger_ms": 1000, "host_timeout_ms": 10_000, "expected_hosts": [], "late_policy": "drop",
-         "watermark_delay_ms": 0}), queries={query: S.summarize_query({0: part})}, hosts=[])  # fmt: skip
+    part = S.PartitionStatus(
+        query=query,
+        partition=0,
+        now_ms=1,
+        low_water_mark_pane=None,
+        low_water_mark_ns=None,
+        closed_before_window=None,
+        blocked_by=[],
+        live_hosts=0,
+        open_windows=open_windows,
+        state_rows=0,
+        windows_closed=0,
+        records=0,
+        hosts={},
+    )
+    return S.StatusDocument(
+        mode="oop",
+        updated_ms=1,
+        batch_id=1,
+        settings=S.JobSettings.model_validate(
+            {
+                "trigger_ms": 1000,
+                "host_timeout_ms": 10_000,
+                "expected_hosts": [],
+                "late_policy": "drop",
+                "watermark_delay_ms": 0,
+            }
+        ),
+        queries={query: S.summarize_query({0: part})},
+        hosts=[],
+    )
 
 
 def test_job_start_guard_needs_closed_windows_for_a_changed_count(tmp_path: Path) -> None:
@@ -78,7 +107,9 @@ def test_job_start_guard_needs_closed_windows_for_a_changed_count(tmp_path: Path
     with pytest.raises(PartitionChangeRefused, match="cannot show that every window had closed"):
         partitioncount.check_change(ckpt, results, [q4])  # no status at all
     R.status_path(results).write_text(status_doc("regrow", 3).model_dump_json())
-    with pytest.raises(PartitionChangeRefused, match="ran with 2 partitions of t, the config now has 4, and 3 windows"):
+    with pytest.raises(
+        PartitionChangeRefused, match="ran with 2 partitions of t, the config now has 4, and 3 windows"
+    ):
         partitioncount.check_change(ckpt, results, [q4])
     R.status_path(results).write_text(status_doc("regrow", 0).model_dump_json())
     (line,) = partitioncount.check_change(ckpt, results, [q4])
@@ -95,13 +126,19 @@ def phase(q: Q.QuerySpec, t, hosts: tuple[str, ...], seed: int) -> list[tuple[st
 
     rows = t.rows()
     hix = split_hosts(len(t), len(hosts), seed=seed)
-    streams = [host_messages(q, rows[hix == i], h, partitions=q.kafka.partitions, end_mark=wire.END_OF_STREAM,
-                             seed=seed + i) for i, h in enumerate(hosts)]  # fmt: skip
+    streams = [
+        host_messages(
+            q, rows[hix == i], h, partitions=q.kafka.partitions, end_mark=wire.END_OF_STREAM, seed=seed + i
+        )
+        for i, h in enumerate(hosts)
+    ]
     return [(q.topic, m.partition, m.value) for m in interleave(streams, seed=seed)]
 
 
 @pytest.mark.spark
-def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(spark, kafka, topic_factory, tmp_path) -> None:
+def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(
+    spark, kafka, topic_factory, tmp_path
+) -> None:
     topic = topic_factory(partitions=2)
     q2, q3 = query_on(topic, 2), query_on(topic, 3)
     t1 = make_traffic(3000, 80, T0, 40 * 10**9, seed=21)

@@ -37,8 +37,12 @@ def _factory(secret: bytes) -> tuple[socket.socket, dict[str, str]]:
     srv.settimeout(120)
     lib = Path(pyspark.__file__).parent / "python" / "lib"
     path = os.pathsep.join(str(p) for p in [lib / "pyspark.zip", *lib.glob("py4j-*.zip")])  # what Spark sets
-    env = dict(os.environ, PYTHONPATH=path, PYTHON_WORKER_FACTORY_PORT=str(srv.getsockname()[1]),
-               PYTHON_WORKER_FACTORY_SECRET=secret.decode())  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=path,
+        PYTHON_WORKER_FACTORY_PORT=str(srv.getsockname()[1]),
+        PYTHON_WORKER_FACTORY_SECRET=secret.decode(),
+    )
     return srv, env
 
 

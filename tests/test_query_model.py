@@ -27,7 +27,13 @@ def test_example_configs_load() -> None:
     syn = cfg.query("syn_per_port")
     assert syn.window.panes_per_window == 6 and syn.window.pane_ns == 10 * Q.NS
     dst = cfg.query("bytes_per_dst24")
-    assert [c.name for c in Q.state_columns(dst)] == ["bytes", "packets", "avg_len.sum", "avg_len.count", "max_len"]
+    assert [c.name for c in Q.state_columns(dst)] == [
+        "bytes",
+        "packets",
+        "avg_len.sum",
+        "avg_len.count",
+        "max_len",
+    ]
 
 
 BASE = """queries:
@@ -44,11 +50,16 @@ MALFORMED = [
     (BASE.replace("{fn: count}", "{fn: median}"), 5, "aggregates.0.fn", "Input should be"),
     (BASE.replace("{fn: count}", "{fn: sum, field: src_ip}"), 5, "aggregates.0", "numeric field"),
     (BASE.replace("{fn: count}", "{fn: sum}"), 5, "aggregates.0", "needs a field"),
-    (BASE.replace("{range: 1m}", "{range: 1m, slide: 7ms}"), 6, "window", "more than 1024 panes per window (pane = gcd"),
+    (
+        BASE.replace("{range: 1m}", "{range: 1m, slide: 7ms}"),
+        6,
+        "window",
+        "more than 1024 panes per window (pane = gcd",
+    ),
     (BASE.replace("{range: 1m}", "{range: 10s, slide: 1m}"), 6, "window", "gaps"),
     (BASE.replace("{range: 1m}", "{range: soon}"), 6, "window.range", "not a duration"),
     (BASE + "    table: {size: 1000}\n", 7, "table.size", "power of two"),
-    (BASE + "    filter: \"protocol == \"\n", 7, "filter", "filter syntax error"),
+    (BASE + '    filter: "protocol == "\n', 7, "filter", "filter syntax error"),
     (BASE + "    filter: \"__import__('os')\"\n", 7, "filter", "unexpected character"),
     (BASE + "    flush: {policy: eager}\n", 7, "flush.policy", "Input should be"),
     (BASE + "    flush: {policy: lazy, m: 0}\n", 7, "flush", "between 1 and 32"),
@@ -60,49 +71,152 @@ MALFORMED = [
     (BASE.replace("[src_ip]", "[src_ip"), None, "", "YAML syntax error"),
     ("queries: 3\n", 1, "queries", "non-empty list"),
     (BASE + "    heartbeat: {interval: 1ms}\n", 7, "heartbeat.interval", "at least 10ms"),
-    (BASE.replace("group_by: [src_ip]", "group_by: [dst_port/24]"), 3, "group_by", "prefix applies to an address"),
-    (BASE + "    having: syns > 1000\n", 7, "having", "unknown aggregate 'syns' (the query's aggregates: count)"),
+    (
+        BASE.replace("group_by: [src_ip]", "group_by: [dst_port/24]"),
+        3,
+        "group_by",
+        "prefix applies to an address",
+    ),
+    (
+        BASE + "    having: syns > 1000\n",
+        7,
+        "having",
+        "unknown aggregate 'syns' (the query's aggregates: count)",
+    ),
     (BASE + "    having: count\n", 7, "having", "a condition must compare"),
-    (BASE + "    having: \"count > 1; import os\"\n", 7, "having", "unexpected character ';'"),
-    (BASE + "    alerts:\n      - {name: flood, when: syns > 1}\n", 7, "alerts", "alert 'flood' (#0) when: unknown aggregate"),
-    (BASE + "    alerts:\n      - {name: flood, when: count > 1, severity: loud}\n", 8, "alerts.0.severity", "Input should be"),
-    (BASE + "    alerts:\n      - {name: flood, when: count > 1, labels: {src_ip: x}}\n", 2, "query",
-     "clash with the group-by columns"),
-    (BASE + "    alerts:\n      - {name: a, when: count > 1}\n      - {name: a, when: count > 2}\n", 7, "alerts",
-     "duplicate alert names"),
+    (BASE + '    having: "count > 1; import os"\n', 7, "having", "unexpected character ';'"),
+    (
+        BASE + "    alerts:\n      - {name: flood, when: syns > 1}\n",
+        7,
+        "alerts",
+        "alert 'flood' (#0) when: unknown aggregate",
+    ),
+    (
+        BASE + "    alerts:\n      - {name: flood, when: count > 1, severity: loud}\n",
+        8,
+        "alerts.0.severity",
+        "Input should be",
+    ),
+    (
+        BASE + "    alerts:\n      - {name: flood, when: count > 1, labels: {src_ip: x}}\n",
+        2,
+        "query",
+        "clash with the group-by columns",
+    ),
+    (
+        BASE + "    alerts:\n      - {name: a, when: count > 1}\n      - {name: a, when: count > 2}\n",
+        7,
+        "alerts",
+        "duplicate alert names",
+    ),
     # holistic aggregates (count_distinct, quantiles, top): parameters checked, one per query
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip}\n      - {fn: top, field: dst_port, k: 3}"),
-     4, "aggregates", "at most one holistic aggregate"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, k: 3}"), 5, "aggregates.0",
-     "'k' is a parameter of top, not of count_distinct"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, colour: 3}"), 5, "aggregates.0.colour",
-     "unknown field"),
-    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5, 1.5]}"), 5, "aggregates.0",
-     "quantile 1.5 is outside (0, 1)"),
-    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0]}"), 5, "aggregates.0", "outside (0, 1)"),
+    (
+        BASE.replace(
+            "{fn: count}", "{fn: count_distinct, field: dst_ip}\n      - {fn: top, field: dst_port, k: 3}"
+        ),
+        4,
+        "aggregates",
+        "at most one holistic aggregate",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, k: 3}"),
+        5,
+        "aggregates.0",
+        "'k' is a parameter of top, not of count_distinct",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, colour: 3}"),
+        5,
+        "aggregates.0.colour",
+        "unknown field",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5, 1.5]}"),
+        5,
+        "aggregates.0",
+        "quantile 1.5 is outside (0, 1)",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0]}"),
+        5,
+        "aggregates.0",
+        "outside (0, 1)",
+    ),
     (BASE.replace("{fn: count}", "{fn: quantiles, field: length}"), 5, "aggregates.0", "needs q"),
-    (BASE.replace("{fn: count}", "{fn: quantiles, field: src_ip, q: [0.5]}"), 5, "aggregates.0", "numeric field"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 3}"), 5,
-     "aggregates.0", "precision must be 4..18"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 19}"), 5,
-     "aggregates.0", "precision must be 4..18"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, precision: 12}"), 5, "aggregates.0",
-     "precision applies to approx: hll"),
-    (BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: kmv}"), 5, "aggregates.0.approx",
-     "Input should be"),
+    (
+        BASE.replace("{fn: count}", "{fn: quantiles, field: src_ip, q: [0.5]}"),
+        5,
+        "aggregates.0",
+        "numeric field",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 3}"),
+        5,
+        "aggregates.0",
+        "precision must be 4..18",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 19}"),
+        5,
+        "aggregates.0",
+        "precision must be 4..18",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, precision: 12}"),
+        5,
+        "aggregates.0",
+        "precision applies to approx: hll",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: kmv}"),
+        5,
+        "aggregates.0.approx",
+        "Input should be",
+    ),
     (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 0}"), 5, "aggregates.0", "k >= 1"),
-    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, by: src_ip}"), 5, "aggregates.0",
-     "top by needs a numeric field"),
-    (BASE.replace("{fn: count}", "{fn: top, field: src_ip, k: 5}"), 2, "query", "clashes with a group-by column"),
-    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 4}"), 5, "aggregates.0",
-     "top capacity must be an integer k (5) .. 1000000"),
-    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 2000000}"), 5, "aggregates.0",
-     "top capacity must be"),
-    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 10.5}"), 5, "aggregates.0.capacity",
-     "Input should be a valid integer"),
-    (BASE.replace("{fn: count}", "{fn: count, capacity: 10}"), 5, "aggregates.0", "'capacity' is a parameter of top"),
-    (BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5], as: len}") + "    having: len > 1\n",
-     7, "having", "unknown aggregate 'len' (the query's aggregates: len_p50)"),
+    (
+        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, by: src_ip}"),
+        5,
+        "aggregates.0",
+        "top by needs a numeric field",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: top, field: src_ip, k: 5}"),
+        2,
+        "query",
+        "clashes with a group-by column",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 4}"),
+        5,
+        "aggregates.0",
+        "top capacity must be an integer k (5) .. 1000000",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 2000000}"),
+        5,
+        "aggregates.0",
+        "top capacity must be",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 10.5}"),
+        5,
+        "aggregates.0.capacity",
+        "Input should be a valid integer",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: count, capacity: 10}"),
+        5,
+        "aggregates.0",
+        "'capacity' is a parameter of top",
+    ),
+    (
+        BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5], as: len}")
+        + "    having: len > 1\n",
+        7,
+        "having",
+        "unknown aggregate 'len' (the query's aggregates: len_p50)",
+    ),
 ]
 
 
@@ -117,9 +231,10 @@ def test_holistic_names_work_in_having_alerts_and_export() -> None:
     assert Q.result_names(q) == ["len_p50", "len_p99"]
 
 
-
 @pytest.mark.parametrize(("doc", "line", "field", "reason"), MALFORMED)
-def test_malformed_configs_are_rejected_precisely(doc: str, line: int | None, field: str, reason: str) -> None:
+def test_malformed_configs_are_rejected_precisely(
+    doc: str, line: int | None, field: str, reason: str
+) -> None:
     with pytest.raises(Q.ConfigError) as info:
         Q.load_text(doc, "bad.yaml")
     err = info.value
@@ -182,8 +297,21 @@ def test_compiled_filter_matches_reference_interpreter(expr: str) -> None:
     assert 0 < sum(want) < len(want), "the sample should exercise both outcomes"
 
 
-@pytest.mark.parametrize("bad", ["foo == 1", "src_ip > 3", "protocol ==", "(protocol == 6", "ttl == 10.0.0.1",
-                                 "src_ip", "dst_port in [1, 10.0.0.0/8]", "exec('x')", "1 +", "ttl = 3"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "foo == 1",
+        "src_ip > 3",
+        "protocol ==",
+        "(protocol == 6",
+        "ttl == 10.0.0.1",
+        "src_ip",
+        "dst_port in [1, 10.0.0.0/8]",
+        "exec('x')",
+        "1 +",
+        "ttl = 3",
+    ],
+)
 def test_bad_filters(bad: str) -> None:
     with pytest.raises(FilterError):
         compile_filter(bad)
@@ -206,13 +334,23 @@ queries:
     window: {range: 10s}
 """)
     edge, everywhere = cfg.query("edge"), cfg.query("everywhere")
-    assert edge.runs_on("edge-7") and edge.runs_on("core-1/w0") and not edge.runs_on("core-1") and not edge.runs_on("lab")
+    assert (
+        edge.runs_on("edge-7")
+        and edge.runs_on("core-1/w0")
+        and not edge.runs_on("core-1")
+        and not edge.runs_on("lab")
+    )
     assert everywhere.sources == ["*"] and everywhere.runs_on("lab")
-    p = PartitionProcessor([Layout.of(edge), Layout.of(everywhere)], 0,
-                           Settings(host_timeout_ms=10_000, expected_hosts=("edge-1", "lab")))  # fmt: skip
+    p = PartitionProcessor(
+        [Layout.of(edge), Layout.of(everywhere)],
+        0,
+        Settings(host_timeout_ms=10_000, expected_hosts=("edge-1", "lab")),
+    )
     assert p.queries["edge"].meld.expected == ("edge-1",)
     assert p.queries["everywhere"].meld.expected == ("edge-1", "lab")
     with pytest.raises(Q.ConfigError, match="host-id glob pattern"):
-        Q.load_text("queries:\n  - {name: x, sources: ['a b'], aggregates: [{fn: count}], window: {range: 10s}}\n")
+        Q.load_text(
+            "queries:\n  - {name: x, sources: ['a b'], aggregates: [{fn: count}], window: {range: 10s}}\n"
+        )
     with pytest.raises(Q.ConfigError, match="sources"):
         Q.load_text("queries:\n  - {name: x, sources: [], aggregates: [{fn: count}], window: {range: 10s}}\n")

@@ -22,7 +22,9 @@ from lowwater_testing.store import Store, make_store, write_flagged
 ARTIFACT = REPO / "benchmarks" / "results" / "results_page.png"
 TOKEN = "page-token"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium, or ./lw setup)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium, or ./lw setup)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,10 @@ def test_page_renders_queries_top_rows_chart_and_hosts(server: str, tmp_path: Pa
     assert dom.count('class="line"') == 4 and 'class="area"' in dom
     # q4_pairs' two incomplete windows are hatched points saying why (a dead host, late partials)
     assert dom.count('class="dot incomplete"') == 2
-    assert "incomplete: 1 of 2 capture hosts had not passed the window" in dom and "3 late partial records" in dom
+    assert (
+        "incomplete: 1 of 2 capture hosts had not passed the window" in dom
+        and "3 late partial records" in dom
+    )
     # ... and the window whose every record was shed is a hatched mark on the axis, saying so
     assert dom.count('class="dot incomplete empty"') == 1
     assert "no rows: every record of this window was shed or lost; 1,234 records shed" in dom

@@ -27,7 +27,9 @@ from lowwater_testing.traffic import (
 )
 
 
-def run_selects(selects: list, queries: list, traffic, chunk: int = 512) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def run_selects(
+    selects: list, queries: list, traffic, chunk: int = 512
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The generated pass over the traffic in chunks; drained select rows and aggregate partials."""
     tables = Tables.build(queries, chunk=chunk)
     k = Kernel(tables, selects)
@@ -57,7 +59,9 @@ def test_selected_rows_equal_the_oracle_next_to_aggregates() -> None:
         assert len(want) > 100
         np.testing.assert_array_equal(got, want)
     # the aggregate query in the same pass stays exact
-    assert merge_partials(queries[0], *Tables.build(queries).split(0, recs[0])).equals(oracle(queries[0], traffic))
+    assert merge_partials(queries[0], *Tables.build(queries).split(0, recs[0])).equals(
+        oracle(queries[0], traffic)
+    )
 
 
 def test_rows_below_the_mark_are_late_and_counted() -> None:
@@ -69,7 +73,9 @@ def test_rows_below_the_mark_are_late_and_counted() -> None:
     k.run_arrays(frames, cap, wl, ts, 0, 1000)
     first = k.sel_buf.drain(0)
     mark = k.sel_buf.advance_mark(0, 0, idle=False, live_clock=False)
-    assert mark == ts[:1000].max() >= first[:, 0].max()  # the host's clock: every parsed packet, not only selected
+    assert (
+        mark == ts[:1000].max() >= first[:, 0].max()
+    )  # the host's clock: every parsed packet, not only selected
     # replay the first half: everything below the mark is late now, nothing is selected twice
     k.run_arrays(frames, cap, wl, ts, 0, 1000)
     again = k.sel_buf.drain(0)
@@ -114,7 +120,9 @@ def test_outbox_orders_punctuation_after_rows_and_sheds_oldest_rows() -> None:
     box.pump(lambda topic, p, v: sent.append(wire.decode(v)) or True)
     kinds = [type(b).__name__ for b in sent]
     assert kinds == ["Rows", "Punctuation", "Rows"] or kinds == ["Punctuation", "Rows"]
-    assert isinstance(sent[-1], wire.Rows) and sent[-1].seq == sum(b.n for b in sent[:-1] if isinstance(b, wire.Rows))
+    assert isinstance(sent[-1], wire.Rows) and sent[-1].seq == sum(
+        b.n for b in sent[:-1] if isinstance(b, wire.Rows)
+    )
 
 
 def test_rows_batches_roundtrip_and_reject_corruption() -> None:
@@ -130,19 +138,32 @@ def test_rows_batches_roundtrip_and_reject_corruption() -> None:
             wire.decode(b[:-9] + bytes(5) + b[-4:])
 
 
-@pytest.mark.parametrize(("change", "where"), [
-    (("right: synack", "right: nope"), "unknown query 'nope'"),
-    (("right: [dst_ip, dst_port, src_ip, src_port]", "right: [dst_port, dst_port, src_ip, src_port]"),
-     "differ in type or width"),
-    (("    within: 3s\n", ""), "within: required field is missing"),
-    (("within: 3s", "within: 2m"), "larger than what input 'syn' can hold"),
-    (("fields: [src_ip, src_port, dst_ip, dst_port]\n", "fields: [src_ip, timestamp]\n"), "timestamp is always"),
-    (("partition_by: [dst_ip", "partition_by: [protocol"), "not among the selected fields"),
-    (("partitions: 4}\n  - name: handshakes", "partitions: 2}\n  - name: handshakes"), "Kafka partitions"),
-    (("on: {left: [src_ip, src_port", "on: {left: [src_port, src_ip"), "differ in type or width"),
-    (("type: inner", ""), None),
-])
-def test_bad_select_and_join_configs_name_file_line_and_reason(change: tuple[str, str], where: str | None) -> None:
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (("right: synack", "right: nope"), "unknown query 'nope'"),
+        (
+            ("right: [dst_ip, dst_port, src_ip, src_port]", "right: [dst_port, dst_port, src_ip, src_port]"),
+            "differ in type or width",
+        ),
+        (("    within: 3s\n", ""), "within: required field is missing"),
+        (("within: 3s", "within: 2m"), "larger than what input 'syn' can hold"),
+        (
+            ("fields: [src_ip, src_port, dst_ip, dst_port]\n", "fields: [src_ip, timestamp]\n"),
+            "timestamp is always",
+        ),
+        (("partition_by: [dst_ip", "partition_by: [protocol"), "not among the selected fields"),
+        (
+            ("partitions: 4}\n  - name: handshakes", "partitions: 2}\n  - name: handshakes"),
+            "Kafka partitions",
+        ),
+        (("on: {left: [src_ip, src_port", "on: {left: [src_port, src_ip"), "differ in type or width"),
+        (("type: inner", ""), None),
+    ],
+)
+def test_bad_select_and_join_configs_name_file_line_and_reason(
+    change: tuple[str, str], where: str | None
+) -> None:
     text = HANDSHAKE.replace(*change, 1)
     if where is None:
         Q.load_text(text, "x.yaml")
@@ -155,12 +176,15 @@ def test_bad_select_and_join_configs_name_file_line_and_reason(change: tuple[str
 
 
 def test_a_query_without_kind_stays_an_aggregate() -> None:
-    cfg = Q.load_text(HANDSHAKE + """
+    cfg = Q.load_text(
+        HANDSHAKE
+        + """
   - name: plain
     group_by: [dst_port]
     aggregates: [{fn: count, as: n}]
     window: {range: 10s}
-""")
+"""
+    )
     assert [q.name for q in cfg.queries] == ["plain"] and [s.name for s in cfg.selects] == ["syn", "synack"]
     assert [j.name for j in cfg.joins] == ["handshakes"]
     assert cfg.selects[1].partition_words == [3, 4, 5, 0, 1, 2] and cfg.selects[1].width == 7
@@ -185,9 +209,12 @@ def test_agent_sends_selected_rows_and_punctuation_through_real_kafka(kafka, top
     from lowwater_testing.traffic import make_handshake_traffic
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
-    text = (HANDSHAKE.replace("partitions: 4}", "partitions: 2}", 1).replace("partitions: 4}", "partitions: 2}", 1)
-            .replace("kafka: {partitions: 2}", f"kafka: {{topic: {t1}, partitions: 2}}", 1)
-            .replace("kafka: {partitions: 2}", f"kafka: {{topic: {t2}, partitions: 2}}", 1))
+    text = (
+        HANDSHAKE.replace("partitions: 4}", "partitions: 2}", 1)
+        .replace("partitions: 4}", "partitions: 2}", 1)
+        .replace("kafka: {partitions: 2}", f"kafka: {{topic: {t1}, partitions: 2}}", 1)
+        .replace("kafka: {partitions: 2}", f"kafka: {{topic: {t2}, partitions: 2}}", 1)
+    )
     cfg = tmp_path / "hs.yaml"
     cfg.write_text(text)
     traffic = make_handshake_traffic(3000, T0, 20 * NS, seed=2, noise=2000)

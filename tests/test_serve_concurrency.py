@@ -60,11 +60,25 @@ def _generic(b: int) -> pd.DataFrame:
         ws_ns = int((BASE + timedelta(minutes=r["w"])).timestamp()) * 10**9
         hi, lo = F.ip_to_words(DST24[r["g"]])
         lens = r["lens"]
-        out.append({"query": QUERY, "partition": 0, "window": r["w"], "window_start_ns": ws_ns,
-                    "window_end_ns": ws_ns + 60 * 10**9, "key": [F.to_int64(hi), F.to_int64(lo)],
-                    "state": [sum(lens), len(lens), sum(lens), len(lens), max(lens)], "kind": r["kind"],
-                    "closed_at_ms": ws_ns // 10**6 + 61_000 + b, "hosts": 2, "hosts_expected": 2,
-                    "hosts_in_mark": 2, "late_partials": 0, "missing_records": 0, "status": None})  # fmt: skip
+        out.append(
+            {
+                "query": QUERY,
+                "partition": 0,
+                "window": r["w"],
+                "window_start_ns": ws_ns,
+                "window_end_ns": ws_ns + 60 * 10**9,
+                "key": [F.to_int64(hi), F.to_int64(lo)],
+                "state": [sum(lens), len(lens), sum(lens), len(lens), max(lens)],
+                "kind": r["kind"],
+                "closed_at_ms": ws_ns // 10**6 + 61_000 + b,
+                "hosts": 2,
+                "hosts_expected": 2,
+                "hosts_in_mark": 2,
+                "late_partials": 0,
+                "missing_records": 0,
+                "status": None,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -87,8 +101,13 @@ def _got(rows: list[tuple], qi: QueryInfo) -> dict[tuple[int, str], tuple]:
     out = {}
     for r in rows:
         d = dict(zip(cols, r, strict=False))
-        out[(d["window_start"], d["dst_ip_24"])] = (d["bytes"], d["packets"], round(d["avg_len"], 6), d["max_len"],
-                                                    d["corrections"])  # fmt: skip
+        out[(d["window_start"], d["dst_ip_24"])] = (
+            d["bytes"],
+            d["packets"],
+            round(d["avg_len"], 6),
+            d["max_len"],
+            d["corrections"],
+        )
     return out
 
 
@@ -103,7 +122,10 @@ def _check_top(rows: list[tuple], qi: QueryInfo) -> None:
         w = (ws - int(BASE.timestamp()) * US) // (60 * US)
         options = []
         for batches in ({w}, {w, w + 1}, {w + 1}):
-            exp = sorted(((k[1], v) for k, v in _expected(batches).items() if k[0] == ws), key=lambda e: (-e[1][0], e[0]))
+            exp = sorted(
+                ((k[1], v) for k, v in _expected(batches).items() if k[0] == ws),
+                key=lambda e: (-e[1][0], e[0]),
+            )
             options.append([(i + 1, dst, *v) for i, (dst, v) in enumerate(exp[:2])])
         assert sorted(have) in options, (w, sorted(have), options)
 
@@ -152,7 +174,9 @@ def test_readers_while_the_writer_writes_and_replays(tmp_path: Path, qi: QueryIn
                 t0 = time.monotonic()
                 got = _got(reader.results(qi, start, end, [], [], None, 10_000, 0).rows, qi)
                 t1 = time.monotonic()
-                seen = {(ws - int(BASE.timestamp()) * US) // (60 * US) for (ws, dst) in got if dst != DST24[0]}
+                seen = {
+                    (ws - int(BASE.timestamp()) * US) // (60 * US) for (ws, dst) in got if dst != DST24[0]
+                }
                 with lock:
                     reads.append((t0, t1, seen, got))
                 _check_top(reader.results(qi, start, end, [], [], 2, 10_000, 0).rows, qi)
@@ -187,7 +211,9 @@ def test_readers_while_the_writer_writes_and_replays(tmp_path: Path, qi: QueryIn
     assert len(reads) >= 6
     for t0, t1, seen, got in reads:
         assert got == _expected(seen)  # exactly the fold of whole batches: nothing torn, nothing doubled
-        must = {b for b, t in done.items() if t < t0 and b >= 0} - {j for j, a, z in absent if a < t1 and z > t0}
+        must = {b for b, t in done.items() if t < t0 and b >= 0} - {
+            j for j, a, z in absent if a < t1 and z > t0
+        }
         assert must <= seen, f"batches {sorted(must - seen)} were complete before the read but missed"
         assert seen <= {b for b, t in started.items() if t < t1}
     final = [s for t0, _, s, _ in reads if t0 > done[-1]]

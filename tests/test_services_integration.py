@@ -78,7 +78,9 @@ def test_spark_kafka_source_reads_exact_bytes_keys_and_partitions(
         .option("startingOffsets", "earliest")
         .load()
     )
-    rows = read_available(source.select("topic", "partition", "offset", "key", "value"), tmp_path / "checkpoint", 180)
+    rows = read_available(
+        source.select("topic", "partition", "offset", "key", "value"), tmp_path / "checkpoint", 180
+    )
     assert {r["topic"] for r in rows} == {topic}
     got = sorted(
         (

@@ -14,8 +14,13 @@ from high_level.cli import settings_from
 from high_level.serve.settings import ApiSettings
 from low_level.settings import AgentSettings
 
-SASL = {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "username": "job-1", "password": "s3cret pw",
-        "ca_file": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+SASL = {
+    "protocol": "SASL_SSL",
+    "sasl_mechanism": "SCRAM-SHA-512",
+    "username": "job-1",
+    "password": "s3cret pw",
+    "ca_file": "/etc/lowwater/kafka/ca.pem",
+}
 
 
 def test_precedence_default_file_env_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,23 +29,37 @@ def test_precedence_default_file_env_flag(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("LOWWATER_JOB_TRIGGER", "2s")  # env beats the file
     monkeypatch.setenv("LOWWATER_JOB_MASTER", "local[3]")
     s = settings_from(["--settings", str(f), "--master", "local[1]"])  # the flag beats both
-    assert (s.results, s.trigger, s.master, s.host_timeout, s.bootstrap) == ("/from-file", "2s", "local[1]", "30s",
-                                                                             "127.0.0.1:9092")  # fmt: skip
+    assert (s.results, s.trigger, s.master, s.host_timeout, s.bootstrap) == (
+        "/from-file",
+        "2s",
+        "local[1]",
+        "30s",
+        "127.0.0.1:9092",
+    )
     o = s.options()
     assert o.trigger_ms == 2000 and o.host_timeout_ms == 30_000 and o.shuffle_partitions == 1
 
 
 def test_one_security_block_for_both_clients_of_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOWWATER_JOB_KAFKA_SECURITY", json.dumps(SASL))
-    s = settings_from(["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.isolation.level=read_committed"])
+    s = settings_from(
+        ["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.isolation.level=read_committed"]
+    )
     o = s.options()
     assert o.kafka_security.kafka_python() == {  # the topic provisioning's admin client
-        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "job-1",
-        "sasl_plain_password": "s3cret pw", "ssl_cafile": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "job-1",
+        "sasl_plain_password": "s3cret pw",
+        "ssl_cafile": "/etc/lowwater/kafka/ca.pem",
+    }
     src = o.source_options  # the Kafka source: the same block, and the extra option
     assert src["kafka.security.protocol"] == "SASL_SSL" and src["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
     assert 'ScramLoginModule required username="job-1" password="s3cret pw";' in src["kafka.sasl.jaas.config"]
-    assert src["kafka.ssl.truststore.location"] == "/etc/lowwater/kafka/ca.pem" and src["kafka.isolation.level"] == "read_committed"
+    assert (
+        src["kafka.ssl.truststore.location"] == "/etc/lowwater/kafka/ca.pem"
+        and src["kafka.isolation.level"] == "read_committed"
+    )
     assert "s3cret" not in repr(s), "the password must not show in logs or reprs"
 
 
@@ -54,17 +73,29 @@ def test_nested_environment_and_agent_api_roles(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("LOWWATER_API_TOKEN", "t0k")
     monkeypatch.setenv("LOWWATER_API_RESULTS", "/results")
     api = load(ApiSettings, {"port": 8181})
-    assert api.token is not None and api.token.get_secret_value() == "t0k" and api.results == "/results" and api.port == 8181
+    assert (
+        api.token is not None
+        and api.token.get_secret_value() == "t0k"
+        and api.results == "/results"
+        and api.port == 8181
+    )
 
 
-@pytest.mark.parametrize(("env", "flags", "reason"), [
-    ({}, {"protocol": "SASL_SSL"}, "needs sasl_mechanism, username and password"),
-    ({}, {"protocol": "PLAINTEXT", "username": "u"}, r"need a SASL_\* protocol"),
-    ({}, {"protocol": "SSL", "cert_file": "/c.pem"}, "go together"),
-    ({}, {"protocol": "TLS"}, "Input should be"),
-    ({}, {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "username": "u", "password": 'a"b'}, "no quote"),
-    ({}, {"protocl": "SSL"}, "Extra inputs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env", "flags", "reason"),
+    [
+        ({}, {"protocol": "SASL_SSL"}, "needs sasl_mechanism, username and password"),
+        ({}, {"protocol": "PLAINTEXT", "username": "u"}, r"need a SASL_\* protocol"),
+        ({}, {"protocol": "SSL", "cert_file": "/c.pem"}, "go together"),
+        ({}, {"protocol": "TLS"}, "Input should be"),
+        (
+            {},
+            {"protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "username": "u", "password": 'a"b'},
+            "no quote",
+        ),
+        ({}, {"protocl": "SSL"}, "Extra inputs"),
+    ],
+)
 def test_bad_security_blocks_are_refused(env: dict, flags: dict, reason: str) -> None:
     with pytest.raises(SettingsError, match=reason) as e:
         load(AgentSettings, {"kafka_security": flags})
@@ -77,7 +108,9 @@ def test_bad_values_name_the_setting_and_the_file(tmp_path: Path, monkeypatch: p
     with pytest.raises(SettingsError, match="spark_conf.*start with 'spark.'"):
         settings_from(["--results", "/r", "--checkpoint", "/c", "--spark-conf", "executor.memory=2g"])
     with pytest.raises(SettingsError, match="kafka_options.*security goes in kafka_security"):
-        settings_from(["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.sasl.mechanism=PLAIN"])
+        settings_from(
+            ["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.sasl.mechanism=PLAIN"]
+        )
     with pytest.raises(SettingsError, match="results: Field required"):
         settings_from(["--checkpoint", "/c"])
     monkeypatch.setenv("LOWWATER_API_PORT", "99999")
@@ -100,30 +133,44 @@ def test_broker_security_block_round_trips_through_a_child_process_flag() -> Non
     assert KafkaSecurity().kafka_python() == {} and KafkaSecurity().spark_options() == {}
 
 
-def test_the_api_live_reader_takes_the_shared_security_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_api_live_reader_takes_the_shared_security_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``lowwater-api``: the reader of the live topics (``--live-bootstrap``) authenticates with the same block
     as every role (flag, LOWWATER_API_KAFKA_SECURITY, settings file); a bad block is refused at start."""
     from high_level.serve.api import create_app, settings_of
 
     monkeypatch.setenv("LOWWATER_API_KAFKA_SECURITY", json.dumps(SASL))
-    s = settings_of(["--results", str(tmp_path), "--live-bootstrap", "kafka:9093", "--config", "configs/default.yaml"])
+    s = settings_of(
+        ["--results", str(tmp_path), "--live-bootstrap", "kafka:9093", "--config", "configs/default.yaml"]
+    )
     assert s.kafka_security == KafkaSecurity(**SASL) and s.live_bootstrap == "kafka:9093"
     app = create_app(s.config, s.results, live_bootstrap=s.live_bootstrap, live_security=s.kafka_security)
-    assert app.state.live_source.config == {  # the consumer's settings: the job's own block, spelled for kafka-python
-        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "job-1",
-        "sasl_plain_password": "s3cret pw", "ssl_cafile": "/etc/lowwater/kafka/ca.pem"}  # fmt: skip
+    assert (
+        app.state.live_source.config
+        == {  # the consumer's settings: the job's own block, spelled for kafka-python
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "job-1",
+            "sasl_plain_password": "s3cret pw",
+            "ssl_cafile": "/etc/lowwater/kafka/ca.pem",
+        }
+    )
     monkeypatch.delenv("LOWWATER_API_KAFKA_SECURITY")
     flag = settings_of(["--results", "/r", "--kafka-security", '{"protocol": "SSL", "ca_file": "/ca.pem"}'])
     assert flag.kafka_security.kafka_python() == {"security_protocol": "SSL", "ssl_cafile": "/ca.pem"}
-    assert create_app("configs/default.yaml", tmp_path, live_bootstrap="k:9092").state.live_source.config == {}
+    assert (
+        create_app("configs/default.yaml", tmp_path, live_bootstrap="k:9092").state.live_source.config == {}
+    )
     with pytest.raises(SystemExit, match="--kafka-security is not JSON"):
         settings_of(["--results", "/r", "--kafka-security", "{protocol: SSL"])
     with pytest.raises(SystemExit, match="kafka_security.*needs sasl_mechanism.*LOWWATER_API_KAFKA_SECURITY"):
         settings_of(["--results", "/r", "--kafka-security", '{"protocol": "SASL_SSL"}'])
 
 
-def test_the_job_takes_its_connector_jars_from_its_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_the_job_takes_its_connector_jars_from_its_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The job never falls back to the dev stand-ins (local_stack) for its Spark Kafka jars: without
     --spark-jars / LOWWATER_JOB_SPARK_JARS it stops before Spark with a clear reason; a directory stands
     for its jar files (what the central image passes)."""
@@ -134,7 +181,12 @@ def test_the_job_takes_its_connector_jars_from_its_launcher(tmp_path: Path, monk
     config = str(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     rc = cli.main(["--config", config, "--results", str(tmp_path / "r"), "--checkpoint", str(tmp_path / "c")])
     err = capsys.readouterr().err
-    assert rc == 2 and "--spark-jars" in err and "LOWWATER_JOB_SPARK_JARS" in err and not (tmp_path / "r").exists()
+    assert (
+        rc == 2
+        and "--spark-jars" in err
+        and "LOWWATER_JOB_SPARK_JARS" in err
+        and not (tmp_path / "r").exists()
+    )
     jars = tmp_path / "jars"
     jars.mkdir()
     for name in ("b.jar", "a.jar", "README"):
@@ -142,4 +194,6 @@ def test_the_job_takes_its_connector_jars_from_its_launcher(tmp_path: Path, monk
     monkeypatch.setenv("LOWWATER_JOB_SPARK_JARS", json.dumps([str(jars), "/opt/x.jar"]))
     s = settings_from(["--results", "/r", "--checkpoint", "/c"])
     assert connector_jars(s.spark_jars) == [str(jars / "a.jar"), str(jars / "b.jar"), "/opt/x.jar"]
-    assert settings_from(["--results", "/r", "--checkpoint", "/c", "--spark-jars", "/a.jar, /b"]).spark_jars == ["/a.jar", "/b"]
+    assert settings_from(
+        ["--results", "/r", "--checkpoint", "/c", "--spark-jars", "/a.jar, /b"]
+    ).spark_jars == ["/a.jar", "/b"]

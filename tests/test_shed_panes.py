@@ -38,8 +38,17 @@ def _v1_frame(kind: int, p: wire.Punctuation, tail: bytes = b"") -> bytes:
 
     stats = [int(p.stats.get(k, 0)) for k in wire.PUNCT_STATS]
     body = struct.pack("<qqq8q", p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats) + tail
-    msg = b"".join((struct.pack("<2sBB", b"LW", 1, kind), struct.pack("<H", 1), b"q", struct.pack("<H", 1), b"h",
-                    struct.pack("<qIq", p.incarnation, p.partition, p.seq), body))  # fmt: skip
+    msg = b"".join(
+        (
+            struct.pack("<2sBB", b"LW", 1, kind),
+            struct.pack("<H", 1),
+            b"q",
+            struct.pack("<H", 1),
+            b"h",
+            struct.pack("<qIq", p.incarnation, p.partition, p.seq),
+            body,
+        )
+    )
     return msg + struct.pack("<I", zlib.crc32(msg))
 
 
@@ -77,9 +86,14 @@ def test_punctuation_carries_losses_of_every_cause_and_the_worker_count():
     losses = ((3, 9, "socket", 512), (3, 9, "ring", 7), (1, 2, "late", 4), (3, 9, "malformed", 2))
     p = wire.Punctuation("q", "h/w1", 1, 0, 5, 10, 100, 7, {"workers": 2}, ((4, 4, 1),), losses)
     got = wire.decode(wire.encode_punctuation(p))
-    assert got == replace(p, stats=dict.fromkeys(wire.PUNCT_STATS, 0) | {"workers": 2}) and got.stats["workers"] == 2
+    assert (
+        got == replace(p, stats=dict.fromkeys(wire.PUNCT_STATS, 0) | {"workers": 2})
+        and got.stats["workers"] == 2
+    )
     with pytest.raises(wire.WireError, match="unknown loss cause"):
-        wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}, (), ((1, 2, "cosmic", 1),)))
+        wire.encode_punctuation(
+            wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}, (), ((1, 2, "cosmic", 1),))
+        )
 
 
 def _fill(b: Backlog) -> None:
@@ -127,8 +141,18 @@ def test_shed_panes_make_exactly_their_windows_incomplete():
     p0 = 1000
     msgs = []
     for h in ("h0", "h1"):
-        msgs.append(wire.encode_partials(q.name, h, 1, 0, 0, np.array([p0, p0 + 1, p0 + 2]), np.array([[0, 1, 0, 2]] * 3),
-                                         np.array([[1, 60, 60]] * 3)))  # fmt: skip
+        msgs.append(
+            wire.encode_partials(
+                q.name,
+                h,
+                1,
+                0,
+                0,
+                np.array([p0, p0 + 1, p0 + 2]),
+                np.array([[0, 1, 0, 2]] * 3),
+                np.array([[1, 60, 60]] * 3),
+            )
+        )
     msgs.append(wire.encode_punctuation(wire.Punctuation(q.name, "h0", 1, 0, 3, p0 + 3, 0, 0, {})))
     msgs.append(
         wire.encode_punctuation(
@@ -148,16 +172,33 @@ AGGREGATES = ["count as n", "sum(length) as bytes", "max(length) as mx"]  # pair
 
 
 def _yaml(q: Q.QuerySpec) -> str:
-    return config(query(q.name, group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, window="1s", table=256,
-                        flush={"policy": "lazy", "m": 2}, topic=q.topic, partitions=q.kafka.partitions)).text  # fmt: skip
+    return config(
+        query(
+            q.name,
+            group_by=["src_ip", "dst_ip"],
+            aggregates=AGGREGATES,
+            window="1s",
+            table=256,
+            flush={"policy": "lazy", "m": 2},
+            topic=q.topic,
+            partitions=q.kafka.partitions,
+        )
+    ).text
 
 
 @pytest.mark.timeout(300)
 def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic_factory, tmp_path) -> None:
     q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 500, T0, 8 * NS, seed=23)  # 8 one-second panes x 500 groups
-    agent = Agent([q], None, "h-shed", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048,
-                  emitter_opts={"merge_at": 600, "max_records": 1200})  # fmt: skip
+    agent = Agent(
+        [q],
+        None,
+        "h-shed",
+        kafka.bootstrap_servers,
+        ring_slots=1 << 13,
+        chunk=2048,
+        emitter_opts={"merge_at": 600, "max_records": 1200},
+    )
     feed(agent, traffic, 0, 5_000)
     assert agent.emitter.flush(30)
     kafka.stop()
@@ -202,10 +243,14 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
     fin = df[df["kind"] == "final"]
     exp = oracle(q, traffic)  # per (pane, key): tumbling 1 s windows, a pane is a window
     kcols = [f"k{i}" for i in range(Q.key_width(q))]
-    exp_map = {(int(p), *map(int, k)): int(n) for p, k, n in
-               zip(exp["pane"], exp[kcols].to_numpy(), exp["s0"], strict=True)}  # fmt: skip
-    got = {(int(w), *map(int, k)): (int(s[0]), int(x)) for w, k, s, x in
-           zip(fin["window"], fin["key"], fin["state"], fin["missing_records"], strict=True)}  # fmt: skip
+    exp_map = {
+        (int(p), *map(int, k)): int(n)
+        for p, k, n in zip(exp["pane"], exp[kcols].to_numpy(), exp["s0"], strict=True)
+    }
+    got = {
+        (int(w), *map(int, k)): (int(s[0]), int(x))
+        for w, k, s, x in zip(fin["window"], fin["key"], fin["state"], fin["missing_records"], strict=True)
+    }
     short = {k for k, v in exp_map.items() if got.get(k, (0, 0))[0] != v}
     assert short, "the outage was meant to shed records"
     flagged_rows = {k[0] for k, (_, x) in got.items() if x > 0}
@@ -237,20 +282,31 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
     assert bad and good and all(r["missing_records"] > 0 and not r["complete"] for r in bad)
     assert len(starts) == len(flagged_rows)
     assert not starts & {r["window_start"] for r in good}
-    pane_of = {**{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in listed},
-               **{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in series}}  # fmt: skip
+    pane_of = {
+        **{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in listed},
+        **{r["window_start"]: pd.Timestamp(r["window_start"]).value // NS for r in series},
+    }
     flagged = {pane_of[w["window_start"]] for w in listed if w["incomplete"] and w["shed_records"] > 0}
     assert {k[0] for k in short} <= flagged  # never silently short, rows or not
     assert all_shed <= flagged and flagged <= shed_panes  # flagged: exactly windows of shed panes (tumbling)
     assert all(set(w["hosts"]) == {"h-shed"} for w in listed)
     empty = {pane_of[r["window_start"]]: r for r in series if r["groups"] == 0}
-    assert set(empty) == all_shed and all(r["flagged"] and not r["complete"] and r["shed_records"] > 0
-                                          for r in empty.values())  # fmt: skip
+    assert set(empty) == all_shed and all(
+        r["flagged"] and not r["complete"] and r["shed_records"] > 0 for r in empty.values()
+    )
 
 
 def _q(window: str) -> tuple[Q.QuerySpec, str]:
-    doc = config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=AGGREGATES, window=yaml.safe_load(window),
-                       topic="t-flag", partitions=1))  # fmt: skip
+    doc = config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            aggregates=AGGREGATES,
+            window=yaml.safe_load(window),
+            topic="t-flag",
+            partitions=1,
+        )
+    )
     return doc.load().queries[0], doc.text
 
 
@@ -265,15 +321,27 @@ def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_res
     settings = Settings(host_timeout_ms=10**9, expected_hosts=("h0", "h1"))
 
     def partials(host: str, panes: list[int]) -> bytes:
-        return wire.encode_partials(q.name, host, 1, 0, 0, np.array(panes), np.array([[0, 1, 0, 2]] * len(panes)),
-                                    np.array([[1, 60, 60]] * len(panes)))  # fmt: skip
+        return wire.encode_partials(
+            q.name,
+            host,
+            1,
+            0,
+            0,
+            np.array(panes),
+            np.array([[0, 1, 0, 2]] * len(panes)),
+            np.array([[1, 60, 60]] * len(panes)),
+        )
 
     def punct(host: str, seq: int, mark: int, shed: tuple = ()) -> bytes:
         return wire.encode_punctuation(wire.Punctuation(q.name, host, 1, 0, seq, mark, 0, 0, {}, shed))
 
     # panes p0+1 and p0+2: h0 saw nothing there, h1's backlog shed all it had (10 records): no row at all
-    b1 = [partials("h0", [p0, p0 + 3]), partials("h1", [p0, p0 + 3]), punct("h0", 2, p0 + 2),
-          punct("h1", 12, p0 + 2, ((p0 + 1, p0 + 2, 10),))]  # fmt: skip
+    b1 = [
+        partials("h0", [p0, p0 + 3]),
+        partials("h1", [p0, p0 + 3]),
+        punct("h0", 2, p0 + 2),
+        punct("h1", 12, p0 + 2, ((p0 + 1, p0 + 2, 10),)),
+    ]
     b2 = [punct("h0", 2, p0 + 6), punct("h1", 12, p0 + 6)]
     # a shed range reported after its windows closed (the host's punctuation carrying it came late)
     b3 = [punct("h0", 2, p0 + 7), punct("h1", 15, p0 + 7, ((p0 + 4, p0 + 4, 3),))]
@@ -298,14 +366,21 @@ def test_windows_whose_every_record_was_shed_are_flagged_exactly_once_across_res
         w: set(range(w - lay.k + 1, w + 1)) for w in range(p0 - 5, closed) if (w - lay.k + 1) % lay.s == 0
     }
     ranges = ((p0 + 1, p0 + 2, 10), (p0 + 4, p0 + 4, 3))
-    want = {(w, "h1", "shed", n, w < p0 + 6 and lo == p0 + 4) for lo, hi, n in ranges
-            for w, ps in panes.items() if ps & set(range(lo, hi + 1))}  # fmt: skip
+    want = {
+        (w, "h1", "shed", n, w < p0 + 6 and lo == p0 + 4)
+        for lo, hi, n in ranges
+        for w, ps in panes.items()
+        if ps & set(range(lo, hi + 1))
+    }
     flagged = pd.read_parquet(R.incomplete_dir(root, q.name))
     assert len(flagged) == len(want)  # exactly once, across the restart and the replay
     ws = flagged["window_start"].astype("int64").to_numpy() * 1000 // lay.pane_ns  # us -> pane (window start)
-    got = {(int(s) + lay.k - 1, h, c, int(n), bool(a)) for s, h, c, n, a in
-           zip(ws, flagged["host"], flagged["cause"], flagged["records"], flagged["after_close"],
-               strict=True)}  # fmt: skip
+    got = {
+        (int(s) + lay.k - 1, h, c, int(n), bool(a))
+        for s, h, c, n, a in zip(
+            ws, flagged["host"], flagged["cause"], flagged["records"], flagged["after_close"], strict=True
+        )
+    }
     assert got == want
     rows = pd.concat(outs[:3])
     with_rows = set(rows.loc[rows["kind"] == "final", "window"].astype(int))

@@ -67,7 +67,9 @@ def scapy_frames(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def drain(ring: Ring, src, timeout: float = 30.0, until: int | None = None, delay: float = 0.0) -> list[tuple]:
+def drain(
+    ring: Ring, src, timeout: float = 30.0, until: int | None = None, delay: float = 0.0
+) -> list[tuple]:
     """Consume the ring until the source ends (or ``until`` frames): [(bytes, wirelen, ts, iface)]."""
     got: list[tuple] = []
     deadline = time.monotonic() + timeout
@@ -76,8 +78,14 @@ def drain(ring: Ring, src, timeout: float = 30.0, until: int | None = None, dela
         head, tail = int(ring.ctr[HEAD]), int(ring.ctr[TAIL])
         for seq in range(tail, head):
             s = seq & (ring.nslots - 1)
-            got.append((bytes(ring.frames[s * snap : s * snap + ring.caplen[s]]), int(ring.wirelen[s]),
-                        int(ring.ts[s]), int(ring.iface[s])))
+            got.append(
+                (
+                    bytes(ring.frames[s * snap : s * snap + ring.caplen[s]]),
+                    int(ring.wirelen[s]),
+                    int(ring.ts[s]),
+                    int(ring.iface[s]),
+                )
+            )
         ring.ctr[TAIL] = head
         if until is not None and len(got) >= until:
             break
@@ -105,8 +113,15 @@ def dpkt_ts(ts: float, nano: bool) -> int:
     return int(ts) * 10**9 + int(round(ts % 1 * mult)) * (10**9 // mult)
 
 
-def write_classic(path: Path, frames: list[bytes], ts_ns: list[int], endian: str, nano: bool,
-                  linktype: int = 1, cut: int = 0) -> None:
+def write_classic(
+    path: Path,
+    frames: list[bytes],
+    ts_ns: list[int],
+    endian: str,
+    nano: bool,
+    linktype: int = 1,
+    cut: int = 0,
+) -> None:
     """A classic pcap written with dpkt's header classes, in the requested byte order and precision."""
     big = endian == ">"
     fh_cls = dpkt.pcap.FileHdr if big else dpkt.pcap.LEFileHdr
@@ -193,7 +208,11 @@ def _opt(cls, code: int, data: bytes):
 def _spb(endian: str, frame: bytes) -> bytes:
     padded = frame + b"\0" * (-len(frame) % 4)
     total = 16 + len(padded)
-    return struct.pack(endian + "III", pcapng.PCAPNG_BT_SPB, total, len(frame)) + padded + struct.pack(endian + "I", total)
+    return (
+        struct.pack(endian + "III", pcapng.PCAPNG_BT_SPB, total, len(frame))
+        + padded
+        + struct.pack(endian + "I", total)
+    )
 
 
 def _unknown_block(endian: str, btype: int, body: bytes) -> bytes:
@@ -201,7 +220,9 @@ def _unknown_block(endian: str, btype: int, body: bytes) -> bytes:
     return struct.pack(endian + "II", btype, total) + body + struct.pack(endian + "I", total)
 
 
-def _section(endian: str, ifaces: list[tuple[int | None, int]], packets: list[tuple], snaplen: int = 65535) -> bytes:
+def _section(
+    endian: str, ifaces: list[tuple[int | None, int]], packets: list[tuple], snaplen: int = 65535
+) -> bytes:
     """One pcapng section written with dpkt's block classes: ``ifaces`` = [(if_tsresol byte or None,
     if_tsoffset s)], ``packets`` = [(iface id, ts in units, frame) | ("spb", frame) | ("skip", type)]."""
     le = endian == "<"
@@ -225,8 +246,18 @@ def _section(endian: str, ifaces: list[tuple[int | None, int]], packets: list[tu
             out.append(_unknown_block(endian, item[1], b"\x01\x02\x03\x04" * 3))
         else:
             ifid, units, frame = item
-            out.append(bytes(epb_cls(iface_id=ifid, ts_high=units >> 32, ts_low=units & 0xFFFFFFFF,
-                                     caplen=len(frame), pkt_len=len(frame), pkt_data=frame)))
+            out.append(
+                bytes(
+                    epb_cls(
+                        iface_id=ifid,
+                        ts_high=units >> 32,
+                        ts_low=units & 0xFFFFFFFF,
+                        caplen=len(frame),
+                        pkt_len=len(frame),
+                        pkt_data=frame,
+                    )
+                )
+            )
     return b"".join(out)
 
 
@@ -237,26 +268,41 @@ def test_pcapng_sections_interfaces_resolutions(tmp_path: Path, first: str) -> N
     other = ">" if first == "<" else "<"
     fr = FRAMES
     base_s = T0
-    sec1 = _section(first, [(None, 0), (9, 0), (0x80 | 20, 0)], [
-        (0, base_s * 10**6 + 1, fr[0]),  # µs
-        ("skip", 4),  # name resolution block
-        (1, base_s * 10**9 + 123_456_789, fr[1]),  # ns
-        (2, (base_s << 20) | (1 << 19), fr[2]),  # 2^-20 s: +0.5 s
-        ("spb", fr[3]),
-        ("skip", 5),  # interface statistics block
-        (1, base_s * 10**9 + 999, fr[4]),
-        ("skip", 0x0BAD),
-    ])
-    sec2 = _section(other, [(6, 100)], [  # µs with if_tsoffset = 100 s
-        (0, 5_000_001, fr[5]),
-        ("spb", fr[6]),
-    ])
+    sec1 = _section(
+        first,
+        [(None, 0), (9, 0), (0x80 | 20, 0)],
+        [
+            (0, base_s * 10**6 + 1, fr[0]),  # µs
+            ("skip", 4),  # name resolution block
+            (1, base_s * 10**9 + 123_456_789, fr[1]),  # ns
+            (2, (base_s << 20) | (1 << 19), fr[2]),  # 2^-20 s: +0.5 s
+            ("spb", fr[3]),
+            ("skip", 5),  # interface statistics block
+            (1, base_s * 10**9 + 999, fr[4]),
+            ("skip", 0x0BAD),
+        ],
+    )
+    sec2 = _section(
+        other,
+        [(6, 100)],
+        [  # µs with if_tsoffset = 100 s
+            (0, 5_000_001, fr[5]),
+            ("spb", fr[6]),
+        ],
+    )
     path = tmp_path / "x.pcapng"
     path.write_bytes(sec1 + sec2)
     got, src = replay(path, iface_index=10)
     ts1 = base_s * 10**9 + 123_456_789
-    expect_ts = [base_s * 10**9 + 1000, ts1, base_s * 10**9 + 500_000_000, base_s * 10**9 + 500_000_000,
-                 base_s * 10**9 + 999, 105 * 10**9 + 1000, 105 * 10**9 + 1000]
+    expect_ts = [
+        base_s * 10**9 + 1000,
+        ts1,
+        base_s * 10**9 + 500_000_000,
+        base_s * 10**9 + 500_000_000,
+        base_s * 10**9 + 999,
+        105 * 10**9 + 1000,
+        105 * 10**9 + 1000,
+    ]
     check(got, fr[:7], expect_ts, [10, 11, 12, 10, 11, 13, 13])
     assert src.stats()["format"] == "pcapng" and not src.malformed_tail
 
@@ -267,13 +313,19 @@ def test_pcapng_written_by_dpkt_writer_multi_idb(tmp_path: Path) -> None:
     with open(path, "wb") as f:
         w = pcapng.Writer(f, idb=idbs)
         for i, frame in enumerate(FRAMES):
-            epb = pcapng.EnhancedPacketBlockLE(iface_id=i % 3, caplen=len(frame), pkt_len=len(frame), pkt_data=frame)
+            epb = pcapng.EnhancedPacketBlockLE(
+                iface_id=i % 3, caplen=len(frame), pkt_len=len(frame), pkt_data=frame
+            )
             units = T0 * 10**6 + i * 1500
             epb.ts_high, epb.ts_low = units >> 32, units & 0xFFFFFFFF
             w.writepkt(epb)
     got, _ = replay(path, iface_index=1)
-    check(got, FRAMES, [(T0 * 10**6 + i * 1500) * 1000 for i in range(len(FRAMES))],
-          [1 + i % 3 for i in range(len(FRAMES))])
+    check(
+        got,
+        FRAMES,
+        [(T0 * 10**6 + i * 1500) * 1000 for i in range(len(FRAMES))],
+        [1 + i % 3 for i in range(len(FRAMES))],
+    )
 
 
 def test_pcapng_written_by_scapy(tmp_path: Path) -> None:
@@ -346,7 +398,9 @@ def test_damaged_pcapng_stops_at_last_good_block(tmp_path: Path, damage: str) ->
     check(got, FRAMES[:9], [T0 * 10**9 + i for i in range(9)], [0] * 9)
     st = src.stats()
     assert st["malformed_tail"] and st["malformed_offset"] == last
-    assert {"cut": "truncated block", "length": "bad block length", "trailer": "trailer"}[damage] in st["reason"]
+    assert {"cut": "truncated block", "length": "bad block length", "trailer": "trailer"}[damage] in st[
+        "reason"
+    ]
 
 
 def test_non_ethernet_linktype_is_a_clear_error(tmp_path: Path) -> None:
@@ -374,8 +428,15 @@ def test_non_ethernet_linktype_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _many(tmp_path: Path, n: int, gap_ns: int) -> tuple[Path, list[bytes]]:
-    frames = [bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src="10.0.0.1", dst="10.0.0.2")
-                    / UDP(sport=1000, dport=2000) / Raw(struct.pack(">I", i) * 5)) for i in range(n)]
+    frames = [
+        bytes(
+            Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+            / IP(src="10.0.0.1", dst="10.0.0.2")
+            / UDP(sport=1000, dport=2000)
+            / Raw(struct.pack(">I", i) * 5)
+        )
+        for i in range(n)
+    ]
     path = tmp_path / "many.pcap"
     write_classic(path, frames, [T0 * 10**9 + i * gap_ns for i in range(n)], "<", True)
     return path, frames
@@ -430,7 +491,9 @@ def test_pulled_replay_over_the_file_sees_what_a_copying_ring_sees(tmp_path: Pat
             for seq in range(int(ring.ctr[TAIL]), int(ring.ctr[HEAD])):
                 s = seq & (ring.nslots - 1)
                 o = int(ring.offs[s]) if zero_copy else s * ring.snaplen
-                got.append((bytes(ring.frames[o : o + ring.caplen[s]]), int(ring.wirelen[s]), int(ring.ts[s])))
+                got.append(
+                    (bytes(ring.frames[o : o + ring.caplen[s]]), int(ring.wirelen[s]), int(ring.ts[s]))
+                )
             ring.ctr[TAIL] = ring.ctr[HEAD]
             assert n <= 50
         assert src.finished and src.error is None
@@ -521,8 +584,9 @@ def test_generate_frames_is_deterministic_and_valid() -> None:
 
 def test_generated_frames_parse_and_match_group_tuple() -> None:
     n = 4000
-    frames, caplen, wirelen, ts = generate_frames(n, groups=1000, seed=3, snaplen=1600, sizes=(60, 1514),
-                                                  ipv6_fraction=0.25)
+    frames, caplen, wirelen, ts = generate_frames(
+        n, groups=1000, seed=3, snaplen=1600, sizes=(60, 1514), ipv6_fraction=0.25
+    )
     protos: Counter = Counter()
     fam: Counter = Counter()
     for k in range(n):
@@ -568,7 +632,11 @@ def test_generated_frames_parse_and_match_group_tuple() -> None:
 def test_group_tuple_nb_matches_and_zipf_skews() -> None:
     for g in (0, 1, 77, 65535, (1 << 24) - 1):
         s, d, p = group_tuple_nb(g)
-        assert group_tuple(g) == (str(ipaddress.IPv4Address(int(s))), str(ipaddress.IPv4Address(int(d))), int(p))
+        assert group_tuple(g) == (
+            str(ipaddress.IPv4Address(int(s))),
+            str(ipaddress.IPv4Address(int(d))),
+            int(p),
+        )
     frames, caplen, _, _ = generate_frames(20000, groups=1000, seed=5, zipf=1.2, proto_mix={"udp": 1.0})
     srcs = Counter(bytes(frames[k, 26:30]) for k in range(20000))
     top = srcs[bytes([10, 0, 0, 0])]
@@ -578,14 +646,25 @@ def test_group_tuple_nb_matches_and_zipf_skews() -> None:
 
 def test_generator_source_synthetic_equals_generate_frames() -> None:
     ring = Ring(nslots=8, snaplen=128)  # tiny: the source must wait, never drop
-    src = GeneratorSource(ring, groups=300, count=5000, clock="synthetic", seed=11, skew_ns=-5000,
-                          start_ns=10**18, synthetic_pps=250_000, ipv6_fraction=0.1, iface_index=2)
+    src = GeneratorSource(
+        ring,
+        groups=300,
+        count=5000,
+        clock="synthetic",
+        seed=11,
+        skew_ns=-5000,
+        start_ns=10**18,
+        synthetic_pps=250_000,
+        ipv6_fraction=0.1,
+        iface_index=2,
+    )
     assert not src.live_clock
     src.start()
     got = drain(ring, src)
     assert src.join(5) and src.finished
-    frames, caplen, wirelen, ts = generate_frames(5000, groups=300, seed=11, skew_ns=-5000, start_ns=10**18,
-                                                  synthetic_pps=250_000, ipv6_fraction=0.1)
+    frames, caplen, wirelen, ts = generate_frames(
+        5000, groups=300, seed=11, skew_ns=-5000, start_ns=10**18, synthetic_pps=250_000, ipv6_fraction=0.1
+    )
     assert len(got) == 5000
     for k in (0, 1, 999, 4999):
         assert got[k][0] == bytes(frames[k, : caplen[k]])
@@ -602,9 +681,19 @@ def test_generator_answers_syns_by_the_handshake_rules() -> None:
     ack = seq + 1); the shares, the lognormal latency, retransmitted SYNs and duplicate SYN-ACKs are as
     asked; timestamps stay non-decreasing; a synthetic-clock source with count=n pushes the same packets."""
     n = 40_000
-    kw = dict(groups=400, seed=21, snaplen=128, ipv6_fraction=0.2, syn_fraction=0.5, synthetic_pps=20_000,
-              synack_fraction=0.6, synack_latency_ms=30.0, synack_latency_sigma=0.5,
-              syn_retransmit_fraction=0.5, synack_duplicate_fraction=0.2)
+    kw = dict(
+        groups=400,
+        seed=21,
+        snaplen=128,
+        ipv6_fraction=0.2,
+        syn_fraction=0.5,
+        synthetic_pps=20_000,
+        synack_fraction=0.6,
+        synack_latency_ms=30.0,
+        synack_latency_sigma=0.5,
+        syn_retransmit_fraction=0.5,
+        synack_duplicate_fraction=0.2,
+    )
     frames, caplen, wirelen, ts = generate_frames(n, **kw)
     assert np.all(np.diff(ts) >= 0)
     syns: dict[tuple, list[tuple[int, int]]] = {}
@@ -691,24 +780,29 @@ def test_open_source_builds_each_type(tmp_path: Path) -> None:
     path = tmp_path / "f.pcap"
     write_classic(path, FRAMES[:3], TS_NS[:3], "<", True)
     ring = Ring(nslots=16)
-    src = open_source({"type": "pcap", "path": str(path), "mode": "paced", "loop": False, "progress": False}, ring)
+    src = open_source(
+        {"type": "pcap", "path": str(path), "mode": "paced", "loop": False, "progress": False}, ring
+    )
     assert isinstance(src, PcapSource) and src.mode == "paced"
     src.close()
     gen = open_source({"type": "generator", "groups": 10, "sizes": [64, 128], "clock": "synthetic"}, ring)
     assert isinstance(gen, GeneratorSource) and not gen.live_clock
 
 
-@pytest.mark.parametrize("spec, msg", [
-    ({"path": "x"}, "unknown type None"),
-    ({"type": "kafka"}, "unknown type 'kafka'"),
-    ({"type": "pcap"}, "missing required option"),
-    ({"type": "pcap", "path": "x", "pace": True}, r"unknown option\(s\) \['pace'\]"),
-    ({"type": "pcap", "path": "x", "mode": "slow"}, "mode must be"),
-    ({"type": "generator", "clock": "atomic"}, "clock must be"),
-    ({"type": "generator", "proto_mix": {"sctp": 1}}, "unknown protocols"),
-    ({"type": "afpacket", "interfaces": "eth0"}, "list of names"),
-    ({"type": "afpacket"}, "missing required option"),
-])
+@pytest.mark.parametrize(
+    "spec, msg",
+    [
+        ({"path": "x"}, "unknown type None"),
+        ({"type": "kafka"}, "unknown type 'kafka'"),
+        ({"type": "pcap"}, "missing required option"),
+        ({"type": "pcap", "path": "x", "pace": True}, r"unknown option\(s\) \['pace'\]"),
+        ({"type": "pcap", "path": "x", "mode": "slow"}, "mode must be"),
+        ({"type": "generator", "clock": "atomic"}, "clock must be"),
+        ({"type": "generator", "proto_mix": {"sctp": 1}}, "unknown protocols"),
+        ({"type": "afpacket", "interfaces": "eth0"}, "list of names"),
+        ({"type": "afpacket"}, "missing required option"),
+    ],
+)
 def test_open_source_rejects_bad_specs(spec: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         open_source(spec, Ring(nslots=16))
@@ -752,8 +846,12 @@ def test_afpacket_captures_frames_sent_from_a_namespace(veth_pair, tmp_path: Pat
         eth = Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99")
         if i % 10 == 3:
             eth = eth / Dot1Q(vlan=42, prio=3)
-        pkt = eth / IP(src="10.203.77.2", dst="10.203.77.1") / UDP(sport=40000, dport=9) / Raw(
-            struct.pack(">I", i) + b"lowwater" * (i % 150))
+        pkt = (
+            eth
+            / IP(src="10.203.77.2", dst="10.203.77.1")
+            / UDP(sport=40000, dport=9)
+            / Raw(struct.pack(">I", i) + b"lowwater" * (i % 150))
+        )
         frames.append(bytes(pkt))
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(f)) + f for f in frames))
@@ -788,8 +886,12 @@ def test_afpacket_captures_frames_sent_from_a_namespace(veth_pair, tmp_path: Pat
 @pytest.mark.netns
 def test_afpacket_snaplen_and_errors(veth_pair, tmp_path: Path) -> None:
     ns, host, peer = veth_pair
-    frame = bytes(Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99") / IP(src="10.203.77.2", dst="10.203.77.1")
-                  / UDP(sport=40000, dport=9) / Raw(b"x" * 1000))
+    frame = bytes(
+        Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99")
+        / IP(src="10.203.77.2", dst="10.203.77.1")
+        / UDP(sport=40000, dport=9)
+        / Raw(b"x" * 1000)
+    )
     blob = tmp_path / "one.bin"
     blob.write_bytes((struct.pack(">H", len(frame)) + frame) * 3)
     ring = Ring(nslots=64, snaplen=128)
@@ -833,8 +935,14 @@ def test_afpacket_without_privileges_is_a_permission_error() -> None:
             AfPacketSource(Ring(nslots=16), ["lo"])
         return
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-c", DROP_NET_RAW_AND_OPEN], cwd=root, capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    res = subprocess.run(
+        [sys.executable, "-c", DROP_NET_RAW_AND_OPEN],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     if "PERM" not in res.stdout:
         pytest.skip(f"could not drop CAP_NET_RAW here: {(res.stdout + res.stderr).strip()[-300:]}")
     assert "needs root or the CAP_NET_RAW capability" in res.stdout

@@ -27,8 +27,12 @@ def _splitmix_all(xs: np.ndarray) -> np.ndarray:
 
 def test_numba_splitmix_equals_the_contracts() -> None:
     rng = np.random.default_rng(7)
-    xs = np.concatenate([rng.integers(0, 2**63, 10_000, dtype=np.int64).view(np.uint64) * np.uint64(3),
-                         np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)])
+    xs = np.concatenate(
+        [
+            rng.integers(0, 2**63, 10_000, dtype=np.int64).view(np.uint64) * np.uint64(3),
+            np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64),
+        ]
+    )
     with np.errstate(over="ignore"):
         assert np.array_equal(_mix_all(xs), wire._mix(xs))
         assert np.array_equal(_splitmix_all(xs), wire._mix(xs + GOLDEN))

@@ -38,8 +38,17 @@ SPAN_S = 20
 
 
 def config(path: Path, partitions: int) -> Path:
-    return _config(query("pairs", group_by=["src_ip", "dst_ip"], window=f"{WINDOW_S}s", table=1024,
-                         flush={"policy": "lazy", "m": 2}, topic="lowwater.stacktest.pairs", partitions=partitions)).write(path)
+    return _config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            window=f"{WINDOW_S}s",
+            table=1024,
+            flush={"policy": "lazy", "m": 2},
+            topic="lowwater.stacktest.pairs",
+            partitions=partitions,
+        )
+    ).write(path)
 
 
 def kafka_port() -> int:
@@ -60,15 +69,36 @@ class Stack:
 
     def __init__(self, state: Path, cfg: Path, source: str, *extra: str, group: bool = False) -> None:
         self.api = free_port()
-        ports = ["--kafka-port", str(kafka_port()), "--api-port", str(self.api),
-                 "--agent-metrics-port", str(free_port()), "--job-metrics-port", str(free_port())]  # fmt: skip
+        ports = [
+            "--kafka-port",
+            str(kafka_port()),
+            "--api-port",
+            str(self.api),
+            "--agent-metrics-port",
+            str(free_port()),
+            "--job-metrics-port",
+            str(free_port()),
+        ]
         env = {**os.environ, "LOWWATER_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "lowwater-stack"), "--config", str(cfg), "--source", source, *ports, *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+            [
+                str(Path(sys.executable).parent / "lowwater-stack"),
+                "--config",
+                str(cfg),
+                "--source",
+                source,
+                *ports,
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
             # group: a process group of its own with SIGINT ignored, as a shell starts a background job
-            start_new_session=group, preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if group else None,
-        )  # fmt: skip
+            start_new_session=group,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if group else None,
+        )
         self.group = group
         self.lines: queue.Queue[str] = queue.Queue()
         self.console: list[str] = []
@@ -91,7 +121,9 @@ class Stack:
                 continue
             if text in line:
                 return line
-        raise AssertionError(f"no {text!r} on the console within {timeout}s:\n{''.join(self.console)[-4000:]}")
+        raise AssertionError(
+            f"no {text!r} on the console within {timeout}s:\n{''.join(self.console)[-4000:]}"
+        )
 
     def get(self, path: str) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.api}{path}", timeout=10) as r:
@@ -141,7 +173,9 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter]:
     return pcap, want
 
 
-def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
+def test_pcap_runs_stay_up_with_every_window_served_and_run_again(
+    tmp_path: Path, capture: tuple[Path, Counter]
+) -> None:
     pcap, want = capture
     state = tmp_path / "state"
     cfg = config(tmp_path / "q.yaml", 2)
@@ -152,14 +186,20 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
             assert "6000 packets" in line and "all windows closed" in line, line
             time.sleep(2)  # the stack stays up after the capture: still serving
             assert stack.proc.poll() is None, "".join(stack.console)[-3000:]
-            assert stack.results() == want, f"run {run}: served results differ from dpkt's aggregate of the file"
+            assert stack.results() == want, (
+                f"run {run}: served results differ from dpkt's aggregate of the file"
+            )
             status = stack.get("/status")
             q = status["queries"]["pairs"]
             assert q["hosts_total"] == 1 and q["partitions_total"] == 2, q
             assert [h["host"] for h in status["hosts"]] == ["local-agent"]
             late = status["hosts"][0]["late_partials"]
-            assert (late == 0) if run == 1 else (late > 0), f"run {run}: the replay's partials must all be late"
-            if run == 1:  # the live panel's feed (job --live -> live topic -> API): final at close, = the store
+            assert (late == 0) if run == 1 else (late > 0), (
+                f"run {run}: the replay's partials must all be late"
+            )
+            if (
+                run == 1
+            ):  # the live panel's feed (job --live -> live topic -> API): final at close, = the store
                 deadline = time.monotonic() + 60
                 while True:
                     vals = stack.get("/live/pairs/values")["values"]
@@ -169,7 +209,11 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
                 assert vals and all(v["final"] for v in vals), vals[:3]
                 for v in vals:
                     g = v["group"]
-                    key = (v["window_start_us"] * 1000, F.ip_to_words(g["src_ip"])[1], F.ip_to_words(g["dst_ip"])[1])
+                    key = (
+                        v["window_start_us"] * 1000,
+                        F.ip_to_words(g["src_ip"])[1],
+                        F.ip_to_words(g["dst_ip"])[1],
+                    )
                     assert v["values"]["packets"] == want[key], v
         finally:
             rc = stack.interrupt()
@@ -196,7 +240,9 @@ def test_pcap_runs_stay_up_with_every_window_served_and_run_again(tmp_path: Path
     assert rc == 0 and "exited with" not in text and "the end of its log" not in text, text[-3000:]
 
 
-def test_topic_size_change_is_one_line_and_fresh_resets(tmp_path: Path, capture: tuple[Path, Counter]) -> None:
+def test_topic_size_change_is_one_line_and_fresh_resets(
+    tmp_path: Path, capture: tuple[Path, Counter]
+) -> None:
     pcap, want = capture
     state = tmp_path / "state"
     # the stack's own broker (its data under the state dir) with the topic at 2 partitions, then a config
@@ -214,7 +260,9 @@ def test_topic_size_change_is_one_line_and_fresh_resets(tmp_path: Path, capture:
     mismatch = Stack(state, three, f"pcap:{pcap}")
     assert mismatch.finish(120) != 0
     err = [ln for ln in mismatch.console if ln.startswith("lowwater-stack:")]
-    assert len(err) == 1 and "2 partitions" in err[0] and "3 are configured" in err[0] and "--fresh" in err[0], mismatch.console
+    assert (
+        len(err) == 1 and "2 partitions" in err[0] and "3 are configured" in err[0] and "--fresh" in err[0]
+    ), mismatch.console
     assert not any("Traceback" in ln for ln in mismatch.console), "".join(mismatch.console)
     fresh = Stack(state, three, f"pcap:{pcap}", "--fresh")
     try:

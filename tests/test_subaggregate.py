@@ -30,9 +30,13 @@ GROUPS = 2000
 @pytest.mark.parametrize("ratio", [0.5, 1, 2])
 def test_partials_merge_to_exact_aggregate(policy: str, ratio: float) -> None:
     size = int(2 ** round(np.log2(GROUPS * ratio)))
-    q = make_query(policy, size, aggs="[{fn: count, as: n}, {fn: sum, field: length, as: b}, "
-                                      "{fn: min, field: ttl, as: lo}, {fn: max, field: length, as: hi}, "
-                                      "{fn: avg, field: length, as: mean}]")
+    q = make_query(
+        policy,
+        size,
+        aggs="[{fn: count, as: n}, {fn: sum, field: length, as: b}, "
+        "{fn: min, field: ttl, as: lo}, {fn: max, field: length, as: hi}, "
+        "{fn: avg, field: length, as: mean}]",
+    )
     traffic = make_traffic(60_000, GROUPS, T0, 60 * NS, seed=ratio.__hash__() % 7)
     recs = run_kernel([q], traffic)[0]
     tables = Tables.build([q])
@@ -66,8 +70,14 @@ def test_m_pane_delay_bound(policy: str) -> None:
 
 
 def test_sliding_panes_and_filters_are_exact() -> None:
-    q = make_query("lazy", 256, window="{range: 6s, slide: 2s}", group="[dst_port]",
-                   aggs="[{fn: count, as: syns}]", flt="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK")
+    q = make_query(
+        "lazy",
+        256,
+        window="{range: 6s, slide: 2s}",
+        group="[dst_port]",
+        aggs="[{fn: count, as: syns}]",
+        flt="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
+    )
     assert q.window.pane_ns == 2 * NS
     traffic = make_traffic(20_000, 300, T0, 30 * NS, seed=5)
     recs = run_kernel([q], traffic)[0]
@@ -88,49 +98,87 @@ def test_prefix_group_is_exact() -> None:
 def test_oracle_cuts_ipv6_prefixes_and_reads_dscp_by_hand() -> None:
     """The reference itself, on four hand-written packets: IPv6 keys cut at /48 and /64 (IPv4 at /24),
     dscp = tos >> 2 both as a key and as an aggregate, tos min/max over the raw byte."""
-    q = make_query("lazy", 64, group="[dst_ip/24/48, dscp]",
-                   aggs="[{fn: count, as: n}, {fn: sum, field: dscp, as: d}, {fn: min, field: tos, as: lo}, "
-                        "{fn: max, field: tos, as: hi}]")  # fmt: skip
+    q = make_query(
+        "lazy",
+        64,
+        group="[dst_ip/24/48, dscp]",
+        aggs="[{fn: count, as: n}, {fn: sum, field: dscp, as: d}, {fn: min, field: tos, as: lo}, "
+        "{fn: max, field: tos, as: hi}]",
+    )
     q64 = make_query("lazy", 64, group="[dst_ip/24]", aggs="[{fn: max, field: dscp, as: d}]")
     dst = ["2001:db8:1:2:aaaa::1", "2001:db8:1:2:bbbb::2", "2001:db8:1:3::1", "192.168.7.9"]
     tos = np.array([0xB8, 0xBB, 0xB8, 0x28])  # EF (46) with ECN 0 and 3, EF again, AF11 (10)
     n = len(dst)
     words = np.array([F.ip_to_words(a) for a in dst], dtype=object)
-    t = Traffic(ts=np.full(n, T0), src=np.full(n, 0x0A000001, np.uint32), dst=np.full(n, 0xC0A80709, np.uint32),
-                sport=np.full(n, 1000), dport=np.full(n, 80), proto=np.full(n, 17), flags=np.zeros(n, np.int64),
-                length=np.array([100, 200, 300, 400]), ttl=np.full(n, 64), tos=tos,
-                v6=np.array([True, True, True, False]), src6=np.zeros((n, 2), np.int64),
-                dst6=np.array([[F.to_int64(h), F.to_int64(lo)] for h, lo in words], np.int64))  # fmt: skip
+    t = Traffic(
+        ts=np.full(n, T0),
+        src=np.full(n, 0x0A000001, np.uint32),
+        dst=np.full(n, 0xC0A80709, np.uint32),
+        sport=np.full(n, 1000),
+        dport=np.full(n, 80),
+        proto=np.full(n, 17),
+        flags=np.zeros(n, np.int64),
+        length=np.array([100, 200, 300, 400]),
+        ttl=np.full(n, 64),
+        tos=tos,
+        v6=np.array([True, True, True, False]),
+        src6=np.zeros((n, 2), np.int64),
+        dst6=np.array([[F.to_int64(h), F.to_int64(lo)] for h, lo in words], np.int64),
+    )
     pane = (T0 - q.window.origin_ns) // q.window.pane_ns
 
     def k(a: str) -> tuple[int, int]:
         return F.ip_to_words(a)
 
     got = {tuple(r[1:4]): tuple(r[4:]) for r in oracle(q, t).itertuples(index=False)}
-    assert got == {(*k("2001:db8:1::"), 46): (3, 138, 0xB8, 0xBB), (*k("192.168.7.0"), 10): (1, 10, 0x28, 0x28)}
+    assert got == {
+        (*k("2001:db8:1::"), 46): (3, 138, 0xB8, 0xBB),
+        (*k("192.168.7.0"), 10): (1, 10, 0x28, 0x28),
+    }
     got64 = {tuple(r[1:3]): r[3] for r in oracle(q64, t).itertuples(index=False)}
     assert got64 == {k("2001:db8:1:2::"): 46, k("2001:db8:1:3::"): 46, k("192.168.7.0"): 10}
     assert (oracle(q, t)["pane"] == pane).all()
 
 
 MIXED_QUERIES = {  # name: (group_by, aggregates, filter)
-    "v6_64": ("[dst_ip/24]", "[{fn: count, as: n}, {fn: sum, field: length, as: b}, "
-                             "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]", ""),
-    "mixed_prefixes": ("[src_ip/16/48, dst_ip/24/56]", "[{fn: count, as: n}, {fn: max, field: dscp, as: d}]", ""),
-    "by_dscp": ("[dscp]", "[{fn: count, as: n}, {fn: sum, field: dscp, as: sd}, {fn: avg, field: dscp, as: ad}, "
-                          "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]", ""),
-    "full_v6_and_port": ("[dst_ip, dst_port]", "[{fn: sum, field: length, as: b}, {fn: min, field: dscp, as: d}]",
-                         "dscp >= 32 or dst_ip in [2001:db8:1::/48]"),
-    "no_group": ("[]", "[{fn: count, as: n}, {fn: min, field: dscp, as: lo}, {fn: max, field: tos, as: hi}]",
-                 "ip_version == 6"),
-}  # fmt: skip
+    "v6_64": (
+        "[dst_ip/24]",
+        "[{fn: count, as: n}, {fn: sum, field: length, as: b}, "
+        "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]",
+        "",
+    ),
+    "mixed_prefixes": (
+        "[src_ip/16/48, dst_ip/24/56]",
+        "[{fn: count, as: n}, {fn: max, field: dscp, as: d}]",
+        "",
+    ),
+    "by_dscp": (
+        "[dscp]",
+        "[{fn: count, as: n}, {fn: sum, field: dscp, as: sd}, {fn: avg, field: dscp, as: ad}, "
+        "{fn: min, field: tos, as: lo}, {fn: max, field: tos, as: hi}]",
+        "",
+    ),
+    "full_v6_and_port": (
+        "[dst_ip, dst_port]",
+        "[{fn: sum, field: length, as: b}, {fn: min, field: dscp, as: d}]",
+        "dscp >= 32 or dst_ip in [2001:db8:1::/48]",
+    ),
+    "no_group": (
+        "[]",
+        "[{fn: count, as: n}, {fn: min, field: dscp, as: lo}, {fn: max, field: tos, as: hi}]",
+        "ip_version == 6",
+    ),
+}
 
 
 @pytest.mark.parametrize("policy", ["lazy", "slow"])
 def test_ipv6_prefixes_and_dscp_tos_are_exact(policy: str) -> None:
     """Mixed IPv4/IPv6 traffic with every TOS byte through the kernel, one generated pass for all the
     query shapes, small tables (evictions): equal to the reference per (pane, key)."""
-    qs = [make_query(policy, 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in MIXED_QUERIES.items()]
+    qs = [
+        make_query(policy, 256, name=name, group=g, aggs=a, flt=f)
+        for name, (g, a, f) in MIXED_QUERIES.items()
+    ]
     traffic = make_mixed_traffic(40_000, 1500, T0, 40 * NS, seed=8)
     assert 0.4 < traffic.v6.mean() < 0.6 and len(np.unique(traffic.tos)) == 256
     out = run_kernel(qs, traffic)
@@ -154,8 +202,17 @@ def test_agent_punctuation_is_grammatical_and_exact() -> None:
     traffic = make_traffic(30_000, 900, T0, 12 * NS, seed=8)
     frames, cap, wl, ts = build_frames(traffic)
     prod = RecordingProducer()
-    agent = Agent([q], None, "h1", None, ring_slots=1 << 12, chunk=1024, producer=prod, on_demand_gap_s=0,
-                  idle_after_s=0)
+    agent = Agent(
+        [q],
+        None,
+        "h1",
+        None,
+        ring_slots=1 << 12,
+        chunk=1024,
+        producer=prod,
+        on_demand_gap_s=0,
+        idle_after_s=0,
+    )
     for s in range(0, len(ts), 2000):  # feed in bursts; empty ring between bursts => on-demand marks
         e = min(len(ts), s + 2000)
         push_frames(agent.ring, frames[s:e], cap[s:e], wl[s:e], ts[s:e])
@@ -286,17 +343,26 @@ def traffic_with_link_and_icmp(n: int, seed: int) -> Traffic:
 NEW_FIELD_QUERIES = {
     "macs": ("[src_mac, dst_mac]", "[{fn: count, as: n}, {fn: sum, field: length, as: b}]", ""),
     "icmp": ("[ip_version, icmp_type, icmp_code]", "[{fn: count, as: n}]", "icmp_type >= 0"),
-    "windows": ("[tcp_window, ethertype]", "[{fn: count, as: n}, {fn: min, field: tcp_window, as: w}]",
-                "tcp_window == 0 or ethertype == 0x86dd"),
-    "by_mac_filter": ("[dst_port]", "[{fn: count, as: n}, {fn: max, field: icmp_code, as: c}]",
-                      "src_mac == 0xfedcba987654 and dst_mac != 0xffffffffffff"),
-}  # fmt: skip
+    "windows": (
+        "[tcp_window, ethertype]",
+        "[{fn: count, as: n}, {fn: min, field: tcp_window, as: w}]",
+        "tcp_window == 0 or ethertype == 0x86dd",
+    ),
+    "by_mac_filter": (
+        "[dst_port]",
+        "[{fn: count, as: n}, {fn: max, field: icmp_code, as: c}]",
+        "src_mac == 0xfedcba987654 and dst_mac != 0xffffffffffff",
+    ),
+}
 
 
 def test_new_fields_group_and_filter_are_exact() -> None:
     """Group-by and filters on MACs, ethertype, TCP window and ICMP type/code through one generated
     pass equal the reference (lowwater_testing.oracle.pane_oracle over the traffic's own description)."""
-    qs = [make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in NEW_FIELD_QUERIES.items()]
+    qs = [
+        make_query("lazy", 256, name=name, group=g, aggs=a, flt=f)
+        for name, (g, a, f) in NEW_FIELD_QUERIES.items()
+    ]
     traffic = traffic_with_link_and_icmp(30_000, seed=21)
     out = run_kernel(qs, traffic)
     tables = Tables.build(qs)
@@ -326,15 +392,20 @@ def traffic_with_gre(n: int, seed: int) -> Traffic:
 GRE_QUERIES = {
     "inner_pairs": ("[inner_src_ip/16, inner_dst_ip]", "[{fn: count, as: n}]", "inner_ip_version == 4"),
     "inner_nets": ("[inner_dst_ip/24, ip_version]", "[{fn: sum, field: length, as: b}]", ""),
-    "inner_filter": ("[dst_ip/24, protocol]", "[{fn: count, as: n}]",
-                     "inner_src_ip in [10.51.0.0/16] or inner_dst_ip == 172.16.1.1"),
-}  # fmt: skip
+    "inner_filter": (
+        "[dst_ip/24, protocol]",
+        "[{fn: count, as: n}]",
+        "inner_src_ip in [10.51.0.0/16] or inner_dst_ip == 172.16.1.1",
+    ),
+}
 
 
 def test_inner_addresses_group_and_filter_are_exact() -> None:
     """GRE inner addresses through the kernel (prefixes cut by the inner header's family, also under
     IPv6 outer headers; absent inner addresses group as '::') equal the reference."""
-    qs = [make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in GRE_QUERIES.items()]
+    qs = [
+        make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in GRE_QUERIES.items()
+    ]
     traffic = traffic_with_gre(30_000, seed=23)
     out = run_kernel(qs, traffic)
     tables = Tables.build(qs)
@@ -373,8 +444,14 @@ def test_agent_on_one_cpu_pulls_a_pcap_replay_exactly(tmp_path, monkeypatch, one
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0} if one_cpu else {0, 1})
     monkeypatch.setattr(Agent, "pull_frames", 4096)  # several pulls, around the ring several times
     prod = RecordingProducer()
-    agent = Agent([q], {"type": "pcap", "path": str(path), "mode": "fast", "progress": False}, "h1", None,
-                  ring_slots=1 << 16, producer=prod)
+    agent = Agent(
+        [q],
+        {"type": "pcap", "path": str(path), "mode": "fast", "progress": False},
+        "h1",
+        None,
+        ring_slots=1 << 16,
+        producer=prod,
+    )
     assert agent.pull == one_cpu
     assert agent.ring.nslots == (4096 if one_cpu else 1 << 16)
     assert agent.ring.zero_copy == one_cpu  # pulled: the kernel reads the frames where they lie in the file

@@ -17,9 +17,16 @@ from contract import wire
 
 def sample(n: int = 5, kw: int = 3, na: int = 2) -> bytes:
     rng = np.random.default_rng(n)
-    return wire.encode_partials("q4_pairs", "host-a", 123, 1, 77, rng.integers(-5, 5, n),
-                                rng.integers(-(2**63), 2**63 - 1, (n, kw), dtype=np.int64),
-                                rng.integers(0, 1000, (n, na)))
+    return wire.encode_partials(
+        "q4_pairs",
+        "host-a",
+        123,
+        1,
+        77,
+        rng.integers(-5, 5, n),
+        rng.integers(-(2**63), 2**63 - 1, (n, kw), dtype=np.int64),
+        rng.integers(0, 1000, (n, na)),
+    )
 
 
 def test_partials_round_trip() -> None:
@@ -35,11 +42,23 @@ def test_partials_round_trip() -> None:
 def big_sample(n: int = 3000) -> tuple[bytes, bytes, tuple]:
     """(compressed, plain) encodings of one IPv4-like batch large enough to be compressed."""
     rng = np.random.default_rng(3)
-    cols = (np.full(n, 28_333_333), np.column_stack([np.zeros(n, np.int64), 0xFFFF_0A00_0000 + rng.integers(0, 4096, n),
-                                                    np.zeros(n, np.int64), 0xFFFF_C0A8_0000 + rng.integers(0, 4096, n)]),
-            rng.integers(1, 50, (n, 2)))  # fmt: skip
-    return (wire.encode_partials("q", "h", 1, 0, 0, *cols), wire.encode_partials("q", "h", 1, 0, 0, *cols,
-                                                                                 compress=False), cols)
+    cols = (
+        np.full(n, 28_333_333),
+        np.column_stack(
+            [
+                np.zeros(n, np.int64),
+                0xFFFF_0A00_0000 + rng.integers(0, 4096, n),
+                np.zeros(n, np.int64),
+                0xFFFF_C0A8_0000 + rng.integers(0, 4096, n),
+            ]
+        ),
+        rng.integers(1, 50, (n, 2)),
+    )
+    return (
+        wire.encode_partials("q", "h", 1, 0, 0, *cols),
+        wire.encode_partials("q", "h", 1, 0, 0, *cols, compress=False),
+        cols,
+    )
 
 
 def _with_crc(body: bytes) -> bytes:
@@ -85,7 +104,9 @@ def test_bad_compressed_bodies_are_rejected_even_with_a_valid_crc() -> None:
 
 
 def test_punctuation_round_trip() -> None:
-    p = wire.Punctuation("q", "h-ü", 1, 3, 42, wire.END_OF_STREAM, 5, 6, {k: i for i, k in enumerate(wire.PUNCT_STATS)})
+    p = wire.Punctuation(
+        "q", "h-ü", 1, 3, 42, wire.END_OF_STREAM, 5, 6, {k: i for i, k in enumerate(wire.PUNCT_STATS)}
+    )
     assert wire.decode(wire.encode_punctuation(p)) == p
 
 
@@ -130,12 +151,19 @@ def test_mutated_batches_are_rejected(pos: int, xor: int, n: int) -> None:
 
 def test_partition_hash_is_stable_across_processes() -> None:
     """Python's hash() is salted per process; ours must not be."""
-    code = ("import numpy as np; from contract import wire; "
-            "print(wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist())")
+    code = (
+        "import numpy as np; from contract import wire; "
+        "print(wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist())"
+    )
     outs = set()
     for seed in ("1", "2", "random"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                check=True).stdout)
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
     assert len(outs) == 1
-    assert wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist() == json.loads(outs.pop())
+    assert wire.partition_of(np.arange(40, dtype=np.int64).reshape(10, 4), 7).tolist() == json.loads(
+        outs.pop()
+    )

@@ -49,14 +49,20 @@ def test_flow_hash_is_symmetric_and_spreads_flows() -> None:
         dict(src="02:00:00:00:00:02", dst="02:00:00:00:00:01"),
     )
     pairs = [
-        (Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1234, dport=80),
-         Ether(**e2) / IP(src="10.0.0.2", dst="10.0.0.1") / TCP(sport=80, dport=1234)),
-        (Ether(**e1) / Dot1Q(vlan=7) / IP(src="10.0.0.1", dst="10.9.0.2") / UDP(sport=53, dport=5353),
-         Ether(**e2) / Dot1Q(vlan=7) / IP(src="10.9.0.2", dst="10.0.0.1") / UDP(sport=5353, dport=53)),
-        (Ether(**e1) / IPv6(src="2001:db8::1", dst="2001:db8::2") / TCP(sport=4000, dport=443),
-         Ether(**e2) / IPv6(src="2001:db8::2", dst="2001:db8::1") / TCP(sport=443, dport=4000)),
+        (
+            Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1234, dport=80),
+            Ether(**e2) / IP(src="10.0.0.2", dst="10.0.0.1") / TCP(sport=80, dport=1234),
+        ),
+        (
+            Ether(**e1) / Dot1Q(vlan=7) / IP(src="10.0.0.1", dst="10.9.0.2") / UDP(sport=53, dport=5353),
+            Ether(**e2) / Dot1Q(vlan=7) / IP(src="10.9.0.2", dst="10.0.0.1") / UDP(sport=5353, dport=53),
+        ),
+        (
+            Ether(**e1) / IPv6(src="2001:db8::1", dst="2001:db8::2") / TCP(sport=4000, dport=443),
+            Ether(**e2) / IPv6(src="2001:db8::2", dst="2001:db8::1") / TCP(sport=443, dport=4000),
+        ),
         (Ether(**e1) / Raw(b"\x88\xcc" + b"x" * 40), Ether(**e2) / Raw(b"\x88\xcc" + b"x" * 40)),
-    ]  # fmt: skip
+    ]
     for a, b in pairs:
         assert _hash(bytes(a)) == _hash(bytes(b)), a.summary()
     base = Ether(**e1) / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=1234, dport=80)
@@ -132,9 +138,20 @@ def drain_ring_all(pcap: Path) -> list[tuple[bytes, int]]:
 
 def pairs_config(topic: str, sources: str, **more) -> str:
     """Packets and bytes per (src, dst) per 2 s on 2 partitions, run by the hosts ``sources`` matches."""
-    return config(query("pairs", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"],
-                        window="2s", table=1024, flush={"policy": "lazy", "m": 2}, sources=[sources], topic=topic,
-                        partitions=2, **more)).text  # fmt: skip
+    return config(
+        query(
+            "pairs",
+            group_by=["src_ip", "dst_ip"],
+            aggregates=["count as packets", "sum(length) as bytes"],
+            window="2s",
+            table=1024,
+            flush={"policy": "lazy", "m": 2},
+            sources=[sources],
+            topic=topic,
+            partitions=2,
+            **more,
+        )
+    ).text
 
 
 def run_agent(cfg: Path, source: str, host: str, bootstrap: str, *extra: str, timeout: float = 300) -> None:
@@ -182,8 +199,15 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     assert all(w["packets"] > 3000 for w in s["workers"].values()), "both workers took a share"
 
     q = Q.load(cfg2).queries[0]
-    job = start_job(spark, [q], tmp_path, "workers", bootstrap=kafka.bootstrap_servers,
-                    expected_hosts=sorted(h2), host_timeout_ms=600_000)  # fmt: skip
+    job = start_job(
+        spark,
+        [q],
+        tmp_path,
+        "workers",
+        bootstrap=kafka.bootstrap_servers,
+        expected_hosts=sorted(h2),
+        host_timeout_ms=600_000,
+    )
     try:
         job.process_all_available()
     finally:
@@ -202,10 +226,31 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
-                             f"pcap:{pcap},paced", "--host-id", "cap-9", "--bootstrap", "127.0.0.1:9",
-                             "--metrics-port", "0", "--workers", "2", "--summary", str(summary)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "low_level.cli",
+            "--config",
+            str(cfg),
+            "--source",
+            f"pcap:{pcap},paced",
+            "--host-id",
+            "cap-9",
+            "--bootstrap",
+            "127.0.0.1:9",
+            "--metrics-port",
+            "0",
+            "--workers",
+            "2",
+            "--summary",
+            str(summary),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         pids = wait_children(proc.pid, 2, timeout=120)
         time.sleep(1.0)
@@ -272,15 +317,39 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "low_level.cli", "--config", str(cfg), "--source",
-                             f"afpacket:{host_if},promisc", "--host-id", "edge-1", "--bootstrap",
-                             kafka.bootstrap_servers, "--metrics-port", str(port), "--workers", "2",
-                             "--summary", str(summary)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "low_level.cli",
+            "--config",
+            str(cfg),
+            "--source",
+            f"afpacket:{host_if},promisc",
+            "--host-id",
+            "edge-1",
+            "--bootstrap",
+            kafka.bootstrap_servers,
+            "--metrics-port",
+            str(port),
+            "--workers",
+            "2",
+            "--summary",
+            str(summary),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_metrics(port, {"edge-1/w0", "edge-1/w1"}, timeout=180)  # both workers joined the group
-        subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", SENDER, peer, str(blob)], check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", SENDER, peer, str(blob)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and captured(port) < n:
             time.sleep(0.2)
@@ -332,8 +401,12 @@ def wait_metrics(port: int, hosts: set[str], timeout: float) -> None:
     while time.monotonic() < deadline:
         text = scrape(port)
         beats = [line for line in text.splitlines() if line.startswith("lowwater_agent_heartbeats_total{")]
-        running = {h for h in hosts for line in beats if f'worker="{h.rsplit("/", 1)[1]}"' in line
-                   and float(line.rsplit(" ", 1)[1]) >= 1}  # fmt: skip
+        running = {
+            h
+            for h in hosts
+            for line in beats
+            if f'worker="{h.rsplit("/", 1)[1]}"' in line and float(line.rsplit(" ", 1)[1]) >= 1
+        }
         if running == hosts:  # each worker's loop runs: its socket is in the fanout group
             return
         time.sleep(0.3)
@@ -348,9 +421,22 @@ def worker_status_doc(now_ms: int) -> dict:
     from contract import status as S
 
     def host(live: bool, mark_ns: int, records: int) -> S.HostOnPartition:
-        return S.HostOnPartition(live=live, expected=True, mark_pane=mark_ns // 10**10, mark_ns=mark_ns, lag_s=1.0,
-                                 last_heard_ms=now_ms, silent_s=0.5, punctuations=3, incarnation=1, records=records,
-                                 sent_records=records, received_records=records, missing_records=0, late_partials=0)  # fmt: skip
+        return S.HostOnPartition(
+            live=live,
+            expected=True,
+            mark_pane=mark_ns // 10**10,
+            mark_ns=mark_ns,
+            lag_s=1.0,
+            last_heard_ms=now_ms,
+            silent_s=0.5,
+            punctuations=3,
+            incarnation=1,
+            records=records,
+            sent_records=records,
+            received_records=records,
+            missing_records=0,
+            late_partials=0,
+        )
 
     mark = now_ms * 10**6 - 20 * NS
     hosts = {
@@ -358,14 +444,36 @@ def worker_status_doc(now_ms: int) -> dict:
         "edge-9/w1": host(False, mark - 5 * NS, 30),
         "solo": host(True, mark, 5),
     }
-    part = S.PartitionStatus(query="q4_pairs", partition=0, now_ms=now_ms, low_water_mark_pane=mark // 10**10,
-                             low_water_mark_ns=mark, closed_before_window=None, blocked_by=[], live_hosts=2,
-                             open_windows=1, state_rows=3, windows_closed=1, records=105, hosts=hosts)  # fmt: skip
+    part = S.PartitionStatus(
+        query="q4_pairs",
+        partition=0,
+        now_ms=now_ms,
+        low_water_mark_pane=mark // 10**10,
+        low_water_mark_ns=mark,
+        closed_before_window=None,
+        blocked_by=[],
+        live_hosts=2,
+        open_windows=1,
+        state_rows=3,
+        windows_closed=1,
+        records=105,
+        hosts=hosts,
+    )
     queries = {"q4_pairs": S.summarize_query({0: part})}
-    doc = S.StatusDocument(mode="oop", updated_ms=now_ms, batch_id=1,
-                           settings=S.JobSettings(trigger_ms=1000, host_timeout_ms=10_000, expected_hosts=sorted(hosts),
-                                                  late_policy="drop", watermark_delay_ms=10_000),
-                           queries=queries, hosts=S.summarize_hosts(queries))  # fmt: skip
+    doc = S.StatusDocument(
+        mode="oop",
+        updated_ms=now_ms,
+        batch_id=1,
+        settings=S.JobSettings(
+            trigger_ms=1000,
+            host_timeout_ms=10_000,
+            expected_hosts=sorted(hosts),
+            late_policy="drop",
+            watermark_delay_ms=10_000,
+        ),
+        queries=queries,
+        hosts=S.summarize_hosts(queries),
+    )
     return doc.model_dump(mode="json")
 
 

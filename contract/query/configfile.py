@@ -62,9 +62,16 @@ def _line_of(obj: Any, loc: tuple) -> int | None:
     return line
 
 
-_ALIASES = {"range_ns": "range", "slide_ns": "slide", "origin_ns": "origin", "interval_ns": "interval", "skew_ns": "skew",
-            "max_disorder_ns": "max_disorder",
-            "landmark_ns": "landmark", "update_ns": "update"}
+_ALIASES = {
+    "range_ns": "range",
+    "slide_ns": "slide",
+    "origin_ns": "origin",
+    "interval_ns": "interval",
+    "skew_ns": "skew",
+    "max_disorder_ns": "max_disorder",
+    "landmark_ns": "landmark",
+    "update_ns": "update",
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,9 @@ class Config:
     selects: list[SelectSpec] = dc_field(default_factory=list)  # kind: select (contract.query.SelectSpec)
     joins: list[JoinSpec] = dc_field(default_factory=list)  # kind: join
     networks: str | None = None  # the networks file (contract.networks) of the enrichment fields, if any
-    source: str | None = None  # the capture source `./lw run` uses without --source (e.g. a generator's options)
+    source: str | None = (
+        None  # the capture source `./lw run` uses without --source (e.g. a generator's options)
+    )
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -87,8 +96,15 @@ class Config:
         """Every query whose windows go to the results store: the aggregates, then each windowed join's
         aggregate (:func:`join_result_query`), so the store, API and page serve them alike."""
         ins = inputs(self.selects, self.queries)
-        return [*self.queries, *(join_result_query(j, ins[j.left], ins[j.right]) if j.aggregates else
-                                 rows_query(j, ins[j.left], ins[j.right]) for j in self.joins)]
+        return [
+            *self.queries,
+            *(
+                join_result_query(j, ins[j.left], ins[j.right])
+                if j.aggregates
+                else rows_query(j, ins[j.left], ins[j.right])
+                for j in self.joins
+            ),
+        ]
 
     def select(self, name: str) -> SelectSpec:
         for s in self.selects:
@@ -110,7 +126,9 @@ def load_text(text: str, path: str = "<string>") -> Config:
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise ConfigError(path, mark.line + 1 if mark else None, "", f"YAML syntax error: {exc.problem}") from None
+        raise ConfigError(
+            path, mark.line + 1 if mark else None, "", f"YAML syntax error: {exc.problem}"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, None, "", f"YAML error: {exc}") from None
     if not isinstance(doc, dict) or "queries" not in doc:
@@ -128,14 +146,20 @@ def load_text(text: str, path: str = "<string>") -> Config:
     agg_items: list[dict] = []  # the aggregate queries' items (for their lines)
     for idx, item in enumerate(items):
         if not isinstance(item, dict):
-            raise ConfigError(path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping")
+            raise ConfigError(
+                path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping"
+            )
         if item.get("kind") in ("select", "join"):
             other.append(item)
             continue
         if "kind" in item:
             if item["kind"] != "aggregate":
-                raise ConfigError(path, item["__lines__"]["kind"], f"query {item.get('name', f'#{idx}')!r}: kind",
-                                  f"unknown kind {item['kind']!r} (aggregate, select or join)")
+                raise ConfigError(
+                    path,
+                    item["__lines__"]["kind"],
+                    f"query {item.get('name', f'#{idx}')!r}: kind",
+                    f"unknown kind {item['kind']!r} (aggregate, select or join)",
+                )
             item = {k: v for k, v in item.items() if k != "kind"}
         try:
             q = QuerySpec.model_validate(_strip(item))
@@ -152,8 +176,12 @@ def load_text(text: str, path: str = "<string>") -> Config:
                 reason = "required field is missing"
             raise ConfigError(path, line, f"query {name!r}: {field}", reason) from None
         if q.name in seen:
-            raise ConfigError(path, item["__lines__"].get("name"), f"query {q.name!r}: name",
-                              f"duplicate query name (first defined on line {seen[q.name]})")
+            raise ConfigError(
+                path,
+                item["__lines__"].get("name"),
+                f"query {q.name!r}: name",
+                f"duplicate query name (first defined on line {seen[q.name]})",
+            )
         seen[q.name] = item["__lines__"].get("name", 0)
         queries.append(q)
         agg_items.append(item)
@@ -162,8 +190,12 @@ def load_text(text: str, path: str = "<string>") -> Config:
     if networks is None:
         for item, q in zip(agg_items, queries, strict=True):
             if uses_enrichment(q):
-                raise ConfigError(path, item["__line__"], f"query {q.name!r}",
-                                  "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file")
+                raise ConfigError(
+                    path,
+                    item["__line__"],
+                    f"query {q.name!r}",
+                    "src_net/dst_net/src_asn/dst_asn need a top-level 'networks:' file",
+                )
     if not other:
         return Config(path, queries, networks=networks, source=source)
     selects, joins = load_selects_joins(other, path, seen, queries)
@@ -181,15 +213,21 @@ def _run_source(doc: dict, path: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or value.partition(":")[0] not in _SOURCE_KINDS:
-        raise ConfigError(path, doc["__lines__"].get("source"), "source",
-                          f"must be a source string starting with one of {', '.join(_SOURCE_KINDS)} "
-                          f"(as lowwater-agent --source takes it), not {value!r}")
+        raise ConfigError(
+            path,
+            doc["__lines__"].get("source"),
+            "source",
+            f"must be a source string starting with one of {', '.join(_SOURCE_KINDS)} "
+            f"(as lowwater-agent --source takes it), not {value!r}",
+        )
     return value
 
 
 def uses_enrichment(q: QuerySpec) -> bool:
     """Whether the query groups or filters by a networks-file field (contract.networks)."""
-    return any(p.field.kind == "enrich" for p in q.key_parts) or bool((compile_filter(q.filter)[:, 0] == OP_LOAD_NET).any())
+    return any(p.field.kind == "enrich" for p in q.key_parts) or bool(
+        (compile_filter(q.filter)[:, 0] == OP_LOAD_NET).any()
+    )
 
 
 def _networks_path(doc: dict, path: str) -> str | None:
@@ -198,7 +236,9 @@ def _networks_path(doc: dict, path: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(path, doc["__lines__"].get("networks"), "networks", "must be the path of a networks file")
+        raise ConfigError(
+            path, doc["__lines__"].get("networks"), "networks", "must be the path of a networks file"
+        )
     return str(Path(path).parent / value) if not Path(value).is_absolute() and path != "<string>" else value
 
 
@@ -212,8 +252,9 @@ def load(path: str | Path) -> Config:
     return load_text(text, str(p))
 
 
-def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int],
-                       aggregates: list[QuerySpec] = ()) -> tuple[list, list]:  # fmt: skip
+def load_selects_joins(
+    text_doc: list, path: str, aggregate_names: dict[str, int], aggregates: list[QuerySpec] = ()
+) -> tuple[list, list]:
     """Validate the ``kind: select`` / ``kind: join`` items of a config (already line-annotated)."""
     selects: list[SelectSpec] = []
     joins: list[tuple[JoinSpec, dict]] = []
@@ -229,20 +270,28 @@ def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = tuple(_ALIASES.get(p, p) if isinstance(p, str) else p for p in err["loc"])
-            loc = tuple({"retain_ns": "retain", "within_ns": "within"}.get(p, p) if isinstance(p, str) else p
-                        for p in loc)
+            loc = tuple(
+                {"retain_ns": "retain", "within_ns": "within"}.get(p, p) if isinstance(p, str) else p
+                for p in loc
+            )
             reason = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 reason = "unknown field"
             elif err["type"] == "missing":
-                reason = "required field is missing" + (" (the time band, e.g. 'within: 3s')" if loc == ("within",)
-                                                        else "")
+                reason = "required field is missing" + (
+                    " (the time band, e.g. 'within: 3s')" if loc == ("within",) else ""
+                )
             field = ".".join(str(p) for p in loc) or "query"
-            raise ConfigError(path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}",
-                              reason) from None
+            raise ConfigError(
+                path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
+            ) from None
         if spec.name in seen:
-            raise ConfigError(path, item["__lines__"].get("name"), f"query {spec.name!r}: name",
-                              f"duplicate query name (first defined on line {seen[spec.name]})")
+            raise ConfigError(
+                path,
+                item["__lines__"].get("name"),
+                f"query {spec.name!r}: name",
+                f"duplicate query name (first defined on line {seen[spec.name]})",
+            )
         seen[spec.name] = item["__lines__"].get("name", 0)
         if isinstance(spec, SelectSpec):
             selects.append(spec)
@@ -253,6 +302,7 @@ def load_selects_joins(text_doc: list, path: str, aggregate_names: dict[str, int
         problem = check_join(j, by_name)
         if problem is not None:
             field, reason = problem
-            raise ConfigError(path, item["__lines__"].get(field, item["__line__"]), f"query {j.name!r}: {field}",
-                              reason)
+            raise ConfigError(
+                path, item["__lines__"].get(field, item["__line__"]), f"query {j.name!r}: {field}", reason
+            )
     return selects, [j for j, _ in joins]

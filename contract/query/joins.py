@@ -220,10 +220,21 @@ def rows_query(j: JoinSpec, left: Any, right: Any) -> QuerySpec:
     window = j.window or WindowSpec.model_validate(DEFAULT_ROWS_WINDOW)
     aggs = [AggregateSpec.model_construct(fn="count", field=None, alias=ROWS_COLUMN)]
     return QuerySpec.model_construct(
-        name=j.name, description=j.description or f"{j.type} join rows of {left.name} and {right.name}",
-        sources=["*"], filter=None, group_by=group, aggregates=aggs, having=None, alerts=[], export=None,
-        window=window, table=TableSpec(), flush=FlushSpec(), heartbeat=HeartbeatSpec(),
-        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1))  # fmt: skip
+        name=j.name,
+        description=j.description or f"{j.type} join rows of {left.name} and {right.name}",
+        sources=["*"],
+        filter=None,
+        group_by=group,
+        aggregates=aggs,
+        having=None,
+        alerts=[],
+        export=None,
+        window=window,
+        table=TableSpec(),
+        flush=FlushSpec(),
+        heartbeat=HeartbeatSpec(),
+        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1),
+    )
 
 
 class JoinOn(_Strict):
@@ -341,8 +352,10 @@ class JoinSpec(_Strict):
         if self.type != "inner":
             for item in [*self.group_by, *(a.expr or "" for a in self.aggregates)]:
                 if "right." in item:
-                    raise ValueError(f"a {self.type} join's aggregates see left rows without a match too: "
-                                     f"{item!r} reads the right side (aggregate it with an inner join)")
+                    raise ValueError(
+                        f"a {self.type} join's aggregates see left rows without a match too: "
+                        f"{item!r} reads the right side (aggregate it with an inner join)"
+                    )
         return self
 
 
@@ -351,46 +364,68 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
     :class:`ClosedInput`): (field, reason) of the first problem, or None."""
     for side in ("left", "right"):
         if getattr(j, side) not in selects:
-            return side, (f"unknown query {getattr(j, side)!r} (a join reads select or aggregate queries: "
-                          f"{sorted(selects) or 'none'})")
+            return side, (
+                f"unknown query {getattr(j, side)!r} (a join reads select or aggregate queries: "
+                f"{sorted(selects) or 'none'})"
+            )
         inp = selects[getattr(j, side)]
         if isinstance(inp, ClosedInput) and (why := unsupported(inp.query)):
             return side, why
     sl, sr = selects[j.left], selects[j.right]
     closed = [isinstance(s, ClosedInput) for s in (sl, sr)]
     if j.same_window and not all(closed):
-        return "within", "'within: window' joins two aggregate queries' closed windows; give a select a time band"
+        return (
+            "within",
+            "'within: window' joins two aggregate queries' closed windows; give a select a time band",
+        )
     if all(closed) and sl.window != sr.window:
-        return "right", (f"aggregate queries {sl.name!r} and {sr.name!r} have different windows "
-                         f"({_window_text(sl.window)} vs {_window_text(sr.window)}): a join of closed windows "
-                         "compares window starts, give both the same window")
+        return "right", (
+            f"aggregate queries {sl.name!r} and {sr.name!r} have different windows "
+            f"({_window_text(sl.window)} vs {_window_text(sr.window)}): a join of closed windows "
+            "compares window starts, give both the same window"
+        )
     for lk, rk in zip(j.on.left, j.on.right, strict=True):
         for side, s, k in (("left", sl, lk), ("right", sr, rk)):
             if k != "timestamp" and k not in s.fields:
                 kind = "aggregate query" if isinstance(s, ClosedInput) else "select"
-                return "on", _avg_reason(s, k) or f"{side} key {k!r} is not a field of {kind} {s.name!r} ({s.fields})"
+                return "on", _avg_reason(
+                    s, k
+                ) or f"{side} key {k!r} is not a field of {kind} {s.name!r} ({s.fields})"
         tl, tr = field_type(sl, lk), field_type(sr, rk)
         if tl != tr:
-            return "on", f"keys {lk!r} and {rk!r} differ in type or width ({_type_text(tl)} vs {_type_text(tr)})"
+            return (
+                "on",
+                f"keys {lk!r} and {rk!r} differ in type or width ({_type_text(tl)} vs {_type_text(tr)})",
+            )
     for s in (sl, sr):
         if j.within_ns > s.retain_ns:
-            return "within", (f"band {j.within_ns / NS:g}s is larger than what input {s.name!r} can hold "
-                              f"(retain {s.retain_ns / NS:g}s)")
+            return "within", (
+                f"band {j.within_ns / NS:g}s is larger than what input {s.name!r} can hold "
+                f"(retain {s.retain_ns / NS:g}s)"
+            )
     if sl.kafka.partitions != sr.kafka.partitions:
-        return "right", (f"inputs have {sl.kafka.partitions} and {sr.kafka.partitions} Kafka partitions: "
-                         "equal keys must meet in the same partition")
+        return "right", (
+            f"inputs have {sl.kafka.partitions} and {sr.kafka.partitions} Kafka partitions: "
+            "equal keys must meet in the same partition"
+        )
     if sl.kafka.partitions > 1:
         pl, pr = sl.partition_by, sr.partition_by
         pairs = dict(zip(j.on.left, j.on.right, strict=True))
         if not pl or len(pl) != len(pr) or any(pairs.get(a) != b for a, b in zip(pl, pr, strict=True)):
-            return "on", (f"the inputs' partition_by ({pl} / {pr}) must be join keys in the same order on both "
-                          "sides, so that matching rows land in the same partition")
-    for item in [*j.group_by, *(t for a in j.aggregates if a.expr for t in
-                                (f"{s}.{f}" for _, s, f in parse_join_expr(a.expr)))]:
+            return "on", (
+                f"the inputs' partition_by ({pl} / {pr}) must be join keys in the same order on both "
+                "sides, so that matching rows land in the same partition"
+            )
+    for item in [
+        *j.group_by,
+        *(t for a in j.aggregates if a.expr for t in (f"{s}.{f}" for _, s, f in parse_join_expr(a.expr))),
+    ]:
         side, fname = item.split(".")
         s = sl if side == "left" else sr
         if fname != "timestamp" and fname not in s.fields:
-            return "group_by", _avg_reason(s, fname) or f"{item!r}: {fname!r} is not a field of {s.name!r} ({s.fields})"
+            return "group_by", _avg_reason(
+                s, fname
+            ) or f"{item!r}: {fname!r} is not a field of {s.name!r} ({s.fields})"
         if fname != "timestamp" and field_type(s, fname)[0] == "ip" and item not in j.group_by:
             return "aggregates", f"{item!r}: an address cannot be summed"
     return None
@@ -403,9 +438,11 @@ def _avg_reason(inp: Any, name: str) -> str | None:
         return None
     for a in inp.query.aggregates:
         if a.name == name and a.fn == "avg":
-            return (f"{name!r} is an avg of aggregate query {inp.name!r}: an average (sum / count) has no exact "
-                    f"value to compare or add up in a join; give {inp.name!r} a sum and a count of "
-                    f"{a.field!r} and join on those (or compute their ratio from the join's rows)")
+            return (
+                f"{name!r} is an avg of aggregate query {inp.name!r}: an average (sum / count) has no exact "
+                f"value to compare or add up in a join; give {inp.name!r} a sum and a count of "
+                f"{a.field!r} and join on those (or compute their ratio from the join's rows)"
+            )
     return None
 
 
@@ -424,11 +461,25 @@ def join_result_query(j: JoinSpec, left: SelectSpec, right: SelectSpec) -> Query
     API derive from it unchanged. Built without validation (an aggregate's ``field`` stands for the join
     expression: its state column is the expression's value), never sent to a capture host."""
     assert j.window is not None
-    aggs = [AggregateSpec.model_construct(fn=a.fn, field="length" if A.REGISTRY[a.fn].field_kinds else None,
-                                          alias=a.alias)
-            for a in j.aggregates]
+    aggs = [
+        AggregateSpec.model_construct(
+            fn=a.fn, field="length" if A.REGISTRY[a.fn].field_kinds else None, alias=a.alias
+        )
+        for a in j.aggregates
+    ]
     return QuerySpec.model_construct(
-        name=j.name, description=j.description or f"{j.type} join of {left.name} and {right.name}",
-        sources=["*"], filter=None, group_by=[g.split(".")[1] for g in j.group_by], aggregates=aggs, having=None,
-        alerts=[], export=None, window=j.window, table=TableSpec(), flush=FlushSpec(), heartbeat=HeartbeatSpec(),
-        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1))
+        name=j.name,
+        description=j.description or f"{j.type} join of {left.name} and {right.name}",
+        sources=["*"],
+        filter=None,
+        group_by=[g.split(".")[1] for g in j.group_by],
+        aggregates=aggs,
+        having=None,
+        alerts=[],
+        export=None,
+        window=j.window,
+        table=TableSpec(),
+        flush=FlushSpec(),
+        heartbeat=HeartbeatSpec(),
+        kafka=KafkaSpec(topic=f"lowwater.join.{j.name}", partitions=1),
+    )

@@ -56,7 +56,9 @@ def state_columns(q: QuerySpec) -> list[StateColumn]:
     travels as (sum, count) so it merges exactly); a holistic aggregate's state per sub-key comes last
     (high_level.aggregate.holistic reads it there)."""
     h = holistic(q)
-    return [c for a in [*(a for a in q.aggregates if not a.holistic), *([h] if h else [])] for c in _columns(a)]
+    return [
+        c for a in [*(a for a in q.aggregates if not a.holistic), *([h] if h else [])] for c in _columns(a)
+    ]
 
 
 def _columns(a: AggregateSpec) -> list[StateColumn]:
@@ -111,7 +113,16 @@ def key_program(q: QuerySpec) -> np.ndarray:
             p6 = 128 if p.prefix6 is None else p.prefix6
             m4 = ((1 << 128) - 1) ^ ((1 << (32 - p4)) - 1)
             m6 = ((1 << 128) - 1) ^ ((1 << (128 - p6)) - 1) if p6 else 0
-            rows.append([p.field.columns[0], 1, F.to_int64(m4 >> 64), F.to_int64(m4), F.to_int64(m6 >> 64), F.to_int64(m6)])
+            rows.append(
+                [
+                    p.field.columns[0],
+                    1,
+                    F.to_int64(m4 >> 64),
+                    F.to_int64(m4),
+                    F.to_int64(m6 >> 64),
+                    F.to_int64(m6),
+                ]
+            )
         else:
             rows.append([_source_of(p.field.name), 0, 0, 0, 0, 0])
     h = holistic(q)
@@ -136,7 +147,6 @@ def _subkey_row(h: AggregateSpec) -> list[int]:
 
 def merge_ops(q: QuerySpec) -> np.ndarray:
     return np.array([c.merge for c in state_columns(q)], dtype=np.int64)
-
 
 
 def decode_key(q: QuerySpec, words: np.ndarray) -> dict[str, Any]:

@@ -25,7 +25,16 @@ from contract.filterlang import FilterError, compile_filter
 
 NS = 1_000_000_000
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|min|h|d)?\s*$")
-_UNIT_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": NS, "m": 60 * NS, "min": 60 * NS, "h": 3600 * NS, "d": 86400 * NS}
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "ms": 1_000_000,
+    "s": NS,
+    "m": 60 * NS,
+    "min": 60 * NS,
+    "h": 3600 * NS,
+    "d": 86400 * NS,
+}
 
 
 class ConfigError(ValueError):
@@ -104,7 +113,9 @@ class WindowSpec(_Strict):
             raise ValueError("slide larger than range would leave gaps between windows")
         if self.update_ns is not None:
             if self.update_ns <= 0 or self.range_ns % self.update_ns:
-                raise ValueError(f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)")
+                raise ValueError(
+                    f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)"
+                )
             if self.range_ns // self.update_ns > 86_400:
                 raise ValueError("more than 86400 updates per landmark window; use a larger update")
         elif self.range_ns // self.pane_ns > 1024:
@@ -427,7 +438,9 @@ class QuerySpec(_Strict):
     def _sources(cls, v: list[str]) -> list[str]:
         for pat in v:
             if not re.fullmatch(r"[A-Za-z0-9._:/*?\[\]-]{1,128}", pat):
-                raise ValueError(f"source {pat!r}: a host-id glob pattern (letters, digits, . _ : / - and * ? [ ])")
+                raise ValueError(
+                    f"source {pat!r}: a host-id glob pattern (letters, digits, . _ : / - and * ? [ ])"
+                )
         return v
 
     def runs_on(self, host: str) -> bool:
@@ -464,8 +477,10 @@ class QuerySpec(_Strict):
             raise ValueError(f"duplicate aggregate names {names}")
         hol = [a for a in v if a.holistic]
         if len(hol) > 1:
-            raise ValueError(f"at most one holistic aggregate (count_distinct, quantiles, top) per query, got "
-                             f"{', '.join(a.name for a in hol)}: split them into queries")
+            raise ValueError(
+                f"at most one holistic aggregate (count_distinct, quantiles, top) per query, got "
+                f"{', '.join(a.name for a in hol)}: split them into queries"
+            )
         return v
 
     @field_validator("having")
@@ -492,7 +507,9 @@ class QuerySpec(_Strict):
     def _export(self) -> QuerySpec:
         names = result_names(self)
         if self.export is not None and self.export.by is not None and self.export.by not in names:
-            raise ValueError(f"export.by: {self.export.by!r} is not an aggregate of the query ({', '.join(names)})")
+            raise ValueError(
+                f"export.by: {self.export.by!r} is not an aggregate of the query ({', '.join(names)})"
+            )
         return self
 
     @model_validator(mode="after")
@@ -500,7 +517,9 @@ class QuerySpec(_Strict):
         keys = {p.name for p in self.key_parts}
         h = holistic(self)
         if h is not None and h.fn == "top" and h.field in keys:
-            raise ValueError(f"top's item column {h.field!r} clashes with a group-by column (group by it 'as' another name)")
+            raise ValueError(
+                f"top's item column {h.field!r} clashes with a group-by column (group by it 'as' another name)"
+            )
         if h is not None and h.fn == "top":
             keys.add(h.field or "")
         for a in self.alerts:
@@ -541,7 +560,6 @@ def result_names(q: QuerySpec) -> list[str]:
 def holistic(q: QuerySpec) -> AggregateSpec | None:
     """The query's holistic aggregate (at most one), whose sub-key extends the group key."""
     return next((a for a in q.aggregates if a.holistic), None)
-
 
 
 def accuracy_ppb(accuracy: float) -> int:

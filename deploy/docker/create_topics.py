@@ -71,9 +71,18 @@ def apply_grants(admin: Any, grants: dict[str, dict[str, set[str]]]) -> None:
         ResourceType,
     )
 
-    acls = [ACL(f"User:{h}", "*", ACLOperation[op], ACLPermissionType.ALLOW,
-                ResourcePattern(ResourceType.TOPIC, topic, ACLResourcePatternType.LITERAL))
-            for h, topics in sorted(grants.items()) for topic, ops in sorted(topics.items()) for op in sorted(ops)]  # fmt: skip
+    acls = [
+        ACL(
+            f"User:{h}",
+            "*",
+            ACLOperation[op],
+            ACLPermissionType.ALLOW,
+            ResourcePattern(ResourceType.TOPIC, topic, ACLResourcePatternType.LITERAL),
+        )
+        for h, topics in sorted(grants.items())
+        for topic, ops in sorted(topics.items())
+        for op in sorted(ops)
+    ]
     result = admin.create_acls(acls)
     if result.get("failed"):
         raise RuntimeError(f"creating ACLs failed: {result['failed']}")

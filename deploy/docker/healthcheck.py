@@ -44,7 +44,9 @@ def check(url: str, timeout: float = TIMEOUT_S) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    urls = list(sys.argv[1:] if argv is None else argv) or [os.environ.get("LOWWATER_HEALTH_URL") or DEFAULT_URL]
+    urls = list(sys.argv[1:] if argv is None else argv) or [
+        os.environ.get("LOWWATER_HEALTH_URL") or DEFAULT_URL
+    ]
     failures = [reason for reason in map(check, urls) if reason]
     for reason in failures:
         print(f"unhealthy: {reason}", file=sys.stderr)

@@ -144,8 +144,9 @@ class ChunkedRollup(QueryRollup):
                 first = len(sizes) - run
                 parts = [decode_chunk(store.get(lay.name, pn, q), lay.kw, lay.na) for q in range(first, held)]
                 parts.append((key, state))
-                key, state = group_reduce(np.concatenate([k for k, _ in parts]),
-                                          np.concatenate([v for _, v in parts]), lay.ops)  # fmt: skip
+                key, state = group_reduce(
+                    np.concatenate([k for k, _ in parts]), np.concatenate([v for _, v in parts]), lay.ops
+                )
                 del sizes[first:]
                 sizes.append(len(key))
                 held = min(held, first)  # chunks from `first` on are rewritten below or removed
@@ -160,7 +161,9 @@ class ChunkedRollup(QueryRollup):
         parts = [decode_chunk(store.get(lay.name, pane, s), lay.kw, lay.na) for s in range(n)]
         if n == 1:
             return parts[0]
-        return group_reduce(np.concatenate([k for k, _ in parts]), np.concatenate([s for _, s in parts]), lay.ops)
+        return group_reduce(
+            np.concatenate([k for k, _ in parts]), np.concatenate([s for _, s in parts]), lay.ops
+        )
 
     def _compact(self, pane: int, key: np.ndarray, state: np.ndarray) -> None:
         """Replace a pane's chunks by one (its merged rows)."""

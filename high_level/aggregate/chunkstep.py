@@ -68,7 +68,9 @@ class ChunkedStep(StatefulProcessor):
         self.meta = handle.getValueState("meta", META_SCHEMA)
         self.chunks = MapChunks(handle.getMapState("chunks", CHUNK_KEY_SCHEMA, CHUNK_VALUE_SCHEMA))
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
         frames = [df for df in rows if len(df)]
         values: list[bytes] = []
         if frames:

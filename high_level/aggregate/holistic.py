@@ -58,9 +58,17 @@ def _finalize_plain(q: Q.QuerySpec, merged: np.ndarray) -> dict[str, np.ndarray]
     return A.finalize([(a.fn, a.name) for a in q.aggregates], merged)
 
 
-def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray, state: np.ndarray,
-           hosts: np.ndarray, hosts_expected: np.ndarray, comp: np.ndarray,
-           closed_at_ms: np.ndarray) -> Reduced:  # fmt: skip
+def reduce(
+    q: Q.QuerySpec,
+    window: np.ndarray,
+    kind: np.ndarray,
+    key: np.ndarray,
+    state: np.ndarray,
+    hosts: np.ndarray,
+    hosts_expected: np.ndarray,
+    comp: np.ndarray,
+    closed_at_ms: np.ndarray,
+) -> Reduced:
     """Reduce one query's rows of a batch (``window`` any per-window id, ``kind`` an int per row kind,
     ``key`` int64[n, key_width], ``state`` int64[n, state columns]); output sorted by (window, kind,
     group) and, for top, by rank."""
@@ -100,8 +108,15 @@ def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray
             eg = np.add.reduceat(np.where(err, hid, 0), starts) if n else np.zeros(0, I64)
             vals[f"{h.name}_error"] = np.repeat(eg, counts)[sel]
         rows = order[sel]
-        return Reduced(rows, key[sel], _ordered(q, vals), hosts[rows], hosts_expected[rows], comp[rows],
-                       closed_at_ms[rows])  # fmt: skip
+        return Reduced(
+            rows,
+            key[sel],
+            _ordered(q, vals),
+            hosts[rows],
+            hosts_expected[rows],
+            comp[rows],
+            closed_at_ms[rows],
+        )
     merged = np.empty((len(starts), len(cols) - 1), I64)
     for j, c in enumerate(cols[:-1]):
         merged[:, j] = A.MERGE_UFUNCS[c.merge].reduceat(state[:, j], starts) if n else np.empty(0, I64)
@@ -126,8 +141,17 @@ def reduce(q: Q.QuerySpec, window: np.ndarray, kind: np.ndarray, key: np.ndarray
     hs = np.minimum.reduceat(hosts[order], starts) if n else hosts[:0]
     he = np.minimum.reduceat(hosts_expected[order], starts) if n else hosts_expected[:0]
     co = comp[order]
-    cm = np.column_stack([np.minimum.reduceat(co[:, 0], starts), np.add.reduceat(co[:, 1], starts),
-                          np.maximum.reduceat(co[:, 2], starts)]) if n else comp[:0]  # fmt: skip
+    cm = (
+        np.column_stack(
+            [
+                np.minimum.reduceat(co[:, 0], starts),
+                np.add.reduceat(co[:, 1], starts),
+                np.maximum.reduceat(co[:, 2], starts),
+            ]
+        )
+        if n
+        else comp[:0]
+    )
     cl = np.maximum.reduceat(closed_at_ms[order], starts) if n else closed_at_ms[:0]
     return Reduced(rows, key[starts][:, :gw], _ordered(q, vals), hs, he, cm, cl)
 
@@ -142,8 +166,17 @@ def offline(q: Q.QuerySpec, window: np.ndarray, key: np.ndarray, state: np.ndarr
     ``window``, the stored key words ``k0..`` and the result columns, sorted."""
     n = len(window)
     z = np.zeros(n, I64)
-    red = reduce(q, np.asarray(window, I64), z, key, state, z.astype(np.int32), z.astype(np.int32),
-                 np.zeros((n, 3), I64), z)  # fmt: skip
+    red = reduce(
+        q,
+        np.asarray(window, I64),
+        z,
+        key,
+        state,
+        z.astype(np.int32),
+        z.astype(np.int32),
+        np.zeros((n, 3), I64),
+        z,
+    )
     out = {"window": np.asarray(window, I64)[red.rows]}
     out.update({f"k{j}": red.key[:, j] for j in range(red.key.shape[1])})
     out.update(red.values)

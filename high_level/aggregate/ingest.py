@@ -13,9 +13,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 
 def kafka_stream(
-    spark: SparkSession, bootstrap: str, topics: Iterable[str], *, starting_offsets: str = "earliest",
-    max_offsets_per_trigger: int | None = None, extra: Mapping[str, str] | None = None,
-) -> DataFrame:  # fmt: skip
+    spark: SparkSession,
+    bootstrap: str,
+    topics: Iterable[str],
+    *,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> DataFrame:
     """A streaming DataFrame (topic, partition, offset, value) over ``topics``.
 
     ``failOnDataLoss`` stays on: losing Kafka records silently would turn into silently wrong

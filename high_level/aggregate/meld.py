@@ -39,7 +39,9 @@ class HostMark:
 class Meld:
     """Per-(query, partition) host marks, liveness and the low-water mark (a pure, serialisable object)."""
 
-    def __init__(self, host_timeout_ms: int, expected_hosts: Iterable[str] = (), max_gap_ms: int | None = None) -> None:
+    def __init__(
+        self, host_timeout_ms: int, expected_hosts: Iterable[str] = (), max_gap_ms: int | None = None
+    ) -> None:
         if host_timeout_ms <= 0:
             raise ValueError("host_timeout_ms must be positive")
         self.host_timeout_ms = int(host_timeout_ms)
@@ -73,14 +75,20 @@ class Meld:
         if self.clock_ms is None or now_ms > self.clock_ms:
             self.clock_ms = now_ms
 
-    def observe(self, host: str, incarnation: int, mark_pane: int, mark_ns: int, sent_wall_ns: int, now_ms: int) -> None:
+    def observe(
+        self, host: str, incarnation: int, mark_pane: int, mark_ns: int, sent_wall_ns: int, now_ms: int
+    ) -> None:
         """A punctuation arrived: it replaces the host's mark and makes the host live again."""
         prev = self.hosts.get(host)
         self.hosts[host] = HostMark(
-            mark_pane=int(mark_pane), mark_ns=int(mark_ns), incarnation=int(incarnation),
-            sent_wall_ns=int(sent_wall_ns), last_heard_ms=int(now_ms), silent_ms=0,
+            mark_pane=int(mark_pane),
+            mark_ns=int(mark_ns),
+            incarnation=int(incarnation),
+            sent_wall_ns=int(sent_wall_ns),
+            last_heard_ms=int(now_ms),
+            silent_ms=0,
             punctuations=(prev.punctuations + 1) if prev else 1,
-        )  # fmt: skip
+        )
 
     # -- queries --------------------------------------------------------------------------------
     def is_live(self, host: str) -> bool:
@@ -113,8 +121,11 @@ class Meld:
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"clock_ms": self.clock_ms, "hosts": {k: asdict(v) for k, v in self.hosts.items()},
-                "workers": dict(self.workers)}
+        return {
+            "clock_ms": self.clock_ms,
+            "hosts": {k: asdict(v) for k, v in self.hosts.items()},
+            "workers": dict(self.workers),
+        }
 
     def load_dict(self, d: dict[str, Any]) -> None:
         """Restore marks saved by :meth:`to_dict` (timeout and expected hosts come from the config)."""

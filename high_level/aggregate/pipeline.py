@@ -36,7 +36,9 @@ log = logging.getLogger("lowwater.job")
 CHECKPOINT_DIRS = {"blob": "oop", "chunked": "oop-chunked"}  # the OOP stream's checkpoint per layout
 
 
-def state_function(layouts: Sequence[Layout], settings: Settings, tick_ms: int) -> Callable[..., Iterator[pd.DataFrame]]:
+def state_function(
+    layouts: Sequence[Layout], settings: Settings, tick_ms: int
+) -> Callable[..., Iterator[pd.DataFrame]]:
     """The applyInPandasWithState body: restore the partition's processor, feed it the batch in
     offset order, save it as compact bytes, re-arm the processing-time timeout (so a silent
     partition is still evaluated and its hosts can time out)."""
@@ -83,9 +85,12 @@ def _chunked_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tupl
     """The chunked state: ``transformWithStateInPandas`` over RocksDB, with its state-store settings."""
     from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep
 
-    rolled = grouped.transformWithStateInPandas(ChunkedStep(layouts, opts.settings, opts.trigger_ms),
-                                                outputStructType=OUTPUT_DDL, outputMode="Append",
-                                                timeMode="ProcessingTime")  # fmt: skip
+    rolled = grouped.transformWithStateInPandas(
+        ChunkedStep(layouts, opts.settings, opts.trigger_ms),
+        outputStructType=OUTPUT_DDL,
+        outputMode="Append",
+        timeMode="ProcessingTime",
+    )
     return rolled, SESSION_CONF
 
 
@@ -133,14 +138,18 @@ class AggregatePipeline(Pipeline):
         why = chunked_unsupported(self.layouts)
         held = [st for st, d in CHECKPOINT_DIRS.items() if (Path(opts.checkpoint) / d).exists()]
         if held and opts.state not in ("auto", held[0]):
-            raise ValueError(f"checkpoint {opts.checkpoint} holds the {held[0]} state: --state {opts.state} "
-                             f"cannot resume it; keep --state {held[0]} (or auto) or use a new checkpoint")  # fmt: skip
+            raise ValueError(
+                f"checkpoint {opts.checkpoint} holds the {held[0]} state: --state {opts.state} "
+                f"cannot resume it; keep --state {held[0]} (or auto) or use a new checkpoint"
+            )
         if opts.state == "chunked" and why:
             raise ValueError(f"--state chunked: {why}; use --state blob or auto")
         if opts.state == "auto":
             if held == ["chunked"] and why:
-                raise ValueError(f"checkpoint {opts.checkpoint} holds the chunked state, but {why}: "
-                                 "use a new checkpoint (the blob state)")  # fmt: skip
+                raise ValueError(
+                    f"checkpoint {opts.checkpoint} holds the chunked state, but {why}: "
+                    "use a new checkpoint (the blob state)"
+                )
             if held == ["blob"]:
                 why = "the checkpoint holds the blob state"
             if why:
@@ -154,8 +163,13 @@ class AggregatePipeline(Pipeline):
 
         from high_level.aggregate.ingest import kafka_stream
 
-        raw = kafka_stream(spark, opts.bootstrap, [lay.topic for lay in self.layouts],
-                           max_offsets_per_trigger=opts.max_offsets_per_trigger, extra=opts.source_options)  # fmt: skip
+        raw = kafka_stream(
+            spark,
+            opts.bootstrap,
+            [lay.topic for lay in self.layouts],
+            max_offsets_per_trigger=opts.max_offsets_per_trigger,
+            extra=opts.source_options,
+        )
         state = self.state_layout(opts)
         ckpt = Path(opts.checkpoint) / CHECKPOINT_DIRS[state]
         parts: dict[str, int] = {}
@@ -164,9 +178,13 @@ class AggregatePipeline(Pipeline):
         n_tasks = checkpoint_shuffle_partitions(ckpt) or int(spark.conf.get("spark.sql.shuffle.partitions"))
         salts = placement_salts(parts, n_tasks)
         if salts:
-            table = F.create_map(*[x for (t, p), v in sorted(salts.items()) for x in (F.lit(f"{t}/{p}"), F.lit(v))])
-            salt = F.coalesce(F.try_element_at(table, F.concat_ws("/", "topic", F.col("partition").cast("string"))),
-                              F.lit(0)).cast("int")  # fmt: skip
+            table = F.create_map(
+                *[x for (t, p), v in sorted(salts.items()) for x in (F.lit(f"{t}/{p}"), F.lit(v))]
+            )
+            salt = F.coalesce(
+                F.try_element_at(table, F.concat_ws("/", "topic", F.col("partition").cast("string"))),
+                F.lit(0),
+            ).cast("int")
         else:
             salt = F.lit(0)
         grouped = raw.withColumn("salt", salt).groupBy("topic", "partition", "salt")

@@ -60,8 +60,14 @@ def gap_records(lay: Layout, gaps: Sequence[Sequence[Any]], window: np.ndarray) 
     return hit.astype(I64) @ g[:, 2]
 
 
-def flag_windows(lay: Layout, gaps: Sequence[Sequence[Any]], before: int | None, after: int | None,
-                 new_from: int, now_ms: int) -> list[list[Any]]:  # fmt: skip
+def flag_windows(
+    lay: Layout,
+    gaps: Sequence[Sequence[Any]],
+    before: int | None,
+    after: int | None,
+    new_from: int,
+    now_ms: int,
+) -> list[list[Any]]:
     """The short windows to flag (contract.results.INCOMPLETE_SCHEMA), one per (window, range): every
     window closed between ``before`` and ``after`` that a range ``[first pane, last pane, records, host,
     cause]`` overlaps, and every earlier-closed window that a range learned now (``gaps[new_from:]``)
@@ -84,9 +90,19 @@ def flag_windows(lay: Layout, gaps: Sequence[Sequence[Any]], before: int | None,
         p_lo = np.maximum(w - lay.k + 1, lo)  # the window's own panes within the range
         p_hi = np.minimum(w, hi)
         for j in range(len(w)):
-            out.append([int(ends[j] - lay.range_ns), int(ends[j]), lay.origin_ns + int(p_lo[j]) * lay.pane_ns,
-                        lay.origin_ns + (int(p_hi[j]) + 1) * lay.pane_ns, int(n), host, cause,
-                        before is not None and int(w[j]) < before, now_ms])  # fmt: skip
+            out.append(
+                [
+                    int(ends[j] - lay.range_ns),
+                    int(ends[j]),
+                    lay.origin_ns + int(p_lo[j]) * lay.pane_ns,
+                    lay.origin_ns + (int(p_hi[j]) + 1) * lay.pane_ns,
+                    int(n),
+                    host,
+                    cause,
+                    before is not None and int(w[j]) < before,
+                    now_ms,
+                ]
+            )
     out.sort(key=lambda r: (r[0], r[2], r[5], r[6]))
     return out
 
@@ -148,7 +164,9 @@ class _QueryState:
         after, lay, meld = self.rollup.closed, self.layout, self.meld
         if after is None:
             return []
-        if after >= wire.END_OF_STREAM - lay.k:  # closed to the end of stream: up to the last window with rows
+        if (
+            after >= wire.END_OF_STREAM - lay.k
+        ):  # closed to the end of stream: up to the last window with rows
             after = int(closed.window.max()) + 1 if len(closed) else (before if before is not None else 0)
         if before is not None:
             w = np.arange(max(before, after - 4096), after, dtype=I64)  # bounded: a long-dead host's backlog
@@ -164,8 +182,19 @@ class _QueryState:
             hm = meld.hosts.get(h)
             short = w if hm is None else w[hm.mark_pane <= w]
             for j in np.searchsorted(w, short).tolist():
-                out.append([int(ends[j] - lay.range_ns), int(ends[j]), int(ends[j] - lay.range_ns), int(ends[j]),
-                            0, h, "timeout", False, now_ms])  # fmt: skip
+                out.append(
+                    [
+                        int(ends[j] - lay.range_ns),
+                        int(ends[j]),
+                        int(ends[j] - lay.range_ns),
+                        int(ends[j]),
+                        0,
+                        h,
+                        "timeout",
+                        False,
+                        now_ms,
+                    ]
+                )
         return out
 
     def shed_through(self) -> int | None:
@@ -204,34 +233,46 @@ class PartitionProcessor:
     whole state is in :meth:`to_bytes` (the blob state).
     """
 
-    def __init__(self, layouts: Sequence[Layout], partition: int, settings: Settings,
-                 store: ChunkStore | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, layouts: Sequence[Layout], partition: int, settings: Settings, store: ChunkStore | None = None
+    ) -> None:
         self.partition = int(partition)
         self.settings = settings
         self.layouts = {lay.name: lay for lay in layouts}
-        self.queries: dict[str, _QueryState] = {n: _QueryState(lay, settings, store) for n, lay in self.layouts.items()}
+        self.queries: dict[str, _QueryState] = {
+            n: _QueryState(lay, settings, store) for n, lay in self.layouts.items()
+        }
         self.errors = {"bad_messages": 0, "unknown_query": 0, "misrouted": 0, "bad_layout": 0}
         self.last_error = ""
 
     # -- state bytes ----------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        meta: dict[str, Any] = {"partition": self.partition, "errors": self.errors, "last_error": self.last_error,
-                                "queries": {}}  # fmt: skip
+        meta: dict[str, Any] = {
+            "partition": self.partition,
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "queries": {},
+        }
         arrays: dict[str, np.ndarray] = {}
         for name, qs in self.queries.items():
             r = qs.rollup
             meta["queries"][name] = {
-                "closed": r.closed, "meld": qs.meld.to_dict(), "hosts": qs.hosts,
-                "windows_closed": qs.windows_closed, "records": qs.records, "gaps": qs.gaps,
-            }  # fmt: skip
+                "closed": r.closed,
+                "meld": qs.meld.to_dict(),
+                "hosts": qs.hosts,
+                "windows_closed": qs.windows_closed,
+                "records": qs.records,
+                "gaps": qs.gaps,
+            }
             if isinstance(r, ChunkedRollup):
                 meta["queries"][name]["chunks"] = r.index_dict()
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
         return codec.compress(codec.pack(meta, arrays), STATE_ZMAGIC)
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layouts: Sequence[Layout], settings: Settings,
-                   store: ChunkStore | None = None) -> PartitionProcessor:  # fmt: skip
+    def from_bytes(
+        cls, buf: bytes, layouts: Sequence[Layout], settings: Settings, store: ChunkStore | None = None
+    ) -> PartitionProcessor:
         meta, arrays = codec.unpack(codec.decompress(buf, STATE_ZMAGIC))
         p = cls(layouts, meta["partition"], settings, store)
         p.errors.update(meta.get("errors", {}))
@@ -245,7 +286,9 @@ class PartitionProcessor:
             if key.shape[1:] != (lay.kw,) or state.shape[1:] != (lay.na,):
                 raise codec.CodecError(f"query {name!r} changed its key/state layout; use a new checkpoint")
             if ("chunks" in qm) != isinstance(qs.rollup, ChunkedRollup):
-                raise codec.CodecError("state saved by the other state layout (blob/chunked); use a new checkpoint")
+                raise codec.CodecError(
+                    "state saved by the other state layout (blob/chunked); use a new checkpoint"
+                )
             qs.rollup.pane, qs.rollup.key, qs.rollup.state = pane, key, state
             if isinstance(qs.rollup, ChunkedRollup):
                 qs.rollup.load_index(qm["chunks"])
@@ -257,8 +300,10 @@ class PartitionProcessor:
             qs.hosts = qm["hosts"]
             qs.windows_closed = qm.get("windows_closed", 0)
             qs.records = qm.get("records", 0)
-            qs.gaps = [[int(g[0]), int(g[1]), int(g[2]), *(g[3:5] if len(g) >= 5 else ("", "gap"))]
-                       for g in qm.get("gaps", [])]  # fmt: skip
+            qs.gaps = [
+                [int(g[0]), int(g[1]), int(g[2]), *(g[3:5] if len(g) >= 5 else ("", "gap"))]
+                for g in qm.get("gaps", [])
+            ]
         return p
 
     # -- processing -----------------------------------------------------------------------------
@@ -266,7 +311,9 @@ class PartitionProcessor:
         """One micro-batch -> output parts (corrections, finals, status per query)."""
         for qs in self.queries.values():
             qs.meld.advance(now_ms)
-        pending: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in self.queries}
+        pending: dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]] = {
+            n: [] for n in self.queries
+        }
         batch = {n: {"messages": 0, "records": 0, "punctuations": 0} for n in self.queries}
         known_gaps = {n: len(qs.gaps) for n, qs in self.queries.items()}  # what is learned later is new
         for value in values:
@@ -289,7 +336,9 @@ class PartitionProcessor:
             if isinstance(b, wire.Partials):
                 if b.key.shape[1] != qs.layout.kw or b.state.shape[1] != qs.layout.na:
                     self.errors["bad_layout"] += 1
-                    self.last_error = f"{b.query}: key/state width {b.key.shape[1]}/{b.state.shape[1]} from {b.host}"
+                    self.last_error = (
+                        f"{b.query}: key/state width {b.key.shape[1]}/{b.state.shape[1]} from {b.host}"
+                    )
                     continue
                 pending[b.query].append((b.host, b.pane, b.key, b.state))
                 inc[0] += b.n
@@ -301,7 +350,9 @@ class PartitionProcessor:
                 prev = qs.meld.hosts.get(b.host)
                 shed_now = sum(int(r[2]) for r in b.shed)  # in seq too; attributed to their panes below
                 if missing > inc[2] + shed_now:  # records sent since the previous punctuation never came
-                    since = prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
+                    since = (
+                        prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
+                    )
                     qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now, b.host, "gap"])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
@@ -309,8 +360,12 @@ class PartitionProcessor:
                     # mark on) is lost; report the range of windows that may be incomplete
                     h = qs.host(b.host)
                     h["restarts"] = h.get("restarts", 0) + 1
-                    h["last_restart"] = {"old_incarnation": prev.incarnation, "new_incarnation": b.incarnation,
-                                         "incomplete_from_pane": prev.mark_pane, "new_mark_pane": int(b.mark_pane)}
+                    h["last_restart"] = {
+                        "old_incarnation": prev.incarnation,
+                        "new_incarnation": b.incarnation,
+                        "incomplete_from_pane": prev.mark_pane,
+                        "new_mark_pane": int(b.mark_pane),
+                    }
                 for lo, hi, n in b.shed:  # whole panes the host shed from its uplink backlog: windows short
                     qs.gaps.append([int(lo), int(hi), int(n), b.host, "shed"])
                     qs.host(b.host)["shed"] = qs.host(b.host).get("shed", 0) + int(n)
@@ -339,17 +394,22 @@ class PartitionProcessor:
         parts = [p.columns() for p in self._process(values, now_ms)]
         if not parts:
             return empty_output()
-        return pd.DataFrame({
-            c: np.concatenate([p[c] for p in parts]) if c not in ("key", "state")
-            else [r for p in parts for r in p[c]] for c in OUTPUT_COLUMNS
-        })  # fmt: skip
+        return pd.DataFrame(
+            {
+                c: np.concatenate([p[c] for p in parts])
+                if c not in ("key", "state")
+                else [r for p in parts for r in p[c]]
+                for c in OUTPUT_COLUMNS
+            }
+        )
 
     def process_packed(self, values: Iterable[bytes], now_ms: int) -> pd.DataFrame:
         """:meth:`process` in the packed form (:data:`high_level.aggregate.packed.PACKED_COLUMNS`): what the Spark step emits."""
         return pack_parts(self._process(values, now_ms))
 
-    def _finish(self, qs: _QueryState, pending: list, batch: dict[str, int], now_ms: int,
-                known_gaps: int = 0) -> list[Part]:  # fmt: skip
+    def _finish(
+        self, qs: _QueryState, pending: list, batch: dict[str, int], now_ms: int, known_gaps: int = 0
+    ) -> list[Part]:
         lay = qs.layout
         late_batch: dict[str, int] = {}
         parts = []
@@ -370,8 +430,18 @@ class PartitionProcessor:
                 # which closed (window, group) rows lost how many records (their values stay as closed)
                 kind = "correction" if self.settings.late_policy == "correction" else "late"
                 expected, comp = qs.completeness(res.corrections.window, res.late_records)
-                parts.append(Part(lay, self.partition, kind, now_ms, len(qs.meld.live_hosts()), res.corrections,
-                                   hosts_expected=expected, comp=comp))  # fmt: skip
+                parts.append(
+                    Part(
+                        lay,
+                        self.partition,
+                        kind,
+                        now_ms,
+                        len(qs.meld.live_hosts()),
+                        res.corrections,
+                        hosts_expected=expected,
+                        comp=comp,
+                    )
+                )
             qs.records += len(pane)
         lwm = qs.meld.low_water_mark()
         before = qs.rollup.closed
@@ -380,16 +450,23 @@ class PartitionProcessor:
         if len(closed):
             qs.windows_closed += len(closed)
             expected, comp = qs.completeness(closed.window)
-            parts.append(Part(lay, self.partition, "final", now_ms, n_live, closed, hosts_expected=expected, comp=comp))
+            parts.append(
+                Part(lay, self.partition, "final", now_ms, n_live, closed, hosts_expected=expected, comp=comp)
+            )
         if lay.landmark and qs.rollup.closed != before:
             upd = qs.rollup.landmark_update()
             if len(upd):
                 expected, comp = qs.completeness(upd.window)
-                parts.append(Part(lay, self.partition, "update", now_ms, n_live, upd, hosts_expected=expected,
-                                   comp=comp))  # fmt: skip
+                parts.append(
+                    Part(
+                        lay, self.partition, "update", now_ms, n_live, upd, hosts_expected=expected, comp=comp
+                    )
+                )
         if self.settings.live and pending:
             parts.extend(self._provisional(qs, pending, now_ms, n_live))
-        flagged = qs.incomplete_windows(before, known_gaps, now_ms) + qs.timeout_windows(before, closed, now_ms)
+        flagged = qs.incomplete_windows(before, known_gaps, now_ms) + qs.timeout_windows(
+            before, closed, now_ms
+        )
         if flagged:
             text = json.dumps({"partition": self.partition, "windows": flagged}, separators=(",", ":"))
             parts.append(Part(lay, self.partition, INCOMPLETE_KIND, now_ms, n_live, None, text))
@@ -407,11 +484,27 @@ class PartitionProcessor:
         if not len(upd):
             return []
         expected, comp = qs.completeness(upd.window)
-        return [Part(qs.layout, self.partition, PROVISIONAL_KIND, now_ms, n_live, upd, hosts_expected=expected,
-                      comp=comp)]  # fmt: skip
+        return [
+            Part(
+                qs.layout,
+                self.partition,
+                PROVISIONAL_KIND,
+                now_ms,
+                n_live,
+                upd,
+                hosts_expected=expected,
+                comp=comp,
+            )
+        ]
 
-    def status(self, qs: _QueryState, now_ms: int, batch: dict[str, int] | None = None,
-               late_batch: dict[str, int] | None = None, closed_batch: int = 0) -> PartitionStatus:  # fmt: skip
+    def status(
+        self,
+        qs: _QueryState,
+        now_ms: int,
+        batch: dict[str, int] | None = None,
+        late_batch: dict[str, int] | None = None,
+        closed_batch: int = 0,
+    ) -> PartitionStatus:
         """A snapshot in the status contract: per-host marks, liveness, lag, late and missing records, open windows."""
         lay, meld = qs.layout, qs.meld
         lwm = meld.low_water_mark()
@@ -426,7 +519,9 @@ class PartitionProcessor:
                 "expected": name in meld.expected_ids() or name in meld.expected,
                 "mark_pane": hm.mark_pane if hm else None,
                 "mark_ns": hm.mark_ns if hm else None,
-                "lag_s": (now_ms * 1_000_000 - hm.mark_ns) / 1e9 if hm and 0 < hm.mark_ns < wire.END_OF_STREAM else None,
+                "lag_s": (now_ms * 1_000_000 - hm.mark_ns) / 1e9
+                if hm and 0 < hm.mark_ns < wire.END_OF_STREAM
+                else None,
                 "last_heard_ms": hm.last_heard_ms if hm else None,
                 "silent_s": hm.silent_ms / 1e3 if hm else None,
                 "punctuations": hm.punctuations if hm else 0,
@@ -442,18 +537,27 @@ class PartitionProcessor:
                 "losses": {k[5:]: v for k, v in hc.items() if k.startswith("lost_")},
                 "malformed": hc.get("malformed", 0),
             }
-        return PartitionStatus.model_validate({
-            "query": lay.name, "partition": self.partition, "now_ms": now_ms,
-            "low_water_mark_pane": lwm,
-            "low_water_mark_ns": _pane_ns(lay, lwm),
-            "closed_before_window": qs.rollup.closed,
-            "blocked_by": meld.blocking_hosts(),
-            "live_hosts": len(meld.live_hosts()),
-            "open_windows": qs.rollup.open_windows(), "state_rows": len(qs.rollup),
-            "windows_closed": qs.windows_closed, "windows_closed_batch": closed_batch,
-            "records": qs.records, "batch": batch or {}, "errors": dict(self.errors), "last_error": self.last_error,
-            "hosts": hosts,
-        })  # fmt: skip
+        return PartitionStatus.model_validate(
+            {
+                "query": lay.name,
+                "partition": self.partition,
+                "now_ms": now_ms,
+                "low_water_mark_pane": lwm,
+                "low_water_mark_ns": _pane_ns(lay, lwm),
+                "closed_before_window": qs.rollup.closed,
+                "blocked_by": meld.blocking_hosts(),
+                "live_hosts": len(meld.live_hosts()),
+                "open_windows": qs.rollup.open_windows(),
+                "state_rows": len(qs.rollup),
+                "windows_closed": qs.windows_closed,
+                "windows_closed_batch": closed_batch,
+                "records": qs.records,
+                "batch": batch or {},
+                "errors": dict(self.errors),
+                "last_error": self.last_error,
+                "hosts": hosts,
+            }
+        )
 
 
 def _pane_ns(lay: Layout, pane: int | None) -> int | None:

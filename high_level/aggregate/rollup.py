@@ -51,9 +51,21 @@ class Layout:
         w = q.window
         h = Q.holistic(q)
         cap = h.capacity if h is not None and h.fn == "top" and h.capacity is not None else 0
-        return cls(q.name, q.topic, w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                   tuple(int(x) for x in Q.merge_ops(q)), Q.key_width(q), w.panes_per_slide, w.landmark,
-                   tuple(q.sources), Q.group_width(q), int(cap))  # fmt: skip
+        return cls(
+            q.name,
+            q.topic,
+            w.pane_ns,
+            w.panes_per_window,
+            w.origin_ns,
+            w.range_ns,
+            tuple(int(x) for x in Q.merge_ops(q)),
+            Q.key_width(q),
+            w.panes_per_slide,
+            w.landmark,
+            tuple(q.sources),
+            Q.group_width(q),
+            int(cap),
+        )
 
     def first_needed_pane(self, closed: int) -> int:
         """The first pane of the first window not emitted yet (every window < ``closed`` is): older
@@ -73,7 +85,9 @@ class Layout:
         return self.window_end_ns(w) - self.range_ns
 
 
-def _reduce_sorted(state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops: tuple[int, ...]) -> np.ndarray:
+def _reduce_sorted(
+    state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops: tuple[int, ...]
+) -> np.ndarray:
     st = state[order]
     out = np.empty((len(starts), st.shape[1]), I64)
     for j, op in enumerate(ops):
@@ -90,8 +104,9 @@ def error_rows(key: np.ndarray, gw: int) -> np.ndarray:
     return np.all(key[:, gw:] == ERROR_ITEM, axis=1) if key.shape[1] > gw else np.zeros(len(key), bool)
 
 
-def misra_gries(pane: np.ndarray, key: np.ndarray, state: np.ndarray, gw: int, c: int,
-                ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def misra_gries(
+    pane: np.ndarray, key: np.ndarray, state: np.ndarray, gw: int, c: int, ops: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bound a (pane, key)-unique top table to ``c`` items + 1 error row per (pane, group).
 
     Weighted Misra-Gries: a (pane, group) with more than ``c`` items loses the (c+1)-th largest
@@ -135,8 +150,11 @@ def misra_gries(pane: np.ndarray, key: np.ndarray, state: np.ndarray, gw: int, c
     ep, ek, es = np.r_[pane[ei], pane[rows[g]]], np.vstack([key[ei], ek]), np.vstack([state[ei], es])
     ekeys, es = group_reduce(np.column_stack([ep, ek]), es, ops)
     keep_rows = rows[keep]
-    return (np.r_[pane[keep_rows], ekeys[:, 0]], np.ascontiguousarray(np.vstack([key[keep_rows], ekeys[:, 1:]])),
-            np.ascontiguousarray(np.vstack([st[keep], es])))  # fmt: skip
+    return (
+        np.r_[pane[keep_rows], ekeys[:, 0]],
+        np.ascontiguousarray(np.vstack([key[keep_rows], ekeys[:, 1:]])),
+        np.ascontiguousarray(np.vstack([st[keep], es])),
+    )
 
 
 def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +193,9 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     return ukeys, out
 
 
-def touched_pairs(lay: Layout, closed: int | None, pane: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def touched_pairs(
+    lay: Layout, closed: int | None, pane: np.ndarray, key: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The (window, group) pairs that partial records ``(pane, key)`` touched among the windows not yet
     emitted (``closed``: the frontier), as (window ids, key rows); possibly repeated."""
     pane = np.asarray(pane, I64)
@@ -187,13 +207,16 @@ def touched_pairs(lay: Layout, closed: int | None, pane: np.ndarray, key: np.nda
     return w, key[idx]
 
 
-def touched_windows(lay: Layout, pane: np.ndarray, key: np.ndarray, state: np.ndarray, w: np.ndarray,
-                    wkey: np.ndarray) -> Windows:  # fmt: skip
+def touched_windows(
+    lay: Layout, pane: np.ndarray, key: np.ndarray, state: np.ndarray, w: np.ndarray, wkey: np.ndarray
+) -> Windows:
     """The (window, group) pairs ``(w, wkey)`` assembled from pane rows that hold (at least) every row of
     those groups, in (window, group) order; for :meth:`QueryRollup.provisional` of either state layout.
     A hash collision in the caller's row selection only adds rows that are dropped here."""
     out = assemble(pane, key, state, int(w.min()), int(w.max()) + 1, lay.k, lay.ops, lay.s)
-    keep = np.isin(wire.key_hash(np.column_stack([out.window, out.key])), wire.key_hash(np.column_stack([w, wkey])))
+    keep = np.isin(
+        wire.key_hash(np.column_stack([out.window, out.key])), wire.key_hash(np.column_stack([w, wkey]))
+    )
     order = np.lexsort([*(out.key[:, j] for j in reversed(range(lay.kw))), out.window])  # by window, group
     o = order[keep[order]]
     return Windows(out.window[o], np.ascontiguousarray(out.key[o]), np.ascontiguousarray(out.state[o]))
@@ -246,8 +269,16 @@ class Windows:
         return cls(np.empty(0, I64), np.empty((0, kw), I64), np.empty((0, na), I64))
 
 
-def assemble(pane: np.ndarray, key: np.ndarray, state: np.ndarray, lo: int, hi: int, k: int,
-             ops: tuple[int, ...], s: int = 1) -> Windows:  # fmt: skip
+def assemble(
+    pane: np.ndarray,
+    key: np.ndarray,
+    state: np.ndarray,
+    lo: int,
+    hi: int,
+    k: int,
+    ops: tuple[int, ...],
+    s: int = 1,
+) -> Windows:
     """Windows ``[lo, hi)`` from a (pane, key)-unique table; sliding windows merge their k panes."""
     idx, w = expand_windows(pane, lo, hi, k, s)
     if k == 1:  # tumbling: a pane is a window, the table is already unique per (pane, key)
@@ -285,8 +316,14 @@ class QueryRollup:
     def __len__(self) -> int:
         return int(self.pane.shape[0])
 
-    def add(self, pane: np.ndarray, key: np.ndarray, state: np.ndarray, host_idx: np.ndarray | None = None,
-            n_hosts: int = 1) -> AddResult:  # fmt: skip
+    def add(
+        self,
+        pane: np.ndarray,
+        key: np.ndarray,
+        state: np.ndarray,
+        host_idx: np.ndarray | None = None,
+        n_hosts: int = 1,
+    ) -> AddResult:
         """Merge partial records into the pane table.
 
         A record with ``pane < closed`` touches a window already emitted: it is late (counted per
@@ -326,12 +363,14 @@ class QueryRollup:
         if len(pane):
             keys, st = group_reduce(
                 np.column_stack([np.concatenate([self.pane, pane]), np.concatenate([self.key, key])]),
-                np.concatenate([self.state, state]), lay.ops,
+                np.concatenate([self.state, state]),
+                lay.ops,
             )
             self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
             if lay.top_capacity:
-                self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
-                                                              lay.top_capacity, lay.ops)  # fmt: skip
+                self.pane, self.key, self.state = misra_gries(
+                    self.pane, self.key, self.state, lay.gw, lay.top_capacity, lay.ops
+                )
 
     def close(self, lwm: int | None, through_pane: int | None = None) -> Windows:
         """Emit every window ``w < lwm`` not emitted before, then purge panes no open window needs.
@@ -364,8 +403,9 @@ class QueryRollup:
             keys, st = group_reduce(np.column_stack([pane, self.key]), self.state, lay.ops)
             self.pane, self.key, self.state = keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st
             if lay.top_capacity:  # merged summaries: bound the folded pane again
-                self.pane, self.key, self.state = misra_gries(self.pane, self.key, self.state, lay.gw,
-                                                              lay.top_capacity, lay.ops)  # fmt: skip
+                self.pane, self.key, self.state = misra_gries(
+                    self.pane, self.key, self.state, lay.gw, lay.top_capacity, lay.ops
+                )
         return out
 
     def landmark_update(self) -> Windows:

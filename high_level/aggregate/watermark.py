@@ -43,7 +43,8 @@ def refuse_joins(config: Q.Config | None) -> None:
     raise WatermarkJoinRefused(
         f"{config.path}: join queries ({names}) run in the punctuation mode only (--mode oop, the default); "
         "--mode watermark (the max-event-time-minus-delay baseline) has no join: run it on a config "
-        "without join queries")
+        "without join queries"
+    )
 
 
 def explode_partials(lay: Layout, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -70,8 +71,10 @@ def explode_partials(lay: Layout, frames: Iterator[pd.DataFrame]) -> Iterator[pd
         pane = np.concatenate(panes)
         key = np.concatenate(keys)
         state = np.concatenate(states)
-        data: dict[str, Any] = {"host": np.concatenate(hosts),
-                                "event_us": (lay.origin_ns + pane * lay.pane_ns) // 1000}  # fmt: skip
+        data: dict[str, Any] = {
+            "host": np.concatenate(hosts),
+            "event_us": (lay.origin_ns + pane * lay.pane_ns) // 1000,
+        }
         for i, c in enumerate(kcols):
             data[c] = key[:, i]
         for j, c in enumerate(scols):
@@ -86,16 +89,26 @@ def to_generic(lay: Layout, pdf: pd.DataFrame, closed_at_ms: int) -> pd.DataFram
     w = (end_ns - lay.origin_ns) // lay.pane_ns - 1
     key = pdf[[f"k{i}" for i in range(lay.kw)]].to_numpy(I64).reshape(n, lay.kw)
     state = pdf[[f"s{j}" for j in range(lay.na)]].to_numpy(I64).reshape(n, lay.na)
-    return pd.DataFrame({
-        "query": np.full(n, lay.name, object), "partition": np.full(n, -1, np.int32), "window": w,
-        "window_start_ns": pdf["start_us"].to_numpy(I64) * 1000, "window_end_ns": end_ns,
-        "key": list(key), "state": list(state), "kind": np.full(n, "final", object),
-        "closed_at_ms": np.full(n, closed_at_ms, I64), "hosts": np.zeros(n, np.int32),
-        # the baseline knows no hosts and Spark drops late records silently: never claim completeness
-        "hosts_expected": np.ones(n, np.int32), "hosts_in_mark": np.zeros(n, np.int32),
-        "late_partials": np.zeros(n, I64), "missing_records": np.zeros(n, I64),
-        "status": np.full(n, None, object),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "query": np.full(n, lay.name, object),
+            "partition": np.full(n, -1, np.int32),
+            "window": w,
+            "window_start_ns": pdf["start_us"].to_numpy(I64) * 1000,
+            "window_end_ns": end_ns,
+            "key": list(key),
+            "state": list(state),
+            "kind": np.full(n, "final", object),
+            "closed_at_ms": np.full(n, closed_at_ms, I64),
+            "hosts": np.zeros(n, np.int32),
+            # the baseline knows no hosts and Spark drops late records silently: never claim completeness
+            "hosts_expected": np.ones(n, np.int32),
+            "hosts_in_mark": np.zeros(n, np.int32),
+            "late_partials": np.zeros(n, I64),
+            "missing_records": np.zeros(n, I64),
+            "status": np.full(n, None, object),
+        }
+    )
 
 
 class WatermarkPipeline(Pipeline):
@@ -118,20 +131,37 @@ class WatermarkPipeline(Pipeline):
             kcols = [f"k{i}" for i in range(lay.kw)]
             scols = [f"s{j}" for j in range(lay.na)]
             schema = ", ".join(["host string", "event_us long", *[f"{c} long" for c in kcols + scols]])
-            raw = kafka_stream(spark, opts.bootstrap, [q.topic], max_offsets_per_trigger=opts.max_offsets_per_trigger,
-                               extra=opts.source_options)  # fmt: skip
+            raw = kafka_stream(
+                spark,
+                opts.bootstrap,
+                [q.topic],
+                max_offsets_per_trigger=opts.max_offsets_per_trigger,
+                extra=opts.source_options,
+            )
             rows = raw.select("value").mapInPandas(lambda it, lay=lay: explode_partials(lay, it), schema)
             rows = rows.withColumn("event_time", F.timestamp_micros("event_us"))
             slide_ns = lay.pane_ns * lay.s  # Spark's windows start at origin + n*slide, as lowwater's do
-            win = F.window("event_time", f"{lay.range_ns // 1000} microseconds", f"{slide_ns // 1000} microseconds",
-                           f"{(lay.origin_ns % slide_ns) // 1000} microseconds")  # fmt: skip
+            win = F.window(
+                "event_time",
+                f"{lay.range_ns // 1000} microseconds",
+                f"{slide_ns // 1000} microseconds",
+                f"{(lay.origin_ns % slide_ns) // 1000} microseconds",
+            )
             agg = (
                 rows.withWatermark("event_time", f"{opts.watermark_delay_ms} milliseconds")
                 .groupBy(win.alias("w"), *kcols)
-                .agg(*[getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c)
-                       for op, c in zip(lay.ops, scols, strict=True)])
-                .select(F.unix_micros("w.start").alias("start_us"), F.unix_micros("w.end").alias("end_us"), *kcols,
-                        *scols)  # fmt: skip
+                .agg(
+                    *[
+                        getattr(F, A.MERGE_NAMES[op])(c).cast("long").alias(c)
+                        for op, c in zip(lay.ops, scols, strict=True)
+                    ]
+                )
+                .select(
+                    F.unix_micros("w.start").alias("start_us"),
+                    F.unix_micros("w.end").alias("end_us"),
+                    *kcols,
+                    *scols,
+                )
             )
 
             def write(df: Any, batch_id: int, lay: Layout = lay) -> None:

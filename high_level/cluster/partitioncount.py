@@ -53,8 +53,10 @@ def record(checkpoint: str | Path, queries: Iterable[Q.QuerySpec]) -> None:
     """Note the queries' partition counts in the checkpoint (kept for queries not running now)."""
     d = _local(checkpoint)
     if d is None:
-        log.warning("checkpoint %s is not a local directory: partition count changes are not checked at start",
-                    checkpoint)  # fmt: skip
+        log.warning(
+            "checkpoint %s is not a local directory: partition count changes are not checked at start",
+            checkpoint,
+        )
         return
     p = d / RECORD
     doc = recorded(checkpoint)
@@ -69,8 +71,11 @@ def check_change(checkpoint: str | Path, results: str | Path, queries: Iterable[
     """Refuse (PartitionChangeRefused) a changed count while the job's last status has open windows of
     that query; return what changed at a clean cut, one line per query, for the log."""
     before = recorded(checkpoint)
-    changed = [(q, before[q.name]["partitions"]) for q in queries
-               if q.name in before and before[q.name]["partitions"] != q.kafka.partitions]  # fmt: skip
+    changed = [
+        (q, before[q.name]["partitions"])
+        for q in queries
+        if q.name in before and before[q.name]["partitions"] != q.kafka.partitions
+    ]
     if not changed:
         return []
     try:
@@ -87,12 +92,16 @@ def check_change(checkpoint: str | Path, results: str | Path, queries: Iterable[
         st = doc.queries.get(q.name)
         open_windows = None if st is None else st.open_windows
         if open_windows:
-            refuse.append(f"query {q.name!r}: the checkpoint ran with {old} partitions of {q.topic}, the config now "
-                          f"has {q.kafka.partitions}, and {open_windows} windows were still open at the job's last "
-                          "status")  # fmt: skip
+            refuse.append(
+                f"query {q.name!r}: the checkpoint ran with {old} partitions of {q.topic}, the config now "
+                f"has {q.kafka.partitions}, and {open_windows} windows were still open at the job's last "
+                "status"
+            )
         else:
-            out.append(f"query {q.name!r}: {old} -> {q.kafka.partitions} partitions of {q.topic} at a clean cut "
-                       "(no open window at the job's last status)")  # fmt: skip
+            out.append(
+                f"query {q.name!r}: {old} -> {q.kafka.partitions} partitions of {q.topic} at a clean cut "
+                "(no open window at the job's last status)"
+            )
     if refuse:
         raise PartitionChangeRefused(
             "; ".join(refuse)

@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         os.execv(sys.executable, [sys.executable, *args])  # not a worker start: plain Python
     drop = redundant_zips(os.environ.get("PYTHONPATH", "").split(os.pathsep))
     if drop:
-        os.environ["PYTHONPATH"] = os.pathsep.join(e for e in os.environ["PYTHONPATH"].split(os.pathsep)
-                                                   if e not in drop)  # fmt: skip
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            e for e in os.environ["PYTHONPATH"].split(os.pathsep) if e not in drop
+        )
         sys.path[:] = [e for e in sys.path if e not in drop]
     module = args[1]
     env = os.environ

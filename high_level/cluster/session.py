@@ -73,8 +73,10 @@ def build_spark(
     """
     missing = [j for j in jars if not Path(j).is_file()]
     if not jars or missing:
-        raise FileNotFoundError(f"Spark Kafka connector jars missing: {missing or 'none given'} (--spark-jars or LOWWATER_JOB_SPARK_JARS: "
-                                "jar files or a directory of them; ./lw setup fetches them)")
+        raise FileNotFoundError(
+            f"Spark Kafka connector jars missing: {missing or 'none given'} (--spark-jars or LOWWATER_JOB_SPARK_JARS: "
+            "jar files or a directory of them; ./lw setup fetches them)"
+        )
     base = Path(state) / "spark"
     local_dir = base / "local"
     local_dir.mkdir(parents=True, exist_ok=True)

@@ -79,18 +79,52 @@ class JoinLayout:
         lkey = tuple(w for n in j.on.left for w in _words(sl, n))
         rkey = tuple(w for n in j.on.right for w in _words(sr, n))
         group = tuple((g.split(".")[0], _words(sel[g.split(".")[0]], g.split(".")[1])) for g in j.group_by)
-        aggs = tuple((a.fn, a.alias, tuple((sign, side, _words(sel[side], f)) for sign, side, f in
-                                           (Q.parse_join_expr(a.expr) if a.expr else [])))
-                     for a in j.aggregates)  # fmt: skip
+        aggs = tuple(
+            (
+                a.fn,
+                a.alias,
+                tuple(
+                    (sign, side, _words(sel[side], f))
+                    for sign, side, f in (Q.parse_join_expr(a.expr) if a.expr else [])
+                ),
+            )
+            for a in j.aggregates
+        )
         rollup = None
         if j.window is not None:
             w = j.window
             ops = tuple(p.merge for a in j.aggregates for p in A.REGISTRY[a.fn].parts())
             kw = max(1, sum(len(ws) for _, ws in group))
-            rollup = Layout(j.name, f"join:{j.name}", w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns, ops, kw,
-                            w.panes_per_slide, w.landmark)  # fmt: skip
-        return cls(j.name, sl.name, sr.name, sl.topic, sr.topic, j.within_ns, j.type, lkey, rkey, sl.width, sr.width,
-                   group, tuple(g.split(".")[1] for g in j.group_by), aggs, rollup, sl.kafka.partitions)  # fmt: skip
+            rollup = Layout(
+                j.name,
+                f"join:{j.name}",
+                w.pane_ns,
+                w.panes_per_window,
+                w.origin_ns,
+                w.range_ns,
+                ops,
+                kw,
+                w.panes_per_slide,
+                w.landmark,
+            )
+        return cls(
+            j.name,
+            sl.name,
+            sr.name,
+            sl.topic,
+            sr.topic,
+            j.within_ns,
+            j.type,
+            lkey,
+            rkey,
+            sl.width,
+            sr.width,
+            group,
+            tuple(g.split(".")[1] for g in j.group_by),
+            aggs,
+            rollup,
+            sl.kafka.partitions,
+        )
 
     def side_of(self, query: str) -> str | None:
         return "left" if query == self.left else "right" if query == self.right else None
@@ -116,7 +150,9 @@ class Side:
         return cls(np.empty(0, I64), np.empty((0, w), I64), np.empty(0, bool), np.empty(0, U64))
 
     @classmethod
-    def of(cls, ts: np.ndarray, cols: np.ndarray, words: tuple[int, ...], matched: np.ndarray | None = None) -> Side:
+    def of(
+        cls, ts: np.ndarray, cols: np.ndarray, words: tuple[int, ...], matched: np.ndarray | None = None
+    ) -> Side:
         """Rows with their key hash, sorted by it."""
         h = wire.key_hash(_key(ts, cols, words, slice(None)))
         order = np.argsort(h)
@@ -149,8 +185,12 @@ class Side:
         if not len(self):
             return other
         pos = np.searchsorted(self.h, other.h, "right")
-        return Side(np.insert(self.ts, pos, other.ts), np.insert(self.cols, pos, other.cols, axis=0),
-                    np.insert(self.matched, pos, other.matched), np.insert(self.h, pos, other.h))  # fmt: skip
+        return Side(
+            np.insert(self.ts, pos, other.ts),
+            np.insert(self.cols, pos, other.cols, axis=0),
+            np.insert(self.matched, pos, other.matched),
+            np.insert(self.h, pos, other.h),
+        )
 
 
 def _key(ts: np.ndarray, cols: np.ndarray, words: tuple[int, ...], idx: np.ndarray | slice) -> np.ndarray:
@@ -194,7 +234,9 @@ def probe(lay: JoinLayout, left: Side, right: Side, left_is_needle: bool) -> tup
     return li[same], ri[same]
 
 
-def match_pairs(lk: np.ndarray, lts: np.ndarray, rk: np.ndarray, rts: np.ndarray, band: int) -> tuple[np.ndarray, ...]:
+def match_pairs(
+    lk: np.ndarray, lts: np.ndarray, rk: np.ndarray, rts: np.ndarray, band: int
+) -> tuple[np.ndarray, ...]:
     """Every (i, j) with lk[i] == rk[j] (all words) and 0 <= rts[j] - lts[i] <= band, vectorised (hash,
     sort, ``searchsorted``, then check band and words); indices into the arrays as given."""
     if not len(lk) or not len(rk):
@@ -231,8 +273,13 @@ class JoinOutput:
 class BandJoin:
     """One join query's state on one Kafka partition (a pure, serialisable object)."""
 
-    def __init__(self, layout: JoinLayout, host_timeout_ms: int, expected_hosts: tuple[str, ...] = (),
-                 max_gap_ms: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        layout: JoinLayout,
+        host_timeout_ms: int,
+        expected_hosts: tuple[str, ...] = (),
+        max_gap_ms: int | None = None,
+    ) -> None:
         self.layout = layout
         self.melds = {s: Meld(host_timeout_ms, expected_hosts, max_gap_ms) for s in SIDES}
         self.b: dict[str, int | None] = {"left": None, "right": None}
@@ -264,7 +311,9 @@ class BandJoin:
         if len(ts):
             self._new[side].append((ts, cols))
 
-    def observe(self, side: str, host: str, incarnation: int, mark_ns: int, sent_wall_ns: int, now_ms: int) -> None:
+    def observe(
+        self, side: str, host: str, incarnation: int, mark_ns: int, sent_wall_ns: int, now_ms: int
+    ) -> None:
         """A punctuation of one host on one input."""
         self.melds[side].observe(host, incarnation, mark_ns, mark_ns, sent_wall_ns, now_ms)
 
@@ -382,7 +431,11 @@ class BandJoin:
         if self.mark_ns is None:
             out.windows = Windows.empty(rl.kw, rl.na)
             return
-        lwm = wire.END_OF_STREAM if self.mark_ns >= wire.END_OF_STREAM else (self.mark_ns - rl.origin_ns) // rl.pane_ns
+        lwm = (
+            wire.END_OF_STREAM
+            if self.mark_ns >= wire.END_OF_STREAM
+            else (self.mark_ns - rl.origin_ns) // rl.pane_ns
+        )
         out.windows = self.rollup.close(lwm)
 
     # -- observability and persistence -------------------------------------------------------------
@@ -396,9 +449,14 @@ class BandJoin:
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The state as a JSON-able header and plain int64/uint64/bool arrays (no pickle)."""
-        head = {"b": self.b, "late": self.late, "mark_ns": self.mark_ns,
-                "melds": {s: m.to_dict() for s, m in self.melds.items()}, "recv": self.recv,
-                "closed": None if self.rollup is None else self.rollup.closed}  # fmt: skip
+        head = {
+            "b": self.b,
+            "late": self.late,
+            "mark_ns": self.mark_ns,
+            "melds": {s: m.to_dict() for s, m in self.melds.items()},
+            "recv": self.recv,
+            "closed": None if self.rollup is None else self.rollup.closed,
+        }
         arrays: dict[str, np.ndarray] = {}
         for s in SIDES:
             st = self.store[s]
@@ -412,15 +470,26 @@ class BandJoin:
         return codec.pack(*self.state())
 
     @classmethod
-    def from_state(cls, head: dict[str, Any], z: Mapping[str, np.ndarray], layout: JoinLayout, host_timeout_ms: int,
-                   expected_hosts: tuple[str, ...] = (), max_gap_ms: int | None = None) -> BandJoin:  # fmt: skip
+    def from_state(
+        cls,
+        head: dict[str, Any],
+        z: Mapping[str, np.ndarray],
+        layout: JoinLayout,
+        host_timeout_ms: int,
+        expected_hosts: tuple[str, ...] = (),
+        max_gap_ms: int | None = None,
+    ) -> BandJoin:
         j = cls(layout, host_timeout_ms, expected_hosts, max_gap_ms)
         for s in SIDES:
             if f"{s}_h" in z:  # stored sorted by hash
                 j.store[s] = Side(z[f"{s}_ts"], z[f"{s}_cols"], z[f"{s}_matched"], z[f"{s}_h"])
             else:  # saved before the hash was kept: hash and sort once
-                j.store[s] = Side.of(z[f"{s}_ts"], z[f"{s}_cols"], layout.lkey if s == "left" else layout.rkey,
-                                     z[f"{s}_matched"])  # fmt: skip
+                j.store[s] = Side.of(
+                    z[f"{s}_ts"],
+                    z[f"{s}_cols"],
+                    layout.lkey if s == "left" else layout.rkey,
+                    z[f"{s}_matched"],
+                )
         if j.rollup is not None:
             j.rollup.pane, j.rollup.key, j.rollup.state = z["r_pane"], z["r_key"], z["r_state"]
             j.rollup.closed = head["closed"]
@@ -431,8 +500,14 @@ class BandJoin:
         return j
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layout: JoinLayout, host_timeout_ms: int, expected_hosts: tuple[str, ...] = (),
-                   max_gap_ms: int | None = None) -> BandJoin:  # fmt: skip
+    def from_bytes(
+        cls,
+        buf: bytes,
+        layout: JoinLayout,
+        host_timeout_ms: int,
+        expected_hosts: tuple[str, ...] = (),
+        max_gap_ms: int | None = None,
+    ) -> BandJoin:
         head, arrays = unpack_state(buf)
         return cls.from_state(head, arrays, layout, host_timeout_ms, expected_hosts, max_gap_ms)
 
@@ -457,19 +532,33 @@ def output_partials(layout: JoinLayout, out: JoinOutput) -> list[tuple[np.ndarra
         n = len(ts)
 
         def vals(side: str, words: tuple[int, ...], unmatched: bool = unmatched, n: int = n) -> np.ndarray:
-            t, c = (out.u_ts, out.u_cols) if unmatched else (out.l_ts, out.l_cols) if side == "left" else \
-                (out.r_ts, out.r_cols)  # fmt: skip
+            t, c = (
+                (out.u_ts, out.u_cols)
+                if unmatched
+                else (out.l_ts, out.l_cols)
+                if side == "left"
+                else (out.r_ts, out.r_cols)
+            )
             return np.column_stack([t if w < 0 else c[:, w] for w in words]).reshape(n, len(words))
 
-        key = np.concatenate([vals(side, ws) for side, ws in layout.group], axis=1) if layout.group else \
-            np.zeros((n, 1), I64)  # fmt: skip
+        key = (
+            np.concatenate([vals(side, ws) for side, ws in layout.group], axis=1)
+            if layout.group
+            else np.zeros((n, 1), I64)
+        )
         state = []
         for fn, _, terms in layout.aggs:
             v = np.zeros(n, I64)
             for sign, side, ws in terms:
                 v = v + sign * vals(side, ws)[:, 0]
             state += [A.lift(p, v) for p in A.REGISTRY[fn].parts()]
-        res.append(((ts - rl.origin_ns) // rl.pane_ns, key.reshape(n, rl.kw), np.column_stack(state).reshape(n, rl.na)))
+        res.append(
+            (
+                (ts - rl.origin_ns) // rl.pane_ns,
+                key.reshape(n, rl.kw),
+                np.column_stack(state).reshape(n, rl.na),
+            )
+        )
     return res
 
 
@@ -486,8 +575,11 @@ def merge_partitions(layout: JoinLayout, parts: list[Windows]) -> Windows:
     parts = [w for w in parts if len(w)]
     if not parts:
         return Windows.empty(rl.kw, rl.na)
-    keys, st = group_reduce(np.concatenate([np.column_stack([w.window, w.key]) for w in parts]),
-                            np.concatenate([w.state for w in parts]), rl.ops)  # fmt: skip
+    keys, st = group_reduce(
+        np.concatenate([np.column_stack([w.window, w.key]) for w in parts]),
+        np.concatenate([w.state for w in parts]),
+        rl.ops,
+    )
     return Windows(keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st)
 
 

@@ -68,7 +68,9 @@ def feed_mark(lay: Layout, partitions: int, statuses: Mapping[int, S.PartitionSt
 class FeedPublisher:
     """Publishes the closed windows of the aggregate queries that joins read (one producer, the driver)."""
 
-    def __init__(self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None) -> None:
+    def __init__(
+        self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None
+    ) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
         if producer is None and self.queries:
@@ -96,12 +98,21 @@ class FeedPublisher:
             late = int(np.count_nonzero(wins[name].correction)) if name in wins else 0
             if late:
                 if not self.corrections_not_joined[name]:
-                    log.warning("query %r: late corrections of closed windows do not reach the joins that read it "
-                                "(they joined its final rows; the corrections are in its own stored rows)", name)
+                    log.warning(
+                        "query %r: late corrections of closed windows do not reach the joins that read it "
+                        "(they joined its final rows; the corrections are in its own stored rows)",
+                        name,
+                    )
                 self.corrections_not_joined[name] += late
             for c, a in enumerate(range(0, len(rows), CHUNK_ROWS)):
-                out.append((topic, wire.encode_rows(name, JI.FEED_HOST, 0, 0, (batch_id << CHUNK_BITS) | c,
-                                                    rows[a : a + CHUNK_ROWS])))  # fmt: skip
+                out.append(
+                    (
+                        topic,
+                        wire.encode_rows(
+                            name, JI.FEED_HOST, 0, 0, (batch_id << CHUNK_BITS) | c, rows[a : a + CHUNK_ROWS]
+                        ),
+                    )
+                )
                 self.published[name] += min(CHUNK_ROWS, len(rows) - a)
             mark = feed_mark(lay, q.kafka.partitions, partitions.get(name, {}))
             if mark is not None:

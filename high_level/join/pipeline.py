@@ -51,13 +51,17 @@ def feed_sides(cfg: Q.Config, lay: JoinLayout) -> tuple[str, ...]:
     return tuple(s for s, n in (("left", lay.left), ("right", lay.right)) if n in aggs)
 
 
-def join_state_function(layout: JoinLayout, settings: Settings, tick_ms: int,
-                        feeds: tuple[str, ...] = ()) -> Callable[..., Iterator[pd.DataFrame]]:  # fmt: skip
+def join_state_function(
+    layout: JoinLayout, settings: Settings, tick_ms: int, feeds: tuple[str, ...] = ()
+) -> Callable[..., Iterator[pd.DataFrame]]:
     """The applyInPandasWithState body of one join: restore, feed the batch per partition in offset order, save."""
 
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        proc = JoinProcessor.from_bytes(state.get[0], layout, settings, feeds) if state.exists else \
-            JoinProcessor(layout, settings, feeds)  # fmt: skip
+        proc = (
+            JoinProcessor.from_bytes(state.get[0], layout, settings, feeds)
+            if state.exists
+            else JoinProcessor(layout, settings, feeds)
+        )
         frames = [df for df in pdfs if len(df)]
         values: dict[int, list[bytes]] = {}
         if frames:
@@ -79,7 +83,9 @@ def check_topics(opts: JobOptions, lays: list[JoinLayout]) -> None:
 
     admin = opts.kafka.admin(30)
     try:
-        have = existing_partitions(admin, sorted({t for lay in lays for t in (lay.left_topic, lay.right_topic)}))
+        have = existing_partitions(
+            admin, sorted({t for lay in lays for t in (lay.left_topic, lay.right_topic)})
+        )
     finally:
         admin.close()
     for lay in lays:
@@ -88,11 +94,18 @@ def check_topics(opts: JobOptions, lays: list[JoinLayout]) -> None:
                 feed = JI.FEED_SUFFIX in topic
                 raise MissingInputTopic(
                     f"join {lay.name!r}: input topic {topic!r} does not exist on {opts.bootstrap} "
-                    + ("(the closed-window feed of an aggregate query: the job creates it when it starts with "
-                       "topic creation on)" if feed else "(start the capture agents or create it)"))
+                    + (
+                        "(the closed-window feed of an aggregate query: the job creates it when it starts with "
+                        "topic creation on)"
+                        if feed
+                        else "(start the capture agents or create it)"
+                    )
+                )
             if have[topic] != lay.partitions:
-                raise MissingInputTopic(f"join {lay.name!r}: input topic {topic!r} has {have[topic]} partitions, "
-                                        f"the join expects {lay.partitions}")
+                raise MissingInputTopic(
+                    f"join {lay.name!r}: input topic {topic!r} has {have[topic]} partitions, "
+                    f"the join expects {lay.partitions}"
+                )
 
 
 class JoinPipeline(Pipeline):
@@ -105,7 +118,9 @@ class JoinPipeline(Pipeline):
 
     def topics(self) -> dict[str, int]:
         """The select inputs' topics and the feeds' (one partition each)."""
-        inputs = [s for s in self.config.selects if any(s.name in (j.left, j.right) for j in self.config.joins)]
+        inputs = [
+            s for s in self.config.selects if any(s.name in (j.left, j.right) for j in self.config.joins)
+        ]
         return wanted_topics(inputs) | {JI.closed_topic(q): 1 for q in self.feed_queries}
 
     def outputs(self, opts: JobOptions) -> Outputs:
@@ -124,14 +139,23 @@ class JoinPipeline(Pipeline):
 
         streams = []
         for lay in layouts(self.config):
-            raw = kafka_stream(spark, opts.bootstrap, [lay.left_topic, lay.right_topic],
-                               max_offsets_per_trigger=opts.max_offsets_per_trigger, extra=opts.source_options)  # fmt: skip
-            out = raw.withColumn("join", F.lit(lay.name)).groupBy("join").applyInPandasWithState(
-                join_state_function(lay, opts.settings, opts.trigger_ms, feed_sides(self.config, lay)),
-                outputStructType=OUTPUT_DDL,
-                stateStructType="blob binary",
-                outputMode="append",
-                timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+            raw = kafka_stream(
+                spark,
+                opts.bootstrap,
+                [lay.left_topic, lay.right_topic],
+                max_offsets_per_trigger=opts.max_offsets_per_trigger,
+                extra=opts.source_options,
+            )
+            out = (
+                raw.withColumn("join", F.lit(lay.name))
+                .groupBy("join")
+                .applyInPandasWithState(
+                    join_state_function(lay, opts.settings, opts.trigger_ms, feed_sides(self.config, lay)),
+                    outputStructType=OUTPUT_DDL,
+                    stateStructType="blob binary",
+                    outputMode="append",
+                    timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+                )
             )
             streams.append(
                 out.writeStream.queryName(f"{opts.name}-join-{lay.name}")
@@ -140,6 +164,13 @@ class JoinPipeline(Pipeline):
                 .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
                 .start()
             )
-            log.info("join %s: %s x %s within %.3f s (%s), %d partitions", lay.name, lay.left, lay.right,
-                     lay.band_ns / 1e9, lay.type, lay.partitions)  # fmt: skip
+            log.info(
+                "join %s: %s x %s within %.3f s (%s), %d partitions",
+                lay.name,
+                lay.left,
+                lay.right,
+                lay.band_ns / 1e9,
+                lay.type,
+                lay.partitions,
+            )
         return streams

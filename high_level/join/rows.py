@@ -47,10 +47,27 @@ def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
     rq = JI.rows_query(j, left, right)
     w = rq.window
     kw = sum(max(1, len(ws)) for _, ws in group)
-    rollup = Layout(j.name, f"join:{j.name}", w.pane_ns, w.panes_per_window, w.origin_ns, w.range_ns,
-                    tuple(int(op) for op in Q.merge_ops(rq)), kw, w.panes_per_slide, w.landmark)  # fmt: skip
-    return RowsLayout(**{**base.__dict__, "group": group, "group_names": tuple(c for c, _, _ in cols),
-                         "aggs": tuple((a.fn, a.name, ()) for a in rq.aggregates), "rollup": rollup})  # fmt: skip
+    rollup = Layout(
+        j.name,
+        f"join:{j.name}",
+        w.pane_ns,
+        w.panes_per_window,
+        w.origin_ns,
+        w.range_ns,
+        tuple(int(op) for op in Q.merge_ops(rq)),
+        kw,
+        w.panes_per_slide,
+        w.landmark,
+    )
+    return RowsLayout(
+        **{
+            **base.__dict__,
+            "group": group,
+            "group_names": tuple(c for c, _, _ in cols),
+            "aggs": tuple((a.fn, a.name, ()) for a in rq.aggregates),
+            "rollup": rollup,
+        }
+    )
 
 
 def rows_partials(layout: JoinLayout, out: JoinOutput) -> Partials:
@@ -64,8 +81,11 @@ def rows_partials(layout: JoinLayout, out: JoinOutput) -> Partials:
         n = len(ts)
         if not n:
             continue
-        sides = {"left": (out.u_ts, out.u_cols)} if unmatched else {"left": (out.l_ts, out.l_cols),
-                                                                    "right": (out.r_ts, out.r_cols)}  # fmt: skip
+        sides = (
+            {"left": (out.u_ts, out.u_cols)}
+            if unmatched
+            else {"left": (out.l_ts, out.l_cols), "right": (out.r_ts, out.r_cols)}
+        )
         parts = []
         for side, ws in layout.group:
             if side == "matched":

@@ -65,10 +65,14 @@ class JoinProcessor:
         assert layout.rollup is not None, "the job stores a join's windows: the query needs a window"
         self.layout = layout
         self.settings = settings
-        self.feed_sides = tuple(feed_sides)  # inputs that are aggregates' closed windows (high_level/join/feed.py)
+        self.feed_sides = tuple(
+            feed_sides
+        )  # inputs that are aggregates' closed windows (high_level/join/feed.py)
         bare = replace(layout, rollup=None)
-        self.joins = {p: self._feed_melds(BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts))
-                      for p in range(layout.partitions)}  # fmt: skip
+        self.joins = {
+            p: self._feed_melds(BandJoin(bare, settings.host_timeout_ms, settings.expected_hosts))
+            for p in range(layout.partitions)
+        }
         self.rollup = QueryRollup(layout.rollup)
         self.partials = partials_of(layout)
         self.dedup = FeedDedup([layout.left if s == "left" else layout.right for s in self.feed_sides])
@@ -95,9 +99,16 @@ class JoinProcessor:
         JVM pickles a byte array byte by byte (Pyrolite): its size is JVM CPU. The hashes are random (they
         do not compress) and cheap to recompute; the rest compresses ~3x."""
         r = self.rollup
-        head: dict = {"closed": r.closed, "windows_closed": self.windows_closed, "records": self.records,
-                      "fed": self.dedup.fed, "fed_skipped": self.dedup.skipped, "joins": {},
-                      "hashes": "recompute", "gaps": self.gaps}  # fmt: skip
+        head: dict = {
+            "closed": r.closed,
+            "windows_closed": self.windows_closed,
+            "records": self.records,
+            "fed": self.dedup.fed,
+            "fed_skipped": self.dedup.skipped,
+            "joins": {},
+            "hashes": "recompute",
+            "gaps": self.gaps,
+        }
         arrays = {"pane": r.pane, "key": r.key, "state": r.state}
         for p, j in self.joins.items():
             jh, ja = j.state()
@@ -107,8 +118,9 @@ class JoinProcessor:
         return codec.compress(raw, ZMAGIC)
 
     @classmethod
-    def from_bytes(cls, buf: bytes, layout: JoinLayout, settings: Settings,
-                   feed_sides: tuple[str, ...] = ()) -> JoinProcessor:  # fmt: skip
+    def from_bytes(
+        cls, buf: bytes, layout: JoinLayout, settings: Settings, feed_sides: tuple[str, ...] = ()
+    ) -> JoinProcessor:
         jp = cls(layout, settings, feed_sides)
         bare = replace(layout, rollup=None)
         head, z = unpack_state(codec.decompress(buf, ZMAGIC))
@@ -122,8 +134,9 @@ class JoinProcessor:
             if head.get("hashes") == "recompute":  # stored in hash order: the same hashes, no sort
                 for s, words in (("left", layout.lkey), ("right", layout.rkey)):
                     ja[f"{s}_h"] = wire.key_hash(_key(ja[f"{s}_ts"], ja[f"{s}_cols"], words, slice(None)))
-            jp.joins[p] = jp._feed_melds(BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms,
-                                                               settings.expected_hosts))  # fmt: skip
+            jp.joins[p] = jp._feed_melds(
+                BandJoin.from_state(jh, ja, bare, settings.host_timeout_ms, settings.expected_hosts)
+            )
         jp.rollup.closed = head["closed"]
         jp.windows_closed, jp.records = head["windows_closed"], head["records"]
         jp.gaps = [list(g) for g in head.get("gaps", [])]
@@ -166,8 +179,15 @@ class JoinProcessor:
         for j in self.joins.values():
             for lo, hi, n, host, cause in j.take_losses():
                 first = NO_MARK if lo <= NO_MARK else (lo - band - rl.origin_ns) // rl.pane_ns
-                self.gaps.append([int(first), int((hi + band - rl.origin_ns) // rl.pane_ns), int(n), host,
-                                  R.WIRE_CAUSES.get(cause, cause)])  # fmt: skip
+                self.gaps.append(
+                    [
+                        int(first),
+                        int((hi + band - rl.origin_ns) // rl.pane_ns),
+                        int(n),
+                        host,
+                        R.WIRE_CAUSES.get(cause, cause),
+                    ]
+                )
         before = self.rollup.closed
         closed = self.rollup.close(lwm)
         hosts = self._host_marks()
@@ -179,8 +199,12 @@ class JoinProcessor:
             in_mark = np.zeros(len(closed), I64)
             for mark in hosts.values():
                 in_mark += (mark >= end) if mark is not None else 0
-            comp = np.column_stack([in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)])
-            parts.append(Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
+            comp = np.column_stack(
+                [in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)]
+            )
+            parts.append(
+                Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp)
+            )
         flagged = flag_windows(rl, self.gaps, before, self.rollup.closed, new_from, now_ms)
         if flagged:
             text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
@@ -217,27 +241,49 @@ class JoinProcessor:
             mark = min((m.mark_ns for m in known), default=None)
             hosts[h] = {
                 "live": all(j.melds[s].is_live(h) for s in SIDES if h in j.melds[s].hosts) and bool(known),
-                "expected": h in j.melds["left"].expected_ids(), "mark_pane": mark, "mark_ns": mark,
-                "lag_s": (now_ms * 1_000_000 - mark) / 1e9 if mark is not None and 0 < mark < wire.END_OF_STREAM
+                "expected": h in j.melds["left"].expected_ids(),
+                "mark_pane": mark,
+                "mark_ns": mark,
+                "lag_s": (now_ms * 1_000_000 - mark) / 1e9
+                if mark is not None and 0 < mark < wire.END_OF_STREAM
                 else None,
                 "last_heard_ms": max((m.last_heard_ms for m in known), default=None),
                 "silent_s": min((m.silent_ms for m in known), default=0) / 1e3 if known else None,
-                "punctuations": sum(m.punctuations for m in known), "incarnation": known[0].incarnation if known else None,
-                "records": 0, "sent_records": 0, "received_records": 0, "missing_records": 0,
+                "punctuations": sum(m.punctuations for m in known),
+                "incarnation": known[0].incarnation if known else None,
+                "records": 0,
+                "sent_records": 0,
+                "received_records": 0,
+                "missing_records": 0,
                 "late_partials": 0,
-            }  # fmt: skip
+            }
         mark = j.mark_ns
-        return PartitionStatus.model_validate({
-            "query": self.layout.name, "partition": p, "now_ms": now_ms,
-            "low_water_mark_pane": mark, "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM
-            else None, "closed_before_window": self.rollup.closed,
-            "blocked_by": sorted(set(j.melds["left"].blocking_hosts()) | set(j.melds["right"].blocking_hosts())),
-            "live_hosts": len(set(j.melds["left"].live_hosts()) | set(j.melds["right"].live_hosts())),
-            "open_windows": self.rollup.open_windows(), "state_rows": j.state_rows, "state_bytes": j.state_bytes,
-            "windows_closed": self.windows_closed, "records": self.records,
-            "batch": {"late_left": j.late["left"], "late_right": j.late["right"],
-                      "stored_left": len(j.store["left"]), "stored_right": len(j.store["right"]),
-                      **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {})},
-            "errors": {"wire": 1} if error else {}, "last_error": error, "hosts": hosts,
-        })  # fmt: skip
-
+        return PartitionStatus.model_validate(
+            {
+                "query": self.layout.name,
+                "partition": p,
+                "now_ms": now_ms,
+                "low_water_mark_pane": mark,
+                "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM else None,
+                "closed_before_window": self.rollup.closed,
+                "blocked_by": sorted(
+                    set(j.melds["left"].blocking_hosts()) | set(j.melds["right"].blocking_hosts())
+                ),
+                "live_hosts": len(set(j.melds["left"].live_hosts()) | set(j.melds["right"].live_hosts())),
+                "open_windows": self.rollup.open_windows(),
+                "state_rows": j.state_rows,
+                "state_bytes": j.state_bytes,
+                "windows_closed": self.windows_closed,
+                "records": self.records,
+                "batch": {
+                    "late_left": j.late["left"],
+                    "late_right": j.late["right"],
+                    "stored_left": len(j.store["left"]),
+                    "stored_right": len(j.store["right"]),
+                    **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {}),
+                },
+                "errors": {"wire": 1} if error else {},
+                "last_error": error,
+                "hosts": hosts,
+            }
+        )

@@ -140,17 +140,27 @@ class LiveHub:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             subs = list(self.subs.values())
-            base = {"received": self.received, "ignored": self.ignored, "rejected": self.rejected,
-                    "last_error": self.last_error, "source_error": self.source_error,
-                    "windows": {n: len({k[0] for k in t}) for n, t in self.latest.items()}}  # fmt: skip
+            base = {
+                "received": self.received,
+                "ignored": self.ignored,
+                "rejected": self.rejected,
+                "last_error": self.last_error,
+                "source_error": self.source_error,
+                "windows": {n: len({k[0] for k in t}) for n, t in self.latest.items()},
+            }
         return {**base, "consumers": [s.stats() for s in subs]}
 
 
 class KafkaLiveSource:
     """The reader thread: every live topic of the hub's queries, from the beginning, into the hub."""
 
-    def __init__(self, hub: LiveHub, bootstrap: str, consumer_config: dict[str, Any] | None = None,
-                 consumer: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hub: LiveHub,
+        bootstrap: str,
+        consumer_config: dict[str, Any] | None = None,
+        consumer: Any = None,
+    ) -> None:
         self.hub, self.bootstrap = hub, bootstrap
         self.config = dict(consumer_config or {})
         self.consumer = consumer
@@ -190,8 +200,13 @@ class KafkaLiveSource:
 
                     # a broker that refuses us (wrong credentials, untrusted CA) fails the bootstrap: say so soon
                     opts = {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **self.config}
-                    self.consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                                  group_id=None, client_id="lowwater-api-live", **opts)  # fmt: skip
+                    self.consumer = KafkaConsumer(
+                        bootstrap_servers=self.bootstrap,
+                        enable_auto_commit=False,
+                        group_id=None,
+                        client_id="lowwater-api-live",
+                        **opts,
+                    )
                 if time.monotonic() - last_assign > 5 or len(self.assigned) < len(self.hub.queries):
                     if time.monotonic() - last_assign > 1:
                         self._assign()
@@ -204,7 +219,9 @@ class KafkaLiveSource:
                         self.hub.ingest_raw(r.key, r.value)
                 self.hub.source_error = ""
             except Exception as exc:  # noqa: BLE001 - Kafka down: say so in /live, retry
-                self.hub.source_error = f"{type(exc).__name__}: {exc} (check --live-bootstrap and --kafka-security)"
+                self.hub.source_error = (
+                    f"{type(exc).__name__}: {exc} (check --live-bootstrap and --kafka-security)"
+                )
                 log.warning("live source: %s", exc)
                 self.stop_event.wait(2)
         if self.consumer is not None:
@@ -224,8 +241,9 @@ def offer_all(hub: LiveHub, updates: Iterable[L.LiveUpdate]) -> int:
     return sum(hub.ingest(u) for u in updates)
 
 
-async def stream(hub: LiveHub, query: str, policy: str, rate: float, max_s: float | None,
-                 disconnected: Callable[[], Any]) -> Any:  # fmt: skip
+async def stream(
+    hub: LiveHub, query: str, policy: str, rate: float, max_s: float | None, disconnected: Callable[[], Any]
+) -> Any:
     """The SSE body of one live consumer: ``hello``, then ``update`` (a :class:`contract.live.LiveUpdate`),
     ``skip`` (a window that will not be delivered in full) and, every second, ``stats`` (its queue's
     staleness, load factor, overwrites, skipped windows). At most ``rate`` updates per second: the

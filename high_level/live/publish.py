@@ -46,8 +46,18 @@ def live_messages(
         return []
     end_ns = lay.window_end_ns(w.window[sel])
     kind = pa.array(["final" if final else L.PROVISIONAL_KIND] * len(sel))
-    typed = typed_columns(q, end_ns - lay.range_ns, end_ns, w.key[sel], w.state[sel], w.closed_at_ms[sel],
-                          w.hosts[sel], kind, w.hosts_expected[sel], w.comp[sel])  # fmt: skip
+    typed = typed_columns(
+        q,
+        end_ns - lay.range_ns,
+        end_ns,
+        w.key[sel],
+        w.state[sel],
+        w.closed_at_ms[sel],
+        w.hosts[sel],
+        kind,
+        w.hosts_expected[sel],
+        w.comp[sel],
+    )
     gnames = [n for n, _ in R.key_columns(q)]
     vnames = [n for n, _ in R.aggregate_columns(q)]
     gcols = [typed[n].to_pylist() for n in gnames]
@@ -68,10 +78,20 @@ def live_messages(
             n: (None if isinstance(c[i], float) and math.isnan(c[i]) else c[i])
             for n, c in zip(vnames, vcols, strict=True)
         }
-        doc = {"v": 1, "query": q.name, "window_start_us": starts[i], "window_end_us": ends[i],
-               "group": dict(zip(gnames, group, strict=True)), "values": values, "final": final,
-               "version": int(batch_id), "published_ms": int(at[i]), "hosts_in_mark": int(in_mark[i]),
-               "hosts_expected": int(expected[i]), "complete": bool(complete[i])}  # fmt: skip
+        doc = {
+            "v": 1,
+            "query": q.name,
+            "window_start_us": starts[i],
+            "window_end_us": ends[i],
+            "group": dict(zip(gnames, group, strict=True)),
+            "values": values,
+            "final": final,
+            "version": int(batch_id),
+            "published_ms": int(at[i]),
+            "hosts_in_mark": int(in_mark[i]),
+            "hosts_expected": int(expected[i]),
+            "complete": bool(complete[i]),
+        }
         key = json.dumps([starts[i], group], separators=(",", ":")).encode()
         out.append((key, json.dumps(doc, separators=(",", ":")).encode()))
     return out
@@ -80,7 +100,9 @@ def live_messages(
 class LivePublisher:
     """Publishes live values to ``lowwater.live.<query>`` (one producer on the driver)."""
 
-    def __init__(self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None) -> None:
+    def __init__(
+        self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None
+    ) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
         if producer is None:
@@ -90,8 +112,9 @@ class LivePublisher:
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0
 
-    def publish(self, batch_id: int, provisional: Mapping[str, QueryWindows],
-                closed: Mapping[str, QueryWindows]) -> int:  # fmt: skip
+    def publish(
+        self, batch_id: int, provisional: Mapping[str, QueryWindows], closed: Mapping[str, QueryWindows]
+    ) -> int:
         """Send one batch's provisional values and final values; returns the messages sent."""
         n = 0
         try:

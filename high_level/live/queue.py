@@ -93,9 +93,16 @@ class QueueStats:
 class UpdateQueue:
     """The update queue of one consumer (module docstring)."""
 
-    def __init__(self, policy: str = "inplace", service_s: float = 0.01, max_cells: int = 100_000,
-                 drop_p: float = 0.0, seed: int = 0, meter: StalenessMeter | None = None,
-                 supersede: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: str = "inplace",
+        service_s: float = 0.01,
+        max_cells: int = 100_000,
+        drop_p: float = 0.0,
+        seed: int = 0,
+        meter: StalenessMeter | None = None,
+        supersede: bool = True,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if service_s <= 0 or max_cells < 1 or not 0 <= drop_p < 1:
@@ -299,14 +306,24 @@ class UpdateQueue:
         st = self.stats
         mean, mx = self.meter.current(now)
         return {
-            "policy": self.policy, "service_s": self.service_s, "queued": len(self.cells) + len(self.fifo),
-            "offered": st.offered, "delivered": st.delivered, "overwrites": st.overwrites,
-            "superseded": st.superseded, "dropped": st.dropped, "refused_after_final": st.refused_after_final,
-            "skipped_windows": st.skipped_windows, "skipped_updates": st.skipped_updates, "max_cells": st.max_cells,
-            "load_factor": round(self.load_factor(now), 4), "staleness_now_s": round(mean, 6),
-            "staleness_max_now_s": round(mx, 6), "staleness_avg_s": round(self.meter.stream_average(now), 6),
+            "policy": self.policy,
+            "service_s": self.service_s,
+            "queued": len(self.cells) + len(self.fifo),
+            "offered": st.offered,
+            "delivered": st.delivered,
+            "overwrites": st.overwrites,
+            "superseded": st.superseded,
+            "dropped": st.dropped,
+            "refused_after_final": st.refused_after_final,
+            "skipped_windows": st.skipped_windows,
+            "skipped_updates": st.skipped_updates,
+            "max_cells": st.max_cells,
+            "load_factor": round(self.load_factor(now), 4),
+            "staleness_now_s": round(mean, 6),
+            "staleness_max_now_s": round(mx, 6),
+            "staleness_avg_s": round(self.meter.stream_average(now), 6),
             "result_staleness_avg_s": round(self.meter.mean_result_staleness, 6),
-        }  # fmt: skip
+        }
 
 
 def replay(

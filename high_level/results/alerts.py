@@ -49,7 +49,12 @@ def payload(row: dict[str, Any], generator_url: str, hold_s: float) -> dict[str,
     """
     closed: datetime = row["closed_at"]
     span = (row["window_end"] - row["window_start"]).total_seconds()
-    ann = {"summary": row["summary"], "values": row["values"], "group": row["group"], "lowwater_id": row["id"]}
+    ann = {
+        "summary": row["summary"],
+        "values": row["values"],
+        "group": row["group"],
+        "lowwater_id": row["id"],
+    }
     return {
         "labels": json.loads(row["labels"]),
         "annotations": ann,
@@ -62,9 +67,20 @@ def payload(row: dict[str, Any], generator_url: str, hold_s: float) -> dict[str,
 class AlertDelivery:
     """Background delivery of fired alerts with a bounded queue, backoff and a delivered ledger."""
 
-    def __init__(self, root: str | Path, url: str, metrics: JobMetrics, *, timeout_s: float = 2.0,
-                 queue_size: int = 10_000, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
-                 batch_size: int = 100, generator_url: str = "http://127.0.0.1:8080/ui", hold_s: float = 300.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: str | Path,
+        url: str,
+        metrics: JobMetrics,
+        *,
+        timeout_s: float = 2.0,
+        queue_size: int = 10_000,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        batch_size: int = 100,
+        generator_url: str = "http://127.0.0.1:8080/ui",
+        hold_s: float = 300.0,
+    ) -> None:
         self.root = Path(root)
         self.url = url
         self.metrics = metrics
@@ -201,7 +217,9 @@ class AlertDelivery:
 
     def _post(self, batch: list[dict[str, Any]]) -> bool:
         body = json.dumps([payload(r, self.generator_url, self.hold_s) for r in batch]).encode()
-        req = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - http(s) only, checked in settings
                 ok = 200 <= resp.status < 300
@@ -213,5 +231,7 @@ class AlertDelivery:
         if not ok:
             self.failures += 1
             self.metrics.alerts_failed.inc()
-            log.warning("alert webhook %s failed (%d alerts queued): %s", self.url, len(self.queue), self.last_error)
+            log.warning(
+                "alert webhook %s failed (%d alerts queued): %s", self.url, len(self.queue), self.last_error
+            )
         return ok

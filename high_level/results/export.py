@@ -63,8 +63,10 @@ class ResultExporter:
         win = final.filter(pc.equal(end_us, newest))
         aggs = R.aggregate_columns(q)
         by = spec.by or aggs[0][0]
-        order = np.argsort(-np.nan_to_num(win[by].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf),
-                           kind="stable")[: spec.top]  # fmt: skip
+        order = np.argsort(
+            -np.nan_to_num(win[by].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf),
+            kind="stable",
+        )[: spec.top]
         keys = [n for n, _ in R.key_columns(q)]
         top = win.take(pa.array(order)).select(keys + [a for a, _ in aggs])
         totals: dict[str, float] = {}
@@ -85,10 +87,15 @@ class ResultExporter:
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
             last = dict(self._last)
-        values = GaugeMetricFamily("lowwater_job_result", "Top groups of the newest closed window of an exported query "
-                                   "(sample time: the window's end)")  # fmt: skip
-        totals = GaugeMetricFamily("lowwater_job_result_window_total", "An aggregate over every group of the newest "
-                                   "closed window of an exported query (sample time: the window's end)")  # fmt: skip
+        values = GaugeMetricFamily(
+            "lowwater_job_result",
+            "Top groups of the newest closed window of an exported query (sample time: the window's end)",
+        )
+        totals = GaugeMetricFamily(
+            "lowwater_job_result_window_total",
+            "An aggregate over every group of the newest "
+            "closed window of an exported query (sample time: the window's end)",
+        )
         for name, w in sorted(last.items()):
             q = self.queries[name]
             keys = [n for n, _ in R.key_columns(q)]
@@ -101,7 +108,11 @@ class ResultExporter:
                     labels = {"query": name, "aggregate": a, **{k: str(cols[k][i]) for k in keys}}
                     values.add_sample("lowwater_job_result", labels, float(v), timestamp=w.end_ms / 1000)
                 if a in w.totals:
-                    totals.add_sample("lowwater_job_result_window_total", {"query": name, "aggregate": a}, w.totals[a],
-                                      timestamp=w.end_ms / 1000)  # fmt: skip
+                    totals.add_sample(
+                        "lowwater_job_result_window_total",
+                        {"query": name, "aggregate": a},
+                        w.totals[a],
+                        timestamp=w.end_ms / 1000,
+                    )
         yield values
         yield totals

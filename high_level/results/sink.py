@@ -43,11 +43,19 @@ _KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kind
 class ResultSink:
     """Writes closed windows, folds per-partition status into the status document, feeds the metrics."""
 
-    def __init__(self, store: ResultStore, queries: Sequence[Q.QuerySpec], mode: str, settings: S.JobSettings,
-                 metrics: JobMetrics, progress: Callable[[], dict[str, S.StreamProgress]],
-                 delivery: AlertDelivery | None = None,
-                 on_status: Callable[[list[S.PartitionStatus]], object] | None = None,
-                 live: LivePublisher | None = None, feed: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: ResultStore,
+        queries: Sequence[Q.QuerySpec],
+        mode: str,
+        settings: S.JobSettings,
+        metrics: JobMetrics,
+        progress: Callable[[], dict[str, S.StreamProgress]],
+        delivery: AlertDelivery | None = None,
+        on_status: Callable[[list[S.PartitionStatus]], object] | None = None,
+        live: LivePublisher | None = None,
+        feed: Any = None,
+    ) -> None:
         self.store = store
         self.delivery = delivery
         self.layouts = {q.name: Layout.of(q) for q in queries}
@@ -110,13 +118,31 @@ class ResultSink:
                 q = self.store.queries.get(name)
                 if q is not None:
                     rank = w.rank
-                    written[name] = self.store.write_query(batch_id, q, w.window, rank, _KINDS.take(pa.array(rank)),
-                                                           end_ns - lay.range_ns, end_ns, w.key, w.state,
-                                                           w.closed_at_ms, w.hosts, w.hosts_expected, w.comp)  # fmt: skip
+                    written[name] = self.store.write_query(
+                        batch_id,
+                        q,
+                        w.window,
+                        rank,
+                        _KINDS.take(pa.array(rank)),
+                        end_ns - lay.range_ns,
+                        end_ns,
+                        w.key,
+                        w.state,
+                        w.closed_at_ms,
+                        w.hosts,
+                        w.hosts_expected,
+                        w.comp,
+                    )
                 n_final = int(np.count_nonzero(w.final))
-                if q is not None and Q.holistic(q) is not None and n_final:  # groups, not (group, sub-key) rows
-                    n_final = len(np.unique(np.column_stack([w.window[w.final], w.key[w.final][:, : Q.group_width(q)]]),
-                                            axis=0))  # fmt: skip
+                if (
+                    q is not None and Q.holistic(q) is not None and n_final
+                ):  # groups, not (group, sub-key) rows
+                    n_final = len(
+                        np.unique(
+                            np.column_stack([w.window[w.final], w.key[w.final][:, : Q.group_width(q)]]),
+                            axis=0,
+                        )
+                    )
                 self.metrics.windows.labels(name).inc(n_final)
                 self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
                 if n_final:
@@ -143,7 +169,10 @@ class ResultSink:
             watch(tbl, batch_id)
         with self._lock:
             is_status = pc.equal(tbl["kind"], "status")
-            statuses = [S.PartitionStatus.model_validate_json(s) for s in pc.filter(tbl["status"], is_status).to_pylist()]
+            statuses = [
+                S.PartitionStatus.model_validate_json(s)
+                for s in pc.filter(tbl["status"], is_status).to_pylist()
+            ]
             written = self.store.write_batch(batch_id, tbl)
             # per query: finals, corrections, and one latency observation per closed window end
             data = tbl.select(["query", "kind", "window_end_ns", "closed_at_ms"]).filter(pc.invert(is_status))
@@ -156,7 +185,9 @@ class ResultSink:
                     self.metrics.windows.labels(qn).inc(per_query[qn].get("final", 0))
                     self.metrics.corrections.labels(qn).inc(per_query[qn].get("correction", 0))
                 fin = data.filter(pc.equal(data["kind"], "final"))
-                lat = fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
+                lat = (
+                    fin.group_by(["query", "window_end_ns"]).aggregate([("closed_at_ms", "max")]).to_pydict()
+                )
                 for end_ns, at_ms in zip(lat["window_end_ns"], lat["closed_at_ms_max"], strict=True):
                     self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end_ns) / 1e9))
             self.after_write(batch_id)
@@ -220,8 +251,14 @@ class ResultSink:
 
     def write_status(self, queries: dict[str, S.QueryStatus], now_ms: int) -> None:
         self.last_batch["written_ms"] = now_ms
-        doc = S.StatusDocument(mode=self.mode, updated_ms=now_ms, batch_id=self.last_batch.get("batch_id"),
-                               settings=self.settings, queries=queries, hosts=S.summarize_hosts(queries),
-                               progress=self.progress(), store_bytes=self.store_bytes)  # fmt: skip
+        doc = S.StatusDocument(
+            mode=self.mode,
+            updated_ms=now_ms,
+            batch_id=self.last_batch.get("batch_id"),
+            settings=self.settings,
+            queries=queries,
+            hosts=S.summarize_hosts(queries),
+            progress=self.progress(),
+            store_bytes=self.store_bytes,
+        )
         self.store.write_status(doc)
-

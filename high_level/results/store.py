@@ -110,25 +110,55 @@ def typed_table(q: Q.QuerySpec, rows: pd.DataFrame | pa.Table) -> pa.Table:
     """Generic rows (window_*_ns, key/state lists) of one query -> the query's typed columns."""
     rows = generic_table(rows)
     n = rows.num_rows
-    return _typed(q, _ints(rows["window_start_ns"]), _ints(rows["window_end_ns"]), _matrix(rows["key"], n, Q.key_width(q)),
-                  _matrix(rows["state"], n, len(Q.state_columns(q))), _ints(rows["closed_at_ms"]),
-                  _ints(rows["hosts"], np.int32), rows["kind"].combine_chunks().cast(pa.string()),
-                  _ints(rows["hosts_expected"], np.int32), _completeness(rows, np.arange(n)))  # fmt: skip
+    return _typed(
+        q,
+        _ints(rows["window_start_ns"]),
+        _ints(rows["window_end_ns"]),
+        _matrix(rows["key"], n, Q.key_width(q)),
+        _matrix(rows["state"], n, len(Q.state_columns(q))),
+        _ints(rows["closed_at_ms"]),
+        _ints(rows["hosts"], np.int32),
+        rows["kind"].combine_chunks().cast(pa.string()),
+        _ints(rows["hosts_expected"], np.int32),
+        _completeness(rows, np.arange(n)),
+    )
 
 
 def _completeness(rows: pa.Table, sel: np.ndarray) -> np.ndarray:
     """int64[len(sel), 3] of the generic rows' COMPLETENESS columns (hosts_in_mark, late, missing)."""
-    return np.column_stack([_ints(rows[c])[sel] for c in COMPLETENESS]) if len(sel) else np.zeros((0, 3), np.int64)
+    return (
+        np.column_stack([_ints(rows[c])[sel] for c in COMPLETENESS])
+        if len(sel)
+        else np.zeros((0, 3), np.int64)
+    )
 
 
-def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
-           closed_at_ms: np.ndarray, hosts: np.ndarray, kind: pa.Array, hosts_expected: np.ndarray,
-           comp: np.ndarray) -> pa.Table:  # fmt: skip
+def _typed(
+    q: Q.QuerySpec,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    key: np.ndarray,
+    state: np.ndarray,
+    closed_at_ms: np.ndarray,
+    hosts: np.ndarray,
+    kind: pa.Array,
+    hosts_expected: np.ndarray,
+    comp: np.ndarray,
+) -> pa.Table:
     values: dict[str, np.ndarray] | None = None
     if Q.holistic(q) is not None:  # the second stage: sub-keys of each (window, kind, group) reduced
         kind_codes, _ = pd.factorize(np.asarray(kind.to_numpy(zero_copy_only=False), object), sort=True)
-        red = holistic.reduce(q, start_ns, np.asarray(kind_codes, np.int64), key, state, hosts, hosts_expected,
-                              comp, closed_at_ms)  # fmt: skip
+        red = holistic.reduce(
+            q,
+            start_ns,
+            np.asarray(kind_codes, np.int64),
+            key,
+            state,
+            hosts,
+            hosts_expected,
+            comp,
+            closed_at_ms,
+        )
         start_ns, end_ns, kind = start_ns[red.rows], end_ns[red.rows], kind.take(pa.array(red.rows))
         key, values, comp = red.key, red.values, red.comp
         hosts, hosts_expected, closed_at_ms = red.hosts, red.hosts_expected, red.closed_at_ms
@@ -156,7 +186,9 @@ def _typed(q: Q.QuerySpec, start_ns: np.ndarray, end_ns: np.ndarray, key: np.nda
     cols["missing_records"] = pa.array(comp[:, 2], pa.int64())
     # decided once, here, from the columns next to it (contract.results: what "complete" means)
     provisional = np.asarray(pc.equal(kind, "update").to_numpy(zero_copy_only=False), bool)
-    cols["complete"] = pa.array((comp[:, 0] == hosts_expected) & (comp[:, 1] == 0) & (comp[:, 2] == 0) & ~provisional)
+    cols["complete"] = pa.array(
+        (comp[:, 0] == hosts_expected) & (comp[:, 1] == 0) & (comp[:, 2] == 0) & ~provisional
+    )
     cols["kind"] = kind
     return pa.table(cols, schema=R.schema(q))
 
@@ -166,8 +198,10 @@ typed_columns = _typed  # the same typed columns for the live publisher (high_le
 
 def _aggregate_columns(q: Q.QuerySpec, typed: pa.Table) -> dict[str, np.ndarray]:
     """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on)."""
-    return {n: np.asarray(typed[n].to_numpy(), np.float64 if fn in R.FLOAT_FNS else np.int64)
-            for n, fn in R.aggregate_columns(q)}  # fmt: skip
+    return {
+        n: np.asarray(typed[n].to_numpy(), np.float64 if fn in R.FLOAT_FNS else np.int64)
+        for n, fn in R.aggregate_columns(q)
+    }
 
 
 def _json_value(v: object) -> object:
@@ -187,10 +221,15 @@ def alert_rows(q: Q.QuerySpec, rule: Q.AlertSpec, rows: pa.Table, keys: list[str
         group = {k: d[k][i] for k in keys}
         gtext = json.dumps(group, sort_keys=True, separators=(",", ":"))
         ws, we = d["window_start"][i], d["window_end"][i]
-        labels = {**rule.labels, **{k: str(v) for k, v in group.items()}, "alertname": rule.name,
-                  "severity": rule.severity, "query": q.name,
-                  "window_start": ws.isoformat().replace("+00:00", "Z"),
-                  "window_end": we.isoformat().replace("+00:00", "Z")}  # fmt: skip
+        labels = {
+            **rule.labels,
+            **{k: str(v) for k, v in group.items()},
+            "alertname": rule.name,
+            "severity": rule.severity,
+            "query": q.name,
+            "window_start": ws.isoformat().replace("+00:00", "Z"),
+            "window_end": we.isoformat().replace("+00:00", "Z"),
+        }
         values = {a: _json_value(d[a][i]) for a in aggs}
         out["id"].append(R.alert_id(q.name, rule.name, us["window_start"][i], gtext))
         out["query"].append(q.name)
@@ -229,8 +268,9 @@ class ResultStore:
         self.status_path = R.status_path(self.root)
         self.on_written: list[Callable[[Q.QuerySpec, pa.Table], None]] = []
         self.having = {q.name: Q.condition(q, q.having) for q in self.queries.values() if q.having}
-        self.alert_rules = {q.name: [(a, Q.condition(q, a.when)) for a in q.alerts]
-                            for q in self.queries.values() if q.alerts}  # fmt: skip
+        self.alert_rules = {
+            q.name: [(a, Q.condition(q, a.when)) for a in q.alerts] for q in self.queries.values() if q.alerts
+        }
         self.having_dropped: dict[str, int] = {}  # final rows HAVING did not store, per query
         self.flagged: dict[tuple[str, str], int] = {}  # flagged-window rows written, per (query, cause)
         self.fired: list[pa.Table] = []
@@ -264,18 +304,44 @@ class ResultStore:
             q = self.queries.get(str(name))
             if q is None:
                 continue
-            sel = np.flatnonzero(is_data & np.asarray(pc.equal(query, name).to_numpy(zero_copy_only=False), bool))
+            sel = np.flatnonzero(
+                is_data & np.asarray(pc.equal(query, name).to_numpy(zero_copy_only=False), bool)
+            )
             key = _rows_matrix(tbl["key"], sel, Q.key_width(q))
             state = _rows_matrix(tbl["state"], sel, len(Q.state_columns(q)))
-            written[str(name)] = self.write_query(batch_id, q, window[sel], kind_rank[sel], kind.take(pa.array(sel)),
-                                                  start_all[sel], end_all[sel], key, state, closed_all[sel],
-                                                  hosts_all[sel], expected_all[sel], _completeness(tbl, sel))  # fmt: skip
+            written[str(name)] = self.write_query(
+                batch_id,
+                q,
+                window[sel],
+                kind_rank[sel],
+                kind.take(pa.array(sel)),
+                start_all[sel],
+                end_all[sel],
+                key,
+                state,
+                closed_all[sel],
+                hosts_all[sel],
+                expected_all[sel],
+                _completeness(tbl, sel),
+            )
         return written
 
-    def write_query(self, batch_id: int, q: Q.QuerySpec, window: np.ndarray, kind_rank: np.ndarray, kind: pa.Array,
-                    start_ns: np.ndarray, end_ns: np.ndarray, key: np.ndarray, state: np.ndarray,
-                    closed_at_ms: np.ndarray, hosts: np.ndarray, hosts_expected: np.ndarray,
-                    comp: np.ndarray) -> int:  # fmt: skip
+    def write_query(
+        self,
+        batch_id: int,
+        q: Q.QuerySpec,
+        window: np.ndarray,
+        kind_rank: np.ndarray,
+        kind: pa.Array,
+        start_ns: np.ndarray,
+        end_ns: np.ndarray,
+        key: np.ndarray,
+        state: np.ndarray,
+        closed_at_ms: np.ndarray,
+        hosts: np.ndarray,
+        hosts_expected: np.ndarray,
+        comp: np.ndarray,
+    ) -> int:
         """Write one query's 'final'/'correction' rows of a batch given as numpy columns (one row per
         window and key; ``kind_rank`` orders kinds as their text does); returns the row count.
 
@@ -286,18 +352,27 @@ class ResultStore:
         n = len(window)
         if n == 0:
             return 0
-        if not (np.all(window[1:] >= window[:-1])
-                and np.all((window[1:] > window[:-1]) | (kind_rank[1:] >= kind_rank[:-1]))):  # fmt: skip
+        if not (
+            np.all(window[1:] >= window[:-1])
+            and np.all((window[1:] > window[:-1]) | (kind_rank[1:] >= kind_rank[:-1]))
+        ):
             order = np.lexsort((kind_rank, window))
             window, kind, key, state = window[order], kind.take(pa.array(order)), key[order], state[order]
-            start_ns, end_ns, closed_at_ms, hosts = start_ns[order], end_ns[order], closed_at_ms[order], hosts[order]
+            start_ns, end_ns, closed_at_ms, hosts = (
+                start_ns[order],
+                end_ns[order],
+                closed_at_ms[order],
+                hosts[order],
+            )
             hosts_expected, comp = hosts_expected[order], comp[order]
         typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind, hosts_expected, comp)
         self._fire(q, typed)
         typed = self._having(batch_id, q, typed)
         if typed.num_rows == 0:
             return 0
-        for listener in self.on_written:  # e.g. the Prometheus exporter of results (high_level/results/export.py)
+        for (
+            listener
+        ) in self.on_written:  # e.g. the Prometheus exporter of results (high_level/results/export.py)
             listener(q, typed)
         start_us = np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
         day = start_us // (NS_PER_DAY // 1000)
@@ -306,7 +381,9 @@ class ResultStore:
         # rows are sorted by window and window_start grows with the window: a day is a slice
         bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            path = R.part_path(self.root, q.name, datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).date(), batch_id)
+            path = R.part_path(
+                self.root, q.name, datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).date(), batch_id
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
@@ -328,11 +405,17 @@ class ResultStore:
         kind = typed["kind"]
         final = np.asarray(pc.equal(kind, "final").to_numpy(zero_copy_only=False), bool)
         # late rows (policy drop) are annotations of a final row: kept exactly as corrections are
-        corr = np.asarray(pc.is_in(kind, pa.array(["correction", "late"])).to_numpy(zero_copy_only=False), bool)
-        keep = ~corr & condlang.evaluate(cond, _aggregate_columns(q, typed), typed.num_rows)  # finals, updates
+        corr = np.asarray(
+            pc.is_in(kind, pa.array(["correction", "late"])).to_numpy(zero_copy_only=False), bool
+        )
+        keep = ~corr & condlang.evaluate(
+            cond, _aggregate_columns(q, typed), typed.num_rows
+        )  # finals, updates
         if corr.any():
             keep |= corr & self._stored_finals(batch_id, q, typed, keep & final)
-        self.having_dropped[q.name] = self.having_dropped.get(q.name, 0) + int(np.count_nonzero(final & ~keep))
+        self.having_dropped[q.name] = self.having_dropped.get(q.name, 0) + int(
+            np.count_nonzero(final & ~keep)
+        )
         return typed if keep.all() else typed.filter(pa.array(keep))
 
     def _stored_finals(self, batch_id: int, q: Q.QuerySpec, typed: pa.Table, kept: np.ndarray) -> np.ndarray:
@@ -340,8 +423,14 @@ class ResultStore:
         in this one). Reads only the days the rows touch, and only files of earlier batches, so a
         replayed batch decides the same."""
         cols = ["window_start", *[n for n, _ in R.key_columns(q)]]
-        days = sorted(set((np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
-                           // (NS_PER_DAY // 1000)).tolist()))  # fmt: skip
+        days = sorted(
+            set(
+                (
+                    np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
+                    // (NS_PER_DAY // 1000)
+                ).tolist()
+            )
+        )
         found = [typed.filter(pa.array(kept)).select(cols)]
         for d in days:
             folder = R.date_dir(self.root, q.name, datetime.fromtimestamp(d * 86400, tz=UTC).date())
@@ -398,18 +487,26 @@ class ResultStore:
             rows = sorted(flagged[name], key=lambda pw: (pw[1][0], pw[0], pw[1][2], pw[1][5], pw[1][6]))
             cols = list(zip(*[w for _, w in rows], strict=True))
             us = [np.asarray(cols[c], np.int64) // 1000 for c in (0, 1, 2, 3)]
-            tbl = pa.table({
-                "window_start": pa.array(us[0], TS), "window_end": pa.array(us[1], TS),
-                "flagged_at": pa.array(np.asarray(cols[8], np.int64) * 1000, TS),
-                "partition": pa.array([p for p, _ in rows], pa.int32()), "host": pa.array(cols[5], pa.string()),
-                "cause": pa.array(cols[6], pa.string()), "first_pane_start": pa.array(us[2], TS),
-                "last_pane_end": pa.array(us[3], TS), "records": pa.array(cols[4], pa.int64()),
-                "after_close": pa.array(cols[7], pa.bool_()),
-            }, schema=R.INCOMPLETE_SCHEMA)  # fmt: skip
+            tbl = pa.table(
+                {
+                    "window_start": pa.array(us[0], TS),
+                    "window_end": pa.array(us[1], TS),
+                    "flagged_at": pa.array(np.asarray(cols[8], np.int64) * 1000, TS),
+                    "partition": pa.array([p for p, _ in rows], pa.int32()),
+                    "host": pa.array(cols[5], pa.string()),
+                    "cause": pa.array(cols[6], pa.string()),
+                    "first_pane_start": pa.array(us[2], TS),
+                    "last_pane_end": pa.array(us[3], TS),
+                    "records": pa.array(cols[4], pa.int64()),
+                    "after_close": pa.array(cols[7], pa.bool_()),
+                },
+                schema=R.INCOMPLETE_SCHEMA,
+            )
             day = us[0] // (NS_PER_DAY // 1000)
             for d in np.unique(day).tolist():
-                path = R.incomplete_part_path(self.root, name, datetime.fromtimestamp(d * 86400, tz=UTC).date(),
-                                              batch_id)  # fmt: skip
+                path = R.incomplete_part_path(
+                    self.root, name, datetime.fromtimestamp(d * 86400, tz=UTC).date(), batch_id
+                )
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(path.name + ".tmp")
                 pq.write_table(tbl.filter(pa.array(day == d)), tmp, compression="zstd")

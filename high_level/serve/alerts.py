@@ -48,22 +48,37 @@ class AlertReader:
                 continue
         return out
 
-    def alerts(self, query: str | None, alert: str | None, since_us: int | None, limit: int) -> dict[str, Any]:
+    def alerts(
+        self, query: str | None, alert: str | None, since_us: int | None, limit: int
+    ) -> dict[str, Any]:
         """The newest ``limit`` alerts (by close time, then window), optionally of one query / rule,
         closed at or after ``since_us``."""
         rows = self._table().to_pylist()
         delivered = self._delivered()
-        sel = [r for r in rows if (query is None or r["query"] == query) and (alert is None or r["alert"] == alert)
-               and (since_us is None or us_of(r["closed_at"]) >= since_us)]  # fmt: skip
+        sel = [
+            r
+            for r in rows
+            if (query is None or r["query"] == query)
+            and (alert is None or r["alert"] == alert)
+            and (since_us is None or us_of(r["closed_at"]) >= since_us)
+        ]
         sel.sort(key=lambda r: (r["closed_at"], r["window_start"], r["id"]), reverse=True)
         out = []
         for r in sel[:limit]:
-            out.append({
-                "id": r["id"], "query": r["query"], "alert": r["alert"], "severity": r["severity"],
-                "window_start": iso_of_us(us_of(r["window_start"])),
-                "window_end": iso_of_us(us_of(r["window_end"])),
-                "closed_at": iso_of_us(us_of(r["closed_at"])),
-                "group": json.loads(r["group"]), "values": json.loads(r["values"]),
-                "labels": json.loads(r["labels"]), "summary": r["summary"], "delivered": r["id"] in delivered,
-            })  # fmt: skip
+            out.append(
+                {
+                    "id": r["id"],
+                    "query": r["query"],
+                    "alert": r["alert"],
+                    "severity": r["severity"],
+                    "window_start": iso_of_us(us_of(r["window_start"])),
+                    "window_end": iso_of_us(us_of(r["window_end"])),
+                    "closed_at": iso_of_us(us_of(r["closed_at"])),
+                    "group": json.loads(r["group"]),
+                    "values": json.loads(r["values"]),
+                    "labels": json.loads(r["labels"]),
+                    "summary": r["summary"],
+                    "delivered": r["id"] in delivered,
+                }
+            )
         return {"total": len(sel), "returned": len(out), "alerts": out, "rejected_files": len(self.rejected)}

@@ -85,7 +85,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 TOKEN_ENV = "LOWWATER_API_TOKEN"
 log = logging.getLogger("lowwater.api")
 
-_BEARER = HTTPBearer(auto_error=False, description="Needed when the API runs with --token / LOWWATER_API_TOKEN.")
+_BEARER = HTTPBearer(
+    auto_error=False, description="Needed when the API runs with --token / LOWWATER_API_TOKEN."
+)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
@@ -100,10 +102,15 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
         done.set()
 
 
-def create_app(config_path: str | Path, results_dir: str | Path, token: str | None = None,
-               cache_mb: int = 512, live_bootstrap: str | None = None,
-               live_source: Callable[[LiveHub], Any] | None = None,
-               live_security: KafkaSecurity | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    config_path: str | Path,
+    results_dir: str | Path,
+    token: str | None = None,
+    cache_mb: int = 512,
+    live_bootstrap: str | None = None,
+    live_source: Callable[[LiveHub], Any] | None = None,
+    live_security: KafkaSecurity | None = None,
+) -> FastAPI:
     """Build the API for one config and one results directory.
 
     ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
@@ -114,10 +121,22 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
     # the reader of the live topics; tests may pass another source (anything with start/stop)
     security = (live_security or KafkaSecurity()).kafka_python()
-    live_source = (live_source(hub) if live_source
-                   else KafkaLiveSource(hub, live_bootstrap, security) if live_bootstrap else None)  # fmt: skip
-    svc = ApiService(cfg, yaml_fragments(config_path), Path(results_dir), Reader(Path(results_dir), cache_mb=cache_mb),
-                     ApiMetrics(), hub, live_source)  # fmt: skip
+    live_source = (
+        live_source(hub)
+        if live_source
+        else KafkaLiveSource(hub, live_bootstrap, security)
+        if live_bootstrap
+        else None
+    )
+    svc = ApiService(
+        cfg,
+        yaml_fragments(config_path),
+        Path(results_dir),
+        Reader(Path(results_dir), cache_mb=cache_mb),
+        ApiMetrics(),
+        hub,
+        live_source,
+    )
     svc.metrics.registry.register(LiveCollector(hub))  # the update queues' staleness on /metrics
     token = token or None
 
@@ -125,8 +144,11 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # prepare the newest hour of every query in the background: the first page view is then fast
         stop = threading.Event()
-        warm = threading.Thread(target=_warm, args=(svc.reader, list(svc.infos.values()), stop, svc.warmed),
-                                name="lowwater-api-warm")  # fmt: skip
+        warm = threading.Thread(
+            target=_warm,
+            args=(svc.reader, list(svc.infos.values()), stop, svc.warmed),
+            name="lowwater-api-warm",
+        )
         warm.start()
         if live_source is not None:
             live_source.start()
@@ -152,10 +174,13 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         @app.get("/docs", include_in_schema=False)
         def docs() -> HTMLResponse:
             return get_swagger_ui_html(
-                openapi_url="/openapi.json", title="lowwater API",
-                swagger_js_url="/docs/assets/swagger-ui-bundle.js", swagger_css_url="/docs/assets/swagger-ui.css",
+                openapi_url="/openapi.json",
+                title="lowwater API",
+                swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                swagger_css_url="/docs/assets/swagger-ui.css",
                 swagger_favicon_url="/docs/assets/favicon-32x32.png",
-            )  # fmt: skip
+            )
+
     app.state.reader = svc.reader
     app.state.live_source = live_source
     app.state.metrics = svc.metrics
@@ -165,8 +190,11 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
         """Constant-time check of the bearer token (only installed when a token is configured)."""
         ok = creds is not None and hmac.compare_digest(creds.credentials.encode(), token.encode())  # type: ignore[union-attr]
         if not ok:
-            raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
-                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+            raise HTTPException(
+                401,
+                "missing or wrong bearer token (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     @app.exception_handler(P.ParamError)
     async def _param_error(_: Request, exc: P.ParamError) -> JSONResponse:
@@ -187,8 +215,13 @@ def create_app(config_path: str | Path, results_dir: str | Path, token: str | No
     # the page's shell and /health are open; every route that reads data needs the token (when set)
     app.include_router(site.router(svc))
     guarded = [Depends(require_token)] if token else []
-    for r in (queries.router(svc), ops.status_router(svc), ops.alerts_router(svc), live.router(svc),
-              ops.metrics_router(svc)):  # fmt: skip
+    for r in (
+        queries.router(svc),
+        ops.status_router(svc),
+        ops.alerts_router(svc),
+        live.router(svc),
+        ops.metrics_router(svc),
+    ):
         app.include_router(r, dependencies=guarded)
     return app
 
@@ -197,23 +230,38 @@ def settings_of(argv: list[str] | None = None) -> ApiSettings:
     """``lowwater-api``'s command line (and environment, settings file) -> its settings, or SystemExit saying why."""
     from contract.settings import SettingsError, load
 
-    ap = argparse.ArgumentParser(prog="lowwater-api", description=__doc__.split("\n\n")[0] + " Every flag can also "
-                                 "be set as LOWWATER_API_<FLAG> or in --settings FILE.")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="lowwater-api",
+        description=__doc__.split("\n\n")[0] + " Every flag can also "
+        "be set as LOWWATER_API_<FLAG> or in --settings FILE.",
+    )
     ap.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
     ap.add_argument("--config", help="query config (YAML; default configs/default.yaml)")
     ap.add_argument("--results", help="results directory written by the high-level job; required")
     ap.add_argument("--host", help="listen address (default 127.0.0.1)")
     ap.add_argument("--port", type=int, help="listen port (default 8080)")
-    ap.add_argument("--token", help=f"require 'Authorization: Bearer <token>' (better: env {TOKEN_ENV}); /health stays open")
-    ap.add_argument("--cache-mb", type=int,
-                    help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly")
+    ap.add_argument(
+        "--token",
+        help=f"require 'Authorization: Bearer <token>' (better: env {TOKEN_ENV}); /health stays open",
+    )
+    ap.add_argument(
+        "--cache-mb",
+        type=int,
+        help="memory for prepared result files (default 512); longer ranges than fit read Parquet directly",
+    )
     ap.add_argument("--log-level", help="uvicorn log level (default info)")
-    ap.add_argument("--live-bootstrap", help="Kafka to read the live topics from (lowwater.live.<query>); "
-                    "without it /live/{query} serves nothing")
-    ap.add_argument("--kafka-security", metavar="JSON",
-                    help="the Kafka security block of the live reader (protocol, sasl_mechanism, username, password, "
-                         "ca_file, ...), as every role takes it; better: env LOWWATER_API_KAFKA_SECURITY; "
-                         "see deploy/SECURITY.md")  # fmt: skip
+    ap.add_argument(
+        "--live-bootstrap",
+        help="Kafka to read the live topics from (lowwater.live.<query>); "
+        "without it /live/{query} serves nothing",
+    )
+    ap.add_argument(
+        "--kafka-security",
+        metavar="JSON",
+        help="the Kafka security block of the live reader (protocol, sasl_mechanism, username, password, "
+        "ca_file, ...), as every role takes it; better: env LOWWATER_API_KAFKA_SECURITY; "
+        "see deploy/SECURITY.md",
+    )
     a = ap.parse_args(argv)
     flags = {k: v for k, v in vars(a).items() if k not in ("settings", "kafka_security")}
     if a.kafka_security is not None:
@@ -234,8 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     s = settings_of(argv)
     try:
         token = s.token.get_secret_value() if s.token is not None else None
-        app = create_app(s.config, s.results, token, cache_mb=s.cache_mb, live_bootstrap=s.live_bootstrap,
-                         live_security=s.kafka_security)  # fmt: skip
+        app = create_app(
+            s.config,
+            s.results,
+            token,
+            cache_mb=s.cache_mb,
+            live_bootstrap=s.live_bootstrap,
+            live_security=s.kafka_security,
+        )
     except ConfigError as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)

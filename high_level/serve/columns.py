@@ -59,5 +59,13 @@ class QueryInfo:
 
     @property
     def output_columns(self) -> list[str]:
-        return ["window_start", "window_end", *self.key_names, *self.agg_names, "hosts", "closed_at", "corrections",
-                *R.COMPLETENESS_COLUMNS]
+        return [
+            "window_start",
+            "window_end",
+            *self.key_names,
+            *self.agg_names,
+            "hosts",
+            "closed_at",
+            "corrections",
+            *R.COMPLETENESS_COLUMNS,
+        ]

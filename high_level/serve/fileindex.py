@@ -108,7 +108,9 @@ def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> 
         for name in required:
             st = rgm.column(col[name]).statistics
             if st is not None and st.null_count:
-                return Checked(size, mtime_ns, None, f"{path}: column {name!r} has nulls, the layout forbids them")
+                return Checked(
+                    size, mtime_ns, None, f"{path}: column {name!r} has nulls, the layout forbids them"
+                )
         st = rgm.column(col["window_start"]).statistics
         a = _int_stat(st.min_raw) if st is not None and st.has_min_max else None
         b = _int_stat(st.max_raw) if st is not None and st.has_min_max else None
@@ -123,11 +125,20 @@ def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> 
         elif kinds is not None:
             kinds.update({str(ks.min), str(ks.max)})
     if kinds is not None and not kinds <= set(R.ROW_KINDS):
-        return Checked(size, mtime_ns, None, f"{path}: row kinds {sorted(kinds)}, the layout has {list(R.ROW_KINDS)}")
+        return Checked(
+            size, mtime_ns, None, f"{path}: row kinds {sorted(kinds)}, the layout has {list(R.ROW_KINDS)}"
+        )
     if not known:
         lo = hi = None
-    stats = FileStats(path, size, mtime_ns, batch if batch is not None else -1, lo, hi,
-                      frozenset(kinds) if kinds is not None else None)  # fmt: skip
+    stats = FileStats(
+        path,
+        size,
+        mtime_ns,
+        batch if batch is not None else -1,
+        lo,
+        hi,
+        frozenset(kinds) if kinds is not None else None,
+    )
     return Checked(size, mtime_ns, stats)
 
 
@@ -135,7 +146,9 @@ def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> 
 class DirState:
     """One listing of a date directory; never mutated once published (a refresh makes a new one)."""
 
-    built_ns: int  # time.monotonic_ns() when the refresh began: a newer listing is never replaced by an older one
+    built_ns: (
+        int  # time.monotonic_ns() when the refresh began: a newer listing is never replaced by an older one
+    )
     mtime_ns: int  # the directory's mtime when it was listed
     sure: bool  # False: mtime within DIR_SLACK_S of the listing, re-list on the next request
     listed: float  # time.monotonic() of the last full listing
@@ -143,7 +156,9 @@ class DirState:
     good: tuple[FileStats, ...]  # the usable ones
 
 
-def _dir_state(built_ns: int, mtime_ns: int, sure: bool, listed: float, files: dict[str, Checked]) -> DirState:
+def _dir_state(
+    built_ns: int, mtime_ns: int, sure: bool, listed: float, files: dict[str, Checked]
+) -> DirState:
     good = tuple(c.stats for c in files.values() if c.stats is not None)
     return DirState(built_ns, mtime_ns, sure, listed, MappingProxyType(files), good)
 
@@ -186,8 +201,9 @@ class FileIndex:
                 log.warning("skipping results file: %s", new.problem)
         return new
 
-    def _scan_dir(self, spec: QuerySpec, d: str, old: DirState | None, mtime_ns: int, wall_ns: int,
-                  built_ns: int) -> DirState:  # fmt: skip
+    def _scan_dir(
+        self, spec: QuerySpec, d: str, old: DirState | None, mtime_ns: int, wall_ns: int, built_ns: int
+    ) -> DirState:
         """List and stat every part of a directory (re-reading footers only of new or changed files)."""
         try:
             entries = list(os.scandir(d))
@@ -250,8 +266,12 @@ class FileIndex:
                 raise StoreError(f"cannot stat {d}: {exc.strerror}") from None
             with self._lock:
                 state = self._dirs.get(d)
-            if (state is None or state.mtime_ns != mtime_ns or not state.sure
-                    or time.monotonic() - state.listed > FULL_RECHECK_S):  # fmt: skip
+            if (
+                state is None
+                or state.mtime_ns != mtime_ns
+                or not state.sure
+                or time.monotonic() - state.listed > FULL_RECHECK_S
+            ):
                 new = self._scan_dir(spec, d, state, mtime_ns, wall_ns, built_ns)
             else:
                 new = self._recheck(spec, state, wall_ns, built_ns)
@@ -266,9 +286,10 @@ class FileIndex:
         last = (EPOCH + timedelta(microseconds=end_us)).date() + timedelta(days=1)
         dirs = [p for d, p in self.date_dirs(spec.name) if first <= d <= last]
         return [
-            f for f in self.files_in(spec, dirs)
+            f
+            for f in self.files_in(spec, dirs)
             if f.min_us is None or f.max_us is None or (f.max_us >= start_us and f.min_us < end_us)
-        ]  # fmt: skip
+        ]
 
     def forget(self) -> None:
         """Drop every directory listing (the next request lists and stats again)."""

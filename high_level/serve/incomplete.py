@@ -42,16 +42,28 @@ class IncompleteReader:
         """The flagged rows of ``query`` with window_start in [start_us, end_us), by window_start."""
         lo = datetime.fromtimestamp(start_us // _DAY_US * 86_400, UTC).date()
         hi = datetime.fromtimestamp((end_us - 1) // _DAY_US * 86_400, UTC).date()
-        files = [(str(f), f) for day, d in R.incomplete_date_dirs(self.root, query) if lo <= day <= hi
-                 for f in sorted(d.iterdir()) if R.parse_part_name(f.name) is not None]  # fmt: skip
+        files = [
+            (str(f), f)
+            for day, d in R.incomplete_date_dirs(self.root, query)
+            if lo <= day <= hi
+            for f in sorted(d.iterdir())
+            if R.parse_part_name(f.name) is not None
+        ]
         tables = self._files.read(files)
         if not tables:
             return R.INCOMPLETE_SCHEMA.empty_table()
         t = pa.concat_tables(tables)
         ws = t["window_start"].cast(pa.int64())
         t = t.filter(pc.and_(pc.greater_equal(ws, start_us), pc.less(ws, end_us)))
-        return t.sort_by([("window_start", "ascending"), ("partition", "ascending"), ("first_pane_start", "ascending"),
-                          ("host", "ascending"), ("cause", "ascending")])  # fmt: skip
+        return t.sort_by(
+            [
+                ("window_start", "ascending"),
+                ("partition", "ascending"),
+                ("first_pane_start", "ascending"),
+                ("host", "ascending"),
+                ("cause", "ascending"),
+            ]
+        )
 
     def windows(self, query: str, start_us: int, end_us: int) -> list[dict[str, Any]]:
         """Per flagged window (oldest first): its bounds, ``incomplete: true``, the records the short panes
@@ -59,17 +71,28 @@ class IncompleteReader:
         does), the hosts, whether it was learned after the window closed, and every short pane range."""
         t = self.table(query, start_us, end_us)
         d = t.to_pydict()
-        us = {c: t[c].cast(pa.int64()).to_pylist() for c in ("window_start", "window_end", "flagged_at",
-                                                            "first_pane_start", "last_pane_end")}  # fmt: skip
+        us = {
+            c: t[c].cast(pa.int64()).to_pylist()
+            for c in ("window_start", "window_end", "flagged_at", "first_pane_start", "last_pane_end")
+        }
         out: dict[int, dict[str, Any]] = {}
         flagged: dict[int, int] = {}  # the newest flagged_at per window
         for i in range(t.num_rows):
             ws = us["window_start"][i]
             w = out.get(ws)
             if w is None:
-                w = out[ws] = {"window_start": iso_of_us(ws), "window_end": iso_of_us(us["window_end"][i]),
-                               "incomplete": True, "shed_records": 0, "gap_records": 0, "causes": {}, "hosts": [],
-                               "after_close": False, "flagged_at": None, "panes": []}  # fmt: skip
+                w = out[ws] = {
+                    "window_start": iso_of_us(ws),
+                    "window_end": iso_of_us(us["window_end"][i]),
+                    "incomplete": True,
+                    "shed_records": 0,
+                    "gap_records": 0,
+                    "causes": {},
+                    "hosts": [],
+                    "after_close": False,
+                    "flagged_at": None,
+                    "panes": [],
+                }
             cause, host, n = d["cause"][i], d["host"][i], int(d["records"][i])
             w["shed_records" if cause == "shed" else "gap_records"] += n
             w["causes"][cause] = w["causes"].get(cause, 0) + n  # which cause, how many (contract.results)
@@ -77,9 +100,16 @@ class IncompleteReader:
                 w["hosts"].append(host)
             w["after_close"] = w["after_close"] or bool(d["after_close"][i])
             flagged[ws] = max(flagged.get(ws, us["flagged_at"][i]), us["flagged_at"][i])
-            w["panes"].append({"host": host, "partition": d["partition"][i], "cause": cause, "records": n,
-                               "first_pane_start": iso_of_us(us["first_pane_start"][i]),
-                               "last_pane_end": iso_of_us(us["last_pane_end"][i])})  # fmt: skip
+            w["panes"].append(
+                {
+                    "host": host,
+                    "partition": d["partition"][i],
+                    "cause": cause,
+                    "records": n,
+                    "first_pane_start": iso_of_us(us["first_pane_start"][i]),
+                    "last_pane_end": iso_of_us(us["last_pane_end"][i]),
+                }
+            )
         for ws, w in out.items():
             w["hosts"].sort()
             w["flagged_at"] = iso_of_us(flagged[ws])
@@ -91,21 +121,39 @@ class IncompleteReader:
         t = self.table(query, start_us, end_us)
         out: dict[int, tuple[int, int, str]] = {}
         why: dict[int, dict[tuple[str, str], int]] = {}
-        for ws, host, cause, n in zip(t["window_start"].cast(pa.int64()).to_pylist(), t["host"].to_pylist(),
-                                      t["cause"].to_pylist(), t["records"].to_pylist(), strict=True):  # fmt: skip
+        for ws, host, cause, n in zip(
+            t["window_start"].cast(pa.int64()).to_pylist(),
+            t["host"].to_pylist(),
+            t["cause"].to_pylist(),
+            t["records"].to_pylist(),
+            strict=True,
+        ):
             shed, gap, _ = out.get(ws, (0, 0, ""))
             out[ws] = (shed + n, gap, "") if cause == "shed" else (shed, gap + n, "")
             w = why.setdefault(ws, {})
             w[(host, cause)] = w.get((host, cause), 0) + n
-        return {ws: (a, b, "; ".join(f"{h or 'job'} {c}" + (f" {n}" if n else "") for (h, c), n in sorted(why[ws].items())))
-                for ws, (a, b, _) in out.items()}  # fmt: skip
+        return {
+            ws: (
+                a,
+                b,
+                "; ".join(
+                    f"{h or 'job'} {c}" + (f" {n}" if n else "") for (h, c), n in sorted(why[ws].items())
+                ),
+            )
+            for ws, (a, b, _) in out.items()
+        }
 
 
 SERIES_COLUMNS = ("shed_records", "flagged", "loss_causes")  # what the per-window listing (/series) adds
 
 
-def merge_series(columns: list[str], rows: list[tuple], flags: dict[int, tuple[int, int, str]], range_us: int,
-                 complete: bool | None) -> list[tuple]:  # fmt: skip
+def merge_series(
+    columns: list[str],
+    rows: list[tuple],
+    flags: dict[int, tuple[int, int, str]],
+    range_us: int,
+    complete: bool | None,
+) -> list[tuple]:
     """The per-window rows of ``/series`` (window_start in us first, ``columns`` order) with the flagged
     windows merged in, each row extended by :data:`SERIES_COLUMNS`.
 

@@ -29,13 +29,18 @@ class ApiMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter(
-            "lowwater_api_requests", "HTTP requests handled by the lowwater API",
-            ["method", "route", "status"], registry=self.registry,
-        )  # fmt: skip
+            "lowwater_api_requests",
+            "HTTP requests handled by the lowwater API",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
         self.duration = Histogram(
-            "lowwater_api_request_duration_seconds", "Time to handle a request of the lowwater API",
-            ["route"], buckets=_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "lowwater_api_request_duration_seconds",
+            "Time to handle a request of the lowwater API",
+            ["route"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
@@ -95,13 +100,21 @@ class LiveCollector:
     updates received, ignored (not newer), rejected (did not validate).
     """
 
-    _GAUGES = (("staleness_now_s", "staleness_seconds", "mean staleness of the keys queued now"),
-               ("staleness_max_now_s", "staleness_max_seconds", "largest staleness of a key queued now"),
-               ("staleness_avg_s", "staleness_stream_avg_seconds", "time-averaged staleness of the stream"),
-               ("load_factor", "load_factor", "offered updates per service time"),
-               ("queued", "queued", "updates held in the queue"))  # fmt: skip
-    _COUNTERS = (("offered", "offered"), ("delivered", "delivered"), ("overwrites", "overwrites"),
-                 ("superseded", "superseded"), ("dropped", "dropped"), ("skipped_windows", "skipped_windows"))  # fmt: skip
+    _GAUGES = (
+        ("staleness_now_s", "staleness_seconds", "mean staleness of the keys queued now"),
+        ("staleness_max_now_s", "staleness_max_seconds", "largest staleness of a key queued now"),
+        ("staleness_avg_s", "staleness_stream_avg_seconds", "time-averaged staleness of the stream"),
+        ("load_factor", "load_factor", "offered updates per service time"),
+        ("queued", "queued", "updates held in the queue"),
+    )
+    _COUNTERS = (
+        ("offered", "offered"),
+        ("delivered", "delivered"),
+        ("overwrites", "overwrites"),
+        ("superseded", "superseded"),
+        ("dropped", "dropped"),
+        ("skipped_windows", "skipped_windows"),
+    )
 
     def __init__(self, hub: Any) -> None:
         self.hub = hub
@@ -111,8 +124,9 @@ class LiveCollector:
 
         st = self.hub.stats()
         for k in ("received", "ignored", "rejected"):
-            yield CounterMetricFamily(f"lowwater_api_live_updates_{k}", f"live updates {k} by the API's hub",
-                                      value=st[k])  # fmt: skip
+            yield CounterMetricFamily(
+                f"lowwater_api_live_updates_{k}", f"live updates {k} by the API's hub", value=st[k]
+            )
         labels = ["consumer", "query", "policy"]
         cons = st["consumers"]
         yield GaugeMetricFamily("lowwater_api_live_consumers", "live consumers connected", value=len(cons))
@@ -122,7 +136,9 @@ class LiveCollector:
                 g.add_metric([str(c["id"]), c["query"], c["policy"]], float(c[key]))
             yield g
         for key, name in self._COUNTERS:
-            m = CounterMetricFamily(f"lowwater_api_live_{name}", f"live consumer: updates {name}", labels=labels)
+            m = CounterMetricFamily(
+                f"lowwater_api_live_{name}", f"live consumer: updates {name}", labels=labels
+            )
             for c in cons:
                 m.add_metric([str(c["id"]), c["query"], c["policy"]], float(c[key]))
             yield m

@@ -46,4 +46,6 @@ class NetNames:
         nets = self.current() if idx else None
         if nets is None:
             return {}
-        return {c: {str(r[i]): nets.name_of(int(r[i])) for r in rows if r[i] is not None} for c, i in idx.items()}
+        return {
+            c: {str(r[i]): nets.name_of(int(r[i])) for r in rows if r[i] is not None} for c, i in idx.items()
+        }

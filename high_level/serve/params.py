@@ -62,8 +62,9 @@ def parse_time(name: str, value: str, now: datetime) -> datetime:
     return t
 
 
-def time_range(start: str | None, end: str | None, now: datetime,
-               newest: datetime | None = None) -> tuple[datetime, datetime]:  # fmt: skip
+def time_range(
+    start: str | None, end: str | None, now: datetime, newest: datetime | None = None
+) -> tuple[datetime, datetime]:
     """The [start, end) a results request covers, at most MAX_RANGE long. Default: the hour up to ``newest``
     (the end of the newest closed window) when neither bound is given, so a replayed capture or a stopped
     one still shows its last hour; else the hour up to ``end``, or from ``start`` to now."""
@@ -75,9 +76,7 @@ def time_range(start: str | None, end: str | None, now: datetime,
     if s >= e:
         raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
     if e - s > MAX_RANGE:
-        raise ParamError(
-            f"time range {e - s} is longer than the maximum {MAX_RANGE}; narrow start/end"
-        )
+        raise ParamError(f"time range {e - s} is longer than the maximum {MAX_RANGE}; narrow start/end")
     return s, e
 
 
@@ -120,7 +119,9 @@ def _ip_filter(column: str, raw: str) -> KeyFilter:
                 addr = addr.ipv4_mapped
             return KeyFilter(column, "eq", str(addr), raw)
     except ValueError:
-        raise ParamError(f"filter on {column}: {raw!r} is not an IP address or prefix (e.g. 10.0.0.0/8, 2001:db8::/32)") from None
+        raise ParamError(
+            f"filter on {column}: {raw!r} is not an IP address or prefix (e.g. 10.0.0.0/8, 2001:db8::/32)"
+        ) from None
     p = net.prefixlen
     if p == net.max_prefixlen:
         return KeyFilter(column, "eq", str(net.network_address), raw)
@@ -156,7 +157,9 @@ def parse_filters(pairs: list[tuple[str, str]], key_kinds: dict[str, str]) -> li
         kind = key_kinds.get(column)
         if kind is None:
             known = ", ".join(key_kinds) or "(none: this query has no group-by)"
-            raise ParamError(f"cannot filter on {column!r}: not a group-key column of this query; known: {known}")
+            raise ParamError(
+                f"cannot filter on {column!r}: not a group-key column of this query; known: {known}"
+            )
         out.append(_ip_filter(column, raw) if kind == "ip" else _int_filter(column, raw))
     return out
 
@@ -198,6 +201,8 @@ def parse_order(value: str | None, allowed: list[str]) -> list[OrderTerm]:
         desc = t.startswith("-")
         col = t.lstrip("+-").strip()
         if col not in allowed:
-            raise ParamError(f"order_by: unknown column {col!r}; use one of {', '.join(allowed)} ('-' prefix: descending)")
+            raise ParamError(
+                f"order_by: unknown column {col!r}; use one of {', '.join(allowed)} ('-' prefix: descending)"
+            )
         out.append(OrderTerm(col, desc))
     return out

@@ -108,7 +108,7 @@ class Reader:
                 f"SELECT *, {S.key_hash(qi)} AS _wkh, CASE WHEN kind = 'final' THEN row_number() OVER"
                 f" (PARTITION BY window_start, kind = 'final' ORDER BY {S.rank_value(qi)} DESC NULLS LAST"
                 f"{keys}) END AS _rank FROM lw_t ORDER BY _rank NULLS LAST, window_start"
-            ).to_arrow_table()  # fmt: skip
+            ).to_arrow_table()
             return Prepared.of(out)
         finally:
             cur.close()
@@ -136,8 +136,18 @@ class Reader:
         except duckdb.Error as exc:
             raise StoreError(f"reading the results store failed: {exc}") from None
 
-    def _fast_top(self, qi: QueryInfo, files: list[FileStats], start: datetime, end: datetime, n: int,
-                  ws_desc: bool, limit: int, offset: int, sel: list[str]) -> tuple[list[tuple], int] | None:  # fmt: skip
+    def _fast_top(
+        self,
+        qi: QueryInfo,
+        files: list[FileStats],
+        start: datetime,
+        end: datetime,
+        n: int,
+        ws_desc: bool,
+        limit: int,
+        offset: int,
+        sel: list[str],
+    ) -> tuple[list[tuple], int] | None:
         """Top-n per window by the first aggregate (no filters) from the prepared cache; None: not cached.
 
         A window whose finals are all in one file and that has no corrections needs no query at all:
@@ -174,16 +184,23 @@ class Reader:
                 continue
             head = p.table.slice(0, int(np.searchsorted(p.ranks, n, side="right")))
             if len(mine) != len(p.final_windows):
-                head = head.filter(pc.is_in(head.column("window_start"), value_set=pa.array(mine).cast(ts_type)))
+                head = head.filter(
+                    pc.is_in(head.column("window_start"), value_set=pa.array(mine).cast(ts_type))
+                )
             parts.append(head)
         simple_rows: list[tuple] = []
         n_simple = 0
         if parts:
             t = pa.concat_tables(parts)
             n_simple = t.num_rows
-            t = t.sort_by([("window_start", "descending" if ws_desc else "ascending"), ("_rank", "ascending")])
+            t = t.sort_by(
+                [("window_start", "descending" if ws_desc else "ascending"), ("_rank", "ascending")]
+            )
             t = t.slice(0, need)
-            cols = [t.column("window_start").cast(pa.int64()).to_pylist(), t.column("window_end").cast(pa.int64()).to_pylist()]
+            cols = [
+                t.column("window_start").cast(pa.int64()).to_pylist(),
+                t.column("window_end").cast(pa.int64()).to_pylist(),
+            ]
             cols += [t.column(c).to_pylist() for c in (*qi.key_names, *qi.agg_names, "hosts")]
             cols += [t.column("closed_at").cast(pa.int64()).to_pylist(), [0] * t.num_rows]
             cols += [t.column(c).to_pylist() for c in S.COMPLETENESS] + [t.column("_rank").to_pylist()]
@@ -193,7 +210,9 @@ class Reader:
         n_complex = 0
         if len(complex_w):
             per_window = dict(zip(cw.tolist(), cw_counts.tolist(), strict=True))
-            corrected = np.unique(corr.column("_wkh").to_numpy()) if corr is not None and corr.num_rows else None
+            corrected = (
+                np.unique(corr.column("_wkh").to_numpy()) if corr is not None and corr.num_rows else None
+            )
             value_set = pa.array(complex_w).cast(ts_type)
             cand = []
             for p in prepared:
@@ -211,9 +230,15 @@ class Reader:
                 params: dict[str, Any] = {"start": start, "end": end, "limit": need}
                 src = S.Source("lw_src", {}, True)
                 rows = S.scan(src, [], params)
-                with_ = S.ranked_sql(qi, src, rows, OrderTerm(qi.agg_names[0], True), n, False, _corrections(files))
-                got = self._exec(cur, f"{with_} SELECT {', '.join(sel)}, rank, count(*) OVER () FROM ranked"
-                                      f" ORDER BY window_start {'DESC' if ws_desc else 'ASC'}, rank LIMIT $limit", params)  # fmt: skip
+                with_ = S.ranked_sql(
+                    qi, src, rows, OrderTerm(qi.agg_names[0], True), n, False, _corrections(files)
+                )
+                got = self._exec(
+                    cur,
+                    f"{with_} SELECT {', '.join(sel)}, rank, count(*) OVER () FROM ranked"
+                    f" ORDER BY window_start {'DESC' if ws_desc else 'ASC'}, rank LIMIT $limit",
+                    params,
+                )
             finally:
                 cur.close()
             if got:
@@ -226,9 +251,18 @@ class Reader:
 
     # ---- requests
     @_retry_once
-    def results(self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter],
-                order: list[OrderTerm], top: int | None, limit: int, offset: int,
-                complete: bool | None = None) -> ResultSet:  # fmt: skip
+    def results(
+        self,
+        qi: QueryInfo,
+        start: datetime,
+        end: datetime,
+        filters: list[KeyFilter],
+        order: list[OrderTerm],
+        top: int | None,
+        limit: int,
+        offset: int,
+        complete: bool | None = None,
+    ) -> ResultSet:
         """Folded rows of windows with window_start in [start, end), optionally top-N per window, one page.
 
         Ordering: without ``top`` the rows are sorted by ``order`` (then window_start and the keys, so
@@ -245,8 +279,16 @@ class Reader:
         if not files:
             return ResultSet(columns, [], 0, times)
         keys = [S.q(k) for k in qi.key_names]
-        sel = ["epoch_us(window_start)", "epoch_us(window_end)", *keys, *[S.q(a) for a in qi.agg_names],
-               "hosts", "epoch_us(closed_at)", "corrections", *S.COMPLETENESS]  # fmt: skip
+        sel = [
+            "epoch_us(window_start)",
+            "epoch_us(window_end)",
+            *keys,
+            *[S.q(a) for a in qi.agg_names],
+            "hosts",
+            "epoch_us(closed_at)",
+            "corrections",
+            *S.COMPLETENESS,
+        ]
         aggs = set(qi.agg_names)
         default = OrderTerm(qi.agg_names[0], True)
         term = next((t for t in order if t.column in aggs), default)
@@ -261,17 +303,23 @@ class Reader:
             params = {**src.params, "start": start, "end": end, "limit": limit, "offset": offset}
             rows_sql = S.scan(src, filters, params)
             if top:
-                with_ = S.ranked_sql(qi, src, rows_sql, term, int(top), True, _corrections(files), complete, params)
-                sql = (f"{with_} SELECT {', '.join(sel)}, rank, count(*) OVER () FROM ranked"
-                       f" ORDER BY window_start {'DESC' if ws_desc else 'ASC'}, rank LIMIT $limit OFFSET $offset")  # fmt: skip
+                with_ = S.ranked_sql(
+                    qi, src, rows_sql, term, int(top), True, _corrections(files), complete, params
+                )
+                sql = (
+                    f"{with_} SELECT {', '.join(sel)}, rank, count(*) OVER () FROM ranked"
+                    f" ORDER BY window_start {'DESC' if ws_desc else 'ASC'}, rank LIMIT $limit OFFSET $offset"
+                )
                 count_sql = f"{with_} SELECT count(*) FROM ranked"
             else:
                 ctes, folded = S.folded(qi, src, rows_sql, _corrections(files))
                 folded = S.only_complete(folded, complete, params)
                 order_sql = [f"{S.q(t.column)} {'DESC' if t.descending else 'ASC'} NULLS LAST" for t in order]
                 order_sql += ["window_start", *keys]
-                sql = (f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {folded}"
-                       f" ORDER BY {', '.join(order_sql)} LIMIT $limit OFFSET $offset")  # fmt: skip
+                sql = (
+                    f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {folded}"
+                    f" ORDER BY {', '.join(order_sql)} LIMIT $limit OFFSET $offset"
+                )
                 count_sql = f"WITH _ AS (SELECT 1){ctes} SELECT count(*) FROM {folded}"
             rows = self._exec(cur, sql, params)
             if top and rows:
@@ -285,8 +333,14 @@ class Reader:
         return ResultSet(columns, [r[:-1] for r in rows], total, times)
 
     @_retry_once
-    def series(self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter],
-               complete: bool | None = None) -> ResultSet:
+    def series(
+        self,
+        qi: QueryInfo,
+        start: datetime,
+        end: datetime,
+        filters: list[KeyFilter],
+        complete: bool | None = None,
+    ) -> ResultSet:
         """Per window over all (filtered) groups: the number of groups and each aggregate's total.
 
         Totals need no per-group folding, so this is one pass over finals and corrections together:
@@ -298,8 +352,18 @@ class Reader:
         ``hosts_expected`` the largest over its rows (Kafka partitions), ``missing_records`` the largest.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
-        columns = ["window_start", "window_end", "groups", *qi.agg_names, "complete", "incomplete_groups",
-                   "hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]  # fmt: skip
+        columns = [
+            "window_start",
+            "window_end",
+            "groups",
+            *qi.agg_names,
+            "complete",
+            "incomplete_groups",
+            "hosts_expected",
+            "hosts_in_mark",
+            "late_partials",
+            "missing_records",
+        ]
         times = frozenset({"window_start", "window_end"})
         if not files:
             return ResultSet(columns, [], 0, times)
@@ -309,9 +373,14 @@ class Reader:
         sel += [S.fold(A.RESULT_KINDS[fn].summary, a, w) for a, fn in qi.aggs]
         judged = "kind IN ('final', 'late')"
         done = f"coalesce(bool_and(complete) FILTER (WHERE {judged}), false)"
-        sel += [done, f"count(DISTINCT {S.key_hash(qi)}) FILTER (WHERE {judged} AND NOT complete)",
-                "max(hosts_expected)", f"min(hosts_in_mark) FILTER (WHERE {fin})", "CAST(sum(late_partials) AS BIGINT)",
-                f"max(missing_records) FILTER (WHERE {fin})"]  # fmt: skip
+        sel += [
+            done,
+            f"count(DISTINCT {S.key_hash(qi)}) FILTER (WHERE {judged} AND NOT complete)",
+            "max(hosts_expected)",
+            f"min(hosts_in_mark) FILTER (WHERE {fin})",
+            "CAST(sum(late_partials) AS BIGINT)",
+            f"max(missing_records) FILTER (WHERE {fin})",
+        ]
         cur = self.db.cursor()
         try:
             src = self._source(cur, qi, files)
@@ -320,8 +389,10 @@ class Reader:
             if complete is not None:
                 params["complete"] = complete
                 having = f" HAVING {done} = $complete"
-            sql = (f"SELECT {', '.join(sel)} FROM {S.scan(src, filters, params)}"
-                   f" GROUP BY window_start{having} ORDER BY window_start")  # fmt: skip
+            sql = (
+                f"SELECT {', '.join(sel)} FROM {S.scan(src, filters, params)}"
+                f" GROUP BY window_start{having} ORDER BY window_start"
+            )
             rows = self._exec(cur, sql, params)
         finally:
             cur.close()
@@ -351,8 +422,11 @@ class Reader:
                 cur = self.db.cursor()
                 try:
                     src = self._source(cur, qi, cand)
-                    rows = self._exec(cur, f"SELECT epoch_us(max(window_start)) FROM {src.rel}"
-                                           " WHERE kind = 'final'", src.params)  # fmt: skip
+                    rows = self._exec(
+                        cur,
+                        f"SELECT epoch_us(max(window_start)) FROM {src.rel} WHERE kind = 'final'",
+                        src.params,
+                    )
                 finally:
                     cur.close()
                 if rows and rows[0][0] is not None:
@@ -365,7 +439,9 @@ class Reader:
         files = self.index.files_in(qi.spec, [p for _, p in dirs[-2:]])
         newest = max((f.max_us for f in files if f.max_us is not None), default=None)
         if newest is not None:
-            files = [f for f in files if f.max_us is None or f.max_us >= newest - int(span.total_seconds() * 1e6)]
+            files = [
+                f for f in files if f.max_us is None or f.max_us >= newest - int(span.total_seconds() * 1e6)
+            ]
         if not self._fits(files):
             return 0
         done = 0
@@ -374,4 +450,3 @@ class Reader:
                 break
             done += self._cached(qi, f) is not None
         return done
-

@@ -117,11 +117,15 @@ class ApiService:
         ws = self.reader.latest_window(qi)
         return None if ws is None else ws + timedelta(microseconds=qi.spec.window.range_ns // 1000)
 
-    def respond(self, body: dict[str, Any], rs: ResultSet, fmt: str, filename: str,
-                qi: QueryInfo | None = None) -> Response:  # fmt: skip
+    def respond(
+        self, body: dict[str, Any], rs: ResultSet, fmt: str, filename: str, qi: QueryInfo | None = None
+    ) -> Response:
         """``body`` with the rows as JSON, or the rows as CSV (total in X-Total-Count)."""
         if fmt == "csv":
-            headers = {"X-Total-Count": str(rs.total), "Content-Disposition": f'inline; filename="{filename}.csv"'}
+            headers = {
+                "X-Total-Count": str(rs.total),
+                "Content-Disposition": f'inline; filename="{filename}.csv"',
+            }
             return Response(_csv(rs), media_type="text/csv; charset=utf-8", headers=headers)
         body["columns"] = rs.columns
         body["rows"] = _rows(rs)
@@ -132,5 +136,10 @@ class ApiService:
     @staticmethod
     def paging(rs: ResultSet, limit: int, offset: int) -> dict[str, Any]:
         nxt = offset + len(rs.rows)
-        return {"limit": limit, "offset": offset, "returned": len(rs.rows), "total": rs.total,
-                "next_offset": nxt if nxt < rs.total else None}  # fmt: skip
+        return {
+            "limit": limit,
+            "offset": offset,
+            "returned": len(rs.rows),
+            "total": rs.total,
+            "next_offset": nxt if nxt < rs.total else None,
+        }

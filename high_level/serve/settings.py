@@ -27,5 +27,7 @@ class ApiSettings(RoleSettings):
     token: SecretStr | None = None
     cache_mb: int = Field(default=512, ge=0, description="memory for prepared result files")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-    live_bootstrap: str | None = Field(default=None, description="Kafka of the live topics (contract/live.py)")
+    live_bootstrap: str | None = Field(
+        default=None, description="Kafka of the live topics (contract/live.py)"
+    )
     kafka_security: KafkaSecurity = KafkaSecurity()  # of the live reader (a consumer of the live topics)

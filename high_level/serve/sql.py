@@ -129,7 +129,9 @@ def plain_cols(qi: QueryInfo) -> list[str]:
     """A row that needs no folding, in the folded column order."""
     cols = ["window_start", "window_end", *[q(k) for k in qi.key_names]]
     for a, fn in qi.aggs:
-        cols.append(f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if A.RESULT_KINDS[fn].nan else q(a))
+        cols.append(
+            f"CASE WHEN isfinite({q(a)}) THEN {q(a)} END AS {q(a)}" if A.RESULT_KINDS[fn].nan else q(a)
+        )
     return [*cols, "hosts", "closed_at", "CAST(0 AS BIGINT) AS corrections", *COMPLETENESS]
 
 
@@ -184,8 +186,10 @@ def folded(qi: QueryInfo, src: Source, rows: str, corrections: bool) -> tuple[st
     plain = ", ".join(plain_cols(qi))
     if not corrections:
         return "", f"(SELECT {plain} FROM {rows} WHERE kind = 'final')"
-    ctes = (f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE {FOLDED_KINDS})"
-            f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE {FOLDED_KINDS})")  # fmt: skip
+    ctes = (
+        f", cw AS (SELECT DISTINCT window_start FROM {rows} WHERE {FOLDED_KINDS})"
+        f", ck AS (SELECT DISTINCT {src.wkh} AS _h FROM {rows} WHERE {FOLDED_KINDS})"
+    )
     inw = f"(SELECT *, {src.wkh} AS _h FROM (SELECT * FROM {rows} SEMI JOIN cw USING (window_start)))"
     sub = (
         f"(SELECT {plain} FROM {rows} ANTI JOIN cw USING (window_start) WHERE kind = 'final'"
@@ -204,8 +208,17 @@ def only_complete(sub: str, complete: bool | None, params: dict[str, Any]) -> st
     return f"(SELECT * FROM {sub} WHERE complete = $complete)"
 
 
-def ranked_sql(qi: QueryInfo, src: Source, rows: str, term: OrderTerm, n: int, narrow: bool,
-               corrections: bool, complete: bool | None = None, params: dict[str, Any] | None = None) -> str:  # fmt: skip
+def ranked_sql(
+    qi: QueryInfo,
+    src: Source,
+    rows: str,
+    term: OrderTerm,
+    n: int,
+    narrow: bool,
+    corrections: bool,
+    complete: bool | None = None,
+    params: dict[str, Any] | None = None,
+) -> str:
     """``WITH ... ranked AS (...)``: the top-n folded rows of every window, with ``rank``.
 
     ``narrow``: first bound the candidates by the n-th value of each window (ties stay in), so
@@ -219,8 +232,12 @@ def ranked_sql(qi: QueryInfo, src: Source, rows: str, term: OrderTerm, n: int, n
     cand = only_complete(cand, complete, params if params is not None else {})
     if narrow:
         pick, cmp, ext = ("max", ">=", "list_min") if term.descending else ("min", "<=", "list_max")
-        ctes += (f", th AS (SELECT window_start, CASE WHEN count({v}) >= {n}"
-                 f" THEN {ext}({pick}({v}, {n})) END AS t FROM {cand} GROUP BY window_start)")  # fmt: skip
+        ctes += (
+            f", th AS (SELECT window_start, CASE WHEN count({v}) >= {n}"
+            f" THEN {ext}({pick}({v}, {n})) END AS t FROM {cand} GROUP BY window_start)"
+        )
         cand = f"(SELECT f.* FROM {cand} AS f JOIN th USING (window_start) WHERE th.t IS NULL OR f.{v} {cmp} th.t)"
-    return (f"WITH _ AS (SELECT 1){ctes}, ranked AS (SELECT *, row_number() OVER (PARTITION BY window_start"
-            f" ORDER BY {v} {rdir} NULLS LAST{keys}) AS rank FROM {cand} QUALIFY rank <= {n})")  # fmt: skip
+    return (
+        f"WITH _ AS (SELECT 1){ctes}, ranked AS (SELECT *, row_number() OVER (PARTITION BY window_start"
+        f" ORDER BY {v} {rdir} NULLS LAST{keys}) AS rank FROM {cand} QUALIFY rank <= {n})"
+    )

@@ -30,8 +30,10 @@ def read_status(results_dir: Path, now_s: float | None = None) -> dict[str, Any]
         return {"available": False, "error": error, "updated_at": None, "age_s": None, "stale": True}
     age = max(0.0, now_s - doc.updated_ms / 1e3)
     return {
-        "available": True, "error": None,
+        "available": True,
+        "error": None,
         "updated_at": datetime.fromtimestamp(doc.updated_ms / 1e3, UTC).isoformat().replace("+00:00", "Z"),
-        "age_s": age, "stale": age > STALE_AFTER_S,
+        "age_s": age,
+        "stale": age > STALE_AFTER_S,
         **doc.model_dump(mode="json"),
-    }  # fmt: skip
+    }

@@ -107,7 +107,9 @@ class Prepared:
         if not counts.any():
             return head
         starts = np.repeat(lo, counts)
-        idx = self.wkh_order[starts + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))]
+        idx = self.wkh_order[
+            starts + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+        ]
         idx = np.sort(idx[idx >= cut])
         return pa.concat_tables([head, self.table.take(pa.array(idx))]) if len(idx) else head
 

@@ -109,8 +109,25 @@ def share_of(b: np.ndarray, snaplen: int, caplen: np.ndarray, n: int) -> np.ndar
 
 
 @njit(cache=True, nogil=True)
-def share_move(sframes, ssnap, scaplen, swirelen, sts, siface, sctr,
-               frames, snaplen, caplen, wirelen, tss, iface, ctr, n, index, st) -> int:  # fmt: skip
+def share_move(
+    sframes,
+    ssnap,
+    scaplen,
+    swirelen,
+    sts,
+    siface,
+    sctr,
+    frames,
+    snaplen,
+    caplen,
+    wirelen,
+    tss,
+    iface,
+    ctr,
+    n,
+    index,
+    st,
+) -> int:
     """Move the staging ring's frames of worker ``index`` (``flow_hash % n``) into the worker's ring and
     skip the others; stops, without dropping, when the worker's ring is full. Returns frames consumed."""
     nsl = scaplen.shape[0]
@@ -126,8 +143,21 @@ def share_move(sframes, ssnap, scaplen, swirelen, sts, siface, sctr,
         if flow_hash(sframes, base, cap) % un == ui:
             if ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
                 break
-            ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, sframes, base, cap, swirelen[slot],
-                      sts[slot], siface[slot])  # fmt: skip
+            ring_push(
+                frames,
+                snaplen,
+                caplen,
+                wirelen,
+                tss,
+                iface,
+                ctr,
+                sframes,
+                base,
+                cap,
+                swirelen[slot],
+                sts[slot],
+                siface[slot],
+            )
             kept += 1
         else:
             others += 1
@@ -192,9 +222,15 @@ class ShareSource(Source):
         own ring, ``frames_kept`` (its share), ``frames_others`` (the other workers' share)."""
         d = dict(self.inner.stats())
         own = super().stats()
-        d.update(type=f"{self.inner.kind} (share)", share=f"{self.index}/{self.count}",
-                 frames_kept=int(self._st[ST_KEPT]), frames_others=int(self._st[ST_OTHERS]),
-                 running=own["running"], finished=own["finished"], error=own["error"] or d.get("error"))  # fmt: skip
+        d.update(
+            type=f"{self.inner.kind} (share)",
+            share=f"{self.index}/{self.count}",
+            frames_kept=int(self._st[ST_KEPT]),
+            frames_others=int(self._st[ST_OTHERS]),
+            running=own["running"],
+            finished=own["finished"],
+            error=own["error"] or d.get("error"),
+        )
         return d
 
 
@@ -226,8 +262,11 @@ class FanoutAfPacketSource(AfPacketSource):
             try:
                 c.sock.setsockopt(SOL_PACKET, PACKET_FANOUT, struct.pack("I", arg))
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot join fanout group {self.group + k} on {c.name}: {exc.strerror}"
-                              " (another program uses this group id with another mode?)") from None  # fmt: skip
+                raise OSError(
+                    exc.errno,
+                    f"cannot join fanout group {self.group + k} on {c.name}: {exc.strerror}"
+                    " (another program uses this group id with another mode?)",
+                ) from None
             c._attach_snap_filter(self.frame_snaplen)
         Source.start(self)  # AfPacketSource.start would bind again
         return self
@@ -251,8 +290,9 @@ def parse_worker(text: str) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2]
 
 
-def worker_source(spec: dict[str, Any], ring: Ring, index: int, count: int, group: int,
-                  fanout: str = "hash") -> Source:  # fmt: skip
+def worker_source(
+    spec: dict[str, Any], ring: Ring, index: int, count: int, group: int, fanout: str = "hash"
+) -> Source:
     """The source of worker ``index`` of ``count``: a fanout member for live capture, a share otherwise."""
     if spec.get("type") == "afpacket":
         opts = {k: v for k, v in spec.items() if k != "type"}

@@ -71,8 +71,16 @@ class Worker:
 class Supervisor:
     """Starts, watches and stops the ``count`` workers of capture host ``host``."""
 
-    def __init__(self, argv: list[str], host: str, count: int, live: bool, metrics: bool,
-                 summary: str | None, group: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        argv: list[str],
+        host: str,
+        count: int,
+        live: bool,
+        metrics: bool,
+        summary: str | None,
+        group: int | None = None,
+    ) -> None:
         self.argv, self.host, self.count, self.live = list(argv), host, count, live
         self.group = fanout_group_base(os.getpid()) if group is None else group
         self.metrics = metrics
@@ -83,9 +91,22 @@ class Supervisor:
         self.failed: str | None = None
 
     def command(self, w: Worker) -> list[str]:
-        cmd = [sys.executable, "-m", "low_level.cli", *self.argv, "--workers", "1",
-               "--worker", f"{w.index}/{self.count}/{self.group}", "--host-id", worker_host_id(self.host, w.index),
-               "--metrics-port", str(w.metrics_port), "--summary", str(self.tmp / f"w{w.index}.json")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "low_level.cli",
+            *self.argv,
+            "--workers",
+            "1",
+            "--worker",
+            f"{w.index}/{self.count}/{self.group}",
+            "--host-id",
+            worker_host_id(self.host, w.index),
+            "--metrics-port",
+            str(w.metrics_port),
+            "--summary",
+            str(self.tmp / f"w{w.index}.json"),
+        ]
         return cmd
 
     def spawn(self, w: Worker) -> None:
@@ -110,8 +131,13 @@ class Supervisor:
         w.restarts = [t for t in w.restarts if now - t < RESTART_WINDOW_S]
         if self.live and len(w.restarts) < MAX_RESTARTS:
             w.restarts.append(now)
-            log.error("worker %s died (exit %d): restarting it (%d in the last %.0f s)", name, rc, len(w.restarts),
-                      RESTART_WINDOW_S)  # fmt: skip
+            log.error(
+                "worker %s died (exit %d): restarting it (%d in the last %.0f s)",
+                name,
+                rc,
+                len(w.restarts),
+                RESTART_WINDOW_S,
+            )
             self.spawn(w)
             return
         w.done, w.rc = True, rc
@@ -136,8 +162,11 @@ class Supervisor:
             if deadline is not None and time.monotonic() > deadline:
                 for w in self.workers:
                     if w.proc is not None and w.proc.poll() is None:
-                        log.error("worker %s did not stop in %.0f s: killed", worker_host_id(self.host, w.index),
-                                  STOP_TIMEOUT_S)  # fmt: skip
+                        log.error(
+                            "worker %s did not stop in %.0f s: killed",
+                            worker_host_id(self.host, w.index),
+                            STOP_TIMEOUT_S,
+                        )
                         w.proc.kill()
                 deadline = float("inf")
             time.sleep(0.1)
@@ -157,10 +186,18 @@ class Supervisor:
             k: sum(int(s.get(k, 0)) for s in got)
             for k in ("packets", "parse_errors", "ring_drops", "backlog_lost")
         }
-        Path(self.summary).write_text(json.dumps({"host": self.host, "workers": per, **total,
-                                                  "restarts": {worker_host_id(self.host, w.index): len(w.restarts)
-                                                               for w in self.workers},
-                                                  "failed": self.failed}, indent=1))  # fmt: skip
+        Path(self.summary).write_text(
+            json.dumps(
+                {
+                    "host": self.host,
+                    "workers": per,
+                    **total,
+                    "restarts": {worker_host_id(self.host, w.index): len(w.restarts) for w in self.workers},
+                    "failed": self.failed,
+                },
+                indent=1,
+            )
+        )
 
 
 class WorkersCollector:
@@ -177,8 +214,11 @@ class WorkersCollector:
         alive = GaugeMetricFamily(
             "lowwater_agent_worker_up", "1 while the worker process runs", labels=["host", "worker"]
         )
-        restarts = CounterMetricFamily("lowwater_agent_worker_restarts", "Worker processes restarted after dying",
-                                       labels=["host", "worker"])  # fmt: skip
+        restarts = CounterMetricFamily(
+            "lowwater_agent_worker_restarts",
+            "Worker processes restarted after dying",
+            labels=["host", "worker"],
+        )
         for w in self.sup.workers:
             label = f"w{w.index}"
             up = w.proc is not None and w.proc.poll() is None

@@ -47,9 +47,17 @@ class FlowAgent(HostLoop):
 
     idle_sleep_s = 0.001
 
-    def __init__(self, queries: list[Q.QuerySpec], spec: dict[str, Any], host: str, bootstrap: str | None,
-                 chunk: int = 1 << 14, producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 networks: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        queries: list[Q.QuerySpec],
+        spec: dict[str, Any],
+        host: str,
+        bootstrap: str | None,
+        chunk: int = 1 << 14,
+        producer: object | None = None,
+        emitter_opts: dict[str, Any] | None = None,
+        networks: str | None = None,
+    ) -> None:
         super().__init__(queries, host, networks)
         t = FlowTimeouts()
         t.inactive_ns = int(spec.get("inactive", t.inactive_ns / 1e9) * 1e9)
@@ -86,8 +94,14 @@ class FlowAgent(HostLoop):
         live = d[:, D_VALID] == 1
         return int(d[live, D_CLOCK].max()) if live.any() else None
 
-    def punctuate(self, i: int, idle: bool = True, timer: bool = True, end_of_stream: bool = False,
-                  clock_ns: int | None = None) -> Mark | None:
+    def punctuate(
+        self,
+        i: int,
+        idle: bool = True,
+        timer: bool = True,
+        end_of_stream: bool = False,
+        clock_ns: int | None = None,
+    ) -> Mark | None:
         """The mark follows the exporters' clocks (minus what they promise), never the records' times; no
         mark before the first exporter spoke."""
         clock = self.collector.clock_mark_ns(self._exporters_now())

@@ -33,9 +33,18 @@ from low_level.jit.refcount import pin
 E_OK, E_SHORT, E_VERSION, E_SET_LENGTH, E_UNKNOWN_TEMPLATE, E_BAD_TEMPLATE, E_TABLE_FULL = 0, 1, 2, 3, 4, 5, 6
 E_V5_COUNT, E_EXPIRED, E_NO_END_TIME, E_ABSURD = 7, 8, 9, 10
 FLOW_ERROR_NAMES: tuple[str, ...] = (
-    "ok", "truncated", "wrong_version", "bad_set_length", "unknown_template", "bad_template", "template_table_full",
-    "bad_v5_count", "expired_template", "no_end_time", "absurd_counter",
-)  # fmt: skip
+    "ok",
+    "truncated",
+    "wrong_version",
+    "bad_set_length",
+    "unknown_template",
+    "bad_template",
+    "template_table_full",
+    "bad_v5_count",
+    "expired_template",
+    "no_end_time",
+    "absurd_counter",
+)
 NFLOWERR = len(FLOW_ERROR_NAMES)
 
 # information elements read (IANA IPFIX ids == NetFlow v9 field types below 128)
@@ -98,7 +107,12 @@ def _domain(doms, exporter, domain):
 @njit(cache=True, nogil=True)
 def _find_template(tmpl, exporter, domain, tid):
     for t in range(tmpl.shape[0]):
-        if tmpl[t, T_VALID] == 1 and tmpl[t, T_ID] == tid and tmpl[t, T_EXP] == exporter and tmpl[t, T_DOM] == domain:
+        if (
+            tmpl[t, T_VALID] == 1
+            and tmpl[t, T_ID] == tid
+            and tmpl[t, T_EXP] == exporter
+            and tmpl[t, T_DOM] == domain
+        ):
             return t
     return -1
 
@@ -428,8 +442,9 @@ def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, 
                         if tmpl[t, T_OPT] == 1:
                             _options_record(buf, q, tmpl, t, doms, d)
                         else:
-                            r += _data_record(buf, q, tmpl, t, doms, d, uptime, clock, not ipfix,
-                                              rows, w, rate_out, r, errs)
+                            r += _data_record(
+                                buf, q, tmpl, t, doms, d, uptime, clock, not ipfix, rows, w, rate_out, r, errs
+                            )
                         q += rl
             p = send
         if not bad:

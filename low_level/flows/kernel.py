@@ -61,7 +61,10 @@ def flow_kernel_source(shapes: list[dict]) -> str:
     head = head.replace(f"NF = {min(codegen.EXTRA_COLUMNS)}", "NF = F.NFIELDS + 1")
     head = head.replace("NF = F.NFIELDS  #", "NF = F.NFIELDS + 1  #")
     assert "NF = F.NFIELDS + 1" in head, "codegen's header changed: update flowkernel"
-    head = head.replace("from low_level.kernel.tables import (", "from low_level.kernel.tables import (QP_OBASE, QP_RW, QS_OUTN, ")
+    head = head.replace(
+        "from low_level.kernel.tables import (",
+        "from low_level.kernel.tables import (QP_OBASE, QP_RW, QS_OUTN, ",
+    )
     head += "\nWCOL = F.NFIELDS\n"
     # weighted counts: the fold of every SRC_ONE column, and the overdue one-record partials
     assert head.count(_OVERDUE) == len(shapes), "codegen's overdue path changed: update flowkernel"
@@ -72,7 +75,11 @@ def flow_kernel_source(shapes: list[dict]) -> str:
         start = head.index(f"def aggregate_q{q}(")
         stop = head.find("\n@njit", start)
         stop = len(head) if stop < 0 else stop
-        body = head[start:stop].replace("v = np.int64(1)", "v = rows[ro + WCOL]").replace(_OVERDUE, _OVERDUE + fix)
+        body = (
+            head[start:stop]
+            .replace("v = np.int64(1)", "v = rows[ro + WCOL]")
+            .replace(_OVERDUE, _OVERDUE + fix)
+        )
         head = head[:start] + body + head[stop:]
     pins = codegen._pins("qp, qs, tab, out, pane_counts, scols, hc, row, rows, keys, sel, hs, nets")
     return head + _FLOW.format(pins=pins, loop=codegen.block_loop(shapes, " " * 12, _RECORD))
@@ -83,7 +90,9 @@ class FlowKernel(KernelBase):
 
     def __init__(self, tables: Tables, nets: np.ndarray | None = None) -> None:
         super().__init__(tables, F.NFIELDS + 1, nets)
-        self.compiled: ModuleType = jitcache.load_generated(flow_kernel_source(codegen.shape_of(tables)), "flows")
+        self.compiled: ModuleType = jitcache.load_generated(
+            flow_kernel_source(codegen.shape_of(tables)), "flows"
+        )
 
     def warm(self) -> None:
         """Compile the pass now, on no records: a collector is ready only once it can fold at speed."""
@@ -92,6 +101,22 @@ class FlowKernel(KernelBase):
     def run(self, frows: np.ndarray, weights: np.ndarray, n: int) -> int:
         """Fold records 0..n-1; callers keep n <= tables.chunk and drain between calls (output room)."""
         t = self.t
-        self.compiled.flow_pass(frows, weights, n, t.qp, t.qs, t.tab, t.out, t.pane_counts, t.scols, self.hc,
-                                self.row, self.rows, self.keys, self.sel, self.hs, self.nets)
+        self.compiled.flow_pass(
+            frows,
+            weights,
+            n,
+            t.qp,
+            t.qs,
+            t.tab,
+            t.out,
+            t.pane_counts,
+            t.scols,
+            self.hc,
+            self.row,
+            self.rows,
+            self.keys,
+            self.sel,
+            self.hs,
+            self.nets,
+        )
         return n

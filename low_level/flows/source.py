@@ -99,7 +99,7 @@ class FlowCollector:
             if off + 65536 > len(self.buf):
                 break
             try:
-                n, addr = self.sock.recvfrom_into(view[off:off + 65536])
+                n, addr = self.sock.recvfrom_into(view[off : off + 65536])
             except (BlockingIOError, InterruptedError):
                 break
             self.add(off, n, addr)
@@ -116,7 +116,7 @@ class FlowCollector:
         """Queue datagrams given as bytes (tests, replay of a recorded export)."""
         for d in datagrams:
             off = self._offs[-1] + self._lens[-1] if self._offs else 0
-            self.buf[off:off + len(d)] = np.frombuffer(d, dtype=np.uint8)
+            self.buf[off : off + len(d)] = np.frombuffer(d, dtype=np.uint8)
             self.add(off, len(d), exporter)
 
     @property
@@ -126,8 +126,21 @@ class FlowCollector:
     # --- decoding
     def warm(self) -> None:
         """Compile the decoder now (no datagrams), before the first export arrives."""
-        D.decode(self.buf, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 0, self.tmpl,
-                 self.doms, 1, self.rows, self.weights, self.rate, self.errs, self.res)
+        D.decode(
+            self.buf,
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            0,
+            self.tmpl,
+            self.doms,
+            1,
+            self.rows,
+            self.weights,
+            self.rate,
+            self.errs,
+            self.res,
+        )
 
     def decode(self) -> FlowBatch:
         """Decode the queued datagrams (all of them, or as many as fill one batch of records)."""
@@ -135,8 +148,21 @@ class FlowCollector:
         offs = np.array(self._offs, dtype=np.int64)
         lens = np.array(self._lens, dtype=np.int64)
         exps = np.array(self._exps, dtype=np.int64)
-        D.decode(self.buf, offs, lens, exps, n, self.tmpl, self.doms, self.timeouts.template_timeout_s,
-                 self.rows, self.weights, self.rate, self.errs, self.res)
+        D.decode(
+            self.buf,
+            offs,
+            lens,
+            exps,
+            n,
+            self.tmpl,
+            self.doms,
+            self.timeouts.template_timeout_s,
+            self.rows,
+            self.weights,
+            self.rate,
+            self.errs,
+            self.res,
+        )
         nrec, used = int(self.res[0]), int(self.res[1])
         rest = (self._offs[used:], self._lens[used:], self._exps[used:])
         if rest[0]:  # keep the undecoded datagrams, moved to the buffer's start
@@ -176,8 +202,18 @@ class FlowCollector:
         """Counters for metrics and the agent summary; ``sampling_rate`` per exporter and domain."""
         live = self.doms[:, D.D_VALID] == 1
         names = {v: k for k, v in self.exporters.items()}
-        rates = {f"{names.get(int(e), e)}/{int(d)}": int(r) for e, d, r in
-                 zip(self.doms[live, D.D_EXP], self.doms[live, D.D_DOM], self.doms[live, D.D_RATE], strict=True)}
-        return {"type": "flows", "datagrams": self.datagrams, "records": self.records,
-                "late_records": self.late_records, "exporters": len(self.exporters), "sampling_rate": rates,
-                "errors": {k: int(v) for k, v in zip(D.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)}}
+        rates = {
+            f"{names.get(int(e), e)}/{int(d)}": int(r)
+            for e, d, r in zip(
+                self.doms[live, D.D_EXP], self.doms[live, D.D_DOM], self.doms[live, D.D_RATE], strict=True
+            )
+        }
+        return {
+            "type": "flows",
+            "datagrams": self.datagrams,
+            "records": self.records,
+            "late_records": self.late_records,
+            "exporters": len(self.exporters),
+            "sampling_rate": rates,
+            "errors": {k: int(v) for k, v in zip(D.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)},
+        }

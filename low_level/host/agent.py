@@ -29,13 +29,26 @@ log = logging.getLogger("lowwater.agent")
 class Agent(HostLoop):
     """One capture host: owns the ring, the tables, the kernel, the emitter and the heartbeat clock."""
 
-    pull_frames = 32768  # frames per pull, and ring slots, when run() drives the source itself (see self.pull)
+    pull_frames = (
+        32768  # frames per pull, and ring slots, when run() drives the source itself (see self.pull)
+    )
 
-    def __init__(self, queries: list[Q.QuerySpec], source_spec: dict[str, Any] | None, host: str,
-                 bootstrap: str | None, ring_slots: int = 1 << 18, chunk: int = 1 << 16,
-                 producer: object | None = None, emitter_opts: dict[str, Any] | None = None,
-                 on_demand_gap_s: float = 0.01, idle_after_s: float = 0.005, control: Any = None,
-                 selects: list[Q.SelectSpec] | None = None, networks: str | None = None) -> None:
+    def __init__(
+        self,
+        queries: list[Q.QuerySpec],
+        source_spec: dict[str, Any] | None,
+        host: str,
+        bootstrap: str | None,
+        ring_slots: int = 1 << 18,
+        chunk: int = 1 << 16,
+        producer: object | None = None,
+        emitter_opts: dict[str, Any] | None = None,
+        on_demand_gap_s: float = 0.01,
+        idle_after_s: float = 0.005,
+        control: Any = None,
+        selects: list[Q.SelectSpec] | None = None,
+        networks: str | None = None,
+    ) -> None:
         super().__init__(queries, host, networks)
         self.control = control  # low_level.host.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
@@ -49,10 +62,14 @@ class Agent(HostLoop):
         # compile before any source starts: a first packet must not wait seconds for the compiler
         took = self.kernel.warm(self.ring)
         if took > 1.0:
-            log.info("compiled the packet kernel for %d queries in %.1f s (cached for this query set from now on)",
-                     len(queries), took)
-        self.emitter = Emitter(queries, host, bootstrap, producer=producer, selects=self.selects,
-                               **(emitter_opts or {}))
+            log.info(
+                "compiled the packet kernel for %d queries in %.1f s (cached for this query set from now on)",
+                len(queries),
+                took,
+            )
+        self.emitter = Emitter(
+            queries, host, bootstrap, producer=producer, selects=self.selects, **(emitter_opts or {})
+        )
         self._bound_pending()
         self.select_next_timer = [0.0] * len(self.selects)
         self.select_last_on_demand = [0.0] * len(self.selects)
@@ -65,8 +82,12 @@ class Agent(HostLoop):
         # than its own thread, pull_frames at a time into a ring of that size: the two threads only took
         # turns on the core, and frames written a 16 MiB ring ahead of the kernel had left the cache by
         # the time it read them (the reader took 1.7x, the kernel 1.1x their time pulled this way).
-        self.pull = (self.source is not None and getattr(self.source, "can_pull", False)
-                     and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1)
+        self.pull = (
+            self.source is not None
+            and getattr(self.source, "can_pull", False)
+            and hasattr(os, "sched_getaffinity")
+            and len(os.sched_getaffinity(0)) == 1
+        )
         if self.pull:  # a fast classic-pcap replay's ring lies over the file: frames are not even copied
             self.ring = self.source.pull_ring(min(self.ring.nslots, self.pull_frames), self.ring.snaplen)
         self.last_on_demand = [0.0] * len(queries)
@@ -78,7 +99,9 @@ class Agent(HostLoop):
         """The ns span of the ring's dropped frames not yet charged by query j (selects after queries)."""
         got = self.ring.take_drop_span()
         if got is not None:
-            self.drop_spans = [got if s is None else (min(s[0], got[0]), max(s[1], got[1])) for s in self.drop_spans]
+            self.drop_spans = [
+                got if s is None else (min(s[0], got[0]), max(s[1], got[1])) for s in self.drop_spans
+            ]
         span, self.drop_spans[j] = self.drop_spans[j], None
         return span
 
@@ -96,7 +119,9 @@ class Agent(HostLoop):
         return int(self.ring.fill)
 
     def parse_error_counts(self) -> dict[str, int]:
-        return {name: int(self.kernel.err_counts[code]) for code, name in enumerate(PARSE_ERROR_NAMES) if code}
+        return {
+            name: int(self.kernel.err_counts[code]) for code, name in enumerate(PARSE_ERROR_NAMES) if code
+        }
 
     def source_stats(self) -> dict[str, Any]:
         if self.source is None:
@@ -127,19 +152,29 @@ class Agent(HostLoop):
             return
         from low_level.kernel.selection import SS_LATE, SS_LATE_MIN, SS_MATCHED, SS_MAXTS
 
-        stats = {"packets": int(self.kernel.hc[0]), "matched": int(b.sst[k, SS_MATCHED]),
-                 "late": int(b.sst[k, SS_LATE]), "ring_drops": int(self.ring.drops),
-                 "backlog_lost": int(self.emitter.outbox.lost),
-                 "parse_errors": int(self.kernel.err_counts[1:].sum()), "workers": self.workers}
+        stats = {
+            "packets": int(self.kernel.hc[0]),
+            "matched": int(b.sst[k, SS_MATCHED]),
+            "late": int(b.sst[k, SS_LATE]),
+            "ring_drops": int(self.ring.drops),
+            "backlog_lost": int(self.emitter.outbox.lost),
+            "parse_errors": int(self.kernel.err_counts[1:].sum()),
+            "workers": self.workers,
+        }
         none, never = np.iinfo(np.int64).max, np.iinfo(np.int64).min
         late_min = int(b.sst[k, SS_LATE_MIN])
         b.sst[k, SS_LATE_MIN] = none
         clock = max(int(b.sst[k, SS_MAXTS]), time.time_ns() if self.live_clock else never)
         clock = None if clock == never else clock
         at = (clock if clock is not None else mark) if end_of_stream else mark
-        losses = self.select_ledgers[k].charge(self.drop_counters(), int(b.sst[k, SS_LATE]),
-                                               None if late_min == none else late_min, at, clock,
-                                               self.take_drop_span(len(self.queries) + k))  # fmt: skip
+        losses = self.select_ledgers[k].charge(
+            self.drop_counters(),
+            int(b.sst[k, SS_LATE]),
+            None if late_min == none else late_min,
+            at,
+            clock,
+            self.take_drop_span(len(self.queries) + k),
+        )
         self.emitter.outbox.punctuate(self.selects[k].name, mark, stats, losses)
 
     def punctuate_all(self, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
@@ -162,20 +197,29 @@ class Agent(HostLoop):
             elif idle and q.heartbeat.on_demand and now - self.last_on_demand[i] >= self.on_demand_gap_s:
                 self.last_on_demand[i] = now
                 self.punctuate(i, idle, timer=False)
-            elif self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i):
-                self.last_on_demand[i] = now  # asked by the blocked consumer: flush below the clock, punctuate
+            elif (
+                self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i)
+            ):
+                self.last_on_demand[i] = (
+                    now  # asked by the blocked consumer: flush below the clock, punctuate
+                )
                 self.punctuate(i, idle=True, timer=False)
         for k, s in enumerate(self.selects):
             if now >= self.select_next_timer[k]:
                 self.select_next_timer[k] = now + s.heartbeat.interval_ns / 1e9
                 self.punctuate_select(k, idle)
-            elif idle and s.heartbeat.on_demand and now - self.select_last_on_demand[k] >= self.on_demand_gap_s:
+            elif (
+                idle and s.heartbeat.on_demand and now - self.select_last_on_demand[k] >= self.on_demand_gap_s
+            ):
                 self.select_last_on_demand[k] = now
                 self.punctuate_select(k, idle, timer=False)
         if self.pending_records >= self.pending_max:
             self.submit()  # into the backlog, whose merge and bound (max_records) then apply
-        if (self.punctuated or now - self.last_pump >= self.pump_every_s
-                or self.emitter.backlog.records >= self.pump_records):
+        if (
+            self.punctuated
+            or now - self.last_pump >= self.pump_every_s
+            or self.emitter.backlog.records >= self.pump_records
+        ):
             # fewer, larger Kafka batches: the client's work is per message and per request, on the capture core
             self.last_pump = now
             self.punctuated = False
@@ -202,4 +246,3 @@ class Agent(HostLoop):
             if self.pull:
                 self.source.close()  # no thread releases its file
             log.info("source stopped: %s", self.source.stats())
-

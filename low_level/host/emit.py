@@ -45,16 +45,24 @@ class Emitter:
     producer_config: dict = field(default_factory=dict)
     merge_at: int = 2_000_000
     max_records: int = 8_000_000
-    producer: object | None = None  # a kafka.KafkaProducer, or any object with send(topic, value=, partition=)
+    producer: object | None = (
+        None  # a kafka.KafkaProducer, or any object with send(topic, value=, partition=)
+    )
     ensure_topics: bool = True  # create/grow the queries' topics on connect
-    max_inflight_bytes: int = 64 << 20  # unacknowledged bytes handed to the producer; beyond it data waits here
+    max_inflight_bytes: int = (
+        64 << 20
+    )  # unacknowledged bytes handed to the producer; beyond it data waits here
     selects: list[Q.SelectSpec] = field(default_factory=list)  # select queries: rows go through self.outbox
 
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
         self.by_name = {q.name: q for q in self.queries}
-        self.backlog = Backlog({q.name: Q.merge_ops(q) for q in self.queries}, self.merge_at, self.max_records,
-                               pane_time={q.name: (q.window.origin_ns, q.window.pane_ns) for q in self.queries})
+        self.backlog = Backlog(
+            {q.name: Q.merge_ops(q) for q in self.queries},
+            self.merge_at,
+            self.max_records,
+            pane_time={q.name: (q.window.origin_ns, q.window.pane_ns) for q in self.queries},
+        )
         self.seq: dict[tuple[str, int], int] = {}
         self.stats = EmitStats()
         self.inflight_bytes = 0
@@ -73,11 +81,14 @@ class Emitter:
         """Make the queries' topics exist with their partition counts (an auto-created topic has one)."""
         from contract.topics import connect, ensure_topics, wanted_topics
 
-        security = {k: v for k, v in self.producer_config.items() if k.startswith(("security_", "sasl_", "ssl_"))}
+        security = {
+            k: v for k, v in self.producer_config.items() if k.startswith(("security_", "sasl_", "ssl_"))
+        }
         admin = connect(self.bootstrap or "", security, 10)
         try:
-            for topic, action in ensure_topics(admin, wanted_topics([*self.queries, *self.selects]),
-                                              exact=True).items():
+            for topic, action in ensure_topics(
+                admin, wanted_topics([*self.queries, *self.selects]), exact=True
+            ).items():
                 log.info("topic %s: %s", topic, action)
         finally:
             admin.close()
@@ -118,8 +129,13 @@ class Emitter:
                 continue
             except Exception as exc:  # noqa: BLE001 - any bootstrap failure: retry with backoff
                 self.connect_errors += 1
-                log.warning("Kafka not reachable at %s (%s; check the address and any --kafka-security "
-                            "credentials or CA); retrying in %.1fs", self.bootstrap, exc, backoff)
+                log.warning(
+                    "Kafka not reachable at %s (%s; check the address and any --kafka-security "
+                    "credentials or CA); retrying in %.1fs",
+                    self.bootstrap,
+                    exc,
+                    backoff,
+                )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -140,8 +156,14 @@ class Emitter:
             if sel.any():
                 self.backlog.add_partials(query, p, Block(pane[sel], key[sel], state[sel]))
 
-    def punctuate(self, query: str, mark_pane: int, mark_ns: int, stats: dict[str, int],
-                  losses: tuple[tuple[int, int, str, int], ...] = ()) -> None:  # fmt: skip
+    def punctuate(
+        self,
+        query: str,
+        mark_pane: int,
+        mark_ns: int,
+        stats: dict[str, int],
+        losses: tuple[tuple[int, int, str, int], ...] = (),
+    ) -> None:
         """Queue a punctuation for every partition of the query's topic (after everything queued so far).
         ``losses`` (low_level.host.losses) go to every partition: which one a lost packet's group hashes
         to is unknown."""
@@ -149,8 +171,11 @@ class Emitter:
         now = time.time_ns()
         for p in range(q.kafka.partitions):
             self.backlog.add_punctuation(
-                query, p, wire.Punctuation(query, self.host, self.incarnation, p, 0, mark_pane, mark_ns, now, stats,
-                                           losses=losses)  # fmt: skip
+                query,
+                p,
+                wire.Punctuation(
+                    query, self.host, self.incarnation, p, 0, mark_pane, mark_ns, now, stats, losses=losses
+                ),
             )
 
     # -- output side
@@ -203,8 +228,16 @@ class Emitter:
                 seq = self.seq.get((query, part), 0)
                 if isinstance(item, Block):
                     n = min(item.n, MAX_BATCH_RECORDS)
-                    value = wire.encode_partials(query, self.host, self.incarnation, part, seq,
-                                                 item.pane[:n], item.key[:n], item.state[:n])
+                    value = wire.encode_partials(
+                        query,
+                        self.host,
+                        self.incarnation,
+                        part,
+                        seq,
+                        item.pane[:n],
+                        item.key[:n],
+                        item.state[:n],
+                    )
                     if not self._send(topic, part, value):
                         return handed
                     self.seq[(query, part)] = seq + n
@@ -216,9 +249,22 @@ class Emitter:
                     else:
                         fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
                 else:
-                    ranges = self.backlog.take_shed(query, part)  # whole panes shed: the high level flags them
-                    p = wire.Punctuation(item.query, item.host, item.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats, ranges, item.losses)
+                    ranges = self.backlog.take_shed(
+                        query, part
+                    )  # whole panes shed: the high level flags them
+                    p = wire.Punctuation(
+                        item.query,
+                        item.host,
+                        item.incarnation,
+                        part,
+                        seq,
+                        item.mark_pane,
+                        item.mark_ns,
+                        item.sent_wall_ns,
+                        item.stats,
+                        ranges,
+                        item.losses,
+                    )
                     if not self._send(topic, part, wire.encode_punctuation(p)):
                         self.backlog.give_back_shed(query, part, ranges)
                         return handed
@@ -255,5 +301,10 @@ def _coalesce(fifo: deque) -> None:
         b = fifo.popleft()
         run.append(b)
         total += b.n
-    fifo.appendleft(Block(np.concatenate([b.pane for b in run]), np.concatenate([b.key for b in run]),
-                          np.concatenate([b.state for b in run])))
+    fifo.appendleft(
+        Block(
+            np.concatenate([b.pane for b in run]),
+            np.concatenate([b.key for b in run]),
+            np.concatenate([b.state for b in run]),
+        )
+    )

@@ -70,7 +70,9 @@ class HostLoop:
         self.stopping = False
         self.finished = False
         self.workers = 0  # worker processes of this capture host (set for a worker H/wI; 0: not one)
-        self.ledgers = [LossLedger() for _ in queries]  # losses charged to panes, per query (low_level.host.losses)
+        self.ledgers = [
+            LossLedger() for _ in queries
+        ]  # losses charged to panes, per query (low_level.host.losses)
 
     def take_drop_span(self, j: int) -> tuple[int, int] | None:
         """The ns span of the frames the ring dropped not yet charged by query j (a source without a ring: None)."""
@@ -80,8 +82,11 @@ class HostLoop:
         """The host's cumulative counters of records lost before any query saw them (low_level.host.losses):
         the capture socket's drops, the ring's, and malformed frames (a truncated capture's cut record too)."""
         src = self.source_stats()
-        return {"socket": int(src.get("kernel_drops", 0)), "ring": self.ring_drops(),
-                "malformed": sum(self.parse_error_counts().values()) + int(bool(src.get("malformed_tail")))}
+        return {
+            "socket": int(src.get("kernel_drops", 0)),
+            "ring": self.ring_drops(),
+            "malformed": sum(self.parse_error_counts().values()) + int(bool(src.get("malformed_tail"))),
+        }
 
     def losses(self, i: int, mark_pane: int, end_of_stream: bool) -> tuple[tuple[int, int, str, int], ...]:
         """Query i's losses since its previous punctuation, charged to panes (taken: each counted once)."""
@@ -96,9 +101,19 @@ class HostLoop:
         if end_of_stream:  # the interval ends at the data, not at the end-of-stream mark
             mark_pane = clock_pane if clock_pane is not None else (self.ledgers[i].since or 0)
         span = self.take_drop_span(i)
-        pspan = None if span is None else ((span[0] - w.origin_ns) // w.pane_ns, (span[1] - w.origin_ns) // w.pane_ns)
-        return self.ledgers[i].charge(self.drop_counters(), int(t.qs[i, QS_LATE]),
-                                      None if late_min == LATE_NONE else late_min, mark_pane, clock_pane, pspan)
+        pspan = (
+            None
+            if span is None
+            else ((span[0] - w.origin_ns) // w.pane_ns, (span[1] - w.origin_ns) // w.pane_ns)
+        )
+        return self.ledgers[i].charge(
+            self.drop_counters(),
+            int(t.qs[i, QS_LATE]),
+            None if late_min == LATE_NONE else late_min,
+            mark_pane,
+            clock_pane,
+            pspan,
+        )
 
     def _bound_pending(self) -> None:
         """Drained partials wait in ``pending`` for at most a small fraction of the backlog's bound, so the
@@ -198,14 +213,23 @@ class HostLoop:
                 self.emitter.submit(q.name, pane, key, state)
         self.pending_records = 0
 
-    def punctuate(self, i: int, idle: bool, timer: bool, end_of_stream: bool = False,
-                  clock_ns: int | None = None) -> Mark | None:
+    def punctuate(
+        self, i: int, idle: bool, timer: bool, end_of_stream: bool = False, clock_ns: int | None = None
+    ) -> Mark | None:
         """Advance query i's mark, send what it covers, then the mark with the host's counters (on demand
         only when it moved; the timer re-sends it for liveness)."""
         q = self.queries[i]
         hold = -(-q.heartbeat.max_disorder_ns // q.window.pane_ns)  # panes the mark waits for disorder
-        m = advance(self.kernel, i, time.time_ns(), idle, self.live_clock, end_of_stream, hold_panes=hold,
-                    clock_ns=clock_ns)  # fmt: skip
+        m = advance(
+            self.kernel,
+            i,
+            time.time_ns(),
+            idle,
+            self.live_clock,
+            end_of_stream,
+            hold_panes=hold,
+            clock_ns=clock_ns,
+        )
         if m is not None and m.flushed:
             self.heartbeat_flushed[i] += m.flushed
         self.drain()  # what the mark covers goes first
@@ -216,10 +240,16 @@ class HostLoop:
         elif not timer or self.last_mark_pane[i] is None:
             return m
         t = self.kernel.t
-        stats = {"packets": self.records_in(), "matched": int(t.qs[i, QS_MATCHED]),
-                 "late": int(t.qs[i, QS_LATE]), "evictions": int(t.qs[i, QS_EVICT]),
-                 "ring_drops": self.ring_drops(), "backlog_lost": int(self.emitter.backlog.lost),
-                 "parse_errors": sum(self.parse_error_counts().values()), "workers": self.workers}  # fmt: skip
+        stats = {
+            "packets": self.records_in(),
+            "matched": int(t.qs[i, QS_MATCHED]),
+            "late": int(t.qs[i, QS_LATE]),
+            "evictions": int(t.qs[i, QS_EVICT]),
+            "ring_drops": self.ring_drops(),
+            "backlog_lost": int(self.emitter.backlog.lost),
+            "parse_errors": sum(self.parse_error_counts().values()),
+            "workers": self.workers,
+        }
         losses = self.losses(i, int(self.last_mark_pane[i]), end_of_stream)
         self.emitter.punctuate(q.name, int(self.last_mark_pane[i]), int(self.last_mark_ns[i]), stats, losses)
         self.heartbeats[i] += 1
@@ -303,14 +333,21 @@ class HostLoop:
         """What this host saw, for the operator at exit (``--summary``): records, drops, per query."""
         t = self.kernel.t
         return {
-            "host": self.emitter.host, "incarnation": int(self.emitter.incarnation), "finished": self.finished,
-            "packets": self.records_in(), "parse_errors": sum(self.parse_error_counts().values()),
-            "ring_drops": self.ring_drops(), "backlog_lost": int(self.emitter.backlog.lost),
-            "networks_reloads": self.networks_reloads, "networks_reload_errors": self.networks_reload_errors,
+            "host": self.emitter.host,
+            "incarnation": int(self.emitter.incarnation),
+            "finished": self.finished,
+            "packets": self.records_in(),
+            "parse_errors": sum(self.parse_error_counts().values()),
+            "ring_drops": self.ring_drops(),
+            "backlog_lost": int(self.emitter.backlog.lost),
+            "networks_reloads": self.networks_reloads,
+            "networks_reload_errors": self.networks_reload_errors,
             "source": self.source_stats(),
-            "queries": {q.name: {"matched": int(t.qs[i, QS_MATCHED]), "late": int(t.qs[i, QS_LATE])}
-                        for i, q in enumerate(self.queries)},
-        }  # fmt: skip
+            "queries": {
+                q.name: {"matched": int(t.qs[i, QS_MATCHED]), "late": int(t.qs[i, QS_LATE])}
+                for i, q in enumerate(self.queries)
+            },
+        }
 
 
 def watch_sighup(loop: HostLoop) -> None:

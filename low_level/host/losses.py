@@ -29,9 +29,15 @@ class LossLedger:
     prev: dict[str, int] = field(default_factory=dict)
     since: int | None = None  # the mark sent at the previous punctuation (pane, or ns for a select)
 
-    def charge(self, counters: dict[str, int], late: int, late_min: int | None, mark: int,
-               clock: int | None, ring_span: tuple[int, int] | None = None,
-               ) -> tuple[tuple[int, int, str, int], ...]:  # fmt: skip
+    def charge(
+        self,
+        counters: dict[str, int],
+        late: int,
+        late_min: int | None,
+        mark: int,
+        clock: int | None,
+        ring_span: tuple[int, int] | None = None,
+    ) -> tuple[tuple[int, int, str, int], ...]:
         """Loss ranges ``(first, last, cause, records)`` since the previous call, in the query's unit.
 
         ``counters``: the host's cumulative drop counters by cause (:data:`DROP_CAUSES`); ``late``: the
@@ -46,7 +52,11 @@ class LossLedger:
         for cause in DROP_CAUSES:
             n = int(counters.get(cause, 0)) - self.prev.get(cause, 0)
             if n > 0:
-                a, b = (min(lo, ring_span[0]), max(hi, ring_span[1])) if cause == "ring" and ring_span else (lo, hi)
+                a, b = (
+                    (min(lo, ring_span[0]), max(hi, ring_span[1]))
+                    if cause == "ring" and ring_span
+                    else (lo, hi)
+                )
                 out.append((int(a), int(b), cause, n))
             self.prev[cause] = int(counters.get(cause, 0))
         n = int(late) - self.prev.get("late", 0)

@@ -36,13 +36,34 @@ PREFIX = "lowwater_agent"
 METRIC_NAMES = tuple(
     f"{PREFIX}_{n}"
     for n in (
-        "packets_captured_total", "packets_processed_total", "ring_drops_total", "kernel_drops_total",
-        "ring_fill", "parse_errors_total", "matched_packets_total", "late_packets_total", "evictions_total",
-        "flushed_total", "emitted_partials_total", "table_occupancy", "table_slots", "heartbeats_total",
-        "low_water_mark_seconds", "low_water_mark_lag_seconds", "kafka_records_sent_total",
-        "kafka_bytes_sent_total", "kafka_batches_sent_total", "kafka_send_errors_total",
-        "kafka_delivery_failures_total", "kafka_connect_errors_total", "backlog_records", "backlog_merges_total", "backlog_merged_records_total",
-        "backlog_lost_records_total", "networks_reloads_total", "networks_reload_errors_total",
+        "packets_captured_total",
+        "packets_processed_total",
+        "ring_drops_total",
+        "kernel_drops_total",
+        "ring_fill",
+        "parse_errors_total",
+        "matched_packets_total",
+        "late_packets_total",
+        "evictions_total",
+        "flushed_total",
+        "emitted_partials_total",
+        "table_occupancy",
+        "table_slots",
+        "heartbeats_total",
+        "low_water_mark_seconds",
+        "low_water_mark_lag_seconds",
+        "kafka_records_sent_total",
+        "kafka_bytes_sent_total",
+        "kafka_batches_sent_total",
+        "kafka_send_errors_total",
+        "kafka_delivery_failures_total",
+        "kafka_connect_errors_total",
+        "backlog_records",
+        "backlog_merges_total",
+        "backlog_merged_records_total",
+        "backlog_lost_records_total",
+        "networks_reloads_total",
+        "networks_reload_errors_total",
     )
 )
 
@@ -71,13 +92,20 @@ class AgentCollector(Collector):
         g = GaugeMetricFamily(f"{PREFIX}_ring_fill", "Frames waiting in the ring", labels=["host"])
         g.add_metric([host], a.ring_fill())
         yield g
-        pe = CounterMetricFamily(f"{PREFIX}_parse_errors", "Frames not parsed, by reason", labels=["host", "reason"])
+        pe = CounterMetricFamily(
+            f"{PREFIX}_parse_errors", "Frames not parsed, by reason", labels=["host", "reason"]
+        )
         for name, value in a.parse_error_counts().items():
             pe.add_metric([host, name], value)
         yield pe
-        yield counter("networks_reloads", "Networks-file reloads (SIGHUP) that took effect", a.networks_reloads)
-        yield counter("networks_reload_errors", "Networks-file reloads refused (bad file, previous one kept)",
-                      a.networks_reload_errors)
+        yield counter(
+            "networks_reloads", "Networks-file reloads (SIGHUP) that took effect", a.networks_reloads
+        )
+        yield counter(
+            "networks_reload_errors",
+            "Networks-file reloads refused (bad file, previous one kept)",
+            a.networks_reload_errors,
+        )
         per_query = [
             ("matched_packets", "Packets that passed the query's filter", QS_MATCHED),
             ("late_packets", "Packets below the sent punctuation (dropped, counted)", QS_LATE),
@@ -89,20 +117,32 @@ class AgentCollector(Collector):
             for i, q in enumerate(t.queries):
                 fam.add_metric([host, q.name], t.qs[i, col])
             yield fam
-        fl = CounterMetricFamily(f"{PREFIX}_flushed", "Partials flushed, by policy step",
-                                 labels=["host", "query", "policy", "cause"])
+        fl = CounterMetricFamily(
+            f"{PREFIX}_flushed",
+            "Partials flushed, by policy step",
+            labels=["host", "query", "policy", "cause"],
+        )
         for i, q in enumerate(t.queries):
-            for cause, col in (("slow", QS_FLUSH_SLOW), ("sweep", QS_FLUSH_SWEEP), ("iop_burst", QS_FLUSH_IOP),
-                               ("overdue", QS_OVERDUE)):
+            for cause, col in (
+                ("slow", QS_FLUSH_SLOW),
+                ("sweep", QS_FLUSH_SWEEP),
+                ("iop_burst", QS_FLUSH_IOP),
+                ("overdue", QS_OVERDUE),
+            ):
                 fl.add_metric([host, q.name, q.flush.policy, cause], t.qs[i, col])
             fl.add_metric([host, q.name, q.flush.policy, "heartbeat"], a.heartbeat_flushed[i])
         yield fl
         occ = GaugeMetricFamily(f"{PREFIX}_table_occupancy", "Occupied table slots", labels=["host", "query"])
         slots = GaugeMetricFamily(f"{PREFIX}_table_slots", "Table size", labels=["host", "query"])
         hb = CounterMetricFamily(f"{PREFIX}_heartbeats", "Punctuations sent", labels=["host", "query"])
-        lwm = GaugeMetricFamily(f"{PREFIX}_low_water_mark_seconds", "Last punctuation (epoch s)", labels=["host", "query"])
-        lag = GaugeMetricFamily(f"{PREFIX}_low_water_mark_lag_seconds", "Wall clock minus the last punctuation",
-                                labels=["host", "query"])
+        lwm = GaugeMetricFamily(
+            f"{PREFIX}_low_water_mark_seconds", "Last punctuation (epoch s)", labels=["host", "query"]
+        )
+        lag = GaugeMetricFamily(
+            f"{PREFIX}_low_water_mark_lag_seconds",
+            "Wall clock minus the last punctuation",
+            labels=["host", "query"],
+        )
         now = time.time()
         for i, q in enumerate(t.queries):
             occ.add_metric([host, q.name], t.qs[i, QS_OCC])
@@ -117,11 +157,19 @@ class AgentCollector(Collector):
         yield counter("kafka_records_sent", "Partial records handed to Kafka", s.records_sent)
         yield counter("kafka_bytes_sent", "Bytes handed to Kafka", s.bytes_sent)
         yield counter("kafka_batches_sent", "Partial batches handed to Kafka", s.batches_sent)
-        yield counter("kafka_send_errors", "Kafka send calls that failed (data kept in the backlog)", s.send_errors)
-        yield counter("kafka_delivery_failures", "Batches Kafka finally failed to deliver", s.delivery_failures)
-        yield counter("kafka_connect_errors", "Failed attempts to reach Kafka (capture goes on)", em.connect_errors)
+        yield counter(
+            "kafka_send_errors", "Kafka send calls that failed (data kept in the backlog)", s.send_errors
+        )
+        yield counter(
+            "kafka_delivery_failures", "Batches Kafka finally failed to deliver", s.delivery_failures
+        )
+        yield counter(
+            "kafka_connect_errors", "Failed attempts to reach Kafka (capture goes on)", em.connect_errors
+        )
         b = em.backlog
-        g = GaugeMetricFamily(f"{PREFIX}_backlog_records", "Partial records waiting for Kafka", labels=["host"])
+        g = GaugeMetricFamily(
+            f"{PREFIX}_backlog_records", "Partial records waiting for Kafka", labels=["host"]
+        )
         g.add_metric([host], b.records)
         yield g
         yield counter("backlog_merges", "In-place compactions of the backlog", b.merges)

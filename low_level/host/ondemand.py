@@ -23,8 +23,14 @@ log = logging.getLogger("lowwater.ondemand")
 class RequestListener:
     """Punctuation requests addressed to ``host``, per query index (set by a thread, taken by the loop)."""
 
-    def __init__(self, host: str, queries: Sequence[Q.QuerySpec], bootstrap: str, topic: str = C.CONTROL_TOPIC,
-                 consumer_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        queries: Sequence[Q.QuerySpec],
+        bootstrap: str,
+        topic: str = C.CONTROL_TOPIC,
+        consumer_config: dict[str, Any] | None = None,
+    ) -> None:
         self.host, self.topic, self.bootstrap = host, topic, bootstrap
         self.index = {q.name: i for i, q in enumerate(queries)}
         self.consumer_config = consumer_config or {}
@@ -70,8 +76,12 @@ class RequestListener:
         consumer = None
         while not self.stopping.is_set() and consumer is None:
             try:
-                consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-                                         **self.consumer_config)  # fmt: skip
+                consumer = KafkaConsumer(
+                    bootstrap_servers=self.bootstrap,
+                    enable_auto_commit=False,
+                    group_id=None,
+                    **self.consumer_config,
+                )
                 parts = consumer.partitions_for_topic(self.topic)
                 if not parts:
                     consumer.close()

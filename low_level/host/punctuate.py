@@ -27,8 +27,15 @@ class Mark:
     flushed: int
 
 
-def target_pane(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, skew_ns: int,
-                clock_ns: int | None = None) -> int | None:
+def target_pane(
+    kernel: Kernel,
+    q: int,
+    now_ns: int,
+    idle: bool,
+    live_clock: bool,
+    skew_ns: int,
+    clock_ns: int | None = None,
+) -> int | None:
     """The pane the host's clock has reached (everything before it may be closed), or None if unknown.
 
     ``clock_ns`` replaces the data clock where the source itself promises how far it got (a flow
@@ -55,8 +62,16 @@ def _oldest_held(kernel: Kernel, q: int, target: int) -> int:
     return kernel.min_pane(q)
 
 
-def advance(kernel: Kernel, q: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False,
-            hold_panes: int = 0, clock_ns: int | None = None) -> Mark | None:
+def advance(
+    kernel: Kernel,
+    q: int,
+    now_ns: int,
+    idle: bool,
+    live_clock: bool,
+    end_of_stream: bool = False,
+    hold_panes: int = 0,
+    clock_ns: int | None = None,
+) -> Mark | None:
     """Flush what the new mark needs and return it (the caller drains, queues, then sends it).
 
     Returns None when the mark does not advance. Sets the kernel's mark, so later packets below it

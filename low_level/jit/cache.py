@@ -51,7 +51,11 @@ def directory() -> Path:
     global _configured
     if _configured is None:
         env = os.environ.get("LOWWATER_JIT_CACHE")
-        base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lowwater"
+        base = (
+            Path(env)
+            if env
+            else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lowwater"
+        )
         d = base / f"jit-{sources_digest()}"
         if not _writable(d):  # read-only home (some containers)
             d = Path(tempfile.gettempdir()) / f"lowwater-{os.getuid()}" / f"jit-{sources_digest()}"

@@ -21,6 +21,8 @@ def pin(a: np.ndarray) -> int:
 
 
 @njit(cache=True, nogil=True)
-def pin_tables(qp: np.ndarray, qs: np.ndarray, tab: np.ndarray, out: np.ndarray, pane_counts: np.ndarray) -> int:
+def pin_tables(
+    qp: np.ndarray, qs: np.ndarray, tab: np.ndarray, out: np.ndarray, pane_counts: np.ndarray
+) -> int:
     """:func:`pin` of the five table arrays every flush and emit helper takes (low_level.kernel.tables)."""
     return qp.shape[0] + qs.shape[0] + tab.shape[0] + out.shape[0] + pane_counts.shape[0]

@@ -50,15 +50,20 @@ def shape_of(tables: Tables) -> list[dict]:
     shapes = []
     for i, q in enumerate(tables.queries):
         qp = tables.qp[i]
-        shapes.append({
-            "kw": int(qp[QP_KW]), "na": int(qp[QP_NA]), "stride": int(qp[QP_STRIDE]),
-            "probes": int(qp[QP_PROBES]), "policy": int(qp[QP_POLICY]),
-            "key": query_key_program(q).tolist(),
-            "state": [[c.source, c.merge] for c in state_columns(q)],
-            "square": [i for i, c in enumerate(state_columns(q)) if c.square],
-            "filter": compile_filter(q.filter).tolist(),
-            "iface": int(qp[QP_IFMASK]) != -1,
-        })
+        shapes.append(
+            {
+                "kw": int(qp[QP_KW]),
+                "na": int(qp[QP_NA]),
+                "stride": int(qp[QP_STRIDE]),
+                "probes": int(qp[QP_PROBES]),
+                "policy": int(qp[QP_POLICY]),
+                "key": query_key_program(q).tolist(),
+                "state": [[c.source, c.merge] for c in state_columns(q)],
+                "square": [i for i, c in enumerate(state_columns(q)) if c.square],
+                "filter": compile_filter(q.filter).tolist(),
+                "iface": int(qp[QP_IFMASK]) != -1,
+            }
+        )
     return shapes
 
 
@@ -395,8 +400,11 @@ def _select_lines(k: int, shape: dict, ind: str) -> list[str]:
     """
     # the clock is every parsed packet's time, not only the selected ones': a select that matches rarely
     # still punctuates as far as the host's traffic has gone
-    lines = [f"{ind}# select {k}", f"{ind}if row[F.TS] > sst[{k}, {SS_MAXTS}]:",
-             f"{ind}    sst[{k}, {SS_MAXTS}] = row[F.TS]"]
+    lines = [
+        f"{ind}# select {k}",
+        f"{ind}if row[F.TS] > sst[{k}, {SS_MAXTS}]:",
+        f"{ind}    sst[{k}, {SS_MAXTS}] = row[F.TS]",
+    ]
     body = ind
     if shape["filter"]:
         flines, result = filter_statements(shape["filter"], f"s{k}_")
@@ -432,8 +440,10 @@ def _select_columns(select_shapes: list[dict]) -> set[int]:
 
 
 _AGG_ARGS = "cnt, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols"
-_FUSED_ARGS = ("frames, offs, use_offs, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
-               "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets")
+_FUSED_ARGS = (
+    "frames, offs, use_offs, snaplen, caplen, wirelen, ts, iface, use_iface, seq0, n, smask, "
+    "qp, qs, tab, out, pane_counts, scols, err_counts, hc, row, rows, keys, sel, hs, sout, sst, nets"
+)
 
 
 def columns_read(shapes: list[dict]) -> set[int]:
@@ -479,11 +489,21 @@ def kernel_source(shapes: list[dict], select_shapes: list[dict] | None = None) -
         kw = s["kw"]
         key_eq = " and ".join(f"tab[pos + {1 + w}] == keys[ko + {w}]" for w in range(kw))
         key_store = "\n".join(f"            tab[match + {1 + w}] = keys[ko + {w}]" for w in range(kw))
-        parts.append(_AGGREGATE.format(
-            q=q, probes=s["probes"], stride=s["stride"], iop="True" if s["policy"] == 2 else "False",
-            key_eq=key_eq, key_store=key_store, soff=1 + kw,
-            fold="\n".join(_fold_lines(s, " " * 8)), policy=_POLICY[s["policy"]], pins=_pins(_AGG_ARGS),
-            args=_AGG_ARGS))
+        parts.append(
+            _AGGREGATE.format(
+                q=q,
+                probes=s["probes"],
+                stride=s["stride"],
+                iop="True" if s["policy"] == 2 else "False",
+                key_eq=key_eq,
+                key_store=key_store,
+                soff=1 + kw,
+                fold="\n".join(_fold_lines(s, " " * 8)),
+                policy=_POLICY[s["policy"]],
+                pins=_pins(_AGG_ARGS),
+                args=_AGG_ARGS,
+            )
+        )
     ind = " " * 16
     selects = [line for k, s in enumerate(select_shapes) for line in _select_lines(k, s, ind)]
     loop = block_loop(shapes, ind, _FUSED_RECORD, parse=parse, selects="\n".join(selects))
@@ -497,18 +517,28 @@ def block_loop(shapes: list[dict], ind: str, record: str, **fill: str) -> str:
     columns phase 2 reads) and ``{select}`` (phase 1 of every query: select, key, hash, prefetch, at
     indent ``ind``), and whatever else ``fill`` names."""
     select = [line for q, s in enumerate(shapes) for line in _phase1(q, s, ind)] or [ind + "pass"]
-    bases = [f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
-             for q in range(len(shapes))]
+    bases = [
+        f"    base{q} = qp[{q}, QP_BASE]\n    umask{q} = np.uint64(qp[{q}, QP_SIZE] - 1)"
+        for q in range(len(shapes))
+    ]
     zero = [f"        c{q} = 0" for q in range(len(shapes))] or ["        pass"]
-    fold = [f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
-            for q in range(len(shapes))]
+    fold = [
+        f"        if c{q} > 0:\n            aggregate_q{q}(c{q}, rows, keys, sel, hs, qp, qs, tab, out, pane_counts, scols)"
+        for q in range(len(shapes))
+    ]
     # phase 2 reads only the timestamp and the state columns' sources of the copied row
     needed = {F.TS} | {c for s in shapes for src, _ in s["state"] for c in _source_columns(src)}
     copy = "\n".join(f"{ind}rows[ro + {f}] = row[{f}]" for f in sorted(needed))
-    return _BLOCK_LOOP.format(bases="\n".join(bases) or "    pass", zero="\n".join(zero), fold="\n".join(fold),
-                              record=record.format(copy=copy, select="\n".join(select), **fill))
+    return _BLOCK_LOOP.format(
+        bases="\n".join(bases) or "    pass",
+        zero="\n".join(zero),
+        fold="\n".join(fold),
+        record=record.format(copy=copy, select="\n".join(select), **fill),
+    )
 
 
 def load(tables: Tables, selects: list[SelectSpec] | None = None) -> ModuleType:
     """The compiled kernel module for these tables' query shapes and select queries (generated and imported once)."""
-    return jitcache.load_generated(kernel_source(shape_of(tables), [select_shape(s) for s in selects or []]), "kernel")
+    return jitcache.load_generated(
+        kernel_source(shape_of(tables), [select_shape(s) for s in selects or []]), "kernel"
+    )

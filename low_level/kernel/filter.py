@@ -55,11 +55,15 @@ def statements(program: np.ndarray | list, prefix: str, row: str = "row") -> tup
             lines.append(f"{v} = {row}[{a0}]")
         elif op == OP_LOAD_DSCP:
             lines.append(f"{v} = {row}[F.TOS] >> 2")
-        elif op == OP_LOAD_NET:  # the enclosing function has the networks table ``nets`` (low_level.kernel.lpm)
+        elif (
+            op == OP_LOAD_NET
+        ):  # the enclosing function has the networks table ``nets`` (low_level.kernel.lpm)
             lines.append(f"{v} = enrich(nets, {row}, {F.ENRICH_SOURCES[a0][0]}, {F.ENRICH_SOURCES[a0][1]})")
         elif op == OP_IP_MATCH:
-            lines.append(f"{v} = 1 if (({row}[{a0}] & np.int64({a3})) == np.int64({a1}) and "
-                         f"({row}[{a0 + 1}] & np.int64({a4})) == np.int64({a2})) else 0")
+            lines.append(
+                f"{v} = 1 if (({row}[{a0}] & np.int64({a3})) == np.int64({a1}) and "
+                f"({row}[{a0 + 1}] & np.int64({a4})) == np.int64({a2})) else 0"
+            )
         elif op in (OP_NOT, OP_TRUTHY):
             x = stack.pop()
             lines.append(f"{v} = 1 if {x} {'==' if op == OP_NOT else '!='} 0 else 0")

@@ -29,26 +29,66 @@ class Kernel(KernelBase):
 
     def __init__(self, tables: Tables, selects: list | None = None, nets: np.ndarray | None = None) -> None:
         super().__init__(tables, F.NFIELDS, nets)
-        self.sel_buf = SelectBuffers(selects or [], tables.chunk)  # select queries' rows (low_level.kernel.selection)
+        self.sel_buf = SelectBuffers(
+            selects or [], tables.chunk
+        )  # select queries' rows (low_level.kernel.selection)
         self.err_counts = np.zeros(NERR, dtype=np.int64)
         self.compiled = codegen.load(tables, selects)
 
     def _scratch(self) -> tuple:
-        return (self.err_counts, self.hc, self.row, self.rows, self.keys, self.sel, self.hs, self.sel_buf.sout,
-                self.sel_buf.sst, self.nets)
+        return (
+            self.err_counts,
+            self.hc,
+            self.row,
+            self.rows,
+            self.keys,
+            self.sel,
+            self.hs,
+            self.sel_buf.sout,
+            self.sel_buf.sst,
+            self.nets,
+        )
 
     def run_ring(self, ring) -> int:
         """Process what the ring holds, at most one chunk; returns the frames taken."""
         t = self.t
-        return self.compiled.process_frames(ring.frames, ring.offs, ring.snaplen, ring.caplen, ring.wirelen, ring.ts,
-                                            ring.iface, ring.ctr, t.chunk, t.qp, t.qs, t.tab, t.out,
-                                            t.pane_counts, t.scols, *self._scratch())
+        return self.compiled.process_frames(
+            ring.frames,
+            ring.offs,
+            ring.snaplen,
+            ring.caplen,
+            ring.wirelen,
+            ring.ts,
+            ring.iface,
+            ring.ctr,
+            t.chunk,
+            t.qp,
+            t.qs,
+            t.tab,
+            t.out,
+            t.pane_counts,
+            t.scols,
+            *self._scratch(),
+        )
 
     def run_arrays(self, frames2d, caplen, wirelen, ts, start: int, stop: int) -> int:
         """Process frames[start:stop]; callers keep stop - start <= tables.chunk and drain between calls."""
         t = self.t
-        return self.compiled.process_arrays(frames2d, caplen, wirelen, ts, start, stop, t.qp, t.qs, t.tab,
-                                            t.out, t.pane_counts, t.scols, *self._scratch())
+        return self.compiled.process_arrays(
+            frames2d,
+            caplen,
+            wirelen,
+            ts,
+            start,
+            stop,
+            t.qp,
+            t.qs,
+            t.tab,
+            t.out,
+            t.pane_counts,
+            t.scols,
+            *self._scratch(),
+        )
 
     def warm(self, ring) -> float:
         """Compile both entry points now, on empty input (nothing is consumed); returns the seconds taken.

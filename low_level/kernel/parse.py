@@ -110,8 +110,20 @@ PARSE_ERROR_NAMES: tuple[str, ...] = (
 NERR = len(PARSE_ERROR_NAMES)
 
 # Columns only parse_frame fills (parse_frame_lean skips them); same status and other columns either way.
-EXTRA_COLUMNS: tuple[int, ...] = (ETHERTYPE, SRC_MAC, DST_MAC, TCP_WINDOW, ICMP_TYPE, ICMP_CODE, MPLS_LABEL,
-                                  INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO)
+EXTRA_COLUMNS: tuple[int, ...] = (
+    ETHERTYPE,
+    SRC_MAC,
+    DST_MAC,
+    TCP_WINDOW,
+    ICMP_TYPE,
+    ICMP_CODE,
+    MPLS_LABEL,
+    INNER_IPVER,
+    INNER_SRC_HI,
+    INNER_SRC_LO,
+    INNER_DST_HI,
+    INNER_DST_LO,
+)
 
 MAX_VLAN_TAGS = 4
 MAX_MPLS_LABELS = 8

@@ -55,7 +55,9 @@ class SelectBuffers:
         self.sst[k, SS_N] = 0
         return rows
 
-    def advance_mark(self, k: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False) -> int | None:
+    def advance_mark(
+        self, k: int, now_ns: int, idle: bool, live_clock: bool, end_of_stream: bool = False
+    ) -> int | None:
         """Raise select k's mark to its clock (call after draining); later packets below it are late."""
         if end_of_stream:
             mark = wire.END_OF_STREAM
@@ -137,7 +139,9 @@ class SelectOutbox:
                     ts = item[:cut, 0]
                     r = self.shed.get(key)  # one range per partition: bounded however long the outage
                     lo, hi = int(ts.min()), int(ts.max())
-                    self.shed[key] = (lo, hi, cut) if r is None else (min(r[0], lo), max(r[1], hi), r[2] + cut)
+                    self.shed[key] = (
+                        (lo, hi, cut) if r is None else (min(r[0], lo), max(r[1], hi), r[2] + cut)
+                    )
                     self.seq[key] = self.seq.get(key, 0) + cut
                     if cut < item.shape[0]:
                         keep.append(item[cut:])
@@ -147,15 +151,22 @@ class SelectOutbox:
             if excess <= 0:
                 return
 
-    def punctuate(self, name: str, mark_ns: int, stats: dict[str, int],
-                  losses: tuple[tuple[int, int, str, int], ...] = ()) -> None:  # fmt: skip
+    def punctuate(
+        self,
+        name: str,
+        mark_ns: int,
+        stats: dict[str, int],
+        losses: tuple[tuple[int, int, str, int], ...] = (),
+    ) -> None:
         """Queue a punctuation on every partition of the select's topic, after everything queued so far."""
         s = self.by_name[name]
         now = time.time_ns()
         for p in range(s.kafka.partitions):
             self.fifos[(name, p)].append(
-                wire.Punctuation(name, self.host, self.incarnation, p, 0, mark_ns, mark_ns, now, stats,
-                                 losses=losses))  # fmt: skip
+                wire.Punctuation(
+                    name, self.host, self.incarnation, p, 0, mark_ns, mark_ns, now, stats, losses=losses
+                )
+            )
 
     def pump(self, send: Any) -> int:
         """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order per partition."""
@@ -183,8 +194,19 @@ class SelectOutbox:
                         fifo[0] = item[n:]
                 else:
                     shed = (self.shed[(name, part)],) if (name, part) in self.shed else ()
-                    p = wire.Punctuation(name, self.host, self.incarnation, part, seq, item.mark_pane,
-                                         item.mark_ns, item.sent_wall_ns, item.stats, shed, item.losses)
+                    p = wire.Punctuation(
+                        name,
+                        self.host,
+                        self.incarnation,
+                        part,
+                        seq,
+                        item.mark_pane,
+                        item.mark_ns,
+                        item.sent_wall_ns,
+                        item.stats,
+                        shed,
+                        item.losses,
+                    )
                     if not send(topic, part, wire.encode_punctuation(p)):
                         return handed
                     self.shed.pop((name, part), None)

@@ -38,9 +38,19 @@ PANE_MAX = np.iinfo(np.int64).max
 
 
 # one odd multiplier per key word (MAXKW = 8): the slot hash's multilinear sum
-_SLOT_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
-                      0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x87C37B91114253D5, 0x4CF5AD432745937F],
-                     dtype=np.uint64)
+_SLOT_MUL = np.array(
+    [
+        0x9E3779B97F4A7C15,
+        0xC2B2AE3D27D4EB4F,
+        0x165667B19E3779F9,
+        0xD6E8FEB86659FD93,
+        0xFF51AFD7ED558CCD,
+        0xC4CEB9FE1A85EC53,
+        0x87C37B91114253D5,
+        0x4CF5AD432745937F,
+    ],
+    dtype=np.uint64,
+)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -96,8 +106,9 @@ def packet_value_at(row: np.ndarray, roff: int, src: int) -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, roff: int,
-            fresh: bool) -> None:
+def fold_at(
+    tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, row: np.ndarray, roff: int, fresh: bool
+) -> None:
     """Merge the packet at row[roff:] into the state words at tab[spos:spos+na] (fresh = first packet)."""
     for c in range(na):
         v = packet_value_at(row, roff, scols[soff + c, 0])
@@ -120,8 +131,15 @@ def fold_at(tab: np.ndarray, spos: int, na: int, scols: np.ndarray, soff: int, r
 
 
 @njit(cache=True, nogil=True)
-def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray, out: np.ndarray,
-              pane_counts: np.ndarray) -> None:
+def emit_slot(
+    q: int,
+    pos: int,
+    qp: np.ndarray,
+    qs: np.ndarray,
+    tab: np.ndarray,
+    out: np.ndarray,
+    pane_counts: np.ndarray,
+) -> None:
     """Copy the entry at ``pos`` to query q's output region and free the slot."""
     rw = qp[q, QP_RW]
     o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * rw
@@ -136,8 +154,18 @@ def emit_slot(q: int, pos: int, qp: np.ndarray, qs: np.ndarray, tab: np.ndarray,
 
 
 @njit(cache=True, nogil=True)
-def emit_packet_at(q: int, pane: int, keys: np.ndarray, kofs: int, row: np.ndarray, roff: int, qp: np.ndarray,
-                   qs: np.ndarray, out: np.ndarray, scols: np.ndarray) -> None:
+def emit_packet_at(
+    q: int,
+    pane: int,
+    keys: np.ndarray,
+    kofs: int,
+    row: np.ndarray,
+    roff: int,
+    qp: np.ndarray,
+    qs: np.ndarray,
+    out: np.ndarray,
+    scols: np.ndarray,
+) -> None:
     """Emit a one-packet partial straight to the output (for packets older than the table's horizon)."""
     kw, na, rw = qp[q, QP_KW], qp[q, QP_NA], qp[q, QP_RW]
     o = qp[q, QP_OBASE] + qs[q, QS_OUTN] * rw

@@ -22,16 +22,67 @@ POLICY = {"lazy": 0, "slow": 1, "iop": 2}
 MAXKW = 8
 
 # qp columns (parameters, read-only in the kernel)
-(QP_KW, QP_NA, QP_SIZE, QP_BASE, QP_STRIDE, QP_PROBES, QP_POLICY, QP_M, QP_I, QP_PANE_NS, QP_ORIGIN,
- QP_SOFF, QP_IFMASK, QP_OBASE, QP_OCAP, QP_RW) = range(16)
+(
+    QP_KW,
+    QP_NA,
+    QP_SIZE,
+    QP_BASE,
+    QP_STRIDE,
+    QP_PROBES,
+    QP_POLICY,
+    QP_M,
+    QP_I,
+    QP_PANE_NS,
+    QP_ORIGIN,
+    QP_SOFF,
+    QP_IFMASK,
+    QP_OBASE,
+    QP_OCAP,
+    QP_RW,
+) = range(16)
 NQP = 16
 # qs columns (state, updated by the kernel and by the heartbeat)
-(QS_STARTED, QS_CUR, QS_MARK, QS_OCC, QS_MATCHED, QS_LATE, QS_EVICT, QS_FLUSH_SLOW, QS_FLUSH_SWEEP,
- QS_FLUSH_IOP, QS_OVERDUE, QS_CURSOR, QS_TICK, QS_OUTN, QS_EMITTED, QS_MAXTS, QS_BURST_MAX, QS_LATE_MIN) = range(18)
+(
+    QS_STARTED,
+    QS_CUR,
+    QS_MARK,
+    QS_OCC,
+    QS_MATCHED,
+    QS_LATE,
+    QS_EVICT,
+    QS_FLUSH_SLOW,
+    QS_FLUSH_SWEEP,
+    QS_FLUSH_IOP,
+    QS_OVERDUE,
+    QS_CURSOR,
+    QS_TICK,
+    QS_OUTN,
+    QS_EMITTED,
+    QS_MAXTS,
+    QS_BURST_MAX,
+    QS_LATE_MIN,
+) = range(18)
 NQS = 18
-QS_NAMES = ("started", "cur_pane", "mark_pane", "occupancy", "matched", "late", "evictions", "flush_slow",
-            "flush_sweep", "flush_iop", "overdue", "cursor", "tick", "out_n", "emitted", "max_ts", "burst_max",
-            "late_min_pane")
+QS_NAMES = (
+    "started",
+    "cur_pane",
+    "mark_pane",
+    "occupancy",
+    "matched",
+    "late",
+    "evictions",
+    "flush_slow",
+    "flush_sweep",
+    "flush_iop",
+    "overdue",
+    "cursor",
+    "tick",
+    "out_n",
+    "emitted",
+    "max_ts",
+    "burst_max",
+    "late_min_pane",
+)
 LATE_NONE = np.iinfo(np.int64).max  # QS_LATE_MIN when no packet was late since the agent last took it
 
 
@@ -60,7 +111,9 @@ class Tables:
     chunk: int
 
     @classmethod
-    def build(cls, queries: list[Q.QuerySpec], chunk: int = 1 << 16, iface_masks: list[int] | None = None) -> Tables:
+    def build(
+        cls, queries: list[Q.QuerySpec], chunk: int = 1 << 16, iface_masks: list[int] | None = None
+    ) -> Tables:
         """Lay out tables; ``chunk`` = most packets one kernel call takes (sizes the output regions)."""
         nq = len(queries)
         qp = np.zeros((nq, NQP), dtype=np.int64)
@@ -92,7 +145,9 @@ class Tables:
             tab[base : base + size * stride : stride] = EMPTY
         qs = np.zeros((nq, NQS), dtype=np.int64)
         qs[:, QS_MARK] = EMPTY
-        qs[:, QS_LATE_MIN] = LATE_NONE  # the oldest pane of a late packet (the agent charges late losses to panes)
+        qs[:, QS_LATE_MIN] = (
+            LATE_NONE  # the oldest pane of a late packet (the agent charges late losses to panes)
+        )
         return cls(
             queries=list(queries),
             qp=qp,

@@ -20,9 +20,27 @@ def status_router(svc: ApiService) -> APIRouter:
     def status() -> dict[str, Any]:
         # the job's document, plus what only the API knows: its live consumers' queues (UpStream staleness)
         st = svc.hub.stats()
-        live = {"enabled": svc.live_source is not None, "received": st["received"], "consumers": [
-            {k: c[k] for k in ("id", "query", "policy", "load_factor", "staleness_now_s", "staleness_avg_s",
-                               "overwrites", "skipped_windows", "delivered")} for c in st["consumers"]]}  # fmt: skip
+        live = {
+            "enabled": svc.live_source is not None,
+            "received": st["received"],
+            "consumers": [
+                {
+                    k: c[k]
+                    for k in (
+                        "id",
+                        "query",
+                        "policy",
+                        "load_factor",
+                        "staleness_now_s",
+                        "staleness_avg_s",
+                        "overwrites",
+                        "skipped_windows",
+                        "delivered",
+                    )
+                }
+                for c in st["consumers"]
+            ],
+        }
         return {**read_status(svc.results), "live": live}
 
     return r
@@ -32,10 +50,14 @@ def alerts_router(svc: ApiService) -> APIRouter:
     r = APIRouter()
 
     @r.get("/alerts", summary="Alerts fired on closed windows, newest first")
-    def alerts(query: Annotated[str | None, Query(max_length=64, description="only this query")] = None,
-               alert: Annotated[str | None, Query(max_length=64, description="only this alert rule")] = None,
-               start: Annotated[str | None, Query(max_length=64, description="closed at or after (as /results' start)")] = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:  # fmt: skip
+    def alerts(
+        query: Annotated[str | None, Query(max_length=64, description="only this query")] = None,
+        alert: Annotated[str | None, Query(max_length=64, description="only this alert rule")] = None,
+        start: Annotated[
+            str | None, Query(max_length=64, description="closed at or after (as /results' start)")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
         if query is not None:
             svc.info(query)
         since = us_of(P.parse_time("start", start, svc.now())) if start is not None else None

@@ -26,32 +26,60 @@ _SERIES_PARAMS = {"start", "end", "filter", "format", "complete"}
 _INCOMPLETE_PARAMS = {"start", "end"}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
-Start = Annotated[str | None, Query(
-    description="Start of the range (inclusive, by window_start): ISO-8601 (naive = UTC), epoch seconds, "
-                "'now' or 'now-15m'/'-15m'. Default: end minus 1 hour.",
-    examples=["2024-05-01T12:00:00Z", "1714564800", "-15m"], max_length=64)]  # fmt: skip
-End = Annotated[str | None, Query(
-    description="End of the range (exclusive). Default: the end of the query's newest closed window when start "
-                "is not given either (a replayed or stopped capture still shows its last hour), else now. The "
-                "range may span at most 7 days.", max_length=64)]  # fmt: skip
-Filters = Annotated[list[str], Query(
-    alias="filter", max_length=P.MAX_FILTERS,
-    description="Group-key filter 'column:value', repeatable: exact value, or for address columns a prefix "
-                "like 'src_ip:10.0.0.0/8' or 'dst_ip:2001:db8::/32'. Several filters on one column are OR-ed, "
-                "on different columns AND-ed. Equivalent: key.<column>=value.")]  # fmt: skip
-OrderBy = Annotated[str | None, Query(
-    max_length=200,
-    description="Comma-separated columns (aggregates, window_start, window_end, key columns), '-' prefix for "
-                "descending. Without top: the row order. With top: the first aggregate listed ranks the "
-                "groups of each window (default: the query's first aggregate, descending); rows come "
-                "grouped by window, ascending unless '-window_start' is listed.")]  # fmt: skip
-Top = Annotated[int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups per window (1..{P.MAX_TOP}).")]
+Start = Annotated[
+    str | None,
+    Query(
+        description="Start of the range (inclusive, by window_start): ISO-8601 (naive = UTC), epoch seconds, "
+        "'now' or 'now-15m'/'-15m'. Default: end minus 1 hour.",
+        examples=["2024-05-01T12:00:00Z", "1714564800", "-15m"],
+        max_length=64,
+    ),
+]
+End = Annotated[
+    str | None,
+    Query(
+        description="End of the range (exclusive). Default: the end of the query's newest closed window when start "
+        "is not given either (a replayed or stopped capture still shows its last hour), else now. The "
+        "range may span at most 7 days.",
+        max_length=64,
+    ),
+]
+Filters = Annotated[
+    list[str],
+    Query(
+        alias="filter",
+        max_length=P.MAX_FILTERS,
+        description="Group-key filter 'column:value', repeatable: exact value, or for address columns a prefix "
+        "like 'src_ip:10.0.0.0/8' or 'dst_ip:2001:db8::/32'. Several filters on one column are OR-ed, "
+        "on different columns AND-ed. Equivalent: key.<column>=value.",
+    ),
+]
+OrderBy = Annotated[
+    str | None,
+    Query(
+        max_length=200,
+        description="Comma-separated columns (aggregates, window_start, window_end, key columns), '-' prefix for "
+        "descending. Without top: the row order. With top: the first aggregate listed ranks the "
+        "groups of each window (default: the query's first aggregate, descending); rows come "
+        "grouped by window, ascending unless '-window_start' is listed.",
+    ),
+]
+Top = Annotated[
+    int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups per window (1..{P.MAX_TOP}).")
+]
 Limit = Annotated[int, Query(ge=1, le=P.MAX_LIMIT, description=f"Page size (1..{P.MAX_LIMIT}).")]
 Offset = Annotated[int, Query(ge=0, le=P.MAX_OFFSET, description="Rows to skip (paging).")]
 Format = Annotated[Literal["json", "csv"], Query(alias="format", description="json (default) or csv.")]
-Complete = Annotated[str | None, Query(max_length=16, description=(
-    "true: only complete rows (windows for /series), false: only incomplete ones; default all. Complete: every "
-    "known capture host's mark passed the window, no late partial dropped, no records missing."))]
+Complete = Annotated[
+    str | None,
+    Query(
+        max_length=16,
+        description=(
+            "true: only complete rows (windows for /series), false: only incomplete ones; default all. Complete: every "
+            "known capture host's mark passed the window, no late partial dropped, no records missing."
+        ),
+    ),
+]
 
 
 def _fmt_s(ns: int) -> str:
@@ -71,22 +99,46 @@ def describe_query(qi: QueryInfo, fragment: dict[str, Any] | None) -> dict[str, 
         "definition": definition,
         "yaml": yaml.safe_dump(definition, sort_keys=False, default_flow_style=None),
         "window": {
-            "range": _fmt_s(w.range_ns), "slide": _fmt_s(w.slide), "pane": _fmt_s(w.pane_ns),
-            "range_ns": w.range_ns, "slide_ns": w.slide, "pane_ns": w.pane_ns, "origin_ns": w.origin_ns,
-            "tumbling": w.tumbling and not w.landmark, "landmark": w.landmark,
-        },  # fmt: skip
+            "range": _fmt_s(w.range_ns),
+            "slide": _fmt_s(w.slide),
+            "pane": _fmt_s(w.pane_ns),
+            "range_ns": w.range_ns,
+            "slide_ns": w.slide,
+            "pane_ns": w.pane_ns,
+            "origin_ns": w.origin_ns,
+            "tumbling": w.tumbling and not w.landmark,
+            "landmark": w.landmark,
+        },
         "key_columns": [  # the group-by parts, then a top aggregate's item
-            {"name": p.name, "field": p.field.name, "kind": "ip" if p.field.kind == "ip" else "int",
-             "type": "string" if p.field.kind == "ip" else "int64", "prefix4": p.prefix4, "prefix6": p.prefix6}
+            {
+                "name": p.name,
+                "field": p.field.name,
+                "kind": "ip" if p.field.kind == "ip" else "int",
+                "type": "string" if p.field.kind == "ip" else "int64",
+                "prefix4": p.prefix4,
+                "prefix6": p.prefix6,
+            }
             for p in spec.key_parts
-        ] + [{"name": n, "field": n, "kind": k, "type": "string" if k == "ip" else "int64", "prefix4": None,
-              "prefix6": None} for n, k in R.key_columns(spec)[len(spec.key_parts):]],  # fmt: skip
+        ]
+        + [
+            {
+                "name": n,
+                "field": n,
+                "kind": k,
+                "type": "string" if k == "ip" else "int64",
+                "prefix4": None,
+                "prefix6": None,
+            }
+            for n, k in R.key_columns(spec)[len(spec.key_parts) :]
+        ],
         "aggregate_columns": [
             {"name": n, "fn": fn, "field": a.field, "type": "float64" if fn in R.FLOAT_FNS else "int64"}
-            for a in spec.aggregates for n, fn in a.output_columns()
+            for a in spec.aggregates
+            for n, fn in a.output_columns()
         ],
         "result_columns": qi.output_columns,
-        "avg_exact": qi.count_col is not None or not any(A.RESULT_KINDS[fn].fold.without_count for _, fn in qi.aggs),
+        "avg_exact": qi.count_col is not None
+        or not any(A.RESULT_KINDS[fn].fold.without_count for _, fn in qi.aggs),
         "links": {
             "results": f"/queries/{spec.name}/results",
             "latest": f"/queries/{spec.name}/latest",
@@ -102,7 +154,9 @@ def _check_params(request: Request, allowed: set[str]) -> list[tuple[str, str]]:
         if k.startswith("key."):
             keys.append((k[4:], v))
         elif k not in allowed:
-            raise P.ParamError(f"unknown parameter {k!r}; allowed: {', '.join(sorted(allowed))}, key.<column>")
+            raise P.ParamError(
+                f"unknown parameter {k!r}; allowed: {', '.join(sorted(allowed))}, key.<column>"
+            )
     return keys
 
 
@@ -117,12 +171,24 @@ def router(svc: ApiService) -> APIRouter:
     def query(name: str) -> dict[str, Any]:
         return describe_query(svc.info(name), svc.fragments.get(name))
 
-    @r.get("/queries/{name}/results", summary="Closed windows in a time range, corrections folded",
-                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
-    def results_(request: Request, name: str, start: Start = None, end: End = None,
-                 filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
-                 order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
-                 offset: Offset = 0, fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
+    @r.get(
+        "/queries/{name}/results",
+        summary="Closed windows in a time range, corrections folded",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
+    def results_(
+        request: Request,
+        name: str,
+        start: Start = None,
+        end: End = None,
+        filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+        order_by: OrderBy = None,
+        top: Top = None,
+        limit: Limit = P.DEFAULT_LIMIT,
+        offset: Offset = 0,
+        fmt: Format = "json",
+        complete: Complete = None,
+    ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
@@ -130,59 +196,110 @@ def router(svc: ApiService) -> APIRouter:
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
         rs = svc.reader.results(qi, s, e, flt, order, top, limit, offset, only)
-        body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)), "top": top,
-                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only,
-                "paging": svc.paging(rs, limit, offset)}  # fmt: skip
+        body = {
+            "query": name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "top": top,
+            "order_by": order_by,
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "complete": only,
+            "paging": svc.paging(rs, limit, offset),
+        }
         return svc.respond(body, rs, fmt, f"{name}-results", qi)
 
-    @r.get("/queries/{name}/latest", summary="The newest closed window (all groups, or top-N)",
-                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
-    def latest(request: Request, name: str, filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
-               order_by: OrderBy = None, top: Top = None, limit: Limit = P.DEFAULT_LIMIT,
-               offset: Offset = 0, fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
+    @r.get(
+        "/queries/{name}/latest",
+        summary="The newest closed window (all groups, or top-N)",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
+    def latest(
+        request: Request,
+        name: str,
+        filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+        order_by: OrderBy = None,
+        top: Top = None,
+        limit: Limit = P.DEFAULT_LIMIT,
+        offset: Offset = 0,
+        fmt: Format = "json",
+        complete: Complete = None,
+    ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _LATEST_PARAMS)
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
         ws = svc.reader.latest_window(qi)
-        body: dict[str, Any] = {"query": name, "window_start": None, "window_end": None, "top": top,
-                                "order_by": order_by, "filters": [f"{f.column}:{f.text}" for f in flt],
-                                "complete": only}  # fmt: skip
+        body: dict[str, Any] = {
+            "query": name,
+            "window_start": None,
+            "window_end": None,
+            "top": top,
+            "order_by": order_by,
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "complete": only,
+        }
         if ws is None:
             rs = ResultSet(list(qi.output_columns) + (["rank"] if top else []), [], 0, frozenset())
         else:
-            rs = svc.reader.results(qi, ws, ws + timedelta(microseconds=1), flt, order, top, limit, offset, only)
+            rs = svc.reader.results(
+                qi, ws, ws + timedelta(microseconds=1), flt, order, top, limit, offset, only
+            )
             body["window_start"] = iso_of_us(us_of(ws))
             body["window_end"] = iso_of_us(us_of(ws) + qi.spec.window.range_ns // 1000)
         body["paging"] = svc.paging(rs, limit, offset)
         return svc.respond(body, rs, fmt, f"{name}-latest", qi)
 
-    @r.get("/queries/{name}/series", summary="Per-window totals over all groups (for charts)",
-                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
-    def series(request: Request, name: str, start: Start = None, end: End = None,
-               filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
-               fmt: Format = "json", complete: Complete = None) -> Response:  # fmt: skip
+    @r.get(
+        "/queries/{name}/series",
+        summary="Per-window totals over all groups (for charts)",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
+    def series(
+        request: Request,
+        name: str,
+        start: Start = None,
+        end: End = None,
+        filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+        fmt: Format = "json",
+        complete: Complete = None,
+    ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _SERIES_PARAMS)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
         flags = svc.flagged.per_window(name, us_of(s), us_of(e))
-        rs = svc.reader.series(qi, s, e, flt, None if flags else only)  # flagged windows: filtered after merging
-        rows = merge_series(rs.columns, rs.rows, flags, qi.spec.window.range_ns // 1000, only if flags else None)
+        rs = svc.reader.series(
+            qi, s, e, flt, None if flags else only
+        )  # flagged windows: filtered after merging
+        rows = merge_series(
+            rs.columns, rs.rows, flags, qi.spec.window.range_ns // 1000, only if flags else None
+        )
         rs = ResultSet([*rs.columns, *SERIES_COLUMNS], rows, len(rows), rs.time_columns)
-        body = {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
-                "filters": [f"{f.column}:{f.text}" for f in flt], "complete": only}  # fmt: skip
+        body = {
+            "query": name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "complete": only,
+        }
         return svc.respond(body, rs, fmt, f"{name}-series")
 
-    @r.get("/queries/{name}/incomplete", summary="Windows known short (shed or lost records), rows or not",
-                 responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}})  # fmt: skip
+    @r.get(
+        "/queries/{name}/incomplete",
+        summary="Windows known short (shed or lost records), rows or not",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
     def incomplete(request: Request, name: str, start: Start = None, end: End = None) -> dict[str, Any]:
         qi = svc.info(name)
         _check_params(request, _INCOMPLETE_PARAMS)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
-        return {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e)),
-                "windows": svc.flagged.windows(name, us_of(s), us_of(e))}  # fmt: skip
+        return {
+            "query": name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "windows": svc.flagged.windows(name, us_of(s), us_of(e)),
+        }
 
     return r

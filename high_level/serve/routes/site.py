@@ -19,11 +19,15 @@ def router(svc: ApiService) -> APIRouter:
     @r.get("/health", summary="Liveness (no auth)")
     def health() -> dict[str, Any]:
         results, reader = svc.results, svc.reader
-        return {"status": "ok", "queries": len(svc.infos), "results_dir": str(results),
-                "results_dir_exists": results.is_dir(),
-                "cache": {"warmed": svc.warmed.is_set(), "bytes": reader.cache.nbytes},
-                "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())},
-                "rejected_flagged_window_files": len(svc.flagged.rejected)}  # fmt: skip
+        return {
+            "status": "ok",
+            "queries": len(svc.infos),
+            "results_dir": str(results),
+            "results_dir_exists": results.is_dir(),
+            "cache": {"warmed": svc.warmed.is_set(), "bytes": reader.cache.nbytes},
+            "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())},
+            "rejected_flagged_window_files": len(svc.flagged.rejected),
+        }
 
     @r.get("/", include_in_schema=False)
     @r.get("/ui", include_in_schema=False)

@@ -71,7 +71,9 @@ def open_source(spec: Mapping[str, Any], ring: Ring) -> Source:
     if kind == "generator" and isinstance(opts.get("sizes"), list):
         opts["sizes"] = tuple(opts["sizes"])
     if kind == "afpacket" and isinstance(opts.get("interfaces"), str):
-        raise ValueError(f"afpacket source spec: interfaces must be a list of names, not the string {opts['interfaces']!r}")
+        raise ValueError(
+            f"afpacket source spec: interfaces must be a list of names, not the string {opts['interfaces']!r}"
+        )
     try:
         return cls(ring=ring, **opts)
     except TypeError as exc:  # a wrongly typed value that the constructor could not take

@@ -81,9 +81,22 @@ def _le16(b, o):
 
 
 @njit(cache=True, nogil=True)
-def tpacket_v3_kernel(blk8: np.ndarray, blk32: np.ndarray, block_size: int, cur: np.ndarray, ifidx: int,
-                      scratch: np.ndarray, st: np.ndarray, frames: np.ndarray, snaplen: int, caplen: np.ndarray,
-                      wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray, ctr: np.ndarray) -> int:
+def tpacket_v3_kernel(
+    blk8: np.ndarray,
+    blk32: np.ndarray,
+    block_size: int,
+    cur: np.ndarray,
+    ifidx: int,
+    scratch: np.ndarray,
+    st: np.ndarray,
+    frames: np.ndarray,
+    snaplen: int,
+    caplen: np.ndarray,
+    wirelen: np.ndarray,
+    tss: np.ndarray,
+    iface: np.ndarray,
+    ctr: np.ndarray,
+) -> int:
     """Drain every ready block from block ``cur[0]`` on, in order; returns the number of blocks drained.
 
     Frames go to the ring (``ring_push``: a full ring drops and counts); each block is then handed back
@@ -128,10 +141,14 @@ def tpacket_v3_kernel(blk8: np.ndarray, blk32: np.ndarray, block_size: int, cur:
                 scratch[15] = tci & 0xFF
                 for j in range(16, k):
                     scratch[j] = blk8[data + j - 4]
-                ok = ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, snap + 4, wl + 4, ts, ifidx)
+                ok = ring_push(
+                    frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, snap + 4, wl + 4, ts, ifidx
+                )
                 wl += 4
             else:
-                ok = ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, blk8, data, snap, wl, ts, ifidx)
+                ok = ring_push(
+                    frames, snaplen, caplen, wirelen, tss, iface, ctr, blk8, data, snap, wl, ts, ifidx
+                )
             if ok:
                 npushed += 1
                 nbytes += wl
@@ -156,7 +173,9 @@ def tpacket_v3_kernel(blk8: np.ndarray, blk32: np.ndarray, block_size: int, cur:
 class _Capture:
     """One interface: its socket, its mmap'ed RX ring and where the next block to read is."""
 
-    def __init__(self, name: str, promiscuous: bool, block_size: int, block_count: int, frame_snaplen: int) -> None:
+    def __init__(
+        self, name: str, promiscuous: bool, block_size: int, block_count: int, frame_snaplen: int
+    ) -> None:
         self.name = name
         try:
             self.ifindex = socket.if_nametoindex(name)
@@ -175,11 +194,20 @@ class _Capture:
             s.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             self._attach_snap_filter(frame_snaplen)
             frame_size = min(2048, block_size)
-            req = struct.pack("7I", block_size, block_count, frame_size, (block_size // frame_size) * block_count,
-                              RETIRE_TOV_MS, 0, 0)
+            req = struct.pack(
+                "7I",
+                block_size,
+                block_count,
+                frame_size,
+                (block_size // frame_size) * block_count,
+                RETIRE_TOV_MS,
+                0,
+                0,
+            )
             s.setsockopt(SOL_PACKET, PACKET_RX_RING, req)
-            self.mm = mmap.mmap(s.fileno(), block_size * block_count, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE)
+            self.mm = mmap.mmap(
+                s.fileno(), block_size * block_count, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
             if promiscuous:
                 mreq = struct.pack("iHH8s", self.ifindex, PACKET_MR_PROMISC, 0, b"")
                 s.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
@@ -235,11 +263,19 @@ class AfPacketSource(Source):
         frame_snaplen: int | None = None,
         iface_index: int = 0,
     ) -> None:
-        if isinstance(interfaces, str) or not interfaces or not all(isinstance(i, str) and i for i in interfaces):
-            raise ValueError(f"afpacket interfaces must be a non-empty list of interface names, not {interfaces!r}")
+        if (
+            isinstance(interfaces, str)
+            or not interfaces
+            or not all(isinstance(i, str) and i for i in interfaces)
+        ):
+            raise ValueError(
+                f"afpacket interfaces must be a non-empty list of interface names, not {interfaces!r}"
+            )
         page = mmap.PAGESIZE
         if block_size < page or block_size % page:
-            raise ValueError(f"afpacket block_size must be a multiple of the page size ({page}), not {block_size}")
+            raise ValueError(
+                f"afpacket block_size must be a multiple of the page size ({page}), not {block_size}"
+            )
         if block_count < 1:
             raise ValueError(f"afpacket block_count must be >= 1, not {block_count}")
         super().__init__(ring, interfaces)
@@ -255,7 +291,9 @@ class AfPacketSource(Source):
         self._caps: list[_Capture] = []
         try:
             for name in self.interfaces:
-                self._caps.append(_Capture(name, self.promiscuous, block_size, block_count, self.frame_snaplen))
+                self._caps.append(
+                    _Capture(name, self.promiscuous, block_size, block_count, self.frame_snaplen)
+                )
         except Exception:
             self._cleanup()
             raise
@@ -281,8 +319,16 @@ class AfPacketSource(Source):
         while not self._stop_evt.is_set():
             drained = 0
             for k, c in enumerate(caps):
-                drained += tpacket_v3_kernel(c.blk8, c.blk32, c.block_size, c.cur, self.iface_index + k,
-                                             self._scratch, self._st, *arrays)
+                drained += tpacket_v3_kernel(
+                    c.blk8,
+                    c.blk32,
+                    c.block_size,
+                    c.cur,
+                    self.iface_index + k,
+                    self._scratch,
+                    self._st,
+                    *arrays,
+                )
             if not drained:
                 for fd, ev in poller.poll(POLL_MS):
                     if ev & (select.POLLERR | select.POLLHUP):
@@ -326,6 +372,11 @@ class AfPacketSource(Source):
         if self.running:
             self._poll_kernel_stats()
         d = super().stats()
-        d.update(kernel_packets=self._kstats[0], kernel_drops=self._kstats[1], kernel_freeze_q_cnt=self._kstats[2],
-                 promiscuous=self.promiscuous, socket_errors=self.socket_errors)
+        d.update(
+            kernel_packets=self._kstats[0],
+            kernel_drops=self._kstats[1],
+            kernel_freeze_q_cnt=self._kstats[2],
+            promiscuous=self.promiscuous,
+            socket_errors=self.socket_errors,
+        )
         return d

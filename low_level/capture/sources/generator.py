@@ -79,8 +79,20 @@ def generate_frames(
     ``answers`` (:data:`ANSWER_DEFAULTS`, off by default): the SYN-ACKs, retransmitted SYNs and duplicate
     SYN-ACKs are extra rows, in timestamp order among the n packets, all of them (rows >= n).
     """
-    p, cdf = params(groups, seed, snaplen, zipf, sizes, proto_mix or DEFAULT_MIX, syn_fraction,
-                     ipv6_fraction, start_ns, synthetic_pps, skew_ns, answers)
+    p, cdf = params(
+        groups,
+        seed,
+        snaplen,
+        zipf,
+        sizes,
+        proto_mix or DEFAULT_MIX,
+        syn_fraction,
+        ipv6_fraction,
+        start_ns,
+        synthetic_pps,
+        skew_ns,
+        answers,
+    )
     scratch = np.zeros(max(snaplen, 128), dtype=np.uint8)
     heap = np.zeros((n + 1, 3), dtype=np.int64)  # each ordinary packet schedules at most one answer
     hs = np.zeros(1, dtype=np.int64)
@@ -88,8 +100,12 @@ def generate_frames(
     done = 0
     while True:
         rows = n if not p[G_REPLIES] else min(max(n - done, 0) + 1024, 4 * CHUNK)  # with answers: in chunks
-        out = (np.zeros((rows, snaplen), dtype=np.uint8), np.zeros(rows, dtype=np.int64),
-               np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64))
+        out = (
+            np.zeros((rows, snaplen), dtype=np.uint8),
+            np.zeros(rows, dtype=np.int64),
+            np.zeros(rows, dtype=np.int64),
+            np.zeros(rows, dtype=np.int64),
+        )
         used, w = gen_array_kernel(p, cdf, scratch, heap, hs, int(start_index) + done, n - done, True, *out)
         done += int(used)
         parts.append(tuple(a[:w] for a in out))
@@ -147,13 +163,26 @@ class GeneratorSource(Source):
         self.clock = clock
         self.live_clock = clock == "wall"
         self.seed = int(seed)
-        self._p, self._cdf = params(groups, seed, ring.snaplen, zipf, sizes, proto_mix or DEFAULT_MIX,
-                                     syn_fraction, ipv6_fraction,
-                                     DEFAULT_START_NS if start_ns is None else start_ns, synthetic_pps, skew_ns,
-                                     {"synack_fraction": synack_fraction, "synack_latency_ms": synack_latency_ms,
-                                      "synack_latency_sigma": synack_latency_sigma,
-                                      "syn_retransmit_fraction": syn_retransmit_fraction,
-                                      "synack_duplicate_fraction": synack_duplicate_fraction})
+        self._p, self._cdf = params(
+            groups,
+            seed,
+            ring.snaplen,
+            zipf,
+            sizes,
+            proto_mix or DEFAULT_MIX,
+            syn_fraction,
+            ipv6_fraction,
+            DEFAULT_START_NS if start_ns is None else start_ns,
+            synthetic_pps,
+            skew_ns,
+            {
+                "synack_fraction": synack_fraction,
+                "synack_latency_ms": synack_latency_ms,
+                "synack_latency_sigma": synack_latency_sigma,
+                "syn_retransmit_fraction": syn_retransmit_fraction,
+                "synack_duplicate_fraction": synack_duplicate_fraction,
+            },
+        )
         self.synack_fraction = float(synack_fraction)
         self._p[G_IFIDX] = int(iface_index)
         self._p[G_WAIT] = self.rate is None
@@ -174,8 +203,22 @@ class GeneratorSource(Source):
             grown = np.zeros((max(need, 2 * len(self._heap)), 3), dtype=np.int64)
             grown[: len(self._heap)] = self._heap
             self._heap = grown
-        done = int(gen_push_kernel(p, self._cdf, self._scratch, self._heap, self._heap_n, self._next, n, flush, t0,
-                                   per_ns, self._st, *self.ring.arrays()))
+        done = int(
+            gen_push_kernel(
+                p,
+                self._cdf,
+                self._scratch,
+                self._heap,
+                self._heap_n,
+                self._next,
+                n,
+                flush,
+                t0,
+                per_ns,
+                self._st,
+                *self.ring.arrays(),
+            )
+        )
         self._next += done
         return done
 
@@ -246,6 +289,12 @@ class GeneratorSource(Source):
     def stats(self) -> dict[str, Any]:
         """Base counters plus the configuration that shapes the traffic."""
         d = super().stats()
-        d.update(groups=self.groups, rate=self.rate, count=self.count, clock=self.clock, seed=self.seed,
-                 synack_fraction=self.synack_fraction)
+        d.update(
+            groups=self.groups,
+            rate=self.rate,
+            count=self.count,
+            clock=self.clock,
+            seed=self.seed,
+            synack_fraction=self.synack_fraction,
+        )
         return d

@@ -97,7 +97,6 @@ def _linktype_msg(path: str, linktype: int, where: str = "") -> str:
     )
 
 
-
 @njit(cache=True, nogil=True, inline="always")
 def _rd16(b, o, be):
     if be:
@@ -108,8 +107,15 @@ def _rd16(b, o, be):
 @njit(cache=True, nogil=True, inline="always")
 def _rd32(b, o, be):
     if be:
-        return (np.int64(b[o]) << 24) | (np.int64(b[o + 1]) << 16) | (np.int64(b[o + 2]) << 8) | np.int64(b[o + 3])
-    return np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+        return (
+            (np.int64(b[o]) << 24)
+            | (np.int64(b[o + 1]) << 16)
+            | (np.int64(b[o + 2]) << 8)
+            | np.int64(b[o + 3])
+        )
+    return (
+        np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
+    )
 
 
 def _pcapng_header_linktypes(buf: np.ndarray, path: str) -> None:
@@ -131,7 +137,9 @@ def _pcapng_header_linktypes(buf: np.ndarray, path: str) -> None:
         if btype == BT_IDB and total >= 20:
             (linktype,) = struct.unpack_from(endian + "H", data, pos + 8)
             if linktype != 1:
-                raise UnsupportedLinktypeError(_linktype_msg(path, linktype, f" (interface block at offset {pos})"))
+                raise UnsupportedLinktypeError(
+                    _linktype_msg(path, linktype, f" (interface block at offset {pos})")
+                )
         elif btype in (BT_EPB, BT_PB, BT_SPB):
             return
         pos += total

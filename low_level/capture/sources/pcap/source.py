@@ -160,7 +160,9 @@ class PcapSource(Source):
     def _call(self) -> int:
         ring = self.ring
         if ring.zero_copy and (ring.frames is not self._buf or not self._zero_copy_ok()):
-            raise RuntimeError("a ring over the file is only filled by a fast classic-pcap replay of that file")
+            raise RuntimeError(
+                "a ring over the file is only filled by a fast classic-pcap replay of that file"
+            )
         if self.format == "pcapng":
             return int(pcapng_kernel(self._buf, self._st, self._p, self._scale, self._ifs, *ring.arrays()))
         return int(pcap_kernel(self._buf, self._st, self._p, self._scale, *ring.arrays(), ring.offs))
@@ -280,7 +282,9 @@ class PcapSource(Source):
 
     def _bad_reason(self) -> str:
         st = self._st
-        text = BAD_REASONS.get(int(st[S_BAD_CODE]), "code {a} {b}").format(a=int(st[S_BAD_A]), b=int(st[S_BAD_B]))
+        text = BAD_REASONS.get(int(st[S_BAD_CODE]), "code {a} {b}").format(
+            a=int(st[S_BAD_A]), b=int(st[S_BAD_B])
+        )
         return f"{self.path}: stopped at offset {int(st[S_BAD_POS])}: {text}"
 
     def _cleanup(self) -> None:

@@ -91,8 +91,27 @@ E_PUSHED, E_DROPPED = 100, 101  # _emit outcomes besides RC_WAIT / RC_FULL
 
 
 @njit(cache=True, nogil=True)
-def _emit(buf, off, cap, wl, ts, ifidx, base_in, elapsed, wait, rebase, outbase, scale,
-          frames, snaplen, caplen, wirelen, tss, iface, ctr):
+def _emit(
+    buf,
+    off,
+    cap,
+    wl,
+    ts,
+    ifidx,
+    base_in,
+    elapsed,
+    wait,
+    rebase,
+    outbase,
+    scale,
+    frames,
+    snaplen,
+    caplen,
+    wirelen,
+    tss,
+    iface,
+    ctr,
+):
     """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
 
     RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried.
@@ -164,9 +183,20 @@ def _end(st, pos, base_in, nread, npushed, ndrops, nbytes):
 
 
 @njit(cache=True, nogil=True)
-def pcap_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, frames: np.ndarray, snaplen: int,
-                caplen: np.ndarray, wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray, ctr: np.ndarray,
-                offs: np.ndarray) -> int:
+def pcap_kernel(
+    buf: np.ndarray,
+    st: np.ndarray,
+    p: np.ndarray,
+    scale: float,
+    frames: np.ndarray,
+    snaplen: int,
+    caplen: np.ndarray,
+    wirelen: np.ndarray,
+    tss: np.ndarray,
+    iface: np.ndarray,
+    ctr: np.ndarray,
+    offs: np.ndarray,
+) -> int:
     """Walk classic pcap records from st[S_POS]: up to p[P_MAXN] of them, stopping early at the end,
     at a damaged record, on a full ring (fast mode) or at a packet not yet due (paced mode).
 
@@ -251,8 +281,27 @@ def pcap_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, fr
             nread += 1
             pos += 16 + cap
             continue
-        e, base_in, rel = _emit(buf, pos + 16, cap, wl, sec * 1_000_000_000 + frac * mult, ifidx, base_in, elapsed,
-                                wait, rebase, outbase, scale, frames, snaplen, caplen, wirelen, tss, iface, ctr)
+        e, base_in, rel = _emit(
+            buf,
+            pos + 16,
+            cap,
+            wl,
+            sec * 1_000_000_000 + frac * mult,
+            ifidx,
+            base_in,
+            elapsed,
+            wait,
+            rebase,
+            outbase,
+            scale,
+            frames,
+            snaplen,
+            caplen,
+            wirelen,
+            tss,
+            iface,
+            ctr,
+        )
         if e != E_PUSHED and e != E_DROPPED:  # not due yet, or the ring is full: retried at the next call
             st[S_NEXT_REL] = rel
             rc = e
@@ -340,9 +389,20 @@ def _idb(buf, pos, total, be, st, ifs):
 
 
 @njit(cache=True, nogil=True)
-def pcapng_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, ifs: np.ndarray, frames: np.ndarray,
-                  snaplen: int, caplen: np.ndarray, wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray,
-                  ctr: np.ndarray) -> int:
+def pcapng_kernel(
+    buf: np.ndarray,
+    st: np.ndarray,
+    p: np.ndarray,
+    scale: float,
+    ifs: np.ndarray,
+    frames: np.ndarray,
+    snaplen: int,
+    caplen: np.ndarray,
+    wirelen: np.ndarray,
+    tss: np.ndarray,
+    iface: np.ndarray,
+    ctr: np.ndarray,
+) -> int:
     """Walk pcapng blocks from st[S_POS] (same stopping rules as :func:`pcap_kernel`)."""
     end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
     ifidx0 = p[P_IFIDX]
@@ -420,10 +480,32 @@ def pcapng_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, 
             else:
                 hi = _rd32(buf, pos + 12, be)
                 lo = _rd32(buf, pos + 16, be)
-                ts = _units_to_ns((hi << 32) | lo, ifs[row, IF_MODE], ifs[row, IF_FACTOR]) + ifs[row, IF_OFFSET_NS]
+                ts = (
+                    _units_to_ns((hi << 32) | lo, ifs[row, IF_MODE], ifs[row, IF_FACTOR])
+                    + ifs[row, IF_OFFSET_NS]
+                )
             wl = orig if orig >= cap else cap
-            e, base_in, rel = _emit(buf, data, cap, wl, ts, ifidx0 + row, base_in, elapsed, wait, rebase, outbase,
-                                    scale, frames, snaplen, caplen, wirelen, tss, iface, ctr)
+            e, base_in, rel = _emit(
+                buf,
+                data,
+                cap,
+                wl,
+                ts,
+                ifidx0 + row,
+                base_in,
+                elapsed,
+                wait,
+                rebase,
+                outbase,
+                scale,
+                frames,
+                snaplen,
+                caplen,
+                wirelen,
+                tss,
+                iface,
+                ctr,
+            )
             if e != E_PUSHED and e != E_DROPPED:
                 st[S_NEXT_REL] = rel
                 rc = e
@@ -436,4 +518,3 @@ def pcapng_kernel(buf: np.ndarray, st: np.ndarray, p: np.ndarray, scale: float, 
     st[S_LAST_TS] = last_ts
     _end(st, pos, base_in, nread, npushed, ndrops, nbytes)
     return rc
-

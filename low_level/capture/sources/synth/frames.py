@@ -207,4 +207,3 @@ def build_packet(p: np.ndarray, cdf: np.ndarray, i: int, kind: int, b: np.ndarra
     pin(cdf)
     pin(b)
     return size, hdr
-

@@ -22,13 +22,37 @@ ETH_DST_NB = np.frombuffer(ETH_DST, dtype=np.uint8).copy()
 CHUNK = 8192
 
 # int64 parameter vector of the kernels
-(G_SEED, G_GROUPS, G_ZIPF, G_SIZE_LO, G_SIZE_HI, G_TCP, G_UDP, G_SYN, G_V6, G_IFIDX, G_SNAP, G_CLOCK,
- G_START, G_PPS, G_SKEW, G_WAIT, G_REPLIES, G_ANSWER, G_LAT_MED, G_LAT_SIG, G_RETX, G_DUP) = range(22)
+(
+    G_SEED,
+    G_GROUPS,
+    G_ZIPF,
+    G_SIZE_LO,
+    G_SIZE_HI,
+    G_TCP,
+    G_UDP,
+    G_SYN,
+    G_V6,
+    G_IFIDX,
+    G_SNAP,
+    G_CLOCK,
+    G_START,
+    G_PPS,
+    G_SKEW,
+    G_WAIT,
+    G_REPLIES,
+    G_ANSWER,
+    G_LAT_MED,
+    G_LAT_SIG,
+    G_RETX,
+    G_DUP,
+) = range(22)
 NG = 22
 CLOCK_SYNTHETIC, CLOCK_GIVEN = 0, 1
 # what a scheduled packet is (column 2 of the reply heap); 0 is an ordinary packet
 K_SYNACK, K_DUP_SYNACK, K_RETX_SYN = 1, 2, 3
-RTO_NS = 1_000_000_000  # RFC 6298's initial retransmission timeout: a lost SYN / SYN-ACK is sent again after 1 s
+RTO_NS = (
+    1_000_000_000  # RFC 6298's initial retransmission timeout: a lost SYN / SYN-ACK is sent again after 1 s
+)
 LATENCY_MIN_NS, LATENCY_MAX_NS = 10_000, 60_000_000_000  # the lognormal latency, clipped to 10 us .. 60 s
 
 PROTO_TCP, PROTO_UDP, PROTO_ICMP = 6, 17, 1
@@ -123,8 +147,13 @@ def params(
 
 
 DEFAULT_MIX = {"tcp": 0.8, "udp": 0.15, "icmp": 0.05}
-ANSWER_DEFAULTS = {"synack_fraction": 0.0, "synack_latency_ms": 20.0, "synack_latency_sigma": 0.8,
-                   "syn_retransmit_fraction": 0.0, "synack_duplicate_fraction": 0.0}
+ANSWER_DEFAULTS = {
+    "synack_fraction": 0.0,
+    "synack_latency_ms": 20.0,
+    "synack_latency_sigma": 0.8,
+    "syn_retransmit_fraction": 0.0,
+    "synack_duplicate_fraction": 0.0,
+}
 
 
 def answer_params(p: np.ndarray, answers: dict[str, float]) -> None:
@@ -138,7 +167,9 @@ def answer_params(p: np.ndarray, answers: dict[str, float]) -> None:
         if not 0.0 <= float(a[name]) <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], not {a[name]!r}")
     if not 0.0 < float(a["synack_latency_ms"]) <= 10_000.0:
-        raise ValueError(f"synack_latency_ms (the median latency) must be in (0, 10000], not {a['synack_latency_ms']!r}")
+        raise ValueError(
+            f"synack_latency_ms (the median latency) must be in (0, 10000], not {a['synack_latency_ms']!r}"
+        )
     if not 0.0 <= float(a["synack_latency_sigma"]) <= 5.0:
         raise ValueError(f"synack_latency_sigma must be in [0, 5], not {a['synack_latency_sigma']!r}")
     p[G_ANSWER] = round(65536 * float(a["synack_fraction"]))

@@ -147,10 +147,26 @@ def _next_packet(p, cdf, scratch, h, hs, i, have_next, next_ts):
 
 
 @njit(cache=True, nogil=True)
-def gen_push_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.ndarray, hs: np.ndarray, i0: int,
-                    n: int, flush: bool, t0: int, per_ns: float, st: np.ndarray, frames: np.ndarray, snaplen: int,
-                    caplen: np.ndarray, wirelen: np.ndarray, tss: np.ndarray, iface: np.ndarray,
-                    ctr: np.ndarray) -> int:
+def gen_push_kernel(
+    p: np.ndarray,
+    cdf: np.ndarray,
+    scratch: np.ndarray,
+    h: np.ndarray,
+    hs: np.ndarray,
+    i0: int,
+    n: int,
+    flush: bool,
+    t0: int,
+    per_ns: float,
+    st: np.ndarray,
+    frames: np.ndarray,
+    snaplen: int,
+    caplen: np.ndarray,
+    wirelen: np.ndarray,
+    tss: np.ndarray,
+    iface: np.ndarray,
+    ctr: np.ndarray,
+) -> int:
     """Build packets i0 .. i0+n-1, and the answers due before each, into the ring; returns how many of
     the n were consumed. ``flush``: then also every answer still scheduled (the end of a finite run).
 
@@ -168,8 +184,21 @@ def gen_push_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.n
             break
         i = i0 + j
         size, _ = build_packet(p, cdf, i, 0, scratch)
-        if ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, size, size,
-                     _packet_ts(p, i, t0, per_ns), ifidx):
+        if ring_push(
+            frames,
+            snaplen,
+            caplen,
+            wirelen,
+            tss,
+            iface,
+            ctr,
+            scratch,
+            0,
+            size,
+            size,
+            _packet_ts(p, i, t0, per_ns),
+            ifidx,
+        ):
             npushed += 1
             nbytes += size
         else:
@@ -197,9 +226,20 @@ def gen_push_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.n
 
 
 @njit(cache=True, nogil=True)
-def gen_array_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.ndarray, hs: np.ndarray, i0: int,
-                     n: int, flush: bool, out: np.ndarray, caplen: np.ndarray, wirelen: np.ndarray,
-                     ts: np.ndarray) -> tuple[int, int]:
+def gen_array_kernel(
+    p: np.ndarray,
+    cdf: np.ndarray,
+    scratch: np.ndarray,
+    h: np.ndarray,
+    hs: np.ndarray,
+    i0: int,
+    n: int,
+    flush: bool,
+    out: np.ndarray,
+    caplen: np.ndarray,
+    wirelen: np.ndarray,
+    ts: np.ndarray,
+) -> tuple[int, int]:
     """:func:`gen_push_kernel` into the rows of ``out`` (synthetic timestamps) until it is full;
     returns (ordinary packets consumed, rows written)."""
     snap = out.shape[1]
@@ -229,4 +269,3 @@ def gen_array_kernel(p: np.ndarray, cdf: np.ndarray, scratch: np.ndarray, h: np.
         ts[w] = t
         w += 1
     return j, w
-
