@@ -263,6 +263,9 @@ def test_late_packets_are_counted_not_merged() -> None:
 class _LiveSource:
     live_clock = True
 
+    def stats(self) -> dict:
+        return {}
+
 
 def test_idle_live_host_mark_follows_the_wall_clock() -> None:
     """A sparse host whose table is empty must punctuate wall clock - skew, not its last packet's pane."""
