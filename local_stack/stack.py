@@ -329,6 +329,10 @@ Press Ctrl-C to stop.""",
     except KeyboardInterrupt:
         pass
     finally:
+        # a second SIGINT/SIGTERM while stopping (a terminal's group signal after a direct one) must not
+        # abort the orderly stop with a traceback; each child still gets at most 20 s before a kill
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("[stack] stopping ...", flush=True)
         for p in reversed(procs):
             if p.poll() is None:
