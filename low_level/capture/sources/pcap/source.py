@@ -31,6 +31,7 @@ from low_level.capture.sources.pcap.format import (
     P_ELAPSED,
     P_END,
     P_IFIDX,
+    P_LINKTYPE,
     P_MAXCAP,
     P_MAXN,
     P_OUTBASE,
@@ -57,9 +58,9 @@ from low_level.capture.sources.pcap.format import (
     S_PASS_READ,
     S_POS,
     UnsupportedLinktypeError,
-    _linktype_msg,
     _pcapng_header_linktypes,
 )
+from low_level.capture.sources.pcap.link import LT_ETHERNET, SCRATCH, linktype_msg, readable
 from low_level.capture.sources.pcap.walk import pcap_kernel, pcapng_kernel
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class PcapSource(Source):
         self._p[P_END] = len(self._buf)
         self._p[P_IFIDX] = self.iface_index
         self._ifs = np.zeros((MAX_IFACES, 5), dtype=np.int64)
+        self._p[P_LINKTYPE] = LT_ETHERNET  # pcapng: per interface, in _ifs
+        self._scratch = np.zeros(SCRATCH, dtype=np.uint8)  # a record rewritten as Ethernet (link.to_ethernet)
         if magic_le == BT_SHB:
             self.format = "pcapng"
             self._data_start = 0
@@ -135,8 +138,9 @@ class PcapSource(Source):
             raise ValueError(f"{self.path}: not a pcap/pcapng file (magic 0x{magic_le:08x})")
         _vmaj, _vmin, _zone, _sigfigs, snaplen, network = struct.unpack(endian + "HHiIII", head[4:24])
         linktype = network & 0xFFFF
-        if linktype != 1:
-            raise UnsupportedLinktypeError(_linktype_msg(self.path, linktype))
+        if not readable(linktype):
+            raise UnsupportedLinktypeError(linktype_msg(self.path, linktype))
+        self._p[P_LINKTYPE] = linktype
         self.format = "pcap-ns" if mult == 1 else "pcap"
         self._data_start = 24
         self._p[P_BE] = endian == ">"
@@ -164,8 +168,14 @@ class PcapSource(Source):
                 "a ring over the file is only filled by a fast classic-pcap replay of that file"
             )
         if self.format == "pcapng":
-            return int(pcapng_kernel(self._buf, self._st, self._p, self._scale, self._ifs, *ring.arrays()))
-        return int(pcap_kernel(self._buf, self._st, self._p, self._scale, *ring.arrays(), ring.offs))
+            return int(
+                pcapng_kernel(
+                    self._buf, self._st, self._p, self._scale, self._ifs, self._scratch, *ring.arrays()
+                )
+            )
+        return int(
+            pcap_kernel(self._buf, self._st, self._p, self._scale, self._scratch, *ring.arrays(), ring.offs)
+        )
 
     def _run(self) -> None:
         paced = self.mode == "paced"
@@ -225,13 +235,19 @@ class PcapSource(Source):
     def _linktype_error(self) -> None:
         """An interface block with a link type lowwater cannot parse: say which, where, and stop."""
         where = f" (interface block at offset {int(self._st[S_BAD_POS])})"
-        self.reason = _linktype_msg(self.path, int(self._st[S_BAD_A]), where)
+        self.reason = linktype_msg(self.path, int(self._st[S_BAD_A]), where)
         raise UnsupportedLinktypeError(self.reason)
 
     # --- pulled by the consumer ---------------------------------------------------------------
     def _zero_copy_ok(self) -> bool:
-        """Whether every record takes pcap_kernel's fast path (so none would be copied into the ring)."""
-        return self.format != "pcapng" and self.mode == "fast" and not self.rebase_to_now
+        """Whether every record takes pcap_kernel's fast path (so none would be copied into the ring): an
+        Ethernet classic pcap replayed fast without rebasing."""
+        return (
+            self.format != "pcapng"
+            and self._p[P_LINKTYPE] == LT_ETHERNET
+            and self.mode == "fast"
+            and not self.rebase_to_now
+        )
 
     def pull_ring(self, nslots: int, snaplen: int) -> Ring:
         """The ring to :meth:`pull` into: for a fast classic-pcap replay one over the mapped file itself

@@ -21,7 +21,7 @@ from low_level.capture.ring import (
     copy_words,
     load_u64,
     prefetch_read,
-    ring_push,
+    ring_push_from,
 )
 from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ
 from low_level.capture.sources.pcap.format import (
@@ -44,6 +44,7 @@ from low_level.capture.sources.pcap.format import (
     P_ELAPSED,
     P_END,
     P_IFIDX,
+    P_LINKTYPE,
     P_MAXCAP,
     P_MAXN,
     P_OUTBASE,
@@ -75,6 +76,7 @@ from low_level.capture.sources.pcap.format import (
     _rd16,
     _rd32,
 )
+from low_level.capture.sources.pcap.link import LT_ETHERNET, readable, to_ethernet
 from low_level.jit.refcount import pin
 
 
@@ -98,6 +100,8 @@ def _emit(
     wl,
     ts,
     ifidx,
+    linktype,
+    scratch,
     base_in,
     elapsed,
     wait,
@@ -114,7 +118,8 @@ def _emit(
 ):
     """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
 
-    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried.
+    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. A record of
+    another link layer than Ethernet is rewritten as an Ethernet frame in ``scratch`` first (``link``).
     Counters are kept by the caller in locals: stores to ``st`` on every packet would halve the speed.
     A called function with one exit, every array pinned there (low_level.jit.refcount), rather than an inlined
     one: Numba's inliner rebinds array arguments, an atomic incref/decref each per packet (that cost
@@ -123,6 +128,10 @@ def _emit(
     rel = np.int64(0)
     out = np.int64(0)
     code = E_PUSHED
+    n = to_ethernet(buf, off, cap, linktype, scratch)  # -1: Ethernet, pushed as it is
+    if n >= 0:
+        off = -1
+        cap = n
     if ts == NONE:  # a Simple Packet Block before any timestamp: due now, time 0 (or the rebase time)
         out = outbase if rebase else np.int64(0)
     else:
@@ -140,9 +149,13 @@ def _emit(
     if code == E_PUSHED:
         if wait and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
             code = RC_FULL
-        elif not ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, off, cap, wl, out, ifidx):
-            code = E_DROPPED
+        else:
+            if not ring_push_from(
+                frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, scratch, off, cap, wl, out, ifidx
+            ):
+                code = E_DROPPED
     pin(buf)
+    pin(scratch)
     pin(frames)
     pin(caplen)
     pin(wirelen)
@@ -188,6 +201,7 @@ def pcap_kernel(
     st: np.ndarray,
     p: np.ndarray,
     scale: float,
+    scratch: np.ndarray,
     frames: np.ndarray,
     snaplen: int,
     caplen: np.ndarray,
@@ -214,8 +228,10 @@ def pcap_kernel(
     mult = p[P_TSMULT]
     maxcap = p[P_MAXCAP]
     ifidx = p[P_IFIDX]
+    linktype = p[P_LINKTYPE]
     nread = npushed = ndrops = nbytes = np.int64(0)
-    fast = wait and not rebase and elapsed == FOREVER  # never waits for a due time
+    # never waits for a due time, copies the record as it is
+    fast = wait and not rebase and elapsed == FOREVER and linktype == LT_ETHERNET
     zero_copy = offs.shape[0] != 0
     words = be == BIG_ENDIAN_HOST  # the file's byte order is the host's: header fields read two at a time
     nslots = caplen.shape[0]
@@ -288,6 +304,8 @@ def pcap_kernel(
             wl,
             sec * 1_000_000_000 + frac * mult,
             ifidx,
+            linktype,
+            scratch,
             base_in,
             elapsed,
             wait,
@@ -380,7 +398,7 @@ def _idb(buf, pos, total, be, st, ifs):
             ifs[row, IF_OFFSET_NS] = ((hi << 32) | lo) * 1_000_000_000
         o += 4 + ((olen + 3) & ~3)
     st[S_NIF] = nif + 1
-    if linktype != 1:
+    if not readable(linktype):
         st[S_BAD_POS] = pos
         st[S_BAD_A] = linktype
         st[S_BAD_B] = nif
@@ -395,6 +413,7 @@ def pcapng_kernel(
     p: np.ndarray,
     scale: float,
     ifs: np.ndarray,
+    scratch: np.ndarray,
     frames: np.ndarray,
     snaplen: int,
     caplen: np.ndarray,
@@ -492,6 +511,8 @@ def pcapng_kernel(
                 wl,
                 ts,
                 ifidx0 + row,
+                ifs[row, IF_LINKTYPE],
+                scratch,
                 base_in,
                 elapsed,
                 wait,
