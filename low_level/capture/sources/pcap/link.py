@@ -79,17 +79,13 @@ def linktype_msg(path: str, linktype: int, where: str = "") -> str:
 @njit(cache=True, nogil=True)
 def to_ethernet(buf, off, cap, linktype, out):
     """Write the record ``buf[off:off+cap]`` of ``linktype`` as an Ethernet frame into ``out`` (its first
-    ``len(out)`` bytes at most); returns the normalised frame's full length (0: link header cut), or -1
-    for Ethernet, left as it is. Called for every record: kept small (no loop, no helper) so that LLVM
-    inlines it into the walker's ``_emit``; a bigger one stayed a call there, and cost ``_emit`` a
-    refcount pair per array and record (tests/test_sources.py guards it; low_level.jit.refcount)."""
+    ``len(out)`` bytes at most); returns the normalised frame's full length (0: link header cut).
+    ``out[0:6]`` (the destination MAC) is never written: the caller's scratch starts zeroed."""
     et = np.int64(-1)
     hdr = np.int64(0)
     mac = np.int64(-1)
     n = np.int64(0)
-    if linktype == LT_ETHERNET:
-        n = -1
-    elif linktype == LT_SLL:
+    if linktype == LT_SLL:
         hdr = 16
         if cap >= hdr:
             et = (np.int64(buf[off + 14]) << 8) | np.int64(buf[off + 15])
@@ -114,7 +110,6 @@ def to_ethernet(buf, off, cap, linktype, out):
         else:
             et = 0
     if et >= 0:
-        # out[0:6], the destination MAC, stays zero (the caller's zeroed scratch; never written)
         if mac >= 0:
             copy_bytes(out, 6, buf, mac, 6)
         else:

@@ -100,7 +100,6 @@ def _emit(
     wl,
     ts,
     ifidx,
-    linktype,
     scratch,
     base_in,
     elapsed,
@@ -118,8 +117,9 @@ def _emit(
 ):
     """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
 
-    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. A record of
-    another link layer than Ethernet is rewritten as an Ethernet frame in ``scratch`` first (``link``).
+    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. With ``off`` -1
+    the frame is ``scratch[:cap]``: a record of another link layer rewritten as Ethernet by the walker
+    (``link.to_ethernet``; called here, it made this function three times slower).
     Counters are kept by the caller in locals: stores to ``st`` on every packet would halve the speed.
     A called function with one exit, every array pinned there (low_level.jit.refcount), rather than an inlined
     one: Numba's inliner rebinds array arguments, an atomic incref/decref each per packet (that cost
@@ -128,10 +128,6 @@ def _emit(
     rel = np.int64(0)
     out = np.int64(0)
     code = E_PUSHED
-    n = to_ethernet(buf, off, cap, linktype, scratch)  # -1: Ethernet, pushed as it is
-    if n >= 0:
-        off = -1
-        cap = n
     if ts == NONE:  # a Simple Packet Block before any timestamp: due now, time 0 (or the rebase time)
         out = outbase if rebase else np.int64(0)
     else:
@@ -297,14 +293,16 @@ def pcap_kernel(
             nread += 1
             pos += 16 + cap
             continue
+        doff, dcap = pos + 16, cap
+        if linktype != LT_ETHERNET:
+            doff, dcap = -1, to_ethernet(buf, doff, cap, linktype, scratch)
         e, base_in, rel = _emit(
             buf,
-            pos + 16,
-            cap,
+            doff,
+            dcap,
             wl,
             sec * 1_000_000_000 + frac * mult,
             ifidx,
-            linktype,
             scratch,
             base_in,
             elapsed,
@@ -504,6 +502,9 @@ def pcapng_kernel(
                     + ifs[row, IF_OFFSET_NS]
                 )
             wl = orig if orig >= cap else cap
+            linktype = ifs[row, IF_LINKTYPE]
+            if linktype != LT_ETHERNET:
+                data, cap = -1, to_ethernet(buf, data, cap, linktype, scratch)
             e, base_in, rel = _emit(
                 buf,
                 data,
@@ -511,7 +512,6 @@ def pcapng_kernel(
                 wl,
                 ts,
                 ifidx0 + row,
-                ifs[row, IF_LINKTYPE],
                 scratch,
                 base_in,
                 elapsed,
