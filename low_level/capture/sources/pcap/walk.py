@@ -23,7 +23,7 @@ from low_level.capture.ring import (
     prefetch_read,
     ring_push_from,
 )
-from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ
+from low_level.capture.sources.base import count_frames
 from low_level.capture.sources.pcap.format import (
     BIG_ENDIAN_HOST,
     BOM_BE,
@@ -183,11 +183,8 @@ def _end(st, pos, base_in, nread, npushed, ndrops, nbytes):
     """Store where a walk stopped and what it counted (once per call: per record would halve the speed)."""
     st[S_POS] = pos
     st[S_BASE_IN] = base_in
-    st[ST_READ] += nread
     st[S_PASS_READ] += nread
-    st[ST_PUSHED] += npushed
-    st[ST_DROPS] += ndrops
-    st[ST_BYTES] += nbytes
+    count_frames(st, nread, npushed, ndrops, nbytes)
     pin(st)
 
 
