@@ -121,7 +121,7 @@ def main() -> None:
         "benchmark": "completeness",
         "machine": machine(),
         "method": {"doc": __doc__, "repeat": args.repeat, "mode": "smoke" if args.smoke else "full"},
-        "load_before": os.getloadavg()[0],
+        "load_1min_at_end": os.getloadavg()[0],
         "left_out": left_out,
         "causes_tested": len({r["cause"].split(" ")[0] for r in rows}),
         "wrong_and_complete_total": sum(r["wrong_and_complete"] for r in rows),
