@@ -60,7 +60,7 @@ def test_punctuation_carries_shed_pane_ranges_and_plain_ones_are_unchanged():
     got = wire.decode(wire.encode_punctuation(p))
     assert got.shed == ((3, 4, 10), (6, 6, 2)) and got.mark_pane == 10 and got.stats["packets"] == 3
     plain = wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}))
-    assert plain[2] == wire.VERSION == 2 and plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
+    assert plain[2] == wire.VERSION == 3 and plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
     shed = wire.encode_punctuation(p)
     assert shed[3] == wire.KIND_PUNCT_LOSS  # version 2: shed panes are one cause of loss
     # what a version-1 agent sent still decodes: a plain punctuation and one with shed panes (kind 6)
