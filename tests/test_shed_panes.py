@@ -110,6 +110,30 @@ def _fill(b: Backlog) -> None:
             )
 
 
+def test_every_punctuation_states_the_newest_pane_sent_before_it():
+    """``sent_upto`` is a running max of the panes the emitter handed to Kafka (or shed) per partition:
+    the bound of a sequence gap the job finds at that punctuation, however far the panes led the mark."""
+    from low_level.host.emit import Emitter
+    from lowwater_testing.capture import RecordingProducer
+
+    q = pairs_query("t-upto", partitions=1)
+    lay, prod = Layout.of(q), RecordingProducer()
+    em = Emitter([q], "h", None, producer=prod)
+
+    def submit(panes: list[int]) -> None:
+        n = len(panes)
+        em.submit(q.name, np.array(panes), np.ones((n, lay.kw), np.int64), np.ones((n, lay.na), np.int64))
+
+    em.punctuate(q.name, 3, 0, {})  # nothing sent yet: not said
+    submit([5, 40, 6])  # an open pane evicted early leads the mark by far
+    em.punctuate(q.name, 7, 0, {})
+    submit([8])
+    em.punctuate(q.name, 9, 0, {})
+    em.pump()
+    puncts = [b for b in (wire.decode(v) for _, _, v in prod.sent) if isinstance(b, wire.Punctuation)]
+    assert [p.sent_upto for p in puncts] == [None, 40, 40]
+
+
 def test_backlog_sheds_whole_query_panes_oldest_start_first_in_every_partition():
     # query a: 10-ns panes; query b: 1-ns panes numbered 5, 15, ...: b's pane 5 starts at 5, a's pane 1 at 10
     b = Backlog(OPS, merge_at=10, max_records=20, pane_time={"a": (0, 10), "b": (0, 1)})
