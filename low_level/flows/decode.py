@@ -64,9 +64,14 @@ for _k, _ie in enumerate(_IE_IDS):
     IE_INDEX[_ie] = _k
 
 # template table: one row per template
-T_VALID, T_EXP, T_DOM, T_ID, T_RECLEN, T_SEEN, T_OPT = range(7)
-T_FIELDS = 7  # then (offset, length) per IE; offset -1 when the template lacks it
-TW = T_FIELDS + 2 * NIE
+T_VALID, T_EXP, T_DOM, T_ID, T_RECLEN, T_SEEN, T_OPT, T_VAR, T_NF = range(9)
+T_FIELDS = 9  # then (offset, length) per IE; offset -1 when the template lacks it
+# then, for templates with variable-length fields (T_VAR 1), (length, IE index or -1) of each field in
+# order: such a record is walked field by field (RFC 7011 7: length 65535, a 1- or 3-byte prefix)
+T_LIST = T_FIELDS + 2 * NIE
+MAX_VAR_FIELDS = 64
+VARLEN = 0xFFFF
+TW = T_LIST + 2 * MAX_VAR_FIELDS
 # per (exporter, domain) state; an sFlow source (D_KIND 1) is (agent address, sub-agent): D_DOM holds the
 # sub-agent id, D_AGENT_HI/LO the agent address (lowwater's 128-bit words), D_EXP the datagrams' sender
 D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS, D_KIND, D_AGENT_HI, D_AGENT_LO = range(10)
@@ -211,11 +216,12 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
     if not ok:
         errs[E_TABLE_FULL] += 1
     reclen = np.int64(0)
+    var = False
     if ok:
         for k in range(NIE):
             tmpl[t, T_FIELDS + 2 * k] = -1
             tmpl[t, T_FIELDS + 2 * k + 1] = 0
-    for _ in range(nfields):
+    for f in range(nfields):
         if p + 4 > end:
             return -1
         ie = _uint(buf, p, 2)
@@ -226,15 +232,21 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
                 return -1
             p += 4
             ie = -1
-        if flen == 0 or flen == 0xFFFF:  # variable-length fields are not supported: the template is unusable
+        if flen == 0 or (flen == VARLEN and not ipfix):
             ok = False
+        if flen == VARLEN:
+            var = True
         if ok:
-            if 0 <= ie < 512 and IE_INDEX[ie] >= 0:
-                k = IE_INDEX[ie]
-                if tmpl[t, T_FIELDS + 2 * k] < 0:
-                    tmpl[t, T_FIELDS + 2 * k] = reclen
-                    tmpl[t, T_FIELDS + 2 * k + 1] = flen
-            reclen += flen
+            k = IE_INDEX[ie] if 0 <= ie < 512 else -1
+            if k >= 0 and tmpl[t, T_FIELDS + 2 * k] < 0:
+                tmpl[t, T_FIELDS + 2 * k] = reclen  # meaningful only while no variable-length field precedes
+                tmpl[t, T_FIELDS + 2 * k + 1] = flen
+            if f < MAX_VAR_FIELDS:
+                tmpl[t, T_LIST + 2 * f] = flen
+                tmpl[t, T_LIST + 2 * f + 1] = k
+            reclen += 1 if flen == VARLEN else flen  # the shortest record: every prefix, no content
+    if var and nfields > MAX_VAR_FIELDS:
+        ok = False
     if ok and (reclen == 0 or reclen > 65535):
         ok = False
     if t >= 0 and not ok:
@@ -248,7 +260,39 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
         tmpl[t, T_RECLEN] = reclen
         tmpl[t, T_SEEN] = clock
         tmpl[t, T_OPT] = 1 if options else 0
+        tmpl[t, T_VAR] = 1 if var else 0
+        tmpl[t, T_NF] = nfields
     return p
+
+
+@njit(cache=True, nogil=True)
+def _walk(buf, q, send, tmpl, t, one):
+    """A variable-length record at q: its IEs' offsets (from q) and lengths into one[0], a scratch template
+    row; returns the record's length, -1 when it overruns its set."""
+    for k in range(NIE):
+        one[0, T_FIELDS + 2 * k] = -1
+        one[0, T_FIELDS + 2 * k + 1] = 0
+    p = q
+    for f in range(tmpl[t, T_NF]):
+        n = tmpl[t, T_LIST + 2 * f]
+        k = tmpl[t, T_LIST + 2 * f + 1]
+        if n == VARLEN:
+            if p + 1 > send:
+                return -1
+            n = np.int64(buf[p])
+            p += 1
+            if n == 255:
+                if p + 2 > send:
+                    return -1
+                n = _uint(buf, p, 2)
+                p += 2
+        if p + n > send:
+            return -1
+        if k >= 0 and one[0, T_FIELDS + 2 * k] < 0 and 0 < n:
+            one[0, T_FIELDS + 2 * k] = p - q
+            one[0, T_FIELDS + 2 * k + 1] = n
+        p += n
+    return p - q
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -579,6 +623,7 @@ def decode(
     i = 0
     res[2] = 0
     row = np.zeros(F.NFIELDS, dtype=np.int64)
+    one = np.zeros((1, TW), dtype=np.int64)
     while i < n:
         p0 = offs[i]
         end = p0 + lens[i]
@@ -676,6 +721,20 @@ def decode(
                     errs[E_UNKNOWN_TEMPLATE] += 1
                 elif clock_s - tmpl[t, T_SEEN] > template_timeout_s:
                     errs[E_EXPIRED] += 1
+                elif tmpl[t, T_VAR] == 1:
+                    while q + tmpl[t, T_RECLEN] <= send and r < cap:
+                        rl = _walk(buf, q, send, tmpl, t, one)
+                        if rl < 0:
+                            errs[E_SET_LENGTH] += 1
+                            bad = True
+                            break
+                        if tmpl[t, T_OPT] == 1:
+                            _options_record(buf, q, one, 0, doms, d)
+                        else:
+                            r += _data_record(
+                                buf, q, one, 0, doms, d, uptime, clock, not ipfix, rows, w, rate_out, r, errs
+                            )
+                        q += rl
                 else:
                     rl = tmpl[t, T_RECLEN]
                     while q + rl <= send and r < cap:
