@@ -267,3 +267,43 @@ def test_sflow_agent_to_kafka_matches_sfacctd(rate: int, kafka, topic_factory, t
 
     lo, hi = pane(starts[-1] * NS + 3 * NS // 10 - NS), pane(stop_ns - NS)
     assert len(marks) == 2 and all(lo <= m <= hi for m in marks.values()), (marks, lo, hi)
+
+
+def test_collector_metrics_per_exporter_and_reason() -> None:
+    """The flow families (low_level.host.metrics) from a collector's stats: per exporter datagrams,
+    records, templates and sampling rate; errors by reason; sFlow interface octets per (agent, ifIndex)."""
+    from low_level.host.metrics import METRIC_NAMES, _flow_families
+    from lowwater_testing.flows import FIELDS, flow_record, flowset, template, v9
+
+    col = FlowCollector()
+    col.feed(
+        [v9(1, [template(256, FIELDS), flowset(256, flow_record(1, 2, 3, 4, 5) * 2)])],
+        exporter=("10.0.0.1", 9),
+    )
+    col.feed([v9(1, [flowset(999, b"\0" * 8)])], exporter=("10.0.0.1", 9))
+    s = [flow_sample([header_record(frame(A, B, 1, 2))], rate=4, in_if=1), counter_sample(7, 1000, 2000)]
+    col.feed([datagram(s, agent="10.9.9.9", sub_agent=3)] * 3, arrival_ns=T)
+    col.decode()
+    fams = {f.name: f for f in _flow_families("r1", col.stats())}
+    assert {f"{n}_total" if f.type == "counter" else n for n, f in fams.items()} <= set(METRIC_NAMES)
+
+    def val(name: str, **labels: str) -> float:
+        return next(
+            x.value
+            for x in fams[name].samples
+            if not x.name.endswith("_created") and all(x.labels.get(k) == v for k, v in labels.items())
+        )
+
+    nf, sf = "('10.0.0.1', 9)/1", "sflow:10.9.9.9/3"
+    assert (
+        val("lowwater_agent_flow_datagrams", exporter=nf) == 2
+        and val("lowwater_agent_flow_records", exporter=nf) == 2
+    )
+    assert val("lowwater_agent_flow_templates", exporter=nf) == 1
+    assert (
+        val("lowwater_agent_flow_datagrams", exporter=sf) == 3
+        and val("lowwater_agent_flow_records", exporter=sf) == 3
+    )
+    assert val("lowwater_agent_flow_sampling_rate", exporter=sf) == 4
+    assert val("lowwater_agent_flow_errors", reason="unknown_template") == 1
+    assert val("lowwater_agent_flow_interface_octets", exporter=sf, ifindex="7", direction="out") == 2000

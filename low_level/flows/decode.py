@@ -75,7 +75,8 @@ TW = T_LIST + 2 * MAX_VAR_FIELDS
 # per (exporter, domain) state; an sFlow source (D_KIND 1) is (agent address, sub-agent): D_DOM holds the
 # sub-agent id, D_AGENT_HI/LO the agent address (lowwater's 128-bit words), D_EXP the datagrams' sender
 D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS, D_KIND, D_AGENT_HI, D_AGENT_LO = range(10)
-DW = 10
+D_DATAGRAMS = 10
+DW = 11
 KIND_NETFLOW, KIND_SFLOW = 0, 1
 # sFlow interface counter rows (generic interface counters, record 0:1): the latest per (source, ifIndex)
 C_TS, C_DOM, C_IFINDEX, C_SPEED, C_STATUS, C_IN_OCTETS, C_IN_PKTS, C_IN_ERRORS, C_IN_DISCARDS = range(9)
@@ -128,6 +129,7 @@ def _domain(doms, exporter, domain):
         doms[free, D_SYSINIT] = -1
         doms[free, D_CLOCK] = 0
         doms[free, D_RECORDS] = 0
+        doms[free, D_DATAGRAMS] = 0
         doms[free, D_KIND] = KIND_NETFLOW
         doms[free, D_AGENT_HI] = 0
         doms[free, D_AGENT_LO] = 0
@@ -157,6 +159,7 @@ def _sflow_source(doms, exporter, agent_hi, agent_lo, sub):
         doms[free, D_SYSINIT] = -1
         doms[free, D_CLOCK] = 0
         doms[free, D_RECORDS] = 0
+        doms[free, D_DATAGRAMS] = 0
         doms[free, D_KIND] = KIND_SFLOW
         doms[free, D_AGENT_HI] = agent_hi
         doms[free, D_AGENT_LO] = agent_lo
@@ -409,6 +412,7 @@ def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
     si = _uint(buf, p0 + 22, 2)
     rate = si & 0x3FFF
     doms[d, D_RATE] = rate if rate > 0 else 1
+    doms[d, D_DATAGRAMS] += 1
     if clock > doms[d, D_CLOCK]:
         doms[d, D_CLOCK] = clock
     got = 0
@@ -577,6 +581,7 @@ def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap
     if d < 0:
         errs[E_TABLE_FULL] += 1
         return 0
+    doms[d, D_DATAGRAMS] += 1
     if arrival > doms[d, D_CLOCK]:
         doms[d, D_CLOCK] = arrival
     got = 0
@@ -595,7 +600,9 @@ def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap
             bad = True
             break
         if fmt == 1 or fmt == 3:
-            got += _sflow_flow(buf, q, send, fmt == 3, arrival, row, rows, w, rate_out, r + got, errs)
+            if _sflow_flow(buf, q, send, fmt == 3, arrival, row, rows, w, rate_out, r + got, errs) == 1:
+                doms[d, D_RATE] = rate_out[r + got]  # the source's latest rate, for stats
+                got += 1
         elif fmt == 2 or fmt == 4:
             res[2] += _sflow_counters(buf, q, send, fmt == 4, arrival, d, ctrs, res[2], errs)
         else:
@@ -691,6 +698,7 @@ def decode(
             errs[E_TABLE_FULL] += 1
             i += 1
             continue
+        doms[d, D_DATAGRAMS] += 1
         if clock > doms[d, D_CLOCK]:
             doms[d, D_CLOCK] = clock
         clock_s = clock // NS

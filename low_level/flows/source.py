@@ -246,8 +246,25 @@ class FlowCollector:
             | {k: int(c[D.C_IN_OCTETS + j]) for j, k in enumerate(D.COUNTER_NAMES)}
             for (d, i), c in sorted(self.interfaces.items())
         ]
+        per_source = {
+            self.source_name(d): {
+                "datagrams": int(self.doms[d, D.D_DATAGRAMS]),
+                "records": int(self.doms[d, D.D_RECORDS]),
+                "templates": int(
+                    (
+                        (self.tmpl[:, D.T_VALID] == 1)
+                        & (self.tmpl[:, D.T_EXP] == self.doms[d, D.D_EXP])
+                        & (self.tmpl[:, D.T_DOM] == self.doms[d, D.D_DOM])
+                    ).sum()
+                )
+                if self.doms[d, D.D_KIND] == D.KIND_NETFLOW
+                else 0,
+            }
+            for d in np.flatnonzero(self.doms[:, D.D_VALID])
+        }
         return {
             "type": "flows",
+            "sources": per_source,
             "datagrams": self.datagrams,
             "datagrams_ok": int(self.errs[D.E_OK]),
             "records": self.records,
