@@ -64,7 +64,12 @@ METRIC_NAMES = tuple(
         "backlog_lost_records_total",
         "networks_reloads_total",
         "networks_reload_errors_total",
-        # flow collectors only (NetFlow/IPFIX/sFlow), per exporter: low cardinality
+    )
+)
+# flow collectors only (NetFlow/IPFIX/sFlow), labelled per exporter: low cardinality
+FLOW_METRIC_NAMES = tuple(
+    f"{PREFIX}_{n}"
+    for n in (
         "flow_datagrams_total",
         "flow_records_total",
         "flow_templates",
@@ -74,6 +79,7 @@ METRIC_NAMES = tuple(
         "flow_interface_octets_total",
     )
 )
+METRIC_NAMES += FLOW_METRIC_NAMES
 
 
 class AgentCollector(Collector):
