@@ -120,7 +120,7 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
     assert m[("lowwater_agent_networks_reloads_total", host)] == 1
     assert m[("lowwater_agent_networks_reload_errors_total", host)] == 1
     assert m[("lowwater_agent_table_slots", qlab)] == 256
-    assert ("lowwater_agent_low_water_mark_seconds", qlab) in m
+    assert ("lowwater_agent_low_water_mark_timestamp_seconds", qlab) in m
     names = {name for name, _ in m}
     for declared in METRIC_NAMES:
         base = declared.removesuffix("_total")
