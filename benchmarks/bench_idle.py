@@ -13,9 +13,10 @@ are read over the phase:
 1. ``demo``: the agent on ``generator:rate=20000,...`` (what ``./lw run`` starts), no HTTP client;
 2. ``idle_interface``: the agent on ``afpacket:<veth>``, a veth pair this benchmark creates (IPv6 off,
    nothing sends on it), the job and API as before;
-3. ``catch_up``: ``--catch-up-messages`` values of old windows (published an hour ago) are added to the
-   exported query's live topic, the API is restarted, and ``live_catch_up_s`` is the time from its start
-   until ``/live/<query>/values`` holds the newest window the job published.
+3. ``catch_up``: the live topic of ``bytes_per_dst24`` began with ``--catch-up-messages`` values of old
+   windows (written before the job started, stamped an hour ago: earlier runs); the API is restarted,
+   and ``live_catch_up_s`` is the time from its start until ``/live/<query>/values`` holds the newest
+   window the job published.
 
 Root only (the veth and AF_PACKET). Goals: ``api_cpu_share_no_client`` <= 0.05,
 ``agent_cpu_share_idle_interface`` <= 0.02, ``live_catch_up_s`` <= 10. ``--quick`` measures 10 s per phase
@@ -96,12 +97,25 @@ class Stack:
         self.procs[name] = p
         return p
 
-    def start(self) -> None:
+    def start(self, old_messages: int) -> float:
+        """Broker and topics, ``old_messages`` of earlier runs on the live topic, then the roles; returns
+        the seconds the old messages took to write."""
+        from kafka import KafkaAdminClient
+
+        from high_level.live.publish import ensure_live_topics
+
         cfg = Q.load(CONFIG)
         self.broker.start()
         for topic, parts in wanted_topics([*cfg.queries, *cfg.selects]).items():
             self.broker.create_topic(topic, parts)
         self.broker.create_topic(CONTROL_TOPIC, 1)
+        admin = KafkaAdminClient(bootstrap_servers=self.broker.bootstrap_servers)
+        try:
+            ensure_live_topics(admin, cfg.queries)
+        finally:
+            admin.close()
+        # before the job publishes: a producer stamps its messages in order, earlier runs come first
+        fill_s = fill_old(self.broker.bootstrap_servers, L.live_topic(LIVE_QUERY), old_messages)
         jars = 'jars="$("$0" -m local_stack.jars --spark-list)" || exit 1; exec "$@" --spark-jars "$jars"'
         self.spawn(
             "job",
@@ -112,6 +126,7 @@ class Stack:
         )
         self.start_api()
         self.start_agent(DEMO_SOURCE)
+        return fill_s
 
     def start_api(self) -> float:
         """Start the API; returns the monotonic time it was started."""
@@ -226,7 +241,7 @@ def fill_old(bootstrap: str, topic: str, n: int) -> float:
             "query": LIVE_QUERY,
             "window_start_us": w,
             "window_end_us": w + 10_000_000,
-            "group": {"dst_ip/24": f"10.{i % 5000 // 250}.{i % 250}.0"},
+            "group": {"dst_ip_24": f"10.{i % 5000 // 250}.{i % 250}.0"},
             "values": {"bytes": 1000, "packets": 1, "avg_len": 1000.0, "max_len": 1000},
             "final": True,
             "version": 1,
@@ -242,9 +257,8 @@ def fill_old(bootstrap: str, topic: str, n: int) -> float:
     return time.monotonic() - t0
 
 
-def catch_up(stack: Stack, n_old: int) -> dict[str, Any]:
+def catch_up(stack: Stack, n_old: int, fill_s: float) -> dict[str, Any]:
     topic = L.live_topic(LIVE_QUERY)
-    fill_s = fill_old(stack.broker.bootstrap_servers, topic, n_old)
     stack.stop_role("api")
     target = newest_live_window(stack.broker.bootstrap_servers, topic)
     t0 = stack.start_api()
@@ -282,7 +296,7 @@ def main() -> int:
     doc: dict[str, Any] = {"benchmark": "cost at rest and live catch-up", "machine": machine()}
     doc["load_avg_at_start"] = load()
     try:
-        stack.start()
+        fill_s = stack.start(args.catch_up_messages)
         _wait("a first closed window", lambda: windows_closed(stack) > 0, 300, list(stack.procs.values()))
         time.sleep(args.warmup)
         demo = measure(stack, args.seconds)
@@ -293,7 +307,7 @@ def main() -> int:
         time.sleep(args.warmup)
         idle = measure(stack, args.seconds)
         print(f"idle interface: {idle}", flush=True)
-        cu = catch_up(stack, args.catch_up_messages)
+        cu = catch_up(stack, args.catch_up_messages, fill_s)
         print(f"catch-up: {cu}", flush=True)
         doc.update(
             {
