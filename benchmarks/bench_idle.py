@@ -262,6 +262,7 @@ def catch_up(stack: Stack, n_old: int, fill_s: float) -> dict[str, Any]:
     stack.stop_role("api")
     target = newest_live_window(stack.broker.bootstrap_servers, topic)
     t0 = stack.start_api()
+    health_s = time.monotonic() - t0
     took = None
     deadline = t0 + 300
     while time.monotonic() < deadline:
@@ -273,6 +274,7 @@ def catch_up(stack: Stack, n_old: int, fill_s: float) -> dict[str, Any]:
     st = json.loads(_get(f"{stack.api}/live"))
     return {
         "live_catch_up_s": None if took is None else round(took, 2),
+        "api_start_to_health_s": round(health_s, 2),  # of live_catch_up_s: the process start itself
         "old_messages_added": n_old,
         "old_messages_fill_s": round(fill_s, 1),
         "messages_read_after_restart": st["received"] + st["ignored"] + st["rejected"] + st["tombstones"],
