@@ -15,8 +15,8 @@ from contract.wire import END_OF_STREAM
 
 
 class JobMetrics:
-    """The job's Prometheus metrics (names are part of the ops contract, see README; renames in
-    docs/metrics.md). Names follow the Prometheus naming guide: counters end in ``_total`` (added by the
+    """The job's Prometheus metrics (names are part of the ops contract: README, "Changed metric
+    names" lists renames). Names follow the Prometheus naming guide: counters end in ``_total`` (added by the
     client), liveness is ``_up``, marks in epoch seconds are ``_timestamp_seconds``."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
