@@ -42,7 +42,9 @@ counted since its previous punctuation of this query, charged to the panes it ma
 select topic, to nanoseconds). ``cause`` indexes :data:`LOSS_CAUSES`: ``shed`` (backlog or outbox
 shedding, as kind 6; counted in ``seq``), ``socket`` (the capture socket's drops, PACKET_STATISTICS
 ``tp_drops``), ``ring`` (the host's ring was full), ``late`` (packets below the host's own mark) and
-``malformed`` (frames the parser rejected: reported, not a loss of the query's records). A count that
+``malformed`` (frames the parser rejected: reported, not a loss of the query's records). ``gap``,
+``timeout`` and ``job_late`` (indexes 5-7, read by this build on) are the job's own causes, carried
+by the closed-window feed of an aggregate query that a join reads, per window start. A count that
 cannot be pinned to one pane (socket and ring drops between two reads) is charged to every pane the
 interval spanned: flag rather than miss. Stats slot 8 (``reserved`` in version 1, always 0) is
 ``workers``: how many worker processes the capture host runs (0: not said), so the high level can
@@ -68,7 +70,9 @@ KIND_ROWS = 4  # selected rows of a select query (see encode_rows)
 KIND_ROWS_LZ4 = 5
 KIND_PUNCT_SHED = 6
 KIND_PUNCT_LOSS = 7  # version 2: a punctuation with loss ranges of every cause (LOSS_CAUSES)
-LOSS_CAUSES = ("shed", "socket", "ring", "late", "malformed")
+# the last three only on a closed-window feed (high_level/join/feed.py): the job's own causes of an input
+# window it publishes short (a sequence gap, a host timed out, partials late at the job)
+LOSS_CAUSES = ("shed", "socket", "ring", "late", "malformed", "gap", "timeout", "job_late")
 MAX_SHED_RANGES = 65_536  # shed pane ranges one punctuation may carry
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)

@@ -975,3 +975,14 @@ def test_per_frame_source_helpers_have_no_refcount_calls() -> None:
     assert _refcount_calls(_emit, buf, i, i, i, i, i, i, i, True, True, i, 1.0, *ring.arrays()) == 0
     # and it stays a call: Numba's IR inliner would rebind its seven arrays (the 7 Mframes/s version)
     assert _emit.targetoptions.get("inline", "never") == "never"
+
+
+def test_afpacket_source_text_sets_the_kernel_ring_blocks_and_refuses_other_options() -> None:
+    from low_level.cli import parse_source
+
+    spec = parse_source("afpacket:eth1+eth2,promisc,blocks=2")
+    assert spec == {"type": "afpacket", "interfaces": ["eth1", "eth2"], "promiscuous": True, "block_count": 2}
+    assert "block_count" not in parse_source("afpacket:eth1")
+    for bad in ("afpacket:eth1,blocks=0", "afpacket:eth1,blocks=x", "afpacket:eth1,snap=9"):
+        with pytest.raises(ValueError, match="blocks=N"):
+            parse_source(bad)
