@@ -117,6 +117,8 @@ class LiveHub:
             if old is None:
                 self._add_key(u.query, u.key)
             subs = [s for s in self.subs.values() if s.query == u.query]
+        if not subs:  # no consumer of this query: the table is all there is to keep
+            return True
         now = self.clock()
         upd = Update(u.window_start_us, tuple(u.group.values()), u, u.final, u.version)
         for s in subs:
