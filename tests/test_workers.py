@@ -26,8 +26,8 @@ from contract import wire
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
+from lowwater_testing.agent import agent_cmd, write_traffic_pcap
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.agent import write_traffic_pcap
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import assert_exact, start_job
 from lowwater_testing.topics import read_all
@@ -227,25 +227,13 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "low_level.cli",
-            "--config",
-            str(cfg),
-            "--source",
+        agent_cmd(
+            cfg,
             f"pcap:{pcap},paced",
-            "--host-id",
-            "cap-9",
-            "--bootstrap",
-            "127.0.0.1:9",
-            "--metrics-port",
-            "0",
-            "--workers",
-            "2",
-            "--summary",
-            str(summary),
-        ],
+            host="cap-9",
+            bootstrap="127.0.0.1:9",
+            extra=("--workers", "2", "--summary", str(summary)),
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -318,25 +306,14 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     summary = tmp_path / "s.json"
     port = _free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "low_level.cli",
-            "--config",
-            str(cfg),
-            "--source",
+        agent_cmd(
+            cfg,
             f"afpacket:{host_if},promisc",
-            "--host-id",
-            "edge-1",
-            "--bootstrap",
-            kafka.bootstrap_servers,
-            "--metrics-port",
-            str(port),
-            "--workers",
-            "2",
-            "--summary",
-            str(summary),
-        ],
+            host="edge-1",
+            bootstrap=kafka.bootstrap_servers,
+            metrics_port=port,
+            extra=("--workers", "2", "--summary", str(summary)),
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -252,19 +252,7 @@ class Emitter:
                     ranges = self.backlog.take_shed(
                         query, part
                     )  # whole panes shed: the high level flags them
-                    p = wire.Punctuation(
-                        item.query,
-                        item.host,
-                        item.incarnation,
-                        part,
-                        seq,
-                        item.mark_pane,
-                        item.mark_ns,
-                        item.sent_wall_ns,
-                        item.stats,
-                        ranges,
-                        item.losses,
-                    )
+                    p = replace(item, seq=seq, shed=ranges)  # queued for this partition (punctuate)
                     if not self._send(topic, part, wire.encode_punctuation(p)):
                         self.backlog.give_back_shed(query, part, ranges)
                         return handed

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -194,19 +194,7 @@ class SelectOutbox:
                         fifo[0] = item[n:]
                 else:
                     shed = (self.shed[(name, part)],) if (name, part) in self.shed else ()
-                    p = wire.Punctuation(
-                        name,
-                        self.host,
-                        self.incarnation,
-                        part,
-                        seq,
-                        item.mark_pane,
-                        item.mark_ns,
-                        item.sent_wall_ns,
-                        item.stats,
-                        shed,
-                        item.losses,
-                    )
+                    p = replace(item, seq=seq, shed=shed)  # queued for this partition (punctuate)
                     if not send(topic, part, wire.encode_punctuation(p)):
                         return handed
                     self.shed.pop((name, part), None)
