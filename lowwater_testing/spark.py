@@ -108,6 +108,13 @@ def assert_exact(results: Path, q: Q.QuerySpec, t) -> pd.DataFrame:
     return g
 
 
+def job_options(bootstrap: str, root: Path, name: str, **kw: Any) -> JobOptions:
+    """The job's options as the tests and benchmarks run it: results in ``root/res``, checkpoint in
+    ``root/ck``, a 300 ms trigger and two shuffle partitions unless ``kw`` says otherwise."""
+    base = dict(results=str(root / "res"), checkpoint=str(root / "ck"), trigger_ms=300, shuffle_partitions=2)
+    return JobOptions(bootstrap=bootstrap, name=name, **(base | kw))
+
+
 def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     opts = JobOptions(
         results=str(tmp_path / f"results-{tag}"),

@@ -541,7 +541,7 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     fires reaches the receiver exactly once, though it was down for the first micro-batches."""
     from lowwater_testing.hosts import HOSTS as SPARK_HOSTS
     from lowwater_testing.hosts import traffic_messages
-    from lowwater_testing.spark import expected_typed, normalised, read_results
+    from lowwater_testing.spark import expected_typed, job_options, normalised, read_results
     from lowwater_testing.topics import produce
 
     t = make_traffic(6000, 60, T0, 90 * NS, seed=9)
@@ -558,13 +558,10 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     msgs = traffic_messages(queries, t)
     rx = Receiver()
     rx.down()
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
-        shuffle_partitions=2,
-        name="t-having",
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-having",
         expected_hosts=SPARK_HOSTS,
         host_timeout_ms=600_000,
         alert_webhook=rx.url,
