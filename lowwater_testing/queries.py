@@ -81,6 +81,18 @@ def query(
     return doc
 
 
+def pairs(**kw: Any) -> dict[str, Any]:
+    """The agent tests' query ``pairs``: packets per (src_ip, dst_ip) per 2 s, a 1024-slot table, lazy
+    flush with m = 2; ``kw`` (``topic``, ``partitions``, ``window``, ...) overrides or adds."""
+    base = {
+        "group_by": ["src_ip", "dst_ip"],
+        "window": "2s",
+        "table": 1024,
+        "flush": {"policy": "lazy", "m": 2},
+    }
+    return query("pairs", **(base | kw))
+
+
 def select(name: str, **fields: Any) -> dict[str, Any]:
     """One ``kind: select`` mapping (``filter``, ``project``, ``kafka``...: copied as is)."""
     return {"name": name, "kind": "select", **fields}

@@ -28,7 +28,7 @@ from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import run_agent as _run_agent
 from lowwater_testing.agent import write_traffic_pcap
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, start_job
 from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import build_frames, make_traffic
@@ -138,20 +138,8 @@ def drain_ring_all(pcap: Path) -> list[tuple[bytes, int]]:
 
 def pairs_config(topic: str, sources: str, **more) -> str:
     """Packets and bytes per (src, dst) per 2 s on 2 partitions, run by the hosts ``sources`` matches."""
-    return config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            aggregates=["count as packets", "sum(length) as bytes"],
-            window="2s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            sources=[sources],
-            topic=topic,
-            partitions=2,
-            **more,
-        )
-    ).text
+    aggregates = ["count as packets", "sum(length) as bytes"]
+    return config(pairs(aggregates=aggregates, sources=[sources], topic=topic, partitions=2, **more)).text
 
 
 def run_agent(cfg: Path, source: str, host: str, bootstrap: str, *extra: str, timeout: float = 300) -> None:
