@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from benchmarks import harness
 from lowwater_testing.queries import config, query
+from lowwater_testing.store import result_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,23 +46,7 @@ CONFIG = config(
         window="1m",
     )
 ).text
-SCHEMA = pa.schema(
-    [
-        ("window_start", pa.timestamp("us", tz="UTC")),
-        ("window_end", pa.timestamp("us", tz="UTC")),
-        ("src_ip", pa.string()),
-        ("dst_ip", pa.string()),
-        ("packets", pa.int64()),
-        ("closed_at", pa.timestamp("us", tz="UTC")),
-        ("hosts", pa.int32()),
-        ("hosts_expected", pa.int32()),
-        ("hosts_in_mark", pa.int32()),
-        ("late_partials", pa.int64()),
-        ("missing_records", pa.int64()),
-        ("complete", pa.bool_()),
-        ("kind", pa.string()),
-    ]
-)
+SCHEMA = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
 
 
 def _addresses(rng: np.random.Generator, n: int) -> pa.Array:

@@ -99,7 +99,8 @@ def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Sche
     )
 
 
-def _schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
+def result_schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    """A stored result file's schema: the window, ``keys``, ``aggs`` and the completeness columns."""
     return pa.schema(
         [
             ("window_start", TS),
@@ -148,7 +149,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     # q4_pairs: every (src, dst) pair per window, one file per window; window 7 split over two
     # files (two partitions closing it in different batches); corrections for windows 3 and 9,
     # including one group that only ever appears as a correction
-    schema = _schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
+    schema = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
     frames, finals = [], []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
@@ -198,7 +199,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
     # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
-    schema = _schema(
+    schema = result_schema(
         [("dst_ip_24", pa.string())],
         [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())],
     )
@@ -244,7 +245,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["bytes_per_dst24"] = pd.concat(frames, ignore_index=True)
 
     # syn_per_port: sliding windows (1 m every 10 s): several windows per batch file
-    schema = _schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
+    schema = result_schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
     frames = []
     for b in range(N_WINDOWS):
         parts = []
@@ -262,7 +263,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["syn_per_port"] = pd.concat(frames, ignore_index=True)
 
     # avg_only: no count aggregate, so corrections cannot be folded into avg (the final's avg stays)
-    schema = _schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
+    schema = result_schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
     frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
