@@ -16,12 +16,20 @@ from lowwater_testing.queries import spec
 from lowwater_testing.traffic import build_frames
 
 
-def run_kernel(queries: list[Q.QuerySpec], traffic, chunk: int = 512, check=None) -> list[np.ndarray]:
+def run_kernel(
+    queries: list[Q.QuerySpec], traffic, chunk: int = 512, check=None, nets: list[np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """The fused kernel over the traffic's frames, chunk by chunk, each query's partials drained after
+    every chunk and flushed at the end. ``check(tables)`` runs after each chunk; with ``nets`` (LPM
+    tables) the kernel switches to the next table at each equal share of the traffic."""
     tables = Tables.build(queries, chunk=chunk)
-    k = Kernel(tables)
+    k = Kernel(tables, nets=nets[0] if nets else None)
     frames, cap, wl, ts = build_frames(traffic)
     out: list[list[np.ndarray]] = [[] for _ in queries]
+    share = -(-len(traffic) // len(nets)) if nets else 0
     for s in range(0, len(traffic), chunk):
+        if nets:
+            k.set_networks(nets[min(s // share, len(nets) - 1)])
         k.run_arrays(frames, cap, wl, ts, s, min(len(traffic), s + chunk))
         if check:
             check(tables)
