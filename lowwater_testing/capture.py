@@ -3,6 +3,8 @@ and a producer that records what the agent sends (for pure-logic tests without K
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import yaml
 
@@ -61,6 +63,12 @@ def push_frames(ring: Ring, frames, cap, wl, ts) -> None:
     ring.caplen[slots], ring.wirelen[slots], ring.ts[slots] = cap, wl, ts
     ring.iface[slots] = 0
     ring.ctr[HEAD] = head + n
+
+
+def kafka_agent(q: Q.QuerySpec, host: str, bootstrap: str, **emitter_opts: Any) -> Agent:
+    """An in-process agent for one query sending to a real broker (an 8192-slot ring, 2048-packet chunks),
+    fed with :func:`feed`; ``emitter_opts`` bound its backlog (``merge_at``, ``max_records``)."""
+    return Agent([q], None, host, bootstrap, ring_slots=1 << 13, chunk=2048, emitter_opts=emitter_opts)
 
 
 def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> None:
