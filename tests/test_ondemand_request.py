@@ -19,23 +19,14 @@ from high_level.job import HighLevelJob
 from high_level.ondemand import PunctuationAsker
 from low_level.host.agent import Agent
 from low_level.host.ondemand import RequestListener
-from lowwater_testing.queries import spec
+from lowwater_testing.queries import on_demand_query
 from lowwater_testing.spark import job_options
 
 NS = 1_000_000_000
 
 
 def _query(topic: str = "t", interval: str = "1s") -> Q.QuerySpec:
-    return spec(
-        "asked",
-        group_by=["src_ip", "dst_ip"],
-        window="1s",
-        table=4096,
-        flush={"policy": "lazy", "m": 1},
-        heartbeat={"interval": interval, "skew": "100ms", "on_demand": False},
-        topic=topic,
-        partitions=1,
-    )
+    return on_demand_query("asked", topic, interval, table=4096)
 
 
 def test_request_roundtrip_and_every_mutation_or_truncation_rejected() -> None:
