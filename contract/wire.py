@@ -247,6 +247,19 @@ def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
         raise WireError(f"truncated batch: {what} needs {n} bytes at offset {pos}, batch has {len(buf)}")
 
 
+def _ranged_punct(view: memoryview, pos: int, end: int, width: int, what: str) -> tuple[tuple, np.ndarray]:
+    """A punctuation body followed by a count and that many ranges of ``width`` int64 words: (the
+    punctuation's values, the ranges int64[n, width]); a count of 0, over MAX_SHED_RANGES or not
+    matching the bytes left is a :class:`WireError`."""
+    _need(view, pos, _PUNCT.size + _COUNT.size, f"punctuation with {what}")
+    vals = _PUNCT.unpack_from(view, pos)
+    (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
+    at = pos + _PUNCT.size + _COUNT.size
+    if n == 0 or n > MAX_SHED_RANGES or end - at != 8 * width * n:
+        raise WireError(f"{what}: {n} claimed, {end - at} bytes of them")
+    return vals, np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, width)
+
+
 def _read_str(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
     _need(buf, pos, 2, what)
     (n,) = struct.unpack_from("<H", buf, pos)
@@ -335,26 +348,14 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats)
     if kind == KIND_PUNCT_SHED:
-        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with shed panes")
-        vals = _PUNCT.unpack_from(view, pos)
-        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
-        at = pos + _PUNCT.size + _COUNT.size
-        if n == 0 or n > MAX_SHED_RANGES or end - at != 24 * n:
-            raise WireError(f"shed pane ranges: {n} claimed, {end - at} bytes of them")
-        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 3)
+        vals, r = _ranged_punct(view, pos, end, 3, "shed pane ranges")
         if (r[:, 0] > r[:, 1]).any() or (r[:, 2] < 0).any():
             raise WireError("shed pane ranges need first <= last and records >= 0")
         shed = tuple((int(a), int(b), int(c)) for a, b, c in r.tolist())
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
     if kind == KIND_PUNCT_LOSS and version >= 2:
-        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with losses")
-        vals = _PUNCT.unpack_from(view, pos)
-        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
-        at = pos + _PUNCT.size + _COUNT.size
-        if n == 0 or n > MAX_SHED_RANGES or end - at != 32 * n:
-            raise WireError(f"loss ranges: {n} claimed, {end - at} bytes of them")
-        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 4)
+        vals, r = _ranged_punct(view, pos, end, 4, "loss ranges")
         if (
             (r[:, 0] > r[:, 1]).any()
             or (r[:, 3] < 0).any()
