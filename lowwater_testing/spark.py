@@ -161,6 +161,10 @@ class Host:
                 self.seq[p] += len(k)
         return out
 
+    def pane(self, pane: int, ports: list[int], n: int, length: int) -> list[tuple[str, int, bytes]]:
+        """This host's partials of ``pane`` (:meth:`partials`), then its punctuation past it."""
+        return self.partials(pane, ports, n, length) + self.punct(pane + 1)
+
     def punct(self, mark: int) -> list[tuple[str, int, bytes]]:
         w = self.q.window
         return [
