@@ -70,8 +70,9 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(5)
 
 
-def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
-    """Headless Chromium on ``url`` (``--dump-dom``, ``--screenshot=...`` in ``extra``)."""
+def chromium(url: str, profile: Path, *extra: str, budget_ms: int = 5000) -> subprocess.CompletedProcess:
+    """Headless Chromium on ``url`` (``--dump-dom``, ``--screenshot=...`` in ``extra``), the page's
+    timers run for ``budget_ms`` of virtual time."""
     cmd = [
         CHROMIUM,
         "--headless",
@@ -84,7 +85,7 @@ def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProces
         "--disable-sync",
         f"--user-data-dir={profile}",
         "--window-size=1280,900",
-        "--virtual-time-budget=5000",
+        f"--virtual-time-budget={budget_ms}",
         *extra,
         url,
     ]
