@@ -153,20 +153,16 @@ def main() -> None:
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for d, color in zip(dens, ("#36c", "#2a7"), strict=False):
         rs = [r for r in rows if r["plan"] == "paned" and r["records_per_group_per_pane"] == d]
-        ax[0].plot(
-            [r["panes_per_window"] for r in rs],
-            [r["time_ratio_paned_vs_unpaned"] for r in rs],
-            marker="o",
-            color=color,
-            label=f"{d} record(s) per group per pane",
-        )
-        ax[1].plot(
-            [r["panes_per_window"] for r in rs],
-            [r["rows_ratio_paned_vs_unpaned"] for r in rs],
-            marker="o",
-            color=color,
-            label=f"{d} record(s) per group per pane",
-        )
+        for axis, ratio in zip(
+            ax, ("time_ratio_paned_vs_unpaned", "rows_ratio_paned_vs_unpaned"), strict=True
+        ):
+            axis.plot(
+                [r["panes_per_window"] for r in rs],
+                [r[ratio] for r in rs],
+                marker="o",
+                color=color,
+                label=f"{d} record(s) per group per pane",
+            )
     for a, t in zip(ax, ("CPU time, paned / unpaned", "rows held, paned / unpaned"), strict=True):
         a.set_xscale("log")
         a.set_xlabel("panes per window (range / slide)")

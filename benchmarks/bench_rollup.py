@@ -51,6 +51,19 @@ T0 = 1_700_000_000_000_000_000
 QUERY = config(query("bench_pairs", group_by=["src_ip", "dst_ip"])).text
 
 
+def _job_options(a: argparse.Namespace, work: Path, tag: Any, **kw: Any) -> JobOptions:
+    """The job as these runs start it: results and checkpoint ``results-<tag>`` / ``ckpt-<tag>`` under
+    ``work``, a 100 ms trigger, one shuffle partition per Kafka partition."""
+    return JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / f"results-{tag}"),
+        checkpoint=str(work / f"ckpt-{tag}"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+        **kw,
+    )
+
+
 class _Hosts:
     """Emulated capture hosts sending partials of ``groups`` (src, dst) pairs in batches of ``batch``
     records, 1..4 packets each, with their per-(host, partition) sequence numbers."""
@@ -197,14 +210,7 @@ def run_config(
 ) -> dict[str, Any]:
     """Read the whole topic from a fresh checkpoint, at most ``batch_records`` per micro-batch."""
     max_offsets = max(1, batch_records // a.batch)  # Kafka messages per trigger (a.batch records each)
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{batch_records}"),
-        checkpoint=str(work / f"ckpt-{batch_records}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-        max_offsets_per_trigger=max_offsets,
-    )
+    opts = _job_options(a, work, batch_records, max_offsets_per_trigger=max_offsets)
     job = BatchClock(spark, [q], opts)
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)  # local mode: the JVM runs the Python workers
     c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
@@ -274,13 +280,7 @@ def _run(a: argparse.Namespace) -> int:
     spark = build_spark(
         "lowwater-bench", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf)
     )
-    wopts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / "results-warm"),
-        checkpoint=str(work / "ckpt-warm"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-    )
+    wopts = _job_options(a, work, "warm")
     job = HighLevelJob(spark, [q], wopts)
     job.start()
     job.process_all_available()
@@ -351,12 +351,10 @@ def _sweep_run(
     spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str, fill: int, total: int
 ) -> dict[str, Any]:
     """One state layout on one sweep topic: the rate of the batches after the fill."""
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{tag}"),
-        checkpoint=str(work / f"ckpt-{tag}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
+    opts = _job_options(
+        a,
+        work,
+        tag,
         max_offsets_per_trigger=max(1, a.sweep_batch // a.batch),
         state=state,
         create_topics=False,
@@ -400,15 +398,7 @@ def _sweep_check(
     """Restart the run after the end-of-stream punctuation: the pane closes with every group and record."""
     import duckdb
 
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{tag}"),
-        checkpoint=str(work / f"ckpt-{tag}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-        state=state,
-        create_topics=False,
-    )
+    opts = _job_options(a, work, tag, state=state, create_topics=False)
     job = HighLevelJob(spark, [q], opts)
     job.start()
     job.process_all_available()
