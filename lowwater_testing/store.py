@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -379,22 +380,31 @@ def write_status(root: Path, now: datetime) -> dict:
         ),
         "bytes_per_dst24": S.summarize_query({0: part("bytes_per_dst24", 0, {}, 0, None)}),
     }
-    doc = S.StatusDocument(
+    doc = status_document(queries, now_ms, 4, [])
+    (root / "_status.json").write_text(doc.model_dump_json())
+    return doc.model_dump(mode="json")
+
+
+def status_document(queries: dict, now_ms: int, batch_id: int, expected_hosts: list[str]) -> Any:
+    """A ``contract.status.StatusDocument`` over ``queries`` (query: summary) with these tests' job
+    settings: a 1 s trigger, 10 s host timeout, late partials dropped."""
+    from contract import status as S
+
+    settings = S.JobSettings(
+        trigger_ms=1000,
+        host_timeout_ms=10_000,
+        expected_hosts=expected_hosts,
+        late_policy="drop",
+        watermark_delay_ms=10_000,
+    )
+    return S.StatusDocument(
         mode="oop",
         updated_ms=now_ms,
-        batch_id=4,
-        settings=S.JobSettings(
-            trigger_ms=1000,
-            host_timeout_ms=10_000,
-            expected_hosts=[],
-            late_policy="drop",
-            watermark_delay_ms=10_000,
-        ),
+        batch_id=batch_id,
+        settings=settings,
         queries=queries,
         hosts=S.summarize_hosts(queries),
     )
-    (root / "_status.json").write_text(doc.model_dump_json())
-    return doc.model_dump(mode="json")
 
 
 def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:

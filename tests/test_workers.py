@@ -448,21 +448,9 @@ def worker_status_doc(now_ms: int) -> dict:
         hosts=hosts,
     )
     queries = {"q4_pairs": S.summarize_query({0: part})}
-    doc = S.StatusDocument(
-        mode="oop",
-        updated_ms=now_ms,
-        batch_id=1,
-        settings=S.JobSettings(
-            trigger_ms=1000,
-            host_timeout_ms=10_000,
-            expected_hosts=sorted(hosts),
-            late_policy="drop",
-            watermark_delay_ms=10_000,
-        ),
-        queries=queries,
-        hosts=S.summarize_hosts(queries),
-    )
-    return doc.model_dump(mode="json")
+    from lowwater_testing.store import status_document
+
+    return status_document(queries, now_ms, 1, sorted(hosts)).model_dump(mode="json")
 
 
 def test_status_groups_workers_under_their_capture_host(tmp_path: Path) -> None:
