@@ -26,8 +26,8 @@ from contract import wire
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
+from lowwater_testing.agent import agent_cmd, write_traffic_pcap
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.agent import write_traffic_pcap
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, start_job
 from lowwater_testing.topics import read_all
@@ -214,26 +214,9 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
+    extra = ("--workers", "2", "--summary", str(summary))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "low_level.cli",
-            "--config",
-            str(cfg),
-            "--source",
-            f"pcap:{pcap},paced",
-            "--host-id",
-            "cap-9",
-            "--bootstrap",
-            "127.0.0.1:9",
-            "--metrics-port",
-            "0",
-            "--workers",
-            "2",
-            "--summary",
-            str(summary),
-        ],
+        agent_cmd(cfg, f"pcap:{pcap},paced", host="cap-9", bootstrap="127.0.0.1:9", extra=extra),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -305,26 +288,12 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = _free_port()
+    extra = ("--workers", "2", "--summary", str(summary))
+    source = f"afpacket:{host_if},promisc"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "low_level.cli",
-            "--config",
-            str(cfg),
-            "--source",
-            f"afpacket:{host_if},promisc",
-            "--host-id",
-            "edge-1",
-            "--bootstrap",
-            kafka.bootstrap_servers,
-            "--metrics-port",
-            str(port),
-            "--workers",
-            "2",
-            "--summary",
-            str(summary),
-        ],
+        agent_cmd(
+            cfg, source, host="edge-1", bootstrap=kafka.bootstrap_servers, metrics_port=port, extra=extra
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
