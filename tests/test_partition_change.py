@@ -10,6 +10,7 @@ window of both phases equals the oracle, none twice.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -143,13 +144,20 @@ def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(
     q2, q3 = query_on(topic, 2), query_on(topic, 3)
     t1 = make_traffic(3000, 80, T0, 40 * 10**9, seed=21)
     t2 = make_traffic(3000, 80, T0 + 120 * 10**9, 40 * 10**9, seed=22)
-    kw = dict(bootstrap=kafka.bootstrap_servers, host_timeout_ms=600_000)
+
+    def run_through(q: Q.QuerySpec) -> Any:
+        """The job on ``q`` over what its topic holds, then stopped (one checkpoint and store for both)."""
+        job = start_job(
+            spark, [q], tmp_path, "grow", bootstrap=kafka.bootstrap_servers, host_timeout_ms=600_000
+        )
+        try:
+            job.process_all_available()
+        finally:
+            job.stop()
+        return job
+
     produce(kafka, phase(q2, t1, ("a0", "a1"), seed=5))
-    job = start_job(spark, [q2], tmp_path, "grow", **kw)
-    try:
-        job.process_all_available()
-    finally:
-        job.stop()
+    job = run_through(q2)
     ckpt, results = Path(job.opts.checkpoint), Path(job.opts.results)
     partitioncount.record(ckpt, [q2])  # what lowwater-job does once the job has started
     assert S.read(R.status_path(results)).queries["regrow"].open_windows == 0  # the clean cut
@@ -165,11 +173,7 @@ def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(
     assert "2 -> 3 partitions" in line
 
     produce(kafka, phase(q3, t2, ("b0", "b1"), seed=6))
-    job = start_job(spark, [q3], tmp_path, "grow", **kw)
-    try:
-        job.process_all_available()
-    finally:
-        job.stop()
+    run_through(q3)
     got = read_results(results, "regrow")
     fin = got[got["kind"] == "final"]
     keys = ["window_end", *[p.name for p in q3.key_parts]]
