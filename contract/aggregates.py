@@ -3,8 +3,8 @@
 An entry declares the function's state columns (what one packet adds to each and how partial states
 merge), how the merged state becomes the result, the result's type, how stored result rows of one
 window fold in SQL, which fields and parameters it takes, and whether it is holistic (a sub-key per
-value, reduced at close by ``high_level.aggregate.holistic`` with its :class:`SecondStage`) or bounded (a fixed number of state words per
-group, dissertation §6.2.2.1). Both levels read it: the query model validates with it, the layout
+value, reduced at close by ``high_level.aggregate.holistic`` with its :class:`SecondStage`) or
+bounded (a fixed number of state words per group, dissertation §6.2.2.1). Both levels read it: the query model validates with it, the layout
 (:mod:`contract.query.layout`) derives the kernels' state program and the roll-up's merge ops from it,
 the job, the store and the joins finalize with it, the API folds stored rows with its SQL and the
 oracle (``high_level.simulate``) lifts packets with it.
