@@ -71,6 +71,13 @@ def kafka_agent(q: Q.QuerySpec, host: str, bootstrap: str, **emitter_opts: Any) 
     return Agent([q], None, host, bootstrap, ring_slots=1 << 13, chunk=2048, emitter_opts=emitter_opts)
 
 
+def drain(agent: Agent, timeout: float = 90) -> None:
+    """End the agent's capture, wait until Kafka acknowledged everything it sent (within ``timeout``), close."""
+    agent.finish()
+    assert agent.emitter.flush(timeout), f"the agent's records not delivered in {timeout} s"
+    agent.emitter.close()
+
+
 def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> None:
     frames, cap, wl, ts = build_frames(traffic.take(np.arange(start, stop)))
     for s in range(0, stop - start, burst):

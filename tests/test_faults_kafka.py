@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from contract import query as Q
 from contract import wire
-from lowwater_testing.capture import feed, kafka_agent, pairs_query
+from lowwater_testing.capture import drain, feed, kafka_agent, pairs_query
 from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000
@@ -50,9 +50,7 @@ def test_broker_sigkill_and_restart_mid_stream_loses_nothing(kafka, topic_factor
     feed(agent, traffic, 30_000, 45_000)
     kafka.restart()
     feed(agent, traffic, 45_000, 60_000)
-    agent.finish()
-    assert agent.emitter.flush(60)
-    agent.emitter.close()
+    drain(agent, 60)
     pane, key, state, closed = consume(kafka.bootstrap_servers, q)
     assert closed == {0, 1}
     assert agent.emitter.stats.delivery_failures == 0
@@ -87,9 +85,7 @@ def test_outage_keeps_capturing_with_bounded_backlog_then_delivers(kafka, topic_
     finally:
         kafka.start()
     feed(agent, traffic, 70_000, 80_000)
-    agent.finish()
-    assert agent.emitter.flush(90)
-    agent.emitter.close()
+    drain(agent)
     assert agent.emitter.backlog.lost == 0
     pane, key, state, closed = consume(kafka.bootstrap_servers, q)
     assert closed == {0, 1}

@@ -23,7 +23,7 @@ from high_level.aggregate.rollup import Layout
 from high_level.results.store import ResultStore
 from high_level.serve.api import create_app
 from low_level.host.backlog import Backlog, Block
-from lowwater_testing.capture import feed, kafka_agent, pairs_query
+from lowwater_testing.capture import drain, feed, kafka_agent, pairs_query
 from lowwater_testing.queries import config, query
 from lowwater_testing.traffic import NS, T0, make_traffic, oracle
 
@@ -201,9 +201,7 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
     finally:
         kafka.start()
     feed(agent, traffic, 50_000, 60_000)
-    agent.finish()
-    assert agent.emitter.flush(90)
-    agent.emitter.close()
+    drain(agent)
     lost = agent.emitter.backlog.lost
     # the high level, as the Spark step runs it, over what really reached Kafka (offset order per partition)
     from kafka import KafkaConsumer, TopicPartition
