@@ -129,6 +129,16 @@ def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     return job
 
 
+def run_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
+    """:func:`start_job`, process what the topics hold, stop: the stopped job (``opts`` name its store)."""
+    job = start_job(spark, queries, tmp_path, tag, **kw)
+    try:
+        job.process_all_available()
+    finally:
+        job.stop()
+    return job
+
+
 def status(job: HighLevelJob) -> dict:
     return json.loads((Path(job.opts.results) / "_status.json").read_text())
 
