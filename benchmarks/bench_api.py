@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks import harness
+from local_stack.kafka_broker import free_port
 from lowwater_testing.queries import config, query
 from lowwater_testing.store import result_schema
 
@@ -125,12 +125,6 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _machine() -> dict:
     model = ""
     try:
@@ -189,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     config = TMP / "bench.yaml"
     config.write_text(CONFIG)
 
-    port = _free_port()
+    port = free_port()
     # the real CLI in its own process (a server thread here would share the GIL with the client)
     server = subprocess.Popen(
         [

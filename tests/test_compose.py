@@ -44,6 +44,7 @@ import pytest
 from contract import fields as F
 from local_stack import docker_engine
 from local_stack.jars import state_dir
+from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import dpkt_oracle, write_pcap
 from lowwater_testing.page import CHROMIUM, chromium
 from lowwater_testing.traffic import NS, T0
@@ -70,12 +71,6 @@ CENTRAL_SERVICES = (
     "alertmanager",
 )
 TIMINGS: dict[str, Any] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(

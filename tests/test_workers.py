@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -23,10 +22,12 @@ from scapy.all import IP, TCP, UDP, Dot1Q, Ether, IPv6, Raw
 
 from contract import query as Q
 from contract import wire
+from local_stack.kafka_broker import free_port
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import agent_cmd, write_traffic_pcap
+from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, run_job
@@ -283,7 +284,7 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
-    port = _free_port()
+    port = free_port()
     extra = ("--workers", "2", "--summary", str(summary))
     source = f"afpacket:{host_if},promisc"
     proc = subprocess.Popen(
@@ -323,22 +324,6 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     assert all(w["source"]["kernel_drops"] == 0 and w["ring_drops"] == 0 for w in s["workers"].values())
     got, hosts, ends = merged(read_all(kafka.bootstrap_servers, topic, 2))
     assert hosts == {"edge-1/w0", "edge-1/w1"} and sum(got.values()) == n
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
 
 
 def captured(port: int) -> int:
