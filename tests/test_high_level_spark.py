@@ -125,12 +125,15 @@ def test_no_window_closes_before_every_host_punctuates(spark, kafka, topic_facto
         # expected hosts: two of three have punctuated past window p0 -> it must not close
         produce(
             kafka,
-            h["h0"].pane(p0, PORTS, 1, 100) + h["h1"].pane(p0, PORTS, 2, 100),
+            h["h0"].partials(p0, PORTS, 1, 100)
+            + h["h0"].punct(p0 + 1)
+            + h["h1"].partials(p0, PORTS, 2, 100)
+            + h["h1"].punct(p0 + 1),
         )
         job.process_all_available()
         assert windows_of(job, q) == {}
         assert status(job)["queries"]["gate"]["partitions"]["0"]["blocked_by"] == ["h2"]
-        produce(kafka, h["h2"].pane(p0, PORTS, 4, 100))
+        produce(kafka, h["h2"].partials(p0, PORTS, 4, 100) + h["h2"].punct(p0 + 1))
         job.process_all_available()
         got = windows_of(job, q)
         assert list(got) == [p0]
@@ -139,11 +142,14 @@ def test_no_window_closes_before_every_host_punctuates(spark, kafka, topic_facto
         # learned hosts: h2 lags; the next window waits for it, then includes its partials
         produce(
             kafka,
-            h["h0"].pane(p0 + 1, PORTS, 1, 10) + h["h1"].pane(p0 + 1, PORTS[:2], 1, 10),
+            h["h0"].partials(p0 + 1, PORTS, 1, 10)
+            + h["h0"].punct(p0 + 2)
+            + h["h1"].partials(p0 + 1, PORTS[:2], 1, 10)
+            + h["h1"].punct(p0 + 2),
         )
         job.process_all_available()
         assert list(windows_of(job, q)) == [p0]
-        produce(kafka, h["h2"].pane(p0 + 1, PORTS[:1], 5, 10))
+        produce(kafka, h["h2"].partials(p0 + 1, PORTS[:1], 5, 10) + h["h2"].punct(p0 + 2))
         job.process_all_available()
         got = windows_of(job, q)
         assert sorted(got) == [p0, p0 + 1]
@@ -207,7 +213,7 @@ def test_silent_host_stops_blocking_after_timeout_and_late_partials_count(
         st = status(job)["queries"]["gate_timeout"]["hosts"]
         assert not st["h2"]["live"] and st["h0"]["live"]
         # h2 comes back with partials of the closed window: late, counted, corrected; h2 is live again
-        produce(kafka, h["h2"].pane(p0 + 1, PORTS[:3], 1, 100))
+        produce(kafka, h["h2"].partials(p0 + 1, PORTS[:3], 1, 100) + h["h2"].punct(p0 + 2))
         job.process_all_available()
         st = status(job)["queries"]["gate_timeout"]["hosts"]
         assert st["h2"]["late_partials"] == 3 and st["h2"]["live"]
