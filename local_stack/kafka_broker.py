@@ -670,14 +670,21 @@ class KafkaBroker:
             f"-Dkafka.logs.dir={self.log_dir}",
         ]
 
-    def _quorum_args(self) -> list[str]:
-        """The format's cluster id and quorum: a new id and a one-voter dynamic quorum (``--standalone``)."""
-        return ["--cluster-id", _kafka_uuid(), "--standalone"]
-
     def _format(self, java: str, classpath: str) -> None:
-        """`kafka-storage.sh format` of this broker's log dir, with :meth:`_quorum_args`."""
-        cmd = [java, *self._jvm_opts(), "-cp", classpath, "kafka.tools.StorageTool", "format"]
-        cmd += ["--config", str(self.properties_path), *self._quorum_args()]
+        """`kafka-storage.sh format --standalone`: a new cluster id and a one-voter dynamic quorum."""
+        cmd = [
+            java,
+            *self._jvm_opts(),
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            _kafka_uuid(),
+            "--config",
+            str(self.properties_path),
+            "--standalone",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.base_dir)
         if proc.returncode != 0:
             raise KafkaBrokerError(
