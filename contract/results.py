@@ -125,6 +125,9 @@ WIRE_CAUSES = {
     "socket": "socket_drops",
     "ring": "ring_drops",
     "late": "host_late",
+    "gap": "gap",
+    "timeout": "timeout",
+    "job_late": "job_late",
 }  # wire -> here
 INCOMPLETE_SCHEMA = pa.schema(
     [

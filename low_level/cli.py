@@ -23,7 +23,7 @@ log = logging.getLogger("lowwater.agent")
 
 
 def parse_source(text: str) -> dict[str, Any]:
-    """'generator[:groups=N,rate=R]', 'pcap:PATH[,loop][,paced]' or 'afpacket:IF1+IF2[,promisc]' -> spec."""
+    """'generator[:groups=N,rate=R]', 'pcap:PATH[,loop][,paced]' or 'afpacket:IF1+IF2[,promisc][,blocks=N]' -> spec."""
     kind, _, rest = text.partition(":")
     if kind == "generator":
         spec: dict[str, Any] = {"type": "generator"}
@@ -52,7 +52,15 @@ def parse_source(text: str) -> dict[str, Any]:
         ifaces, *flags = rest.split(",")
         if not ifaces:
             raise ValueError("afpacket source needs interfaces: afpacket:eth0[+eth1][,promisc]")
-        return {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
+        spec = {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
+        for item in (f for f in flags if f != "promisc"):
+            k, _, v = item.partition("=")
+            if k != "blocks" or not v.isdigit() or int(v) < 1:
+                raise ValueError(
+                    f"afpacket option {item!r}: use promisc or blocks=N (kernel ring blocks of 1 MiB)"
+                )
+            spec["block_count"] = int(v)
+        return spec
     if kind == "flows":  # NetFlow v5/v9/IPFIX collector (low_level.flows.agent)
         from low_level.flows.agent import parse_flow_source
 
@@ -64,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | Non
     """The flags the user gave (as settings fields) and the settings file, if any."""
     ap = role_parser("lowwater-agent", "lowwater capture-host agent", "AGENT")
     ap.add_argument(
-        "--source", help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc]"
+        "--source",
+        help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc][,blocks=N]",
     )
     ap.add_argument("--host-id", help="this capture host's id (default: the host name)")
     ap.add_argument("--bootstrap", help="Kafka bootstrap servers (default 127.0.0.1:9092)")

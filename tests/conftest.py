@@ -7,11 +7,7 @@ it, so a run of pure unit tests starts no JVM. Tests that use them are marked ``
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -83,41 +79,17 @@ def topic_factory(kafka: KafkaBroker, request: pytest.FixtureRequest) -> TopicFa
     return make
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def veth_pair():
     """A veth pair: host end in this namespace (up, 10.203.77.1/30, no IPv6), peer in a fresh netns."""
-    reason = None
-    if os.geteuid() != 0:
-        reason = "needs root (network namespace + AF_PACKET)"
-    elif shutil.which("ip") is None:
-        reason = "needs the iproute2 'ip' command"
-    if reason:
-        pytest.skip(reason)
-    tag = uuid.uuid4().hex[:6]
-    ns, host, peer = f"lwns{tag}", f"lwh{tag}", f"lwp{tag}"
+    from lowwater_testing.netns import NetnsUnavailable, veth_pair
+
     try:
-        try:
-            _sh("ip", "netns", "add", ns)
-            _sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
-        except subprocess.CalledProcessError as exc:
-            pytest.skip(f"cannot create a network namespace / veth pair here: {exc.stderr.decode().strip()}")
-        for name, pre in ((host, []), (peer, ["ip", "netns", "exec", ns])):
-            _sh(
-                *pre,
-                sys.executable,
-                "-c",
-                f"import os; p='/proc/sys/net/ipv6/conf/{name}/disable_ipv6'; "
-                "os.path.exists(p) and open(p, 'w').write('1')",
-            )
-        _sh("ip", "addr", "add", "10.203.77.1/30", "dev", host)
-        _sh("ip", "link", "set", host, "up")
-        _sh("ip", "netns", "exec", ns, "ip", "addr", "add", "10.203.77.2/30", "dev", peer)
-        _sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-        yield ns, host, peer
+        pair = veth_pair()
+        ends = pair.__enter__()
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield ends
     finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", host], capture_output=True)
+        pair.__exit__(None, None, None)

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from low_level.host.agent import Agent
 from low_level.host.loop import HostLoop
-from low_level.host.metrics import METRIC_NAMES, AgentCollector, serve_metrics
+from low_level.host.metrics import FLOW_METRIC_NAMES, METRIC_NAMES, AgentCollector, serve_metrics
 from lowwater_testing.capture import RecordingProducer, make_query, push_frames
 from lowwater_testing.traffic import build_frames, make_traffic
 
@@ -56,7 +56,7 @@ def test_metrics_follow_the_counters() -> None:
     assert m[("lowwater_agent_kafka_records_sent_total", host)] == agent.emitter.stats.records_sent > 0
     assert ("lowwater_agent_low_water_mark_lag_seconds", qlab) in m
     names = {name for name, _ in m}
-    for declared in METRIC_NAMES:
+    for declared in set(METRIC_NAMES) - set(FLOW_METRIC_NAMES):  # flow families: flow collectors only
         base = declared.removesuffix("_total")
         assert declared in names or base in names or f"{base}_total" in names, declared
 
@@ -96,9 +96,13 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
             ),
         ):
             tx.sendto(d, ("127.0.0.1", agent.collector.port))
+        from lowwater_testing.sflow import counter_sample, datagram
+
+        tx.sendto(datagram([counter_sample(7, 10, 20)]), ("127.0.0.1", agent.collector.port))  # sFlow too
+        sport = tx.getsockname()[1]
         tx.close()
         deadline = time.monotonic() + 10
-        while agent.collector.records < 2 and time.monotonic() < deadline:
+        while (agent.collector.records < 2 or not agent.collector.interfaces) and time.monotonic() < deadline:
             agent.step()
         nets.write_text("65001,10.0.0.0/8\n")
         agent.reload_requested = True  # what SIGHUP sets (low_level.host.loop.watch_sighup)
@@ -121,6 +125,9 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
     assert m[("lowwater_agent_networks_reload_errors_total", host)] == 1
     assert m[("lowwater_agent_table_slots", qlab)] == 256
     assert ("lowwater_agent_low_water_mark_seconds", qlab) in m
+    exp = (("exporter", f"('127.0.0.1', {sport})/1"), ("host", "router-m"))
+    assert m[("lowwater_agent_flow_records_total", exp)] == 2
+    assert m[("lowwater_agent_flow_templates", exp)] == 1
     names = {name for name, _ in m}
     for declared in METRIC_NAMES:
         base = declared.removesuffix("_total")

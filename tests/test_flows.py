@@ -280,6 +280,12 @@ def test_fuzzed_datagrams_are_counted_never_crash() -> None:
     ipfix[2:4] = len(ipfix).to_bytes(2, "big")
     ipfix[16:18] = (2).to_bytes(2, "big")  # template set id
     base.append(bytes(ipfix))
+    vt = [(8, 4), (82, 0xFFFF), (12, 4), (2, 4), (1, 0xFFFF), (153, 8)]
+    vtmpl = flowset(
+        2, b"\x01\x2c\x00\x06" + b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in vt)
+    )
+    vrec = bytes(4) + _varlen(b"eth0") + bytes(8) + _varlen(b"\x05", True) + bytes(8)
+    base.append(_ipfix(5, [vtmpl, flowset(300, vrec * 10)]))  # variable-length fields (RFC 7011 7)
     col = FlowCollector(capacity=1 << 16, buffer_bytes=1 << 23)
     total = 0
     for rnd in range(40):
@@ -389,3 +395,67 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["source"]["records"] > 0 and summary["source"]["late_records"] == 0
+
+
+def _ipfix(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010) -> bytes:
+    body = b"".join(sets)
+    return (
+        (10).to_bytes(2, "big")
+        + (16 + len(body)).to_bytes(2, "big")
+        + clock_s.to_bytes(4, "big")
+        + (1).to_bytes(4, "big")
+        + domain.to_bytes(4, "big")
+        + body
+    )
+
+
+def _varlen(value: bytes, long: bool = False) -> bytes:
+    """RFC 7011 7: a 1-byte length prefix, or 255 and a 2-byte length (the 3-byte form)."""
+    return (b"\xff" + len(value).to_bytes(2, "big") if long else bytes([len(value)])) + value
+
+
+def test_ipfix_variable_length_fields_are_skipped_or_read() -> None:
+    """Templates with length-65535 fields: records walk the 1- and 3-byte prefixes, a variable-length IE
+    lowwater reads (octetDeltaCount) is decoded from its own length, later fixed fields are found."""
+    var = 0xFFFF
+    fields = [(8, 4), (82, var), (12, 4), (2, 4), (1, var), (153, 8), (96, var), (4, 1)]
+    tmpl = flowset(
+        2,
+        (300).to_bytes(2, "big")
+        + len(fields).to_bytes(2, "big")
+        + b"".join(i.to_bytes(2, "big") + n.to_bytes(2, "big") for i, n in fields),
+    )
+
+    def rec(src: int, name: bytes, pkts: int, octets: bytes, app: bytes, long: bool) -> bytes:
+        return (
+            src.to_bytes(4, "big")
+            + _varlen(name)
+            + (0x0A000002).to_bytes(4, "big")
+            + pkts.to_bytes(4, "big")
+            + _varlen(octets)
+            + (1_700_000_009_500).to_bytes(8, "big")
+            + _varlen(app, long)
+            + bytes([17])
+        )
+
+    data = flowset(
+        300,
+        rec(0x0A000001, b"eth0", 3, (900).to_bytes(4, "big"), b"dns", False)
+        + rec(0x0A000003, b"", 5, (70_000).to_bytes(8, "big"), b"x" * 300, True)
+        + rec(0x0A000004, b"a" * 254, 1, (60).to_bytes(2, "big"), b"", True),
+    )
+    col = FlowCollector()
+    col.feed([_ipfix(1, [tmpl, data])])
+    b = col.decode()
+    assert col.errs[1:].sum() == 0, col.stats()
+    r = b.rows
+    assert b.n == 3
+    assert [int(r[i, F.SRC_LO]) & 0xFFFFFFFF for i in range(3)] == [0x0A000001, 0x0A000003, 0x0A000004]
+    assert list(b.weights[:3]) == [3, 5, 1] and list(r[:3, F.LEN]) == [900, 70_000, 60]
+    assert (r[:3, F.PROTO] == 17).all() and (r[:3, F.TS] == 1_700_000_009_500 * 1_000_000).all()
+    assert (r[:3, F.DST_LO] == F.IPV4_MAPPED_PREFIX | 0x0A000002).all()
+    # a record whose prefix overruns its set is counted, the records before it stand
+    cut = flowset(300, rec(0x0A000001, b"eth0", 3, b"\x01", b"", False) + b"\x05\x00\x00\x00\xc8" + bytes(24))
+    col.feed([_ipfix(1, [cut])])
+    b = col.decode()
+    assert b.n == 1 and col.stats()["errors"]["bad_set_length"] == 1

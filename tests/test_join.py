@@ -629,3 +629,33 @@ def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
                 np.testing.assert_array_equal(back.joins[p].store[s].h, j.store[s].h)
                 np.testing.assert_array_equal(back.joins[p].store[s].cols, j.store[s].cols)
         assert back.to_bytes() == new
+
+
+def test_a_select_gap_is_charged_up_to_the_newest_row_the_host_sent() -> None:
+    """Rows lost between two punctuations may lead the mark (a select sends rows as they come): the gap's
+    time range reaches the punctuation's ``sent_upto``, not just its mark."""
+    cfg = config(1)
+    sl, _ = cfg.selects
+    lay = JoinLayout.of(cfg.joins[0], sl, cfg.selects[1])
+    j, w = BandJoin(lay, host_timeout_ms=10**12), lay.lw
+
+    def rows(seq: int, ts: list[int]) -> bytes:
+        block = np.column_stack([np.array(ts, np.int64), np.ones((len(ts), w), np.int64)])
+        return wire.encode_rows(sl.name, "cap-0", 1, 0, seq, block)
+
+    def punct(seq: int, mark: int, upto: int) -> bytes:
+        return wire.encode_punctuation(
+            wire.Punctuation(sl.name, "cap-0", 1, 0, seq, mark, mark, 0, sent_upto=upto)
+        )
+
+    lost_ts = 50 * NS
+    msgs = [
+        rows(0, [NS]),
+        punct(1, 2 * NS, NS),
+        rows(1, [lost_ts]),
+        rows(2, [2 * NS]),
+        punct(3, 3 * NS, lost_ts),
+    ]
+    j.process([m for i, m in enumerate(msgs) if i != 2], 0)
+    gaps = [g for g in j.take_losses() if g[4] == "gap"]
+    assert len(gaps) == 1 and gaps[0][0] <= lost_ts <= gaps[0][1] and gaps[0][2] == 1

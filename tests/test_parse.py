@@ -27,41 +27,7 @@ from scapy.layers.l2 import ARP, GRE, Dot1Q, Ether
 from scapy.layers.vxlan import VXLAN
 from scapy.packet import NoPayload, Padding, Raw
 
-from contract.fields import (
-    DPORT,
-    DST_HI,
-    DST_LO,
-    DST_MAC,
-    ETHERTYPE,
-    ICMP_CODE,
-    ICMP_TYPE,
-    IFACE,
-    INNER_DST_HI,
-    INNER_DST_LO,
-    INNER_IPVER,
-    INNER_SRC_HI,
-    INNER_SRC_LO,
-    IPVER,
-    LEN,
-    MPLS_LABEL,
-    NFIELDS,
-    PROTO,
-    SPORT,
-    SRC_HI,
-    SRC_LO,
-    SRC_MAC,
-    TCP_FLAGS,
-    TCP_WINDOW,
-    TOS,
-    TS,
-    TTL,
-    VLAN,
-    int_to_mac,
-    ip_to_words,
-    mac_to_int,
-    to_int64,
-    words_to_ip,
-)
+from contract import fields as F
 from low_level.kernel.parse import (
     ERR_BAD_IP_VERSION,
     ERR_BAD_IPV4_HEADER,
@@ -91,15 +57,15 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
     """The fields as dpkt decodes them (the ground truth for complete frames)."""
     e = dpkt.ethernet.Ethernet(frame)
     tags = getattr(e, "vlan_tags", None)
-    v: dict[int, int] = {VLAN: tags[0].id if tags else 0, SPORT: 0, DPORT: 0, TCP_FLAGS: 0}
-    v[SRC_MAC], v[DST_MAC] = int.from_bytes(e.src, "big"), int.from_bytes(e.dst, "big")
-    v[ETHERTYPE] = tags[-1].type if tags else e.type  # dpkt keeps the outer TPID in e.type
-    v[TCP_WINDOW] = v[ICMP_TYPE] = v[ICMP_CODE] = -1
+    v: dict[int, int] = {F.VLAN: tags[0].id if tags else 0, F.SPORT: 0, F.DPORT: 0, F.TCP_FLAGS: 0}
+    v[F.SRC_MAC], v[F.DST_MAC] = int.from_bytes(e.src, "big"), int.from_bytes(e.dst, "big")
+    v[F.ETHERTYPE] = tags[-1].type if tags else e.type  # dpkt keeps the outer TPID in e.type
+    v[F.TCP_WINDOW] = v[F.ICMP_TYPE] = v[F.ICMP_CODE] = -1
     labels = getattr(e, "mpls_labels", None)
-    v[MPLS_LABEL] = labels[0].val if labels else -1
+    v[F.MPLS_LABEL] = labels[0].val if labels else -1
     ip = e.data
     if isinstance(ip, dpkt.ip.IP):
-        v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.p
+        v[F.IPVER], v[F.TOS], v[F.TTL], v[F.PROTO] = 4, ip.tos, ip.ttl, ip.p
         src, dst = socket.inet_ntop(socket.AF_INET, ip.src), socket.inet_ntop(socket.AF_INET, ip.dst)
         # dpkt leaves every fragment undecoded; decode the first fragment's L4 header ourselves.
         l4 = ip.data
@@ -108,18 +74,18 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
         elif isinstance(l4, bytes) and ip.p in (6, 17):
             l4 = (dpkt.tcp.TCP if ip.p == 6 else dpkt.udp.UDP)(l4)
     elif isinstance(ip, dpkt.ip6.IP6):
-        v[IPVER], v[TOS], v[TTL], v[PROTO] = 6, ip.fc, ip.hlim, ip.p
+        v[F.IPVER], v[F.TOS], v[F.TTL], v[F.PROTO] = 6, ip.fc, ip.hlim, ip.p
         src, dst = socket.inet_ntop(socket.AF_INET6, ip.src), socket.inet_ntop(socket.AF_INET6, ip.dst)
         l4 = ip.data
     else:
         raise AssertionError("not an IP frame")
     if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
-        v[SPORT], v[DPORT] = l4.sport, l4.dport
+        v[F.SPORT], v[F.DPORT] = l4.sport, l4.dport
     if isinstance(l4, dpkt.tcp.TCP):
-        v[TCP_FLAGS], v[TCP_WINDOW] = l4.flags, l4.win
+        v[F.TCP_FLAGS], v[F.TCP_WINDOW] = l4.flags, l4.win
     if isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
-        v[ICMP_TYPE], v[ICMP_CODE] = l4.type, l4.code
-    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+        v[F.ICMP_TYPE], v[F.ICMP_CODE] = l4.type, l4.code
+    v[F.INNER_IPVER] = v[F.INNER_SRC_HI] = v[F.INNER_SRC_LO] = v[F.INNER_DST_HI] = v[F.INNER_DST_LO] = 0
     inner = None
     if isinstance(l4, dpkt.gre.GRE):
         inner = l4.data
@@ -129,11 +95,15 @@ def dpkt_view(frame: bytes) -> dict[int, int]:
         inner = inner.data
     if isinstance(inner, dpkt.ip.IP | dpkt.ip6.IP6):
         fam = socket.AF_INET if isinstance(inner, dpkt.ip.IP) else socket.AF_INET6
-        v[INNER_IPVER] = 4 if fam == socket.AF_INET else 6
-        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.src)))
-        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(socket.inet_ntop(fam, inner.dst)))
-    v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(src))
-    v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(dst))
+        v[F.INNER_IPVER] = 4 if fam == socket.AF_INET else 6
+        v[F.INNER_SRC_HI], v[F.INNER_SRC_LO] = map(
+            F.to_int64, F.ip_to_words(socket.inet_ntop(fam, inner.src))
+        )
+        v[F.INNER_DST_HI], v[F.INNER_DST_LO] = map(
+            F.to_int64, F.ip_to_words(socket.inet_ntop(fam, inner.dst))
+        )
+    v[F.SRC_HI], v[F.SRC_LO] = map(F.to_int64, F.ip_to_words(src))
+    v[F.DST_HI], v[F.DST_LO] = map(F.to_int64, F.ip_to_words(dst))
     return v
 
 
@@ -145,59 +115,59 @@ def scapy_view(frame: bytes) -> dict[int, int]:
     p = Ether(frame)
     first = p.payload
     v: dict[int, int] = {
-        VLAN: first.vlan if isinstance(first, Dot1Q) else 0,
-        SPORT: 0,
-        DPORT: 0,
-        TCP_FLAGS: 0,
-        SRC_MAC: mac_to_int(p.src),
-        DST_MAC: mac_to_int(p.dst),
-        TCP_WINDOW: -1,
-        ICMP_TYPE: -1,
-        ICMP_CODE: -1,
+        F.VLAN: first.vlan if isinstance(first, Dot1Q) else 0,
+        F.SPORT: 0,
+        F.DPORT: 0,
+        F.TCP_FLAGS: 0,
+        F.SRC_MAC: F.mac_to_int(p.src),
+        F.DST_MAC: F.mac_to_int(p.dst),
+        F.TCP_WINDOW: -1,
+        F.ICMP_TYPE: -1,
+        F.ICMP_CODE: -1,
     }
     inner = p.payload
     while isinstance(inner, Dot1Q):
         inner = inner.payload
-    v[ETHERTYPE] = inner.underlayer.type
-    v[MPLS_LABEL] = p[MPLS].label if MPLS in p else -1
-    v[INNER_IPVER] = v[INNER_SRC_HI] = v[INNER_SRC_LO] = v[INNER_DST_HI] = v[INNER_DST_LO] = 0
+    v[F.ETHERTYPE] = inner.underlayer.type
+    v[F.MPLS_LABEL] = p[MPLS].label if MPLS in p else -1
+    v[F.INNER_IPVER] = v[F.INNER_SRC_HI] = v[F.INNER_SRC_LO] = v[F.INNER_DST_HI] = v[F.INNER_DST_LO] = 0
     tunnel = p.getlayer(GRE) or p.getlayer(VXLAN)
     inner_ip = (tunnel.getlayer(IP) or tunnel.getlayer(IPv6)) if tunnel is not None else None
     if inner_ip is not None:
-        v[INNER_IPVER] = inner_ip.version
-        v[INNER_SRC_HI], v[INNER_SRC_LO] = map(to_int64, ip_to_words(inner_ip.src))
-        v[INNER_DST_HI], v[INNER_DST_LO] = map(to_int64, ip_to_words(inner_ip.dst))
+        v[F.INNER_IPVER] = inner_ip.version
+        v[F.INNER_SRC_HI], v[F.INNER_SRC_LO] = map(F.to_int64, F.ip_to_words(inner_ip.src))
+        v[F.INNER_DST_HI], v[F.INNER_DST_LO] = map(F.to_int64, F.ip_to_words(inner_ip.dst))
     ip = p.payload
     while not isinstance(ip, IP | IPv6):  # the outer IP header (a tunnel may hold the other family)
         ip = ip.payload
     if isinstance(ip, IP):
-        v[IPVER], v[TOS], v[TTL], v[PROTO] = 4, ip.tos, ip.ttl, ip.proto
+        v[F.IPVER], v[F.TOS], v[F.TTL], v[F.PROTO] = 4, ip.tos, ip.ttl, ip.proto
     else:
-        v[IPVER], v[TOS], v[TTL] = 6, ip.tc, ip.hlim
+        v[F.IPVER], v[F.TOS], v[F.TTL] = 6, ip.tc, ip.hlim
         nh, layer = ip.nh, ip.payload
         while isinstance(layer, _V6_EXT):
             nh = layer.nh
             if isinstance(layer, IPv6ExtHdrFragment) and layer.offset != 0:
                 break
             layer = layer.payload
-        v[PROTO] = nh
+        v[F.PROTO] = nh
     outer = p.copy()  # outer L4 only: the tunnel's payload has TCP/UDP/ICMP layers of its own
     if tunnel is not None:
         (outer.getlayer(GRE) or outer.getlayer(VXLAN)).remove_payload()
     for cls in (TCP, UDP):
         if cls in outer:
-            v[SPORT], v[DPORT] = outer[cls].sport, outer[cls].dport
+            v[F.SPORT], v[F.DPORT] = outer[cls].sport, outer[cls].dport
     if TCP in outer:
-        v[TCP_FLAGS], v[TCP_WINDOW] = int(outer[TCP].flags), outer[TCP].window
+        v[F.TCP_FLAGS], v[F.TCP_WINDOW] = int(outer[TCP].flags), outer[TCP].window
     if ICMP in outer:
-        v[ICMP_TYPE], v[ICMP_CODE] = outer[ICMP].type, outer[ICMP].code
-    elif IPv6 in p and v[PROTO] == 58:
+        v[F.ICMP_TYPE], v[F.ICMP_CODE] = outer[ICMP].type, outer[ICMP].code
+    elif IPv6 in p and v[F.PROTO] == 58:
         icmp6 = p[IPv6].payload
         while isinstance(icmp6, _V6_EXT):
             icmp6 = icmp6.payload
-        v[ICMP_TYPE], v[ICMP_CODE] = icmp6.type, icmp6.code
-    v[SRC_HI], v[SRC_LO] = map(to_int64, ip_to_words(ip.src))
-    v[DST_HI], v[DST_LO] = map(to_int64, ip_to_words(ip.dst))
+        v[F.ICMP_TYPE], v[F.ICMP_CODE] = icmp6.type, icmp6.code
+    v[F.SRC_HI], v[F.SRC_LO] = map(F.to_int64, F.ip_to_words(ip.src))
+    v[F.DST_HI], v[F.DST_LO] = map(F.to_int64, F.ip_to_words(ip.dst))
     return v
 
 
@@ -268,7 +238,7 @@ def test_fields_match_dpkt_and_scapy(name: str) -> None:
     frame = BASE[name]
     row, status = parse_one(frame, wirelen=len(frame) + 4)  # e.g. FCS stripped from the capture
     assert PARSE_ERROR_NAMES[status] == "ok"
-    assert row[TS] == 1_000 and row[IFACE] == 3 and row[LEN] == len(frame) + 4
+    assert row[F.TS] == 1_000 and row[F.IFACE] == 3 and row[F.LEN] == len(frame) + 4
     ref = dpkt_view(frame)
     got = {k: int(row[k]) for k in ref}
     assert got == ref
@@ -280,10 +250,18 @@ def test_explicit_values() -> None:
     """A few fields spelled out, so a shared misreading by both references would still be caught."""
     row, _ = parse_one(BASE["v4_tcp_syn"])
     assert (
-        words_to_ip(int(row[SRC_HI]), int(row[SRC_LO])) == V4A
-        and words_to_ip(int(row[DST_HI]), int(row[DST_LO])) == V4B
+        F.words_to_ip(int(row[F.SRC_HI]), int(row[F.SRC_LO])) == V4A
+        and F.words_to_ip(int(row[F.DST_HI]), int(row[F.DST_LO])) == V4B
     )
-    assert (row[SPORT], row[DPORT], row[TCP_FLAGS], row[PROTO], row[TTL], row[TOS], row[IPVER]) == (
+    assert (
+        row[F.SPORT],
+        row[F.DPORT],
+        row[F.TCP_FLAGS],
+        row[F.PROTO],
+        row[F.TTL],
+        row[F.TOS],
+        row[F.IPVER],
+    ) == (
         40000,
         443,
         2,
@@ -292,37 +270,43 @@ def test_explicit_values() -> None:
         0xB8,
         4,
     )
-    assert row[SRC_HI] == 0 and row[SRC_LO] == 0xFFFF_0A01_0203
+    assert row[F.SRC_HI] == 0 and row[F.SRC_LO] == 0xFFFF_0A01_0203
     row, _ = parse_one(BASE["v4_tcp_allflags"])
-    assert row[TCP_FLAGS] == 255
+    assert row[F.TCP_FLAGS] == 255
     row, _ = parse_one(BASE["v6_tcp"])
     assert (
-        words_to_ip(int(row[SRC_HI]), int(row[SRC_LO])) == V6A
-        and words_to_ip(int(row[DST_HI]), int(row[DST_LO])) == V6B
+        F.words_to_ip(int(row[F.SRC_HI]), int(row[F.SRC_LO])) == V6A
+        and F.words_to_ip(int(row[F.DST_HI]), int(row[F.DST_LO])) == V6B
     )
-    assert row[DST_HI] < 0  # fe80:: high word: unsigned bit pattern in a signed int64
-    assert (row[TOS], row[TTL], row[TCP_FLAGS], row[IPVER]) == (0xB8, 33, 2 | 64, 6)
+    assert row[F.DST_HI] < 0  # fe80:: high word: unsigned bit pattern in a signed int64
+    assert (row[F.TOS], row[F.TTL], row[F.TCP_FLAGS], row[F.IPVER]) == (0xB8, 33, 2 | 64, 6)
     row, _ = parse_one(BASE["v4_qinq_ad"])
-    assert row[VLAN] == 200
+    assert row[F.VLAN] == 200
     row, _ = parse_one(BASE["v4_qinq_8100"])
-    assert row[VLAN] == 4095
+    assert row[F.VLAN] == 4095
     row, _ = parse_one(BASE["v4_dot1q"])
-    assert row[VLAN] == 100  # priority bits are not part of the id
+    assert row[F.VLAN] == 100  # priority bits are not part of the id
     for n in ("v4_icmp", "v6_icmp"):  # ICMP: ports mean TCP/UDP only
         row, _ = parse_one(BASE[n])
-        assert row[SPORT] == row[DPORT] == row[TCP_FLAGS] == 0
+        assert row[F.SPORT] == row[F.DPORT] == row[F.TCP_FLAGS] == 0
     row, _ = parse_one(BASE["v4_frag_nonfirst"])
-    assert (row[PROTO], row[SPORT], row[DPORT]) == (17, 0, 0)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT]) == (17, 0, 0)
     row, _ = parse_one(BASE["v4_frag_first"])
-    assert (row[PROTO], row[SPORT], row[DPORT]) == (17, 4000, 4001)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT]) == (17, 4000, 4001)
     row, _ = parse_one(BASE["v6_ext_chain_first"])
-    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS], row[TTL]) == (6, 8080, 9090, 0x18, 9)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT], row[F.TCP_FLAGS], row[F.TTL]) == (
+        6,
+        8080,
+        9090,
+        0x18,
+        9,
+    )
     row, _ = parse_one(BASE["v6_ext_chain_nonfirst"])
-    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS]) == (6, 0, 0, 0)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT], row[F.TCP_FLAGS]) == (6, 0, 0, 0)
     row, _ = parse_one(BASE["v6_ah_tcp"])
-    assert (row[PROTO], row[SPORT], row[DPORT], row[TCP_FLAGS]) == (6, 7000, 22, 16)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT], row[F.TCP_FLAGS]) == (6, 7000, 22, 16)
     row, _ = parse_one(BASE["v6_no_next"])
-    assert (row[PROTO], row[SPORT], row[DPORT]) == (59, 0, 0)
+    assert (row[F.PROTO], row[F.SPORT], row[F.DPORT]) == (59, 0, 0)
 
 
 def test_batch_mixed_with_offsets_and_ifaces() -> None:
@@ -330,8 +314,8 @@ def test_batch_mixed_with_offsets_and_ifaces() -> None:
     out, status, errc, ok = run(frames, ifaces=list(range(len(frames))))
     assert ok == len(frames) and errc.sum() == 0
     for i, f in enumerate(frames):
-        assert out[i, IFACE] == i and out[i, TS] == 1_000 + i and out[i, LEN] == len(f)
-        assert out[i, IPVER] == dpkt_view(f)[IPVER]
+        assert out[i, F.IFACE] == i and out[i, F.TS] == 1_000 + i and out[i, F.LEN] == len(f)
+        assert out[i, F.IPVER] == dpkt_view(f)[F.IPVER]
 
 
 # ---------------------------------------------------------------- non-IP and malformed headers
@@ -341,9 +325,14 @@ def test_arp_is_non_ip() -> None:
     frame = bytes(eth() / ARP(psrc=V4A, pdst=V4B))
     row, status = parse_one(frame)
     assert status == ERR_NON_IP
-    assert row[IPVER] == 0 and row[PROTO] == -1 and row[SPORT] == row[DPORT] == 0 and row[LEN] == len(frame)
+    assert (
+        row[F.IPVER] == 0
+        and row[F.PROTO] == -1
+        and row[F.SPORT] == row[F.DPORT] == 0
+        and row[F.LEN] == len(frame)
+    )
     row, status = parse_one(bytes(eth() / Dot1Q(vlan=12) / ARP()))
-    assert status == ERR_NON_IP and row[VLAN] == 12
+    assert status == ERR_NON_IP and row[F.VLAN] == 12
 
 
 def test_too_many_vlan_tags_is_non_ip() -> None:
@@ -351,12 +340,12 @@ def test_too_many_vlan_tags_is_non_ip() -> None:
         eth() / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3) / Dot1Q(vlan=4) / Dot1Q(vlan=5) / IP() / TCP()
     )
     row, status = parse_one(frame)
-    assert status == ERR_NON_IP and row[VLAN] == 1
+    assert status == ERR_NON_IP and row[F.VLAN] == 1
     frame4 = bytes(
         eth() / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3) / Dot1Q(vlan=4) / IP() / TCP(dport=7)
     )
     row, status = parse_one(frame4)
-    assert status == PARSE_OK and row[VLAN] == 1 and row[DPORT] == 7
+    assert status == PARSE_OK and row[F.VLAN] == 1 and row[F.DPORT] == 7
 
 
 def _patch(frame: bytes, pos: int, value: bytes) -> bytes:
@@ -380,18 +369,18 @@ def test_ipv6_ethertype_with_wrong_version() -> None:
 
 def test_ipv6_esp_and_unknown_protocols_have_no_ports() -> None:
     row, status = parse_one(bytes(eth() / IPv6(src=V6A, dst=V6B, nh=50) / Raw(b"\x00" * 16)))
-    assert status == PARSE_OK and (row[PROTO], row[SPORT], row[DPORT]) == (50, 0, 0)
+    assert status == PARSE_OK and (row[F.PROTO], row[F.SPORT], row[F.DPORT]) == (50, 0, 0)
     row, status = parse_one(bytes(eth() / IP(src=V4A, dst=V4B, proto=132) / Raw(b"\x01\x02\x03\x04" * 4)))
-    assert status == PARSE_OK and (row[PROTO], row[SPORT], row[DPORT]) == (132, 0, 0)
+    assert status == PARSE_OK and (row[F.PROTO], row[F.SPORT], row[F.DPORT]) == (132, 0, 0)
 
 
 def test_ipv6_ext_walk_is_bounded() -> None:
-    """More than MAX_IPV6_EXT destination-options headers: stops, reports the ext header as PROTO."""
+    """More than MAX_IPV6_EXT destination-options headers: stops, reports the ext header as F.PROTO."""
     pkt = IPv6(src=V6A, dst=V6B)
     for _ in range(10):
         pkt = pkt / IPv6ExtHdrDestOpt()
     row, status = parse_one(bytes(eth() / pkt / UDP(sport=1, dport=2)))
-    assert status == PARSE_OK and row[PROTO] == 60 and row[SPORT] == 0
+    assert status == PARSE_OK and row[F.PROTO] == 60 and row[F.SPORT] == 0
 
 
 @pytest.mark.parametrize(
@@ -502,19 +491,19 @@ CUT_FRAMES = [
     "mpls_null_v4_icmp",
 ]
 _L3_FIELDS = [
-    IPVER,
-    SRC_HI,
-    SRC_LO,
-    DST_HI,
-    DST_LO,
-    PROTO,
-    TTL,
-    TOS,
-    VLAN,
-    ETHERTYPE,
-    SRC_MAC,
-    DST_MAC,
-    MPLS_LABEL,
+    F.IPVER,
+    F.SRC_HI,
+    F.SRC_LO,
+    F.DST_HI,
+    F.DST_LO,
+    F.PROTO,
+    F.TTL,
+    F.TOS,
+    F.VLAN,
+    F.ETHERTYPE,
+    F.SRC_MAC,
+    F.DST_MAC,
+    F.MPLS_LABEL,
 ]
 
 
@@ -560,7 +549,7 @@ def test_every_cut_length(name: str) -> None:
     ],
 )
 def test_new_fields_at_every_cut(name: str) -> None:
-    """MACs need the whole Ethernet header, ETHERTYPE every VLAN tag too; the TCP window and the ICMP
+    """MACs need the whole Ethernet header, F.ETHERTYPE every F.VLAN tag too; the TCP window and the ICMP
     type/code appear exactly when their own bytes are captured (also on truncated_l4), else -1."""
     frame = BASE[name]
     bounds, _ = _layout(frame)
@@ -570,64 +559,66 @@ def test_new_fields_at_every_cut(name: str) -> None:
     out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
     for c in range(len(frame) + 1):
         row = out[c]
-        assert (row[SRC_MAC], row[DST_MAC]) == ((full[SRC_MAC], full[DST_MAC]) if c >= 14 else (0, 0)), c
-        assert row[ETHERTYPE] == (full[ETHERTYPE] if c >= vlan_end else 0), c
-        tcp = full[PROTO] == 6
-        assert row[TCP_WINDOW] == (full[TCP_WINDOW] if tcp and c >= l3_end + 16 else -1), c
-        icmp = full[PROTO] in (1, 58)
-        assert row[ICMP_TYPE] == (full[ICMP_TYPE] if icmp and c >= l3_end + 2 else -1), c
-        assert row[ICMP_CODE] == (full[ICMP_CODE] if icmp and c >= l3_end + 2 else -1), c
+        assert (row[F.SRC_MAC], row[F.DST_MAC]) == (
+            (full[F.SRC_MAC], full[F.DST_MAC]) if c >= 14 else (0, 0)
+        ), c
+        assert row[F.ETHERTYPE] == (full[F.ETHERTYPE] if c >= vlan_end else 0), c
+        tcp = full[F.PROTO] == 6
+        assert row[F.TCP_WINDOW] == (full[F.TCP_WINDOW] if tcp and c >= l3_end + 16 else -1), c
+        icmp = full[F.PROTO] in (1, 58)
+        assert row[F.ICMP_TYPE] == (full[F.ICMP_TYPE] if icmp and c >= l3_end + 2 else -1), c
+        assert row[F.ICMP_CODE] == (full[F.ICMP_CODE] if icmp and c >= l3_end + 2 else -1), c
 
 
 def test_new_fields_explicit_values() -> None:
     """The newer fields spelled out, independent of dpkt and scapy."""
     row, _ = parse_one(BASE["v4_tcp_zero_window"])
-    assert row[SRC_MAC] == 0xFEDC_BA98_7654 and row[DST_MAC] == 0xFFFF_FFFF_FFFF
+    assert row[F.SRC_MAC] == 0xFEDC_BA98_7654 and row[F.DST_MAC] == 0xFFFF_FFFF_FFFF
     assert (
-        int_to_mac(int(row[SRC_MAC])) == "fe:dc:ba:98:76:54"
-        and mac_to_int("FF:ff:ff:ff:ff:ff") == row[DST_MAC]
+        F.int_to_mac(int(row[F.SRC_MAC])) == "fe:dc:ba:98:76:54"
+        and F.mac_to_int("FF:ff:ff:ff:ff:ff") == row[F.DST_MAC]
     )
-    assert (row[ETHERTYPE], row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (0x0800, 0, -1, -1)
+    assert (row[F.ETHERTYPE], row[F.TCP_WINDOW], row[F.ICMP_TYPE], row[F.ICMP_CODE]) == (0x0800, 0, -1, -1)
     row, _ = parse_one(BASE["v4_tcp_max_window"])
-    assert row[TCP_WINDOW] == 65535
+    assert row[F.TCP_WINDOW] == 65535
     row, _ = parse_one(BASE["v4_icmp_echo_reply"])
-    assert (row[ICMP_TYPE], row[ICMP_CODE], row[TCP_WINDOW], row[SPORT]) == (0, 0, -1, 0)
+    assert (row[F.ICMP_TYPE], row[F.ICMP_CODE], row[F.TCP_WINDOW], row[F.SPORT]) == (0, 0, -1, 0)
     row, _ = parse_one(BASE["v4_icmp_unreach"])
-    assert (row[ICMP_TYPE], row[ICMP_CODE]) == (3, 13) and row[DST_MAC] == 0x3CFD_FE01_0203
+    assert (row[F.ICMP_TYPE], row[F.ICMP_CODE]) == (3, 13) and row[F.DST_MAC] == 0x3CFD_FE01_0203
     row, _ = parse_one(BASE["v6_icmp_unreach"])
-    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE]) == (1, 4, 0x86DD)
+    assert (row[F.ICMP_TYPE], row[F.ICMP_CODE], row[F.ETHERTYPE]) == (1, 4, 0x86DD)
     row, _ = parse_one(BASE["v6_dot1q_icmp"])
-    assert (row[ICMP_TYPE], row[ICMP_CODE], row[ETHERTYPE], row[VLAN]) == (128, 0, 0x86DD, 9)
+    assert (row[F.ICMP_TYPE], row[F.ICMP_CODE], row[F.ETHERTYPE], row[F.VLAN]) == (128, 0, 0x86DD, 9)
     row, _ = parse_one(BASE["v4_udp"])
-    assert (row[TCP_WINDOW], row[ICMP_TYPE], row[ICMP_CODE]) == (-1, -1, -1)
+    assert (row[F.TCP_WINDOW], row[F.ICMP_TYPE], row[F.ICMP_CODE]) == (-1, -1, -1)
     row, _ = parse_one(BASE["v4_frag_nonfirst"])
-    assert (row[TCP_WINDOW], row[ICMP_TYPE]) == (-1, -1)
+    assert (row[F.TCP_WINDOW], row[F.ICMP_TYPE]) == (-1, -1)
     row, status = parse_one(bytes(eth() / Dot1Q(vlan=5) / ARP()))
-    assert status == ERR_NON_IP and row[ETHERTYPE] == 0x0806 and row[SRC_MAC] == mac_to_int(MAC["src"])
+    assert status == ERR_NON_IP and row[F.ETHERTYPE] == 0x0806 and row[F.SRC_MAC] == F.mac_to_int(MAC["src"])
     with pytest.raises(ValueError):
-        mac_to_int("02:00:00:00:01")
+        F.mac_to_int("02:00:00:00:01")
 
 
 def test_mpls_explicit_values_and_cuts() -> None:
-    """Outer label of a stack, labels 0 and 2^20-1, VLAN + MPLS (which dpkt does not decode), too deep a
-    stack and a pseudowire under it; MPLS_LABEL appears once the top entry is captured."""
+    """Outer label of a stack, labels 0 and 2^20-1, F.VLAN + MPLS (which dpkt does not decode), too deep a
+    stack and a pseudowire under it; F.MPLS_LABEL appears once the top entry is captured."""
     row, status = parse_one(BASE["mpls_v4_tcp"])
-    assert status == PARSE_OK and (row[MPLS_LABEL], row[ETHERTYPE], row[TTL], row[DPORT]) == (
+    assert status == PARSE_OK and (row[F.MPLS_LABEL], row[F.ETHERTYPE], row[F.TTL], row[F.DPORT]) == (
         16000,
         0x8847,
         7,
         40179,
     )
     row, _ = parse_one(BASE["mpls_v6_udp"])
-    assert (row[MPLS_LABEL], row[IPVER], row[DPORT]) == (0xFFFFF, 6, 53)
+    assert (row[F.MPLS_LABEL], row[F.IPVER], row[F.DPORT]) == (0xFFFFF, 6, 53)
     row, _ = parse_one(BASE["mpls_null_v4_icmp"])
-    assert (row[MPLS_LABEL], row[ICMP_TYPE]) == (0, 11)
+    assert (row[F.MPLS_LABEL], row[F.ICMP_TYPE]) == (0, 11)
     row, _ = parse_one(BASE["v4_tcp_syn"])
-    assert row[MPLS_LABEL] == -1
+    assert row[F.MPLS_LABEL] == -1
     row, status = parse_one(
         bytes(eth() / Dot1Q(vlan=30) / MPLS(label=77, s=1) / IP(src=V4A, dst=V4B) / UDP(dport=9))
     )
-    assert status == PARSE_OK and (row[VLAN], row[MPLS_LABEL], row[ETHERTYPE], row[DPORT]) == (
+    assert status == PARSE_OK and (row[F.VLAN], row[F.MPLS_LABEL], row[F.ETHERTYPE], row[F.DPORT]) == (
         30,
         77,
         0x8847,
@@ -637,13 +628,13 @@ def test_mpls_explicit_values_and_cuts() -> None:
     for i in range(9):
         deep = deep / MPLS(label=100 + i, s=int(i == 8))
     row, status = parse_one(bytes(deep / IP(src=V4A, dst=V4B) / TCP()))
-    assert status == ERR_NON_IP and row[MPLS_LABEL] == 100 and row[IPVER] == 0
+    assert status == ERR_NON_IP and row[F.MPLS_LABEL] == 100 and row[F.IPVER] == 0
     pw = bytes(eth() / MPLS(label=5, s=1)) + b"\x00\x00\x00\x00" + bytes(eth() / IP() / TCP())  # control word
     row, status = parse_one(pw)
-    assert status == ERR_NON_IP and row[MPLS_LABEL] == 5
+    assert status == ERR_NON_IP and row[F.MPLS_LABEL] == 5
     frame = BASE["mpls_v4_tcp"]
     out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
-    assert [int(v) for v in out[:, MPLS_LABEL]] == [-1] * 18 + [16000] * (len(frame) - 17)
+    assert [int(v) for v in out[:, F.MPLS_LABEL]] == [-1] * 18 + [16000] * (len(frame) - 17)
     assert names(status[14:23]) == ["truncated_mpls"] * 9 and names(status[23:24]) == ["truncated_ipv4"]
 
 
@@ -668,9 +659,9 @@ def test_inner_addresses_at_every_cut(name: str) -> None:
     inner_end = len(frame) - len(bytes(inner_ip)) + (20 if inner_ip.version == 4 else 40)
     bounds, _ = _layout(frame)
     full, _ = parse_one(frame)
-    assert full[INNER_IPVER] == inner_ip.version
+    assert full[F.INNER_IPVER] == inner_ip.version
     out, status, _, _ = run([frame[:c] for c in range(len(frame) + 1)])
-    inner_cols = [INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]
+    inner_cols = [F.INNER_IPVER, F.INNER_SRC_HI, F.INNER_SRC_LO, F.INNER_DST_HI, F.INNER_DST_LO]
     for c in range(len(frame) + 1):
         assert status[c] == _expected_cut(bounds, c), c
         want = full[inner_cols].tolist() if c >= inner_end else [0] * 5
@@ -681,16 +672,22 @@ def test_inner_explicit_values_and_non_tunnels() -> None:
     """Inner addresses spelled out; GRE version 1 (PPTP), a cut GRE payload, UDP 4789 without the I
     flag, and plain traffic have none."""
     row, _ = parse_one(BASE["gre_v4_in_v4"])
-    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO]))) == (
+    assert (row[F.INNER_IPVER], F.words_to_ip(int(row[F.INNER_SRC_HI]), int(row[F.INNER_SRC_LO]))) == (
         4,
         "172.16.0.1",
     )
-    assert words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO])) == "172.16.9.9" and row[PROTO] == 47
+    assert (
+        F.words_to_ip(int(row[F.INNER_DST_HI]), int(row[F.INNER_DST_LO])) == "172.16.9.9"
+        and row[F.PROTO] == 47
+    )
     row, _ = parse_one(BASE["gre_opts_v6_in_v4"])
-    assert (row[INNER_IPVER], words_to_ip(int(row[INNER_DST_HI]), int(row[INNER_DST_LO]))) == (6, "fd00::ff")
+    assert (row[F.INNER_IPVER], F.words_to_ip(int(row[F.INNER_DST_HI]), int(row[F.INNER_DST_LO]))) == (
+        6,
+        "fd00::ff",
+    )
     row, _ = parse_one(BASE["vxlan_v6_vlan_in_v6"])
-    assert words_to_ip(int(row[INNER_SRC_HI]), int(row[INNER_SRC_LO])) == "2001:db8:beef::7"
-    assert (row[DPORT], row[VLAN], row[IPVER]) == (4789, 0, 6)  # outer fields stay the outer packet's
+    assert F.words_to_ip(int(row[F.INNER_SRC_HI]), int(row[F.INNER_SRC_LO])) == "2001:db8:beef::7"
+    assert (row[F.DPORT], row[F.VLAN], row[F.IPVER]) == (4789, 0, 6)  # outer fields stay the outer packet's
     for frame in (
         BASE["v4_gre"],
         BASE["v4_tcp_syn"],
@@ -700,7 +697,8 @@ def test_inner_explicit_values_and_non_tunnels() -> None:
         row, status = parse_one(frame)
         assert (
             status == PARSE_OK
-            and row[[INNER_IPVER, INNER_SRC_HI, INNER_SRC_LO, INNER_DST_HI, INNER_DST_LO]].tolist() == [0] * 5
+            and row[[F.INNER_IPVER, F.INNER_SRC_HI, F.INNER_SRC_LO, F.INNER_DST_HI, F.INNER_DST_LO]].tolist()
+            == [0] * 5
         )
 
 
@@ -721,7 +719,7 @@ def test_every_cut_length_ah() -> None:
 def test_truncated_l4_fills_ports_when_present() -> None:
     frame = BASE["v4_tcp_syn"]
     row, status = parse_one(frame[: 14 + 20 + 14])  # ports and flags present, rest of TCP header cut
-    assert status == ERR_TRUNCATED_L4 and (row[SPORT], row[DPORT], row[TCP_FLAGS]) == (40000, 443, 2)
+    assert status == ERR_TRUNCATED_L4 and (row[F.SPORT], row[F.DPORT], row[F.TCP_FLAGS]) == (40000, 443, 2)
 
 
 # ---------------------------------------------------------------- pcap end to end
@@ -745,9 +743,9 @@ def test_pcap_end_to_end(tmp_path) -> None:
     assert ok == len(names_)
     assert errc[ERR_NON_IP] == 1 and errc[ERR_TRUNCATED_IPV4] == 1 and errc.sum() == 2
     for i, (buf, t, _) in enumerate(records[: len(names_)]):
-        assert out[i, TS] == t == 1_700_000_000_500_000_000 + i * 1_000_000_000
+        assert out[i, F.TS] == t == 1_700_000_000_500_000_000 + i * 1_000_000_000
         assert {k: int(out[i, k]) for k in dpkt_view(buf)} == dpkt_view(buf)
-        assert out[i, IFACE] == 2
+        assert out[i, F.IFACE] == 2
 
 
 # ---------------------------------------------------------------- properties
@@ -760,7 +758,7 @@ _HYP = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 def _check_batch(frames: list[bytes], wirelens: list[int] | None = None) -> None:
     out, status, errc, ok = run(frames, wirelens)
     assert ((status >= 0) & (status < NERR)).all()
-    assert out.shape == (len(frames), NFIELDS)
+    assert out.shape == (len(frames), F.NFIELDS)
 
 
 @_HYP
@@ -775,7 +773,7 @@ def test_random_bytes_never_crash(frames: list[bytes]) -> None:
     st.sampled_from([b"\x08\x00", b"\x86\xdd", b"\x81\x00", b"\x88\xa8"]),
 )
 def test_random_payload_after_ip_ethertype(tails: list[bytes], et: bytes) -> None:
-    """Random bytes behind an IP/VLAN ethertype reach the deep branches of the parser."""
+    """Random bytes behind an IP/F.VLAN ethertype reach the deep branches of the parser."""
     _check_batch([b"\x02" * 12 + et + t for t in tails])
 
 
@@ -800,7 +798,7 @@ def test_mutated_truncated_frames_never_crash(frames: list[bytes], wirelen: int)
 
 @njit(cache=True)
 def _lean_batch(data, offsets, caplens, wirelens, ts, out, status):
-    row = np.full(NFIELDS, -77, np.int64)  # columns the lean parser must not write keep this
+    row = np.full(F.NFIELDS, -77, np.int64)  # columns the lean parser must not write keep this
     for i in range(offsets.shape[0]):
         row[:] = -77
         status[i] = parse_frame_lean(data, offsets[i], caplens[i], wirelens[i], ts[i], 3, row)
@@ -816,22 +814,22 @@ def test_lean_parser_differs_only_in_extra_columns() -> None:
     lean, st_lean = np.zeros_like(full), np.zeros(len(frames), np.int64)
     _lean_batch(data, offs, caps, wls, ts, lean, st_lean)
     assert st_lean.tolist() == st_full.tolist()
-    other = [k for k in range(NFIELDS) if k not in EXTRA_COLUMNS]
+    other = [k for k in range(F.NFIELDS) if k not in EXTRA_COLUMNS]
     assert lean[:, other].tolist() == full[:, other].tolist()
     assert (lean[:, list(EXTRA_COLUMNS)] == -77).all()
     assert set(EXTRA_COLUMNS) == {
-        ETHERTYPE,
-        SRC_MAC,
-        DST_MAC,
-        TCP_WINDOW,
-        ICMP_TYPE,
-        ICMP_CODE,
-        MPLS_LABEL,
-        INNER_IPVER,
-        INNER_SRC_HI,
-        INNER_SRC_LO,
-        INNER_DST_HI,
-        INNER_DST_LO,
+        F.ETHERTYPE,
+        F.SRC_MAC,
+        F.DST_MAC,
+        F.TCP_WINDOW,
+        F.ICMP_TYPE,
+        F.ICMP_CODE,
+        F.MPLS_LABEL,
+        F.INNER_IPVER,
+        F.INNER_SRC_HI,
+        F.INNER_SRC_LO,
+        F.INNER_DST_HI,
+        F.INNER_DST_LO,
     }
 
 

@@ -403,18 +403,20 @@ def test_damaged_pcapng_stops_at_last_good_block(tmp_path: Path, damage: str) ->
     ]
 
 
-def test_non_ethernet_linktype_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "raw.pcap"
-    write_classic(path, FRAMES[:2], TS_NS[:2], "<", False, linktype=101)
+def test_unreadable_linktype_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "wifi.pcap"
+    write_classic(path, FRAMES[:2], TS_NS[:2], "<", False, linktype=105)
     ring = Ring(nslots=16)
-    with pytest.raises(UnsupportedLinktypeError, match=r"raw\.pcap.*linktype 101 \(raw IP\)"):
+    with pytest.raises(
+        UnsupportedLinktypeError, match=r"wifi\.pcap.*linktype 105 \(IEEE 802\.11\).*reads linktypes 1 "
+    ):
         PcapSource(path, ring)
 
-    ng = tmp_path / "sll.pcapng"
+    ng = tmp_path / "null.pcapng"
     shb = bytes(pcapng.SectionHeaderBlockLE())
-    idb = bytes(pcapng.InterfaceDescriptionBlockLE(snaplen=65535, linktype=113))
+    idb = bytes(pcapng.InterfaceDescriptionBlockLE(snaplen=65535, linktype=0))
     ng.write_bytes(shb + idb)
-    with pytest.raises(ValueError, match=r"sll\.pcapng.*linktype 113"):
+    with pytest.raises(ValueError, match=r"null\.pcapng.*linktype 0 \(NULL/loopback\)"):
         PcapSource(ng, ring)
 
     junk = tmp_path / "junk.pcap"
@@ -972,6 +974,18 @@ def test_per_frame_source_helpers_have_no_refcount_calls() -> None:
     buf = np.zeros(128, np.uint8)
     i = np.int64(0)
     assert _refcount_calls(ring_push, *ring.arrays(), buf, i, i, i, i, i) == 0
-    assert _refcount_calls(_emit, buf, i, i, i, i, i, i, i, True, True, i, 1.0, *ring.arrays()) == 0
+    scratch = np.zeros(512, np.uint8)
+    assert _refcount_calls(_emit, buf, i, i, i, i, i, scratch, i, i, True, True, i, 1.0, *ring.arrays()) == 0
     # and it stays a call: Numba's IR inliner would rebind its seven arrays (the 7 Mframes/s version)
     assert _emit.targetoptions.get("inline", "never") == "never"
+
+
+def test_afpacket_source_text_sets_the_kernel_ring_blocks_and_refuses_other_options() -> None:
+    from low_level.cli import parse_source
+
+    spec = parse_source("afpacket:eth1+eth2,promisc,blocks=2")
+    assert spec == {"type": "afpacket", "interfaces": ["eth1", "eth2"], "promiscuous": True, "block_count": 2}
+    assert "block_count" not in parse_source("afpacket:eth1")
+    for bad in ("afpacket:eth1,blocks=0", "afpacket:eth1,blocks=x", "afpacket:eth1,snap=9"):
+        with pytest.raises(ValueError, match="blocks=N"):
+            parse_source(bad)

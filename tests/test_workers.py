@@ -211,9 +211,14 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
-    extra = ("--workers", "2", "--summary", str(summary))
     proc = subprocess.Popen(
-        agent_cmd(cfg, f"pcap:{pcap},paced", host="cap-9", bootstrap="127.0.0.1:9", extra=extra),
+        agent_cmd(
+            cfg,
+            f"pcap:{pcap},paced",
+            host="cap-9",
+            bootstrap="127.0.0.1:9",
+            extra=("--workers", "2", "--summary", str(summary)),
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -285,11 +290,14 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = free_port()
-    extra = ("--workers", "2", "--summary", str(summary))
-    source = f"afpacket:{host_if},promisc"
     proc = subprocess.Popen(
         agent_cmd(
-            cfg, source, host="edge-1", bootstrap=kafka.bootstrap_servers, metrics_port=port, extra=extra
+            cfg,
+            f"afpacket:{host_if},promisc",
+            host="edge-1",
+            bootstrap=kafka.bootstrap_servers,
+            metrics_port=port,
+            extra=("--workers", "2", "--summary", str(summary)),
         ),
         cwd=REPO,
         stdout=subprocess.PIPE,

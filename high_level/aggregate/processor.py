@@ -116,7 +116,8 @@ class _QueryState:
         # an expected host that does not run this query (its `sources`) would hold it open forever
         expected = [h for h in settings.expected_hosts if layout.runs_on(h)]
         self.meld = Meld(settings.host_timeout_ms, expected, settings.max_gap_ms)
-        # host -> {"late": n, "records": n, "inc": {str(incarnation): [received, sent, missing]}}
+        # host -> {"late": n, "records": n, "inc": {str(incarnation): [received, sent, missing, lead]}}, lead:
+        # the most panes a partial of the host was ahead of its mark (a gap's records may be that far ahead)
         self.hosts: dict[str, dict[str, Any]] = {}
         self.windows_closed = 0
         self.records = 0
@@ -217,8 +218,10 @@ class _QueryState:
     def incarnation(self, name: str, inc: int) -> list[int]:
         incs = self.host(name)["inc"]
         key = str(inc)
+        if key in incs and len(incs[key]) < 4:  # state of an earlier build: no lead yet
+            incs[key].append(0)
         if key not in incs:
-            incs[key] = [0, 0, 0]
+            incs[key] = [0, 0, 0, 0]
             if len(incs) > MAX_INCARNATIONS:
                 for old in sorted(incs, key=int)[: len(incs) - MAX_INCARNATIONS]:
                     del incs[old]
@@ -342,6 +345,9 @@ class PartitionProcessor:
                     continue
                 pending[b.query].append((b.host, b.pane, b.key, b.state))
                 inc[0] += b.n
+                prev = qs.meld.hosts.get(b.host)
+                if prev is not None and b.n and prev.mark_pane < wire.END_OF_STREAM:
+                    inc[3] = max(inc[3], int(b.pane.max()) - int(prev.mark_pane))
                 qs.host(b.host)["records"] += b.n
                 bq["records"] += b.n
             else:
@@ -353,7 +359,16 @@ class PartitionProcessor:
                     since = (
                         prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
                     )
-                    qs.gaps.append([int(since), int(b.mark_pane), missing - inc[2] - shed_now, b.host, "gap"])
+                    # records sent before this mark belong to panes from the previous mark up to the newest
+                    # pane the host had sent (wire sent_upto, a bound); an older host does not say it: its
+                    # clock then may lead the mark (open panes evicted early) by the lead seen so far
+                    if b.sent_upto is not None:
+                        upto = max(b.sent_upto, since)
+                    elif b.mark_pane >= wire.END_OF_STREAM:
+                        upto = b.mark_pane
+                    else:
+                        upto = b.mark_pane + max(inc[3], 0)
+                    qs.gaps.append([int(since), int(upto), missing - inc[2] - shed_now, b.host, "gap"])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:
                     # the agent restarted: what its old incarnation held unflushed (panes from its last

@@ -364,7 +364,8 @@ class BandJoin:
             shed = sum(int(x[2]) for x in p.shed)
             if missing > r[2] + shed:
                 lo = r[3] if r[3] is not None else -(2**62)
-                self.losses.append([int(lo), int(p.mark_ns), missing - r[2] - shed, p.host, "gap"])
+                hi = p.mark_ns if p.sent_upto is None else max(p.sent_upto, lo)  # newest row sent: a bound
+                self.losses.append([int(lo), int(hi), missing - r[2] - shed, p.host, "gap"])
             r[2] = max(missing, 0)
         r[3] = int(p.mark_ns)
 

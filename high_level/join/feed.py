@@ -7,6 +7,11 @@ its feed topic as select-row batches (``seq`` = micro-batch id << 20 | chunk), t
 whose mark is the start of the first window not closed on every Kafka partition of the query. A Kafka
 error fails the batch (the join's input would otherwise miss rows silently): Spark replays it.
 
+The punctuation carries the query's short windows of the batch (:func:`feed_losses`: rows not complete,
+windows flagged, with their cause and records) as loss ranges at the window's start, the feed rows'
+time: the join charges them to its output windows like any input's loss, so a join of an incomplete
+window is incomplete too.
+
 :class:`FeedDedup` is the join's half: a replayed batch republishes the same rows with the same ``seq``;
 rows batches of a feed whose ``seq`` is not above the highest one applied are skipped.
 """
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from contract import query as Q
+from contract import results as R
 from contract import status as S
 from contract import wire
 from contract.query import joins as JI
@@ -65,6 +71,38 @@ def feed_mark(lay: Layout, partitions: int, statuses: Mapping[int, S.PartitionSt
     return int(lay.window_start_ns(np.array([min(closed)]))[0])  # type: ignore[type-var]
 
 
+_TO_WIRE = {v: k for k, v in R.WIRE_CAUSES.items()}  # a flagged window's cause -> its wire name
+
+
+def feed_losses(
+    lay: Layout, w: QueryWindows | None, flagged: Sequence[tuple[int, list[Any]]] = ()
+) -> tuple[tuple[int, int, str, int], ...]:
+    """The short windows of one query's batch as feed loss ranges ``(start, start, cause, records)``: every
+    flagged window (``_incomplete``: its cause and records), and every final row not complete for a reason
+    no flag names (a gap of unknown start: ``gap``; late partials: ``job_late``; hosts not in its mark:
+    ``timeout``). Records are at least 1: a short window is never charged nothing."""
+    out: dict[tuple[int, str], int] = {}
+    for _, f in flagged:
+        key = (int(f[0]), _TO_WIRE.get(str(f[6]), "gap"))
+        out[key] = out.get(key, 0) + max(1, int(f[4]))
+    flagged_at = {s for s, _ in out}
+    if w is not None and len(w.window):
+        hosts_in, late, missing = (w.comp[:, i] for i in range(3))
+        short = w.final & ((hosts_in < w.hosts_expected) | (late > 0) | (missing > 0))
+        for i in np.flatnonzero(short):
+            start = int(lay.window_start_ns(w.window[i : i + 1])[0])
+            if start in flagged_at:
+                continue
+            for cause, n in (
+                ("gap", int(missing[i])),
+                ("job_late", int(late[i])),
+                ("timeout", int(w.hosts_expected[i]) - int(hosts_in[i])),
+            ):
+                if n > 0:
+                    out[(start, cause)] = max(out.get((start, cause), 0), n)
+    return tuple((s, s, c, n) for (s, c), n in sorted(out.items()))
+
+
 class FeedPublisher:
     """Publishes the closed windows of the aggregate queries that joins read (one producer, the driver)."""
 
@@ -89,8 +127,10 @@ class FeedPublisher:
         wins: Mapping[str, QueryWindows],
         partitions: Mapping[str, Mapping[int, S.PartitionStatus]],
         now_ms: int,
+        flagged: Mapping[str, Sequence[tuple[int, list[Any]]]] | None = None,
     ) -> list[tuple[str, bytes]]:
-        """(topic, value) of one batch: each feed's rows, then its punctuation (pure; tested without Kafka)."""
+        """(topic, value) of one batch: each feed's rows, then its punctuation with the batch's short
+        windows (``flagged``: the batch's ``_incomplete`` windows by query; pure, tested without Kafka)."""
         out = []
         for name, q in sorted(self.queries.items()):
             lay, topic = self.layouts[name], JI.closed_topic(q)
@@ -115,6 +155,9 @@ class FeedPublisher:
                 )
                 self.published[name] += min(CHUNK_ROWS, len(rows) - a)
             mark = feed_mark(lay, q.kafka.partitions, partitions.get(name, {}))
+            losses = feed_losses(lay, wins.get(name), (flagged or {}).get(name, ()))
+            if mark is None and losses:
+                mark = 0  # no window closed everywhere yet: a mark that passes nothing, to carry the losses
             if mark is not None:
                 out.append(
                     (
@@ -129,6 +172,7 @@ class FeedPublisher:
                                 mark,
                                 mark,
                                 now_ms * 1_000_000,
+                                losses=losses,
                             )
                         ),
                     )
@@ -141,10 +185,11 @@ class FeedPublisher:
         wins: Mapping[str, QueryWindows],
         partitions: Mapping[str, Mapping[int, S.PartitionStatus]],
         now_ms: int | None = None,
+        flagged: Mapping[str, Sequence[tuple[int, list[Any]]]] | None = None,
     ) -> int:
         """Send one batch's feed messages and wait for the broker; raises on any Kafka error."""
         msgs = self.messages(
-            batch_id, wins, partitions, int(time.time() * 1000) if now_ms is None else now_ms
+            batch_id, wins, partitions, int(time.time() * 1000) if now_ms is None else now_ms, flagged
         )
         futures = [self.producer.send(topic, value=v, partition=0) for topic, v in msgs]
         self.producer.flush(timeout=30)

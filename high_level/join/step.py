@@ -189,7 +189,9 @@ class JoinProcessor:
                     ]
                 )
         before = self.rollup.closed
-        closed = self.rollup.close(lwm)
+        # at end of stream, close through the newest pane an input's loss touched too: a window whose every
+        # output row was lost has no data to close it by, and must close to be flagged
+        closed = self.rollup.close(lwm, max((int(g[1]) for g in self.gaps), default=None))
         hosts = self._host_marks()
         live = sorted({h for j in self.joins.values() for s in SIDES for h in j.melds[s].live_hosts()})
         parts = []

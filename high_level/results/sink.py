@@ -157,7 +157,7 @@ class ResultSink:
             self.fold_status(statuses, batch_id, written)
             if self.feed is not None and any(st.query in self.feed.queries for st in statuses):
                 # after the store and the folded frontier: a join sees a window once it is final and stored
-                self.feed.publish(batch_id, wins, self.partitions)
+                self.feed.publish(batch_id, wins, self.partitions, flagged=flagged)
             for done in self.on_batch:
                 done(batch_id)
             return written

@@ -190,7 +190,18 @@ def prefetch_read(typingctx, src, off):
 
 @njit(cache=True, nogil=True)
 def ring_push(frames, snaplen, caplen, wirelen, ts, iface, ctr, src, off, n, orig_len, ts_ns, ifidx) -> bool:
-    """Copy one frame (``src[off:off+n]``) into the ring; False (and a counted drop) when full.
+    """Copy one frame (``src[off:off+n]``) into the ring; False (and a counted drop) when full."""
+    return ring_push_from(
+        frames, snaplen, caplen, wirelen, ts, iface, ctr, src, src, off, n, orig_len, ts_ns, ifidx
+    )
+
+
+@njit(cache=True, nogil=True)
+def ring_push_from(
+    frames, snaplen, caplen, wirelen, ts, iface, ctr, src, alt, off, n, orig_len, ts_ns, ifidx
+) -> bool:
+    """:func:`ring_push` of ``src[off:off+n]``, or with ``off`` -1 of ``alt[0:n]`` (a frame a source rebuilt,
+    as the pcap replay does for link layers other than Ethernet): one call site either way.
 
     One exit, with every array used last there (``_keep``): Numba's refcount pruning then drops the
     atomic incref/decref pair per array and call, which otherwise cost sources a quarter of their time.
@@ -210,7 +221,10 @@ def ring_push(frames, snaplen, caplen, wirelen, ts, iface, ctr, src, off, n, ori
         if k < n:
             ctr[TRUNCATED] += 1
         base = slot * snaplen
-        copy_bytes(frames, base, src, off, k)
+        if off >= 0:
+            copy_bytes(frames, base, src, off, k)
+        else:
+            copy_bytes(frames, base, alt, 0, k)
         caplen[slot] = k
         wirelen[slot] = orig_len
         ts[slot] = ts_ns
@@ -225,4 +239,5 @@ def ring_push(frames, snaplen, caplen, wirelen, ts, iface, ctr, src, off, n, ori
     pin(iface)
     pin(ctr)
     pin(src)
+    pin(alt)
     return ok

@@ -28,10 +28,12 @@ from numba import njit
 
 from contract import fields as F
 from low_level.jit.refcount import pin
+from low_level.kernel.parse import parse_frame
 
 # error / event counters (index into FLOW_ERROR_NAMES)
 E_OK, E_SHORT, E_VERSION, E_SET_LENGTH, E_UNKNOWN_TEMPLATE, E_BAD_TEMPLATE, E_TABLE_FULL = 0, 1, 2, 3, 4, 5, 6
 E_V5_COUNT, E_EXPIRED, E_NO_END_TIME, E_ABSURD = 7, 8, 9, 10
+E_SF_SAMPLE, E_SF_NO_HEADER, E_SF_HEADER_PROTO, E_SF_UNKNOWN = 11, 12, 13, 14
 FLOW_ERROR_NAMES: tuple[str, ...] = (
     "ok",
     "truncated",
@@ -44,6 +46,10 @@ FLOW_ERROR_NAMES: tuple[str, ...] = (
     "expired_template",
     "no_end_time",
     "absurd_counter",
+    "sflow_bad_sample",
+    "sflow_no_header",
+    "sflow_header_not_ethernet",
+    "sflow_unknown_sample",
 )
 NFLOWERR = len(FLOW_ERROR_NAMES)
 
@@ -58,12 +64,34 @@ for _k, _ie in enumerate(_IE_IDS):
     IE_INDEX[_ie] = _k
 
 # template table: one row per template
-T_VALID, T_EXP, T_DOM, T_ID, T_RECLEN, T_SEEN, T_OPT = range(7)
-T_FIELDS = 7  # then (offset, length) per IE; offset -1 when the template lacks it
-TW = T_FIELDS + 2 * NIE
-# per (exporter, domain) state
-D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS = range(7)
-DW = 7
+T_VALID, T_EXP, T_DOM, T_ID, T_RECLEN, T_SEEN, T_OPT, T_VAR, T_NF = range(9)
+T_FIELDS = 9  # then (offset, length) per IE; offset -1 when the template lacks it
+# then, for templates with variable-length fields (T_VAR 1), (length, IE index or -1) of each field in
+# order: such a record is walked field by field (RFC 7011 7: length 65535, a 1- or 3-byte prefix)
+T_LIST = T_FIELDS + 2 * NIE
+MAX_VAR_FIELDS = 64
+VARLEN = 0xFFFF
+TW = T_LIST + 2 * MAX_VAR_FIELDS
+# per (exporter, domain) state; an sFlow source (D_KIND 1) is (agent address, sub-agent): D_DOM holds the
+# sub-agent id, D_AGENT_HI/LO the agent address (lowwater's 128-bit words), D_EXP the datagrams' sender
+D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS, D_KIND, D_AGENT_HI, D_AGENT_LO = range(10)
+D_DATAGRAMS = 10
+DW = 11
+KIND_NETFLOW, KIND_SFLOW = 0, 1
+# sFlow interface counter rows (generic interface counters, record 0:1): the latest per (source, ifIndex)
+C_TS, C_DOM, C_IFINDEX, C_SPEED, C_STATUS, C_IN_OCTETS, C_IN_PKTS, C_IN_ERRORS, C_IN_DISCARDS = range(9)
+C_OUT_OCTETS, C_OUT_PKTS, C_OUT_ERRORS, C_OUT_DISCARDS = range(9, 13)
+CW = 13
+COUNTER_NAMES: tuple[str, ...] = (
+    "in_octets",
+    "in_packets",
+    "in_errors",
+    "in_discards",
+    "out_octets",
+    "out_packets",
+    "out_errors",
+    "out_discards",
+)
 
 MAX_RECORD_PACKETS = 1 << 40  # a counter above this (after sampling) is absurd: counted and dropped
 NS = 1_000_000_000
@@ -89,7 +117,7 @@ def _domain(doms, exporter, domain):
     free = -1
     for d in range(doms.shape[0]):
         if doms[d, D_VALID] == 1:
-            if doms[d, D_EXP] == exporter and doms[d, D_DOM] == domain:
+            if doms[d, D_KIND] == KIND_NETFLOW and doms[d, D_EXP] == exporter and doms[d, D_DOM] == domain:
                 return d
         elif free < 0:
             free = d
@@ -101,6 +129,40 @@ def _domain(doms, exporter, domain):
         doms[free, D_SYSINIT] = -1
         doms[free, D_CLOCK] = 0
         doms[free, D_RECORDS] = 0
+        doms[free, D_DATAGRAMS] = 0
+        doms[free, D_KIND] = KIND_NETFLOW
+        doms[free, D_AGENT_HI] = 0
+        doms[free, D_AGENT_LO] = 0
+    return free
+
+
+@njit(cache=True, nogil=True)
+def _sflow_source(doms, exporter, agent_hi, agent_lo, sub):
+    """Row of the sFlow source (agent address, sub-agent), created on first sight; -1 when full."""
+    free = -1
+    for d in range(doms.shape[0]):
+        if doms[d, D_VALID] == 1:
+            if (
+                doms[d, D_KIND] == KIND_SFLOW
+                and doms[d, D_AGENT_LO] == agent_lo
+                and doms[d, D_AGENT_HI] == agent_hi
+                and doms[d, D_DOM] == sub
+            ):
+                return d
+        elif free < 0:
+            free = d
+    if free >= 0:
+        doms[free, D_VALID] = 1
+        doms[free, D_EXP] = exporter
+        doms[free, D_DOM] = sub
+        doms[free, D_RATE] = 1
+        doms[free, D_SYSINIT] = -1
+        doms[free, D_CLOCK] = 0
+        doms[free, D_RECORDS] = 0
+        doms[free, D_DATAGRAMS] = 0
+        doms[free, D_KIND] = KIND_SFLOW
+        doms[free, D_AGENT_HI] = agent_hi
+        doms[free, D_AGENT_LO] = agent_lo
     return free
 
 
@@ -124,19 +186,19 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
     if options:
         if ipfix:
             if p + 6 > end:
-                return -2
+                return 0
             tid = _uint(buf, p, 2)
             nfields = _uint(buf, p + 2, 2)
             p += 6  # template id, field count, scope field count (scopes are ordinary fields here)
         else:
             if p + 6 > end:
-                return -2
+                return 0
             tid = _uint(buf, p, 2)
             nfields = (_uint(buf, p + 2, 2) + _uint(buf, p + 4, 2)) // 4  # scope and option lengths, bytes
             p += 6
     else:
         if p + 4 > end:
-            return -2
+            return 0
         tid = _uint(buf, p, 2)
         nfields = _uint(buf, p + 2, 2)
         p += 4
@@ -157,11 +219,12 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
     if not ok:
         errs[E_TABLE_FULL] += 1
     reclen = np.int64(0)
+    var = False
     if ok:
         for k in range(NIE):
             tmpl[t, T_FIELDS + 2 * k] = -1
             tmpl[t, T_FIELDS + 2 * k + 1] = 0
-    for _ in range(nfields):
+    for f in range(nfields):
         if p + 4 > end:
             return -1
         ie = _uint(buf, p, 2)
@@ -172,15 +235,21 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
                 return -1
             p += 4
             ie = -1
-        if flen == 0 or flen == 0xFFFF:  # variable-length fields are not supported: the template is unusable
+        if flen == 0 or (flen == VARLEN and not ipfix):
             ok = False
+        if flen == VARLEN:
+            var = True
         if ok:
-            if 0 <= ie < 512 and IE_INDEX[ie] >= 0:
-                k = IE_INDEX[ie]
-                if tmpl[t, T_FIELDS + 2 * k] < 0:
-                    tmpl[t, T_FIELDS + 2 * k] = reclen
-                    tmpl[t, T_FIELDS + 2 * k + 1] = flen
-            reclen += flen
+            k = IE_INDEX[ie] if 0 <= ie < 512 else -1
+            if k >= 0 and tmpl[t, T_FIELDS + 2 * k] < 0:
+                tmpl[t, T_FIELDS + 2 * k] = reclen  # meaningful only while no variable-length field precedes
+                tmpl[t, T_FIELDS + 2 * k + 1] = flen
+            if f < MAX_VAR_FIELDS:
+                tmpl[t, T_LIST + 2 * f] = flen
+                tmpl[t, T_LIST + 2 * f + 1] = k
+            reclen += 1 if flen == VARLEN else flen  # the shortest record: every prefix, no content
+    if var and nfields > MAX_VAR_FIELDS:
+        ok = False
     if ok and (reclen == 0 or reclen > 65535):
         ok = False
     if t >= 0 and not ok:
@@ -194,7 +263,39 @@ def _define(buf, p, end, tmpl, exporter, domain, clock, ipfix, options, errs):
         tmpl[t, T_RECLEN] = reclen
         tmpl[t, T_SEEN] = clock
         tmpl[t, T_OPT] = 1 if options else 0
+        tmpl[t, T_VAR] = 1 if var else 0
+        tmpl[t, T_NF] = nfields
     return p
+
+
+@njit(cache=True, nogil=True)
+def _walk(buf, q, send, tmpl, t, one):
+    """A variable-length record at q: its IEs' offsets (from q) and lengths into one[0], a scratch template
+    row; returns the record's length, -1 when it overruns its set."""
+    for k in range(NIE):
+        one[0, T_FIELDS + 2 * k] = -1
+        one[0, T_FIELDS + 2 * k + 1] = 0
+    p = q
+    for f in range(tmpl[t, T_NF]):
+        n = tmpl[t, T_LIST + 2 * f]
+        k = tmpl[t, T_LIST + 2 * f + 1]
+        if n == VARLEN:
+            if p + 1 > send:
+                return -1
+            n = np.int64(buf[p])
+            p += 1
+            if n == 255:
+                if p + 2 > send:
+                    return -1
+                n = _uint(buf, p, 2)
+                p += 2
+        if p + n > send:
+            return -1
+        if k >= 0 and one[0, T_FIELDS + 2 * k] < 0 and 0 < n:
+            one[0, T_FIELDS + 2 * k] = p - q
+            one[0, T_FIELDS + 2 * k + 1] = n
+        p += n
+    return p - q
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -311,6 +412,7 @@ def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
     si = _uint(buf, p0 + 22, 2)
     rate = si & 0x3FFF
     doms[d, D_RATE] = rate if rate > 0 else 1
+    doms[d, D_DATAGRAMS] += 1
     if clock > doms[d, D_CLOCK]:
         doms[d, D_CLOCK] = clock
     got = 0
@@ -343,17 +445,192 @@ def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
     return got
 
 
-@njit(cache=True, nogil=True)
-def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, w, rate_out, errs, res):
-    """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i]).
+SFLOW_MAX_SAMPLES = 4096  # per datagram; more than fits in 64 KiB is malformed
 
-    Writes records to rows / w (packets, sampled-up) / rate_out, at most ``rows.shape[0]``; res[0] gets
-    the records written, res[1] the datagrams consumed (less than n only when rows is full: call again).
-    errs[E_OK] counts the datagrams read whole.
+
+@njit(cache=True, nogil=True)
+def _sflow_flow(buf, q, send, expanded, arrival, row, rows, w, rate_out, r, errs):
+    """One sFlow flow sample (compact 0:1 or expanded 0:3) at q; returns 1 when a row was written."""
+    if expanded:
+        if q + 44 > send:
+            errs[E_SF_SAMPLE] += 1
+            return 0
+        rate = _uint(buf, q + 12, 4)
+        in_if = _uint(buf, q + 28, 4)
+        nrec = _uint(buf, q + 40, 4)
+        q += 44
+    else:
+        if q + 32 > send:
+            errs[E_SF_SAMPLE] += 1
+            return 0
+        rate = _uint(buf, q + 8, 4)
+        in_if = _uint(buf, q + 20, 4) & 0x3FFFFFFF  # top 2 bits: the format (0 = an ifIndex)
+        nrec = _uint(buf, q + 28, 4)
+        q += 32
+    if rate < 1:
+        rate = 1
+    got = 0
+    for _ in range(nrec):
+        if q + 8 > send:
+            errs[E_SF_SAMPLE] += 1
+            return 0
+        fmt = _uint(buf, q, 4)
+        rlen = _uint(buf, q + 4, 4)
+        d = q + 8
+        q = d + rlen
+        if q > send:
+            errs[E_SF_SAMPLE] += 1
+            return 0
+        if fmt == 1 and got == 0 and rlen >= 16:  # raw packet header
+            proto = _uint(buf, d, 4)
+            frame_len = _uint(buf, d + 4, 4)
+            hlen = _uint(buf, d + 12, 4)
+            if hlen > rlen - 16:
+                errs[E_SF_SAMPLE] += 1
+                return 0
+            if proto != 1:
+                errs[E_SF_HEADER_PROTO] += 1
+                return 0
+            parse_frame(buf, d + 16, hlen, frame_len, arrival, in_if, row)
+            for k in range(F.NFIELDS):
+                rows[r, k] = row[k]
+            rows[r, F.LEN] = frame_len * rate
+            w[r] = rate
+            rate_out[r] = rate
+            got = 1
+    if got == 0:
+        errs[E_SF_NO_HEADER] += 1
+    return got
+
+
+@njit(cache=True, nogil=True)
+def _sflow_counters(buf, q, send, expanded, arrival, d, ctrs, c, errs):
+    """An sFlow counter sample (0:2 or 0:4): its generic interface counters (0:1) into ctrs[c]."""
+    nq = q + (16 if expanded else 12)
+    if nq > send:
+        errs[E_SF_SAMPLE] += 1
+        return 0
+    nrec = _uint(buf, nq - 4, 4)
+    q = nq
+    got = 0
+    for _ in range(nrec):
+        if q + 8 > send:
+            errs[E_SF_SAMPLE] += 1
+            return got
+        fmt = _uint(buf, q, 4)
+        rlen = _uint(buf, q + 4, 4)
+        p = q + 8
+        q = p + rlen
+        if q > send:
+            errs[E_SF_SAMPLE] += 1
+            return got
+        if fmt == 1 and rlen >= 88 and got == 0 and c < ctrs.shape[0]:
+            ctrs[c, C_TS] = arrival
+            ctrs[c, C_DOM] = d
+            ctrs[c, C_IFINDEX] = _uint(buf, p, 4)
+            ctrs[c, C_SPEED] = _uint(buf, p + 8, 8)
+            ctrs[c, C_STATUS] = _uint(buf, p + 20, 4)
+            ctrs[c, C_IN_OCTETS] = _uint(buf, p + 24, 8)
+            ctrs[c, C_IN_PKTS] = _uint(buf, p + 32, 4) + _uint(buf, p + 36, 4) + _uint(buf, p + 40, 4)
+            ctrs[c, C_IN_DISCARDS] = _uint(buf, p + 44, 4)
+            ctrs[c, C_IN_ERRORS] = _uint(buf, p + 48, 4)
+            ctrs[c, C_OUT_OCTETS] = _uint(buf, p + 56, 8)
+            ctrs[c, C_OUT_PKTS] = _uint(buf, p + 64, 4) + _uint(buf, p + 68, 4) + _uint(buf, p + 72, 4)
+            ctrs[c, C_OUT_DISCARDS] = _uint(buf, p + 76, 4)
+            ctrs[c, C_OUT_ERRORS] = _uint(buf, p + 80, 4)
+            got = 1
+    return got
+
+
+@njit(cache=True, nogil=True)
+def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap, ctrs, res, errs):
+    """An sFlow v5 datagram: a row per flow sample (its header parsed like a captured frame, weighted by
+    the sampling rate), a counter row per interface counter sample. Returns the rows written, -1 when
+    rows or ctrs might not hold this datagram (call again); res[3] says whether it was read whole."""
+    res[3] = 1
+    if p0 + 12 > end:
+        errs[E_SHORT] += 1
+        return 0
+    atype = _uint(buf, p0 + 4, 4)
+    if atype == 1:
+        hi = np.int64(0)
+        lo = F.IPV4_MAPPED_PREFIX | _uint(buf, p0 + 8, 4)
+        p = p0 + 12
+    elif atype == 2:
+        if p0 + 24 > end:
+            errs[E_SHORT] += 1
+            return 0
+        hi = _uint(buf, p0 + 8, 8)
+        lo = _uint(buf, p0 + 16, 8)
+        p = p0 + 24
+    else:
+        errs[E_SF_SAMPLE] += 1
+        return 0
+    if p + 16 > end:
+        errs[E_SHORT] += 1
+        return 0
+    sub = _uint(buf, p, 4)
+    nsamples = _uint(buf, p + 12, 4)
+    p += 16
+    if nsamples > SFLOW_MAX_SAMPLES:
+        errs[E_SF_SAMPLE] += 1
+        return 0
+    if r + nsamples > cap or res[2] + nsamples > ctrs.shape[0]:
+        return -1
+    d = _sflow_source(doms, exporter, hi, lo, sub)
+    if d < 0:
+        errs[E_TABLE_FULL] += 1
+        return 0
+    doms[d, D_DATAGRAMS] += 1
+    if arrival > doms[d, D_CLOCK]:
+        doms[d, D_CLOCK] = arrival
+    got = 0
+    bad = False
+    for _ in range(nsamples):
+        if p + 8 > end:
+            errs[E_SHORT] += 1
+            bad = True
+            break
+        fmt = _uint(buf, p, 4)
+        slen = _uint(buf, p + 4, 4)
+        q = p + 8
+        send = q + slen
+        if send > end:
+            errs[E_SF_SAMPLE] += 1
+            bad = True
+            break
+        if fmt == 1 or fmt == 3:
+            if _sflow_flow(buf, q, send, fmt == 3, arrival, row, rows, w, rate_out, r + got, errs) == 1:
+                doms[d, D_RATE] = rate_out[r + got]  # the source's latest rate, for stats
+                got += 1
+        elif fmt == 2 or fmt == 4:
+            res[2] += _sflow_counters(buf, q, send, fmt == 4, arrival, d, ctrs, res[2], errs)
+        else:
+            errs[E_SF_UNKNOWN] += 1
+        p = send
+    doms[d, D_RECORDS] += got
+    res[3] = 1 if bad else 0  # the rows before a bad sample stand; the datagram is not counted ok
+    return got
+
+
+@njit(cache=True, nogil=True)
+def decode(
+    buf, offs, lens, exporters, arrival, n, tmpl, doms, template_timeout_s, rows, w, rate_out, ctrs, errs, res
+):
+    """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i],
+    received at arrival[i] ns).
+
+    Writes records to rows / w (packets, sampled-up) / rate_out, at most ``rows.shape[0]``, and sFlow
+    interface counters to ctrs; res[0] gets the records written, res[1] the datagrams consumed (less
+    than n only when rows is full: call again), res[2] the counter rows. errs[E_OK] counts the datagrams
+    read whole.
     """
     cap = rows.shape[0]
     r = 0
     i = 0
+    res[2] = 0
+    row = np.zeros(F.NFIELDS, dtype=np.int64)
+    one = np.zeros((1, TW), dtype=np.int64)
     while i < n:
         p0 = offs[i]
         end = p0 + lens[i]
@@ -365,6 +642,21 @@ def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, 
             i += 1
             continue
         version = _uint(buf, p0, 2)
+        if version == 0 and _uint(buf, p0, 4) == 5:  # sFlow v5: a 32-bit version word
+            got = _sflow(
+                buf, p0, end, exporter, arrival[i], doms, row, rows, w, rate_out, r, cap, ctrs, res, errs
+            )
+            if got < 0:
+                if r == 0 and res[2] == 0:  # could never fit: count it rather than loop
+                    errs[E_SF_SAMPLE] += 1
+                    i += 1
+                    continue
+                break
+            r += got
+            if res[3] == 0:
+                errs[E_OK] += 1
+            i += 1
+            continue
         if version == 5:
             got = _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs)
             if got < 0:
@@ -406,6 +698,7 @@ def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, 
             errs[E_TABLE_FULL] += 1
             i += 1
             continue
+        doms[d, D_DATAGRAMS] += 1
         if clock > doms[d, D_CLOCK]:
             doms[d, D_CLOCK] = clock
         clock_s = clock // NS
@@ -436,6 +729,20 @@ def decode(buf, offs, lens, exporters, n, tmpl, doms, template_timeout_s, rows, 
                     errs[E_UNKNOWN_TEMPLATE] += 1
                 elif clock_s - tmpl[t, T_SEEN] > template_timeout_s:
                     errs[E_EXPIRED] += 1
+                elif tmpl[t, T_VAR] == 1:
+                    while q + tmpl[t, T_RECLEN] <= send and r < cap:
+                        rl = _walk(buf, q, send, tmpl, t, one)
+                        if rl < 0:
+                            errs[E_SET_LENGTH] += 1
+                            bad = True
+                            break
+                        if tmpl[t, T_OPT] == 1:
+                            _options_record(buf, q, one, 0, doms, d)
+                        else:
+                            r += _data_record(
+                                buf, q, one, 0, doms, d, uptime, clock, not ipfix, rows, w, rate_out, r, errs
+                            )
+                        q += rl
                 else:
                     rl = tmpl[t, T_RECLEN]
                     while q + rl <= send and r < cap:

@@ -18,6 +18,7 @@ late packets.
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +65,14 @@ class FlowCollector:
         self._offs: list[int] = []
         self._lens: list[int] = []
         self._exps: list[int] = []
+        self._arrs: list[int] = []
+        self.ctrs = np.zeros((self.capacity, D.CW), dtype=np.int64)
+        # latest sFlow interface counters per (source row, ifIndex): {(d, ifindex): ctrs row}
+        self.interfaces: dict[tuple[int, int], np.ndarray] = {}
         self.rows = np.zeros((self.capacity, F.NFIELDS), dtype=np.int64)
         self.weights = np.zeros(self.capacity, dtype=np.int64)
         self.rate = np.zeros(self.capacity, dtype=np.int64)
-        self.res = np.zeros(2, dtype=np.int64)
+        self.res = np.zeros(4, dtype=np.int64)
         self.datagrams = 0
         self.records = 0
         self.late_records = 0
@@ -102,22 +107,28 @@ class FlowCollector:
                 n, addr = self.sock.recvfrom_into(view[off : off + 65536])
             except (BlockingIOError, InterruptedError):
                 break
-            self.add(off, n, addr)
+            self.add(off, n, addr, time.time_ns())
             got += 1
         return got
 
-    def add(self, off: int, n: int, exporter: Any) -> None:
-        """Queue the datagram at buf[off:off+n] from this exporter (its address) for the next decode."""
+    def add(self, off: int, n: int, exporter: Any, arrival_ns: int) -> None:
+        """Queue the datagram at buf[off:off+n] from this exporter (its address), received at arrival_ns
+        (sFlow carries no time: its samples are timed by arrival), for the next decode."""
+        self._arrs.append(arrival_ns)
         self._offs.append(off)
         self._lens.append(n)
         self._exps.append(self.exporters.setdefault(exporter, len(self.exporters)))
 
-    def feed(self, datagrams: list[bytes], exporter: Any = ("127.0.0.1", 0)) -> None:
-        """Queue datagrams given as bytes (tests, replay of a recorded export)."""
+    def feed(
+        self, datagrams: list[bytes], exporter: Any = ("127.0.0.1", 0), arrival_ns: int | None = None
+    ) -> None:
+        """Queue datagrams given as bytes (tests, replay of a recorded export), all received at arrival_ns
+        (now when None)."""
+        t = time.time_ns() if arrival_ns is None else arrival_ns
         for d in datagrams:
             off = self._offs[-1] + self._lens[-1] if self._offs else 0
             self.buf[off : off + len(d)] = np.frombuffer(d, dtype=np.uint8)
-            self.add(off, len(d), exporter)
+            self.add(off, len(d), exporter, t)
 
     @property
     def pending(self) -> int:
@@ -131,6 +142,7 @@ class FlowCollector:
             np.zeros(0, np.int64),
             np.zeros(0, np.int64),
             np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
             0,
             self.tmpl,
             self.doms,
@@ -138,6 +150,7 @@ class FlowCollector:
             self.rows,
             self.weights,
             self.rate,
+            self.ctrs,
             self.errs,
             self.res,
         )
@@ -148,11 +161,13 @@ class FlowCollector:
         offs = np.array(self._offs, dtype=np.int64)
         lens = np.array(self._lens, dtype=np.int64)
         exps = np.array(self._exps, dtype=np.int64)
+        arrs = np.array(self._arrs, dtype=np.int64)
         D.decode(
             self.buf,
             offs,
             lens,
             exps,
+            arrs,
             n,
             self.tmpl,
             self.doms,
@@ -160,11 +175,15 @@ class FlowCollector:
             self.rows,
             self.weights,
             self.rate,
+            self.ctrs,
             self.errs,
             self.res,
         )
+        for c in self.ctrs[: int(self.res[2])]:
+            self.interfaces[(int(c[D.C_DOM]), int(c[D.C_IFINDEX]))] = c.copy()
         nrec, used = int(self.res[0]), int(self.res[1])
         rest = (self._offs[used:], self._lens[used:], self._exps[used:])
+        self._arrs = self._arrs[used:]
         if rest[0]:  # keep the undecoded datagrams, moved to the buffer's start
             start = rest[0][0]
             stop = rest[0][-1] + rest[1][-1]
@@ -187,33 +206,71 @@ class FlowCollector:
         ``exporter_timeout`` stop holding the mark; None keeps every exporter ever heard.
         """
         live = self.doms[:, D.D_VALID] == 1
+        t = self.timeouts
+        # a NetFlow record may end up to inactive + slack before its exporter's clock; an sFlow sample is
+        # timed by its datagram's arrival, so nothing an agent still sends is older than its last arrival
+        lag = np.where(self.doms[live, D.D_KIND] == D.KIND_SFLOW, 0, t.inactive_ns) + t.slack_ns
         clocks = self.doms[live, D.D_CLOCK]
         if now_ns is not None:
-            clocks = clocks[clocks >= now_ns - self.timeouts.exporter_timeout_ns]
+            keep = clocks >= now_ns - t.exporter_timeout_ns
+            clocks, lag = clocks[keep], lag[keep]
         if not len(clocks):
             return None
-        t = self.timeouts
-        mark = int(clocks.min()) - t.inactive_ns - t.slack_ns
+        mark = int((clocks - lag).min())
         if self.mark_ns is None or mark > self.mark_ns:
             self.mark_ns = mark
         return self.mark_ns
 
+    def source_name(self, d: int) -> str:
+        """A source row's name: 'exporter/domain' (NetFlow, IPFIX) or 'sflow:agent/sub-agent'."""
+        row = self.doms[d]
+        if row[D.D_KIND] == D.KIND_SFLOW:
+            return (
+                f"sflow:{F.words_to_ip(int(row[D.D_AGENT_HI]), int(row[D.D_AGENT_LO]))}/{int(row[D.D_DOM])}"
+            )
+        names = {v: k for k, v in self.exporters.items()}
+        return f"{names.get(int(row[D.D_EXP]), int(row[D.D_EXP]))}/{int(row[D.D_DOM])}"
+
     def stats(self) -> dict[str, Any]:
         """Counters for metrics and the agent summary; ``sampling_rate`` per exporter and domain."""
-        live = self.doms[:, D.D_VALID] == 1
-        names = {v: k for k, v in self.exporters.items()}
         rates = {
-            f"{names.get(int(e), e)}/{int(d)}": int(r)
-            for e, d, r in zip(
-                self.doms[live, D.D_EXP], self.doms[live, D.D_DOM], self.doms[live, D.D_RATE], strict=True
-            )
+            self.source_name(d): int(self.doms[d, D.D_RATE]) for d in np.flatnonzero(self.doms[:, D.D_VALID])
+        }
+        interfaces = [
+            {
+                "source": self.source_name(d),
+                "ifindex": i,
+                "speed": int(c[D.C_SPEED]),
+                "status": int(c[D.C_STATUS]),
+            }
+            | {k: int(c[D.C_IN_OCTETS + j]) for j, k in enumerate(D.COUNTER_NAMES)}
+            for (d, i), c in sorted(self.interfaces.items())
+        ]
+        per_source = {
+            self.source_name(d): {
+                "datagrams": int(self.doms[d, D.D_DATAGRAMS]),
+                "records": int(self.doms[d, D.D_RECORDS]),
+                "templates": int(
+                    (
+                        (self.tmpl[:, D.T_VALID] == 1)
+                        & (self.tmpl[:, D.T_EXP] == self.doms[d, D.D_EXP])
+                        & (self.tmpl[:, D.T_DOM] == self.doms[d, D.D_DOM])
+                    ).sum()
+                )
+                if self.doms[d, D.D_KIND] == D.KIND_NETFLOW
+                else 0,
+            }
+            for d in np.flatnonzero(self.doms[:, D.D_VALID])
         }
         return {
             "type": "flows",
+            "sources": per_source,
             "datagrams": self.datagrams,
+            "datagrams_ok": int(self.errs[D.E_OK]),
             "records": self.records,
             "late_records": self.late_records,
             "exporters": len(self.exporters),
             "sampling_rate": rates,
+            "interfaces": interfaces,
             "errors": {k: int(v) for k, v in zip(D.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)},
         }

@@ -66,6 +66,20 @@ METRIC_NAMES = tuple(
         "networks_reload_errors_total",
     )
 )
+# flow collectors only (NetFlow/IPFIX/sFlow), labelled per exporter: low cardinality
+FLOW_METRIC_NAMES = tuple(
+    f"{PREFIX}_{n}"
+    for n in (
+        "flow_datagrams_total",
+        "flow_records_total",
+        "flow_templates",
+        "flow_sampling_rate",
+        "flow_errors_total",
+        "flow_late_records_total",
+        "flow_interface_octets_total",
+    )
+)
+METRIC_NAMES += FLOW_METRIC_NAMES
 
 
 class AgentCollector(Collector):
@@ -175,6 +189,50 @@ class AgentCollector(Collector):
         yield counter("backlog_merges", "In-place compactions of the backlog", b.merges)
         yield counter("backlog_merged_records", "Records absorbed by in-place merging", b.merged_away)
         yield counter("backlog_lost_records", "Records dropped beyond the backlog bound", b.lost)
+        src = a.source_stats()
+        if src.get("type") == "flows":
+            yield from _flow_families(host, src)
+
+
+def _flow_families(host: str, src: dict[str, Any]):
+    """A flow collector's families from its stats: per exporter (NetFlow exporter/domain or sFlow
+    agent/sub-agent), errors by reason, sFlow interface octets per (agent, ifIndex, direction)."""
+    per = [
+        ("flow_datagrams", CounterMetricFamily, "Flow datagrams received", "datagrams"),
+        ("flow_records", CounterMetricFamily, "Flow records (sFlow: flow samples) decoded", "records"),
+        ("flow_templates", GaugeMetricFamily, "Live v9/IPFIX templates", "templates"),
+    ]
+    for name, kind, doc, key in per:
+        fam = kind(f"{PREFIX}_{name}", doc, labels=["host", "exporter"])
+        for exp, v in src.get("sources", {}).items():
+            fam.add_metric([host, exp], v[key])
+        yield fam
+    rate = GaugeMetricFamily(
+        f"{PREFIX}_flow_sampling_rate", "Sampling rate (1-in-N)", labels=["host", "exporter"]
+    )
+    for exp, v in src.get("sampling_rate", {}).items():
+        rate.add_metric([host, exp], v)
+    yield rate
+    err = CounterMetricFamily(
+        f"{PREFIX}_flow_errors",
+        "Flow datagrams/sets/records not decoded, by reason",
+        labels=["host", "reason"],
+    )
+    for reason, v in src.get("errors", {}).items():
+        err.add_metric([host, reason], v)
+    yield err
+    late = CounterMetricFamily(f"{PREFIX}_flow_late_records", "Records below the mark", labels=["host"])
+    late.add_metric([host], src.get("late_records", 0))
+    yield late
+    octets = CounterMetricFamily(
+        f"{PREFIX}_flow_interface_octets",
+        "sFlow interface counters: octets per (agent, ifIndex, direction)",
+        labels=["host", "exporter", "ifindex", "direction"],
+    )
+    for i in src.get("interfaces", []):
+        octets.add_metric([host, i["source"], str(i["ifindex"]), "in"], i["in_octets"])
+        octets.add_metric([host, i["source"], str(i["ifindex"]), "out"], i["out_octets"])
+    yield octets
 
 
 def serve_metrics(agent: HostLoop, port: int, registry: CollectorRegistry = REGISTRY) -> Any:

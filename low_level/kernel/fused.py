@@ -62,18 +62,12 @@ class Kernel(KernelBase):
             ring.iface,
             ring.ctr,
             t.chunk,
-            t.qp,
-            t.qs,
-            t.tab,
-            t.out,
-            t.pane_counts,
-            t.scols,
+            *t.arrays(),
             *self._scratch(),
         )
 
     def run_arrays(self, frames2d, caplen, wirelen, ts, start: int, stop: int) -> int:
         """Process frames[start:stop]; callers keep stop - start <= tables.chunk and drain between calls."""
-        t = self.t
         return self.compiled.process_arrays(
             frames2d,
             caplen,
@@ -81,12 +75,7 @@ class Kernel(KernelBase):
             ts,
             start,
             stop,
-            t.qp,
-            t.qs,
-            t.tab,
-            t.out,
-            t.pane_counts,
-            t.scols,
+            *self.t.arrays(),
             *self._scratch(),
         )
 

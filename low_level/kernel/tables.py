@@ -159,6 +159,10 @@ class Tables:
             chunk=chunk,
         )
 
+    def arrays(self) -> tuple:
+        """The arrays a compiled pass takes after its frames, in its order (qp, qs, tab, out, pane_counts, scols)."""
+        return (self.qp, self.qs, self.tab, self.out, self.pane_counts, self.scols)
+
     def drain(self, q: int) -> np.ndarray:
         """Copy out query q's emitted records (n, stride) and reset its output region."""
         n = int(self.qs[q, QS_OUTN])

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 from low_level.capture.ring import Ring, ring_push
-from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ, Source
+from low_level.capture.sources.base import Source, count_frames
 from low_level.jit.refcount import pin
 
 SOL_PACKET = 263
@@ -163,10 +163,7 @@ def tpacket_v3_kernel(
             b = 0
         done += 1
     cur[0] = b
-    st[ST_READ] += nread
-    st[ST_PUSHED] += npushed
-    st[ST_DROPS] += ndrops
-    st[ST_BYTES] += nbytes
+    count_frames(st, nread, npushed, ndrops, nbytes)
     return done
 
 

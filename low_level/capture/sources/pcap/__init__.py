@@ -6,8 +6,9 @@ at memory speed and stop() is still noticed within a few milliseconds.
 
 Formats: classic pcap (microsecond and nanosecond magics, either byte order) and pcapng (sections of
 either byte order, several interfaces with ``if_tsresol`` / ``if_tsoffset``, Enhanced, Simple and the
-obsolete Packet blocks; other blocks are skipped). Only Ethernet (linktype 1) is accepted: the
-parser downstream reads Ethernet frames.
+obsolete Packet blocks; other blocks are skipped). Link layers: Ethernet, Linux cooked (SLL, SLL2)
+and raw IP; the parser downstream reads Ethernet frames, so the others are rewritten as Ethernet
+frames on the way into the ring (``link``). Any other link type is refused when the file is opened.
 
 A damaged file never makes the replay crash or read past the end: it stops at the last good record
 and reports why in ``stats()`` (``malformed_tail``, ``malformed_offset``, ``reason``).

@@ -1,8 +1,8 @@
 """The capture-file formats the replay reads: classic pcap and pcapng layouts, the replay kernels' state
 and parameter slots, malformed-record reasons, link types, and the byte readers the walkers share.
 
-Python-side checks that must fail when a file is opened (a non-Ethernet link type declared before the
-first packet) live here too; the per-record walk is ``low_level.capture.sources.pcap.walk``.
+Python-side checks that must fail when a file is opened (a link type lowwater cannot read declared before
+the first packet, ``link``) live here too; the per-record walk is ``low_level.capture.sources.pcap.walk``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from low_level.capture.sources.base import NST_BASE
+from low_level.capture.sources.pcap.link import linktype_msg, readable
 
 # kernel state (int64 array shared with Python) and parameters
 S_POS = NST_BASE  # byte offset of the next record/block
@@ -30,8 +31,10 @@ S_IFBASE = S_POS + 10  # pcapng: interfaces defined in the earlier sections
 S_PASS_READ = S_POS + 11  # packets read in the current pass
 NST = S_POS + 12
 
-P_END, P_BE, P_TSMULT, P_IFIDX, P_MAXN, P_WAIT, P_ELAPSED, P_OUTBASE, P_REBASE, P_MAXCAP = range(10)
-NP = 10
+P_END, P_BE, P_TSMULT, P_IFIDX, P_MAXN, P_WAIT, P_ELAPSED, P_OUTBASE, P_REBASE, P_MAXCAP, P_LINKTYPE = range(
+    11
+)
+NP = 11
 
 BIG_ENDIAN_HOST = sys.byteorder == "big"
 NONE = np.iinfo(np.int64).min
@@ -66,18 +69,6 @@ MAX_IFACES = 4096
 IF_LINKTYPE, IF_MODE, IF_FACTOR, IF_OFFSET_NS, IF_SNAPLEN = range(5)
 TSR_MUL, TSR_DIV, TSR_BIN = 0, 1, 2
 
-LINKTYPE_NAMES = {
-    0: "NULL/loopback",
-    1: "Ethernet",
-    101: "raw IP",
-    105: "IEEE 802.11",
-    113: "Linux cooked (SLL)",
-    127: "802.11 radiotap",
-    228: "raw IPv4",
-    229: "raw IPv6",
-    276: "Linux cooked v2 (SLL2)",
-}
-
 PCAP_MAX_CAPLEN = 262144
 CHUNK = 65536
 # bytes of file the fast path asks for ahead of the record it reads: 8M 80-byte records took 0.067 s of CPU
@@ -86,15 +77,7 @@ PREFETCH_AHEAD = 4096
 
 
 class UnsupportedLinktypeError(ValueError):
-    """The capture file holds frames of a link layer other than Ethernet."""
-
-
-def _linktype_msg(path: str, linktype: int, where: str = "") -> str:
-    name = LINKTYPE_NAMES.get(linktype, "unknown")
-    return (
-        f"{path}: linktype {linktype} ({name}){where} is not supported; "
-        "lowwater only reads Ethernet (linktype 1) captures"
-    )
+    """The capture file holds frames of a link layer lowwater cannot read (``link.READABLE``)."""
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -119,7 +102,7 @@ def _rd32(b, o, be):
 
 
 def _pcapng_header_linktypes(buf: np.ndarray, path: str) -> None:
-    """Check the interfaces declared before the first packet; raise on a non-Ethernet one.
+    """Check the interfaces declared before the first packet; raise on one lowwater cannot read.
 
     Runs at construction so a bad file fails when it is opened, not later in the producer thread.
     """
@@ -136,9 +119,9 @@ def _pcapng_header_linktypes(buf: np.ndarray, path: str) -> None:
             return  # damaged: the kernel reports it
         if btype == BT_IDB and total >= 20:
             (linktype,) = struct.unpack_from(endian + "H", data, pos + 8)
-            if linktype != 1:
+            if not readable(linktype):
                 raise UnsupportedLinktypeError(
-                    _linktype_msg(path, linktype, f" (interface block at offset {pos})")
+                    linktype_msg(path, linktype, f" (interface block at offset {pos})")
                 )
         elif btype in (BT_EPB, BT_PB, BT_SPB):
             return

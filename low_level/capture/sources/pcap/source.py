@@ -18,48 +18,9 @@ import numpy as np
 
 from low_level.capture.ring import Ring
 from low_level.capture.sources.base import ST_PUSHED, ST_READ, Backoff, Source
-from low_level.capture.sources.pcap.format import (
-    BAD_REASONS,
-    BT_SHB,
-    CHUNK,
-    FOREVER,
-    MAX_IFACES,
-    NONE,
-    NP,
-    NST,
-    P_BE,
-    P_ELAPSED,
-    P_END,
-    P_IFIDX,
-    P_MAXCAP,
-    P_MAXN,
-    P_OUTBASE,
-    P_REBASE,
-    P_TSMULT,
-    P_WAIT,
-    PCAP_MAX_CAPLEN,
-    RC_CHUNK,
-    RC_EOF,
-    RC_FULL,
-    RC_LINKTYPE,
-    RC_MALFORMED,
-    RC_WAIT,
-    S_BAD_A,
-    S_BAD_B,
-    S_BAD_CODE,
-    S_BAD_POS,
-    S_BASE_IN,
-    S_BE,
-    S_IFBASE,
-    S_LAST_TS,
-    S_NEXT_REL,
-    S_NIF,
-    S_PASS_READ,
-    S_POS,
-    UnsupportedLinktypeError,
-    _linktype_msg,
-    _pcapng_header_linktypes,
-)
+from low_level.capture.sources.pcap import format as fmt
+from low_level.capture.sources.pcap.format import UnsupportedLinktypeError, _pcapng_header_linktypes
+from low_level.capture.sources.pcap.link import LT_ETHERNET, SCRATCH, linktype_msg, readable
 from low_level.capture.sources.pcap.walk import pcap_kernel, pcapng_kernel
 
 log = logging.getLogger(__name__)
@@ -86,7 +47,7 @@ class PcapSource(Source):
         if not speed > 0:
             raise ValueError(f"pcap speed must be > 0, not {speed!r}")
         self.path = os.fspath(path)
-        super().__init__(ring, [os.path.basename(self.path)], nstats=NST)
+        super().__init__(ring, [os.path.basename(self.path)], nstats=fmt.NST)
         self.iface_index = int(iface_index)
         self.mode = mode
         self.loop = bool(loop)
@@ -116,11 +77,13 @@ class PcapSource(Source):
     def _detect(self) -> None:
         head = bytes(self._buf[:24])
         (magic_le,) = struct.unpack("<I", head[:4])
-        self._p = np.zeros(NP, dtype=np.int64)
-        self._p[P_END] = len(self._buf)
-        self._p[P_IFIDX] = self.iface_index
-        self._ifs = np.zeros((MAX_IFACES, 5), dtype=np.int64)
-        if magic_le == BT_SHB:
+        self._p = np.zeros(fmt.NP, dtype=np.int64)
+        self._p[fmt.P_END] = len(self._buf)
+        self._p[fmt.P_IFIDX] = self.iface_index
+        self._ifs = np.zeros((fmt.MAX_IFACES, 5), dtype=np.int64)
+        self._p[fmt.P_LINKTYPE] = LT_ETHERNET  # pcapng: per interface, in _ifs
+        self._scratch = np.zeros(SCRATCH, dtype=np.uint8)  # a record rewritten as Ethernet (link.to_ethernet)
+        if magic_le == fmt.BT_SHB:
             self.format = "pcapng"
             self._data_start = 0
             _pcapng_header_linktypes(self._buf, self.path)
@@ -135,27 +98,24 @@ class PcapSource(Source):
             raise ValueError(f"{self.path}: not a pcap/pcapng file (magic 0x{magic_le:08x})")
         _vmaj, _vmin, _zone, _sigfigs, snaplen, network = struct.unpack(endian + "HHiIII", head[4:24])
         linktype = network & 0xFFFF
-        if linktype != 1:
-            raise UnsupportedLinktypeError(_linktype_msg(self.path, linktype))
+        if not readable(linktype):
+            raise UnsupportedLinktypeError(linktype_msg(self.path, linktype))
+        self._p[fmt.P_LINKTYPE] = linktype
         self.format = "pcap-ns" if mult == 1 else "pcap"
         self._data_start = 24
-        self._p[P_BE] = endian == ">"
-        self._p[P_TSMULT] = mult
-        self._p[P_MAXCAP] = max(snaplen, PCAP_MAX_CAPLEN)
+        self._p[fmt.P_BE] = endian == ">"
+        self._p[fmt.P_TSMULT] = mult
+        self._p[fmt.P_MAXCAP] = max(snaplen, fmt.PCAP_MAX_CAPLEN)
 
     # --- producer ----------------------------------------------------------------------------
     def _new_pass(self) -> None:
         st = self._st
-        st[S_POS] = self._data_start
-        st[S_BASE_IN] = NONE
-        st[S_LAST_TS] = NONE
-        st[S_BE] = 0
-        st[S_NIF] = 0
-        st[S_IFBASE] = 0
-        st[S_PASS_READ] = 0
+        st[fmt.S_POS] = self._data_start
+        st[fmt.S_BASE_IN] = st[fmt.S_LAST_TS] = fmt.NONE
+        st[fmt.S_BE] = st[fmt.S_NIF] = st[fmt.S_IFBASE] = st[fmt.S_PASS_READ] = 0
         self._pass_mono = time.monotonic_ns()
-        self._p[P_OUTBASE] = time.time_ns()
-        self._p[P_REBASE] = self.rebase_to_now
+        self._p[fmt.P_OUTBASE] = time.time_ns()
+        self._p[fmt.P_REBASE] = self.rebase_to_now
 
     def _call(self) -> int:
         ring = self.ring
@@ -164,15 +124,21 @@ class PcapSource(Source):
                 "a ring over the file is only filled by a fast classic-pcap replay of that file"
             )
         if self.format == "pcapng":
-            return int(pcapng_kernel(self._buf, self._st, self._p, self._scale, self._ifs, *ring.arrays()))
-        return int(pcap_kernel(self._buf, self._st, self._p, self._scale, *ring.arrays(), ring.offs))
+            return int(
+                pcapng_kernel(
+                    self._buf, self._st, self._p, self._scale, self._ifs, self._scratch, *ring.arrays()
+                )
+            )
+        return int(
+            pcap_kernel(self._buf, self._st, self._p, self._scale, self._scratch, *ring.arrays(), ring.offs)
+        )
 
     def _run(self) -> None:
         paced = self.mode == "paced"
         p, st = self._p, self._st
-        p[P_MAXN] = CHUNK
-        p[P_WAIT] = not paced
-        p[P_ELAPSED] = FOREVER
+        p[fmt.P_MAXN] = fmt.CHUNK
+        p[fmt.P_WAIT] = not paced
+        p[fmt.P_ELAPSED] = fmt.FOREVER
         self._scale = 1.0 / self.speed if paced else 1.0
         bar = None
         if self.progress and not paced:
@@ -185,25 +151,27 @@ class PcapSource(Source):
         try:
             while not self._stop_evt.is_set():
                 if paced:
-                    p[P_ELAPSED] = int((time.monotonic_ns() - self._pass_mono) * self.speed)
+                    p[fmt.P_ELAPSED] = int((time.monotonic_ns() - self._pass_mono) * self.speed)
                 rc = self._call()
                 if bar is not None and st[ST_READ] - shown >= 1:
                     bar.update(int(st[ST_READ]) - shown)
                     shown = int(st[ST_READ])
-                    bar.set_postfix_str(f"{100.0 * st[S_POS] / max(1, p[P_END]):.0f}% of file", refresh=False)
-                if rc == RC_CHUNK:
+                    bar.set_postfix_str(
+                        f"{100.0 * st[fmt.S_POS] / max(1, p[fmt.P_END]):.0f}% of file", refresh=False
+                    )
+                if rc == fmt.RC_CHUNK:
                     backoff.reset()
-                elif rc == RC_FULL:
+                elif rc == fmt.RC_FULL:
                     backoff.wait()
-                elif rc == RC_WAIT:
-                    due_mono = self._pass_mono + int(st[S_NEXT_REL] / self.speed)
+                elif rc == fmt.RC_WAIT:
+                    due_mono = self._pass_mono + int(st[fmt.S_NEXT_REL] / self.speed)
                     delay = (due_mono - time.monotonic_ns()) / 1e9
                     if delay > 0:
                         self._stop_evt.wait(min(delay, 0.01))
-                elif rc in (RC_EOF, RC_MALFORMED):
+                elif rc in (fmt.RC_EOF, fmt.RC_MALFORMED):
                     if self._end_of_pass(rc):
                         return
-                elif rc == RC_LINKTYPE:
+                elif rc == fmt.RC_LINKTYPE:
                     self._linktype_error()
         finally:
             if bar is not None:
@@ -212,11 +180,11 @@ class PcapSource(Source):
     def _end_of_pass(self, rc: int) -> bool:
         """The kernel reached the end of the file (or a malformed tail): count the pass, start the next
         one when looping over a file that had records, else finish. True when the replay is over."""
-        if rc == RC_MALFORMED and not self.malformed_tail:
+        if rc == fmt.RC_MALFORMED and not self.malformed_tail:
             self.malformed_tail = True
             self.reason = self._bad_reason()
         self.passes += 1
-        if self.loop and self._st[S_PASS_READ] > 0:
+        if self.loop and self._st[fmt.S_PASS_READ] > 0:
             self._new_pass()
             return False
         self._finished = True
@@ -224,14 +192,20 @@ class PcapSource(Source):
 
     def _linktype_error(self) -> None:
         """An interface block with a link type lowwater cannot parse: say which, where, and stop."""
-        where = f" (interface block at offset {int(self._st[S_BAD_POS])})"
-        self.reason = _linktype_msg(self.path, int(self._st[S_BAD_A]), where)
+        where = f" (interface block at offset {int(self._st[fmt.S_BAD_POS])})"
+        self.reason = linktype_msg(self.path, int(self._st[fmt.S_BAD_A]), where)
         raise UnsupportedLinktypeError(self.reason)
 
     # --- pulled by the consumer ---------------------------------------------------------------
     def _zero_copy_ok(self) -> bool:
-        """Whether every record takes pcap_kernel's fast path (so none would be copied into the ring)."""
-        return self.format != "pcapng" and self.mode == "fast" and not self.rebase_to_now
+        """Whether every record takes pcap_kernel's fast path (so none would be copied into the ring): an
+        Ethernet classic pcap replayed fast without rebasing."""
+        return (
+            self.format != "pcapng"
+            and self._p[fmt.P_LINKTYPE] == LT_ETHERNET
+            and self.mode == "fast"
+            and not self.rebase_to_now
+        )
 
     def pull_ring(self, nslots: int, snaplen: int) -> Ring:
         """The ring to :meth:`pull` into: for a fast classic-pcap replay one over the mapped file itself
@@ -263,17 +237,17 @@ class PcapSource(Source):
         st, p = self._st, self._p
         if not self._pulled:
             self._pulled = True
-            p[P_WAIT] = 1
-            p[P_ELAPSED] = FOREVER
+            p[fmt.P_WAIT] = 1
+            p[fmt.P_ELAPSED] = fmt.FOREVER
             self._scale = 1.0
             self._new_pass()
-        p[P_MAXN] = max_frames
+        p[fmt.P_MAXN] = max_frames
         before = int(st[ST_PUSHED])
         try:
             rc = self._call()
-            if rc in (RC_EOF, RC_MALFORMED):
+            if rc in (fmt.RC_EOF, fmt.RC_MALFORMED):
                 self._end_of_pass(rc)
-            elif rc == RC_LINKTYPE:
+            elif rc == fmt.RC_LINKTYPE:
                 self._linktype_error()
         except Exception as exc:  # as a source thread does: reported via .error and the log, never raised
             self.error = exc
@@ -282,10 +256,10 @@ class PcapSource(Source):
 
     def _bad_reason(self) -> str:
         st = self._st
-        text = BAD_REASONS.get(int(st[S_BAD_CODE]), "code {a} {b}").format(
-            a=int(st[S_BAD_A]), b=int(st[S_BAD_B])
+        text = fmt.BAD_REASONS.get(int(st[fmt.S_BAD_CODE]), "code {a} {b}").format(
+            a=int(st[fmt.S_BAD_A]), b=int(st[fmt.S_BAD_B])
         )
-        return f"{self.path}: stopped at offset {int(st[S_BAD_POS])}: {text}"
+        return f"{self.path}: stopped at offset {int(st[fmt.S_BAD_POS])}: {text}"
 
     def _cleanup(self) -> None:
         self._buf = np.zeros(0, dtype=np.uint8)
@@ -303,9 +277,9 @@ class PcapSource(Source):
             format=getattr(self, "format", None),
             mode=self.mode,
             passes=self.passes,
-            position=int(st[S_POS]),
+            position=int(st[fmt.S_POS]),
             malformed_tail=self.malformed_tail,
-            malformed_offset=int(st[S_BAD_POS]) if self.malformed_tail else None,
+            malformed_offset=int(st[fmt.S_BAD_POS]) if self.malformed_tail else None,
             reason=self.reason,
         )
         return d

@@ -21,9 +21,9 @@ from low_level.capture.ring import (
     copy_words,
     load_u64,
     prefetch_read,
-    ring_push,
+    ring_push_from,
 )
-from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ
+from low_level.capture.sources.base import count_frames
 from low_level.capture.sources.pcap.format import (
     BIG_ENDIAN_HOST,
     BOM_BE,
@@ -44,6 +44,7 @@ from low_level.capture.sources.pcap.format import (
     P_ELAPSED,
     P_END,
     P_IFIDX,
+    P_LINKTYPE,
     P_MAXCAP,
     P_MAXN,
     P_OUTBASE,
@@ -75,6 +76,7 @@ from low_level.capture.sources.pcap.format import (
     _rd16,
     _rd32,
 )
+from low_level.capture.sources.pcap.link import LT_ETHERNET, readable, to_ethernet
 from low_level.jit.refcount import pin
 
 
@@ -98,6 +100,7 @@ def _emit(
     wl,
     ts,
     ifidx,
+    scratch,
     base_in,
     elapsed,
     wait,
@@ -114,7 +117,9 @@ def _emit(
 ):
     """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
 
-    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried.
+    RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. With ``off`` -1
+    the frame is ``scratch[:cap]``: a record of another link layer rewritten as Ethernet by the walker
+    (``link.to_ethernet``; called here, it made this function three times slower).
     Counters are kept by the caller in locals: stores to ``st`` on every packet would halve the speed.
     A called function with one exit, every array pinned there (low_level.jit.refcount), rather than an inlined
     one: Numba's inliner rebinds array arguments, an atomic incref/decref each per packet (that cost
@@ -140,9 +145,13 @@ def _emit(
     if code == E_PUSHED:
         if wait and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
             code = RC_FULL
-        elif not ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, off, cap, wl, out, ifidx):
-            code = E_DROPPED
+        else:
+            if not ring_push_from(
+                frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, scratch, off, cap, wl, out, ifidx
+            ):
+                code = E_DROPPED
     pin(buf)
+    pin(scratch)
     pin(frames)
     pin(caplen)
     pin(wirelen)
@@ -174,11 +183,8 @@ def _end(st, pos, base_in, nread, npushed, ndrops, nbytes):
     """Store where a walk stopped and what it counted (once per call: per record would halve the speed)."""
     st[S_POS] = pos
     st[S_BASE_IN] = base_in
-    st[ST_READ] += nread
     st[S_PASS_READ] += nread
-    st[ST_PUSHED] += npushed
-    st[ST_DROPS] += ndrops
-    st[ST_BYTES] += nbytes
+    count_frames(st, nread, npushed, ndrops, nbytes)
     pin(st)
 
 
@@ -188,6 +194,7 @@ def pcap_kernel(
     st: np.ndarray,
     p: np.ndarray,
     scale: float,
+    scratch: np.ndarray,
     frames: np.ndarray,
     snaplen: int,
     caplen: np.ndarray,
@@ -214,8 +221,10 @@ def pcap_kernel(
     mult = p[P_TSMULT]
     maxcap = p[P_MAXCAP]
     ifidx = p[P_IFIDX]
+    linktype = p[P_LINKTYPE]
     nread = npushed = ndrops = nbytes = np.int64(0)
-    fast = wait and not rebase and elapsed == FOREVER  # never waits for a due time
+    # never waits for a due time, copies the record as it is
+    fast = wait and not rebase and elapsed == FOREVER and linktype == LT_ETHERNET
     zero_copy = offs.shape[0] != 0
     words = be == BIG_ENDIAN_HOST  # the file's byte order is the host's: header fields read two at a time
     nslots = caplen.shape[0]
@@ -281,13 +290,17 @@ def pcap_kernel(
             nread += 1
             pos += 16 + cap
             continue
+        doff, dcap = pos + 16, cap
+        if linktype != LT_ETHERNET:
+            doff, dcap = -1, to_ethernet(buf, doff, cap, linktype, scratch)
         e, base_in, rel = _emit(
             buf,
-            pos + 16,
-            cap,
+            doff,
+            dcap,
             wl,
             sec * 1_000_000_000 + frac * mult,
             ifidx,
+            scratch,
             base_in,
             elapsed,
             wait,
@@ -380,7 +393,7 @@ def _idb(buf, pos, total, be, st, ifs):
             ifs[row, IF_OFFSET_NS] = ((hi << 32) | lo) * 1_000_000_000
         o += 4 + ((olen + 3) & ~3)
     st[S_NIF] = nif + 1
-    if linktype != 1:
+    if not readable(linktype):
         st[S_BAD_POS] = pos
         st[S_BAD_A] = linktype
         st[S_BAD_B] = nif
@@ -395,6 +408,7 @@ def pcapng_kernel(
     p: np.ndarray,
     scale: float,
     ifs: np.ndarray,
+    scratch: np.ndarray,
     frames: np.ndarray,
     snaplen: int,
     caplen: np.ndarray,
@@ -485,6 +499,9 @@ def pcapng_kernel(
                     + ifs[row, IF_OFFSET_NS]
                 )
             wl = orig if orig >= cap else cap
+            linktype = ifs[row, IF_LINKTYPE]
+            if linktype != LT_ETHERNET:
+                data, cap = -1, to_ethernet(buf, data, cap, linktype, scratch)
             e, base_in, rel = _emit(
                 buf,
                 data,
@@ -492,6 +509,7 @@ def pcapng_kernel(
                 wl,
                 ts,
                 ifidx0 + row,
+                scratch,
                 base_in,
                 elapsed,
                 wait,

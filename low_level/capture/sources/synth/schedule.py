@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 
 from low_level.capture.ring import HEAD, TAIL, ring_push
-from low_level.capture.sources.base import ST_BYTES, ST_DROPS, ST_PUSHED, ST_READ
+from low_level.capture.sources.base import count_frames
 from low_level.capture.sources.synth.frames import _packet_ts, build_packet
 from low_level.capture.sources.synth.model import (
     G_ANSWER,
@@ -218,10 +218,7 @@ def gen_push_kernel(
             nbytes += size
         else:
             ndrops += 1
-    st[ST_READ] += nread
-    st[ST_PUSHED] += npushed
-    st[ST_DROPS] += ndrops
-    st[ST_BYTES] += nbytes
+    count_frames(st, nread, npushed, ndrops, nbytes)
     return j
 
 
