@@ -22,9 +22,8 @@ from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.results.store import ResultStore
 from high_level.serve.api import create_app
-from low_level.host.agent import Agent
 from low_level.host.backlog import Backlog, Block
-from lowwater_testing.capture import feed, pairs_query
+from lowwater_testing.capture import drain, feed, kafka_agent, pairs_query
 from lowwater_testing.queries import config, query
 from lowwater_testing.traffic import NS, T0, make_traffic, oracle
 
@@ -214,15 +213,7 @@ def _yaml(q: Q.QuerySpec) -> str:
 def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic_factory, tmp_path) -> None:
     q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 500, T0, 8 * NS, seed=23)  # 8 one-second panes x 500 groups
-    agent = Agent(
-        [q],
-        None,
-        "h-shed",
-        kafka.bootstrap_servers,
-        ring_slots=1 << 13,
-        chunk=2048,
-        emitter_opts={"merge_at": 600, "max_records": 1200},
-    )
+    agent = kafka_agent(q, "h-shed", kafka.bootstrap_servers, merge_at=600, max_records=1200)
     feed(agent, traffic, 0, 5_000)
     assert agent.emitter.flush(30)
     kafka.stop()
@@ -234,9 +225,7 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
     finally:
         kafka.start()
     feed(agent, traffic, 50_000, 60_000)
-    agent.finish()
-    assert agent.emitter.flush(90)
-    agent.emitter.close()
+    drain(agent)
     lost = agent.emitter.backlog.lost
     # the high level, as the Spark step runs it, over what really reached Kafka (offset order per partition)
     from kafka import KafkaConsumer, TopicPartition
