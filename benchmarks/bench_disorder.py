@@ -267,7 +267,7 @@ def main() -> None:
     print(f"machine: {m['cpu']}, {m['cores']} cores; {args.rate:,} pkt/s, {seconds} s per case", flush=True)
     rows: list[dict[str, Any]] = []
     print(
-        f"{'disorder':8s} {'plan':17s} {'slack ms':>8s} {'latency s':>9s} {'max s':>6s} {'err %':>7s} {'wrong %':>8s} "
+        f"{'disorder':8s} {'plan':37s} {'slack ms':>8s} {'latency s':>9s} {'max s':>6s} {'err %':>7s} {'wrong %':>8s} "
         f"{'late pkts':>9s}"
     )
     for kind in CASES:
@@ -276,7 +276,7 @@ def main() -> None:
         for r in rs:
             sl = "-" if r["slack_ms"] is None else str(r["slack_ms"])
             print(
-                f"{r['disorder']:8s} {r['plan']:17s} {sl:>8s} {r['latency_mean_s']:9.3f} {r['latency_max_s']:6.2f} "
+                f"{r['disorder']:8s} {r['plan']:37s} {sl:>8s} {r['latency_mean_s']:9.3f} {r['latency_max_s']:6.2f} "
                 f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}",
                 flush=True,
             )
