@@ -27,6 +27,7 @@ from pathlib import Path
 from benchmarks import harness
 from benchmarks.harness import machine
 from contract import query as Q
+from low_level.flows import mmsg
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpu_s": round(nf_cpu, 3),
             "records_per_cpu_s": _rate(nf_n, nf_cpu),
         },
+        "receive": "recvmmsg" if mmsg.AVAILABLE else "recvfrom_into",
         "all_records_counted": counted,
         "every_cpu_at_least_min": enough,
     }
