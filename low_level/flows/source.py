@@ -58,7 +58,7 @@ class FlowCollector:
     port: int = 0
     timeouts: FlowTimeouts = field(default_factory=FlowTimeouts)
     capacity: int = 1 << 16  # records per batch
-    buffer_bytes: int = 1 << 24  # batched receive takes one 64 KiB slot per datagram: 256 per decode
+    buffer_bytes: int = 1 << 23
     batched: bool = True  # recvmmsg where the platform has it (low_level.flows.mmsg)
 
     def __post_init__(self) -> None:
@@ -121,11 +121,13 @@ class FlowCollector:
         return got
 
     def _receive_batched(self, max_datagrams: int) -> int:
-        """:meth:`receive` with ``recvmmsg``: up to 64 datagrams per system call, one 64 KiB slot each."""
+        """:meth:`receive` with ``recvmmsg``: up to 64 datagrams per system call, packed end to end."""
         assert self._rx is not None
         got = 0
         while got < max_datagrams:
             off = self._offs[-1] + self._lens[-1] if self._offs else 0
+            if off + self._rx.vlen * 65536 > len(self.buf):  # room for a whole batch
+                break
             batch = self._rx.receive(self.buf, off)
             if not batch:
                 break
