@@ -27,7 +27,6 @@ from pathlib import Path
 from benchmarks import harness
 from benchmarks.harness import machine
 from contract import query as Q
-from low_level.flows import mmsg
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
@@ -115,13 +114,13 @@ def lowwater_memory(datagrams: list[bytes], repeat: int, min_cpu: float, max_wal
 
 
 def lowwater_socket(
-    datagrams: list[bytes], repeat: int, gap_s: float, min_cpu: float, max_wall_s: float, batched: bool = True
+    datagrams: list[bytes], repeat: int, gap_s: float, min_cpu: float, max_wall_s: float
 ) -> tuple:
     q = Q.load_text(QUERY).queries
     tables = Tables.build(q, chunk=1 << 14)
     k = FlowKernel(tables)
     k.warm()
-    col = FlowCollector(buffer_bytes=1 << 26, batched=batched).open()
+    col = FlowCollector(buffer_bytes=1 << 26).open()
     col.warm()
 
     def passes(n: int) -> tuple[int, float]:
@@ -208,7 +207,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gap-us", type=float, default=20.0, help="pause between datagrams sent over UDP")
     ap.add_argument("--min-cpu-s", type=float, default=1.0, help="CPU each collector's measure must reach")
     ap.add_argument("--max-wall-s", type=float, default=600.0, help="per collector: stop short after this")
-    ap.add_argument("--no-recvmmsg", action="store_true", help="receive with one recvfrom_into per datagram")
     a = ap.parse_args(argv)
     m = machine()
     with tempfile.TemporaryDirectory() as t:
@@ -220,9 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         one = col.decode().n
         lim = (a.min_cpu_s, a.max_wall_s)
         mem_n, mem_cpu, mem_p, mem_ok = lowwater_memory(datagrams, a.repeat, *lim)
-        sock_n, sock_cpu, sock_p, sock_ok = lowwater_socket(
-            datagrams, a.repeat, a.gap_us / 1e6, *lim, batched=not a.no_recvmmsg
-        )
+        sock_n, sock_cpu, sock_p, sock_ok = lowwater_socket(datagrams, a.repeat, a.gap_us / 1e6, *lim)
         nf_n, nf_cpu, nf_p, nf_ok = nfcapd(datagrams, a.repeat, a.gap_us / 1e6, tmp, *lim)
     counted = mem_n == one * mem_p and sock_n == one * sock_p and nf_n == one * nf_p
     enough = mem_ok and sock_ok and nf_ok
@@ -250,7 +246,6 @@ def main(argv: list[str] | None = None) -> None:
             "cpu_s": round(nf_cpu, 3),
             "records_per_cpu_s": _rate(nf_n, nf_cpu),
         },
-        "receive": "recvmmsg" if mmsg.AVAILABLE and not a.no_recvmmsg else "recvfrom_into",
         "all_records_counted": counted,
         "every_cpu_at_least_min": enough,
     }

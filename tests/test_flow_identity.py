@@ -218,37 +218,3 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
                 got[(int(p), int(k[0]), int(k[1]), "bytes")] += int(s[1])
     assert got == want
     assert {(e, i) for _, e, i, _ in got} == {(_u32(e), i) for e in sent for i in (5, 6)}
-
-
-def test_batched_receive_keeps_every_datagram_and_its_sender() -> None:
-    """recvmmsg (low_level.flows.mmsg) takes many datagrams per call: each arrives whole, in order per
-    sender, with its sender's address (the exporter field), across more calls than one batch holds."""
-    from low_level.flows import mmsg
-
-    if not mmsg.AVAILABLE:
-        import pytest
-
-        pytest.skip("no recvmmsg on this platform")
-    col = FlowCollector().open()  # 300 datagrams: several recvmmsg calls of 64
-    assert col._rx is not None
-    sent = {}
-    try:
-        for src in ("127.0.0.2", "127.0.0.3"):
-            tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            tx.bind((src, 0))
-            sent[src] = [bytes([i % 251]) * (20 + 7 * i) for i in range(150)]
-            for x in sent[src]:
-                tx.sendto(x, ("127.0.0.1", col.port))
-            tx.close()
-        got: dict[str, list[bytes]] = {"127.0.0.2": [], "127.0.0.3": []}
-        deadline = time.monotonic() + 30
-        while sum(map(len, got.values())) < 300 and time.monotonic() < deadline:
-            col.receive()
-            names = {v: k for k, v in col.exporters.items()}
-            for o, n, e in zip(col._offs, col._lens, col._exps, strict=True):
-                assert col.exp_addr[e] == _u32(names[e][0])
-                got[names[e][0]].append(bytes(col.buf[o : o + n]))
-            col._offs, col._lens, col._exps, col._arrs = [], [], [], []
-    finally:
-        col.close()
-    assert got == sent

@@ -1,9 +1,8 @@
 """NetFlow v5 / v9 / IPFIX over UDP as a low-level source: datagrams in, weighted flow rows out.
 
 Unlike the packet sources this one does not fill the frame ring: a datagram carries tens of records, so
-datagrams are received into one flat buffer (``recvmmsg``, up to 64 per system call, through
-``low_level.flows.mmsg``; else one ``recvfrom_into`` each; never a Python step per record) and
-decoded in batches by ``low_level.flows.decode``; the rows go to ``low_level.flows.kernel``.
+datagrams are received into one flat buffer (one ``recvfrom_into`` each, never a Python step per record)
+and decoded in batches by ``low_level.flows.decode``; the rows go to ``low_level.flows.kernel``.
 
 **Punctuation.** Each exporter (address, observation domain) is a capture host in OOP terms. Its clock
 is the export time in its datagram headers. An exporter sends a record at the latest ``inactive``
@@ -28,7 +27,6 @@ import numpy as np
 
 from contract import fields as F
 from low_level.flows import decode as D
-from low_level.flows import mmsg
 
 
 @dataclass
@@ -58,8 +56,7 @@ class FlowCollector:
     port: int = 0
     timeouts: FlowTimeouts = field(default_factory=FlowTimeouts)
     capacity: int = 1 << 16  # records per batch
-    buffer_bytes: int = 1 << 23
-    batched: bool = True  # recvmmsg where the platform has it (low_level.flows.mmsg)
+    buffer_bytes: int = 1 << 22
 
     def __post_init__(self) -> None:
         self.tmpl, self.doms = D.new_state()
@@ -83,7 +80,6 @@ class FlowCollector:
         self.late_records = 0
         self.mark_ns: int | None = None
         self.sock: socket.socket | None = None
-        self._rx: mmsg.BatchReceiver | None = None
 
     # --- receiving
     def open(self) -> FlowCollector:
@@ -93,7 +89,6 @@ class FlowCollector:
         s.setblocking(False)
         self.sock = s
         self.port = s.getsockname()[1]
-        self._rx = mmsg.BatchReceiver(s) if self.batched and mmsg.AVAILABLE else None
         return self
 
     def close(self) -> None:
@@ -104,8 +99,6 @@ class FlowCollector:
     def receive(self, max_datagrams: int = 4096) -> int:
         """Take what the socket holds (without waiting) into the buffer; returns datagrams taken."""
         assert self.sock is not None, "open() first"
-        if self._rx is not None:
-            return self._receive_batched(max_datagrams)
         got = 0
         view = memoryview(self.buf)
         while got < max_datagrams:
@@ -118,23 +111,6 @@ class FlowCollector:
                 break
             self.add(off, n, addr, time.time_ns())
             got += 1
-        return got
-
-    def _receive_batched(self, max_datagrams: int) -> int:
-        """:meth:`receive` with ``recvmmsg``: up to 64 datagrams per system call, packed end to end."""
-        assert self._rx is not None
-        got = 0
-        while got < max_datagrams:
-            off = self._offs[-1] + self._lens[-1] if self._offs else 0
-            if off + self._rx.vlen * 65536 > len(self.buf):  # room for a whole batch
-                break
-            batch = self._rx.receive(self.buf, off)
-            if not batch:
-                break
-            now = time.time_ns()
-            for o, n, addr in batch:
-                self.add(o, n, addr, now)
-            got += len(batch)
         return got
 
     def add(self, off: int, n: int, exporter: Any, arrival_ns: int) -> None:
