@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks import harness
+from local_stack.kafka_broker import free_port
 from lowwater_testing.queries import config, query
+from lowwater_testing.store import result_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,23 +46,7 @@ CONFIG = config(
         window="1m",
     )
 ).text
-SCHEMA = pa.schema(
-    [
-        ("window_start", pa.timestamp("us", tz="UTC")),
-        ("window_end", pa.timestamp("us", tz="UTC")),
-        ("src_ip", pa.string()),
-        ("dst_ip", pa.string()),
-        ("packets", pa.int64()),
-        ("closed_at", pa.timestamp("us", tz="UTC")),
-        ("hosts", pa.int32()),
-        ("hosts_expected", pa.int32()),
-        ("hosts_in_mark", pa.int32()),
-        ("late_partials", pa.int64()),
-        ("missing_records", pa.int64()),
-        ("complete", pa.bool_()),
-        ("kind", pa.string()),
-    ]
-)
+SCHEMA = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
 
 
 def _addresses(rng: np.random.Generator, n: int) -> pa.Array:
@@ -140,12 +125,6 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _machine() -> dict:
     model = ""
     try:
@@ -204,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     config = TMP / "bench.yaml"
     config.write_text(CONFIG)
 
-    port = _free_port()
+    port = free_port()
     # the real CLI in its own process (a server thread here would share the GIL with the client)
     server = subprocess.Popen(
         [

@@ -396,10 +396,10 @@ def run_job(
     window's ``completed`` summed must equal the oracle's pairs."""
     from kafka import KafkaProducer
 
-    from high_level.job import HighLevelJob, JobOptions
+    from high_level.job import HighLevelJob
     from local_stack.kafka_broker import KafkaBroker
     from local_stack.spark_session import build_spark
-    from lowwater_testing.spark import read_results
+    from lowwater_testing.spark import job_options, read_results
 
     work = Path(tempfile.mkdtemp(prefix="lw-bench-join-job-"))
     broker = KafkaBroker("bench-join", port=0, state=work / "kafka")
@@ -441,13 +441,11 @@ def run_job(
         if stages:  # the monitoring API needs the UI
             conf |= {"spark.ui.enabled": "true", "spark.ui.port": "0"}
         spark = build_spark("bench-join-job", "local[2]", conf, state=work / "spark")
-        opts = JobOptions(
-            bootstrap=broker.bootstrap_servers,
-            results=str(work / "res"),
-            checkpoint=str(work / "ck"),
+        opts = job_options(
+            broker.bootstrap_servers,
+            work,
+            "bench-join",
             trigger_ms=1000,
-            shuffle_partitions=2,
-            name="bench-join",
             create_topics=False,
             expected_hosts=("cap-0", "cap-1", "cap-2"),
             host_timeout_ms=10**9,

@@ -48,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -56,6 +55,8 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import machine
+from local_stack.kafka_broker import free_port
+from lowwater_testing.agent import metrics_text
 from lowwater_testing.queries import config, query
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,20 +248,8 @@ def processed(metrics: str) -> int:
     )
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
+    return metrics_text(port, timeout=2)
 
 
 class Lowwater:

@@ -36,7 +36,7 @@ from high_level.ondemand import PunctuationAsker
 from local_stack.kafka_broker import KafkaBroker
 from low_level.host.agent import Agent
 from low_level.host.ondemand import RequestListener
-from lowwater_testing.queries import spec
+from lowwater_testing.queries import on_demand_query
 
 NS = 1_000_000_000
 SETTINGS = {
@@ -49,16 +49,7 @@ SETTINGS = {
 
 
 def query(topic: str, interval: str, on_demand: bool) -> Q.QuerySpec:
-    return spec(
-        "ondemand",
-        group_by=["src_ip", "dst_ip"],
-        window="1s",
-        table=65536,
-        flush={"policy": "lazy", "m": 1},
-        heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand},
-        topic=topic,
-        partitions=1,
-    )
+    return on_demand_query("ondemand", topic, interval, table=65536, on_demand=on_demand)
 
 
 def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:

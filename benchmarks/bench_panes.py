@@ -67,30 +67,28 @@ def run(k: int, groups: int, per_pane: int) -> list[dict[str, Any]]:
     rows: dict[str, list[int]] = {"paned": [], "unpaned": []}
     totals: dict[str, dict[int, tuple[int, int]]] = {"paned": {}, "unpaned": {}}
     n_panes = k + MEASURED_PANES
-    for p in range(n_panes):
-        pane, key, state = pane_records(p, groups, per_pane)
-        steady = p >= k
-        t0 = time.process_time()
-        paned.add(pane, key, state)
-        out = paned.close(p + 1)
+
+    def close(name: str, roll: QueryRollup, p: int, steady: bool, t0: float) -> None:
+        """Close ``roll`` before pane p + 1: CPU since ``t0`` and rows held count in the steady phase;
+        every closed window's (packets, max length) kept to compare the two plans."""
+        out = roll.close(p + 1)
         dt = time.process_time() - t0
         if steady:
-            cpu["paned"] += dt
-            rows["paned"].append(len(paned))
+            cpu[name] += dt
+            rows[name].append(len(roll))
         for w in np.unique(out.window).tolist():
             s = out.window == w
-            totals["paned"][w] = (int(out.state[s, 0].sum()), int(out.state[s, 1].max()))
+            totals[name][w] = (int(out.state[s, 0].sum()), int(out.state[s, 1].max()))
+
+    for p in range(n_panes):
+        pane, key, state = pane_records(p, groups, per_pane)
+        t0 = time.process_time()
+        paned.add(pane, key, state)
+        close("paned", paned, p, p >= k, t0)
         t0 = time.process_time()
         idx, win = expand_windows(pane, p, p + k, k)
         unpaned.add(win, key[idx], state[idx])
-        out = unpaned.close(p + 1)
-        dt = time.process_time() - t0
-        if steady:
-            cpu["unpaned"] += dt
-            rows["unpaned"].append(len(unpaned))
-        for w in np.unique(out.window).tolist():
-            s = out.window == w
-            totals["unpaned"][w] = (int(out.state[s, 0].sum()), int(out.state[s, 1].max()))
+        close("unpaned", unpaned, p, p >= k, t0)
     if totals["paned"] != totals["unpaned"]:
         raise AssertionError(f"k={k}: paned and unpaned windows differ")
     return [
@@ -155,20 +153,16 @@ def main() -> None:
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for d, color in zip(dens, ("#36c", "#2a7"), strict=False):
         rs = [r for r in rows if r["plan"] == "paned" and r["records_per_group_per_pane"] == d]
-        ax[0].plot(
-            [r["panes_per_window"] for r in rs],
-            [r["time_ratio_paned_vs_unpaned"] for r in rs],
-            marker="o",
-            color=color,
-            label=f"{d} record(s) per group per pane",
-        )
-        ax[1].plot(
-            [r["panes_per_window"] for r in rs],
-            [r["rows_ratio_paned_vs_unpaned"] for r in rs],
-            marker="o",
-            color=color,
-            label=f"{d} record(s) per group per pane",
-        )
+        for axis, ratio in zip(
+            ax, ("time_ratio_paned_vs_unpaned", "rows_ratio_paned_vs_unpaned"), strict=True
+        ):
+            axis.plot(
+                [r["panes_per_window"] for r in rs],
+                [r[ratio] for r in rs],
+                marker="o",
+                color=color,
+                label=f"{d} record(s) per group per pane",
+            )
     for a, t in zip(ax, ("CPU time, paned / unpaned", "rows held, paned / unpaned"), strict=True):
         a.set_xscale("log")
         a.set_xlabel("panes per window (range / slide)")

@@ -41,6 +41,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -249,28 +250,39 @@ def run_lowwater(path: Path, q: Q.QuerySpec) -> tuple[dict, Counts]:
 # dpkt and scapy per-packet loops
 
 
-def run_dpkt(path: Path, n_expected: int) -> tuple[dict, Counts]:
-    import dpkt
-
+def _count_pairs(name: str, total: int, pairs: Iterator[tuple | None], every: int) -> tuple[dict, Counter]:
+    """Count (minute, src, dst) per packet of ``pairs`` (None: not IP) with a progress bar updated every
+    ``every`` packets (a power of two): the timing (wall, CPU) includes the parser pulling them."""
     c: Counter = Counter()
-    Ethernet, IP = dpkt.ethernet.Ethernet, dpkt.ip.IP
-    bar = tqdm(total=n_expected, desc="dpkt", unit="pkt", unit_scale=True, mininterval=0.5)
+    bar = tqdm(total=total, desc=name, unit="pkt", unit_scale=True, mininterval=0.5)
     n = 0
     c0 = time.process_time()
     t0 = time.perf_counter()
-    with open(path, "rb") as fh:
-        for ts, buf in dpkt.pcap.Reader(fh):
-            ip = Ethernet(buf).data
-            if isinstance(ip, IP):
-                c[(int(ts) // 60 * 60, ip.src, ip.dst)] += 1
-            n += 1
-            if not n & 0xFFFF:
-                bar.update(0x10000)
+    for p in pairs:
+        if p is not None:
+            c[p] += 1
+        n += 1
+        if not n & (every - 1):
+            bar.update(every)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     bar.update(n - bar.n)
     bar.close()
-    out = {(m, int.from_bytes(s, "big"), int.from_bytes(d, "big")): v for (m, s, d), v in c.items()}
-    return {"seconds": secs, "cpu_s": cpu, "packets": n}, out
+    return {"seconds": secs, "cpu_s": cpu, "packets": n}, c
+
+
+def run_dpkt(path: Path, n_expected: int) -> tuple[dict, Counts]:
+    import dpkt
+
+    Ethernet, IP = dpkt.ethernet.Ethernet, dpkt.ip.IP
+
+    def pairs() -> Iterator[tuple | None]:
+        with open(path, "rb") as fh:
+            for ts, buf in dpkt.pcap.Reader(fh):
+                ip = Ethernet(buf).data
+                yield (int(ts) // 60 * 60, ip.src, ip.dst) if isinstance(ip, IP) else None
+
+    stats, c = _count_pairs("dpkt", n_expected, pairs(), 0x10000)
+    return stats, {(m, int.from_bytes(s, "big"), int.from_bytes(d, "big")): v for (m, s, d), v in c.items()}
 
 
 def run_scapy(path: Path, limit: int) -> tuple[dict, Counts]:
@@ -281,27 +293,16 @@ def run_scapy(path: Path, limit: int) -> tuple[dict, Counts]:
     from scapy.layers.l2 import Ether
     from scapy.utils import RawPcapReader
 
-    c: Counter = Counter()
-    bar = tqdm(total=limit, desc="scapy", unit="pkt", unit_scale=True, mininterval=0.5)
-    n = 0
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    with RawPcapReader(str(path)) as rd:
-        for data, meta in rd:
-            if n >= limit:
-                break
-            pkt = Ether(data)
-            ip = pkt.getlayer(IP)
-            if ip is not None:
-                c[(meta.sec // 60 * 60, ip.src, ip.dst)] += 1
-            n += 1
-            if not n & 0x3FFF:
-                bar.update(0x4000)
-    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
-    bar.update(n - bar.n)
-    bar.close()
-    out = {(m, ip4(s), ip4(d)): v for (m, s, d), v in c.items()}
-    return {"seconds": secs, "cpu_s": cpu, "packets": n}, out
+    def pairs() -> Iterator[tuple | None]:
+        with RawPcapReader(str(path)) as rd:
+            for i, (data, meta) in enumerate(rd):
+                if i >= limit:
+                    break
+                ip = Ether(data).getlayer(IP)
+                yield (meta.sec // 60 * 60, ip.src, ip.dst) if ip is not None else None
+
+    stats, c = _count_pairs("scapy", limit, pairs(), 0x4000)
+    return stats, {(m, ip4(s), ip4(d)): v for (m, s, d), v in c.items()}
 
 
 # ---------------------------------------------------------------------------------------------------

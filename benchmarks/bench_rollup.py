@@ -51,6 +51,65 @@ T0 = 1_700_000_000_000_000_000
 QUERY = config(query("bench_pairs", group_by=["src_ip", "dst_ip"])).text
 
 
+def _job_options(a: argparse.Namespace, work: Path, tag: Any, **kw: Any) -> JobOptions:
+    """The job as these runs start it: results and checkpoint ``results-<tag>`` / ``ckpt-<tag>`` under
+    ``work``, a 100 ms trigger, one shuffle partition per Kafka partition."""
+    return JobOptions(
+        bootstrap=a.bootstrap,
+        results=str(work / f"results-{tag}"),
+        checkpoint=str(work / f"ckpt-{tag}"),
+        trigger_ms=100,
+        shuffle_partitions=a.partitions,
+        **kw,
+    )
+
+
+class _Hosts:
+    """Emulated capture hosts sending partials of ``groups`` (src, dst) pairs in batches of ``batch``
+    records, 1..4 packets each, with their per-(host, partition) sequence numbers."""
+
+    def __init__(self, q: Q.QuerySpec, groups: int, hosts: int, batch: int, rng: np.random.Generator) -> None:
+        gid = np.arange(groups, dtype=np.int64)
+        self.keys = np.column_stack(
+            [
+                np.zeros(groups, np.int64),
+                0xFFFF_0A00_0000 + gid // 256,
+                np.zeros(groups, np.int64),
+                0xFFFF_C0A8_0000 + gid % 65536,
+            ]
+        )
+        self.q, self.hosts, self.batch, self.rng = q, hosts, batch, rng
+        self.parts_of = wire.partition_of(self.keys, q.kafka.partitions)
+        self.seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
+        self.out: list[tuple[int, bytes, int]] = []
+
+    def send(self, h: int, g: np.ndarray, pane: int, mark: int | None = None) -> None:
+        """Host ``h``'s partials of groups ``g`` in ``pane``, each partition followed by its punctuation
+        up to ``mark`` if given."""
+        q = self.q
+        for p in range(q.kafka.partitions):
+            sel = g[self.parts_of[g] == p]
+            for s in range(0, len(sel), self.batch):
+                k = self.keys[sel[s : s + self.batch]]
+                n = len(k)
+                st = self.rng.integers(1, 5, (n, 1))
+                v = wire.encode_partials(q.name, f"h{h}", 1, p, self.seq[(h, p)], np.full(n, pane), k, st)
+                self.seq[(h, p)] += n
+                self.out.append((p, v, n))
+            if mark is not None:
+                self.out.append(self.punctuation(h, p, mark))
+
+    def punctuation(self, h: int, p: int, mark: int) -> tuple[int, bytes, int]:
+        pu = wire.Punctuation(self.q.name, f"h{h}", 1, p, self.seq[(h, p)], mark, 0, 0, {})
+        return (p, wire.encode_punctuation(pu), 0)
+
+    def punctuate(self, mark: int) -> list[tuple[int, bytes, int]]:
+        """Every host's punctuation up to ``mark`` on every partition."""
+        return [
+            self.punctuation(h, p, mark) for h in range(self.hosts) for p in range(self.q.kafka.partitions)
+        ]
+
+
 def make_messages(
     q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int, seed: int = 0
 ) -> list[tuple[int, bytes, int]]:
@@ -58,35 +117,12 @@ def make_messages(
     rng = np.random.default_rng(seed)
     p0 = T0 // q.window.pane_ns
     per_pane_host = max(1, records // (panes * hosts))
-    gid = np.arange(groups, dtype=np.int64)
-    keys = np.column_stack(
-        [
-            np.zeros(groups, np.int64),
-            0xFFFF_0A00_0000 + gid // 256,
-            np.zeros(groups, np.int64),
-            0xFFFF_C0A8_0000 + gid % 65536,
-        ]
-    )
-    parts_of = wire.partition_of(keys, q.kafka.partitions)
-    seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
-    out = []
+    em = _Hosts(q, groups, hosts, batch, rng)
     for pane in range(p0, p0 + panes):
         for h in range(hosts):
-            g = rng.integers(0, groups, per_pane_host)
-            for p in range(q.kafka.partitions):
-                sel = g[parts_of[g] == p]
-                for s in range(0, len(sel), batch):
-                    k = keys[sel[s : s + batch]]
-                    n = len(k)
-                    v = wire.encode_partials(
-                        q.name, f"h{h}", 1, p, seq[(h, p)], np.full(n, pane), k, rng.integers(1, 5, (n, 1))
-                    )
-                    seq[(h, p)] += n
-                    out.append((p, v, n))
-                mark = pane + 1 if pane + 1 < p0 + panes else wire.END_OF_STREAM
-                pu = wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})
-                out.append((p, wire.encode_punctuation(pu), 0))
-    return out
+            mark = pane + 1 if pane + 1 < p0 + panes else wire.END_OF_STREAM
+            em.send(h, rng.integers(0, groups, per_pane_host), pane, mark)
+    return em.out
 
 
 def offline_rate(q: Q.QuerySpec, msgs: list[tuple[int, bytes, int]], per_batch: int = 64) -> float:
@@ -174,14 +210,7 @@ def run_config(
 ) -> dict[str, Any]:
     """Read the whole topic from a fresh checkpoint, at most ``batch_records`` per micro-batch."""
     max_offsets = max(1, batch_records // a.batch)  # Kafka messages per trigger (a.batch records each)
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{batch_records}"),
-        checkpoint=str(work / f"ckpt-{batch_records}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-        max_offsets_per_trigger=max_offsets,
-    )
+    opts = _job_options(a, work, batch_records, max_offsets_per_trigger=max_offsets)
     job = BatchClock(spark, [q], opts)
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)  # local mode: the JVM runs the Python workers
     c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
@@ -251,13 +280,7 @@ def _run(a: argparse.Namespace) -> int:
     spark = build_spark(
         "lowwater-bench", master=a.master, extra_conf=dict(kv.split("=", 1) for kv in a.spark_conf)
     )
-    wopts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / "results-warm"),
-        checkpoint=str(work / "ckpt-warm"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-    )
+    wopts = _job_options(a, work, "warm")
     job = HighLevelJob(spark, [q], wopts)
     job.start()
     job.process_all_available()
@@ -315,66 +338,23 @@ def sweep_messages(
     partials of random groups of p0."""
     rng = np.random.default_rng(seed)
     p0 = T0 // q.window.pane_ns
-    gid = np.arange(groups, dtype=np.int64)
-    keys = np.column_stack(
-        [
-            np.zeros(groups, np.int64),
-            0xFFFF_0A00_0000 + gid // 256,
-            np.zeros(groups, np.int64),
-            0xFFFF_C0A8_0000 + gid % 65536,
-        ]
-    )
-    parts_of = wire.partition_of(keys, q.kafka.partitions)
-    seq = {(h, p): 0 for h in range(hosts) for p in range(q.kafka.partitions)}
-    out: list[tuple[int, bytes, int]] = []
-
-    def emit(h: int, g: np.ndarray) -> None:
-        for p in range(q.kafka.partitions):
-            sel = g[parts_of[g] == p]
-            for s in range(0, len(sel), batch):
-                k = keys[sel[s : s + batch]]
-                v = wire.encode_partials(
-                    q.name,
-                    f"h{h}",
-                    1,
-                    p,
-                    seq[(h, p)],
-                    np.full(len(k), p0),
-                    k,
-                    rng.integers(1, 5, (len(k), 1)),
-                )
-                seq[(h, p)] += len(k)
-                out.append((p, v, len(k)))
-
-    def punct(mark: int) -> list[tuple[int, bytes, int]]:
-        return [
-            (
-                p,
-                wire.encode_punctuation(wire.Punctuation(q.name, f"h{h}", 1, p, seq[(h, p)], mark, 0, 0, {})),
-                0,
-            )
-            for h in range(hosts)
-            for p in range(q.kafka.partitions)
-        ]
-
+    em = _Hosts(q, groups, hosts, batch, rng)
     for h, g in enumerate(np.array_split(rng.permutation(groups), hosts)):
-        emit(h, g)
-    out += punct(p0)
+        em.send(h, g, p0)
+    em.out += em.punctuate(p0)
     for h in range(hosts):
-        emit(h, rng.integers(0, groups, records // hosts))
-    return out, punct(wire.END_OF_STREAM)
+        em.send(h, rng.integers(0, groups, records // hosts), p0)
+    return em.out, em.punctuate(wire.END_OF_STREAM)
 
 
 def _sweep_run(
     spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, tag: str, state: str, fill: int, total: int
 ) -> dict[str, Any]:
     """One state layout on one sweep topic: the rate of the batches after the fill."""
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{tag}"),
-        checkpoint=str(work / f"ckpt-{tag}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
+    opts = _job_options(
+        a,
+        work,
+        tag,
         max_offsets_per_trigger=max(1, a.sweep_batch // a.batch),
         state=state,
         create_topics=False,
@@ -418,15 +398,7 @@ def _sweep_check(
     """Restart the run after the end-of-stream punctuation: the pane closes with every group and record."""
     import duckdb
 
-    opts = JobOptions(
-        bootstrap=a.bootstrap,
-        results=str(work / f"results-{tag}"),
-        checkpoint=str(work / f"ckpt-{tag}"),
-        trigger_ms=100,
-        shuffle_partitions=a.partitions,
-        state=state,
-        create_topics=False,
-    )
+    opts = _job_options(a, work, tag, state=state, create_topics=False)
     job = HighLevelJob(spark, [q], opts)
     job.start()
     job.process_all_available()

@@ -71,33 +71,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks import harness
-from benchmarks.bench_skew_iop import TUPLE, InOrderUnion
+from benchmarks.bench_skew_iop import DST0, GROUPS, HOSTS, KEYS, QUERY, TUPLE, WINDOW_S, InOrderUnion
 from benchmarks.harness import machine
 from contract import query as Q
 from contract import wire
 from high_level.aggregate.rollup import Layout
 from high_level.job import HighLevelJob, JobOptions
-from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0_S = 1_700_000_000  # data time origin (a multiple of the window)
-WINDOW_S = 10
-GROUPS = 65_536
 RATE = 4_000  # packets per second of data time, per host
 PARTITIONS = 2
 MAX_BATCH = 4096  # partial records per Kafka message
 WARM_STEP_S = 5
-SRC0, DST0 = 0xFFFF_0A00_0000, 0xFFFF_C0A8_0000  # IPv4-mapped 10.0.0.x / 192.168.x.y
 ROW_BYTES = 8 + 4 * 8 + 2 * 8  # window/pane id + key words + (count, sum)
-HOSTS = ("A", "B")
-QUERY = config(
-    query("skew", group_by=["src_ip", "dst_ip"], aggregates=["count as packets", "sum(length) as bytes"])
-).text
-
-GID = np.arange(GROUPS, dtype=np.int64)
-KEYS = np.column_stack(
-    [np.zeros(GROUPS, np.int64), SRC0 + GID // 256, np.zeros(GROUPS, np.int64), DST0 + GID]
-)
 
 
 # -- the two capture hosts ------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 An entry declares the function's state columns (what one packet adds to each and how partial states
 merge), how the merged state becomes the result, the result's type, how stored result rows of one
 window fold in SQL, which fields and parameters it takes, and whether it is holistic (a sub-key per
-value, reduced at close by ``high_level.holistic``) or bounded (a fixed number of state words per
-group, dissertation §6.2.2.1). Both levels read it: the query model validates with it, the layout
+value, reduced at close by ``high_level.aggregate.holistic`` with its :class:`SecondStage`) or
+bounded (a fixed number of state words per group, dissertation §6.2.2.1). Both levels read it: the query model validates with it, the layout
 (:mod:`contract.query.layout`) derives the kernels' state program and the roll-up's merge ops from it,
 the job, the store and the joins finalize with it, the API folds stored rows with its SQL and the
 oracle (``high_level.simulate``) lifts packets with it.
@@ -113,6 +113,33 @@ FLOAT_KINDS = tuple(k for k, r in RESULT_KINDS.items() if r.float)
 
 
 @dataclass(frozen=True)
+class Groups:
+    """One holistic query's rows of a batch as the second stage (``high_level.aggregate.holistic``) hands
+    them to :attr:`SecondStage.reduce`: sorted by (window, kind, group), then for a ranked aggregate by
+    weight descending, then by sub-key. ``sub`` the sub-key words int64[n, w], ``state`` the aggregate's
+    state column int64[n], ``starts`` / ``counts`` each group's first row and number of rows."""
+
+    sub: np.ndarray
+    state: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+    def sum(self, x: np.ndarray) -> np.ndarray:
+        """Per group: the sum of ``x`` over its rows."""
+        return np.add.reduceat(x, self.starts) if len(self.starts) else np.zeros(0, x.dtype)
+
+
+@dataclass(frozen=True)
+class SecondStage:
+    """How a holistic aggregate's sub-keys become its result columns at close. ``reduce(spec, groups)``
+    returns the row indexes it outputs and its columns for them: one row per group (its ``starts``), or
+    for a ranked aggregate the items it keeps (the query's other aggregates then stay per item)."""
+
+    reduce: Callable[[Any, Groups], tuple[np.ndarray, dict[str, np.ndarray]]]
+    ranked: bool = False  # one output row per kept sub-key, sorted by weight, else one per group
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """One aggregate function."""
 
@@ -129,6 +156,13 @@ class Aggregate:
     over_join: bool = (
         False  # a join may compute it over its output rows (state lifted from the join expression)
     )
+    second: SecondStage | None = None  # holistic: how its sub-keys reduce at close
+
+    def __post_init__(self) -> None:
+        if (self.finalize is None) != (self.second is not None):
+            raise ValueError(
+                f"aggregate {self.fn!r}: a finalize (bounded) or a second stage (holistic), not both"
+            )
 
     @property
     def holistic(self) -> bool:
@@ -243,6 +277,41 @@ def _top_state(a: Any) -> tuple[StatePart, ...]:
     return (StatePart("weight", MERGE_SUM, LIFT_VALUE, of="by"),) if a.by is not None else (_N,)
 
 
+def _distinct_reduce(a: Any, g: Groups) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Exact: the number of sub-keys (distinct values); HLL: the estimate from the registers present."""
+    if a.hll_precision is None:
+        return g.starts, {a.name: g.counts.astype(np.int64)}
+    est = sketch.hll_estimate(g.sum(np.ldexp(1.0, -g.state)), g.counts, a.hll_precision)
+    return g.starts, {a.name: np.rint(est).astype(np.int64)}
+
+
+def _quantiles_reduce(a: Any, g: Groups) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Cumulative counts over the sorted buckets; per q the bucket holding its nearest rank, as its value."""
+    cum = np.cumsum(g.state)
+    before = cum[g.starts] - g.state[g.starts]
+    total = g.sum(g.state)
+    out = {}
+    for x, (cname, _) in zip(a.q or [], a.output_columns(), strict=True):
+        idx = np.searchsorted(cum, before + sketch.quantile_rank(x, total), side="left")
+        out[cname] = sketch.bucket_value(g.sub[idx, 0], a.quantile_accuracy)
+    return g.starts, out
+
+
+def _top_reduce(a: Any, g: Groups) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The k items of largest weight per group with their rank; with ``capacity`` the group's error rows
+    (sub-key :data:`contract.sketch.ERROR_ITEM`) are not ranked, their sum is ``<name>_error``."""
+    bounded = a.capacity is not None
+    err = np.all(g.sub == sketch.ERROR_ITEM, axis=1) if bounded else np.zeros(len(g.state), bool)
+    item = (~err).astype(np.int64)
+    seen = np.cumsum(item)
+    pos = seen - 1 - np.repeat(seen[g.starts] - item[g.starts], g.counts)  # 0-based rank within the group
+    sel = np.flatnonzero((pos < (a.k or 1)) & ~err)
+    out = {a.name: g.state[sel], f"{a.name}_rank": (pos[sel] + 1).astype(np.int64)}
+    if bounded:  # the group's Misra-Gries error: 0 = exact
+        out[f"{a.name}_error"] = np.repeat(g.sum(np.where(err, g.state, 0)), g.counts)[sel]
+    return sel, out
+
+
 _COUNT = StatePart("count", MERGE_SUM, LIFT_ONE)
 _SUM = StatePart("sum", MERGE_SUM, LIFT_VALUE)
 _SUMSQ = StatePart("sumsq", MERGE_SUM, LIFT_SQUARE)
@@ -264,9 +333,15 @@ REGISTRY: dict[str, Aggregate] = {
             params=("approx", "precision"),
             check=_check_distinct,
             prefix="distinct",
+            second=SecondStage(_distinct_reduce),
         ),
         Aggregate(
-            "quantiles", (_N,), params=("q", "accuracy"), check=_check_quantiles, outputs=_quantile_outputs
+            "quantiles",
+            (_N,),
+            params=("q", "accuracy"),
+            check=_check_quantiles,
+            outputs=_quantile_outputs,
+            second=SecondStage(_quantiles_reduce),
         ),
         Aggregate(
             "top",
@@ -275,6 +350,7 @@ REGISTRY: dict[str, Aggregate] = {
             params=("k", "by", "capacity"),
             check=_check_top,
             outputs=_top_outputs,
+            second=SecondStage(_top_reduce, ranked=True),
         ),
     )
 }

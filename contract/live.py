@@ -29,9 +29,12 @@ from contract import query as Q
 from contract import results as R
 
 LIVE_TOPIC_PREFIX = "lowwater.live."
-# compaction keeps the newest value per key; closed windows' keys are removed after retention
+# compaction keeps the newest value per key; the job tombstones long-closed windows' keys (removed after
+# delete.retention.ms), and segments older than retention.ms go whatever they hold (keys of a job that
+# stopped before tombstoning them)
 TOPIC_CONFIG = {
-    "cleanup.policy": "compact",
+    "cleanup.policy": "compact,delete",
+    "retention.ms": "86400000",
     "min.cleanable.dirty.ratio": "0.1",
     "segment.ms": "600000",
     "delete.retention.ms": "3600000",

@@ -174,15 +174,18 @@ def part_path(root: str | Path, query: str, day: date, batch_id: int) -> Path:
     return date_dir(root, query, day) / part_name(batch_id)
 
 
-def date_dirs(root: str | Path, query: str) -> list[tuple[date, Path]]:
-    """(day, directory) of a query's ``date=`` directories, oldest first (other names are skipped)."""
-    base = query_dir(root, query)
+def _days(base: Path) -> list[tuple[date, Path]]:
+    """(day, directory) of the ``date=`` directories in ``base``, oldest first (other names are skipped)."""
     try:
         entries = list(base.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    out = [(d, e) for e in entries if e.is_dir() and (d := parse_date_dir(e.name)) is not None]
-    return sorted(out)
+    return sorted((d, e) for e in entries if e.is_dir() and (d := parse_date_dir(e.name)) is not None)
+
+
+def date_dirs(root: str | Path, query: str) -> list[tuple[date, Path]]:
+    """(day, directory) of a query's ``date=`` directories, oldest first (other names are skipped)."""
+    return _days(query_dir(root, query))
 
 
 def parse_date_dir(name: str) -> date | None:
@@ -320,12 +323,7 @@ def incomplete_part_path(root: str | Path, query: str, day: date, batch_id: int)
 
 def incomplete_date_dirs(root: str | Path, query: str) -> list[tuple[date, Path]]:
     """(day, directory) of a query's flagged-window days, oldest first."""
-    base = incomplete_dir(root, query)
-    try:
-        entries = list(base.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted((d, e) for e in entries if e.is_dir() and (d := parse_date_dir(e.name)) is not None)
+    return _days(incomplete_dir(root, query))
 
 
 def check_incomplete_schema(found: pa.Schema, where: str = "") -> None:

@@ -10,6 +10,7 @@ be 'PLAINTEXT', 'SSL', ... (LOWWATER_JOB_KAFKA_SECURITY__PROTOCOL or --settings)
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -20,6 +21,21 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _FILE: ContextVar[dict[str, Any] | None] = ContextVar("lowwater_settings_file", default=None)
+
+
+def role_parser(prog: str, what: str, role: str) -> argparse.ArgumentParser:
+    """A role's command line with the flags its settings share with the other roles: ``--settings``,
+    ``--config`` and ``--query``; ``role`` names its environment variables (``LOWWATER_<ROLE>_<FLAG>``)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=f"{what}. Every flag can also be set as LOWWATER_{role}_<FLAG> or in --settings FILE.",
+    )
+    p.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
+    p.add_argument("--config", help="queries YAML (default configs/default.yaml)")
+    p.add_argument(
+        "--query", dest="queries", action="append", help="run only these queries (repeatable; default: all)"
+    )
+    return p
 
 
 class SettingsError(ValueError):

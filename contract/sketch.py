@@ -27,6 +27,8 @@ from contract import wire
 HLL_MIN_P, HLL_MAX_P, HLL_DEFAULT_P = 4, 18, 14
 BUCKET_ZERO = -1  # the bucket of value 0; negative values get buckets below it (mirrored)
 BUCKET_NEG = -2
+# Every sub-key word of the row carrying a bounded top's Misra-Gries error (its weight column), not an item.
+ERROR_ITEM = np.iinfo(np.int64).min
 
 
 def value_hash(words: np.ndarray) -> np.ndarray:

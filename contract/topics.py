@@ -64,6 +64,12 @@ class PartitionChangeRefused(RuntimeError):
 PROCEDURE = "deploy/README.md, 'Changing a query's partition count'"
 
 
+def _mismatch(have: Mapping[str, int], wanted: Mapping[str, int]) -> str:
+    return ", ".join(
+        f"topic {t} has {have[t]} partitions, the config asks for {n}" for t, n in sorted(wanted.items())
+    )
+
+
 def ensure_topics(
     admin: Any,
     wanted: Mapping[str, int],
@@ -80,10 +86,7 @@ def ensure_topics(
     more = {t: n for t, n in wanted.items() if t in have and have[t] > n}
     if more and exact:
         raise PartitionChangeRefused(
-            ", ".join(
-                f"topic {t} has {have[t]} partitions, the config asks for {n}"
-                for t, n in sorted(more.items())
-            )
+            _mismatch(have, more)
             + ": the config's kafka.partitions must equal the topic's (partials are placed by hash mod partitions;"
             " hosts on two counts would split a group over two partitions). Set kafka.partitions to the topic's"
             f" count on every capture host and the job, at a clean cut ({PROCEDURE})"
@@ -91,10 +94,7 @@ def ensure_topics(
     grow_to = {t: n for t, n in wanted.items() if t in have and have[t] < n}
     if grow_to and not grow:
         raise PartitionChangeRefused(
-            ", ".join(
-                f"topic {t} has {have[t]} partitions, the config asks for {n}"
-                for t, n in sorted(grow_to.items())
-            )
+            _mismatch(have, grow_to)
             + ": lowwater does not add partitions by itself (a group's partials would move to another partition,"
             " splitting the windows open across the change). To change it: stop the agents, wait until /status"
             " shows no open windows, run create_topics.py --grow, restart the job and the agents"

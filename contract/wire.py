@@ -49,6 +49,14 @@ cannot be pinned to one pane (socket and ring drops between two reads) is charge
 interval spanned: flag rather than miss. Stats slot 8 (``reserved`` in version 1, always 0) is
 ``workers``: how many worker processes the capture host runs (0: not said), so the high level can
 wait for every worker ``H/wN`` of an expected host ``H``.
+
+**Version 3** (what this build writes; it still reads 1 and 2) adds ``sent_upto i64`` after the stats of
+every PUNCT and PUNCT_LOSS body: the newest pane (on a select topic: the newest timestamp, ns) of
+anything this host incarnation sent or shed on this query and partition up to this punctuation, a
+running max (``NOT_SAID``: no record yet, or a writer that does not know). It bounds a sequence gap:
+the records lost between two punctuations were sent before the later one, so they lie in [previous
+mark, its ``sent_upto``] however far they led the mark. A version 1 or 2 punctuation reads as
+``sent_upto=None``, and the job falls back to the largest lead it observed (a heuristic).
 """
 
 from __future__ import annotations
@@ -61,8 +69,8 @@ import numpy as np
 import pyarrow as pa
 
 MAGIC = b"LW"
-VERSION = 2
-READ_VERSIONS = (1, 2)  # what this build decodes: version 1 batches are version 2's without kind 7
+VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # 1: no kind 7; 1 and 2: punctuation bodies without sent_upto
 KIND_PARTIALS = 1
 KIND_PUNCT = 2
 KIND_PARTIALS_LZ4 = 3
@@ -77,6 +85,7 @@ MAX_SHED_RANGES = 65_536  # shed pane ranges one punctuation may carry
 COMPRESS_MIN = 2048  # bytes of PARTIALS body from which batches are sent compressed
 MAX_RAW = 1 << 28  # largest decompressed body accepted (a corrupt length cannot allocate more)
 END_OF_STREAM = np.iinfo(np.int64).max  # a mark that closes everything (a finished pcap replay)
+NOT_SAID = np.iinfo(np.int64).min  # sent_upto on the wire when the writer states none (decodes to None)
 
 PUNCT_STATS = (
     "packets",
@@ -92,7 +101,8 @@ PUNCT_STATS = (
 _HEAD = struct.Struct("<2sBB")
 _MID = struct.Struct("<qIq")
 _PART = struct.Struct("<IBB")
-_PUNCT = struct.Struct("<qqq8q")
+_PUNCT = struct.Struct("<qqq8q")  # versions 1 and 2 (and kind 6 in any version)
+_PUNCT3 = struct.Struct("<qqq8qq")  # version 3: ... stats, sent_upto
 _CRC = struct.Struct("<I")
 _RAW = struct.Struct("<I")
 _COUNT = struct.Struct("<I")
@@ -132,6 +142,8 @@ class Punctuation:
     shed: tuple[tuple[int, int, int], ...] = ()  # (first pane, last pane, records) shed from the backlog
     # (first pane, last pane, cause, records) of the other causes of LOSS_CAUSES (not "shed")
     losses: tuple[tuple[int, int, str, int], ...] = ()
+    # newest pane (select: ns) sent or shed so far by this incarnation on this partition; None: not said
+    sent_upto: int | None = None
 
 
 def _str(s: str) -> bytes:
@@ -229,7 +241,8 @@ def encode_rows(
 def encode_punctuation(p: Punctuation) -> bytes:
     """A punctuation: kind PUNCT, or PUNCT_LOSS when it reports shed panes or other losses."""
     stats = [int(p.stats.get(k, 0)) for k in PUNCT_STATS]
-    body = _PUNCT.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats)
+    upto = NOT_SAID if p.sent_upto is None else int(p.sent_upto)
+    body = _PUNCT3.pack(p.mark_pane, p.mark_ns, p.sent_wall_ns, *stats, upto)
     if not p.shed and not p.losses:
         return _frame(KIND_PUNCT, p.query, p.host, p.incarnation, p.partition, p.seq, body)
     rows = [(a, b, 0, n) for a, b, n in p.shed]
@@ -332,12 +345,15 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         key = arr[n : n + n * kw].reshape(n, kw)
         state = arr[n + n * kw :].reshape(n, na)
         return Partials(query, host, incarnation, partition, seq, pane, key, state)
+    head = _PUNCT3 if version >= 3 else _PUNCT
     if kind == KIND_PUNCT:
-        if end - pos != _PUNCT.size:
-            raise WireError(f"punctuation body is {end - pos} bytes, expected {_PUNCT.size}")
-        vals = _PUNCT.unpack_from(view, pos)
-        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
-        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats)
+        if end - pos != head.size:
+            raise WireError(f"punctuation body is {end - pos} bytes, expected {head.size}")
+        vals = head.unpack_from(view, pos)
+        stats = dict(zip(PUNCT_STATS, vals[3:11], strict=True))
+        return Punctuation(
+            query, host, incarnation, partition, seq, *vals[:3], stats, sent_upto=_sent_upto(vals)
+        )
     if kind == KIND_PUNCT_SHED:
         _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with shed panes")
         vals = _PUNCT.unpack_from(view, pos)
@@ -352,10 +368,10 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
         return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
     if kind == KIND_PUNCT_LOSS and version >= 2:
-        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with losses")
-        vals = _PUNCT.unpack_from(view, pos)
-        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
-        at = pos + _PUNCT.size + _COUNT.size
+        _need(view, pos, head.size + _COUNT.size, "punctuation with losses")
+        vals = head.unpack_from(view, pos)
+        (n,) = _COUNT.unpack_from(view, pos + head.size)
+        at = pos + head.size + _COUNT.size
         if n == 0 or n > MAX_SHED_RANGES or end - at != 32 * n:
             raise WireError(f"loss ranges: {n} claimed, {end - at} bytes of them")
         r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 4)
@@ -367,11 +383,16 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
             raise WireError("loss ranges need first <= last, records >= 0 and a known cause")
         shed = tuple((int(a), int(b), int(c)) for a, b, k, c in r.tolist() if k == 0)
         losses = tuple((int(a), int(b), LOSS_CAUSES[k], int(c)) for a, b, k, c in r.tolist() if k != 0)
-        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
+        stats = dict(zip(PUNCT_STATS, vals[3:11], strict=True))
         return Punctuation(
-            query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed, losses
+            query, host, incarnation, partition, seq, *vals[:3], stats, shed, losses, _sent_upto(vals)
         )
     raise WireError(f"unknown batch kind {kind}")
+
+
+def _sent_upto(vals: tuple[int, ...]) -> int | None:
+    """A punctuation's sent_upto from its unpacked head (None: version 1 or 2, or not said)."""
+    return None if len(vals) < 12 or vals[11] == NOT_SAID else int(vals[11])
 
 
 # --- partitioning: a stable hash of the group key, identical on every host and process

@@ -6,7 +6,6 @@ Settings come from flags, ``LOWWATER_JOB_*`` environment variables and an option
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import query as Q
-from contract.settings import SettingsError, load
+from contract.settings import SettingsError, load, role_parser
 from contract.topics import PartitionChangeRefused
 from high_level.aggregate.processor import LATE_POLICIES
 from high_level.cluster import partitioncount
@@ -52,14 +51,7 @@ def _json(text: str | None, flag: str) -> Any:
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The flags the user gave (as settings fields) and the settings file, if any."""
-    p = argparse.ArgumentParser(
-        prog="lowwater-job",
-        description="lowwater high-level job (PySpark, out of order). "
-        "Every flag can also be set as LOWWATER_JOB_<FLAG> or in --settings FILE.",
-    )
-    p.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
-    p.add_argument("--config", help="queries YAML (default configs/default.yaml)")
-    p.add_argument("--query", dest="queries", action="append", help="run only these queries (repeatable)")
+    p = role_parser("lowwater-job", "lowwater high-level job (PySpark, out of order)", "JOB")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (default 127.0.0.1:9092)")
     p.add_argument("--results", help="result store directory (Parquet + _status.json); required")
     p.add_argument("--checkpoint", help="Spark checkpoint directory; required")

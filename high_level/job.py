@@ -264,7 +264,7 @@ class HighLevelJob:
         for name, p in self.progress().items():
             self.metrics.state_bytes.labels(name).set(p["stateMemoryBytes"])
         for name, n in self.dropped_by_watermark().items():
-            self.metrics.dropped.labels(name).set(n)
+            self.metrics.dropped_so_far(name, n)
 
     def process_all_available(self) -> None:
         for s in self.streams:

@@ -15,10 +15,13 @@ from contract.wire import END_OF_STREAM
 
 
 class JobMetrics:
-    """The job's Prometheus metrics (names are part of the ops contract, see README)."""
+    """The job's Prometheus metrics (names are part of the ops contract: README, "Changed metric
+    names" lists renames). Names follow the Prometheus naming guide: counters end in ``_total`` (added by the
+    client), liveness is ``_up``, marks in epoch seconds are ``_timestamp_seconds``."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._dropped_seen: dict[str, int] = {}
         r = self.registry
         self.records = Counter("lowwater_job_records_consumed", "Partial records consumed", registry=r)
         self.windows = Counter(
@@ -34,8 +37,8 @@ class JobMetrics:
             registry=r,
         )
         self.host_lwm = Gauge(
-            "lowwater_job_host_low_water_mark_seconds",
-            "Host's punctuation mark (data time, min over partitions)",
+            "lowwater_job_host_low_water_mark_timestamp_seconds",
+            "Host's punctuation mark (data time as epoch seconds, min over partitions)",
             ["query", "host"],
             registry=r,
         )
@@ -45,8 +48,8 @@ class JobMetrics:
             ["query", "host"],
             registry=r,
         )
-        self.host_live = Gauge(
-            "lowwater_job_host_live",
+        self.host_up = Gauge(
+            "lowwater_job_host_up",
             "1 if the host punctuated within host_timeout on every partition",
             ["query", "host"],
             registry=r,
@@ -81,9 +84,9 @@ class JobMetrics:
             ["query", "partition"],
             registry=r,
         )
-        self.dropped = Gauge(
+        self.dropped = Counter(
             "lowwater_job_rows_dropped_by_watermark",
-            "Rows Spark's watermark dropped since the job started (baseline mode)",
+            "Rows Spark's watermark dropped (baseline mode)",
             ["query"],
             registry=r,
         )
@@ -135,6 +138,13 @@ class JobMetrics:
             registry=r,
         )
 
+    def dropped_so_far(self, query: str, n: int) -> None:
+        """Spark reports the rows its watermark dropped since the job started: count what is new."""
+        seen = self._dropped_seen.get(query, 0)
+        if n > seen:
+            self.dropped.labels(query).inc(n - seen)
+        self._dropped_seen[query] = n
+
     def serve(self, port: int) -> None:
         """Expose /metrics on 0.0.0.0:port."""
         start_http_server(port, registry=self.registry)
@@ -145,7 +155,7 @@ class JobMetrics:
             self.open_windows.labels(qname).set(qs.open_windows)
             self.state_rows.labels(qname).set(qs.state_rows)
             for host, hs in qs.hosts.items():
-                self.host_live.labels(qname, host).set(1 if hs.live else 0)
+                self.host_up.labels(qname, host).set(1 if hs.live else 0)
                 self.missing.labels(qname, host).set(hs.missing_records)
                 m = hs.low_water_mark_ns
                 if m is not None and m < END_OF_STREAM:

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from contract import query as Q
+from contract.settings import role_parser
 from low_level.host.agent import Agent
 from low_level.host.loop import HostLoop
 
@@ -69,14 +70,7 @@ def parse_source(text: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The flags the user gave (as settings fields) and the settings file, if any."""
-    ap = argparse.ArgumentParser(
-        prog="lowwater-agent",
-        description="lowwater capture-host agent. Every flag can "
-        "also be set as LOWWATER_AGENT_<FLAG> or in --settings FILE.",
-    )
-    ap.add_argument("--settings", help="YAML file of settings (field names as the flags, with _)")
-    ap.add_argument("--config", help="queries YAML (default configs/default.yaml)")
-    ap.add_argument("--query", dest="queries", action="append", help="run only these queries (default: all)")
+    ap = role_parser("lowwater-agent", "lowwater capture-host agent", "AGENT")
     ap.add_argument(
         "--source",
         help="generator[:k=v,...] | pcap:PATH[,loop][,paced] | afpacket:IF[+IF][,promisc][,blocks=N]",

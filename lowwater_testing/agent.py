@@ -6,6 +6,7 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -35,6 +36,15 @@ def agent_cmd(
     if bootstrap is not None:
         cmd += ["--bootstrap", bootstrap]
     return [*cmd, "--metrics-port", str(metrics_port), *extra]
+
+
+def metrics_text(port: int, timeout: float = 5) -> str:
+    """The agent's Prometheus text on ``port`` (``--metrics-port``); "" while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
 
 
 def run_agent(

@@ -3,6 +3,8 @@ and a producer that records what the agent sends (for pure-logic tests without K
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import yaml
 
@@ -16,12 +18,20 @@ from lowwater_testing.queries import spec
 from lowwater_testing.traffic import build_frames
 
 
-def run_kernel(queries: list[Q.QuerySpec], traffic, chunk: int = 512, check=None) -> list[np.ndarray]:
+def run_kernel(
+    queries: list[Q.QuerySpec], traffic, chunk: int = 512, check=None, nets: list[np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """The fused kernel over the traffic's frames, chunk by chunk, each query's partials drained after
+    every chunk and flushed at the end. ``check(tables)`` runs after each chunk; with ``nets`` (LPM
+    tables) the kernel switches to the next table at each equal share of the traffic."""
     tables = Tables.build(queries, chunk=chunk)
-    k = Kernel(tables)
+    k = Kernel(tables, nets=nets[0] if nets else None)
     frames, cap, wl, ts = build_frames(traffic)
     out: list[list[np.ndarray]] = [[] for _ in queries]
+    share = -(-len(traffic) // len(nets)) if nets else 0
     for s in range(0, len(traffic), chunk):
+        if nets:
+            k.set_networks(nets[min(s // share, len(nets) - 1)])
         k.run_arrays(frames, cap, wl, ts, s, min(len(traffic), s + chunk))
         if check:
             check(tables)
@@ -53,6 +63,19 @@ def push_frames(ring: Ring, frames, cap, wl, ts) -> None:
     ring.caplen[slots], ring.wirelen[slots], ring.ts[slots] = cap, wl, ts
     ring.iface[slots] = 0
     ring.ctr[HEAD] = head + n
+
+
+def kafka_agent(q: Q.QuerySpec, host: str, bootstrap: str, **emitter_opts: Any) -> Agent:
+    """An in-process agent for one query sending to a real broker (an 8192-slot ring, 2048-packet chunks),
+    fed with :func:`feed`; ``emitter_opts`` bound its backlog (``merge_at``, ``max_records``)."""
+    return Agent([q], None, host, bootstrap, ring_slots=1 << 13, chunk=2048, emitter_opts=emitter_opts)
+
+
+def drain(agent: Agent, timeout: float = 90) -> None:
+    """End the agent's capture, wait until Kafka acknowledged everything it sent (within ``timeout``), close."""
+    agent.finish()
+    assert agent.emitter.flush(timeout), f"the agent's records not delivered in {timeout} s"
+    agent.emitter.close()
 
 
 def feed(agent: Agent, traffic, start: int, stop: int, burst: int = 2000) -> None:

@@ -77,6 +77,31 @@ def final_rows(df: pd.DataFrame, q: Q.QuerySpec) -> pd.DataFrame:
     return got.sort_values(["window", *[f"k{i}" for i in range(kw)]]).reset_index(drop=True)
 
 
+def step_rows(q: Q.QuerySpec, window, start_ns, end_ns, key, state, kind, closed_at_ms: int) -> pd.DataFrame:
+    """Rows as the stateful step hands them to the sink (partition 0, three hosts expected and all in the
+    mark, nothing late or missing): one per (window, key)."""
+    return pd.DataFrame(
+        {
+            "query": q.name,
+            "partition": 0,
+            "window": window,
+            "window_start_ns": start_ns,
+            "window_end_ns": end_ns,
+            "key": key,
+            "state": state,
+            "kind": kind,
+            "closed_at_ms": closed_at_ms,
+            "hosts": 3,
+            "hosts_expected": 3,
+            "hosts_in_mark": 3,
+            "late_partials": 0,
+            "missing_records": 0,
+            "status": None,
+        },
+        index=range(len(window)),
+    )
+
+
 def emulated_messages(q, traffic, partitions, punct_every_s=1, skew=(0, 15, 40), seed=0, end=True):
     rows = traffic.rows()
     hix = split_hosts(len(traffic), len(HOSTS), seed=5)

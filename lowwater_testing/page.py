@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,16 +11,11 @@ from pathlib import Path
 
 import httpx
 
+from local_stack.kafka_broker import free_port
 from lowwater_testing.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_api(store: Store, token: str | None = None, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -70,8 +64,9 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(5)
 
 
-def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProcess:
-    """Headless Chromium on ``url`` (``--dump-dom``, ``--screenshot=...`` in ``extra``)."""
+def chromium(url: str, profile: Path, *extra: str, budget_ms: int = 5000) -> subprocess.CompletedProcess:
+    """Headless Chromium on ``url`` (``--dump-dom``, ``--screenshot=...`` in ``extra``), the page's
+    timers run for ``budget_ms`` of virtual time."""
     cmd = [
         CHROMIUM,
         "--headless",
@@ -84,7 +79,7 @@ def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProces
         "--disable-sync",
         f"--user-data-dir={profile}",
         "--window-size=1280,900",
-        "--virtual-time-budget=5000",
+        f"--virtual-time-budget={budget_ms}",
         *extra,
         url,
     ]

@@ -81,6 +81,33 @@ def query(
     return doc
 
 
+def pairs(**kw: Any) -> dict[str, Any]:
+    """The agent tests' query ``pairs``: packets per (src_ip, dst_ip) per 2 s, a 1024-slot table, lazy
+    flush with m = 2; ``kw`` (``topic``, ``partitions``, ``window``, ...) overrides or adds."""
+    base = {
+        "group_by": ["src_ip", "dst_ip"],
+        "window": "2s",
+        "table": 1024,
+        "flush": {"policy": "lazy", "m": 2},
+    }
+    return query("pairs", **(base | kw))
+
+
+def on_demand_query(name: str, topic: str, interval: str, table: int, on_demand: bool = False) -> Q.QuerySpec:
+    """Packets per (src_ip, dst_ip) per second on one partition, punctuated every ``interval`` (100 ms
+    skew), ``on_demand`` or not: the on-demand punctuation tests' and benchmark's query."""
+    return spec(
+        name,
+        group_by=["src_ip", "dst_ip"],
+        window="1s",
+        table=table,
+        flush={"policy": "lazy", "m": 1},
+        heartbeat={"interval": interval, "skew": "100ms", "on_demand": on_demand},
+        topic=topic,
+        partitions=1,
+    )
+
+
 def select(name: str, **fields: Any) -> dict[str, Any]:
     """One ``kind: select`` mapping (``filter``, ``project``, ``kafka``...: copied as is)."""
     return {"name": name, "kind": "select", **fields}

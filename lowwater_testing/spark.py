@@ -108,6 +108,13 @@ def assert_exact(results: Path, q: Q.QuerySpec, t) -> pd.DataFrame:
     return g
 
 
+def job_options(bootstrap: str, root: Path, name: str, **kw: Any) -> JobOptions:
+    """The job's options as the tests and benchmarks run it: results in ``root/res``, checkpoint in
+    ``root/ck``, a 300 ms trigger and two shuffle partitions unless ``kw`` says otherwise."""
+    base = dict(results=str(root / "res"), checkpoint=str(root / "ck"), trigger_ms=300, shuffle_partitions=2)
+    return JobOptions(bootstrap=bootstrap, name=name, **(base | kw))
+
+
 def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     opts = JobOptions(
         results=str(tmp_path / f"results-{tag}"),
@@ -119,6 +126,16 @@ def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     )
     job = HighLevelJob(spark, queries, opts)
     job.start()
+    return job
+
+
+def run_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
+    """:func:`start_job`, process what the topics hold, stop: the stopped job (``opts`` name its store)."""
+    job = start_job(spark, queries, tmp_path, tag, **kw)
+    try:
+        job.process_all_available()
+    finally:
+        job.stop()
     return job
 
 
@@ -153,6 +170,10 @@ class Host:
                 )
                 self.seq[p] += len(k)
         return out
+
+    def pane(self, pane: int, ports: list[int], n: int, length: int) -> list[tuple[str, int, bytes]]:
+        """This host's partials of ``pane`` (:meth:`partials`), then its punctuation past it."""
+        return self.partials(pane, ports, n, length) + self.punct(pane + 1)
 
     def punct(self, mark: int) -> list[tuple[str, int, bytes]]:
         w = self.q.window

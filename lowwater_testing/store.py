@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,7 +100,8 @@ def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Sche
     )
 
 
-def _schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
+def result_schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    """A stored result file's schema: the window, ``keys``, ``aggs`` and the completeness columns."""
     return pa.schema(
         [
             ("window_start", TS),
@@ -148,7 +150,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     # q4_pairs: every (src, dst) pair per window, one file per window; window 7 split over two
     # files (two partitions closing it in different batches); corrections for windows 3 and 9,
     # including one group that only ever appears as a correction
-    schema = _schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
+    schema = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
     frames, finals = [], []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
@@ -198,7 +200,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
     # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
-    schema = _schema(
+    schema = result_schema(
         [("dst_ip_24", pa.string())],
         [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())],
     )
@@ -244,7 +246,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["bytes_per_dst24"] = pd.concat(frames, ignore_index=True)
 
     # syn_per_port: sliding windows (1 m every 10 s): several windows per batch file
-    schema = _schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
+    schema = result_schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
     frames = []
     for b in range(N_WINDOWS):
         parts = []
@@ -262,7 +264,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows["syn_per_port"] = pd.concat(frames, ignore_index=True)
 
     # avg_only: no count aggregate, so corrections cannot be folded into avg (the final's avg stays)
-    schema = _schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
+    schema = result_schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
     frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
@@ -378,22 +380,31 @@ def write_status(root: Path, now: datetime) -> dict:
         ),
         "bytes_per_dst24": S.summarize_query({0: part("bytes_per_dst24", 0, {}, 0, None)}),
     }
-    doc = S.StatusDocument(
+    doc = status_document(queries, now_ms, 4, [])
+    (root / "_status.json").write_text(doc.model_dump_json())
+    return doc.model_dump(mode="json")
+
+
+def status_document(queries: dict, now_ms: int, batch_id: int, expected_hosts: list[str]) -> Any:
+    """A ``contract.status.StatusDocument`` over ``queries`` (query: summary) with these tests' job
+    settings: a 1 s trigger, 10 s host timeout, late partials dropped."""
+    from contract import status as S
+
+    settings = S.JobSettings(
+        trigger_ms=1000,
+        host_timeout_ms=10_000,
+        expected_hosts=expected_hosts,
+        late_policy="drop",
+        watermark_delay_ms=10_000,
+    )
+    return S.StatusDocument(
         mode="oop",
         updated_ms=now_ms,
-        batch_id=4,
-        settings=S.JobSettings(
-            trigger_ms=1000,
-            host_timeout_ms=10_000,
-            expected_hosts=[],
-            late_policy="drop",
-            watermark_delay_ms=10_000,
-        ),
+        batch_id=batch_id,
+        settings=settings,
         queries=queries,
         hosts=S.summarize_hosts(queries),
     )
-    (root / "_status.json").write_text(doc.model_dump_json())
-    return doc.model_dump(mode="json")
 
 
 def folded(store: Store, query: str, keys: list[str]) -> pd.DataFrame:

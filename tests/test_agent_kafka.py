@@ -10,7 +10,7 @@ from pathlib import Path
 from contract import query as Q
 from contract import wire
 from lowwater_testing.agent import dpkt_oracle, run_agent, write_pcap
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, pairs
 from lowwater_testing.topics import read_all
 
 NS = 1_000_000_000
@@ -23,17 +23,7 @@ T0 = 1_700_000_000 * NS
 def test_agent_replays_pcap_to_kafka_exactly(kafka, topic_factory, tmp_path: Path) -> None:
     topic = topic_factory(partitions=3)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            window="2s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            topic=topic,
-            partitions=3,
-        )
-    ).write(cfg)
+    config(pairs(topic=topic, partitions=3)).write(cfg)
     pcap = tmp_path / "t.pcap"
     write_pcap(pcap, 30_000, 3000, 20, seed=11)
     run_agent(cfg, f"pcap:{pcap}", bootstrap=kafka.bootstrap_servers)

@@ -124,7 +124,7 @@ def test_flow_collector_serves_its_metrics_and_counts_reloads(tmp_path: Path) ->
     assert m[("lowwater_agent_networks_reloads_total", host)] == 1
     assert m[("lowwater_agent_networks_reload_errors_total", host)] == 1
     assert m[("lowwater_agent_table_slots", qlab)] == 256
-    assert ("lowwater_agent_low_water_mark_seconds", qlab) in m
+    assert ("lowwater_agent_low_water_mark_timestamp_seconds", qlab) in m
     exp = (("exporter", f"('127.0.0.1', {sport})/1"), ("host", "router-m"))
     assert m[("lowwater_agent_flow_records_total", exp)] == 2
     assert m[("lowwater_agent_flow_templates", exp)] == 1

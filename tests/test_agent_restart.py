@@ -20,7 +20,7 @@ from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from low_level.capture.sources.generator import generate_frames
 from lowwater_testing.agent import agent_cmd
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, pairs
 from lowwater_testing.topics import read_topic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,17 +43,7 @@ def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen
 def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory, tmp_path: Path) -> None:
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            window="1s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            topic=topic,
-            partitions=2,
-        )
-    ).write(cfg)
+    config(pairs(window="1s", topic=topic, partitions=2)).write(cfg)
     q = Q.load(cfg).queries[0]
     common = f"groups={GROUPS},clock=synthetic,synthetic_pps={PPS},rate={PPS}"
     first = agent(

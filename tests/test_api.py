@@ -44,6 +44,7 @@ from lowwater_testing.store import (
     folded,
     iso,
     make_store,
+    result_schema,
     write_status,
 )
 
@@ -894,23 +895,7 @@ def test_fast_top_equals_general_path(
     rng = np.random.default_rng(seed)
     root = tmp_path_factory.mktemp("fast") / "results"
     base = store.first
-    schema = pa.schema(
-        [
-            ("window_start", pa.timestamp("us", tz="UTC")),
-            ("window_end", pa.timestamp("us", tz="UTC")),
-            ("src_ip", pa.string()),
-            ("dst_ip", pa.string()),
-            ("packets", pa.int64()),
-            ("closed_at", pa.timestamp("us", tz="UTC")),
-            ("hosts", pa.int32()),
-            ("hosts_expected", pa.int32()),
-            ("hosts_in_mark", pa.int32()),
-            ("late_partials", pa.int64()),
-            ("missing_records", pa.int64()),
-            ("complete", pa.bool_()),
-            ("kind", pa.string()),
-        ]
-    )
+    schema = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
     batch = 0
 
     def write(recs: list[dict]) -> None:

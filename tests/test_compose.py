@@ -44,7 +44,9 @@ import pytest
 from contract import fields as F
 from local_stack import docker_engine
 from local_stack.jars import state_dir
+from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import dpkt_oracle, write_pcap
+from lowwater_testing.page import CHROMIUM, chromium
 from lowwater_testing.traffic import NS, T0
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +57,6 @@ VETH, PEER, NETNS = "lwct0", "lwct1", "lwct-ns"
 WINDOW_S = 10
 SPAN_S = 30
 LIVE_SRC, LIVE_DST = "10.99.0.1", "10.99.0.2"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # the first test carries the module's set-up: a cold image build and three Spark-job starts on 2 cores
 pytestmark = pytest.mark.timeout(2400)
 # every service of docker-compose.yml but grafana (no image here: its provisioning is checked instead)
@@ -70,12 +71,6 @@ CENTRAL_SERVICES = (
     "alertmanager",
 )
 TIMINGS: dict[str, Any] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(
@@ -615,22 +610,10 @@ def test_having_alert_reaches_alertmanager(up: Site) -> None:
 def test_page_renders_in_headless_chromium(up: Site, tmp_path: Path) -> None:
     s = up
     assert CHROMIUM, "chromium is missing: ./lw setup installs it"
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--virtual-time-budget=8000",
-        "--dump-dom",
-        f"http://127.0.0.1:{s.ports['api']}/ui#token={s.token}",
-    ]
-    dom = run(cmd, timeout=120).stdout
+    page = f"http://127.0.0.1:{s.ports['api']}/ui#token={s.token}"
+    proc = chromium(page, tmp_path / "profile", "--dump-dom", budget_ms=8000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom = proc.stdout
     assert 'id="q-pairs"' in dom and 'id="q-bytes_per_dst24"' in dom, dom[-3000:]
     assert 'class="top-row"' in dom and "live-01" in dom, dom[-3000:]
 

@@ -458,6 +458,56 @@ def _prometheus() -> dict[str, Any]:
     return yaml.safe_load(PROMETHEUS.read_text())
 
 
+def _seconds(v: str) -> float:
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", v)
+    assert m, v
+    return int(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def test_the_job_is_scraped_at_least_once_per_exported_window() -> None:
+    """An exported query's series change once per window slide: a longer scrape interval loses windows
+    (bytes_per_dst24's 10-s windows scraped every 15 s: one in three never reached Prometheus)."""
+    from contract import query as Q
+
+    cfg = _prometheus()
+    job = next(sc for sc in cfg["scrape_configs"] if sc["job_name"] == "lowwater-job")
+    interval = _seconds(job.get("scrape_interval", cfg["global"]["scrape_interval"]))
+    assert _seconds(job.get("scrape_timeout", cfg["global"]["scrape_timeout"])) < interval
+    exported = []
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        for q in Q.load(path).queries:
+            if getattr(q, "export", None) is not None:
+                exported.append((q.window.slide / 1e9, f"{path.name}:{q.name}"))
+    assert exported, "no config exports a query"
+    for slide_s, where in exported:
+        assert interval <= slide_s, (
+            f"{where}: windows every {slide_s:g} s, the job scraped every {interval:g} s"
+        )
+
+
+def test_job_metric_families_follow_the_naming_guide(tmp_path: Path) -> None:
+    """No gauge ends in _total, liveness is _up, marks are _timestamp_seconds (the real registry)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from high_level.metrics import JobMetrics
+
+    m = JobMetrics()
+    m.host_up.labels("q", "h").set(1)
+    m.host_lwm.labels("q", "h").set(1.7e9)
+    m.dropped_so_far("q", 5)
+    m.dropped_so_far("q", 7)
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(m.registry).decode())}
+    for f in fams.values():
+        if f.type == "gauge":
+            assert not f.name.endswith("_total"), f.name
+            assert not f.name.endswith("_live"), f.name
+    assert "lowwater_job_host_up" in fams
+    assert "lowwater_job_host_low_water_mark_timestamp_seconds" in fams
+    dropped = fams["lowwater_job_rows_dropped_by_watermark"]
+    assert dropped.type == "counter" and dropped.samples[0].value == 7  # cumulative, counted once
+
+
 def test_every_prometheus_static_target_is_a_compose_service_port() -> None:
     svcs = services(CENTRAL)
     cfg = _prometheus()

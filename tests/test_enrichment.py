@@ -20,11 +20,11 @@ from contract import query as Q
 from contract import wire
 from contract.filterlang import compile_filter, evaluate
 from low_level.kernel import lpm
-from low_level.kernel.fused import Kernel
 from low_level.kernel.tables import Tables
 from lowwater_testing.agent import run_agent
+from lowwater_testing.capture import run_kernel
 from lowwater_testing.queries import config, query
-from lowwater_testing.traffic import build_frames, make_mixed_traffic
+from lowwater_testing.traffic import make_mixed_traffic
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -172,26 +172,6 @@ def _enrich_reference(nets: N.Networks, rows: np.ndarray) -> dict[int, np.ndarra
     return out
 
 
-def _run(
-    queries: list[Q.QuerySpec], traffic, tables_nets: list[np.ndarray], chunk: int = 512
-) -> list[np.ndarray]:
-    """Run the kernel over the traffic; switch to the next networks table at each equal share of it."""
-    tables = Tables.build(queries, chunk=chunk)
-    k = Kernel(tables, nets=tables_nets[0])
-    frames, cap, wl, ts = build_frames(traffic)
-    out: list[list[np.ndarray]] = [[] for _ in queries]
-    share = -(-len(traffic) // len(tables_nets))
-    for s in range(0, len(traffic), chunk):
-        k.set_networks(tables_nets[min(s // share, len(tables_nets) - 1)])
-        k.run_arrays(frames, cap, wl, ts, s, min(len(traffic), s + chunk))
-        for i in range(len(queries)):
-            out[i].append(tables.drain(i))
-    for i in range(len(queries)):
-        k.flush_below(i, wire.END_OF_STREAM)
-        out[i].append(tables.drain(i))
-    return [np.concatenate(o) for o in out]
-
-
 def _merged(q: Q.QuerySpec, recs: np.ndarray) -> Counter:
     pane, key, state = Tables.build([q]).split(0, recs)
     got: Counter = Counter()
@@ -209,7 +189,7 @@ def test_group_by_and_filter_on_enrichment_fields_is_exact() -> None:
         _query("net_pairs", "[src_net, dst_net, protocol]"),
         _query("from_ten", "[dst_ip/24]", flt="src_asn == 64496 and dst_net != 0"),
     ]
-    recs = _run(queries, traffic, [lpm.build(nets)])
+    recs = run_kernel(queries, traffic, nets=[lpm.build(nets)])
     rows = traffic.rows()
     ref = _enrich_reference(nets, rows)
     pane = (rows[:, F.TS] - queries[0].window.origin_ns) // queries[0].window.pane_ns
@@ -239,7 +219,7 @@ def test_a_reload_swaps_the_table_and_keeps_the_state(tmp_path: Path) -> None:
     old, new = N.parse_text("64497,192.168.0.0/16"), N.parse_text("65001,192.168.0.0/16\n65002,2001:db8::/32")
     traffic = make_mixed_traffic(8_000, 300, T0, 4 * NS, seed=9, v6_share=0.3)
     q = _query("by_asn", "[dst_asn]")
-    got = _merged(q, _run([q], traffic, [lpm.build(old), lpm.build(new)], chunk=500)[0])
+    got = _merged(q, run_kernel([q], traffic, chunk=500, nets=[lpm.build(old), lpm.build(new)])[0])
     rows = traffic.rows()
     pane = (rows[:, F.TS] - q.window.origin_ns) // q.window.pane_ns
     half = 4_000

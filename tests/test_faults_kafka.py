@@ -13,8 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from contract import query as Q
 from contract import wire
-from low_level.host.agent import Agent
-from lowwater_testing.capture import feed, pairs_query
+from lowwater_testing.capture import drain, feed, kafka_agent, pairs_query
 from lowwater_testing.traffic import make_traffic, merge_partials, oracle
 
 NS = 1_000_000_000
@@ -43,7 +42,7 @@ def consume(bootstrap: str, q: Q.QuerySpec) -> tuple[np.ndarray, np.ndarray, np.
 def test_broker_sigkill_and_restart_mid_stream_loses_nothing(kafka, topic_factory) -> None:
     q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 2000, T0, 30 * NS, seed=21)
-    agent = Agent([q], None, "h-kill", kafka.bootstrap_servers, ring_slots=1 << 13, chunk=2048)
+    agent = kafka_agent(q, "h-kill", kafka.bootstrap_servers)
     feed(agent, traffic, 0, 20_000)
     assert agent.emitter.flush(30)
     feed(agent, traffic, 20_000, 30_000)  # some of this is in flight when the broker dies
@@ -51,9 +50,7 @@ def test_broker_sigkill_and_restart_mid_stream_loses_nothing(kafka, topic_factor
     feed(agent, traffic, 30_000, 45_000)
     kafka.restart()
     feed(agent, traffic, 45_000, 60_000)
-    agent.finish()
-    assert agent.emitter.flush(60)
-    agent.emitter.close()
+    drain(agent, 60)
     pane, key, state, closed = consume(kafka.bootstrap_servers, q)
     assert closed == {0, 1}
     assert agent.emitter.stats.delivery_failures == 0
@@ -66,15 +63,7 @@ def test_outage_keeps_capturing_with_bounded_backlog_then_delivers(kafka, topic_
     groups = 500
     traffic = make_traffic(80_000, groups, T0, 8 * NS, seed=22)  # 8 panes x 500 groups
     # a tiny merge threshold forces in-place merging during the outage
-    agent = Agent(
-        [q],
-        None,
-        "h-down",
-        kafka.bootstrap_servers,
-        ring_slots=1 << 13,
-        chunk=2048,
-        emitter_opts={"merge_at": 3000, "max_records": 50_000},
-    )
+    agent = kafka_agent(q, "h-down", kafka.bootstrap_servers, merge_at=3000, max_records=50_000)
     feed(agent, traffic, 0, 10_000)
     assert agent.emitter.flush(30)
     kafka.stop()
@@ -96,9 +85,7 @@ def test_outage_keeps_capturing_with_bounded_backlog_then_delivers(kafka, topic_
     finally:
         kafka.start()
     feed(agent, traffic, 70_000, 80_000)
-    agent.finish()
-    assert agent.emitter.flush(90)
-    agent.emitter.close()
+    drain(agent)
     assert agent.emitter.backlog.lost == 0
     pane, key, state, closed = consume(kafka.bootstrap_servers, q)
     assert closed == {0, 1}

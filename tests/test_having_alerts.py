@@ -26,6 +26,7 @@ from high_level.aggregate.rollup import Layout, QueryRollup
 from high_level.job import HighLevelJob, JobOptions
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
+from lowwater_testing.hosts import step_rows
 from lowwater_testing.oracle import host_messages, interleave, split_hosts
 from lowwater_testing.queries import config, query
 from lowwater_testing.traffic import make_traffic, oracle
@@ -259,27 +260,10 @@ def test_gcd_windows_exact_across_the_disorder_matrix(cfg, traffic, name):
 def ports_rows(q: Q.QuerySpec, lay: Layout, windows, ports, counts, lengths, kind="final") -> pd.DataFrame:
     """Generic rows of the 'ports' query: (window, port, count, sum(length), count)."""
     w = np.asarray(windows, np.int64)
-    n = len(w)
-    return pd.DataFrame(
-        {
-            "query": q.name,
-            "partition": 0,
-            "window": w,
-            "window_start_ns": lay.window_start_ns(w),
-            "window_end_ns": lay.window_end_ns(w),
-            "key": [np.array([p], np.int64) for p in ports],
-            "state": [np.array([c, c * ln, c], np.int64) for c, ln in zip(counts, lengths, strict=True)],
-            "kind": kind,
-            "closed_at_ms": int(time.time() * 1000),
-            "hosts": 3,
-            "hosts_expected": 3,
-            "hosts_in_mark": 3,
-            "late_partials": 0,
-            "missing_records": 0,
-            "status": None,
-        },
-        index=range(n),
-    )
+    key = [np.array([p], np.int64) for p in ports]
+    state = [np.array([c, c * ln, c], np.int64) for c, ln in zip(counts, lengths, strict=True)]
+    now_ms = int(time.time() * 1000)
+    return step_rows(q, w, lay.window_start_ns(w), lay.window_end_ns(w), key, state, kind, now_ms)
 
 
 def stored(root: Path, q: str) -> pd.DataFrame:
@@ -541,7 +525,7 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     fires reaches the receiver exactly once, though it was down for the first micro-batches."""
     from lowwater_testing.hosts import HOSTS as SPARK_HOSTS
     from lowwater_testing.hosts import traffic_messages
-    from lowwater_testing.spark import expected_typed, normalised, read_results
+    from lowwater_testing.spark import expected_typed, job_options, normalised, read_results
     from lowwater_testing.topics import produce
 
     t = make_traffic(6000, 60, T0, 90 * NS, seed=9)
@@ -558,13 +542,10 @@ def test_spark_job_having_alerts_and_gcd_windows_exact_with_webhook_down_then_up
     msgs = traffic_messages(queries, t)
     rx = Receiver()
     rx.down()
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
-        shuffle_partitions=2,
-        name="t-having",
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-having",
         expected_hosts=SPARK_HOSTS,
         host_timeout_ms=600_000,
         alert_webhook=rx.url,

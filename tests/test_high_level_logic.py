@@ -811,3 +811,39 @@ def test_an_operators_stop_waits_for_the_running_batch_within_its_grace():
     assert wait_for_batch_end(Stream([True], active=False), t0 + 5)  # stopped already
     assert wait_for_batch_end(Stream([None]), t0 + 5)  # cannot tell: stop as before
     assert not wait_for_batch_end(Stream([True]), time.monotonic())  # no grace: at once
+
+
+def test_a_gap_whose_records_lead_the_mark_flags_their_windows(cfg):
+    """The lost records are the only ones far ahead of the host's mark (open panes evicted early): the lead
+    the job observed says nothing of them, the punctuation's ``sent_upto`` bounds them. Every window they
+    feed reports the missing record; none is complete and wrong."""
+    lay = Layout.of(cfg.query("pairs"))
+    b, far = 1_000, 1_020
+
+    def part(seq: int, panes: list[int], key: int) -> bytes:
+        n = len(panes)
+        key_ = np.full((n, lay.kw), key, dtype=np.int64)
+        return wire.encode_partials(
+            "pairs", "h0", 1, 0, seq, np.array(panes), key_, np.ones((n, lay.na), dtype=np.int64)
+        )
+
+    def punct(seq: int, mark: int, upto: int) -> bytes:
+        return wire.encode_punctuation(
+            wire.Punctuation("pairs", "h0", 1, 0, seq, mark, mark, 0, sent_upto=upto)
+        )
+
+    stream = [
+        part(0, [b, b + 1], 7),
+        punct(2, b + 2, b + 1),
+        part(2, [far], 7),  # lost between the host and the job
+        part(3, [b + 2], 7),
+        punct(4, b + 3, far),  # reveals the gap: one record, sent with panes up to `far`
+        part(4, [far], 8),  # the windows the lost record fed have rows of their own
+        punct(5, far + 1, far),
+        punct(5, wire.END_OF_STREAM, far),
+    ]
+    p = PartitionProcessor([lay], 0, Settings(host_timeout_ms=10**9, expected_hosts=("h0",)))
+    df = p.process([m for i, m in enumerate(stream) if i != 2], 1000)
+    fin = df[df["kind"] == "final"]
+    fed = fin[fin["window"].isin([far + d for d in range(lay.k)])]
+    assert len(fed) == lay.k and (fed["missing_records"] == 1).all()

@@ -93,9 +93,9 @@ def test_exact_for_any_partition_count_and_punctuation_density(spark, kafka, top
     for metric in (
         "lowwater_job_records_consumed_total",
         "lowwater_job_windows_closed_total",
-        "lowwater_job_host_low_water_mark_seconds",
+        "lowwater_job_host_low_water_mark_timestamp_seconds",
         "lowwater_job_host_lag_seconds",
-        "lowwater_job_host_live",
+        "lowwater_job_host_up",
         "lowwater_job_batch_duration_seconds_bucket",
         "lowwater_job_result_latency_seconds_bucket",
     ):

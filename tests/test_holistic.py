@@ -20,7 +20,7 @@ from high_level.results.store import ResultStore, typed_table
 from low_level.kernel import sketchkey
 from low_level.kernel.tables import Tables
 from lowwater_testing.capture import run_kernel
-from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline
+from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline, step_rows
 from lowwater_testing.oracle import packet_partials, window_oracle
 from lowwater_testing.queries import config, query, spec
 from lowwater_testing.traffic import NS, T0, make_mixed_traffic, make_traffic, merge_partials, oracle
@@ -320,24 +320,9 @@ def test_store_writes_final_columns_having_and_alerts(cfg, traffic, tmp_path) ->
         kc = [c for c in wo.columns if c.startswith("k")]
         sc = [c for c in wo.columns if c.startswith("s")]
         kind = np.where(np.arange(n) % 50 == 7, "correction", "final")
-        rows = pd.DataFrame(
-            {
-                "query": q.name,
-                "partition": 0,
-                "window": wo["window"],
-                "window_start_ns": lay_end - q.window.range_ns,
-                "window_end_ns": lay_end,
-                "key": list(wo[kc].to_numpy(np.int64)),
-                "state": list(wo[sc].to_numpy(np.int64)),
-                "kind": kind,
-                "closed_at_ms": 1,
-                "hosts": 3,
-                "hosts_expected": 3,
-                "hosts_in_mark": 3,
-                "late_partials": 0,
-                "missing_records": 0,
-                "status": None,
-            }
+        key, state = list(wo[kc].to_numpy(np.int64)), list(wo[sc].to_numpy(np.int64))
+        rows = step_rows(
+            q, wo["window"].to_numpy(), lay_end - q.window.range_ns, lay_end, key, state, kind, 1
         )
         typed = typed_table(q, rows)
         assert typed.schema == R.schema(q)

@@ -376,20 +376,17 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     the join state shows in /status; a join over a topic that does not exist is a clear error."""
     from high_level.job import HighLevelJob, JobOptions
     from high_level.join.pipeline import MissingInputTopic
-    from lowwater_testing.spark import read_results
+    from lowwater_testing.spark import job_options, read_results
     from lowwater_testing.topics import produce
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg = _topics(config(2), t1, t2, 2)
     left, right = rows_of(cfg, 800, seed=31)
     produce(kafka, handshake_messages(cfg, left, right, hosts=3, skew_s=20, seed=4))
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
-        shuffle_partitions=2,
-        name="t-join",
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-join",
         create_topics=False,
         expected_hosts=("cap-0", "cap-1", "cap-2"),
     )
@@ -479,8 +476,8 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     agent process -> real Kafka -> the real job: the inner and the anti join's stored windows equal the
     brute-force oracle over the same packets parsed by dpkt (some handshakes, some unanswered SYNs)."""
 
-    from high_level.job import HighLevelJob, JobOptions
-    from lowwater_testing.spark import read_results
+    from high_level.job import HighLevelJob
+    from lowwater_testing.spark import job_options, read_results
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
     text = HANDSHAKE.replace("partitions: 4}", "partitions: 2}").replace("range: 1m}", "range: 10s}")
@@ -505,13 +502,10 @@ def test_generated_handshakes_through_the_agent_kafka_and_spark_equal_the_oracle
     n = 30_000  # 30 s at 1000 packets/s: 4 windows of 10 s
     source = f"generator:clock=synthetic,count={n}," + ",".join(f"{k}={v}" for k, v in GENERATED.items())
     run_agent(path, source, host="cap-0", bootstrap=kafka.bootstrap_servers, timeout=600)
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
-        shuffle_partitions=2,
-        name="t-join-gen",
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-join-gen",
         create_topics=False,
         expected_hosts=("cap-0",),
     )
@@ -635,3 +629,33 @@ def test_job_step_state_is_compressed_and_reads_the_earlier_layout() -> None:
                 np.testing.assert_array_equal(back.joins[p].store[s].h, j.store[s].h)
                 np.testing.assert_array_equal(back.joins[p].store[s].cols, j.store[s].cols)
         assert back.to_bytes() == new
+
+
+def test_a_select_gap_is_charged_up_to_the_newest_row_the_host_sent() -> None:
+    """Rows lost between two punctuations may lead the mark (a select sends rows as they come): the gap's
+    time range reaches the punctuation's ``sent_upto``, not just its mark."""
+    cfg = config(1)
+    sl, _ = cfg.selects
+    lay = JoinLayout.of(cfg.joins[0], sl, cfg.selects[1])
+    j, w = BandJoin(lay, host_timeout_ms=10**12), lay.lw
+
+    def rows(seq: int, ts: list[int]) -> bytes:
+        block = np.column_stack([np.array(ts, np.int64), np.ones((len(ts), w), np.int64)])
+        return wire.encode_rows(sl.name, "cap-0", 1, 0, seq, block)
+
+    def punct(seq: int, mark: int, upto: int) -> bytes:
+        return wire.encode_punctuation(
+            wire.Punctuation(sl.name, "cap-0", 1, 0, seq, mark, mark, 0, sent_upto=upto)
+        )
+
+    lost_ts = 50 * NS
+    msgs = [
+        rows(0, [NS]),
+        punct(1, 2 * NS, NS),
+        rows(1, [lost_ts]),
+        rows(2, [2 * NS]),
+        punct(3, 3 * NS, lost_ts),
+    ]
+    j.process([m for i, m in enumerate(msgs) if i != 2], 0)
+    gaps = [g for g in j.take_losses() if g[4] == "gap"]
+    assert len(gaps) == 1 and gaps[0][0] <= lost_ts <= gaps[0][1] and gaps[0][2] == 1

@@ -572,7 +572,7 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
     from high_level.job import HighLevelJob, JobOptions
     from high_level.join.pipeline import MissingInputTopic
     from high_level.serve.api import create_app
-    from lowwater_testing.spark import read_results
+    from lowwater_testing.spark import job_options, read_results
     from lowwater_testing.topics import produce
 
     t1, t2 = topic_factory(partitions=2), topic_factory(partitions=2)
@@ -598,13 +598,10 @@ def test_closed_windows_join_through_real_kafka_and_spark(spark, kafka, topic_fa
         ]
         tagged += [(m.t_ns, q.topic, m.partition, m.value) for m in simulate.interleave(streams, seed=2)]
     produce(kafka, [(t, p, v) for _, t, p, v in sorted(tagged, key=lambda x: x[0])])
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
-        shuffle_partitions=2,
-        name="t-feed",
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-feed",
         create_topics=True,
         expected_hosts=HOSTS,
     )

@@ -55,7 +55,7 @@ from contract.kafka_security import KafkaSecurity, check_sasl_credentials
 from contract.topics import connect, existing_partitions
 from local_stack.kafka_broker import KafkaBroker, free_port
 from lowwater_testing.agent import agent_cmd
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import read_available
 from lowwater_testing.traffic import build_frames, make_traffic
 
@@ -77,18 +77,7 @@ def _users() -> dict[str, str]:
 
 
 def _query_yaml(path: Path, topic: str, partitions: int) -> Path:
-    return config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            window="2s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            heartbeat={"interval": "200ms"},
-            topic=topic,
-            partitions=partitions,
-        )
-    ).write(path)
+    return config(pairs(heartbeat={"interval": "200ms"}, topic=topic, partitions=partitions)).write(path)
 
 
 def _agent_cmd(

@@ -57,10 +57,7 @@ def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic
         # two of three hosts: the window is open, its values provisional (2 of 3 hosts past it)
         produce(
             kafka,
-            h["h0"].partials(p0, PORTS, 1, 100)
-            + h["h0"].punct(p0 + 1)
-            + h["h1"].partials(p0, PORTS, 2, 100)
-            + h["h1"].punct(p0 + 1),
+            h["h0"].pane(p0, PORTS, 1, 100) + h["h1"].pane(p0, PORTS, 2, 100),
         )
         job.process_all_available()
         assert windows_of(job, q) == {}
@@ -70,7 +67,7 @@ def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic
         assert {p: u.values["n"] for p, u in newest.items()} == dict.fromkeys(PORTS, 3)
         assert {(u.hosts_in_mark, u.hosts_expected) for u in newest.values()} == {(2, 3)}
         # the third host: the window closes; the final follows its provisional values, equal to the store
-        produce(kafka, h["h2"].partials(p0, PORTS, 4, 100) + h["h2"].punct(p0 + 1))
+        produce(kafka, h["h2"].pane(p0, PORTS, 4, 100))
         job.process_all_available()
         stored = windows_of(job, q)[p0]
         msgs = _read_live(kafka, q.name, 3 * len(PORTS))

@@ -18,7 +18,14 @@ from high_level.aggregate.chunks import MemoryChunks
 from high_level.aggregate.packed import QueryWindows, unpack_windows
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
-from high_level.live.publish import LIVE_KINDS, LivePublisher, live_messages, split_provisional
+from high_level.live.publish import (
+    KEEP_CLOSED,
+    LIVE_KINDS,
+    LivePublisher,
+    live_messages,
+    split_provisional,
+    window_of_key,
+)
 from high_level.live.queue import Update, UpdateQueue, replay
 from lowwater_testing.hosts import CONFIG, HOSTS, emulated_messages, final_rows
 from lowwater_testing.oracle import window_oracle
@@ -199,12 +206,22 @@ def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
         )
     assert {t for t, _, _ in prod.sent} == {L.live_topic(q.name)}
     assert pub.published[q.name]["provisional"] > 0 and pub.published[q.name]["final"] > 0
-    last = {}
+    last, deleted = {}, set()
     for _, k, v in prod.sent:
+        assert k not in deleted, "a message after the key's tombstone"
+        if v is None:  # a tombstone: only of a key whose final was sent
+            assert last[k][1], "a tombstone before the key's final"
+            deleted.add(k)
+            continue
         u = L.decode(k, v)
         assert not last.get(k, (0, False))[1], "a message after the key's final"
         assert u.version >= last.get(k, (0, False))[0]
         last[k] = (u.version, u.final)
+    # every closed window but the newest KEEP_CLOSED is deleted from the topic (compaction shrinks it)
+    closed = {window_of_key(k) for k, (_, final) in last.items() if final}
+    kept = {window_of_key(k) for k, (_, final) in last.items() if final and k not in deleted}
+    assert len(closed) > KEEP_CLOSED and kept == set(sorted(closed)[-KEEP_CLOSED:])
+    assert pub.tombstoned[q.name] == len(deleted) > 0
 
 
 def test_live_messages_of_a_holistic_query_carry_the_second_stage_per_group():

@@ -15,26 +15,18 @@ from contract import control as C
 from contract import query as Q
 from contract.status import PartitionStatus
 from high_level.aggregate.rollup import Layout
-from high_level.job import HighLevelJob, JobOptions
+from high_level.job import HighLevelJob
 from high_level.ondemand import PunctuationAsker
 from low_level.host.agent import Agent
 from low_level.host.ondemand import RequestListener
-from lowwater_testing.queries import spec
+from lowwater_testing.queries import on_demand_query
+from lowwater_testing.spark import job_options
 
 NS = 1_000_000_000
 
 
 def _query(topic: str = "t", interval: str = "1s") -> Q.QuerySpec:
-    return spec(
-        "asked",
-        group_by=["src_ip", "dst_ip"],
-        window="1s",
-        table=4096,
-        flush={"policy": "lazy", "m": 1},
-        heartbeat={"interval": interval, "skew": "100ms", "on_demand": False},
-        topic=topic,
-        partitions=1,
-    )
+    return on_demand_query("asked", topic, interval, table=4096)
 
 
 def test_request_roundtrip_and_every_mutation_or_truncation_rejected() -> None:
@@ -127,15 +119,12 @@ def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_hea
     could close for five minutes. With the asker, the job asks it and windows keep closing."""
     topic, ctl = topic_factory(1), topic_factory(1, prefix="ctl")
     dense_q, sparse_q = _query(topic, "1s"), _query(topic, "300s")
-    opts = JobOptions(
-        bootstrap=kafka.bootstrap_servers,
-        results=str(tmp_path / "res"),
-        checkpoint=str(tmp_path / "ck"),
-        trigger_ms=300,
+    opts = job_options(
+        kafka.bootstrap_servers,
+        tmp_path,
+        "t-asked",
         host_timeout_ms=120_000,
         expected_hosts=("dense", "sparse"),
-        shuffle_partitions=2,
-        name="t-asked",
         create_topics=False,
         control_topic=ctl,
     )

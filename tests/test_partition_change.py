@@ -21,7 +21,7 @@ from contract.topics import PartitionChangeRefused, connect, ensure_topics, exis
 from high_level.cluster import partitioncount
 from low_level.host.emit import Emitter
 from lowwater_testing.oracle import host_messages, interleave, split_hosts
-from lowwater_testing.spark import BASE, expected_typed, normalised, read_results, start_job
+from lowwater_testing.spark import BASE, expected_typed, normalised, read_results, run_job
 from lowwater_testing.topics import produce
 from lowwater_testing.traffic import T0, make_traffic
 
@@ -143,13 +143,10 @@ def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(
     q2, q3 = query_on(topic, 2), query_on(topic, 3)
     t1 = make_traffic(3000, 80, T0, 40 * 10**9, seed=21)
     t2 = make_traffic(3000, 80, T0 + 120 * 10**9, 40 * 10**9, seed=22)
-    kw = dict(bootstrap=kafka.bootstrap_servers, host_timeout_ms=600_000)
+    kw = dict(bootstrap=kafka.bootstrap_servers, host_timeout_ms=600_000)  # one checkpoint and store for both
+
     produce(kafka, phase(q2, t1, ("a0", "a1"), seed=5))
-    job = start_job(spark, [q2], tmp_path, "grow", **kw)
-    try:
-        job.process_all_available()
-    finally:
-        job.stop()
+    job = run_job(spark, [q2], tmp_path, "grow", **kw)
     ckpt, results = Path(job.opts.checkpoint), Path(job.opts.results)
     partitioncount.record(ckpt, [q2])  # what lowwater-job does once the job has started
     assert S.read(R.status_path(results)).queries["regrow"].open_windows == 0  # the clean cut
@@ -165,11 +162,7 @@ def test_growing_partitions_at_a_clean_cut_keeps_every_window_exact(
     assert "2 -> 3 partitions" in line
 
     produce(kafka, phase(q3, t2, ("b0", "b1"), seed=6))
-    job = start_job(spark, [q3], tmp_path, "grow", **kw)
-    try:
-        job.process_all_available()
-    finally:
-        job.stop()
+    run_job(spark, [q3], tmp_path, "grow", **kw)
     got = read_results(results, "regrow")
     fin = got[got["kind"] == "final"]
     keys = ["window_end", *[p.name for p in q3.key_parts]]

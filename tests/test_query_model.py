@@ -44,12 +44,18 @@ BASE = """queries:
     window: {range: 1m}
 """
 
+
+def _agg(text: str, reason: str, field: str = "aggregates.0", line: int = 5) -> tuple:
+    """BASE with ``text`` as its one aggregate, rejected at ``line`` and ``field`` for ``reason``."""
+    return (BASE.replace("{fn: count}", text), line, field, reason)
+
+
 MALFORMED = [
     # (document, line, field fragment, reason fragment)
     (BASE.replace("group_by: [src_ip]", "group_by: [src_mca]"), 3, "group_by", "unknown field 'src_mca'"),
-    (BASE.replace("{fn: count}", "{fn: median}"), 5, "aggregates.0.fn", "Input should be"),
-    (BASE.replace("{fn: count}", "{fn: sum, field: src_ip}"), 5, "aggregates.0", "numeric field"),
-    (BASE.replace("{fn: count}", "{fn: sum}"), 5, "aggregates.0", "needs a field"),
+    _agg("{fn: median}", "Input should be", "aggregates.0.fn"),
+    _agg("{fn: sum, field: src_ip}", "numeric field"),
+    _agg("{fn: sum}", "needs a field"),
     (
         BASE.replace("{range: 1m}", "{range: 1m, slide: 7ms}"),
         6,
@@ -118,98 +124,27 @@ MALFORMED = [
         "aggregates",
         "at most one holistic aggregate",
     ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, k: 3}"),
-        5,
-        "aggregates.0",
-        "'k' is a parameter of top, not of count_distinct",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, colour: 3}"),
-        5,
-        "aggregates.0.colour",
-        "unknown field",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5, 1.5]}"),
-        5,
-        "aggregates.0",
-        "quantile 1.5 is outside (0, 1)",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0]}"),
-        5,
-        "aggregates.0",
-        "outside (0, 1)",
-    ),
-    (BASE.replace("{fn: count}", "{fn: quantiles, field: length}"), 5, "aggregates.0", "needs q"),
-    (
-        BASE.replace("{fn: count}", "{fn: quantiles, field: src_ip, q: [0.5]}"),
-        5,
-        "aggregates.0",
-        "numeric field",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 3}"),
-        5,
-        "aggregates.0",
-        "precision must be 4..18",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: hll, precision: 19}"),
-        5,
-        "aggregates.0",
-        "precision must be 4..18",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, precision: 12}"),
-        5,
-        "aggregates.0",
-        "precision applies to approx: hll",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: count_distinct, field: dst_ip, approx: kmv}"),
-        5,
-        "aggregates.0.approx",
-        "Input should be",
-    ),
-    (BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 0}"), 5, "aggregates.0", "k >= 1"),
-    (
-        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, by: src_ip}"),
-        5,
-        "aggregates.0",
-        "top by needs a numeric field",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: top, field: src_ip, k: 5}"),
-        2,
-        "query",
-        "clashes with a group-by column",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 4}"),
-        5,
-        "aggregates.0",
-        "top capacity must be an integer k (5) .. 1000000",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 2000000}"),
-        5,
-        "aggregates.0",
-        "top capacity must be",
-    ),
-    (
-        BASE.replace("{fn: count}", "{fn: top, field: dst_ip, k: 5, capacity: 10.5}"),
-        5,
-        "aggregates.0.capacity",
+    _agg("{fn: count_distinct, field: dst_ip, k: 3}", "'k' is a parameter of top, not of count_distinct"),
+    _agg("{fn: count_distinct, field: dst_ip, colour: 3}", "unknown field", "aggregates.0.colour"),
+    _agg("{fn: quantiles, field: length, q: [0.5, 1.5]}", "quantile 1.5 is outside (0, 1)"),
+    _agg("{fn: quantiles, field: length, q: [0]}", "outside (0, 1)"),
+    _agg("{fn: quantiles, field: length}", "needs q"),
+    _agg("{fn: quantiles, field: src_ip, q: [0.5]}", "numeric field"),
+    _agg("{fn: count_distinct, field: dst_ip, approx: hll, precision: 3}", "precision must be 4..18"),
+    _agg("{fn: count_distinct, field: dst_ip, approx: hll, precision: 19}", "precision must be 4..18"),
+    _agg("{fn: count_distinct, field: dst_ip, precision: 12}", "precision applies to approx: hll"),
+    _agg("{fn: count_distinct, field: dst_ip, approx: kmv}", "Input should be", "aggregates.0.approx"),
+    _agg("{fn: top, field: dst_ip, k: 0}", "k >= 1"),
+    _agg("{fn: top, field: dst_ip, k: 5, by: src_ip}", "top by needs a numeric field"),
+    _agg("{fn: top, field: src_ip, k: 5}", "clashes with a group-by column", "query", 2),
+    _agg("{fn: top, field: dst_ip, k: 5, capacity: 4}", "top capacity must be an integer k (5) .. 1000000"),
+    _agg("{fn: top, field: dst_ip, k: 5, capacity: 2000000}", "top capacity must be"),
+    _agg(
+        "{fn: top, field: dst_ip, k: 5, capacity: 10.5}",
         "Input should be a valid integer",
+        "aggregates.0.capacity",
     ),
-    (
-        BASE.replace("{fn: count}", "{fn: count, capacity: 10}"),
-        5,
-        "aggregates.0",
-        "'capacity' is a parameter of top",
-    ),
+    _agg("{fn: count, capacity: 10}", "'capacity' is a parameter of top"),
     (
         BASE.replace("{fn: count}", "{fn: quantiles, field: length, q: [0.5], as: len}")
         + "    having: len > 1\n",

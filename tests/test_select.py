@@ -122,6 +122,8 @@ def test_outbox_orders_punctuation_after_rows_and_sheds_oldest_rows() -> None:
     box.pump(lambda topic, p, v: sent.append(wire.decode(v)) or True)
     kinds = [type(b).__name__ for b in sent]
     assert kinds == ["Rows", "Punctuation", "Rows"] or kinds == ["Punctuation", "Rows"]
+    punct = next(b for b in sent if isinstance(b, wire.Punctuation))
+    assert punct.sent_upto == 799  # the newest row sent or shed before it: what a gap there may reach
     # shed rows count in seq, so the job sees them as a gap before the next batch (completeness)
     assert isinstance(sent[-1], wire.Rows) and sent[-1].seq == box.lost + sum(
         b.n for b in sent[:-1] if isinstance(b, wire.Rows)

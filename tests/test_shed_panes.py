@@ -22,9 +22,8 @@ from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from high_level.results.store import ResultStore
 from high_level.serve.api import create_app
-from low_level.host.agent import Agent
 from low_level.host.backlog import Backlog, Block
-from lowwater_testing.capture import feed, pairs_query
+from lowwater_testing.capture import drain, feed, kafka_agent, pairs_query
 from lowwater_testing.queries import config, query
 from lowwater_testing.traffic import NS, T0, make_traffic, oracle
 
@@ -60,7 +59,7 @@ def test_punctuation_carries_shed_pane_ranges_and_plain_ones_are_unchanged():
     got = wire.decode(wire.encode_punctuation(p))
     assert got.shed == ((3, 4, 10), (6, 6, 2)) and got.mark_pane == 10 and got.stats["packets"] == 3
     plain = wire.encode_punctuation(wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, {}))
-    assert plain[2] == wire.VERSION == 2 and plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
+    assert plain[2] == wire.VERSION == 3 and plain[3] == wire.KIND_PUNCT and wire.decode(plain).shed == ()
     shed = wire.encode_punctuation(p)
     assert shed[3] == wire.KIND_PUNCT_LOSS  # version 2: shed panes are one cause of loss
     # what a version-1 agent sent still decodes: a plain punctuation and one with shed panes (kind 6)
@@ -108,6 +107,30 @@ def _fill(b: Backlog) -> None:
                 part,
                 Block(np.full(6, p * 10 + 5), rng.integers(0, 100, (6, 1)), np.ones((6, 1), np.int64)),
             )
+
+
+def test_every_punctuation_states_the_newest_pane_sent_before_it():
+    """``sent_upto`` is a running max of the panes the emitter handed to Kafka (or shed) per partition:
+    the bound of a sequence gap the job finds at that punctuation, however far the panes led the mark."""
+    from low_level.host.emit import Emitter
+    from lowwater_testing.capture import RecordingProducer
+
+    q = pairs_query("t-upto", partitions=1)
+    lay, prod = Layout.of(q), RecordingProducer()
+    em = Emitter([q], "h", None, producer=prod)
+
+    def submit(panes: list[int]) -> None:
+        n = len(panes)
+        em.submit(q.name, np.array(panes), np.ones((n, lay.kw), np.int64), np.ones((n, lay.na), np.int64))
+
+    em.punctuate(q.name, 3, 0, {})  # nothing sent yet: not said
+    submit([5, 40, 6])  # an open pane evicted early leads the mark by far
+    em.punctuate(q.name, 7, 0, {})
+    submit([8])
+    em.punctuate(q.name, 9, 0, {})
+    em.pump()
+    puncts = [b for b in (wire.decode(v) for _, _, v in prod.sent) if isinstance(b, wire.Punctuation)]
+    assert [p.sent_upto for p in puncts] == [None, 40, 40]
 
 
 def test_backlog_sheds_whole_query_panes_oldest_start_first_in_every_partition():
@@ -190,15 +213,7 @@ def _yaml(q: Q.QuerySpec) -> str:
 def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic_factory, tmp_path) -> None:
     q = pairs_query(topic_factory(partitions=2))
     traffic = make_traffic(60_000, 500, T0, 8 * NS, seed=23)  # 8 one-second panes x 500 groups
-    agent = Agent(
-        [q],
-        None,
-        "h-shed",
-        kafka.bootstrap_servers,
-        ring_slots=1 << 13,
-        chunk=2048,
-        emitter_opts={"merge_at": 600, "max_records": 1200},
-    )
+    agent = kafka_agent(q, "h-shed", kafka.bootstrap_servers, merge_at=600, max_records=1200)
     feed(agent, traffic, 0, 5_000)
     assert agent.emitter.flush(30)
     kafka.stop()
@@ -210,9 +225,7 @@ def test_outage_overflowing_a_small_backlog_ends_as_flagged_windows(kafka, topic
     finally:
         kafka.start()
     feed(agent, traffic, 50_000, 60_000)
-    agent.finish()
-    assert agent.emitter.flush(90)
-    agent.emitter.close()
+    drain(agent)
     lost = agent.emitter.backlog.lost
     # the high level, as the Spark step runs it, over what really reached Kafka (offset order per partition)
     from kafka import KafkaConsumer, TopicPartition

@@ -29,7 +29,7 @@ from contract import fields as F
 from local_stack.kafka_broker import KafkaBroker, TopicMismatch, free_port
 from lowwater_testing.agent import dpkt_oracle, write_pcap
 from lowwater_testing.queries import config as _config
-from lowwater_testing.queries import query
+from lowwater_testing.queries import pairs
 from lowwater_testing.traffic import NS, T0
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,15 +39,7 @@ SPAN_S = 20
 
 def config(path: Path, partitions: int) -> Path:
     return _config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            window=f"{WINDOW_S}s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            topic="lowwater.stacktest.pairs",
-            partitions=partitions,
-        )
+        pairs(window=f"{WINDOW_S}s", topic="lowwater.stacktest.pairs", partitions=partitions)
     ).write(path)
 
 

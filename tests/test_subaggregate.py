@@ -343,6 +343,19 @@ def traffic_with_link_and_icmp(n: int, seed: int) -> Traffic:
     return t
 
 
+def _each_exact(queries: dict[str, tuple[str, str, str]], traffic: Traffic) -> list:
+    """Queries (name: (group_by, aggregates, filter)) through one kernel pass: each non-empty and equal
+    to the oracle; returns them in order."""
+    qs = [make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in queries.items()]
+    out = run_kernel(qs, traffic)
+    tables = Tables.build(qs)
+    for i, q in enumerate(qs):
+        exp = oracle(q, traffic)
+        assert len(exp) > 0, q.name
+        assert merge_partials(q, *tables.split(i, out[i])).equals(exp), q.name
+    return qs
+
+
 NEW_FIELD_QUERIES = {
     "macs": ("[src_mac, dst_mac]", "[{fn: count, as: n}, {fn: sum, field: length, as: b}]", ""),
     "icmp": ("[ip_version, icmp_type, icmp_code]", "[{fn: count, as: n}]", "icmp_type >= 0"),
@@ -362,17 +375,8 @@ NEW_FIELD_QUERIES = {
 def test_new_fields_group_and_filter_are_exact() -> None:
     """Group-by and filters on MACs, ethertype, TCP window and ICMP type/code through one generated
     pass equal the reference (lowwater_testing.oracle.pane_oracle over the traffic's own description)."""
-    qs = [
-        make_query("lazy", 256, name=name, group=g, aggs=a, flt=f)
-        for name, (g, a, f) in NEW_FIELD_QUERIES.items()
-    ]
     traffic = traffic_with_link_and_icmp(30_000, seed=21)
-    out = run_kernel(qs, traffic)
-    tables = Tables.build(qs)
-    for i, q in enumerate(qs):
-        exp = oracle(q, traffic)
-        assert len(exp) > 0, q.name
-        assert merge_partials(q, *tables.split(i, out[i])).equals(exp), q.name
+    qs = _each_exact(NEW_FIELD_QUERIES, traffic)
     icmp = oracle(qs[1], traffic)
     assert set(zip(icmp["k1"], icmp["k2"], strict=True)) >= {(0, 0), (3, 3), (128, 0), (135, 0), (1, 4)}
     windows = oracle(qs[2], traffic)
@@ -406,16 +410,8 @@ GRE_QUERIES = {
 def test_inner_addresses_group_and_filter_are_exact() -> None:
     """GRE inner addresses through the kernel (prefixes cut by the inner header's family, also under
     IPv6 outer headers; absent inner addresses group as '::') equal the reference."""
-    qs = [
-        make_query("lazy", 256, name=name, group=g, aggs=a, flt=f) for name, (g, a, f) in GRE_QUERIES.items()
-    ]
     traffic = traffic_with_gre(30_000, seed=23)
-    out = run_kernel(qs, traffic)
-    tables = Tables.build(qs)
-    for i, q in enumerate(qs):
-        exp = oracle(q, traffic)
-        assert len(exp) > 0, q.name
-        assert merge_partials(q, *tables.split(i, out[i])).equals(exp), q.name
+    qs = _each_exact(GRE_QUERIES, traffic)
     nets = oracle(qs[1], traffic)
     absent = (nets["k0"] == 0) & (nets["k1"] == 0)
     assert absent.any() and (~absent).any() and set(nets["k2"]) == {4, 6}

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -108,6 +109,26 @@ def test_punctuation_round_trip() -> None:
         "q", "h-ü", 1, 3, 42, wire.END_OF_STREAM, 5, 6, {k: i for i, k in enumerate(wire.PUNCT_STATS)}
     )
     assert wire.decode(wire.encode_punctuation(p)) == p
+
+
+def test_punctuation_states_what_it_sent_upto_and_older_versions_still_read() -> None:
+    import struct
+    import zlib
+
+    losses = ((3, 9, "socket", 5),)
+    for p in (
+        wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, dict.fromkeys(wire.PUNCT_STATS, 0), sent_upto=42),
+        wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, dict.fromkeys(wire.PUNCT_STATS, 0), (), losses, -3),
+        wire.Punctuation("q", "h", 1, 0, 5, 10, 100, 7, dict.fromkeys(wire.PUNCT_STATS, 0)),  # not said
+    ):
+        buf = wire.encode_punctuation(p)
+        assert buf[2] == wire.VERSION == 3 and wire.decode(buf) == p
+        # the same punctuation as a version 2 agent wrote it (no sent_upto): read, and says nothing of it
+        head = len(buf) - 4 - (32 * len(p.losses) + 4 if p.losses else 0) - 8
+        v2 = bytearray(buf[:head] + buf[head + 8 : -4])
+        v2[2] = 2
+        v2 += struct.pack("<I", zlib.crc32(bytes(v2)))
+        assert wire.decode(bytes(v2)) == replace(p, sent_upto=None)
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 40, -1, -5])

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -23,13 +22,15 @@ from scapy.all import IP, TCP, UDP, Dot1Q, Ether, IPv6, Raw
 
 from contract import query as Q
 from contract import wire
+from local_stack.kafka_broker import free_port
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import agent_cmd, write_traffic_pcap
+from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.queries import config, query
-from lowwater_testing.spark import assert_exact, start_job
+from lowwater_testing.queries import config, pairs
+from lowwater_testing.spark import assert_exact, run_job
 from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import build_frames, make_traffic
 
@@ -138,20 +139,8 @@ def drain_ring_all(pcap: Path) -> list[tuple[bytes, int]]:
 
 def pairs_config(topic: str, sources: str, **more) -> str:
     """Packets and bytes per (src, dst) per 2 s on 2 partitions, run by the hosts ``sources`` matches."""
-    return config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            aggregates=["count as packets", "sum(length) as bytes"],
-            window="2s",
-            table=1024,
-            flush={"policy": "lazy", "m": 2},
-            sources=[sources],
-            topic=topic,
-            partitions=2,
-            **more,
-        )
-    ).text
+    aggregates = ["count as packets", "sum(length) as bytes"]
+    return config(pairs(aggregates=aggregates, sources=[sources], topic=topic, partitions=2, **more)).text
 
 
 def run_agent(cfg: Path, source: str, host: str, bootstrap: str, *extra: str, timeout: float = 300) -> None:
@@ -199,7 +188,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     assert all(w["packets"] > 3000 for w in s["workers"].values()), "both workers took a share"
 
     q = Q.load(cfg2).queries[0]
-    job = start_job(
+    job = run_job(
         spark,
         [q],
         tmp_path,
@@ -208,10 +197,6 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
         expected_hosts=sorted(h2),
         host_timeout_ms=600_000,
     )
-    try:
-        job.process_all_available()
-    finally:
-        job.stop()
     assert_exact(Path(job.opts.results), q, t)
     st = json.loads((Path(job.opts.results) / "_status.json").read_text())
     assert set(st["queries"]["pairs"]["hosts"]) == h2
@@ -304,7 +289,7 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         agent_cmd(
             cfg,
@@ -347,22 +332,6 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     assert all(w["source"]["kernel_drops"] == 0 and w["ring_drops"] == 0 for w in s["workers"].values())
     got, hosts, ends = merged(read_all(kafka.bootstrap_servers, topic, 2))
     assert hosts == {"edge-1/w0", "edge-1/w1"} and sum(got.values()) == n
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
 
 
 def captured(port: int) -> int:
@@ -437,21 +406,9 @@ def worker_status_doc(now_ms: int) -> dict:
         hosts=hosts,
     )
     queries = {"q4_pairs": S.summarize_query({0: part})}
-    doc = S.StatusDocument(
-        mode="oop",
-        updated_ms=now_ms,
-        batch_id=1,
-        settings=S.JobSettings(
-            trigger_ms=1000,
-            host_timeout_ms=10_000,
-            expected_hosts=sorted(hosts),
-            late_policy="drop",
-            watermark_delay_ms=10_000,
-        ),
-        queries=queries,
-        hosts=S.summarize_hosts(queries),
-    )
-    return doc.model_dump(mode="json")
+    from lowwater_testing.store import status_document
+
+    return status_document(queries, now_ms, 1, sorted(hosts)).model_dump(mode="json")
 
 
 def test_status_groups_workers_under_their_capture_host(tmp_path: Path) -> None:

@@ -113,6 +113,18 @@ class Config:
         raise KeyError(name)
 
 
+def _first(seen: dict[str, int], name: str, item: dict, path: str) -> None:
+    """Record where query ``name`` is defined (``seen``: name -> line); a second definition is an error."""
+    if name in seen:
+        raise ConfigError(
+            path,
+            item["__lines__"].get("name"),
+            f"query {name!r}: name",
+            f"duplicate query name (first defined on line {seen[name]})",
+        )
+    seen[name] = item["__lines__"].get("name", 0)
+
+
 def load_text(text: str, path: str = "<string>") -> Config:
     """Parse and validate a config document; any problem raises ConfigError(file, line, field, reason)."""
     try:
@@ -175,14 +187,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
             elif err["type"] == "missing":
                 reason = "required field is missing"
             raise ConfigError(path, line, f"query {name!r}: {field}", reason) from None
-        if q.name in seen:
-            raise ConfigError(
-                path,
-                item["__lines__"].get("name"),
-                f"query {q.name!r}: name",
-                f"duplicate query name (first defined on line {seen[q.name]})",
-            )
-        seen[q.name] = item["__lines__"].get("name", 0)
+        _first(seen, q.name, item, path)
         queries.append(q)
         agg_items.append(item)
     networks = _networks_path(doc, path)
@@ -285,14 +290,7 @@ def load_selects_joins(
             raise ConfigError(
                 path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
             ) from None
-        if spec.name in seen:
-            raise ConfigError(
-                path,
-                item["__lines__"].get("name"),
-                f"query {spec.name!r}: name",
-                f"duplicate query name (first defined on line {seen[spec.name]})",
-            )
-        seen[spec.name] = item["__lines__"].get("name", 0)
+        _first(seen, spec.name, item, path)
         if isinstance(spec, SelectSpec):
             selects.append(spec)
         else:

@@ -62,22 +62,15 @@ def capture_host_grants(
 
 def apply_grants(admin: Any, grants: dict[str, dict[str, set[str]]]) -> None:
     """Create the ACLs (idempotent: Kafka keeps one copy of an ACL created twice)."""
-    from kafka.admin import (
-        ACL,
-        ACLOperation,
-        ACLPermissionType,
-        ACLResourcePatternType,
-        ResourcePattern,
-        ResourceType,
-    )
+    from kafka import admin as ka
 
     acls = [
-        ACL(
+        ka.ACL(
             f"User:{h}",
             "*",
-            ACLOperation[op],
-            ACLPermissionType.ALLOW,
-            ResourcePattern(ResourceType.TOPIC, topic, ACLResourcePatternType.LITERAL),
+            ka.ACLOperation[op],
+            ka.ACLPermissionType.ALLOW,
+            ka.ResourcePattern(ka.ResourceType.TOPIC, topic, ka.ACLResourcePatternType.LITERAL),
         )
         for h, topics in sorted(grants.items())
         for topic, ops in sorted(topics.items())

@@ -3,14 +3,11 @@
 The low level groups a holistic query by (group, sub-key) per pane (:mod:`contract.sketch`), the
 roll-up merges panes into windows per (window, group, sub-key) like any key, and this module reduces
 the sub-keys of every (window, kind, group) of a micro-batch when its rows are written:
-
-* ``count_distinct`` exact: the number of sub-keys (distinct values); HLL: the estimate from the
-  registers present (absent registers are 0);
-* ``quantiles``: cumulative counts over the sorted buckets, the bucket holding rank
-  :func:`contract.sketch.quantile_rank` (nearest rank), its representative value;
-* ``top``: the k sub-keys (items) of largest weight (ties: smaller item first), one row each with
-  its rank; the item stays in the key. With ``capacity`` the roll-up keeps a Misra-Gries summary
-  (:func:`high_level.aggregate.rollup.misra_gries`): its error rows are not ranked, their sum is ``<name>_error``.
+each function's :class:`contract.aggregates.SecondStage` (in the registry, the one place that names
+them) turns a group's sorted sub-keys into its result columns: one row per group (``count_distinct``,
+``quantiles``), or for a ranked function one row per item it keeps (``top``: the k items of largest
+weight, ties smaller item first, the item staying in the key; with ``capacity`` the roll-up keeps a
+Misra-Gries summary, :func:`high_level.aggregate.rollup.misra_gries`).
 
 The other aggregates of the query ride along per sub-key and are merged here across the sub-keys
 (sum of sums, min of mins, ...), so they stay exact. Why at write time, on the driver: the Kafka
@@ -31,8 +28,6 @@ import pandas as pd
 
 from contract import aggregates as A
 from contract import query as Q
-from contract import sketch
-from high_level.aggregate.rollup import ERROR_ITEM
 
 I64 = np.int64
 
@@ -71,22 +66,20 @@ def reduce(
 ) -> Reduced:
     """Reduce one query's rows of a batch (``window`` any per-window id, ``kind`` an int per row kind,
     ``key`` int64[n, key_width], ``state`` int64[n, state columns]); output sorted by (window, kind,
-    group) and, for top, by rank."""
+    group) and, for a ranked aggregate (top), by rank."""
     h = Q.holistic(q)
     assert h is not None, f"query {q.name!r} has no holistic aggregate"
+    stage = A.REGISTRY[h.fn].second
+    assert stage is not None
     gw, sw = Q.group_width(q), Q.subkey_width(q)
     cols = Q.state_columns(q)
     n = len(window)
     hid = state[:, -1] if n else np.zeros(0, I64)
-    sub = [key[:, gw + j] for j in range(sw)]
-    grp = [key[:, j] for j in range(gw)]
-    bounded = h.fn == "top" and h.capacity is not None
-    err = np.all(key[:, gw:] == ERROR_ITEM, axis=1) if bounded and n else np.zeros(n, bool)
-    if h.fn == "top":  # items by weight, descending, then by item words; a bounded top's error row first
-        order = np.lexsort((*reversed(sub), -hid, ~err, *reversed(grp), kind, window))
-    else:
-        order = np.lexsort((*reversed(sub), *reversed(grp), kind, window))
-    key, state, hid, err = key[order], state[order], hid[order], err[order]
+    sub = [key[:, gw + j] for j in reversed(range(sw))]  # lexsort: the last key first
+    grp = [key[:, j] for j in range(gw - 1, -1, -1)]
+    weight = [-hid] if stage.ranked else []  # a ranked aggregate's items by weight, descending
+    order = np.lexsort((*sub, *weight, *grp, kind, window))
+    key, state, hid = key[order], state[order], hid[order]
     w, kd = window[order], kind[order]
     new = np.ones(n, bool)
     if n > 1:
@@ -96,21 +89,13 @@ def reduce(
         new[1:] = ~same
     starts = np.flatnonzero(new)
     counts = np.diff(np.r_[starts, n])
-    if h.fn == "top":
-        ne = np.add.reduceat(err.astype(I64), starts) if n else np.zeros(0, I64)
-        pos = np.arange(n) - np.repeat(starts + ne, counts)  # 0-based rank within the group
-        keep = (pos < (h.k or 1)) & ~err
-        sel = np.flatnonzero(keep)
-        vals = _finalize_plain(q, state[sel][:, : len(cols) - 1])
-        vals[h.name] = hid[sel]
-        vals[f"{h.name}_rank"] = (pos[sel] + 1).astype(I64)
-        if bounded:  # the group's Misra-Gries error (sum of its error rows): 0 = exact
-            eg = np.add.reduceat(np.where(err, hid, 0), starts) if n else np.zeros(0, I64)
-            vals[f"{h.name}_error"] = np.repeat(eg, counts)[sel]
-        rows = order[sel]
+    out, vals = stage.reduce(h, A.Groups(key[:, gw : gw + sw], hid, starts, counts))
+    if stage.ranked:  # one row per kept item: the other aggregates of its own sub-key
+        vals = {**_finalize_plain(q, state[out][:, : len(cols) - 1]), **vals}
+        rows = order[out]
         return Reduced(
             rows,
-            key[sel],
+            key[out],
             _ordered(q, vals),
             hosts[rows],
             hosts_expected[rows],
@@ -120,24 +105,8 @@ def reduce(
     merged = np.empty((len(starts), len(cols) - 1), I64)
     for j, c in enumerate(cols[:-1]):
         merged[:, j] = A.MERGE_UFUNCS[c.merge].reduceat(state[:, j], starts) if n else np.empty(0, I64)
-    vals = _finalize_plain(q, merged)
-    if h.fn == "count_distinct":
-        if h.hll_precision is None:
-            vals[h.name] = counts.astype(I64)
-        else:
-            z = np.add.reduceat(np.ldexp(1.0, -hid), starts) if n else np.zeros(0)
-            est = sketch.hll_estimate(z, counts, h.hll_precision)
-            vals[h.name] = np.rint(est).astype(I64)
-    else:  # quantiles: the bucket holding each rank
-        cum = np.cumsum(hid)
-        before = cum[starts] - hid[starts]
-        total = cum[np.r_[starts[1:], n] - 1] - before if n else np.zeros(0, I64)
-        bucket = key[:, gw]
-        for x, (cname, _) in zip(h.q or [], h.output_columns(), strict=True):
-            r = sketch.quantile_rank(x, total)
-            idx = np.searchsorted(cum, before + r, side="left")
-            vals[cname] = sketch.bucket_value(bucket[idx], h.quantile_accuracy)
-    rows = order[starts]
+    vals = {**_finalize_plain(q, merged), **vals}
+    rows = order[out]
     hs = np.minimum.reduceat(hosts[order], starts) if n else hosts[:0]
     he = np.minimum.reduceat(hosts_expected[order], starts) if n else hosts_expected[:0]
     co = comp[order]

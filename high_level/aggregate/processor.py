@@ -359,9 +359,15 @@ class PartitionProcessor:
                     since = (
                         prev.mark_pane if prev is not None and prev.incarnation == b.incarnation else NO_MARK
                     )
-                    # records sent before this mark belong to panes from the previous mark up to the host's
-                    # clock then, which may lead the mark (open panes evicted early): the lead seen so far
-                    upto = b.mark_pane if b.mark_pane >= wire.END_OF_STREAM else b.mark_pane + max(inc[3], 0)
+                    # records sent before this mark belong to panes from the previous mark up to the newest
+                    # pane the host had sent (wire sent_upto, a bound); an older host does not say it: its
+                    # clock then may lead the mark (open panes evicted early) by the lead seen so far
+                    if b.sent_upto is not None:
+                        upto = max(b.sent_upto, since)
+                    elif b.mark_pane >= wire.END_OF_STREAM:
+                        upto = b.mark_pane
+                    else:
+                        upto = b.mark_pane + max(inc[3], 0)
                     qs.gaps.append([int(since), int(upto), missing - inc[2] - shed_now, b.host, "gap"])
                 inc[2] = missing
                 if prev is not None and prev.incarnation != b.incarnation:

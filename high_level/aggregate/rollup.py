@@ -19,7 +19,7 @@ import pandas as pd
 
 from contract import aggregates as A
 from contract import query as Q
-from contract import wire
+from contract import sketch, wire
 
 I64 = np.int64
 NOTHING_CLOSED = None  # closed frontier before the first close: no window is closed yet
@@ -96,7 +96,7 @@ def _reduce_sorted(
 
 
 _UFUNC, _IDENTITY = A.MERGE_UFUNCS, A.MERGE_IDENTITY
-ERROR_ITEM = np.iinfo(I64).min  # every sub-key word of the row carrying a bounded top's error (weight column)
+ERROR_ITEM = sketch.ERROR_ITEM
 
 
 def error_rows(key: np.ndarray, gw: int) -> np.ndarray:

@@ -52,6 +52,22 @@ def _words(s: Q.SelectSpec, name: str) -> tuple[int, ...]:
     return (-1,) if name == "timestamp" else tuple(s.word_index(name))
 
 
+def rollup_layout(name: str, w: Q.WindowSpec, ops: tuple[int, ...], key_words: int) -> Layout:
+    """The roll-up of a join's output (its aggregates, or its rows counted) over window ``w``."""
+    return Layout(
+        name,
+        f"join:{name}",
+        w.pane_ns,
+        w.panes_per_window,
+        w.origin_ns,
+        w.range_ns,
+        ops,
+        key_words,
+        w.panes_per_slide,
+        w.landmark,
+    )
+
+
 @dataclass(frozen=True)
 class JoinLayout:
     """What the join needs to know about a join query and its two inputs (plain data, cheap to ship)."""
@@ -94,19 +110,7 @@ class JoinLayout:
         if j.window is not None:
             w = j.window
             ops = tuple(p.merge for a in j.aggregates for p in A.REGISTRY[a.fn].parts())
-            kw = max(1, sum(len(ws) for _, ws in group))
-            rollup = Layout(
-                j.name,
-                f"join:{j.name}",
-                w.pane_ns,
-                w.panes_per_window,
-                w.origin_ns,
-                w.range_ns,
-                ops,
-                kw,
-                w.panes_per_slide,
-                w.landmark,
-            )
+            rollup = rollup_layout(j.name, w, ops, max(1, sum(len(ws) for _, ws in group)))
         return cls(
             j.name,
             sl.name,
@@ -360,7 +364,8 @@ class BandJoin:
             shed = sum(int(x[2]) for x in p.shed)
             if missing > r[2] + shed:
                 lo = r[3] if r[3] is not None else -(2**62)
-                self.losses.append([int(lo), int(p.mark_ns), missing - r[2] - shed, p.host, "gap"])
+                hi = p.mark_ns if p.sent_upto is None else max(p.sent_upto, lo)  # newest row sent: a bound
+                self.losses.append([int(lo), int(hi), missing - r[2] - shed, p.host, "gap"])
             r[2] = max(missing, 0)
         r[3] = int(p.mark_ns)
 

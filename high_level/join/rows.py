@@ -18,8 +18,7 @@ import numpy as np
 
 from contract import query as Q
 from contract.query import joins as JI
-from high_level.aggregate.rollup import Layout
-from high_level.join.band import JoinLayout, JoinOutput, output_partials
+from high_level.join.band import JoinLayout, JoinOutput, output_partials, rollup_layout
 
 I64 = np.int64
 Partials = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -47,18 +46,7 @@ def layout_of(j: Q.JoinSpec, ins: dict[str, Any]) -> JoinLayout:
     rq = JI.rows_query(j, left, right)
     w = rq.window
     kw = sum(max(1, len(ws)) for _, ws in group)
-    rollup = Layout(
-        j.name,
-        f"join:{j.name}",
-        w.pane_ns,
-        w.panes_per_window,
-        w.origin_ns,
-        w.range_ns,
-        tuple(int(op) for op in Q.merge_ops(rq)),
-        kw,
-        w.panes_per_slide,
-        w.landmark,
-    )
+    rollup = rollup_layout(j.name, w, tuple(int(op) for op in Q.merge_ops(rq)), kw)
     return RowsLayout(
         **{
             **base.__dict__,

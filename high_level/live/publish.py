@@ -2,7 +2,9 @@
 windows and final values of closed ones to the query's compacted live topic.
 
 Runs on the driver, in the sink, after the batch's result files are written: a final value is in
-Kafka only once it is in the store. Best effort: a Kafka error is logged and counted, the batch (and
+Kafka only once it is in the store. Once KEEP_CLOSED newer windows of a query have closed, the keys of
+an older closed window get a tombstone (a null value), so compaction removes them and the topic stays
+the size of the last few windows, not of every (window, group) of the retention period. Best effort: a Kafka error is logged and counted, the batch (and
 the exact results) go on; a replayed batch publishes the same values with the same version.
 """
 
@@ -29,6 +31,12 @@ from high_level.results.store import typed_columns
 log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)
 PRODUCER = {"linger_ms": 5, "acks": 1}  # best effort: the store is the exact copy
+KEEP_CLOSED = 3  # closed windows per query whose finals stay on the topic (the API shows the newest 3)
+
+
+def window_of_key(key: bytes) -> int:
+    """The window start (us) of a live key (:func:`contract.live.key_bytes`: ``[start,[group...]]``)."""
+    return int(key[1 : key.index(b",")])
 
 
 def split_provisional(packed: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -111,6 +119,9 @@ class LivePublisher:
         self.producer = producer
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0
+        self.tombstoned: dict[str, int] = {n: 0 for n in self.queries}
+        # per query: window start -> keys of its finals, until KEEP_CLOSED newer windows closed
+        self.closed_keys: dict[str, dict[int, list[bytes]]] = {n: {} for n in self.queries}
 
     def publish(
         self, batch_id: int, provisional: Mapping[str, QueryWindows], closed: Mapping[str, QueryWindows]
@@ -131,11 +142,27 @@ class LivePublisher:
                         self.producer.send(topic, key=key, value=value)
                     self.published[name]["final" if final else "provisional"] += len(msgs)
                     n += len(msgs)
+                    if final:
+                        n += self._tombstone(name, topic, msgs)
             if n:
                 self.producer.flush(timeout=10)
         except Exception as exc:  # noqa: BLE001 - live values are best effort, the store is exact
             self.errors += 1
             log.warning("live publish of batch %d failed: %s", batch_id, exc)
+        return n
+
+    def _tombstone(self, name: str, topic: str, finals: list[tuple[bytes, bytes]]) -> int:
+        """Remember the finals' keys per window; delete (null value) those of windows older than the
+        newest KEEP_CLOSED closed ones. Returns the tombstones sent."""
+        held = self.closed_keys[name]
+        for key, _ in finals:
+            held.setdefault(window_of_key(key), []).append(key)
+        n = 0
+        for start in sorted(held)[: max(0, len(held) - KEEP_CLOSED)]:
+            for key in held.pop(start):
+                self.producer.send(topic, key=key, value=None)
+                n += 1
+        self.tombstoned[name] += n
         return n
 
     def close(self) -> None:
@@ -158,4 +185,16 @@ def ensure_live_topics(admin: Any, queries: Sequence[Q.QuerySpec], replication: 
     ]
     if new:
         admin.create_topics(new, timeout_ms=30_000)
-    return {t: ("created (compacted)" if t not in have else "exists") for t in want}
+    out = {t: ("created (compacted)" if t not in have else "exists") for t in want}
+    old = [t for t in want if t in have]
+    if old:  # topics of an earlier release: its config (compaction only, kept for ever) becomes this one
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        try:
+            admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, t, configs=dict(L.TOPIC_CONFIG)) for t in old]
+            )
+            out.update({t: "exists (config updated)" for t in old})
+        except Exception as exc:  # noqa: BLE001 - no AlterConfigs right: the topic works, only grows
+            log.warning("live topics %s keep their config (%s): set %s on them", old, exc, L.TOPIC_CONFIG)
+    return out

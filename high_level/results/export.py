@@ -6,13 +6,16 @@ store hands each batch's stored rows to :meth:`ResultExporter.observe`; a scrape
 
 * ``lowwater_job_result{query, aggregate, <group-by columns>}``: the top ``export.top`` groups by
   ``export.by`` of the newest closed window, one series per group and aggregate;
-* ``lowwater_job_result_window_total{query, aggregate}``: the aggregate over every group of that window
+* ``lowwater_job_result_all_groups{query, aggregate}``: the aggregate over every group of that window
   (sum for count/sum, min/max for min/max; avg has no total);
+* ``lowwater_job_result_window_end_timestamp_seconds{query}``: which window those are (its end).
 
-each sample stamped with the window's end, so a graph puts the value where the traffic was, not
-where the scrape happened. Cardinality is bounded by ``top`` x aggregates per query: a new window
-replaces the old series, it does not add to them. Prometheus refuses samples stamped more than about
-an hour in the past: export live traffic, not replays of old captures.
+The samples carry no timestamp of their own (Prometheus stamps them at the scrape): an explicit
+timestamp turns off staleness handling, so a group that left the top N lingered ~5 minutes, and
+samples stamped over an hour back were refused. A graph lags the traffic by the window's close
+delay; the window end series says by how much. Cardinality is bounded by ``top`` x aggregates per
+query: a new window replaces the old series, it does not add to them. Scrape at least once per
+exported window (``deploy/prometheus/prometheus.yml``), or windows go unseen.
 """
 
 from __future__ import annotations
@@ -89,12 +92,16 @@ class ResultExporter:
             last = dict(self._last)
         values = GaugeMetricFamily(
             "lowwater_job_result",
-            "Top groups of the newest closed window of an exported query (sample time: the window's end)",
+            "Top groups of the newest closed window of an exported query",
         )
         totals = GaugeMetricFamily(
-            "lowwater_job_result_window_total",
-            "An aggregate over every group of the newest "
-            "closed window of an exported query (sample time: the window's end)",
+            "lowwater_job_result_all_groups",
+            "An aggregate over every group of the newest closed window of an exported query",
+        )
+        ends = GaugeMetricFamily(
+            "lowwater_job_result_window_end_timestamp_seconds",
+            "End of the window the result series of an exported query are of",
+            labels=["query"],
         )
         for name, w in sorted(last.items()):
             q = self.queries[name]
@@ -106,13 +113,12 @@ class ResultExporter:
                     if v is None:
                         continue
                     labels = {"query": name, "aggregate": a, **{k: str(cols[k][i]) for k in keys}}
-                    values.add_sample("lowwater_job_result", labels, float(v), timestamp=w.end_ms / 1000)
+                    values.add_sample("lowwater_job_result", labels, float(v))
                 if a in w.totals:
                     totals.add_sample(
-                        "lowwater_job_result_window_total",
-                        {"query": name, "aggregate": a},
-                        w.totals[a],
-                        timestamp=w.end_ms / 1000,
+                        "lowwater_job_result_all_groups", {"query": name, "aggregate": a}, w.totals[a]
                     )
+            ends.add_metric([name], w.end_ms / 1000)
         yield values
         yield totals
+        yield ends

@@ -15,20 +15,15 @@ from typing import Any
 import pyarrow as pa
 
 from contract import results as R
-from high_level.serve.sidecar import SidecarFiles
+from high_level.serve.sidecar import SidecarReader
 from high_level.serve.timefmt import iso_of_us, us_of
 
 
-class AlertReader:
+class AlertReader(SidecarReader):
     """Reads and caches the alert files of one results directory."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self._files = SidecarFiles(R.check_alert_schema, "alert")
-
-    @property
-    def rejected(self) -> dict[str, str]:
-        return self._files.rejected
+        super().__init__(root, R.check_alert_schema, "alert")
 
     def _table(self) -> pa.Table:
         files = [(f"{f.parent.name}/{f.name}", f) for f in R.alert_files(self.root)]

@@ -21,22 +21,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import results as R
-from high_level.serve.sidecar import SidecarFiles
+from high_level.serve.sidecar import SidecarReader
 from high_level.serve.timefmt import iso_of_us
 
 _DAY_US = 86_400 * 1_000_000
 
 
-class IncompleteReader:
+class IncompleteReader(SidecarReader):
     """Reads and caches the flagged-window files of one results directory."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self._files = SidecarFiles(R.check_incomplete_schema, "flagged-window")
-
-    @property
-    def rejected(self) -> dict[str, str]:
-        return self._files.rejected
+        super().__init__(root, R.check_incomplete_schema, "flagged-window")
 
     def table(self, query: str, start_us: int, end_us: int) -> pa.Table:
         """The flagged rows of ``query`` with window_start in [start_us, end_us), by window_start."""

@@ -57,3 +57,16 @@ class SidecarFiles:
                 for gone in set(self._files) - {name for name, _ in files}:
                     del self._files[gone]
         return tables
+
+
+class SidecarReader:
+    """The side files of one kind in one results directory (``root``); ``rejected``: the files skipped,
+    with why (``/health``)."""
+
+    def __init__(self, root: str | Path, check: Callable[[pa.Schema, str], None], what: str) -> None:
+        self.root = Path(root)
+        self._files = SidecarFiles(check, what)
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return self._files.rejected

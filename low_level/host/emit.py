@@ -64,6 +64,8 @@ class Emitter:
             pane_time={q.name: (q.window.origin_ns, q.window.pane_ns) for q in self.queries},
         )
         self.seq: dict[tuple[str, int], int] = {}
+        # newest pane sent or shed per (query, partition): each punctuation states it (wire sent_upto)
+        self.sent_upto: dict[tuple[str, int], int] = {}
         self.stats = EmitStats()
         self.inflight_bytes = 0
         self._lock = threading.Lock()
@@ -241,6 +243,7 @@ class Emitter:
                     if not self._send(topic, part, value):
                         return handed
                     self.seq[(query, part)] = seq + n
+                    self._upto(query, part, int(item.pane[:n].max()))
                     self.stats.records_sent += n
                     self.stats.batches_sent += 1
                     self.backlog.records -= n
@@ -252,7 +255,9 @@ class Emitter:
                     ranges = self.backlog.take_shed(
                         query, part
                     )  # whole panes shed: the high level flags them
-                    p = replace(item, seq=seq, shed=ranges)  # queued for this partition (punctuate)
+                    for r in ranges:
+                        self._upto(query, part, int(r[1]))
+                    p = replace(item, seq=seq, shed=ranges, sent_upto=self.sent_upto.get((query, part)))
                     if not self._send(topic, part, wire.encode_punctuation(p)):
                         self.backlog.give_back_shed(query, part, ranges)
                         return handed
@@ -262,6 +267,9 @@ class Emitter:
         if self.inflight_bytes <= self.max_inflight_bytes:
             handed += self.outbox.pump(self._send)
         return handed
+
+    def _upto(self, query: str, part: int, pane: int) -> None:
+        self.sent_upto[(query, part)] = max(self.sent_upto.get((query, part), pane), pane)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Pump until the backlog is empty and the producer has delivered everything (or time runs out)."""

@@ -50,7 +50,7 @@ METRIC_NAMES = tuple(
         "table_occupancy",
         "table_slots",
         "heartbeats_total",
-        "low_water_mark_seconds",
+        "low_water_mark_timestamp_seconds",
         "low_water_mark_lag_seconds",
         "kafka_records_sent_total",
         "kafka_bytes_sent_total",
@@ -150,7 +150,9 @@ class AgentCollector(Collector):
         slots = GaugeMetricFamily(f"{PREFIX}_table_slots", "Table size", labels=["host", "query"])
         hb = CounterMetricFamily(f"{PREFIX}_heartbeats", "Punctuations sent", labels=["host", "query"])
         lwm = GaugeMetricFamily(
-            f"{PREFIX}_low_water_mark_seconds", "Last punctuation (epoch s)", labels=["host", "query"]
+            f"{PREFIX}_low_water_mark_timestamp_seconds",
+            "Last punctuation (epoch s)",
+            labels=["host", "query"],
         )
         lag = GaugeMetricFamily(
             f"{PREFIX}_low_water_mark_lag_seconds",

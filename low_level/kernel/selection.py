@@ -96,6 +96,8 @@ class SelectOutbox:
     # per (select, partition): (first ts, last ts, rows) shed since its last punctuation went out; the
     # next one carries them (wire loss cause "shed") and the shed rows count in seq as if sent
     shed: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+    # newest timestamp sent or shed per (select, partition): each punctuation states it (wire sent_upto)
+    sent_upto: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_name = {s.name: s for s in self.selects}
@@ -185,6 +187,7 @@ class SelectOutbox:
                     if not send(topic, part, value):
                         return handed
                     self.seq[(name, part)] = seq + n
+                    self._upto((name, part), int(item[:n, 0].max()))
                     self.rows -= n
                     self.rows_sent += n
                     self.batches_sent += 1
@@ -194,7 +197,9 @@ class SelectOutbox:
                         fifo[0] = item[n:]
                 else:
                     shed = (self.shed[(name, part)],) if (name, part) in self.shed else ()
-                    p = replace(item, seq=seq, shed=shed)  # queued for this partition (punctuate)
+                    for r in shed:
+                        self._upto((name, part), r[1])
+                    p = replace(item, seq=seq, shed=shed, sent_upto=self.sent_upto.get((name, part)))
                     if not send(topic, part, wire.encode_punctuation(p)):
                         return handed
                     self.shed.pop((name, part), None)
@@ -202,6 +207,9 @@ class SelectOutbox:
                     fifo.popleft()
                 handed += 1
         return handed
+
+    def _upto(self, key: tuple[str, int], ts: int) -> None:
+        self.sent_upto[key] = max(self.sent_upto.get(key, ts), ts)
 
     @property
     def empty(self) -> bool:
