@@ -47,7 +47,15 @@ INNER_SRC_HI = 23  # inner addresses, same 128-bit layout as SRC_HI..DST_LO; all
 INNER_SRC_LO = 24
 INNER_DST_HI = 25
 INNER_DST_LO = 26
-NFIELDS = 27
+# Flow-record identity (low_level.flows): who exported the record and what it says about routing. Packets
+# get 0 in all of them (the full parser writes the zeros); IFACE is the record's input ifIndex.
+EXPORTER = 27  # IPv4 address of the exporter as u32 (NetFlow/IPFIX: the datagram's source; sFlow: the agent)
+OUT_IFACE = 28  # output ifIndex
+NEXT_HOP = 29  # IPv4 next hop as u32
+SRC_AS = 30  # source AS as the exporter reports it (the record's, not the networks file's)
+DST_AS = 31
+SAMPLING_RATE = 32  # the exporter's 1-in-N packet sampling rate applied to this record (1 = unsampled)
+NFIELDS = 33
 
 # Column holding the address family (4 / 6) of each address field's first column: group-by prefixes
 # cut an address by its own header's family (an IPv4 tunnel may carry IPv6 and vice versa).
@@ -108,7 +116,19 @@ CATALOG: dict[str, Field] = {
         _f("ttl", "int", (TTL,), "IPv4 TTL / IPv6 hop limit"),
         _f("tos", "int", (TOS,), "IPv4 TOS / IPv6 traffic class byte"),
         _f("dscp", "int", (TOS,), "DSCP = tos >> 2"),
-        _f("interface", "int", (IFACE,), "capture interface index"),
+        _f("interface", "int", (IFACE,), "capture interface index; a flow record's input ifIndex"),
+        _f("in_iface", "int", (IFACE,), "alias of interface: a flow record's input ifIndex"),
+        _f(
+            "exporter",
+            "int",
+            (EXPORTER,),
+            "flow exporter's IPv4 address as u32 (sFlow: agent); 0 for packets",
+        ),
+        _f("out_iface", "int", (OUT_IFACE,), "a flow record's output ifIndex (0 for packets)"),
+        _f("next_hop", "int", (NEXT_HOP,), "a flow record's IPv4 next hop as u32 (0 for packets)"),
+        _f("src_as", "int", (SRC_AS,), "source AS from the flow record (0 for packets or when absent)"),
+        _f("dst_as", "int", (DST_AS,), "destination AS from the flow record (0 for packets or when absent)"),
+        _f("sampling_rate", "int", (SAMPLING_RATE,), "a flow record's 1-in-N sampling rate (0 for packets)"),
         _f("ethertype", "int", (ETHERTYPE,), "ethertype after VLAN tags (0x0800 IPv4, 0x86dd IPv6, ...)"),
         _f("src_mac", "int", (SRC_MAC,), "Ethernet source address as a 48-bit integer (0x0200000000ff)"),
         _f("dst_mac", "int", (DST_MAC,), "Ethernet destination address as a 48-bit integer"),

@@ -830,7 +830,15 @@ def test_lean_parser_differs_only_in_extra_columns() -> None:
         F.INNER_SRC_LO,
         F.INNER_DST_HI,
         F.INNER_DST_LO,
+        F.EXPORTER,  # flow-record columns: the full parser zeroes them for packets
+        F.OUT_IFACE,
+        F.NEXT_HOP,
+        F.SRC_AS,
+        F.DST_AS,
+        F.SAMPLING_RATE,
     }
+    zeroed = [F.EXPORTER, F.OUT_IFACE, F.NEXT_HOP, F.SRC_AS, F.DST_AS, F.SAMPLING_RATE]
+    assert (full[:, zeroed] == 0).all()
 
 
 @pytest.mark.parametrize("lean", [False, True])

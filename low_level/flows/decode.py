@@ -57,8 +57,10 @@ NFLOWERR = len(FLOW_ERROR_NAMES)
 IE_BYTES, IE_PKTS, IE_PROTO, IE_TOS, IE_FLAGS, IE_SPORT, IE_SRC4, IE_IN_IF, IE_DPORT, IE_DST4 = range(10)
 IE_LAST, IE_FIRST, IE_SRC6, IE_DST6, IE_START_MS, IE_END_MS, IE_START_S, IE_END_S = range(10, 18)
 IE_BYTES_TOTAL, IE_PKTS_TOTAL, IE_SAMPLING, IE_SPI, IE_SPS, IE_SYSINIT, IE_RANDOM_INTERVAL = range(18, 25)
-NIE = 25
+IE_OUT_IF, IE_NEXT_HOP4, IE_SRC_AS, IE_DST_AS = range(25, 29)
+NIE = 29
 _IE_IDS = (1, 2, 4, 5, 6, 7, 8, 10, 11, 12, 21, 22, 27, 28, 152, 153, 150, 151, 85, 86, 34, 305, 306, 160, 50)
+_IE_IDS += (14, 15, 16, 17)
 IE_INDEX = np.full(512, -1, dtype=np.int64)
 for _k, _ie in enumerate(_IE_IDS):
     IE_INDEX[_ie] = _k
@@ -328,7 +330,7 @@ def _options_record(buf, rec, tmpl, t, doms, d):
 
 
 @njit(cache=True, nogil=True)
-def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, rows, w, rate_out, r, errs):
+def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, addr, rows, w, rate_out, r, errs):
     """One data record into rows[r]; returns 1 when written, 0 when dropped (counted)."""
     rate = doms[d, D_RATE]
     pk = _get(buf, rec, tmpl, t, IE_PKTS)
@@ -384,6 +386,12 @@ def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, rows, w, r
     rows[r, F.TCP_FLAGS] = max(_get(buf, rec, tmpl, t, IE_FLAGS), 0)
     rows[r, F.TOS] = max(_get(buf, rec, tmpl, t, IE_TOS), 0)
     rows[r, F.IFACE] = max(_get(buf, rec, tmpl, t, IE_IN_IF), 0)
+    rows[r, F.EXPORTER] = addr
+    rows[r, F.OUT_IFACE] = max(_get(buf, rec, tmpl, t, IE_OUT_IF), 0)
+    rows[r, F.NEXT_HOP] = max(_get(buf, rec, tmpl, t, IE_NEXT_HOP4), 0)
+    rows[r, F.SRC_AS] = max(_get(buf, rec, tmpl, t, IE_SRC_AS), 0)
+    rows[r, F.DST_AS] = max(_get(buf, rec, tmpl, t, IE_DST_AS), 0)
+    rows[r, F.SAMPLING_RATE] = rate
     rows[r, F.LEN] = by * rate
     w[r] = pk * rate
     rate_out[r] = rate
@@ -392,7 +400,7 @@ def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, rows, w, r
 
 
 @njit(cache=True, nogil=True)
-def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
+def _v5(buf, p0, end, exporter, addr, doms, rows, w, rate_out, r, cap, errs):
     """A NetFlow v5 datagram (fixed 48-byte records); returns the records written."""
     if p0 + 24 > end:
         errs[E_SHORT] += 1
@@ -432,6 +440,12 @@ def _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs):
         rows[k, F.SRC_LO] = F.IPV4_MAPPED_PREFIX | _uint(buf, q, 4)
         rows[k, F.DST_LO] = F.IPV4_MAPPED_PREFIX | _uint(buf, q + 4, 4)
         rows[k, F.IFACE] = _uint(buf, q + 12, 2)
+        rows[k, F.OUT_IFACE] = _uint(buf, q + 14, 2)
+        rows[k, F.NEXT_HOP] = _uint(buf, q + 8, 4)
+        rows[k, F.SRC_AS] = _uint(buf, q + 40, 2)
+        rows[k, F.DST_AS] = _uint(buf, q + 42, 2)
+        rows[k, F.EXPORTER] = addr
+        rows[k, F.SAMPLING_RATE] = doms[d, D_RATE]
         rows[k, F.SPORT] = _uint(buf, q + 32, 2)
         rows[k, F.DPORT] = _uint(buf, q + 34, 2)
         rows[k, F.TCP_FLAGS] = _uint(buf, q + 37, 1)
@@ -449,7 +463,7 @@ SFLOW_MAX_SAMPLES = 4096  # per datagram; more than fits in 64 KiB is malformed
 
 
 @njit(cache=True, nogil=True)
-def _sflow_flow(buf, q, send, expanded, arrival, row, rows, w, rate_out, r, errs):
+def _sflow_flow(buf, q, send, expanded, arrival, agent, row, rows, w, rate_out, r, errs):
     """One sFlow flow sample (compact 0:1 or expanded 0:3) at q; returns 1 when a row was written."""
     if expanded:
         if q + 44 > send:
@@ -457,6 +471,7 @@ def _sflow_flow(buf, q, send, expanded, arrival, row, rows, w, rate_out, r, errs
             return 0
         rate = _uint(buf, q + 12, 4)
         in_if = _uint(buf, q + 28, 4)
+        out_if = _uint(buf, q + 36, 4) if _uint(buf, q + 32, 4) == 0 else 0
         nrec = _uint(buf, q + 40, 4)
         q += 44
     else:
@@ -465,11 +480,16 @@ def _sflow_flow(buf, q, send, expanded, arrival, row, rows, w, rate_out, r, errs
             return 0
         rate = _uint(buf, q + 8, 4)
         in_if = _uint(buf, q + 20, 4) & 0x3FFFFFFF  # top 2 bits: the format (0 = an ifIndex)
+        out_if = _uint(buf, q + 24, 4)
+        out_if = out_if if out_if >> 30 == 0 else 0
         nrec = _uint(buf, q + 28, 4)
         q += 32
     if rate < 1:
         rate = 1
     got = 0
+    next_hop = np.int64(0)
+    src_as = np.int64(0)
+    dst_as = np.int64(0)
     for _ in range(nrec):
         if q + 8 > send:
             errs[E_SF_SAMPLE] += 1
@@ -498,9 +518,42 @@ def _sflow_flow(buf, q, send, expanded, arrival, row, rows, w, rate_out, r, errs
             w[r] = rate
             rate_out[r] = rate
             got = 1
+        elif (fmt == 1002 or fmt == 1003) and rlen >= 8 and _uint(buf, d, 4) == 1:
+            next_hop = _uint(buf, d + 4, 4)  # extended router / gateway data: an IPv4 next hop first
+            if fmt == 1003 and rlen >= 24:  # then router AS, src AS, src peer AS, the AS path to dst
+                src_as = _uint(buf, d + 12, 4)
+                dst_as = _sflow_path_end(buf, d + 20, q)
     if got == 0:
         errs[E_SF_NO_HEADER] += 1
+    else:
+        rows[r, F.EXPORTER] = agent
+        rows[r, F.OUT_IFACE] = out_if
+        rows[r, F.NEXT_HOP] = next_hop
+        rows[r, F.SRC_AS] = src_as
+        rows[r, F.DST_AS] = dst_as
+        rows[r, F.SAMPLING_RATE] = rate
     return got
+
+
+@njit(cache=True, nogil=True)
+def _sflow_path_end(buf, p, end):
+    """The last AS of an extended-gateway AS path (segments of type, count, ASes) at p; 0 if none."""
+    if p + 4 > end:
+        return np.int64(0)
+    nseg = _uint(buf, p, 4)
+    p += 4
+    last = np.int64(0)
+    for _ in range(min(nseg, 64)):
+        if p + 8 > end:
+            return np.int64(0)
+        n = _uint(buf, p + 4, 4)
+        p += 8
+        if n > 0:
+            if p + 4 * n > end:
+                return np.int64(0)
+            last = _uint(buf, p + 4 * (n - 1), 4)
+        p += 4 * n
+    return last
 
 
 @njit(cache=True, nogil=True)
@@ -552,9 +605,11 @@ def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap
         errs[E_SHORT] += 1
         return 0
     atype = _uint(buf, p0 + 4, 4)
+    agent = np.int64(0)  # the exporter field: an IPv4 agent's address, 0 for an IPv6 agent
     if atype == 1:
         hi = np.int64(0)
-        lo = F.IPV4_MAPPED_PREFIX | _uint(buf, p0 + 8, 4)
+        agent = _uint(buf, p0 + 8, 4)
+        lo = F.IPV4_MAPPED_PREFIX | agent
         p = p0 + 12
     elif atype == 2:
         if p0 + 24 > end:
@@ -600,7 +655,10 @@ def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap
             bad = True
             break
         if fmt == 1 or fmt == 3:
-            if _sflow_flow(buf, q, send, fmt == 3, arrival, row, rows, w, rate_out, r + got, errs) == 1:
+            if (
+                _sflow_flow(buf, q, send, fmt == 3, arrival, agent, row, rows, w, rate_out, r + got, errs)
+                == 1
+            ):
                 doms[d, D_RATE] = rate_out[r + got]  # the source's latest rate, for stats
                 got += 1
         elif fmt == 2 or fmt == 4:
@@ -615,10 +673,25 @@ def _sflow(buf, p0, end, exporter, arrival, doms, row, rows, w, rate_out, r, cap
 
 @njit(cache=True, nogil=True)
 def decode(
-    buf, offs, lens, exporters, arrival, n, tmpl, doms, template_timeout_s, rows, w, rate_out, ctrs, errs, res
+    buf,
+    offs,
+    lens,
+    exporters,
+    arrival,
+    n,
+    tmpl,
+    doms,
+    template_timeout_s,
+    rows,
+    w,
+    rate_out,
+    ctrs,
+    errs,
+    res,
+    exp_addr,
 ):
-    """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i],
-    received at arrival[i] ns).
+    """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i]
+    whose IPv4 address is exp_addr[exporters[i]] as u32 (0 when not IPv4), received at arrival[i] ns).
 
     Writes records to rows / w (packets, sampled-up) / rate_out, at most ``rows.shape[0]``, and sFlow
     interface counters to ctrs; res[0] gets the records written, res[1] the datagrams consumed (less
@@ -637,6 +710,7 @@ def decode(
         if end > buf.shape[0] or p0 < 0:
             end = buf.shape[0]
         exporter = exporters[i]
+        addr = exp_addr[exporter] if 0 <= exporter < exp_addr.shape[0] else np.int64(0)
         if p0 + 4 > end:
             errs[E_SHORT] += 1
             i += 1
@@ -658,7 +732,7 @@ def decode(
             i += 1
             continue
         if version == 5:
-            got = _v5(buf, p0, end, exporter, doms, rows, w, rate_out, r, cap, errs)
+            got = _v5(buf, p0, end, exporter, addr, doms, rows, w, rate_out, r, cap, errs)
             if got < 0:
                 break  # rows full: this datagram goes in the next call
             r += got
@@ -740,7 +814,21 @@ def decode(
                             _options_record(buf, q, one, 0, doms, d)
                         else:
                             r += _data_record(
-                                buf, q, one, 0, doms, d, uptime, clock, not ipfix, rows, w, rate_out, r, errs
+                                buf,
+                                q,
+                                one,
+                                0,
+                                doms,
+                                d,
+                                uptime,
+                                clock,
+                                not ipfix,
+                                addr,
+                                rows,
+                                w,
+                                rate_out,
+                                r,
+                                errs,
                             )
                         q += rl
                 else:
@@ -750,7 +838,21 @@ def decode(
                             _options_record(buf, q, tmpl, t, doms, d)
                         else:
                             r += _data_record(
-                                buf, q, tmpl, t, doms, d, uptime, clock, not ipfix, rows, w, rate_out, r, errs
+                                buf,
+                                q,
+                                tmpl,
+                                t,
+                                doms,
+                                d,
+                                uptime,
+                                clock,
+                                not ipfix,
+                                addr,
+                                rows,
+                                w,
+                                rate_out,
+                                r,
+                                errs,
                             )
                         q += rl
             p = send

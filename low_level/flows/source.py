@@ -17,6 +17,7 @@ late packets.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class FlowCollector:
         self.tmpl, self.doms = D.new_state()
         self.errs = np.zeros(D.NFLOWERR, dtype=np.int64)
         self.exporters: dict[Any, int] = {}
+        self.exp_addr = np.zeros(64, dtype=np.int64)  # per exporter id: its IPv4 address as u32, else 0
         self.buf = np.zeros(self.buffer_bytes, dtype=np.uint8)
         self._offs: list[int] = []
         self._lens: list[int] = []
@@ -117,7 +119,13 @@ class FlowCollector:
         self._arrs.append(arrival_ns)
         self._offs.append(off)
         self._lens.append(n)
-        self._exps.append(self.exporters.setdefault(exporter, len(self.exporters)))
+        e = self.exporters.get(exporter)
+        if e is None:
+            e = self.exporters[exporter] = len(self.exporters)
+            if e >= len(self.exp_addr):
+                self.exp_addr = np.concatenate([self.exp_addr, np.zeros_like(self.exp_addr)])
+            self.exp_addr[e] = _ipv4_u32(exporter)
+        self._exps.append(e)
 
     def feed(
         self, datagrams: list[bytes], exporter: Any = ("127.0.0.1", 0), arrival_ns: int | None = None
@@ -153,6 +161,7 @@ class FlowCollector:
             self.ctrs,
             self.errs,
             self.res,
+            self.exp_addr,
         )
 
     def decode(self) -> FlowBatch:
@@ -178,6 +187,7 @@ class FlowCollector:
             self.ctrs,
             self.errs,
             self.res,
+            self.exp_addr,
         )
         for c in self.ctrs[: int(self.res[2])]:
             self.interfaces[(int(c[D.C_DOM]), int(c[D.C_IFINDEX]))] = c.copy()
@@ -274,3 +284,15 @@ class FlowCollector:
             "interfaces": interfaces,
             "errors": {k: int(v) for k, v in zip(D.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)},
         }
+
+
+def _ipv4_u32(exporter: Any) -> int:
+    """The exporter field of a datagram's records: its source's IPv4 address as u32 (0 if not IPv4)."""
+    host = exporter[0] if isinstance(exporter, tuple) and exporter else exporter
+    try:
+        a = ipaddress.ip_address(host)
+    except ValueError:
+        return 0
+    if a.version == 6 and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    return int(a) if a.version == 4 else 0

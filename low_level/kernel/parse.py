@@ -51,10 +51,12 @@ from numba import njit
 
 from contract.fields import (
     DPORT,
+    DST_AS,
     DST_HI,
     DST_LO,
     DST_MAC,
     ETHERTYPE,
+    EXPORTER,
     ICMP_CODE,
     ICMP_TYPE,
     IFACE,
@@ -67,9 +69,13 @@ from contract.fields import (
     IPVER,
     LEN,
     MPLS_LABEL,
+    NEXT_HOP,
     NFIELDS,
+    OUT_IFACE,
     PROTO,
+    SAMPLING_RATE,
     SPORT,
+    SRC_AS,
     SRC_HI,
     SRC_LO,
     SRC_MAC,
@@ -123,6 +129,12 @@ EXTRA_COLUMNS: tuple[int, ...] = (
     INNER_SRC_LO,
     INNER_DST_HI,
     INNER_DST_LO,
+    EXPORTER,
+    OUT_IFACE,
+    NEXT_HOP,
+    SRC_AS,
+    DST_AS,
+    SAMPLING_RATE,
 )
 
 MAX_VLAN_TAGS = 4
@@ -231,6 +243,12 @@ def _parse(data, off, caplen, wirelen, ts_ns, iface, row, extra):
         row[INNER_SRC_LO] = 0
         row[INNER_DST_HI] = 0
         row[INNER_DST_LO] = 0
+        row[EXPORTER] = 0
+        row[OUT_IFACE] = 0
+        row[NEXT_HOP] = 0
+        row[SRC_AS] = 0
+        row[DST_AS] = 0
+        row[SAMPLING_RATE] = 0
     status = PARSE_OK
     proto = np.int64(-1)
     l4 = np.int64(-1)  # offset of a TCP/UDP/ICMP header to read, -1 when there is none
