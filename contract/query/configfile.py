@@ -125,13 +125,14 @@ def _first(seen: dict[str, int], name: str, item: dict, path: str) -> None:
     seen[name] = item["__lines__"].get("name", 0)
 
 
-def load_text(text: str, path: str = "<string>") -> Config:
-    """Parse and validate a config document; any problem raises ConfigError(file, line, field, reason)."""
+def yaml_with_lines(text: str, path: str) -> Any:
+    """A YAML document whose mappings carry ``__lines__`` (key -> line) and ``__line__``, so that every
+    file lowwater reads (configs, the interfaces file) reports problems by line; ConfigError otherwise."""
     try:
         loader = _LineLoader(text)
         loader.name = path
         try:
-            doc = loader.get_single_data()
+            return loader.get_single_data()
         finally:
             loader.dispose()
     except ConfigError:
@@ -143,6 +144,11 @@ def load_text(text: str, path: str = "<string>") -> Config:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, None, "", f"YAML error: {exc}") from None
+
+
+def load_text(text: str, path: str = "<string>") -> Config:
+    """Parse and validate a config document; any problem raises ConfigError(file, line, field, reason)."""
+    doc = yaml_with_lines(text, path)
     if not isinstance(doc, dict) or "queries" not in doc:
         raise ConfigError(path, 1, "queries", "the document must be a mapping with a 'queries' list")
     extra = set(_strip(doc)) - {"queries", "networks", "source"}

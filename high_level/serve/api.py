@@ -52,6 +52,7 @@ import argparse
 import hmac
 import json
 import logging
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -102,6 +103,14 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
         done.set()
 
 
+def _on_sighup(reload: Callable[[], bool]) -> Any:
+    """Reload on SIGHUP (the previous handler is returned); None off the main thread (a test client's
+    app), where Python cannot install handlers: the file then reloads through ``reload`` only."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGHUP, lambda *_: reload())
+
+
 def create_app(
     config_path: str | Path,
     results_dir: str | Path,
@@ -110,12 +119,14 @@ def create_app(
     live_bootstrap: str | None = None,
     live_source: Callable[[LiveHub], Any] | None = None,
     live_security: KafkaSecurity | None = None,
+    interfaces: str | None = None,
 ) -> FastAPI:
     """Build the API for one config and one results directory.
 
     ``token`` enables bearer auth; ``cache_mb`` bounds the in-memory copies of result files (requests
     whose files exceed half of it read Parquet directly, slower); ``live_security`` is how the reader of
-    the live topics at ``live_bootstrap`` authenticates (the role's Kafka security block).
+    the live topics at ``live_bootstrap`` authenticates (the role's Kafka security block); ``interfaces``
+    names the ports of results grouped by exporter and interface (re-read on SIGHUP).
     """
     cfg = load(config_path)
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
@@ -136,6 +147,7 @@ def create_app(
         ApiMetrics(),
         hub,
         live_source,
+        interfaces,
     )
     svc.metrics.registry.register(LiveCollector(hub))  # the update queues' staleness on /metrics
     token = token or None
@@ -152,9 +164,12 @@ def create_app(
         warm.start()
         if live_source is not None:
             live_source.start()
+        hup = _on_sighup(svc.if_names.reload) if interfaces else None
         try:
             yield
-        finally:  # never leave a thread inside DuckDB when the process exits
+        finally:
+            if hup is not None:
+                signal.signal(signal.SIGHUP, hup)  # never leave a thread inside DuckDB when the process exits
             stop.set()
             if live_source is not None:
                 live_source.stop()
@@ -256,6 +271,11 @@ def settings_of(argv: list[str] | None = None) -> ApiSettings:
         "without it /live/{query} serves nothing",
     )
     ap.add_argument(
+        "--interfaces",
+        help="interfaces file: (exporter, ifIndex) -> name and speed (contract/interfaces.py); "
+        "reloaded on SIGHUP",
+    )
+    ap.add_argument(
         "--kafka-security",
         metavar="JSON",
         help="the Kafka security block of the live reader (protocol, sasl_mechanism, username, password, "
@@ -289,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
             cache_mb=s.cache_mb,
             live_bootstrap=s.live_bootstrap,
             live_security=s.kafka_security,
+            interfaces=s.interfaces,
         )
     except ConfigError as exc:
         raise SystemExit(f"lowwater-api: {exc}") from None

@@ -25,6 +25,7 @@ from contract.query import Config
 from high_level.live.hub import LiveHub
 from high_level.serve.alerts import AlertReader
 from high_level.serve.columns import QueryInfo
+from high_level.serve.ifnames import IfNames, IfNamesCollector
 from high_level.serve.incomplete import IncompleteReader
 from high_level.serve.metrics import ApiMetrics
 from high_level.serve.netnames import NetNames
@@ -87,8 +88,10 @@ class ApiService:
     metrics: ApiMetrics
     hub: LiveHub
     live_source: Any = None  # the reader of the live topics (anything with start/stop), None: live off
+    interfaces: str | None = None  # the interfaces file (contract.interfaces), None: no port names
     infos: dict[str, QueryInfo] = field(init=False)  # aggregates and windowed joins
     net_names: NetNames = field(init=False)
+    if_names: IfNames = field(init=False)
     alert_reader: AlertReader = field(init=False)
     flagged: IncompleteReader = field(init=False)  # windows known short, rows or not (contract.results)
     warmed: threading.Event = field(default_factory=threading.Event)
@@ -96,6 +99,8 @@ class ApiService:
     def __post_init__(self) -> None:
         self.infos = {q.name: QueryInfo.of(q) for q in self.cfg.stored_queries}
         self.net_names = NetNames(self.cfg.networks)
+        self.if_names = IfNames(self.interfaces)  # a bad file at start: ConfigError, the API refuses to start
+        self.metrics.registry.register(IfNamesCollector(self.if_names))
         self.alert_reader = AlertReader(self.results)
         self.flagged = IncompleteReader(self.results)
 
@@ -128,7 +133,11 @@ class ApiService:
             }
             return Response(_csv(rs), media_type="text/csv; charset=utf-8", headers=headers)
         body["columns"] = rs.columns
-        body["rows"] = _rows(rs)
+        body["rows"] = rows = _rows(rs)
+        if qi is not None and self.interfaces:  # exporter + in_iface/out_iface -> port names (serve.ifnames)
+            added = self.if_names.annotate(qi.spec, rs.columns, rs.rows, rows)
+            if added:
+                body["name_columns"] = added
         if qi is not None and self.cfg.networks:  # src_net / dst_net ids -> names (high_level.serve.netnames)
             body["net_names"] = self.net_names.for_rows(qi.spec, rs.columns, rs.rows)
         return JSONResponse(body)

@@ -30,4 +30,7 @@ class ApiSettings(RoleSettings):
     live_bootstrap: str | None = Field(
         default=None, description="Kafka of the live topics (contract/live.py)"
     )
+    interfaces: str | None = Field(
+        default=None, description="interfaces file (contract/interfaces.py), reloaded on SIGHUP"
+    )
     kafka_security: KafkaSecurity = KafkaSecurity()  # of the live reader (a consumer of the live topics)

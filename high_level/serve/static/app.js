@@ -293,6 +293,13 @@ function card(q) {
   return c;
 }
 
+// a port's (or exporter's) name and speed beside its ifIndex, when the API has an interfaces file
+function portName(r, k) {
+  const n = r[k + "_name"], sp = r[k + "_speed"];
+  if (n === undefined || n === null) return "";
+  return ` · ${n}` + (sp ? ` (${sp >= 1000 ? sp / 1000 + "G" : sp + "M"})` : "");
+}
+
 function renderTop(host, q, latest) {
   host.textContent = "";
   if (!latest.window_start || !latest.rows.length) { host.append(el("div", { class: "empty", text: "no closed window yet" })); return; }
@@ -310,7 +317,7 @@ function renderTop(host, q, latest) {
     });
     const why = incompleteWhy(r);
     tb.append(el("tr", why ? { class: "top-row incomplete", title: why } : { class: "top-row" }, el("td", { class: "rank", text: r.rank }),
-      ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })), ...cells));
+      ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) + portName(r, k) })), ...cells));
   }
   host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
 }
