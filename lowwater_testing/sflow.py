@@ -77,8 +77,11 @@ def free_udp_port() -> int:
     return port
 
 
-def sfprobe_export(pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "10.9.9.9") -> list[bytes]:
-    """pmacctd's sfprobe export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
+def sfprobe_export(
+    pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "10.9.9.9", extra: str = ""
+) -> list[bytes]:
+    """pmacctd's sfprobe export of the pcap, every datagram as received (big socket buffer, nothing lost);
+    ``extra``: more pmacctd.conf lines (e.g. a pre_tag_map and ``sfprobe_ifindex: tag``)."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
     rx.bind(("127.0.0.1", 0))
@@ -90,7 +93,7 @@ def sfprobe_export(pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "
         "plugins: sfprobe\n"
         f"sfprobe_receiver: 127.0.0.1:{rx.getsockname()[1]}\n"
         f"sfprobe_agentip: {agent}\n"
-        f"sampling_rate: {sampling_rate}\n"
+        f"sampling_rate: {sampling_rate}\n" + extra
     )
     proc = subprocess.Popen(["pmacctd", "-f", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = []
@@ -111,7 +114,7 @@ def sfprobe_export(pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "
 class Sfacctd:
     """sfacctd collecting on a free loopback port, printing (src, dst, arrival second) -> packets, bytes."""
 
-    def __init__(self, tmp: Path, renormalize: bool = True) -> None:
+    def __init__(self, tmp: Path, renormalize: bool = True, aggregate: str = "src_host, dst_host") -> None:
         self.port = free_udp_port()
         self.csv = tmp / "sfacctd.csv"
         conf = tmp / "sfacctd.conf"
@@ -121,7 +124,7 @@ class Sfacctd:
             f"sfacctd_port: {self.port}\n"
             f"sfacctd_renormalize: {'true' if renormalize else 'false'}\n"
             "plugins: print\n"
-            "aggregate: src_host, dst_host, timestamp_arrival\n"
+            f"aggregate: {aggregate}, timestamp_arrival\n"
             "timestamps_secs: true\n"
             "print_output: csv\n"
             f"print_output_file: {self.csv}\n"
@@ -146,19 +149,25 @@ class Sfacctd:
             self.proc.kill()
             return self.proc.communicate()[0].decode(errors="replace")
 
-    def rows(self) -> list[tuple[str, str, int, int, int]]:
-        """(src, dst, arrival second since the epoch, packets, bytes) as printed."""
-        out = []
+    def records(self) -> list[dict[str, str | int]]:
+        """Every printed row as a dict of its CSV columns, TIMESTAMP_ARRIVAL as seconds since the epoch."""
+        out: list[dict[str, str | int]] = []
         if not self.csv.exists():
             return out
         with self.csv.open() as fh:
             for r in csv.DictReader(fh):
-                if r.get("SRC_IP") in (None, "SRC_IP"):
+                if r.get("TIMESTAMP_ARRIVAL") in (None, "TIMESTAMP_ARRIVAL"):
                     continue
                 t = datetime.datetime.strptime(r["TIMESTAMP_ARRIVAL"], "%Y-%m-%d %H:%M:%S.%f")
-                sec = int(t.replace(tzinfo=datetime.UTC).timestamp())
-                out.append((r["SRC_IP"], r["DST_IP"], sec, int(r["PACKETS"]), int(r["BYTES"])))
+                out.append({**r, "TIMESTAMP_ARRIVAL": int(t.replace(tzinfo=datetime.UTC).timestamp())})
         return out
+
+    def rows(self) -> list[tuple[str, str, int, int, int]]:
+        """(src, dst, arrival second since the epoch, packets, bytes) as printed."""
+        return [
+            (r["SRC_IP"], r["DST_IP"], r["TIMESTAMP_ARRIVAL"], int(r["PACKETS"]), int(r["BYTES"]))
+            for r in self.records()
+        ]
 
 
 def send_in_bursts(datagrams: list[bytes], ports: list[int], window_s: float, bursts: int = 2) -> list[int]:
