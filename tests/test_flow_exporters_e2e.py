@@ -34,6 +34,7 @@ from contract import query as Q
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import agent_cmd, metrics_text
 from lowwater_testing.flows import PAIRS_AGGREGATES
+from lowwater_testing.page import chromium
 from lowwater_testing.queries import config, query
 from lowwater_testing.sflow import Sfacctd, counter_sample, datagram, free_udp_port, sfprobe_export
 from lowwater_testing.spark import read_results, run_job
@@ -430,6 +431,9 @@ def test_api_names_ports_and_reloads_on_sighup(pipeline) -> None:
             (b, 5)
         ] == "Ethernet5/1"
         assert api.poll() is None  # SIGHUP reloads, it does not stop the API
+        # the page prints them beside the ifIndex (its top rows are the newest window's: the sFlow agent's)
+        dom = chromium(f"{base}/ui#token={token}", tmp / "profile", "--dump-dom", budget_ms=15000).stdout
+        assert f"{b} · switch-b" in dom and "5 · Ethernet5/1 (25G)" in dom, dom[-3000:]
     finally:
         api.terminate()
         _, err = api.communicate(timeout=30)

@@ -55,21 +55,21 @@ class IfNames:
     def columns(self, spec: QuerySpec, columns: list[str]) -> list[tuple[str, int, int]]:
         """``(column, its index, the exporter column's index)`` of the interface columns a name applies to:
         only a query that also groups by ``exporter`` (an ifIndex alone names no port)."""
-        names = [p.name for p in spec.key_parts]
         exp = next((p.name for p in spec.key_parts if p.field.name == "exporter"), None)
         if self._ifs is None or exp is None or exp not in columns:
             return []
         return [
             (p.name, columns.index(p.name), columns.index(exp))
             for p in spec.key_parts
-            if p.field.name in IFACE_COLUMNS and p.name in names and p.name in columns
+            if p.field.name in IFACE_COLUMNS and p.name in columns
         ]
 
     def annotate(
         self, spec: QuerySpec, columns: list[str], raw: list[Any], rows: list[dict[str, Any]]
     ) -> list[str]:
         """Add ``<column>_name`` and ``<column>_speed`` (Mbit/s) to each JSON row beside its interface
-        columns (None where the file does not know the port); returns the added keys."""
+        columns, and ``exporter_name`` when the file names exporters (None where it does not know the
+        port or exporter); returns the added keys."""
         cols = self.columns(spec, columns)
         ifs = self._ifs
         if not cols or ifs is None:
