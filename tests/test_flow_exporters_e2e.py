@@ -223,7 +223,8 @@ def pipeline(kafka, spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str
                 break
         reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
         reader.start()
-        time.sleep(1.0)  # nfcapd and sfacctd have no ready line: give them their start
+        # nfcapd and sfacctd have no ready line: wait until their sockets are bound
+        _wait(lambda: {nfcapd.port, sfacctd.port} <= _udp_bound(), "nfcapd and sfacctd to listen")
         _send(nf_grams, NF_EXPORTER, [port, nfcapd.port])
         # the NetFlow exporter stops holding the mark once the sFlow agent's clock is EXPORTER_TIMEOUT past
         # its export clock: from then on the agent's arrivals (minus slack) close the windows
@@ -286,6 +287,12 @@ def pipeline(kafka, spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     res = Path(job.opts.results)
     got_df = read_results(res, "by_iface")
     return {"q": q, "cfg": cfg, "results": res, "want": want, "got": got_df, "tmp": tmp}
+
+
+def _udp_bound() -> set[int]:
+    """The local ports of the host's bound UDP sockets (/proc/net/udp)."""
+    lines = Path("/proc/net/udp").read_text().splitlines()[1:]
+    return {int(x.split()[1].rsplit(":", 1)[1], 16) for x in lines}
 
 
 def _agent_says(port: int, name: str, fold) -> float:
