@@ -21,6 +21,7 @@ from contract import condlang as C
 from contract import query as Q
 from contract import results as R
 from contract import status as S
+from contract import wire
 from high_level.aggregate.packed import QueryWindows
 from high_level.results.windowtotal import TotalGate
 from lowwater_testing.queries import config, query
@@ -162,17 +163,15 @@ def test_gate_holds_until_every_partition_closed_and_replays_and_restarts_the_sa
     # only the newest earlier snapshot is kept (older ones are committed history)
     left = sorted(p.name for p in (tmp_path / "_pending" / "query=hh").iterdir())
     assert left == ["held-000000000001.npz", "held-000000000002.npz"]
-    # end of stream on every partition releases whatever is left
+    # a restart whose config no longer reads a total still drains what an earlier run held
     gate2.admit(3, q, _wins([7], [fin], [1]), {0: _st(0, 5), 1: _st(1, 9)})
-    eos = wire_eos()
+    plain = Q.load_text(hh_text("packets > 0", "packets < 0", kafka={"partitions": 2})).query("hh")
+    assert TotalGate(tmp_path, [plain]).queries == {"hh": plain}
+    # end of stream on every partition releases whatever is left
+    eos = wire.END_OF_STREAM
     out = gate2.admit(4, q, None, {0: _st(0, 5, eos), 1: _st(1, 9, eos)})
     assert out.window.tolist() == [7] and gate2.held["hh"] == 0
-
-
-def wire_eos() -> int:
-    from contract import wire
-
-    return wire.END_OF_STREAM
+    assert TotalGate(tmp_path, [plain]).queries == {}  # nothing held: a plain query writes at close again
 
 
 def alerts_in(root: Path) -> pd.DataFrame:

@@ -65,8 +65,10 @@ class TotalGate:
 
     def __init__(self, root: str | Path, queries: Sequence[Q.QuerySpec]) -> None:
         self.dir = Path(root) / "_pending"
-        self.queries = {q.name: q for q in queries if Q.window_totals(q)}
         self.held: dict[str, int] = {}  # rows held after the last batch, per query (for the metric)
+        # a query that reads a total, and one that no longer does but still has rows held by an earlier
+        # run (its config changed): those drain when their windows close everywhere, never lost
+        self.queries = {q.name: q for q in queries if Q.window_totals(q) or self._still_held(q.name)}
 
     def _folder(self, name: str) -> Path:
         return self.dir / f"query={name}"
@@ -77,6 +79,13 @@ class TotalGate:
             return []
         found = [(int(m.group(1)), f) for f in folder.iterdir() if (m := _NAME.fullmatch(f.name))]
         return sorted(found)
+
+    def _still_held(self, name: str) -> bool:
+        snaps = self._snapshots(name)
+        if not snaps:
+            return False
+        with np.load(snaps[-1][1]) as z:
+            return len(z["window"]) > 0
 
     def admit(
         self, batch_id: int, q: Q.QuerySpec, w: QueryWindows | None, statuses: Mapping[int, S.PartitionStatus]
