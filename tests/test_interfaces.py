@@ -32,7 +32,7 @@ def _u32(ip: str) -> int:
 
 
 def test_the_example_file_and_lookups() -> None:
-    ex = interfaces.load(Path(__file__).resolve().parents[1] / "configs" / "interfaces.yaml")
+    ex = interfaces.load(Path(__file__).resolve().parents[1] / "configs" / "interfaces" / "interfaces.yaml")
     assert ex.lookup(_u32("192.0.2.1"), 5).name == "xe-0/0/5"
     ifs = interfaces.parse_text(GOOD, "i.yaml")
     a, b = _u32("192.0.2.1"), _u32("192.0.2.2")
