@@ -24,7 +24,16 @@ from low_level.flows.source import FlowCollector
 from low_level.kernel.parse import parse_frame
 from lowwater_testing import sflow as S
 from lowwater_testing.agent import agent_cmd
-from lowwater_testing.flows import PAIRS_AGGREGATES, flowset, template, v9
+from lowwater_testing.flows import (
+    PAIRS_AGGREGATES,
+    flow_agent,
+    flowset,
+    free_udp_port,
+    partials_counts,
+    template,
+    v9,
+    write_flow_config,
+)
 from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
@@ -141,21 +150,9 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
 ) -> None:
     """127.0.0.2 and 127.0.0.3 both export records of ifIndex 5 (and 6) to ``lowwater-agent --source flows:``:
     the partials in Kafka grouped by (exporter, in_iface) are four groups, per window exactly what was sent."""
-    from lowwater_testing.topics import read_all
-
     topic = topic_factory(partitions=1)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "by_iface",
-            group_by=["exporter", "in_iface"],
-            aggregates=PAIRS_AGGREGATES,
-            window="2s",
-            table=256,
-            topic=topic,
-            partitions=1,
-        )
-    ).write(cfg)
+    write_flow_config(cfg, "by_iface", ["exporter", "in_iface"], "2s", topic, 1)
     rng = np.random.default_rng(29)
     sent: dict[str, list[bytes]] = {}
     want: Counter = Counter()
@@ -180,23 +177,10 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
             sets = ([template(300, IDENTITY_FIELDS)] if g == 0 else []) + [flowset(300, b"".join(recs))]
             grams.append(v9(0, sets))
         sent[exp] = grams
-    port = S.free_udp_port()
-    agent = subprocess.Popen(
-        agent_cmd(
-            cfg, f"flows:127.0.0.1:{port},inactive=15", host="routers", bootstrap=kafka.bootstrap_servers
-        ),
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    rest: list[str] = []
-    reader = None
-    try:
-        for line in agent.stderr:  # ready once it says which source it runs
-            if "queries, source" in line:
-                break
-        reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
-        reader.start()
+    port = free_udp_port()
+    with flow_agent(
+        cfg, f"flows:127.0.0.1:{port},inactive=15", host="routers", bootstrap=kafka.bootstrap_servers
+    ) as agent:
         for exp, grams in sent.items():
             tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             tx.bind((exp, 0))
@@ -204,17 +188,7 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
                 tx.sendto(x, ("127.0.0.1", port))
             tx.close()
         time.sleep(1.5)
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(60)
-        if reader is not None:
-            reader.join(10)
-    assert agent.returncode == 0, "".join(rest)[-3000:]
-    got: Counter = Counter()
-    for _part, b in read_all(kafka.bootstrap_servers, topic, 1):
-        if isinstance(b, wire.Partials):
-            for p, k, s in zip(b.pane, b.key, b.state, strict=True):
-                got[(int(p), int(k[0]), int(k[1]), "packets")] += int(s[0])
-                got[(int(p), int(k[0]), int(k[1]), "bytes")] += int(s[1])
+    assert agent.returncode == 0, agent.log_tail()
+    got, _ = partials_counts(kafka.bootstrap_servers, topic, 1, (0, 1))
     assert got == want
     assert {(e, i) for _, e, i, _ in got} == {(_u32(e), i) for e in sent for i in (5, 6)}
