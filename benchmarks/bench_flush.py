@@ -138,7 +138,6 @@ def main() -> None:
             f"{r['groups']:>8} {r['table']:>8} {r['policy']:>6} {r['sustained_pps'] / 1e6:17.2f} "
             f"{r['mean_pps'] / 1e6:12.2f} {r['worst_chunk_ms']:15.2f} {r['ratio_vs_iop']:7.2f}"
         )
-    harness.RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "flush_policies",
         "method": __doc__,

@@ -624,7 +624,6 @@ def main() -> None:
             flush=True,
         )
     result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("join.json", result)
     try:
         plt = harness.pyplot()

@@ -34,6 +34,13 @@ from lowwater_testing.queries import spec
 MEASURED_PANES = 20
 
 
+FIGURE = (
+    "panes",
+    "panes_vs_no_panes",
+    "dissertation Fig. 6-15",
+)  # results file, benchmark, the paper's figure
+
+
 def layout(k: int) -> Layout:
     q = spec(
         "panes",
@@ -132,22 +139,8 @@ def main() -> None:
                 f"{a['time_ratio_paned_vs_unpaned']:6.2f} {a['rows_mean']:10,.0f} {b['rows_mean']:12,.0f}",
                 flush=True,
             )
-    harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results(
-        "panes.json",
-        {
-            "benchmark": "panes_vs_no_panes",
-            "figure": "dissertation Fig. 6-15",
-            "machine": m,
-            "method": {
-                "doc": __doc__,
-                "measured_panes": MEASURED_PANES,
-                "groups": args.groups,
-                "quick": args.quick,
-            },
-            "rows": rows,
-        },
-    )
+    method = {"measured_panes": MEASURED_PANES, "groups": args.groups, "quick": args.quick}
+    harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))

@@ -801,7 +801,6 @@ def main() -> None:
         "pmacctd_notes": PMACCTD_NOTES,
         "machine": m,
     }
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("peers.json", result)
     p = first["pcap"]
     chart(

@@ -280,7 +280,6 @@ def main() -> int:
 
 
 def write(res: dict) -> int:
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("scaling.json", res, indent=1)
     chart(res["rows"], harness.RESULTS / "scaling.png")
     print(

@@ -534,7 +534,6 @@ def main() -> None:
     by = {(r["skew_s"], r["variant"]): r for r in rows}
     ratio = {str(k): by[(k, "oop")]["payload_mib_mean"] / by[(k, "iop")]["payload_mib_mean"] for k in skews}
     print(f"oop / iop state payload by skew: {ratio} (OOP paper Fig. 1: ~0.3 at 40 s)")
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results(
         "skew.json",
         {

@@ -325,7 +325,6 @@ def main() -> None:
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores; {time.monotonic() - t_all:.0f} s")
     print(table(rows))
     print(f"oop/iop peak state at 40 s skew: {ratio40} (paper ~0.3)")
-    harness.RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "skew_oop_vs_iop",
         "figure": "OOP paper Fig. 1 / dissertation Fig. 8-8",

@@ -104,12 +104,32 @@ def parser(doc: str | None = None, **kw: Any) -> argparse.ArgumentParser:
 
 def write_results(name: str, doc: Any, indent: int = 2) -> Path:
     """Write ``doc`` as ``<results>/<name>`` (indented JSON); a dict gets the load average at write time
-    (``load_avg_at_write``) unless it carries its own. Returns the path."""
+    (``load_avg_at_write``) unless it carries its own. Creates the folder. Returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if isinstance(doc, dict):
         doc.setdefault("load_avg_at_write", load())
     path = RESULTS / name
     path.write_text(json.dumps(doc, indent=indent) + "\n")
     return path
+
+
+def write_figure(
+    figure: tuple[str, str, str], machine: dict, rows: list, doc: str | None, method: dict
+) -> Path:
+    """The results file of a benchmark that reproduces a paper's figure, ``figure`` = (file name, benchmark,
+    the paper's figure): ``<name>.json`` holding the benchmark, the figure, the machine, the method (the
+    module's ``doc`` and its settings) and the rows."""
+    name, benchmark, paper = figure
+    return write_results(
+        f"{name}.json",
+        {
+            "benchmark": benchmark,
+            "figure": paper,
+            "machine": machine,
+            "method": {"doc": doc, **method},
+            "rows": rows,
+        },
+    )
 
 
 def pyplot() -> Any:

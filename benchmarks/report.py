@@ -147,7 +147,14 @@ def main() -> None:
                 else ""
             ),
             grid(
-                [{**r, "vs": r["mpps"] / d["kernel_mpps"], "runs": ", ".join(str(x) for x in r.get("all_mpps", []))} for r in d["rows"]],
+                [
+                    {
+                        **r,
+                        "vs": r["mpps"] / d["kernel_mpps"],
+                        "runs": ", ".join(str(x) for x in r.get("all_mpps", [])),
+                    }
+                    for r in d["rows"]
+                ],
                 "variant={variant} | Mpkt/s={mpps:.2f} | vs lazy={vs:.2f} | all runs={runs}",
             ),
         ]
@@ -331,7 +338,10 @@ def main() -> None:
             "## Disorder inside one stream (dissertation Fig. 6-11 and 6-12)",
             machine(d),
             grid(
-                [{**r, "slack": "-" if r["slack_ms"] is None else r["slack_ms"], "m": r["m"] or "-"} for r in d["rows"]],
+                [
+                    {**r, "slack": "-" if r["slack_ms"] is None else r["slack_ms"], "m": r["m"] or "-"}
+                    for r in d["rows"]
+                ],
                 "disorder={disorder} | plan={plan} | slack ms={slack} | m={m} | mean latency s={latency_mean_s:.3f} | "
                 "mean error %={mean_error_pct:.3f} | wrong results %={wrong_results_pct:.2f} | late packets={late_packets:,}",
             ),
@@ -383,9 +393,9 @@ def main() -> None:
                 f"{p['packets']:,} packets, {p['groups']:,} groups, {p['data_span_s']:.0f} s, snaplen "
                 f"{p['snaplen']}.{vs}",
                 grid(
-                sh["rows"],
-                "tool={tool} | packets={packets:,} | seconds={seconds:.3f} | Mpkt/s={mpps:.3f} | vs lowwater={ratio_vs_lowwater:.4f}",
-            ),
+                    sh["rows"],
+                    "tool={tool} | packets={packets:,} | seconds={seconds:.3f} | Mpkt/s={mpps:.3f} | vs lowwater={ratio_vs_lowwater:.4f}",
+                ),
             ]
         parts.append(img("peers"))
     if d := load("api"):
@@ -433,10 +443,10 @@ def main() -> None:
                 f"## HyperLogLog error vs memory ({r['distinct']:,} distinct values, {r['seeds']} seeds)",
                 machine(he),
                 grid(
-                r["by_precision"],
-                "precision={precision} | registers={registers} | max bytes per (pane, group)={max_record_bytes} | "
-                "theory={std_error_theory:.4f} | rms={rms_error:.4f} | max |error|={max_abs_error:.4f}",
-            ),
+                    r["by_precision"],
+                    "precision={precision} | registers={registers} | max bytes per (pane, group)={max_record_bytes} | "
+                    "theory={std_error_theory:.4f} | rms={rms_error:.4f} | max |error|={max_abs_error:.4f}",
+                ),
             ]
         aw = d.get("parts", {}).get("adaptwid")
         if aw:
@@ -444,10 +454,10 @@ def main() -> None:
                 "## Exact distinct: pane sets vs buffered raw values (AdaptWID, dissertation 6.3)",
                 machine(aw),
                 grid(
-                aw["result"]["cases"],
-                "panes/window={panes_per_window} | value domain={value_domain} | rows held (sets)={rows_held_pane_sets} | "
-                "rows held (raw)={rows_held_raw} | s (sets)={seconds_pane_sets} | s (raw)={seconds_raw_buffer}",
-            ),
+                    aw["result"]["cases"],
+                    "panes/window={panes_per_window} | value domain={value_domain} | rows held (sets)={rows_held_pane_sets} | "
+                    "rows held (raw)={rows_held_raw} | s (sets)={seconds_pane_sets} | s (raw)={seconds_raw_buffer}",
+                ),
             ]
     if d := load("join"):
 
@@ -574,7 +584,16 @@ def main() -> None:
             f"micro-batches <= {d['batch_records']:,} records. **p2_vs_p1 = {d['p2_vs_p1']}** (2 workers), "
             f"p4_vs_p1 {d['p4_vs_p1']}, 2 vs 1 worker at P = 2: {d['w2_vs_w1_at_p2']}. {d.get('limit', '')}",
             grid(
-                [{**r, "busy": r.get("executor_cores_busy", "-"), "per_cpu": f"{r['records_per_executor_cpu_s']:,}" if "records_per_executor_cpu_s" in r else "-"} for r in d["rows"]],
+                [
+                    {
+                        **r,
+                        "busy": r.get("executor_cores_busy", "-"),
+                        "per_cpu": f"{r['records_per_executor_cpu_s']:,}"
+                        if "records_per_executor_cpu_s" in r
+                        else "-",
+                    }
+                    for r in d["rows"]
+                ],
                 "workers={workers} | P={partitions} | records/s sustained={sustained_records_per_s:,} | batches={batches} | "
                 "first batch s={first_batch_seconds} | executor CPU s={executor_cpu_seconds} | executor cores busy={busy} | "
                 "records per executor CPU s={per_cpu}",

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +92,19 @@ def drain(rx: socket.socket) -> list[bytes]:
     return out
 
 
+def send_datagrams(datagrams: list[bytes], port: int, gap_s: float = 0.0, source: str | None = None) -> None:
+    """Send each datagram to 127.0.0.1:``port``, ``gap_s`` apart, from ``source`` (an exporter's address)
+    when given."""
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if source is not None:
+        tx.bind((source, 0))
+    for x in datagrams:
+        tx.sendto(x, ("127.0.0.1", port))
+        if gap_s:
+            time.sleep(gap_s)
+    tx.close()
+
+
 def free_udp_port() -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0))
@@ -113,7 +127,9 @@ def flow_query(size: int = 256, m: int = 2) -> Q.QuerySpec:
     )
 
 
-def write_flow_config(path: Path, name: str, group_by: list[str], window: str, topic: str, partitions: int) -> None:
+def write_flow_config(
+    path: Path, name: str, group_by: list[str], window: str, topic: str, partitions: int
+) -> None:
     """The end-to-end flow tests' query file: packets and bytes per ``group_by``, a 256-slot table."""
     config(
         query(
@@ -143,10 +159,11 @@ class RunningAgent:
 
 @contextmanager
 def flow_agent(
-    cfg: Path, source: str, *, host: str, bootstrap: str, extra: tuple[str, ...] = ()
+    cfg: Path, source: str, bootstrap: str, *, host: str = "router-1", summary: Path | None = None
 ) -> Iterator[RunningAgent]:
     """``lowwater-agent --source flows:...`` running, ready (it said which source it runs), its log read on
     (a full pipe would block it); stopped with SIGTERM on leaving. The test asserts ``returncode == 0``."""
+    extra = ("--summary", str(summary)) if summary is not None else ()
     proc = subprocess.Popen(
         agent_cmd(cfg, source, host=host, bootstrap=bootstrap, extra=extra),
         stderr=subprocess.PIPE,

@@ -7,9 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,23 +21,21 @@ from contract import wire
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
-from lowwater_testing.agent import agent_cmd
 from lowwater_testing.flows import (
     FIELDS,
-    PAIRS_AGGREGATES,
+    flow_agent,
     flow_pcap,
     flow_query,
     flow_record,
     flowset,
-    flow_agent,
     free_udp_port,
     partials_counts,
+    send_datagrams,
     softflowd_export,
-    write_flow_config,
     template,
     v9,
+    write_flow_config,
 )
-from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -53,10 +49,7 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     """nfcapd collects the datagrams, nfdump lists the records: (end ms, src, dst, sport, dport, pkts, bytes)."""
     d = tmp / "nfcapd"
     d.mkdir(exist_ok=True)
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_udp_port()
     cap = subprocess.Popen(
         ["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600"],
         stdout=subprocess.DEVNULL,
@@ -64,11 +57,7 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     )
     try:
         time.sleep(1.0)
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for x in datagrams:
-            tx.sendto(x, ("127.0.0.1", port))
-            time.sleep(0.0005)
-        tx.close()
+        send_datagrams(datagrams, port, gap_s=0.0005)
         time.sleep(0.5)
     finally:
         cap.terminate()
@@ -328,18 +317,9 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     flow_pcap(pcap, 5000, seed=12)
     datagrams, _ = softflowd_export(pcap, "10", tmp_path)
     port = free_udp_port()
-    with flow_agent(
-        cfg,
-        f"flows:127.0.0.1:{port},inactive=15",
-        host="router-1",
-        bootstrap=kafka.bootstrap_servers,
-        extra=("--summary", str(tmp_path / "summary.json")),
-    ) as agent:
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for x in datagrams:
-            tx.sendto(x, ("127.0.0.1", port))
-            time.sleep(0.0005)
-        tx.close()
+    source = f"flows:127.0.0.1:{port},inactive=15"
+    with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
+        send_datagrams(datagrams, port, gap_s=0.0005)
         time.sleep(1.5)
     assert agent.returncode == 0, agent.log_tail()
     q = Q.load(cfg).queries[0]

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,12 +18,9 @@ import pytest
 
 from contract import fields as F
 from contract import query as Q
-from contract import wire
 from low_level.flows import decode as D
 from low_level.flows.source import FlowCollector
-from lowwater_testing.agent import agent_cmd
-from lowwater_testing.flows import PAIRS_AGGREGATES, flow_agent, flow_pcap, partials_counts, write_flow_config
-from lowwater_testing.queries import config, query
+from lowwater_testing.flows import flow_agent, flow_pcap, partials_counts, write_flow_config
 from lowwater_testing.sflow import (
     Sfacctd,
     counter_sample,
@@ -206,13 +200,8 @@ def test_sflow_agent_to_kafka_matches_sfacctd(rate: int, kafka, topic_factory, t
     port = free_udp_port()
     peer = Sfacctd(tmp_path, renormalize=False)
     try:
-        with flow_agent(
-            cfg,
-            f"flows:127.0.0.1:{port},slack=1",
-            host="router-1",
-            bootstrap=kafka.bootstrap_servers,
-            extra=("--summary", str(tmp_path / "summary.json")),
-        ) as agent:
+        source = f"flows:127.0.0.1:{port},slack=1"
+        with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
             time.sleep(1.0)  # sfacctd has no ready line: give it its start
             q = Q.load(cfg).queries[0]
             starts = send_in_bursts(grams, [port, peer.port], q.window.pane_ns / NS * 1)
