@@ -327,8 +327,7 @@ def main() -> None:
         )
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "disorder.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "disorder.png")
     print(f"wrote {harness.RESULTS / 'disorder.json'} and disorder.png")
 
 

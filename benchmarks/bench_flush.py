@@ -173,8 +173,7 @@ def plot(rows: list[dict], group_counts: list[int]) -> None:
     axes[0].set_ylabel("max rate without ring drops (Mpkt/s)")
     axes[0].legend()
     fig.suptitle("Q4 flush policies: sustained packet rate (higher is better)")
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "flush_policies.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "flush_policies.png")
 
 
 if __name__ == "__main__":

@@ -553,9 +553,7 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("loss % (0 plotted at 0.001)")
     ax.set_title("live capture over veth: loss vs rate")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def main() -> int:

@@ -131,24 +131,14 @@ def main() -> None:
             color=colors[v],
             label=v,
         )
-    for a, t in zip(
-        ax,
-        (
-            "mean window-close latency (s)",
-            "peak state (union rows + host tables)",
-            "packets missing from closed windows (%)",
-        ),
-        strict=True,
-    ):
-        a.set_title(t, fontsize=9)
-        a.set_xlabel("delay of the sparse host C (s)")
-        a.grid(alpha=0.3)
-    ax[0].legend(fontsize=8)
-    fig.suptitle(
-        f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count", fontsize=10
+    titles = (
+        "mean window-close latency (s)",
+        "peak state (union rows + host tables)",
+        "packets missing from closed windows (%)",
     )
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "n3.png", dpi=110)
+    sup = f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count"
+    harness.style_axes(ax, titles, "delay of the sparse host C (s)", suptitle=sup)
+    harness.save_figure(fig, harness.RESULTS / "n3.png")
     print(f"wrote {harness.RESULTS / 'n3.json'} and n3.png")
 
 

@@ -156,15 +156,12 @@ def main() -> None:
                 color=color,
                 label=f"{d} record(s) per group per pane",
             )
-    for a, t in zip(ax, ("CPU time, paned / unpaned", "rows held, paned / unpaned"), strict=True):
+    for a in ax:
         a.set_xscale("log")
-        a.set_xlabel("panes per window (range / slide)")
-        a.set_title(t, fontsize=9)
         a.axhline(1, color="#999", lw=0.8)
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "panes.png", dpi=110)
+    titles = ("CPU time, paned / unpaned", "rows held, paned / unpaned")
+    harness.style_axes(ax, titles, "panes per window (range / slide)", legend_each=True)
+    harness.save_figure(fig, harness.RESULTS / "panes.png")
     print(f"wrote {harness.RESULTS / 'panes.json'} and panes.png")
 
 

@@ -520,8 +520,7 @@ def _sweep_plot(res: dict[str, Any]) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title("High-level rate against open state")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "rollup_scale.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "rollup_scale.png")
 
 
 if __name__ == "__main__":

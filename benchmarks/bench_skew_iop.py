@@ -294,8 +294,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         a.set_ylabel("peak state (MiB)")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    harness.save_figure(fig, path)
 
 
 def main() -> None:

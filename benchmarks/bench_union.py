@@ -159,8 +159,7 @@ def main() -> None:
         "(virtual time, real kernel + processor)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "union.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "union.png")
     print(f"wrote {harness.RESULTS / 'union.json'} and union.png")
 
 

@@ -276,8 +276,7 @@ def main() -> None:
         axes[0].set_ylabel("average staleness (s, log)")
         axes[0].legend()
         fig.suptitle("UpStream on lowwater's live path: staleness vs load factor")
-        fig.tight_layout()
-        fig.savefig(harness.RESULTS / "upstream.png", dpi=110)
+        harness.save_figure(fig, harness.RESULTS / "upstream.png")
     print(f"wrote {harness.RESULTS / 'upstream.json'}" + ("" if a.no_plot else " and upstream.png"))
 
 

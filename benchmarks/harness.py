@@ -142,9 +142,26 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, name: str, dpi: int = 110) -> Path:
-    """Save a figure as ``<results>/<name>`` and close it."""
-    path = RESULTS / name
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Lay the figure out tight, save it as ``path`` and close it."""
+    fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
+
+
+def style_axes(
+    ax: Any, titles: tuple[str, ...], xlabel: str, legend_each: bool = False, suptitle: str | None = None
+) -> None:
+    """The plots' common look: a small title per panel, the shared x label, a light grid, small legends
+    (on every panel, or on the first only), the figure's title if given."""
+    for a, t in zip(ax, titles, strict=True):
+        a.set_title(t, fontsize=9)
+        a.set_xlabel(xlabel)
+        a.grid(alpha=0.3)
+        if legend_each:
+            a.legend(fontsize=8)
+    if not legend_each:
+        ax[0].legend(fontsize=8)
+    if suptitle is not None:
+        ax[0].figure.suptitle(suptitle, fontsize=10)
