@@ -202,6 +202,25 @@ def drain(agent: Agent, punctuate: bool = True) -> None:
         agent.emitter.pump()
 
 
+def replay(agent: Agent, traffic, stop: int | None = None) -> None:
+    """The traffic's frames (the first ``stop`` of them) through the agent 500 at a time, each chunk drained
+    with the busy host's timer punctuation."""
+    frames, cap, wl, ts = build_frames(traffic)
+    stop = len(ts) if stop is None else stop
+    for s in range(0, stop, 500):
+        e = min(stop, s + 500)
+        push(agent, frames[s:e], cap[s:e], wl[s:e], ts[s:e])
+        drain(agent)
+
+
+def stop_host(agent: Agent, finish: bool = True) -> None:
+    """Finish the host (its last mark) unless it is killed, then every record is sent."""
+    if finish:
+        agent.finish()
+    assert agent.emitter.flush(60)
+    agent.emitter.close()
+
+
 def ring_drops(kafka, topic_factory, window: str = "{range: 1s}") -> list[simulate.Verdict]:
     """Every fourth burst of frames comes faster than a small ring drains: the ring drops and counts."""
     q = agg_query(topic_factory(partitions=2), window)
@@ -275,7 +294,7 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
     import subprocess
     import sys
 
-    from lowwater_testing.agent import REPO, agent_cmd
+    from lowwater_testing.agent import spawn_agent
 
     ns, host_if, peer = ends
     topic = topic_factory(partitions=2)
@@ -297,7 +316,7 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     summary = tmp_path / "summary.json"
-    cmd = agent_cmd(
+    agent = spawn_agent(
         cfg,
         f"afpacket:{host_if},promisc,blocks=2",
         host="edge-s",
@@ -305,7 +324,6 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
         metrics_port=port,
         extra=("--workers", "1", "--summary", str(summary)),
     )
-    agent = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sent: list[list[int]] = []
 
     def send(phase: int) -> None:
@@ -392,13 +410,8 @@ def disorder(kafka, topic_factory, bound: str = "1s") -> tuple[list[simulate.Ver
     shuffled = block_sorted(traffic, 4 * NS)
     q = agg_query(topic, "{range: 2s, slide: 1s}", max_disorder=bound)
     agent = Agent([q], None, f"h-dis-{bound}", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024)
-    frames, cap, wl, ts = build_frames(shuffled)
-    for s in range(0, len(ts), 500):
-        push(agent, frames[s : s + 500], cap[s : s + 500], wl[s : s + 500], ts[s : s + 500])
-        drain(agent)
-    agent.finish()
-    assert agent.emitter.flush(60)
-    agent.emitter.close()
+    replay(agent, shuffled)
+    stop_host(agent)
     df = run_job(q, consume(kafka.bootstrap_servers, [topic]), Settings(10**9, (agent.host,)))
     return verdicts(q, df, traffic), int(agent.kernel.t.stat(0, "late"))
 
@@ -424,17 +437,9 @@ def killed_host(kafka, topic_factory) -> list[simulate.Verdict]:
     shares = [traffic.take(np.flatnonzero(hosts == i)) for i in (0, 1)]
     shares = [t.take(np.argsort(t.ts, kind="stable")) for t in shares]  # on the wire in time order
     for i in (1, 0):  # h1 first: killed, it falls silent while h0's partials and marks go on arriving
-        agent, share = agents[i], shares[i]
-        frames, cap, wl, ts = build_frames(share)
-        stop = len(ts) if i == 0 else len(ts) * 55 // 100  # h1 is killed (SIGKILL: no flush, no mark) here
-        for s in range(0, stop, 500):
-            e = min(stop, s + 500)
-            push(agent, frames[s:e], cap[s:e], wl[s:e], ts[s:e])
-            drain(agent)
-        if i == 0:
-            agent.finish()
-        assert agent.emitter.flush(60)
-        agent.emitter.close()
+        n = len(shares[i])
+        replay(agents[i], shares[i], n if i == 0 else n * 55 // 100)  # h1 is killed (SIGKILL: no mark) here
+        stop_host(agents[i], finish=i == 0)
     df = run_job(
         q,
         consume(kafka.bootstrap_servers, [q.topic]),
@@ -459,13 +464,8 @@ def kafka_gap(kafka, topic_factory) -> list[simulate.Verdict]:
     q = agg_query(topic_factory(partitions=2), "{range: 2s, slide: 1s}")
     traffic = make_traffic(20_000, 300, T0, 12 * NS, seed=36)
     agent = Agent([q], None, "h-gap", kafka.bootstrap_servers, ring_slots=1 << 12, chunk=1024)
-    frames, cap, wl, ts = build_frames(traffic)
-    for s in range(0, len(ts), 500):
-        push(agent, frames[s : s + 500], cap[s : s + 500], wl[s : s + 500], ts[s : s + 500])
-        drain(agent)
-    agent.finish()
-    assert agent.emitter.flush(60)
-    agent.emitter.close()
+    replay(agent, traffic)
+    stop_host(agent)
     values = consume(kafka.bootstrap_servers, [q.topic])
     settings = Settings(10**9, (agent.host,))
     lay = Layout.of(q)
@@ -551,20 +551,12 @@ def test_a_truncated_capture_file_is_reported_and_every_window_of_what_it_holds_
 
 
 def handshake_config(t1: str, t2: str, kind: str = "anti") -> Q.Config:
-    from lowwater_testing.joins import HANDSHAKE
+    from lowwater_testing.joins import HANDSHAKE, handshake_kind
 
     text = HANDSHAKE.replace("kafka: {partitions: 4}", f"kafka: {{topic: {t1}, partitions: 2}}", 1)
     text = text.replace("kafka: {partitions: 4}", f"kafka: {{topic: {t2}, partitions: 2}}", 1)
     text = text.replace("window: {range: 1m}", "window: {range: 5s}")
-    if kind != "inner":
-        text = text.replace(
-            "    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_port]\n"
-        )
-        text = text.replace(
-            "      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
-            "      - {fn: max, expr: left.src_port, as: max_port}\n",
-        )
-    return Q.load_text(text)
+    return Q.load_text(handshake_kind(text, kind, "left.dst_port"))
 
 
 def join_verdicts(
