@@ -33,10 +33,10 @@ import pytest
 from contract import query as Q
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import agent_cmd, metrics_text
-from lowwater_testing.flows import PAIRS_AGGREGATES
+from lowwater_testing.flows import PAIRS_AGGREGATES, free_udp_port
 from lowwater_testing.page import chromium
 from lowwater_testing.queries import config, query
-from lowwater_testing.sflow import Sfacctd, counter_sample, datagram, free_udp_port, sfprobe_export
+from lowwater_testing.sflow import Sfacctd, counter_sample, datagram, sfprobe_export
 from lowwater_testing.spark import read_results, run_job
 from lowwater_testing.traffic import NS, build_frames, make_traffic
 
