@@ -18,9 +18,12 @@ from low_level.capture.ring import (
     HEAD,
     TAIL,
     TRUNCATED,
+    RingArrays,
     copy_words,
     load_u64,
+    pin_ring,
     prefetch_read,
+    ring_full,
     ring_push_from,
 )
 from low_level.capture.sources.base import count_frames
@@ -107,13 +110,7 @@ def _emit(
     rebase,
     outbase,
     scale,
-    frames,
-    snaplen,
-    caplen,
-    wirelen,
-    tss,
-    iface,
-    ctr,
+    ring,
 ):
     """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
 
@@ -143,21 +140,13 @@ def _emit(
         else:
             out = outbase + np.int64(rel * scale)
     if code == E_PUSHED:
-        if wait and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
+        if wait and ring_full(ring):
             code = RC_FULL
-        else:
-            if not ring_push_from(
-                frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, scratch, off, cap, wl, out, ifidx
-            ):
-                code = E_DROPPED
+        elif not ring_push_from(ring, buf, scratch, off, cap, wl, out, ifidx):
+            code = E_DROPPED
     pin(buf)
     pin(scratch)
-    pin(frames)
-    pin(caplen)
-    pin(wirelen)
-    pin(tss)
-    pin(iface)
-    pin(ctr)
+    pin_ring(ring)
     return code, base_in, rel
 
 
@@ -195,13 +184,7 @@ def pcap_kernel(
     p: np.ndarray,
     scale: float,
     scratch: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
     offs: np.ndarray,
 ) -> int:
     """Walk classic pcap records from st[S_POS]: up to p[P_MAXN] of them, stopping early at the end,
@@ -217,6 +200,7 @@ def pcap_kernel(
     its slot gets the frame's offset in the file. Only the fast path may fill such a ring (the caller sees to it).
     """
     end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
+    frames, snaplen, caplen, wirelen, tss, iface, ctr = ring
     be = p[P_BE] != 0
     mult = p[P_TSMULT]
     maxcap = p[P_MAXCAP]
@@ -307,13 +291,7 @@ def pcap_kernel(
             rebase,
             outbase,
             scale,
-            frames,
-            snaplen,
-            caplen,
-            wirelen,
-            tss,
-            iface,
-            ctr,
+            ring,
         )
         if e != E_PUSHED and e != E_DROPPED:  # not due yet, or the ring is full: retried at the next call
             st[S_NEXT_REL] = rel
@@ -409,13 +387,7 @@ def pcapng_kernel(
     scale: float,
     ifs: np.ndarray,
     scratch: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
 ) -> int:
     """Walk pcapng blocks from st[S_POS] (same stopping rules as :func:`pcap_kernel`)."""
     end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
@@ -516,13 +488,7 @@ def pcapng_kernel(
                 rebase,
                 outbase,
                 scale,
-                frames,
-                snaplen,
-                caplen,
-                wirelen,
-                tss,
-                iface,
-                ctr,
+                ring,
             )
             if e != E_PUSHED and e != E_DROPPED:
                 st[S_NEXT_REL] = rel
