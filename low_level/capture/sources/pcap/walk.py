@@ -96,23 +96,9 @@ E_PUSHED, E_DROPPED = 100, 101  # _emit outcomes besides RC_WAIT / RC_FULL
 
 
 @njit(cache=True, nogil=True)
-def _emit(
-    buf,
-    off,
-    cap,
-    wl,
-    ts,
-    ifidx,
-    scratch,
-    base_in,
-    elapsed,
-    wait,
-    rebase,
-    outbase,
-    scale,
-    ring,
-):
-    """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
+def _emit(buf, off, cap, wl, ts, ifidx, scratch, base_in, clock, ring):
+    """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel). ``clock`` is
+    :func:`_begin`'s (when a record is due, what time it gets).
 
     RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. With ``off`` -1
     the frame is ``scratch[:cap]``: a record of another link layer rewritten as Ethernet by the walker
@@ -122,6 +108,7 @@ def _emit(
     one: Numba's inliner rebinds array arguments, an atomic incref/decref each per packet (that cost
     the replay nine tenths of its speed).
     """
+    elapsed, wait, rebase, outbase, scale = clock
     rel = np.int64(0)
     out = np.int64(0)
     code = E_PUSHED
@@ -151,12 +138,14 @@ def _emit(
 
 
 @njit(cache=True, nogil=True)
-def _begin(p, st):
-    """The parameters and position every walk starts from: (end, elapsed, wait, rebase, outbase, pos, base_in)."""
-    r = (p[P_END], p[P_ELAPSED], p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], st[S_POS], st[S_BASE_IN])
+def _begin(p, st, scale):
+    """Where a walk starts, (end, pos, base_in), and its clock: (elapsed, wait, rebase, outbase, scale), a
+    tuple of numbers (no reference counts) that :func:`_emit` takes as one argument."""
+    r = (p[P_END], st[S_POS], st[S_BASE_IN])
+    clock = (p[P_ELAPSED], p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], scale)
     pin(p)
     pin(st)
-    return r
+    return r, clock
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -199,7 +188,8 @@ def pcap_kernel(
     non-empty ``offs`` (a ring over this file, ``frames is buf``: Ring.over) a frame is not copied at all:
     its slot gets the frame's offset in the file. Only the fast path may fill such a ring (the caller sees to it).
     """
-    end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
+    (end, pos, base_in), clock = _begin(p, st, scale)
+    elapsed, wait, rebase, _, _ = clock
     frames, snaplen, caplen, wirelen, tss, iface, ctr = ring
     be = p[P_BE] != 0
     mult = p[P_TSMULT]
@@ -278,20 +268,7 @@ def pcap_kernel(
         if linktype != LT_ETHERNET:
             doff, dcap = -1, to_ethernet(buf, doff, cap, linktype, scratch)
         e, base_in, rel = _emit(
-            buf,
-            doff,
-            dcap,
-            wl,
-            sec * 1_000_000_000 + frac * mult,
-            ifidx,
-            scratch,
-            base_in,
-            elapsed,
-            wait,
-            rebase,
-            outbase,
-            scale,
-            ring,
+            buf, doff, dcap, wl, sec * 1_000_000_000 + frac * mult, ifidx, scratch, base_in, clock, ring
         )
         if e != E_PUSHED and e != E_DROPPED:  # not due yet, or the ring is full: retried at the next call
             st[S_NEXT_REL] = rel
@@ -390,7 +367,7 @@ def pcapng_kernel(
     ring: RingArrays,
 ) -> int:
     """Walk pcapng blocks from st[S_POS] (same stopping rules as :func:`pcap_kernel`)."""
-    end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
+    (end, pos, base_in), clock = _begin(p, st, scale)
     ifidx0 = p[P_IFIDX]
     last_ts = st[S_LAST_TS]
     nread = npushed = ndrops = nbytes = np.int64(0)
@@ -474,22 +451,7 @@ def pcapng_kernel(
             linktype = ifs[row, IF_LINKTYPE]
             if linktype != LT_ETHERNET:
                 data, cap = -1, to_ethernet(buf, data, cap, linktype, scratch)
-            e, base_in, rel = _emit(
-                buf,
-                data,
-                cap,
-                wl,
-                ts,
-                ifidx0 + row,
-                scratch,
-                base_in,
-                elapsed,
-                wait,
-                rebase,
-                outbase,
-                scale,
-                ring,
-            )
+            e, base_in, rel = _emit(buf, data, cap, wl, ts, ifidx0 + row, scratch, base_in, clock, ring)
             if e != E_PUSHED and e != E_DROPPED:
                 st[S_NEXT_REL] = rel
                 rc = e
