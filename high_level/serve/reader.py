@@ -65,6 +65,51 @@ class ResultSet:
     rows: list[tuple]
     total: int
     time_columns: frozenset[str]
+    next_key: list | None = None  # cursor paging: the sort key of this page's last row, when more follow
+
+
+@dataclass(frozen=True)
+class StepPercentile:
+    value: int | None  # None: the range has no step
+    at_us: int | None  # the start of a step holding that value (the first such)
+    steps: int
+    empty: int  # steps without rows (counted as 0)
+    max: int | None
+
+
+def nearest_rank_over_steps(
+    totals: dict[int, int], start_us: int, end_us: int, step_us: int, p: float
+) -> StepPercentile:
+    """Billing-style percentile: every step of [start, end) is one sample (a step without rows is 0),
+    and the p-th percentile is the nearest rank: the ceil(p/100 * N)-th smallest sample (no
+    interpolation, so the value is one a step actually had; numpy's ``method='inverted_cdf'``)."""
+    starts = np.arange(start_us, end_us, step_us, dtype=np.int64)
+    if not len(starts):
+        return StepPercentile(None, None, 0, 0, None)
+    vals = np.array([totals.get(int(b), 0) for b in starts], dtype=np.int64)
+    rank = max(1, int(np.ceil(p / 100 * len(vals) - 1e-9)))
+    v = int(np.sort(vals, kind="stable")[rank - 1])
+    at = int(starts[int(np.argmax(vals == v))])
+    empty = len(vals) - sum(1 for b in starts.tolist() if b in totals)
+    return StepPercentile(v, at, len(vals), empty, int(vals.max()))
+
+
+def sort_terms(qi: QueryInfo, order: list[OrderTerm]) -> list[tuple[str, bool]]:
+    """The full row order of /results without top: the ordered columns, then window_start and the keys
+    (each once), so every row has a distinct sort key (one row per window and key)."""
+    out: list[tuple[str, bool]] = []
+    for col, desc in [(t.column, t.descending) for t in order] + [
+        (c, False) for c in ("window_start", *qi.key_names)
+    ]:
+        if col not in (c for c, _ in out):
+            out.append((col, desc))
+    return out
+
+
+def sort_key(qi: QueryInfo, order: list[OrderTerm], row: tuple) -> list:
+    """The sort key of one /results row (as :meth:`Reader.results` selects it) for a cursor."""
+    pos = {c: i for i, c in enumerate(qi.output_columns)}
+    return [row[pos[c]] for c, _ in sort_terms(qi, order)]
 
 
 class Reader:
@@ -262,6 +307,7 @@ class Reader:
         limit: int,
         offset: int,
         complete: bool | None = None,
+        after: list | None = None,
     ) -> ResultSet:
         """Folded rows of windows with window_start in [start, end), optionally top-N per window, one page.
 
@@ -271,7 +317,8 @@ class Reader:
         come grouped by window (ascending unless ``order`` says ``-window_start``) in rank order, with
         a ``rank`` column. ``complete``: only complete (True) or incomplete (False) rows, decided
         after folding (a late row makes its group incomplete); with ``top`` the groups are ranked
-        among those rows.
+        among those rows. ``after`` (cursor paging, without ``top``): the sort key of the previous page's
+        last row (:func:`sort_key`); the page starts after it, and ``next_key`` is set when more follow.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
         columns = list(qi.output_columns) + (["rank"] if top else [])
@@ -316,12 +363,24 @@ class Reader:
                 folded = S.only_complete(folded, complete, params)
                 order_sql = [f"{S.q(t.column)} {'DESC' if t.descending else 'ASC'} NULLS LAST" for t in order]
                 order_sql += ["window_start", *keys]
+                page = folded
+                if after is not None:
+                    params["limit"] = limit + 1  # one more row says whether another page follows
+                    page = (
+                        f"(SELECT * FROM {folded} WHERE {S.after_sql(sort_terms(qi, order), after, params)})"
+                    )
                 sql = (
-                    f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {folded}"
+                    f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {page}"
                     f" ORDER BY {', '.join(order_sql)} LIMIT $limit OFFSET $offset"
                 )
                 count_sql = f"WITH _ AS (SELECT 1){ctes} SELECT count(*) FROM {folded}"
             rows = self._exec(cur, sql, params)
+            if after is not None:
+                more = len(rows) > limit
+                rows = rows[:limit]
+                total = int(self._exec(cur, count_sql, params)[0][0])
+                nxt = sort_key(qi, order, rows[-1]) if more else None
+                return ResultSet(columns, [r[:-1] for r in rows], total, times, nxt)
             if top and rows:
                 total = int(rows[0][-1])
             elif len(rows) < limit and (rows or not offset):
@@ -330,7 +389,11 @@ class Reader:
                 total = int(self._exec(cur, count_sql, params)[0][0])
         finally:
             cur.close()
-        return ResultSet(columns, [r[:-1] for r in rows], total, times)
+        rows = [r[:-1] for r in rows]
+        nxt = None
+        if not top and rows and offset + len(rows) < total:
+            nxt = sort_key(qi, order, rows[-1])
+        return ResultSet(columns, rows, total, times, nxt)
 
     @_retry_once
     def series(
@@ -340,8 +403,10 @@ class Reader:
         end: datetime,
         filters: list[KeyFilter],
         complete: bool | None = None,
+        step_us: int | None = None,
     ) -> ResultSet:
-        """Per window over all (filtered) groups: the number of groups and each aggregate's total.
+        """Per window (or per ``step_us`` bucket) over all (filtered) groups: the number of groups and each
+        aggregate's total.
 
         Totals need no per-group folding, so this is one pass over finals and corrections together:
         count/sum add up, min/max take the min/max, avg is the count-weighted mean when the query has a
@@ -350,11 +415,17 @@ class Reader:
         window is ``complete`` when every final and late row of it is (``complete`` filters on that);
         ``incomplete_groups`` counts its groups that are not, ``hosts_in_mark`` is the smallest and
         ``hosts_expected`` the largest over its rows (Kafka partitions), ``missing_records`` the largest.
+
+        With ``step_us`` the same summaries run over every row of a bucket of whole windows (buckets
+        aligned to ``start``): count/sum add over its windows, min/max fold, avg is the count-weighted
+        mean of the bucket; ``groups`` counts the distinct groups of the bucket and ``windows`` its
+        windows with rows. Aggregates without a fold over groups (quantiles, top-k, spreads) are null.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
         columns = [
             "window_start",
             "window_end",
+            *(["windows"] if step_us else []),
             "groups",
             *qi.agg_names,
             "complete",
@@ -369,7 +440,17 @@ class Reader:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
         fin = "kind = 'final'"
-        sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
+        if step_us:
+            b = S.bucket_sql(step_us)
+            keys = "".join(", " + S.q(k) for k in qi.key_names)
+            sel = [
+                f"{b} AS _b",
+                f"{b} + {int(step_us)}",
+                f"count(DISTINCT window_start) FILTER (WHERE {fin})",
+                f"count(DISTINCT hash(0{keys})) FILTER (WHERE {fin})",
+            ]
+        else:
+            sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
         sel += [S.fold(A.RESULT_KINDS[fn].summary, a, w) for a, fn in qi.aggs]
         judged = "kind IN ('final', 'late')"
         done = f"coalesce(bool_and(complete) FILTER (WHERE {judged}), false)"
@@ -384,14 +465,15 @@ class Reader:
         cur = self.db.cursor()
         try:
             src = self._source(cur, qi, files)
-            params = {**src.params, "start": start, "end": end}
+            params = {**src.params, "start": start, "end": end, "s_us": us_of(start)}
             having = ""
             if complete is not None:
                 params["complete"] = complete
                 having = f" HAVING {done} = $complete"
+            group = "_b" if step_us else "window_start"
             sql = (
                 f"SELECT {', '.join(sel)} FROM {S.scan(src, filters, params)}"
-                f" GROUP BY window_start{having} ORDER BY window_start"
+                f" GROUP BY {group}{having} ORDER BY {group}"
             )
             rows = self._exec(cur, sql, params)
         finally:
@@ -450,3 +532,41 @@ class Reader:
                 break
             done += self._cached(qi, f) is not None
         return done
+
+    @_retry_once
+    def range_top(
+        self,
+        qi: QueryInfo,
+        start: datetime,
+        end: datetime,
+        filters: list[KeyFilter],
+        by: str,
+        n: int,
+    ) -> ResultSet:
+        """The ``n`` groups with the largest sum of the additive column ``by`` over every window in
+        [start, end), with the sums of every additive aggregate and the number of windows each group
+        has a row in. Exact: a count or sum folds by adding, so summing finals and corrections over the
+        range is the same as folding per window, then summing (late rows add nothing). Ties by key."""
+        files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+        adds = [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
+        columns = [*qi.key_names, *adds, "windows", "rank"]
+        if not files:
+            return ResultSet(columns, [], 0, frozenset())
+        keys = [S.q(k) for k in qi.key_names]
+        sums = [f"CAST(sum({S.q(a)}) AS BIGINT) AS {S.q(a)}" for a in adds]
+        cur = self.db.cursor()
+        try:
+            src = self._source(cur, qi, files)
+            params = {**src.params, "start": start, "end": end, "n": n}
+            rows_sql = S.scan(src, filters, params)
+            group = f" GROUP BY {', '.join(keys)}" if keys else ""
+            sql = (
+                f"SELECT {', '.join([*keys, *sums])}, count(DISTINCT window_start) FILTER (WHERE kind = 'final'),"
+                f" row_number() OVER (ORDER BY sum({S.q(by)}) DESC NULLS LAST{''.join(', ' + k for k in keys)})"
+                f" AS _r FROM {rows_sql} WHERE kind IN ('final', 'correction'){group}"
+                f" ORDER BY _r LIMIT $n"
+            )
+            rows = self._exec(cur, sql, params)
+        finally:
+            cur.close()
+        return ResultSet(columns, rows, len(rows), frozenset())

@@ -29,6 +29,7 @@ from high_level.serve.incomplete import IncompleteReader
 from high_level.serve.metrics import ApiMetrics
 from high_level.serve.netnames import NetNames
 from high_level.serve.reader import Reader, ResultSet
+from high_level.serve.tierpick import TierOption
 from high_level.serve.timefmt import iso_of_us
 
 
@@ -105,6 +106,10 @@ class ApiService:
         if qi is None:
             raise HTTPException(404, f"unknown query {name!r}; known: {', '.join(self.infos)}")
         return qi
+
+    def tier_options(self, qi: QueryInfo) -> list[TierOption]:
+        """The roll-up tiers the query keeps (raw windows only until the store writes tiers)."""
+        return []
 
     @staticmethod
     def now() -> datetime:
