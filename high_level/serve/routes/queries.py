@@ -486,7 +486,7 @@ def router(svc: ApiService) -> APIRouter:
         rs = svc.reader.series(qi, s, e, flt, None, step_us)
         ci = rs.columns.index(col)
         got = nearest_rank_over_steps(
-            {int(r[0]): int(r[ci] or 0) for r in rs.rows}, us_of(s), us_of(e), step_us, pct
+            {int(r[0]): int(r[ci]) for r in rs.rows if r[ci] is not None}, us_of(s), us_of(e), step_us, pct
         )
         return {
             "query": name,
