@@ -246,7 +246,7 @@ function drawChart(host, points, label, opts) {
     lines.forEach((l, i) => {
       const lp = l.points.filter((p) => p.v !== null);
       const d = lp.map((p, j) => (j ? "L" : "M") + X(p.t).toFixed(1) + "," + Y(p.v).toFixed(1)).join("");
-      s.append(svg("path", { class: "line group-line", d, stroke: PALETTE[i % PALETTE.length], "data-group": l.name }));
+      s.append(svg("path", { class: "line group-line", d, style: "stroke:" + PALETTE[i % PALETTE.length], "data-group": l.name }));
       legend.append(el("span", { class: "lg" }, el("i", { style: "background:" + PALETTE[i % PALETTE.length] }), l.name));
     });
     zoomable(s, X, x0, x1, W, m, iw, ih, opts);
@@ -260,7 +260,7 @@ function drawChart(host, points, label, opts) {
   }
   s.append(svg("path", { class: "line", d: line }));
   for (const p of pts) {  // every incomplete window is marked (a hatched point); complete ones only when few
-    if (!p.why && pts.length > 90) continue;
+    if (!p.why && pts.length > 90 && !(opts.zoom && p.v)) continue;  // zoomable: every bucket with a value
     const c = svg("circle", { class: p.why ? "dot incomplete" : "dot", cx: X(p.t), cy: Y(p.v),
       r: p.why ? 4.2 : pts.length <= 30 ? 2.6 : 1.6 });
     const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}${p.why ? "\n" + p.why : ""}`;
@@ -461,6 +461,18 @@ function filterParams(q) {
 function groupName(q, g) { return q.key_columns.map((k) => String(g[k.name])).join(" → "); }
 function sameGroup(q, a, b) { return q.key_columns.every((k) => a[k.name] === b[k.name]); }
 
+// the points of a stepped series; a count or sum is 0 in a step without rows (not a gap to bridge)
+function fillSteps(sr, agg, additive, stepMs) {
+  const got = new Map(sr.rows.map((r) => [Date.parse(r.window_start), r]));
+  if (!additive) return sr.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) }));
+  const out = [];
+  for (let t = Date.parse(sr.start); t < Date.parse(sr.end); t += stepMs) {
+    const r = got.get(t);
+    out.push({ t, v: r ? r[agg] : 0, why: r ? incompleteWhy(r) : "" });
+  }
+  return out;
+}
+
 // a chosen range: stepped series (one line per selected group, or the total), top groups over the range
 async function refreshRange(q, c, from, to) {
   const stepS = chooseStep(to - from, q.window.slide_ns);
@@ -482,7 +494,7 @@ async function refreshRange(q, c, from, to) {
     lines = await Promise.all(sel.map(async (g) => {
       const gf = keys.map((k) => "&filter=" + encodeURIComponent(`${k}:${g[k]}`)).join("");
       const sr = await api(`${base}/series?${qs}${flt}${gf}`);
-      return { name: groupName(q, g), points: sr.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg] })) };
+      return { name: groupName(q, g), points: fillSteps(sr, agg, adds.includes(agg), stepMs) };
     }));
   } else {
     total = await api(`${base}/series?${qs}${flt}`);
@@ -490,7 +502,7 @@ async function refreshRange(q, c, from, to) {
   const shown = total || { start: new Date(from).toISOString(), end: new Date(to).toISOString(), tier: "raw" };
   const span = [Date.parse(shown.start), Date.parse(shown.end)];
   const zoom = (a, b) => setRange(Math.max(span[0], a), Math.min(span[1], b), true);
-  const pts = total ? total.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) })) : [];
+  const pts = total ? fillSteps(total, agg, adds.includes(agg), stepMs) : [];
   drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per ${fmtSpan(stepMs * 1e6)}`, { span, stepMs, zoom, lines });
   c.querySelector(".range").textContent = `· per ${fmtSpan(stepMs * 1e6)} step · ${fmtWhen(span[0], span[1] - span[0])} – ${fmtWhen(span[1], span[1] - span[0])} UTC`
     + ` · tier ${(top || shown).tier}` + (sel.length ? ` · ${sel.length} selected group${sel.length > 1 ? "s" : ""}` : "");
@@ -594,9 +606,27 @@ async function refresh() {
   state.timer = setTimeout(refresh, REFRESH_MS);
 }
 
+// #demo_click=N / #demo_drag=a,b (fractions of the plot width): after the first render, send the first
+// chart the real mouse events of a click on its N-th bucket or a drag from a to b (headless page tests)
+function demoGesture() {
+  const click = hashParam("demo_click"), drag = hashParam("demo_drag");
+  if (click === null && drag === null) return;
+  const s = document.querySelector("svg.chart[data-zoom]");
+  if (!s) { setTimeout(demoGesture, 200); return; }
+  const r = s.getBoundingClientRect();
+  const at = (f, type) => s.dispatchEvent(new MouseEvent(type, { bubbles: true, clientX: r.left + 52 + f * (r.width - 66), clientY: r.top + 60 }));
+  if (click !== null) {
+    const dots = s.querySelectorAll("[data-bucket]");
+    if (dots[Number(click)]) dots[Number(click)].dispatchEvent(new MouseEvent("click", { bubbles: true }));
+  } else {
+    const [a, b] = drag.split(",").map(Number);
+    at(a, "mousedown"); at((a + b) / 2, "mousemove"); at(b, "mousemove"); at(b, "mouseup");
+  }
+}
+
 initToken();
 initRange();
-refresh();
+refresh().then(demoGesture);
 
 // ---- live panel: /live/{query} (Server-Sent Events through the API's update queue, read with fetch so
 // the bearer token travels in a header). Provisional values of the open window update in place and
