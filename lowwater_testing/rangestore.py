@@ -131,3 +131,79 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
                 batch += 1
     rows = {q: pd.concat(fs, ignore_index=True) for q, fs in frames.items()}
     return RangeStore(root, config, rows, first_day, now)
+
+
+def with_tiers(store: RangeStore, query: str, tiers: list[str], retention: dict[str, str]) -> Path:
+    """A copy of the store's config where ``query`` keeps roll-up ``tiers`` with ``retention``."""
+    import yaml
+
+    doc = yaml.safe_load(store.config.read_text())
+    for q in doc["queries"]:
+        if q["name"] == query:
+            q["tiers"], q["retention"] = tiers, retention
+    path = store.config.with_name("lowwater-range-tiers.yaml")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_tier(store: RangeStore, spec: object, tier: str, split: bool = True) -> pd.DataFrame:
+    """Fold the stored rows of ``spec``'s query into ``tier`` windows as the store's roll-up does
+    (count/sum add, max folds, avg by its sum and count; late rows only count in late_partials) and
+    write them, one file per day; with ``split`` one day is spread over two files (a reader folds
+    them), and a covered file of wrong values sits next to them (a reader must skip it). -> the rows."""
+    q = spec.name  # type: ignore[attr-defined]
+    width = pd.Timedelta(tier)
+    df = store.rows[q].copy()
+    df["tw"] = df["window_start"].dt.floor(width)
+    keys = [k for k, _ in R.key_columns(spec)]  # type: ignore[arg-type]
+    v = df[df["kind"] != "late"].copy()
+    v["avg_len.sum"] = np.rint(v["avg_len"] * v["packets"]).astype(np.int64)
+    v["avg_len.count"] = v["packets"]
+    g = v.groupby(["tw", *keys], as_index=False)
+    out = g.agg(
+        bytes=("bytes", "sum"),
+        packets=("packets", "sum"),
+        max_len=("max_len", "max"),
+        **{"avg_len.sum": ("avg_len.sum", "sum"), "avg_len.count": ("avg_len.count", "sum")},
+        closed_at=("closed_at", "max"),
+        windows=("window_start", "nunique"),
+    )
+    out["avg_len"] = out["avg_len.sum"] / out["avg_len.count"]
+    late = df.groupby(["tw", *keys], as_index=False).agg(
+        late_partials=("late_partials", "sum"), complete=("complete", "all")
+    )
+    out = out.merge(late, on=["tw", *keys], how="left")
+    out = out.rename(columns={"tw": "window_start"})
+    out["window_end"] = out["window_start"] + width
+    out["hosts"] = out["hosts_expected"] = out["hosts_in_mark"] = np.int32(2)
+    out["missing_records"] = np.int64(0)
+    out["kind"] = "final"
+    schema = R.tier_schema(spec, tier)  # type: ignore[arg-type]
+    out = out[[f.name for f in schema]]
+    days = sorted(out["window_start"].dt.date.unique())
+    batch = 0
+    for i, day in enumerate(days):
+        part = out[out["window_start"].dt.date == day]
+        chunks = [part]
+        if split and i == len(days) // 2 and len(part) > 1:  # one (tier window, key) over two files
+            a = part.iloc[:1].copy()
+            b = part.copy()
+            for c in ("bytes", "packets", "avg_len.sum", "avg_len.count", "windows"):
+                a[c] = a[c] // 2
+                b.loc[b.index[0], c] -= int(a[c].iloc[0])
+            b.loc[b.index[0], "avg_len"] = b.loc[b.index[0], "avg_len.sum"] / max(
+                1, b.loc[b.index[0], "avg_len.count"]
+            )
+            a["avg_len"] = a["avg_len.sum"] / a["avg_len.count"].clip(lower=1)
+            chunks = [a, b]
+        for c in chunks:
+            path = R.tier_part_path(store.root, q, tier, day, batch, batch + 9)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pandas(c, schema=schema, preserve_index=False), path)
+            if split and i == 0:  # covered by the file just written: never read
+                bad = c.copy()
+                bad["bytes"] = 10**12
+                covered = R.tier_part_path(store.root, q, tier, day, batch + 2, batch + 3)
+                pq.write_table(pa.Table.from_pandas(bad, schema=schema, preserve_index=False), covered)
+            batch += 10
+    return out

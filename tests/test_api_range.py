@@ -24,7 +24,16 @@ from contract.query import load
 from high_level.serve import tierpick
 from high_level.serve.api import create_app
 from high_level.serve.reader import nearest_rank_over_steps
-from lowwater_testing.rangestore import DAYS, Q, RangeStore, frame, make_range_store, write_part
+from lowwater_testing.rangestore import (
+    DAYS,
+    Q,
+    RangeStore,
+    frame,
+    make_range_store,
+    with_tiers,
+    write_part,
+    write_tier,
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +134,6 @@ def _stepped_oracle(df: pd.DataFrame, s: datetime, step: timedelta) -> pd.DataFr
             "avg_len": g["_w"].sum() / g["packets"].sum(),
         }
     )
-    out["windows"] = fin.groupby("b")["window_start"].nunique()
     out["groups"] = fin.groupby("b")["dst_ip_24"].nunique()
     return out
 
@@ -143,7 +151,7 @@ def test_stepped_series_equals_the_oracle(client: TestClient, store: RangeStore,
     exp = _stepped_oracle(df, s, width)
     assert list(got["window_start"]) == [iso(b) for b in exp.index]
     assert list(got["window_end"]) == [iso(b + width) for b in exp.index]
-    for c in ("bytes", "packets", "max_len", "windows", "groups"):
+    for c in ("bytes", "packets", "max_len", "groups"):
         assert got[c].tolist() == exp[c].astype(int).tolist(), c
     np.testing.assert_allclose(got["avg_len"].to_numpy(float), exp["avg_len"].to_numpy(float), rtol=1e-12)
     assert set(got["complete"]) <= {True, False}
@@ -355,3 +363,57 @@ def test_tier_choice_is_the_coarsest_not_coarser_than_the_step_that_covers_the_r
     assert tierpick.choose(opts, now - 500 * d, d, now).name == "1d"
     assert tierpick.choose(opts, now - 10 * d + m, h, now) is None  # not aligned to the tier
     assert tierpick.choose(opts, now - 10 * d, 7 * m, now) is None  # 7m is no multiple of 5m
+
+
+# ---- answered from roll-up tiers (contract.results layout), exactly as from raw windows
+@pytest.fixture(scope="module")
+def tiered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, RangeStore]]:
+    st = make_range_store(tmp_path_factory.mktemp("tiers") / "results", seed=8)
+    cfg = with_tiers(st, Q, ["1h", "1d"], {"raw": "7d", "1h": "40d"})
+    spec = {q.name: q for q in load(cfg).stored_queries}[Q]
+    write_tier(st, spec, "1h")
+    write_tier(st, spec, "1d")
+    with TestClient(create_app(cfg, st.root)) as c:
+        yield c, st
+
+
+@pytest.mark.parametrize(
+    ("step", "days", "tier"), [("1d", 61, "1d"), ("1h", 20, "1h"), ("1h", 50, "raw"), ("3h", 30, "1h")]
+)
+def test_stepped_series_from_a_tier_equals_the_raw_oracle(
+    tiered: tuple[TestClient, RangeStore], step: str, days: int, tier: str
+) -> None:
+    c, st = tiered
+    e = st.first_day + timedelta(days=DAYS + 1)
+    s = e - timedelta(days=days)
+    body = c.get(f"/queries/{Q}/series", params={"start": iso(s), "end": iso(e), "step": step}).json()
+    assert body["tier"] == tier, body.get("detail")
+    got = pd.DataFrame(body["rows"], columns=body["columns"])
+    df = st.rows[Q]
+    df = df[(df["window_start"] >= pd.Timestamp(s)) & (df["window_start"] < pd.Timestamp(e))]
+    exp = _stepped_oracle(df, s, pd.Timedelta(step))
+    assert list(got["window_start"]) == [iso(b) for b in exp.index]
+    for col in ("bytes", "packets", "max_len"):
+        assert got[col].tolist() == exp[col].astype(int).tolist(), col
+    assert got["bytes"].max() < 10**12  # the covered tier file is never read
+    np.testing.assert_allclose(got["avg_len"].to_numpy(float), exp["avg_len"].to_numpy(float), rtol=1e-9)
+
+
+def test_top_and_percentile_from_a_tier_equal_the_raw_oracle(tiered: tuple[TestClient, RangeStore]) -> None:
+    c, st = tiered
+    s, e = st.first_day, st.first_day + timedelta(days=DAYS + 1)
+    body = c.get(f"/queries/{Q}/top", params={"start": iso(s), "end": iso(e), "step": "1d", "n": "6"}).json()
+    assert body["tier"] == "1d"
+    v = _values(st.rows[Q])
+    exp = v.groupby("dst_ip_24").agg(bytes=("bytes", "sum"), packets=("packets", "sum")).reset_index()
+    exp = exp.sort_values(["bytes", "dst_ip_24"], ascending=[False, True])
+    got = [(r["dst_ip_24"], r["bytes"], r["packets"]) for r in body["rows"]]
+    assert got == list(exp.itertuples(index=False, name=None))
+    windows = v.groupby("dst_ip_24")["window_start"].nunique()
+    assert [r["windows"] for r in body["rows"]] == [int(windows[k]) for k in exp["dst_ip_24"]]
+    body = c.get(f"/queries/{Q}/percentile", params={"start": iso(s), "end": iso(e), "step": "1d"}).json()
+    assert body["tier"] == "1d"
+    per = v.groupby(v["window_start"].dt.floor("1D"))["bytes"].sum()
+    steps = pd.date_range(pd.Timestamp(body["start"]), pd.Timestamp(body["end"]), freq="1D", inclusive="left")
+    samples = np.array([int(per.get(t, 0)) for t in steps])
+    assert body["value"] == int(np.percentile(samples, 95, method="inverted_cdf"))

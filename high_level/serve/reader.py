@@ -26,11 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import aggregates as A
+from contract import results as R
 from high_level.serve import sql as S
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import FileIndex, FileStats, StoreError
 from high_level.serve.params import KeyFilter, OrderTerm
 from high_level.serve.tablecache import Prepared, TableCache, add_ip_words, load_table
+from high_level.serve.tierfiles import TierFiles
 from high_level.serve.timefmt import EPOCH, us_of
 
 T = TypeVar("T")
@@ -128,6 +130,7 @@ class Reader:
     def __init__(self, root: str | Path, cache_mb: int = 512, threads: int | None = None) -> None:
         self.root = Path(root)
         self.index = FileIndex(self.root)
+        self.tiers = TierFiles(self.root)
         self.cache = TableCache(cache_mb * 1024 * 1024)
         config: dict[str, Any] = {}
         if threads:
@@ -404,6 +407,7 @@ class Reader:
         filters: list[KeyFilter],
         complete: bool | None = None,
         step_us: int | None = None,
+        tier: str = R.RAW_TIER,
     ) -> ResultSet:
         """Per window (or per ``step_us`` bucket) over all (filtered) groups: the number of groups and each
         aggregate's total.
@@ -418,14 +422,19 @@ class Reader:
 
         With ``step_us`` the same summaries run over every row of a bucket of whole windows (buckets
         aligned to ``start``): count/sum add over its windows, min/max fold, avg is the count-weighted
-        mean of the bucket; ``groups`` counts the distinct groups of the bucket and ``windows`` its
-        windows with rows. Aggregates without a fold over groups (quantiles, top-k, spreads) are null.
+        mean of the bucket; ``groups`` counts the distinct groups of the bucket. Aggregates without a
+        fold over groups (quantiles, top-k, spreads) are null. ``tier``: read that roll-up tier's files
+        (whose width divides the step) instead of raw windows; the same summaries are exact over them.
         """
-        files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+        if tier != R.RAW_TIER:
+            files: list[FileStats] = []
+            tier_paths = self.tiers.files(qi.spec, tier, us_of(start), us_of(end))
+        else:
+            files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+            tier_paths = []
         columns = [
             "window_start",
             "window_end",
-            *(["windows"] if step_us else []),
             "groups",
             *qi.agg_names,
             "complete",
@@ -436,7 +445,7 @@ class Reader:
             "missing_records",
         ]
         times = frozenset({"window_start", "window_end"})
-        if not files:
+        if not files and not tier_paths:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
         fin = "kind = 'final'"
@@ -446,7 +455,6 @@ class Reader:
             sel = [
                 f"{b} AS _b",
                 f"{b} + {int(step_us)}",
-                f"count(DISTINCT window_start) FILTER (WHERE {fin})",
                 f"count(DISTINCT hash(0{keys})) FILTER (WHERE {fin})",
             ]
         else:
@@ -464,7 +472,7 @@ class Reader:
         ]
         cur = self.db.cursor()
         try:
-            src = self._source(cur, qi, files)
+            src = S.parquet_source(qi, tier_paths) if tier_paths else self._source(cur, qi, files)
             params = {**src.params, "start": start, "end": end, "s_us": us_of(start)}
             having = ""
             if complete is not None:
@@ -542,26 +550,39 @@ class Reader:
         filters: list[KeyFilter],
         by: str,
         n: int,
+        tier: str = R.RAW_TIER,
     ) -> ResultSet:
         """The ``n`` groups with the largest sum of the additive column ``by`` over every window in
         [start, end), with the sums of every additive aggregate and the number of windows each group
         has a row in. Exact: a count or sum folds by adding, so summing finals and corrections over the
-        range is the same as folding per window, then summing (late rows add nothing). Ties by key."""
-        files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+        range is the same as folding per window, then summing (late rows add nothing). Ties by key.
+        ``tier``: sum that roll-up tier's rows instead (the same sums; ``windows`` from their counts)."""
         adds = [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
         columns = [*qi.key_names, *adds, "windows", "rank"]
-        if not files:
-            return ResultSet(columns, [], 0, frozenset())
+        files: list[FileStats] = []
+        if tier != R.RAW_TIER:
+            tier_paths = self.tiers.files(qi.spec, tier, us_of(start), us_of(end))
+            if not tier_paths:
+                return ResultSet(columns, [], 0, frozenset())
+            windows = 'CAST(sum("windows") AS BIGINT)'
+        else:
+            tier_paths = []
+            files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+            if not files:
+                return ResultSet(columns, [], 0, frozenset())
+            windows = "count(DISTINCT window_start) FILTER (WHERE kind = 'final')"
         keys = [S.q(k) for k in qi.key_names]
         sums = [f"CAST(sum({S.q(a)}) AS BIGINT) AS {S.q(a)}" for a in adds]
         cur = self.db.cursor()
         try:
-            src = self._source(cur, qi, files)
+            src = (
+                S.parquet_source(qi, tier_paths, ["windows"]) if tier_paths else self._source(cur, qi, files)
+            )
             params = {**src.params, "start": start, "end": end, "n": n}
             rows_sql = S.scan(src, filters, params)
             group = f" GROUP BY {', '.join(keys)}" if keys else ""
             sql = (
-                f"SELECT {', '.join([*keys, *sums])}, count(DISTINCT window_start) FILTER (WHERE kind = 'final'),"
+                f"SELECT {', '.join([*keys, *sums])}, {windows},"
                 f" row_number() OVER (ORDER BY sum({S.q(by)}) DESC NULLS LAST{''.join(', ' + k for k in keys)})"
                 f" AS _r FROM {rows_sql} WHERE kind IN ('final', 'correction'){group}"
                 f" ORDER BY _r LIMIT $n"

@@ -21,6 +21,7 @@ import yaml
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response
 
+from contract import results as R
 from contract.query import Config
 from high_level.live.hub import LiveHub
 from high_level.serve.alerts import AlertReader
@@ -108,8 +109,12 @@ class ApiService:
         return qi
 
     def tier_options(self, qi: QueryInfo) -> list[TierOption]:
-        """The roll-up tiers the query keeps (raw windows only until the store writes tiers)."""
-        return []
+        """The roll-up tiers the query keeps, with their retention (contract.results)."""
+        spec = qi.spec
+        return [
+            TierOption(n, w, R.retention_ns(spec, n))
+            for n, w in zip(spec.tier_names, spec.tiers, strict=True)
+        ]
 
     @staticmethod
     def now() -> datetime:

@@ -56,9 +56,10 @@ class Source:
     wkh: str = "_wkh"  # the window-and-key hash: a column, or an expression computed where needed
 
 
-def parquet_source(qi: QueryInfo, paths: list[str]) -> Source:
-    """The files read by DuckDB directly: their columns are exactly the contract's (the index checked)."""
-    cols = ", ".join(q(f.name) for f in qi.schema)
+def parquet_source(qi: QueryInfo, paths: list[str], extra: list[str] | None = None) -> Source:
+    """The files read by DuckDB directly: their columns are exactly the contract's (the index checked);
+    ``extra``: more columns of a tier file (:func:`contract.results.tier_schema`)."""
+    cols = ", ".join(q(c) for c in [*(f.name for f in qi.schema), *(extra or [])])
     rel = f"(SELECT {cols} FROM read_parquet($files, hive_partitioning = false))"
     return Source(rel, {"files": paths}, False, key_hash(qi))
 
