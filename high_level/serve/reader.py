@@ -131,6 +131,11 @@ class Reader:
         self.root = Path(root)
         self.index = FileIndex(self.root)
         self.tiers = TierFiles(self.root)
+        self._partials: dict[
+            tuple, pa.Table
+        ] = {}  # per-file per-window partial summaries (insertion order: LRU-ish)
+        self._partials_lock = threading.Lock()
+        self.max_partials = 50_000
         self.cache = TableCache(cache_mb * 1024 * 1024)
         config: dict[str, Any] = {}
         if threads:
@@ -409,8 +414,8 @@ class Reader:
         step_us: int | None = None,
         tier: str = R.RAW_TIER,
     ) -> ResultSet:
-        """Per window (or per ``step_us`` bucket) over all (filtered) groups: the number of groups and each
-        aggregate's total.
+        """Per window (or per ``step_us`` bucket: :meth:`_stepped_series`) over all (filtered) groups: the
+        number of groups and each aggregate's total.
 
         Totals need no per-group folding, so this is one pass over finals and corrections together:
         count/sum add up, min/max take the min/max, avg is the count-weighted mean when the query has a
@@ -420,18 +425,11 @@ class Reader:
         ``incomplete_groups`` counts its groups that are not, ``hosts_in_mark`` is the smallest and
         ``hosts_expected`` the largest over its rows (Kafka partitions), ``missing_records`` the largest.
 
-        With ``step_us`` the same summaries run over every row of a bucket of whole windows (buckets
-        aligned to ``start``): count/sum add over its windows, min/max fold, avg is the count-weighted
-        mean of the bucket; ``groups`` counts the distinct groups of the bucket. Aggregates without a
-        fold over groups (quantiles, top-k, spreads) are null. ``tier``: read that roll-up tier's files
-        (whose width divides the step) instead of raw windows; the same summaries are exact over them.
         """
-        if tier != R.RAW_TIER:
-            files: list[FileStats] = []
-            tier_paths = self.tiers.files(qi.spec, tier, us_of(start), us_of(end))
-        else:
-            files = self.index.files_for(qi.spec, us_of(start), us_of(end))
-            tier_paths = []
+        if step_us:
+            return self._stepped_series(qi, start, end, filters, step_us, tier)
+        files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+        tier_paths: list[str] = []
         columns = [
             "window_start",
             "window_end",
@@ -449,16 +447,7 @@ class Reader:
             return ResultSet(columns, [], 0, times)
         w = S.q(qi.count_col) if qi.count_col else None
         fin = "kind = 'final'"
-        if step_us:
-            b = S.bucket_sql(step_us)
-            keys = "".join(", " + S.q(k) for k in qi.key_names)
-            sel = [
-                f"{b} AS _b",
-                f"{b} + {int(step_us)}",
-                f"count(DISTINCT hash(0{keys})) FILTER (WHERE {fin})",
-            ]
-        else:
-            sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
+        sel = ["epoch_us(window_start)", "epoch_us(max(window_end))", f"count(*) FILTER (WHERE {fin})"]
         sel += [S.fold(A.RESULT_KINDS[fn].summary, a, w) for a, fn in qi.aggs]
         judged = "kind IN ('final', 'late')"
         done = f"coalesce(bool_and(complete) FILTER (WHERE {judged}), false)"
@@ -478,10 +467,9 @@ class Reader:
             if complete is not None:
                 params["complete"] = complete
                 having = f" HAVING {done} = $complete"
-            group = "_b" if step_us else "window_start"
             sql = (
                 f"SELECT {', '.join(sel)} FROM {S.scan(src, filters, params)}"
-                f" GROUP BY {group}{having} ORDER BY {group}"
+                f" GROUP BY window_start{having} ORDER BY window_start"
             )
             rows = self._exec(cur, sql, params)
         finally:
@@ -591,3 +579,124 @@ class Reader:
         finally:
             cur.close()
         return ResultSet(columns, rows, len(rows), frozenset())
+
+    # ---- stepped series: per-window partial summaries, cached per immutable file, combined per step
+    def _partials_sql(self, qi: QueryInfo) -> list[str]:
+        """Per window: partial summaries that combine across files and windows (sum, min, max, and a
+        weighted mean's numerator and denominator), then the completeness partials."""
+        w = S.q(qi.count_col) if qi.count_col else None
+        fin = "kind = 'final'"
+        sel = ["epoch_us(window_start) AS ws"]
+        for i, (a, fn) in enumerate(qi.aggs):
+            c, total = S.q(a), A.RESULT_KINDS[fn].total
+            if total in ("sum", "min", "max"):
+                sel += [f"{total}({c}) FILTER (WHERE {S.VALUE_ROWS}) AS p{i}a", f"NULL::DOUBLE AS p{i}b"]
+            elif w is not None:  # the count-weighted mean, as the per-window summary
+                ok = f"{w} > 0 AND isfinite({c}) AND {S.VALUE_ROWS}"
+                sel += [
+                    f"sum(CASE WHEN {ok} THEN {c} * {w} END) AS p{i}a",
+                    f"sum(CASE WHEN {ok} THEN {w} END)::DOUBLE AS p{i}b",
+                ]
+            else:  # the plain mean of the final rows' values
+                v = f"CASE WHEN isfinite({c}) THEN {c} END"
+                sel += [
+                    f"sum({v}) FILTER (WHERE {fin}) AS p{i}a",
+                    f"count({v}) FILTER (WHERE {fin})::DOUBLE AS p{i}b",
+                ]
+        return [
+            *sel,
+            "bool_and(complete) FILTER (WHERE kind IN ('final', 'late')) AS done",
+            "max(hosts_expected) AS he",
+            f"min(hosts_in_mark) FILTER (WHERE {fin}) AS him",
+            "CAST(sum(late_partials) AS BIGINT) AS late",
+            f"max(missing_records) FILTER (WHERE {fin}) AS miss",
+        ]
+
+    def _file_partials(self, qi: QueryInfo, path: str, key: tuple, extra: list[str] | None) -> pa.Table:
+        """The per-window partials of one file, computed once per (path, size, mtime): store files
+        are immutable once written (a rewrite or a merged file changes the key)."""
+        got = self._partials.get(key)
+        if got is not None:
+            return got
+        cur = self.db.cursor()
+        try:
+            src = S.parquet_source(qi, [path], extra)
+            table = cur.sql(
+                f"SELECT {', '.join(self._partials_sql(qi))} FROM {src.rel} GROUP BY window_start",
+                params=src.params,
+            ).to_arrow_table()
+        except duckdb.Error as exc:
+            raise StoreError(f"reading the results store failed: {exc}") from None
+        finally:
+            cur.close()
+        with self._partials_lock:
+            self._partials[key] = table
+            while len(self._partials) > self.max_partials:
+                self._partials.pop(next(iter(self._partials)))
+        return table
+
+    @_retry_once
+    def _stepped_series(
+        self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
+    ) -> ResultSet:
+        """Per bucket of ``step_us`` (aligned to ``start``) over all (filtered) groups: count/sum add over
+        its windows, min/max fold, avg is the count-weighted mean of the bucket (exact; corrections in,
+        late rows out); a bucket is ``complete`` when every row of it is. Groups are not counted per
+        step: distinct groups do not add up across windows or tier files (/top counts them over a
+        range). ``tier``: read that roll-up tier's files instead of raw windows (same sums, exact).
+
+        Without filters every file's per-window partials are computed once and cached, so a month of
+        hourly tier files costs a combine over ~N windows x files rows, not a scan of the rows."""
+        columns = ["window_start", "window_end", *qi.agg_names, "complete"]
+        columns += ["hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]
+        times = frozenset({"window_start", "window_end"})
+        s_us, e_us = us_of(start), us_of(end)
+        if tier != R.RAW_TIER:
+            paths = self.tiers.files(qi.spec, tier, s_us, e_us)
+            keyed = [(p, (p, *self.tiers.stamp(p))) for p in paths]
+        else:
+            stats = self.index.files_for(qi.spec, s_us, e_us)
+            keyed = [(f.path, (f.path, f.size, f.mtime_ns)) for f in stats]
+        if not keyed:
+            return ResultSet(columns, [], 0, times)
+        cur = self.db.cursor()
+        try:
+            if filters:
+                src = S.parquet_source(qi, [p for p, _ in keyed])
+                params = {**src.params, "start": start, "end": end}
+                sql = f"SELECT {', '.join(self._partials_sql(qi))} FROM {S.scan(src, filters, params)} GROUP BY window_start"
+                parts = cur.sql(
+                    sql, params={k: v for k, v in params.items() if f"${k}" in sql}
+                ).to_arrow_table()
+            else:
+                parts = pa.concat_tables([self._file_partials(qi, p, k, None) for p, k in keyed])
+            cur.register("lw_part", parts)
+            sel = ["_b", f"_b + {int(step_us)}"]
+            for i, (_, fn) in enumerate(qi.aggs):
+                total = A.RESULT_KINDS[fn].total
+                if total in ("sum", "min", "max"):
+                    cast = (
+                        "CAST(sum(p{0}a) AS BIGINT)"
+                        if total == "sum" and not A.RESULT_KINDS[fn].float
+                        else "{1}(p{0}a)"
+                    )
+                    sel.append(cast.format(i, total))
+                else:
+                    sel.append(f"sum(p{i}a) / nullif(sum(p{i}b), 0)")
+            sel += [
+                "coalesce(bool_and(done), false)",
+                "max(he)",
+                "min(him)",
+                "CAST(sum(late) AS BIGINT)",
+                "max(miss)",
+            ]
+            rows = cur.execute(
+                f"SELECT {', '.join(sel)} FROM (SELECT *, ws - (ws - $s) % $step AS _b FROM lw_part"
+                " WHERE ws >= $s AND ws < $e) GROUP BY _b ORDER BY _b",
+                {"s": s_us, "e": e_us, "step": int(step_us)},
+            ).fetchall()
+        except duckdb.Error as exc:
+            raise StoreError(f"reading the results store failed: {exc}") from None
+        finally:
+            cur.close()
+        return ResultSet(columns, rows, len(rows), times)

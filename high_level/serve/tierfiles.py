@@ -51,6 +51,11 @@ class TierFiles:
                     out.append(str(path))
         return out
 
+    def stamp(self, path: str) -> tuple[int, int]:
+        """(size, mtime) of a listed file as checked: what a cache of its contents keys on."""
+        got = self._checked.get(path)
+        return got[0] if got is not None else (0, 0)
+
     def _check(self, spec: QuerySpec, tier: str, path: Path, key: tuple[int, int]) -> str | None:
         got = self._checked.get(str(path))
         if got is not None and got[0] == key:
