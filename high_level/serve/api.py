@@ -100,6 +100,11 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
                 log.exception("warming the cache for %s failed", qi.name)
     finally:
         done.set()
+    for qi in infos:  # then the tiers' per-file partials (stepped series over months; docs/ranges.md)
+        try:
+            reader.warm_tiers(qi, stop)
+        except Exception:
+            log.exception("warming the tiers of %s failed", qi.name)
 
 
 def create_app(

@@ -135,7 +135,7 @@ class Reader:
             tuple, pa.Table
         ] = {}  # per-file per-window partial summaries (insertion order: LRU-ish)
         self._partials_lock = threading.Lock()
-        self.max_partials = 50_000
+        self.max_partials = 20_000
         self.cache = TableCache(cache_mb * 1024 * 1024)
         config: dict[str, Any] = {}
         if threads:
@@ -511,6 +511,18 @@ class Reader:
                     return EPOCH + timedelta(microseconds=int(rows[0][0]))
         return None
 
+    def warm_tiers(self, qi: QueryInfo, stop: threading.Event | None = None) -> int:
+        """Compute the per-file partials of the query's tier files, newest first (so the first stepped
+        series over months does not read every tier file while a user waits)."""
+        done = 0
+        for tier in reversed(qi.spec.tier_names):
+            for p in reversed(self.tiers.files(qi.spec, tier, 0, 1 << 62)):
+                if stop is not None and stop.is_set() or done >= self.max_partials // 2:
+                    return done
+                self._file_partials(qi, p, (p, *self.tiers.stamp(p)), None)
+                done += 1
+        return done
+
     def warm(self, qi: QueryInfo, span: timedelta, stop: threading.Event | None = None) -> int:
         """Prepare the newest ``span`` of a query in the cache (so the first page view is fast)."""
         dirs = self.index.date_dirs(qi.name)
@@ -570,12 +582,11 @@ class Reader:
             rows_sql = S.scan(src, filters, params)
             group = f" GROUP BY {', '.join(keys)}" if keys else ""
             sql = (
-                f"SELECT {', '.join([*keys, *sums])}, {windows},"
-                f" row_number() OVER (ORDER BY sum({S.q(by)}) DESC NULLS LAST{''.join(', ' + k for k in keys)})"
-                f" AS _r FROM {rows_sql} WHERE kind IN ('final', 'correction'){group}"
-                f" ORDER BY _r LIMIT $n"
+                f"SELECT {', '.join([*keys, *sums])}, {windows}"
+                f" FROM {rows_sql} WHERE kind IN ('final', 'correction'){group}"
+                f" ORDER BY sum({S.q(by)}) DESC NULLS LAST{''.join(', ' + k for k in keys)} LIMIT $n"
             )
-            rows = self._exec(cur, sql, params)
+            rows = [(*r, i) for i, r in enumerate(self._exec(cur, sql, params), 1)]
         finally:
             cur.close()
         return ResultSet(columns, rows, len(rows), frozenset())
