@@ -7,6 +7,8 @@ over the same rows, both from the Arrow cache and from Parquet directly.
 
 from __future__ import annotations
 
+import base64
+import json
 import warnings
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -15,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -337,7 +341,14 @@ def test_cursor_misuse_is_400(client: TestClient, store: RangeStore) -> None:
     ]:
         r = client.get("/queries/q4_pairs/results", params={"cursor": cur, "limit": "3", **extra})
         assert r.status_code == 400 and needle in r.json()["detail"], extra
-    for bad in ["x", "e30", cur[:-3], "eyJmIjoxfQ"]:
+    doc = json.loads(base64.urlsafe_b64decode(cur + "=" * (-len(cur) % 4)))
+    forged = [
+        {**doc, "k": doc["k"][:-1]},
+        {**doc, "k": ["x", *doc["k"][1:]]},
+        {**doc, "k": [*doc["k"][:-1], 5]},
+    ]
+    forged_text = [base64.urlsafe_b64encode(json.dumps(d).encode()).decode() for d in forged]
+    for bad in ["x", "e30", cur[:-3], "eyJmIjoxfQ", *forged_text]:
         r = client.get("/queries/q4_pairs/results", params={"cursor": bad})
         assert r.status_code == 400 and "cursor" in r.json()["detail"], bad
 
@@ -416,3 +427,44 @@ def test_top_and_percentile_from_a_tier_equal_the_raw_oracle(tiered: tuple[TestC
     steps = pd.date_range(pd.Timestamp(body["start"]), pd.Timestamp(body["end"]), freq="1D", inclusive="left")
     samples = np.array([int(per.get(t, 0)) for t in steps])
     assert body["value"] == int(np.percentile(samples, 95, method="inverted_cdf"))
+
+
+# ---- fuzzing the new parameters: never a 5xx
+_KEYS = [
+    "start",
+    "end",
+    "step",
+    "by",
+    "n",
+    "p",
+    "column",
+    "filter",
+    "cursor",
+    "limit",
+    "offset",
+    "order_by",
+    "top",
+]
+_VALS = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        ["1h", "1d", "5m", "0", "-1", "1e308", "nan", "7s", "400d", "-60d", "now", "bytes", "packets"]
+    ),
+    st.sampled_from(
+        ["eyJmIjoiIiwicyI6MCwiZSI6MSwiayI6W119", "eyJrIjpbW11dfQ", "x" * 50, "dst_ip_24:10.0.0.0/8"]
+    ),
+    st.integers(-(10**20), 10**20).map(str),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    endpoint=st.sampled_from(["series", "top", "percentile", "results"]),
+    params=st.lists(st.tuples(st.sampled_from(_KEYS), _VALS), max_size=5),
+)
+def test_fuzz_range_parameters_never_5xx(client: TestClient, endpoint: str, params: list) -> None:
+    try:
+        r = client.get(f"/queries/{Q}/{endpoint}", params=params)
+    except UnicodeEncodeError:
+        return
+    assert r.status_code < 500, (endpoint, params, r.text)

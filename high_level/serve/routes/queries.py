@@ -17,7 +17,7 @@ from high_level.serve import params as P
 from high_level.serve import tierpick
 from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import SERIES_COLUMNS, merge_series
-from high_level.serve.reader import ResultSet, nearest_rank_over_steps
+from high_level.serve.reader import ResultSet, nearest_rank_over_steps, sort_terms
 from high_level.serve.service import ApiService
 from high_level.serve.timefmt import EPOCH, iso_of_us, us_of
 
@@ -199,6 +199,26 @@ def _check_params(request: Request, allowed: set[str]) -> list[tuple[str, str]]:
     return keys
 
 
+def _check_cursor_key(qi: QueryInfo, order: list[P.OrderTerm], key: list) -> None:
+    """A cursor's sort key must fit the request's sort columns (one value each, of the column's type)."""
+    terms = sort_terms(qi, order)
+    kinds = qi.key_kinds
+    ok = len(key) == len(terms)
+    for (col, _), v in zip(terms, key, strict=False):
+        if v is None:
+            continue
+        if kinds.get(col) == "ip":
+            ok = ok and isinstance(v, str)
+        elif col in kinds or col in ("window_start", "window_end"):
+            ok = ok and isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = ok and isinstance(v, int | float) and not isinstance(v, bool)
+    if not ok:
+        raise P.ParamError(
+            "cursor: not a cursor this API returned (take next_cursor of the previous page as is)"
+        )
+
+
 def _additive(qi: QueryInfo) -> list[str]:
     """The aggregate columns that add up over windows (count, sum): what a range sum or percentile takes."""
     return [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
@@ -249,6 +269,7 @@ def router(svc: ApiService) -> APIRouter:
                 raise P.ParamError(
                     "cursor: it belongs to another request (query, filter, order_by, complete)"
                 )
+            _check_cursor_key(qi, order, cur.key)
             s, e, after = (
                 EPOCH + timedelta(microseconds=cur.start_us),
                 EPOCH + timedelta(microseconds=cur.end_us),
