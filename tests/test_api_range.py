@@ -24,6 +24,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from contract import results as R
 from contract.query import load
 from high_level.serve import tierpick
 from high_level.serve.api import create_app
@@ -468,3 +469,45 @@ def test_fuzz_range_parameters_never_5xx(client: TestClient, endpoint: str, para
     except UnicodeEncodeError:
         return
     assert r.status_code < 500, (endpoint, params, r.text)
+
+
+def test_reads_what_the_real_tier_writer_writes(tmp_path: Path) -> None:
+    """Tiers built by the store's own roll-up (high_level/results/tiers.py) in two runs, so rows of one
+    (tier window, key) lie in two files: the API's tier answers equal the raw oracle."""
+    from high_level.results import tiers as T
+
+    st = make_range_store(tmp_path / "results", seed=6)
+    cfg = with_tiers(st, Q, ["1h", "1d"], {"raw": "7d", "1h": "40d"})
+    spec = {q.name: q for q in load(cfg).stored_queries}[Q]
+    last = max(R.parse_part_name(p.name) or 0 for p in st.root.rglob("part-*.parquet"))
+    assert T.build(st.root, spec, last // 2) > 0 and T.build(st.root, spec, last) > 0
+    s, e = st.first_day, st.first_day + timedelta(days=DAYS + 1)
+    v = _values(st.rows[Q])
+    with TestClient(create_app(cfg, st.root, cache_mb=0)) as c:
+        body = c.get(f"/queries/{Q}/series", params={"start": iso(s), "end": iso(e), "step": "1d"}).json()
+        assert body["tier"] == "1d"
+        exp = _stepped_oracle(st.rows[Q], s, pd.Timedelta("1d"))
+        got = pd.DataFrame(body["rows"], columns=body["columns"])
+        assert got["bytes"].tolist() == exp["bytes"].astype(int).tolist()
+        assert got["max_len"].tolist() == exp["max_len"].astype(int).tolist()
+        np.testing.assert_allclose(got["avg_len"].to_numpy(float), exp["avg_len"].to_numpy(float), rtol=1e-9)
+        top = c.get(
+            f"/queries/{Q}/top", params={"start": iso(s), "end": iso(e), "step": "1h", "n": "3"}
+        ).json()
+        assert top["tier"] == "raw"  # 1h kept 40 days: a 61-day range falls back to raw windows
+        top = c.get(
+            f"/queries/{Q}/top",
+            params={"start": iso(e - timedelta(days=30)), "end": iso(e), "step": "1h", "n": "3"},
+        ).json()
+        assert top["tier"] == "1h"
+        s1h = pd.Timestamp(top["start"])
+        w = v[v["window_start"] >= s1h]
+        exp_top = (
+            w.groupby("dst_ip_24")["bytes"]
+            .sum()
+            .reset_index()
+            .sort_values(["bytes", "dst_ip_24"], ascending=[False, True])
+        )
+        assert [(r["dst_ip_24"], r["bytes"]) for r in top["rows"]] == list(
+            exp_top.head(3).itertuples(index=False, name=None)
+        )
