@@ -135,6 +135,8 @@ class Reader:
             tuple, pa.Table
         ] = {}  # per-file per-window partial summaries (insertion order: LRU-ish)
         self._partials_lock = threading.Lock()
+        self._tops: dict[tuple, tuple[int, int, pa.Table]] = {}  # per-file group sums (range_top)
+        self._tops_bytes = 0
         self.max_partials = 20_000
         self.cache = TableCache(cache_mb * 1024 * 1024)
         config: dict[str, Any] = {}
@@ -573,6 +575,14 @@ class Reader:
             windows = "count(DISTINCT window_start) FILTER (WHERE kind = 'final')"
         keys = [S.q(k) for k in qi.key_names]
         sums = [f"CAST(sum({S.q(a)}) AS BIGINT) AS {S.q(a)}" for a in adds]
+        if not filters and keys and self.cache.max_bytes > 0:
+            keyed = (
+                [(p, (p, *self.tiers.stamp(p))) for p in tier_paths]
+                if tier_paths
+                else [(f.path, (f.path, f.size, f.mtime_ns)) for f in files]
+            )
+            rows = self._top_from_partials(qi, keyed, bool(tier_paths), start, end, by, n, adds, windows)
+            return ResultSet(columns, rows, len(rows), frozenset())
         cur = self.db.cursor()
         try:
             src = (
@@ -590,6 +600,111 @@ class Reader:
         finally:
             cur.close()
         return ResultSet(columns, rows, len(rows), frozenset())
+
+    def _top_partial(
+        self, qi: QueryInfo, path: str, tier: bool, windows: str, where: str = "", params: dict | None = None
+    ) -> pa.Table:
+        """One file's rows summed per group (finals and corrections), with a 128-bit key hash (two
+        independent 64-bit hashes) that the range's combine groups by."""
+        keys = ", ".join(S.q(k) for k in qi.key_names)
+        adds = [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
+        src = S.parquet_source(qi, [path], ["windows"] if tier else None)
+        sql = (
+            f"SELECT hash({keys}) AS _h1, hash({keys}, 'lw') AS _h2, {keys}, "
+            + "".join(f"CAST(sum({S.q(a)}) AS BIGINT) AS {S.q(a)}, " for a in adds)
+            + f"{windows} AS windows FROM {src.rel} WHERE kind IN ('final', 'correction'){where} GROUP BY {keys}"
+        )
+        cur = self.db.cursor()
+        try:
+            return cur.sql(sql, params={**src.params, **(params or {})}).to_arrow_table()
+        except duckdb.Error as exc:
+            raise StoreError(f"reading the results store failed: {exc}") from None
+        finally:
+            cur.close()
+
+    def _file_top(
+        self, qi: QueryInfo, path: str, key: tuple, tier: bool, windows: str
+    ) -> tuple[int, int, pa.Table]:
+        """A file's per-group sums and the window_start range it holds, cached per (path, size, mtime)
+        within half the cache budget."""
+        got = self._tops.get(key)
+        if got is not None:
+            return got
+        table = self._top_partial(qi, path, tier, windows)
+        cur = self.db.cursor()
+        try:
+            src = S.parquet_source(qi, [path])
+            lo, hi = cur.sql(
+                f"SELECT epoch_us(min(window_start)), epoch_us(max(window_start)) FROM {src.rel}",
+                params=src.params,
+            ).fetchall()[0]
+        finally:
+            cur.close()
+        entry = (-1 if lo is None else int(lo), -1 if hi is None else int(hi), table)
+        with self._partials_lock:
+            self._tops[key] = entry
+            self._tops_bytes += table.nbytes
+            while self._tops_bytes > self.cache.max_bytes // 2 and self._tops:
+                self._tops_bytes -= self._tops.pop(next(iter(self._tops)))[2].nbytes
+        return entry
+
+    def _top_from_partials(
+        self,
+        qi: QueryInfo,
+        keyed: list[tuple[str, tuple]],
+        tier: bool,
+        start: datetime,
+        end: datetime,
+        by: str,
+        n: int,
+        adds: list[str],
+        windows: str,
+    ) -> list[tuple]:
+        """Top-n over a range from per-file group sums: a file wholly inside the range contributes its
+        cached sums, one straddling it is summed over the range's windows now. The n-th largest sum
+        over the 128-bit key hashes bounds the candidates, whose real keys are then grouped and ranked
+        (ties by key), so the answer is the same as grouping every row by its key."""
+        s_us, e_us = us_of(start), us_of(end)
+        parts = []
+        for path, key in keyed:
+            lo, hi, table = self._file_top(qi, path, key, tier, windows)
+            if lo < 0:
+                continue
+            if s_us <= lo and hi < e_us:
+                parts.append(table)
+            elif hi >= s_us and lo < e_us:
+                parts.append(
+                    self._top_partial(
+                        qi,
+                        path,
+                        tier,
+                        windows,
+                        " AND window_start >= $start AND window_start < $end",
+                        {"start": start, "end": end},
+                    )
+                )
+        if not parts:
+            return []
+        keys = [S.q(k) for k in qi.key_names]
+        v = S.q(by)
+        cur = self.db.cursor()
+        try:
+            cur.register("lw_top", pa.concat_tables(parts, promote_options="permissive"))
+            sql = (
+                f"WITH g AS (SELECT _h1, _h2, sum({v}) AS v FROM lw_top GROUP BY _h1, _h2),"
+                f" t AS (SELECT v FROM g ORDER BY v DESC NULLS LAST LIMIT 1 OFFSET {int(n) - 1}),"
+                " c AS (SELECT _h1, _h2 FROM g WHERE NOT EXISTS (SELECT 1 FROM t) OR v >= (SELECT v FROM t))"
+                f" SELECT {', '.join(keys)}, "
+                + "".join(f"CAST(sum({S.q(a)}) AS BIGINT), " for a in adds)
+                + f"CAST(sum(windows) AS BIGINT) FROM lw_top SEMI JOIN c USING (_h1, _h2) GROUP BY {', '.join(keys)}"
+                f" ORDER BY sum({v}) DESC NULLS LAST, {', '.join(keys)} LIMIT {int(n)}"
+            )
+            got = cur.sql(sql).fetchall()
+        except duckdb.Error as exc:
+            raise StoreError(f"reading the results store failed: {exc}") from None
+        finally:
+            cur.close()
+        return [(*r, i) for i, r in enumerate(got, 1)]
 
     # ---- stepped series: per-window partial summaries, cached per immutable file, combined per step
     def _partials_sql(self, qi: QueryInfo) -> list[str]:
