@@ -28,7 +28,7 @@ from contract import results as R
 from contract.query import load
 from high_level.serve import tierpick
 from high_level.serve.api import create_app
-from high_level.serve.reader import nearest_rank_over_steps
+from high_level.serve.ranges import nearest_rank_over_steps
 from lowwater_testing.rangestore import (
     DAYS,
     Q,

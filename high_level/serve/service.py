@@ -29,6 +29,7 @@ from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import IncompleteReader
 from high_level.serve.metrics import ApiMetrics
 from high_level.serve.netnames import NetNames
+from high_level.serve.ranges import RangeReader
 from high_level.serve.reader import Reader, ResultSet
 from high_level.serve.tierpick import TierOption
 from high_level.serve.timefmt import iso_of_us
@@ -93,6 +94,7 @@ class ApiService:
     net_names: NetNames = field(init=False)
     alert_reader: AlertReader = field(init=False)
     flagged: IncompleteReader = field(init=False)  # windows known short, rows or not (contract.results)
+    ranges: RangeReader = field(init=False)  # stepped series and top-N over long ranges
     warmed: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,7 @@ class ApiService:
         self.net_names = NetNames(self.cfg.networks)
         self.alert_reader = AlertReader(self.results)
         self.flagged = IncompleteReader(self.results)
+        self.ranges = RangeReader(self.reader)
 
     def info(self, name: str) -> QueryInfo:
         """The query called ``name``, or 404 naming the known ones."""

@@ -17,7 +17,8 @@ from high_level.serve import params as P
 from high_level.serve import tierpick
 from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import SERIES_COLUMNS, merge_series
-from high_level.serve.reader import ResultSet, nearest_rank_over_steps, sort_terms
+from high_level.serve.ranges import nearest_rank_over_steps
+from high_level.serve.reader import ResultSet, sort_terms
 from high_level.serve.service import ApiService
 from high_level.serve.timefmt import EPOCH, iso_of_us, us_of
 
@@ -397,7 +398,7 @@ def router(svc: ApiService) -> APIRouter:
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
         step_us = step_ns // 1000
-        rs = svc.reader.series(qi, s, e, flt, None, step_us, tier)
+        rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
         flagged = {(w - us_of(s)) // step_us for w in svc.flagged.per_window(qi.name, us_of(s), us_of(e))}
         ic = rs.columns.index("complete")
         rows = []
@@ -455,7 +456,7 @@ def router(svc: ApiService) -> APIRouter:
             s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
             tier = tierpick.RAW
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
-        rs = svc.reader.range_top(qi, s, e, flt, col, n, tier)
+        rs = svc.ranges.range_top(qi, s, e, flt, col, n, tier)
         body = {
             "query": name,
             "start": iso_of_us(us_of(s)),
@@ -504,7 +505,7 @@ def router(svc: ApiService) -> APIRouter:
         s, e, tier = _stepped(qi, start, end, step_ns)
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         step_us = step_ns // 1000
-        rs = svc.reader.series(qi, s, e, flt, None, step_us, tier)
+        rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
         ci = rs.columns.index(col)
         got = nearest_rank_over_steps(
             {int(r[0]): int(r[ci]) for r in rs.rows if r[ci] is not None}, us_of(s), us_of(e), step_us, pct
