@@ -59,6 +59,7 @@ class RangeReader:
     budget), with the tier files' listing and the per-file partials' caches."""
 
     def __init__(self, reader: Reader) -> None:
+        self.reader = reader
         self.db = reader.db
         self.index = reader.index
         self.cache = reader.cache
@@ -124,7 +125,9 @@ class RangeReader:
         cur = self.db.cursor()
         try:
             src = (
-                S.parquet_source(qi, tier_paths, ["windows"]) if tier_paths else self._source(cur, qi, files)
+                S.parquet_source(qi, tier_paths, ["windows"])
+                if tier_paths
+                else self.reader._source(cur, qi, files)
             )
             params = {**src.params, "start": start, "end": end, "n": n}
             rows_sql = S.scan(src, filters, params)
