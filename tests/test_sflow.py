@@ -22,7 +22,7 @@ import pytest
 from contract import fields as F
 from contract import query as Q
 from contract import wire
-from low_level.flows import decode as D
+from low_level.flows import layout as D
 from low_level.flows.source import FlowCollector
 from lowwater_testing.agent import agent_cmd
 from lowwater_testing.flows import PAIRS_AGGREGATES, flow_pcap
