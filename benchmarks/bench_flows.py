@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = harness.parser(__doc__)
     ap.add_argument("--packets", type=int, default=300_000)
     ap.add_argument("--repeat", type=int, default=10, help="passes of the export in each first round")
-    ap.add_argument("--rate", type=float, default=500_000, help="records/s sent for the CPU measures")
+    ap.add_argument("--rate", type=float, default=250_000, help="records/s sent for the CPU measures")
     ap.add_argument("--rates", default="250e3,500e3,1e6,2e6,4e6,8e6", help="loss-free sweep, records/s")
     ap.add_argument("--step-s", type=float, default=2.0, help="seconds of sending per sweep step")
     ap.add_argument("--min-cpu-s", type=float, default=1.0, help="CPU each collector's measure must reach")

@@ -5,7 +5,7 @@ the same sub-aggregation as packets (``low_level.flows.kernel``): ``count`` adds
 (the weight), ``sum(length)`` its bytes (the row's LEN), both multiplied by the exporter's sampling
 rate. TS is the record's **end** time: a record is complete only when the exporter sends it, its end
 is the last moment it covers, and the exporter's clock minus its inactive timeout bounds how old the
-end time of any record still to come can be (``low_level.flowmark``); spreading a record over its
+end time of any record still to come can be (``low_level.flows.source``); spreading a record over its
 duration would need the start time to be trustworthy and would put one record's bytes in panes whose
 low-water mark may already have passed.
 
