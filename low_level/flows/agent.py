@@ -48,7 +48,7 @@ class FlowAgent(HostLoop):
     """One flow-collector host: owns the collector, the tables, the weighted kernel and the emitter."""
 
     idle_sleep_s = 0.001
-    batch_wait_s = 0.002  # after a partial batch (see process)
+    batch_wait_s = 0.01  # the longest wait after a partial batch (see process)
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class FlowAgent(HostLoop):
         self.kernel = FlowKernel(Tables.build(queries, chunk=chunk), nets=self._networks_table())
         self.kernel.warm()  # compile before the first datagram, as the packet agent does
         self.collector.warm()
+        self._last_rx: float | None = None  # when the last turn's receive took datagrams (None: it did not)
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
         self._bound_pending()
 
@@ -113,6 +114,9 @@ class FlowAgent(HostLoop):
     def process(self) -> int:
         """Receive, decode and fold what the socket holds; punctuate on each query's timer."""
         got = self.collector.receive()
+        t = time.monotonic()
+        since = 0.0 if self._last_rx is None else t - self._last_rx  # 0: no rate seen (idle before)
+        self._last_rx = t if got else None
         n = 0
         while self.collector.pending:
             n += self.kernel.fold(self.collector.decode(), self._after_chunk)
@@ -123,10 +127,13 @@ class FlowAgent(HostLoop):
                 self.punctuate(i)
         self.submit()
         self.emitter.pump()
-        if 0 < got < self.collector.batch:
-            # export is flowing but slower than a batch a turn: let the socket gather the next batch
-            # rather than spend a Python turn on a few datagrams (records wait at most batch_wait_s)
-            time.sleep(max(0.0, min(self.batch_wait_s, self.next_due() - time.monotonic())))
+        c = self.collector
+        if 0 < got < c.batch:
+            # export is flowing but slower than a batch a turn: let the socket gather about a batch rather
+            # than spend a Python turn on a few datagrams; at the rate just seen, never more than half
+            # the socket's buffer (records wait at most batch_wait_s)
+            wait = since * min(c.batch / got - 1, c.rcvbuf / (2 * c.last_bytes))
+            time.sleep(max(0.0, min(wait, self.batch_wait_s, self.next_due() - time.monotonic())))
         return n
 
     def idle_wait(self, empty: int) -> float:

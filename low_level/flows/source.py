@@ -89,6 +89,8 @@ class FlowCollector:
         self.mark_ns: int | None = None
         self.sock: socket.socket | None = None
         self.rx: BatchReceiver | None = None
+        self.rcvbuf = 0
+        self.last_bytes = 0
 
     # --- receiving
     def open(self) -> FlowCollector:
@@ -98,6 +100,7 @@ class FlowCollector:
         s.setblocking(False)
         self.sock = s
         self.port = s.getsockname()[1]
+        self.rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # what the kernel granted
         self.rx = BatchReceiver(s, self.buf, self.batch)
         return self
 
@@ -119,6 +122,7 @@ class FlowCollector:
             return 0
         self.q[0, :got] = np.arange(0, got * SLOT, SLOT)
         self.q[1, :got] = self.rx.lens[:got]
+        self.last_bytes = int(self.q[1, :got].sum()) + 1024 * got  # about what they held of the buffer
         self.q[3, :got] = time.time_ns()  # one arrival time per batch (sFlow samples are timed by it)
         exps = self.q[2, :got]
         if D.exporter_ids(self.rx.names, got, self.exp_keys, self.nkeys, exps):
