@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections import Counter
