@@ -380,6 +380,52 @@ PARAMS = tuple(dict.fromkeys(p for a in REGISTRY.values() for p in a.params))
 JOIN_FNS = tuple(fn for fn, a in REGISTRY.items() if a.over_join)
 
 
+@dataclass(frozen=True)
+class TierState:
+    """How an aggregate's stored windows re-merge, exactly, into a roll-up tier's longer windows.
+
+    Why a state: a tier row's value must come from merge operations, never from averaging results.
+    ``merge`` folds the value column itself across windows (count/sum/min/max: their value is their
+    state); ``parts`` are extra int64 columns ``<name>.<suffix>`` the tier files keep (avg: its sum and
+    count), recovered from a stored row by ``from_row(value, count)`` (the query's count aggregate as the
+    weight: avg and count count the same packets) and finalized by ``finalize`` after merging. An
+    aggregate with no entry (variance, stddev, count_distinct, quantiles, top) is not offered in tiers:
+    the store keeps its final value only, no sum of squares, sub-keys or sketch.
+    """
+
+    merge: int | None = None  # how the value column folds (None: recomputed from ``parts``)
+    parts: tuple[StatePart, ...] = ()
+    from_row: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]] | None = None
+    finalize: Callable[..., np.ndarray] | None = None
+    needs_count: bool = False  # from_row reads the query's count aggregate
+
+    def columns(self, name: str) -> list[tuple[str, int]]:
+        """(column, merge) of the state columns a tier file adds for aggregate ``name``."""
+        return [(p.column(name), p.merge) for p in self.parts]
+
+
+# Largest |sum| whose avg x count rounds back to the exact integer (float64 has 53 bits; the product's
+# relative error is at most 2^-52): a larger one is refused rather than rounded.
+AVG_EXACT_SUM = 2**50
+
+
+def _avg_from_row(avg: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    count = np.asarray(count, np.int64)
+    prod = np.where(count != 0, np.asarray(avg, np.float64) * count, 0.0)
+    if np.any(np.abs(prod) >= AVG_EXACT_SUM):
+        raise ValueError(f"avg x count beyond {AVG_EXACT_SUM}: its sum cannot be recovered exactly")
+    return np.rint(prod).astype(np.int64), count
+
+
+TIER_STATES: dict[str, TierState] = {
+    "count": TierState(merge=MERGE_SUM),
+    "sum": TierState(merge=MERGE_SUM),
+    "min": TierState(merge=MERGE_MIN),
+    "max": TierState(merge=MERGE_MAX),
+    "avg": TierState(parts=(_SUM, _COUNT), from_row=_avg_from_row, finalize=_mean, needs_count=True),
+}
+
+
 def finalize(aggs: Sequence[tuple[str, str]], state: np.ndarray) -> dict[str, np.ndarray]:
     """Merged state columns (int64[n, columns]) -> the bounded aggregates' results by name, vectorised.
     ``aggs`` are (fn, name) in state order; holistic ones are skipped (their state comes last)."""

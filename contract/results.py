@@ -7,6 +7,8 @@ sides call it. The status document that sits next to the Parquet files is :mod:`
 Layout::
 
     <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
+    <root>/query=<name>/date=YYYY-MM-DD/compact-<first_batch:012d>-<last_batch:012d>.parquet  merged parts
+    <root>/query=<name>/tier=<tier>/date=YYYY-MM-DD/part-<first:012d>-<last:012d>.parquet  roll-up tiers
     <root>/_status.json
     <root>/_alerts/query=<name>/part-<batch_id:012d>.parquet   alerts that micro-batch fired
     <root>/_alerts/_delivered.jsonl                  ids of alerts the webhook accepted (append-only)
@@ -63,6 +65,32 @@ A query with ``having`` stores only the final rows that pass it, and the correct
 landmark query also writes ``update`` rows: the totals so far of its open window, per group, each
 time the low-water mark passes a pane (provisional; the ``final`` row at the landmark's end is exact).
 
+**Compaction.** Once no replay can rewrite them (their batch is below Spark's last committed one), a
+directory's micro-batch files are merged into ``compact-<first_batch:012d>-<last_batch:012d>.parquet``
+(same schema, the same rows). A file whose batch range lies inside a compacted file's range in the same
+directory is *covered*: readers skip it (:func:`visible_files`, the one definition of the rule), so with
+the compacted file renamed into place before any covered file is deleted, a reader sees every row once
+whatever the moment. Covered files are deleted afterwards; a compacted file may itself be covered by a
+larger one (the hours of a day merged into the day).
+
+**Roll-up tiers.** A query with ``tiers: [5m, 1h, 1d]`` also keeps its windows folded into those widths::
+
+    <root>/query=<name>/tier=<tier>/date=YYYY-MM-DD/part-<first_batch:012d>-<last_batch:012d>.parquet
+
+A tier file holds the raw rows of batches [first, last] (final and correction rows; ``late`` rows only
+count in ``late_partials``) folded per (tier window, key) with :data:`contract.aggregates.TIER_STATES`;
+its columns are :func:`tier_schema`. The rows of one (tier window, key) may be spread over several
+files (batches that closed its windows at different times, corrections): a reader folds them with the
+same merge ops (``count``/``sum`` and every state part add, ``min``/``max`` fold, avg = its sum / its
+count). Covered tier files (a range inside another file's range, same directory) are skipped exactly as
+raw files are. A tier row's completeness: ``complete`` is the AND of its rows', ``late_partials`` their
+sum, ``missing_records`` their max (a loss is charged to every window it overlaps, so a sum would count
+it again per window), ``hosts``/``hosts_in_mark`` the min, ``hosts_expected`` the max, ``closed_at`` the
+latest, ``kind`` always ``final``; ``windows`` says how many stored windows had a row of that key.
+Exact per tier: count, sum, min, max, avg (avg needs the query's count, validated). Not offered
+(refused in the config): variance, stddev, count_distinct, quantiles, top: the store keeps their final
+values only, without the sum of squares, sub-keys or sketch a merge needs.
+
 An alert file holds one row per (query, rule, window, group) that fired when its window closed
 (:data:`ALERT_SCHEMA`); its ``id`` is a hash of exactly that, so a replayed micro-batch rewrites the
 same file with the same ids and the delivery ledger deduplicates across restarts.
@@ -86,6 +114,11 @@ STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
+COMPACT_FILE = re.compile(r"^compact-(\d{12})-(\d{12})\.parquet$")
+TIER_DIR = re.compile(r"^tier=([0-9]+(?:d|h|m|s|ms|us|ns))$")
+TIER_FILE = re.compile(r"^part-(\d{12})-(\d{12})\.parquet$")
+RAW_TIER = Q.RAW_TIER
+TIER_EXTRA = ("windows",)  # int64: how many stored windows the tier row folds (of that key)
 ROW_KINDS = (
     "correction",
     "final",
@@ -214,6 +247,108 @@ def parse_part_name(name: str) -> int | None:
     """The micro-batch id of a ``part-<id>.parquet`` file name, None for anything else (tmp files...)."""
     m = PART_FILE.match(name)
     return int(m.group(1)) if m else None
+
+
+def compact_name(first_batch: int, last_batch: int) -> str:
+    if not 0 <= first_batch <= last_batch:
+        raise ResultsLayoutError(f"batch range must be 0 <= first <= last, got {first_batch}..{last_batch}")
+    return f"compact-{first_batch:012d}-{last_batch:012d}.parquet"
+
+
+def batch_range(name: str) -> tuple[int, int] | None:
+    """(first, last) batch of a raw store file (a part is its own range, a compacted file its range),
+    None for anything else (tmp files, ...)."""
+    b = parse_part_name(name)
+    if b is not None:
+        return b, b
+    m = COMPACT_FILE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def visible_files(named: dict[str, tuple[int, int]]) -> list[str]:
+    """The files of one directory a reader reads: every name (mapped to its batch range) except the
+    covered ones, whose range lies inside another file's larger range (or equals a compacted file's).
+    Ranges are nested or disjoint (the compactor never writes a partial overlap). Sorted by range.
+
+    Why ranges inside ranges: compaction renames the merged file into place before it deletes what it
+    merged, so from the rename on the merged file hides them and no row is read twice or missed.
+    """
+    order = sorted(
+        named.items(), key=lambda kv: (kv[1][0], -kv[1][1], not kv[0].startswith("compact-"), kv[0])
+    )
+    out: list[str] = []
+    reach = -1  # the largest last batch of the files before: they all start at or before this one
+    for name, (_first, last) in order:
+        if last > reach:  # not inside an earlier (larger, or equal and compacted) range
+            out.append(name)
+            reach = last
+    return out
+
+
+def tier_name(width_ns: int) -> str:
+    """A tier's name, as in ``tier=<name>`` and the ``retention`` keys: 5m, 1h, 1d."""
+    return Q.duration_name(width_ns)
+
+
+def tier_dir(root: str | Path, query: str, tier: str | int) -> Path:
+    name = tier if isinstance(tier, str) else tier_name(tier)
+    return query_dir(root, query) / f"tier={name}"
+
+
+def tier_date_dirs(root: str | Path, query: str, tier: str | int) -> list[tuple[date, Path]]:
+    """(day, directory) of one tier's ``date=`` directories, oldest first."""
+    return _days(tier_dir(root, query, tier))
+
+
+def tier_part_name(first_batch: int, last_batch: int) -> str:
+    return "part" + compact_name(first_batch, last_batch)[len("compact") :]
+
+
+def tier_part_path(root: str | Path, query: str, tier: str | int, day: date, first: int, last: int) -> Path:
+    """A tier file: the rows of raw batches [first, last] folded into the tier's windows starting on ``day``."""
+    return tier_dir(root, query, tier) / f"date={day.isoformat()}" / tier_part_name(first, last)
+
+
+def tier_batch_range(name: str) -> tuple[int, int] | None:
+    m = TIER_FILE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def tier_state_columns(q: Q.QuerySpec) -> list[tuple[str, str, int]]:
+    """(column, aggregate name, merge) of the state columns a tier file adds (registry: TIER_STATES)."""
+    return [(c, a.name, m) for a in q.aggregates for c, m in A.TIER_STATES[a.fn].columns(a.name)]
+
+
+def tier_schema(q: Q.QuerySpec, tier: str | int) -> pa.Schema:
+    """The exact Arrow schema of every file of one tier of ``q``: :func:`schema` (the window bounds are
+    the tier's), then the aggregates' tier state columns (int64), then ``windows``."""
+    base = schema(q)
+    name = tier if isinstance(tier, str) else tier_name(tier)
+    if name not in q.tier_names:
+        raise ResultsLayoutError(f"query {q.name!r} has no tier {name!r} (tiers: {q.tier_names})")
+    fields = list(base)
+    fields += [pa.field(c, pa.int64(), nullable=False) for c, _, _ in tier_state_columns(q)]
+    fields.append(pa.field("windows", pa.int64(), nullable=False))
+    return pa.schema(fields, metadata={b"lowwater.query": q.name.encode(), b"lowwater.tier": name.encode()})
+
+
+def check_tier_schema(q: Q.QuerySpec, tier: str | int, found: pa.Schema, where: str = "") -> None:
+    """Raise :class:`ResultsLayoutError` unless a tier file's columns are exactly :func:`tier_schema`'s."""
+    got = [(f.name, f.type) for f in found]
+    exp = [(f.name, f.type) for f in tier_schema(q, tier)]
+    if got != exp:
+        raise ResultsLayoutError(
+            f"{where or 'tier file'} of query {q.name!r} does not follow the layout: {got} != {exp}"
+        )
+
+
+def retention_ns(q: Q.QuerySpec, tier: str, raw_default_days: int | None = None) -> int | None:
+    """How long ``tier``'s windows are kept (ns), None: kept. ``raw`` defaults to ``--retention-days``."""
+    if tier in q.retention:
+        return q.retention[tier]
+    if tier == RAW_TIER and raw_default_days:
+        return raw_default_days * 86_400 * Q.NS
+    return None
 
 
 def key_columns(q: Q.QuerySpec) -> list[tuple[str, str]]:

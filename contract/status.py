@@ -182,6 +182,19 @@ class StreamProgress(_Model):
     dropped_by_watermark: int
 
 
+class CompactionStatus(_Model):
+    """What the store's maintenance task (high_level/results/compact.py) did since the job started."""
+
+    runs: int = 0
+    last_run_ms: int | None = None
+    committed_batch: int | None = None  # Spark's last committed batch: files of older batches are final
+    files_merged: int = 0  # micro-batch (or smaller compacted) files merged into larger ones
+    files_deleted: int = 0  # covered files deleted after their merged file was in place
+    tier_rows: int = 0  # tier rows written
+    errors: int = 0
+    last_error: str | None = None
+
+
 class StatusDocument(_Model):
     """``updated_ms`` is when the job last wrote it (it rewrites it while idle: freshness = the job is up);
     the per-partition ``now_ms`` is when each partition last processed data."""
@@ -195,6 +208,9 @@ class StatusDocument(_Model):
     hosts: list[HostStatus]
     progress: dict[str, StreamProgress] = Field(default_factory=dict)
     store_bytes: int | None = None  # size of the results directory at the last retention check
+    # per query, per tier ("raw": the window files, then each roll-up tier): bytes at the last check
+    tier_bytes: dict[str, dict[str, int]] = Field(default_factory=dict)
+    compaction: CompactionStatus | None = None  # the store's background compaction and tier builder
     # the hosts grouped per capture host (workers H/wN under H): derived from ``hosts`` when not given
     capture_hosts: list[CaptureHostStatus] = Field(default_factory=list)
 

@@ -102,7 +102,7 @@ def push(agent: Agent, frames: np.ndarray, cap: np.ndarray, wl: np.ndarray, ts: 
     width = frames.shape[1]
     arrs = agent.ring.arrays()
     return sum(
-        not ring_push(*arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0) for i in range(len(ts))
+        not ring_push(arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0) for i in range(len(ts))
     )
 
 

@@ -411,3 +411,19 @@ def judge_windows(
     for row in expected[["window", *kcols, *scols]].itertuples(index=False):
         exp.setdefault(int(row[0]), set()).add(tuple(int(x) for x in row[1:]))
     return judge(got, exp, window_causes(out, window_start_ns), window_start_ns)
+
+
+def tier_oracle(
+    q: Q.QuerySpec, window_start_ns: np.ndarray, key: np.ndarray, state: np.ndarray, width_ns: int
+) -> pd.DataFrame:
+    """A roll-up tier from the windows' integer state (before anything was stored): per (tier window,
+    key words) the state columns merged by their ops, then finalized; columns ``window_start_ns``,
+    ``k0..``, and the query's aggregate names."""
+    tier = q.window.origin_ns + (window_start_ns - q.window.origin_ns) // width_ns * width_ns
+    merged = aggregate(q, {"window_start_ns": tier}, key, state)
+    scols = [c for c in merged.columns if c.startswith("s")]
+    values = A.finalize([(a.fn, a.name) for a in q.aggregates], merged[scols].to_numpy(np.int64))
+    out = merged.drop(columns=scols)
+    for name, v in values.items():
+        out[name] = v
+    return out

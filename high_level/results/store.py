@@ -445,10 +445,10 @@ class ResultStore:
             folder = R.date_dir(self.root, q.name, datetime.fromtimestamp(d * 86400, tz=UTC).date())
             if not folder.is_dir():
                 continue
-            for f in sorted(folder.iterdir()):
-                b = R.parse_part_name(f.name)
-                if b is not None and b < batch_id:
-                    t = pq.read_table(f, columns=[*cols, "kind"])
+            named = {f.name: r for f in folder.iterdir() if (r := R.batch_range(f.name)) is not None}
+            for name in R.visible_files(named):  # compacted files hold earlier batches' rows too
+                if named[name][1] < batch_id:
+                    t = pq.read_table(folder / name, columns=[*cols, "kind"])
                     found.append(t.filter(pc.equal(t["kind"], "final")).select(cols))
         known = pa.concat_tables(found).group_by(cols).aggregate([])
         probe = typed.select(cols).append_column("_row", pa.array(np.arange(typed.num_rows, dtype=np.int64)))

@@ -7,7 +7,9 @@ Parquet footer statistics; a request then hands DuckDB only the files whose rang
 range (date directories outside it are not even listed).
 
 Names and schema come from :mod:`contract.results`: only ``query=<q>/date=<day>/part-<batch>.parquet``
-is a result file (temporary and hidden files are not), and a file whose columns are not exactly
+and ``compact-<first>-<last>.parquet`` are result files (temporary and hidden files are not), and of
+those only the visible ones are read (:func:`contract.results.visible_files`: a file a compacted file
+covers is skipped, so a request never reads a row twice while the compactor works), and a file whose columns are not exactly
 :func:`contract.results.schema` of its query, or whose footer cannot be read, is rejected: skipped,
 logged once with the reason and counted (:meth:`FileIndex.rejected`, shown in ``/health``), never cast.
 
@@ -59,6 +61,7 @@ class FileStats:
     min_us: int | None
     max_us: int | None
     kinds: frozenset[str] | None  # row kinds per the footer; None = unknown
+    last_batch: int = -1  # a compacted file's last batch (a part: its batch)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> 
         return Checked(size, mtime_ns, None, str(exc))
     if md.num_rows == 0:
         return Checked(size, mtime_ns, None)
-    batch = R.parse_part_name(os.path.basename(path))
+    batches = R.batch_range(os.path.basename(path))
     required = {f.name for f in R.schema(spec) if not f.nullable}
     col = {md.schema.column(i).path: i for i in range(md.num_columns)}
     lo = hi = None
@@ -134,10 +137,11 @@ def read_stats(spec: QuerySpec, path: str, size: int = 0, mtime_ns: int = 0) -> 
         path,
         size,
         mtime_ns,
-        batch if batch is not None else -1,
+        batches[0] if batches is not None else -1,
         lo,
         hi,
         frozenset(kinds) if kinds is not None else None,
+        batches[1] if batches is not None else -1,
     )
     return Checked(size, mtime_ns, stats)
 
@@ -159,7 +163,9 @@ class DirState:
 def _dir_state(
     built_ns: int, mtime_ns: int, sure: bool, listed: float, files: dict[str, Checked]
 ) -> DirState:
-    good = tuple(c.stats for c in files.values() if c.stats is not None)
+    named = {os.path.basename(p): r for p in files if (r := R.batch_range(os.path.basename(p))) is not None}
+    visible = set(R.visible_files(named))  # files a compacted file covers are never read
+    good = tuple(c.stats for p, c in files.items() if c.stats is not None and os.path.basename(p) in visible)
     return DirState(built_ns, mtime_ns, sure, listed, MappingProxyType(files), good)
 
 
@@ -214,7 +220,7 @@ class FileIndex:
         known = old.files if old is not None else {}
         files: dict[str, Checked] = {}
         for e in entries:
-            if R.parse_part_name(e.name) is None:
+            if R.batch_range(e.name) is None:
                 continue
             try:
                 files[e.path] = self._check(spec, e.path, e.stat(), known.get(e.path))

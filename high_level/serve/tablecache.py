@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from contract import fields as F
 from contract import results as R
 from high_level.serve.columns import QueryInfo
-from high_level.serve.fileindex import FileStats
+from high_level.serve.fileindex import FileStats, StoreError
 
 log = logging.getLogger("lowwater.api")
 
@@ -136,6 +136,8 @@ class TableCache:
                 return got[2]
         try:
             table = load(f.path)
+        except FileNotFoundError:  # compacted or expired since the listing: list again (the reader retries)
+            raise StoreError(f"{f.path} vanished since it was listed") from None
         except (OSError, pa.ArrowException, ValueError, duckdb.Error) as exc:
             log.warning("skipping unreadable results file %s: %s", f.path, exc)
             return None

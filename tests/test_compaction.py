@@ -1,0 +1,383 @@
+"""Compaction and roll-up tiers of the results store (issue #30 parts 1-2).
+
+Real Parquet files written by the job's own ResultStore, a real Spark-style ``commits/`` directory,
+readers through the API's FileIndex and the real API (TestClient), and real SIGKILLs of the
+maintenance pass (``python -m high_level.results.compact``) at its steps. Tiers are checked exactly
+against :func:`lowwater_testing.oracle.tier_oracle`, computed from the windows' integer state before
+anything was stored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from contract import aggregates as A
+from contract import query as Q
+from contract import results as R
+from high_level.results import tiers as T
+from high_level.results.compact import Compactor, committed_batch
+from high_level.results.store import ResultStore
+from high_level.serve.fileindex import FileIndex
+from lowwater_testing.oracle import tier_oracle
+from lowwater_testing.queries import config, query
+
+ROOT = Path(__file__).resolve().parents[1]
+QN = "bytes_per_port"
+BASE = datetime(2024, 5, 1, 22, 0, tzinfo=UTC)  # 3 hours from 22:00: two days, so day directories split
+MIN_NS = 60 * 10**9
+GROUPS = 12
+CONFIG = config(
+    query(
+        QN,
+        group_by=["dst_port"],
+        aggregates=[
+            "count as packets",
+            "sum(length) as bytes",
+            "avg(length) as avg_len",
+            "min(length) as min_len",
+            "max(length) as max_len",
+        ],
+        window="1m",
+        tiers=["5m", "1h"],
+        retention={"raw": "3650d", "5m": "3650d"},
+    )
+).text
+
+
+@pytest.fixture()
+def q(tmp_path: Path) -> Q.QuerySpec:
+    cfg = tmp_path / "lowwater.yaml"
+    cfg.write_text(CONFIG)
+    return Q.load(str(cfg)).query(QN)
+
+
+def _lengths(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(40, 1500, n).astype(np.int64)
+
+
+def _state(q: Q.QuerySpec, lens: np.ndarray) -> list[int]:
+    """The query's state columns over these packet lengths (registry lifts and merges)."""
+    out = []
+    for a in q.aggregates:
+        values = lens if a.field else np.ones(len(lens), np.int64)
+        for p in A.REGISTRY[a.fn].parts(a):
+            out.append(int(A.MERGE_UFUNCS[p.merge].reduce(A.lift(p, values))))
+    return out
+
+
+def _batches(
+    q: Q.QuerySpec, n: int, seed: int = 7
+) -> tuple[list[pd.DataFrame], list[tuple[int, int, list[int]]]]:
+    """Batch b closes minute b for a random subset of groups; every 4th batch also brings a correction
+    of minute b-3 (late records folded in) and every 6th a ``late`` row of minute b-2 (dropped records:
+    never part of the value). Returns the generic rows per batch and what the value holds:
+    (window_start_ns, port, state) per final or correction row."""
+    rng = np.random.default_rng(seed)
+    batches, truth = [], []
+    base_ns = int(BASE.timestamp()) * 10**9
+    for b in range(n):
+        rows = []
+        for g in sorted(rng.choice(GROUPS, size=rng.integers(3, GROUPS), replace=False).tolist()):
+            rows.append(("final", b, 1000 + g, _lengths(rng, int(rng.integers(1, 30)))))
+        if b >= 3 and b % 4 == 0:
+            rows.append(("correction", b - 3, 1000 + int(rng.integers(0, GROUPS)), _lengths(rng, 3)))
+        if b >= 2 and b % 6 == 0:
+            rows.append(("late", b - 2, 1000 + int(rng.integers(0, GROUPS)), _lengths(rng, 2)))
+        out = []
+        for kind, w, port, lens in rows:
+            ws = base_ns + w * MIN_NS
+            st = _state(q, lens)
+            late = len(lens) if kind in ("late", "correction") else 0
+            out.append(
+                {
+                    "query": QN,
+                    "partition": 0,
+                    "window": w,
+                    "window_start_ns": ws,
+                    "window_end_ns": ws + MIN_NS,
+                    "key": [port],
+                    "state": st,
+                    "kind": kind,
+                    "closed_at_ms": ws // 10**6 + 61_000 + b,
+                    "hosts": 2,
+                    "hosts_expected": 2,
+                    "hosts_in_mark": 2,
+                    "late_partials": late,
+                    "missing_records": 0,
+                    "status": None,
+                }
+            )
+            if kind != "late":
+                truth.append((ws, port, st))
+        batches.append(pd.DataFrame(out))
+    return batches, truth
+
+
+def _write(root: Path, q: Q.QuerySpec, batches: list[pd.DataFrame], first: int = 0) -> None:
+    store = ResultStore(root, [q])
+    for b, rows in enumerate(batches[first:], start=first):
+        store.write_batch(b, rows)
+
+
+def _commit(ckpt: Path, through: int) -> None:
+    """Spark's commit log of the OOP stream: one file per committed batch."""
+    d = ckpt / "oop-chunked" / "commits"
+    d.mkdir(parents=True, exist_ok=True)
+    for b in range(through + 1):
+        (d / str(b)).touch()
+
+
+def _visible(folder: Path, ranged=R.batch_range) -> list[Path]:
+    named = {e.name: r for e in os.scandir(folder) if (r := ranged(e.name)) is not None}
+    return [folder / n for n in R.visible_files(named)]
+
+
+def _raw_rows(root: Path, q: Q.QuerySpec) -> Counter:
+    """The multiset of raw rows a reader sees (visible files of every day)."""
+    rows: Counter = Counter()
+    for _day, d in R.date_dirs(root, q.name):
+        for f in _visible(d):
+            rows.update(tuple(r.values()) for r in pq.read_table(f).to_pylist())
+    return rows
+
+
+def _tier_fold(root: Path, q: Q.QuerySpec, tier: str) -> pd.DataFrame:
+    """A reader's fold of a tier: its visible files' rows per (window, key), by the registry's merges."""
+    files = [f for _d, d in R.tier_date_dirs(root, q.name, tier) for f in _visible(d, R.tier_batch_range)]
+    for f in files:
+        R.check_tier_schema(q, tier, pq.read_schema(f), where=str(f))
+    tbl = pa.concat_tables([pq.read_table(f) for f in files])
+    t = tbl.to_pandas()
+    t["window_start_ns"] = np.asarray(tbl["window_start"].cast(pa.int64()).to_numpy(), np.int64) * 1000
+    g = t.groupby(["window_start_ns", "dst_port"], as_index=False).agg(
+        packets=("packets", "sum"),
+        bytes=("bytes", "sum"),
+        s=("avg_len.sum", "sum"),
+        n=("avg_len.count", "sum"),
+        min_len=("min_len", "min"),
+        max_len=("max_len", "max"),
+        windows=("windows", "sum"),
+    )
+    g["avg_len"] = g["s"] / g["n"]
+    return g.sort_values(["window_start_ns", "dst_port"]).reset_index(drop=True)
+
+
+def _oracle(q: Q.QuerySpec, truth: list, width_ns: int) -> pd.DataFrame:
+    starts = np.array([t[0] for t in truth], np.int64)
+    key = np.array([[t[1]] for t in truth], np.int64)
+    state = np.array([t[2] for t in truth], np.int64)
+    o = tier_oracle(q, starts, key, state, width_ns).rename(columns={"k0": "dst_port"})
+    return o.sort_values(["window_start_ns", "dst_port"]).reset_index(drop=True)
+
+
+def _check_exact(root: Path, q: Q.QuerySpec, truth: list) -> None:
+    for width in q.tiers:
+        got = _tier_fold(root, q, R.tier_name(width))
+        exp = _oracle(q, truth, width)
+        assert len(got) == len(exp) > 0
+        for c in ("window_start_ns", "dst_port", "packets", "bytes", "min_len", "max_len"):
+            assert got[c].astype("int64").tolist() == exp[c].astype("int64").tolist(), (width, c)
+        assert got["avg_len"].tolist() == exp["avg_len"].tolist()  # the same exact integers divided once
+
+
+def test_config_tiers_and_retention_errors_name_file_and_line(tmp_path: Path) -> None:
+    good = config(
+        query("t", aggregates=["count as n", "avg(length) as a"], window="1m", tiers=["5m", "1h"])
+    ).text
+    spec = Q.load_text(good, "t.yaml").queries[0]
+    assert spec.tiers == (300 * 10**9, 3600 * 10**9) and spec.tier_names == ["5m", "1h"]
+    cases = [
+        (dict(aggregates=["count as n"], window="1m", tiers=["5m", "7m"]), "multiple of the tier before"),
+        (dict(aggregates=["count as n"], window="1m", tiers=["90s"]), "multiple of the window"),
+        (dict(aggregates=["avg(length) as a"], window="1m", tiers=["5m"]), "needs a count"),
+        (
+            dict(aggregates=["count as n", "count_distinct(src_ip) as d"], window="1m", tiers=["5m"]),
+            "re-merge",
+        ),
+        (dict(aggregates=["count as n"], window={"range": "1m", "slide": "10s"}, tiers=["5m"]), "tumbling"),
+        (dict(aggregates=["count as n"], window="1m", tiers=["5m"], retention={"1h": "1d"}), "not a tier"),
+    ]
+    for kw, reason in cases:
+        with pytest.raises(Q.ConfigError) as e:
+            Q.load_text(config(query("t", **kw)).text, "t.yaml")
+        assert reason in str(e.value) and "t.yaml:" in str(e.value), str(e.value)
+
+
+def test_tiers_exact_and_compaction_keeps_every_row(tmp_path: Path, q: Q.QuerySpec) -> None:
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    batches, truth = _batches(q, 180)
+    _write(root, q, batches[:100])
+    _commit(ckpt, 99)
+    before = _raw_rows(root, q)
+    c = Compactor(root, [q], ckpt, grace_s=0)
+    c.run_once()  # batches 0..98 final: tiers, then compacted
+    assert T.folded_through(root, q.name) == 98
+    assert _raw_rows(root, q) == before
+    assert any(n.startswith("compact-") for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d))
+    _write(root, q, batches, first=100)
+    _commit(ckpt, 180)  # 179 batches (0..179) written, all committed
+    before = _raw_rows(root, q)
+    c.run_once()
+    assert T.folded_through(root, q.name) == 179
+    assert _raw_rows(root, q) == before
+    _check_exact(root, q, truth)
+    # covered files are gone; a finished day is one file
+    for day, d in R.date_dirs(root, q.name):
+        names = os.listdir(d)
+        assert set(names) == {p.name for p in _visible(d)}, names
+        if day < datetime.now(UTC).date():
+            assert len(names) == 1 and names[0].startswith("compact-")
+    sizes = c.tier_bytes()[q.name]
+    assert set(sizes) == {"raw", "5m", "1h"} and all(v > 0 for v in sizes.values())
+    assert c.status.runs == 2 and c.status.files_deleted > 0 and c.status.tier_rows > 0
+
+
+def test_readers_during_compaction_see_every_row_once(tmp_path: Path, q: Q.QuerySpec) -> None:
+    """Readers list and read through the API's FileIndex while passes compact under them: every read
+    returns the same row multiset (a file that vanished after the listing means: list again)."""
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    batches, _ = _batches(q, 120, seed=11)
+    _write(root, q, batches)
+    expected = _raw_rows(root, q)
+    index = FileIndex(root)
+    stop = threading.Event()
+    reads, bad = [0], []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                dirs = [p for _d, p in index.date_dirs(q.name)]
+                got: Counter = Counter()
+                for f in index.files_in(q, dirs):
+                    got.update(tuple(r.values()) for r in pq.read_table(f.path).to_pylist())
+            except FileNotFoundError:
+                index.forget()
+                continue
+            if got != expected:
+                bad.append((sum(got.values()), sum(expected.values())))
+            reads[0] += 1
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    c = Compactor(root, [q], ckpt, grace_s=0.05, min_files=2)
+    for through in range(10, 121, 10):  # passes as batches commit
+        _commit(ckpt, through)
+        c.run_once()
+        time.sleep(0.06)
+    c.run_once()
+    deadline = time.monotonic() + 60
+    while reads[0] < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert reads[0] >= 20 and not bad, bad[:3]
+    assert c.status.files_deleted > 0
+
+
+def test_api_answers_the_same_before_and_after_compaction(tmp_path: Path, q: Q.QuerySpec) -> None:
+    from fastapi.testclient import TestClient
+
+    from high_level.serve.api import create_app
+
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    batches, _ = _batches(q, 150, seed=5)
+    _write(root, q, batches)
+    cfg = tmp_path / "lowwater.yaml"
+    cfg.write_text(CONFIG)
+    params = {"start": BASE.isoformat(), "end": (BASE + timedelta(hours=3)).isoformat(), "limit": "10000"}
+
+    def rows(client: TestClient) -> list:
+        r = client.get(f"/queries/{QN}/results", params=params)
+        assert r.status_code == 200, r.text
+        return sorted(map(repr, r.json()["rows"]))
+
+    for cache_mb in (512, 0):
+        with TestClient(create_app(cfg, root, cache_mb=cache_mb)) as client:
+            before = rows(client)
+            _commit(ckpt, 150)
+            Compactor(root, [q], ckpt, grace_s=0).run_once()
+            assert rows(client) == before and len(before) > 1000
+        with TestClient(create_app(cfg, root, cache_mb=cache_mb)) as client:
+            assert rows(client) == before
+
+
+@pytest.mark.parametrize("point", ["tier_written", "before_rename", "after_rename", "before_delete"])
+def test_sigkill_at_each_step_then_restart_gives_identical_rows(
+    tmp_path: Path, q: Q.QuerySpec, point: str
+) -> None:
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    cfg = tmp_path / "lowwater.yaml"
+    cfg.write_text(CONFIG)
+    batches, truth = _batches(q, 90, seed=3)
+    _write(root, q, batches)
+    _commit(ckpt, 90)
+    expected = _raw_rows(root, q)
+    cmd = [
+        sys.executable,
+        "-m",
+        "high_level.results.compact",
+        "--results",
+        str(root),
+        "--checkpoint",
+        str(ckpt),
+    ]
+    cmd += ["--config", str(cfg), "--grace-s", "0"]
+    env = {**os.environ, T.STOP_AT_ENV: point}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "T":  # stopped itself at the point
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert state == "T", f"never reached {point}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _raw_rows(root, q) == expected  # readable and exact at the kill
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    assert _raw_rows(root, q) == expected
+    assert T.folded_through(root, q.name) == 89
+    _check_exact(root, q, truth)
+    leftovers = [n for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d) if n.startswith(".")]
+    assert not leftovers
+    assert committed_batch(ckpt, q.name) == 90
+
+
+def test_retention_per_tier(tmp_path: Path, q: Q.QuerySpec) -> None:
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    spec = Q.load_text(
+        CONFIG.replace("raw: 3650d", "raw: 1d").replace("5m: 3650d", "5m: 2d"), "r.yaml"
+    ).query(QN)
+    batches, _ = _batches(spec, 180)
+    _write(root, spec, batches)
+    _commit(ckpt, 180)
+    # three days after the data: raw (1 day) is gone, 5m (2 days) keeps the second day, 1h (kept) all
+    now = (BASE + timedelta(days=3)).timestamp()
+    c = Compactor(root, [spec], ckpt, grace_s=0, clock=lambda: now)
+    c.run_once()
+    assert R.date_dirs(root, spec.name) == []
+    assert [d for d, _ in R.tier_date_dirs(root, spec.name, "5m")] == [(BASE + timedelta(days=1)).date()]
+    assert len(R.tier_date_dirs(root, spec.name, "1h")) == 2
+    assert c.tier_bytes()[spec.name]["raw"] == 0
