@@ -25,8 +25,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from benchmarks import harness
 from benchmarks import hostsim as H
 from benchmarks.harness import machine
@@ -62,19 +60,10 @@ def measure(variant: str, delay_s: int, seconds: float) -> dict[str, Any]:
         margin_s=delay_s + 14,
         watermark_delay_ns=(delay_s if variant == "watermark = delay" else 2) * H.NS,
     )
-    lat = np.array(r.latency_s) if r.latency_s else np.array([np.nan])
     return {
         "delay_s": delay_s,
         "variant": variant,
-        "windows": len(r.latency_s),
-        "latency_mean_s": float(np.mean(lat)),
-        "latency_max_s": float(np.max(lat)),
-        "rows_peak": r.rows_peak,
-        "rows_mean": r.rows_mean,
-        "punctuations_per_s": r.punctuations_per_s,
-        "late_records": r.late_records,
-        "packets_expected": r.packets_expected,
-        "packets_missing": r.packets_missing,
+        **r.figures(),
         "sparse_packets": len(hosts[2].arrivals),
         "sim_seconds": round(time.perf_counter() - t0, 1),
     }

@@ -30,8 +30,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from benchmarks import harness
 from benchmarks import hostsim as H
 from benchmarks.harness import machine
@@ -90,21 +88,11 @@ def measure(v: dict[str, Any], seconds: float) -> dict[str, Any]:
     r = H.run(
         [dense, sparse], seconds, latent=("sparse",) if v.get("latent") else (), ask=v.get("ask", False)
     )
-    lat = np.array(r.latency_s) if r.latency_s else np.array([np.nan])
     return {
         "variant": v["label"],
         "group": v["group"],
         "heartbeat_interval": v["interval"],
-        "windows": len(r.latency_s),
-        "latency_mean_s": float(np.mean(lat)),
-        "latency_p50_s": float(np.median(lat)),
-        "latency_max_s": float(np.max(lat)),
-        "wait_fraction": r.wait_fraction,
-        "rows_peak": r.rows_peak,
-        "rows_mean": r.rows_mean,
-        "punctuations_per_s": r.punctuations_per_s,
-        "late_records": r.late_records,
-        "packets_missing": r.packets_missing,
+        **r.figures(),
         "sparse_packets": len(sparse.arrivals),
         "sim_seconds": round(time.perf_counter() - t0, 1),
     }

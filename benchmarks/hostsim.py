@@ -189,6 +189,23 @@ class Result:
     packets_expected: int  # over the measured windows (a packet counts once per window it lies in)
     packets_missing: int
 
+    def figures(self) -> dict[str, float | int]:
+        """The row every union benchmark writes for one run (latency NaN when no window closed)."""
+        lat = np.array(self.latency_s) if self.latency_s else np.array([np.nan])
+        return {
+            "windows": len(self.latency_s),
+            "latency_mean_s": float(np.mean(lat)),
+            "latency_p50_s": float(np.median(lat)),
+            "latency_max_s": float(np.max(lat)),
+            "wait_fraction": self.wait_fraction,
+            "rows_peak": self.rows_peak,
+            "rows_mean": self.rows_mean,
+            "punctuations_per_s": self.punctuations_per_s,
+            "late_records": self.late_records,
+            "packets_expected": self.packets_expected,
+            "packets_missing": self.packets_missing,
+        }
+
 
 def run(
     hosts: list[SimHost],

@@ -129,6 +129,17 @@ COMPLETENESS_COLUMNS = ("hosts_expected", "hosts_in_mark", "late_partials", "mis
 FIXED_COLUMNS = ("window_start", "window_end", "closed_at", "hosts", *COMPLETENESS_COLUMNS, "kind")
 RESERVED = frozenset(FIXED_COLUMNS) | {"query", "date"}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+# the columns after the aggregates in every result file: when and by how many hosts the window closed
+CLOSING_FIELDS = (
+    pa.field("closed_at", TIMESTAMP, nullable=False),
+    pa.field("hosts", pa.int32(), nullable=False),
+    pa.field("hosts_expected", pa.int32(), nullable=False),
+    pa.field("hosts_in_mark", pa.int32(), nullable=False),
+    pa.field("late_partials", pa.int64(), nullable=False),
+    pa.field("missing_records", pa.int64(), nullable=False),
+    pa.field("complete", pa.bool_(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+)
 ALERTS_DIR = "_alerts"
 DELIVERED_FILE = "_delivered.jsonl"
 ALERT_SCHEMA = pa.schema(
@@ -387,16 +398,7 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     ]
     fields += [pa.field(n, pa.string() if kind == "ip" else pa.int64()) for n, kind in key_columns(q)]
     fields += [pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64()) for n, fn in aggregate_columns(q)]
-    fields += [
-        pa.field("closed_at", TIMESTAMP, nullable=False),
-        pa.field("hosts", pa.int32(), nullable=False),
-        pa.field("hosts_expected", pa.int32(), nullable=False),
-        pa.field("hosts_in_mark", pa.int32(), nullable=False),
-        pa.field("late_partials", pa.int64(), nullable=False),
-        pa.field("missing_records", pa.int64(), nullable=False),
-        pa.field("complete", pa.bool_(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-    ]
+    fields += CLOSING_FIELDS
     return pa.schema(fields, metadata={b"lowwater.query": q.name.encode()})
 
 

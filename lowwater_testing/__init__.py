@@ -11,6 +11,7 @@
   and compared with the oracle, ``availableNow`` reads.
 - ``joins``, ``flows``: the join and flow-export fixtures. ``store``, ``page``: the serving layer's fixture
   store, the API in a subprocess and headless Chromium.
+- ``compose``: the central stack's service names the compose tests share.
 
 The product never imports this package; tests and ``benchmarks/`` import it, never each other.
 """

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contract import results as R
 from lowwater_testing.queries import config, query
 
 CONFIG = config(
@@ -101,23 +102,8 @@ def _write(root: Path, query: str, batch: int, df: pd.DataFrame, schema: pa.Sche
 
 
 def result_schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.DataType]]) -> pa.Schema:
-    """A stored result file's schema: the window, ``keys``, ``aggs`` and the completeness columns."""
-    return pa.schema(
-        [
-            ("window_start", TS),
-            ("window_end", TS),
-            *keys,
-            *aggs,
-            ("closed_at", TS),
-            ("hosts", pa.int32()),
-            ("hosts_expected", pa.int32()),
-            ("hosts_in_mark", pa.int32()),
-            ("late_partials", pa.int64()),
-            ("missing_records", pa.int64()),
-            ("complete", pa.bool_()),
-            ("kind", pa.string()),
-        ]
-    )
+    """A stored result file's schema: the window, ``keys``, ``aggs`` and the product's closing columns."""
+    return pa.schema([("window_start", TS), ("window_end", TS), *keys, *aggs, *R.CLOSING_FIELDS])
 
 
 def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
@@ -128,13 +114,14 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     root.mkdir(parents=True, exist_ok=True)
     config = root.parent / "lowwater-test.yaml"
     config.write_text(CONFIG)
-    rows: dict[str, pd.DataFrame] = {}
+    written: dict[str, list[pd.DataFrame]] = {}
     batch = 0
 
     def put(query: str, df: pd.DataFrame, schema: pa.Schema) -> None:
-        """``df`` as the next batch's file of ``query``."""
+        """``df`` as the next batch's file of ``query``, kept in the rows the fixture expects."""
         nonlocal batch
         _write(root, query, batch, df, schema)
+        written.setdefault(query, []).append(df)
         batch += 1
 
     def frame(ws: datetime, range_s: int, recs: list[dict], kind: str) -> pd.DataFrame:
@@ -157,7 +144,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     # files (two partitions closing it in different batches); corrections for windows 3 and 9,
     # including one group that only ever appears as a correction
     schema = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
-    frames, finals = [], []
+    finals = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
         recs = [
@@ -176,7 +163,6 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             put("q4_pairs", df.iloc[len(df) // 2 :], schema)
         else:
             put("q4_pairs", df, schema)
-        frames.append(df)
         finals.append(df)
         if w in (4, 10):  # corrections for an older window, in a batch of their own
             cw = w - 1 if w == 4 else 9
@@ -187,7 +173,6 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             corr.append({"src_ip": "10.77.0.1", "dst_ip": "8.8.8.8", "packets": 5})  # correction-only group
             cdf = frame(first + timedelta(minutes=cw), 60, corr, "correction")
             put("q4_pairs", cdf, schema)
-            frames.append(cdf)
         if w == INCOMPLETE_LATE + 1:  # late partials dropped for one group of the previous window
             ldf = frame(
                 first + timedelta(minutes=INCOMPLETE_LATE),
@@ -198,15 +183,12 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             ldf["late_partials"] = np.int64(3)
             ldf["complete"] = False
             put("q4_pairs", ldf, schema)
-            frames.append(ldf)
-    rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
     # bytes_per_dst24: sum/count/avg/max with corrections (avg folded exactly via the count)
     schema = result_schema(
         [("dst_ip_24", pa.string())],
         [("bytes", pa.int64()), ("packets", pa.int64()), ("avg_len", pa.float64()), ("max_len", pa.int64())],
     )
-    frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
         recs = []
@@ -224,7 +206,6 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             )
         df = frame(ws, 60, recs, "final")
         put("bytes_per_dst24", df, schema)
-        frames.append(df)
         if w == 6:
             lens = np.array([1400, 1450])
             cdf = frame(
@@ -242,12 +223,9 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
                 "correction",
             )
             put("bytes_per_dst24", cdf, schema)
-            frames.append(cdf)
-    rows["bytes_per_dst24"] = pd.concat(frames, ignore_index=True)
 
     # syn_per_port: sliding windows (1 m every 10 s): several windows per batch file
     schema = result_schema([("dst_port", pa.int64())], [("syns", pa.int64()), ("min_ttl", pa.int64())])
-    frames = []
     for b in range(N_WINDOWS):
         parts = []
         for k in range(6):
@@ -259,12 +237,9 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             parts.append(frame(ws, 60, recs, "final"))
         df = pd.concat(parts, ignore_index=True)
         put("syn_per_port", df, schema)
-        frames.append(df)
-    rows["syn_per_port"] = pd.concat(frames, ignore_index=True)
 
     # avg_only: no count aggregate, so corrections cannot be folded into avg (the final's avg stays)
     schema = result_schema([("src_port", pa.int64())], [("avg_len", pa.float64()), ("min_ttl", pa.int64())])
-    frames = []
     for w in range(N_WINDOWS):
         ws = first + timedelta(minutes=w)
         recs = [
@@ -273,7 +248,6 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         ]
         df = frame(ws, 60, recs, "final")
         put("avg_only", df, schema)
-        frames.append(df)
     cdf = frame(
         first + timedelta(minutes=5),
         60,
@@ -281,9 +255,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         "correction",
     )
     put("avg_only", cdf, schema)
-    frames.append(cdf)
-    rows["avg_only"] = pd.concat(frames, ignore_index=True)
-
+    rows = {query: pd.concat(dfs, ignore_index=True) for query, dfs in written.items()}
     write_status(root, now)
     return Store(root, config, rows, first, first + timedelta(minutes=N_WINDOWS - 1))
 
@@ -292,8 +264,6 @@ def write_flagged(
     root: Path, query: str, window_start: datetime, range_s: int, host: str, records: int, batch: int = 10**6
 ) -> None:
     """A flagged-window file (contract.results.INCOMPLETE_SCHEMA): ``host`` shed every pane of one window."""
-    from contract import results as R
-
     us = int(window_start.timestamp()) * 1_000_000
     end = us + range_s * 1_000_000
     t = pa.table(

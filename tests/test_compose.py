@@ -46,6 +46,7 @@ from local_stack import docker_engine
 from local_stack.jars import state_dir
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import dpkt_oracle, write_pcap
+from lowwater_testing.compose import CENTRAL_CORE_SERVICES
 from lowwater_testing.page import CHROMIUM, chromium
 from lowwater_testing.traffic import NS, T0
 
@@ -60,16 +61,7 @@ LIVE_SRC, LIVE_DST = "10.99.0.1", "10.99.0.2"
 # the first test carries the module's set-up: a cold image build and three Spark-job starts on 2 cores
 pytestmark = pytest.mark.timeout(2400)
 # every service of docker-compose.yml but grafana (no image here: its provisioning is checked instead)
-CENTRAL_SERVICES = (
-    "kafka",
-    "kafka-init",
-    "spark-master",
-    "spark-worker",
-    "job",
-    "api",
-    "prometheus",
-    "alertmanager",
-)
+CENTRAL_SERVICES = (*CENTRAL_CORE_SERVICES, "alertmanager")
 TIMINGS: dict[str, Any] = {}
 
 
