@@ -28,6 +28,7 @@ import pytest
 from contract import aggregates as A
 from contract import query as Q
 from contract import results as R
+from contract import status as S
 from high_level.results import tiers as T
 from high_level.results.compact import Compactor, committed_batch
 from high_level.results.store import ResultStore
@@ -381,3 +382,38 @@ def test_retention_per_tier(tmp_path: Path, q: Q.QuerySpec) -> None:
     assert [d for d, _ in R.tier_date_dirs(root, spec.name, "5m")] == [(BASE + timedelta(days=1)).date()]
     assert len(R.tier_date_dirs(root, spec.name, "1h")) == 2
     assert c.tier_bytes()[spec.name]["raw"] == 0
+
+
+def test_job_runs_maintenance_and_reports_tiers_in_status_and_metrics(tmp_path: Path, q: Q.QuerySpec) -> None:
+    """The job's own thread does the passes; /status (the status document) and the job's Prometheus
+    registry carry the store's size per tier."""
+    from prometheus_client import generate_latest
+
+    from high_level.job import HighLevelJob, JobOptions
+
+    opts = JobOptions(
+        bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), compact_every_s=0.2
+    )
+    job = HighLevelJob(None, [q], opts)
+    assert job.maintenance is not None
+    batches, truth = _batches(q, 40)
+    for b, rows in enumerate(batches):
+        job.store.write_batch(b, rows)
+    _commit(Path(opts.checkpoint), 40)
+    job.maintenance.start()
+    try:
+        deadline = time.monotonic() + 120
+        while T.folded_through(job.store.root, q.name) < 39 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        job.maintenance.stop()
+    assert T.folded_through(job.store.root, q.name) == 39
+    _check_exact(job.store.root, q, truth)
+    now_ms = int(time.time() * 1000)
+    job.sink.maintain(now_ms, None)
+    job.sink.write_status({}, now_ms)
+    doc = S.read(job.store.status_path)
+    assert set(doc.tier_bytes[q.name]) == {"raw", "5m", "1h"} and doc.tier_bytes[q.name]["5m"] > 0
+    assert doc.compaction is not None and doc.compaction.runs >= 1 and doc.compaction.committed_batch == 40
+    text = generate_latest(job.metrics.registry).decode()
+    assert f'lowwater_job_store_tier_bytes{{query="{q.name}",tier="1h"}}' in text
