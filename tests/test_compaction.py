@@ -417,3 +417,16 @@ def test_job_runs_maintenance_and_reports_tiers_in_status_and_metrics(tmp_path: 
     assert doc.compaction is not None and doc.compaction.runs >= 1 and doc.compaction.committed_batch == 40
     text = generate_latest(job.metrics.registry).decode()
     assert f'lowwater_job_store_tier_bytes{{query="{q.name}",tier="1h"}}' in text
+
+
+def test_a_checkpoint_behind_the_store_stops_compaction(tmp_path: Path, q: Q.QuerySpec) -> None:
+    """A new checkpoint over old results restarts batch ids: compacting then could hide new files."""
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    batches, _ = _batches(q, 30)
+    _write(root, q, batches)
+    _commit(ckpt, 5)
+    names = sorted(n for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d))
+    with pytest.raises(RuntimeError, match="checkpoint committed only 5"):
+        Compactor(root, [q], ckpt, grace_s=0).run_once()
+    assert sorted(n for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d)) == names
+    assert T.folded_through(root, q.name) == -1
