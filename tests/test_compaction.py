@@ -147,13 +147,17 @@ def _visible(folder: Path, ranged=R.batch_range) -> list[Path]:
     return [folder / n for n in R.visible_files(named)]
 
 
+def _row_hashes(paths: list) -> Counter:
+    """The multiset of the rows of these files (a hash per row, every column)."""
+    rows: Counter = Counter()
+    for p in paths:
+        rows.update(pd.util.hash_pandas_object(pq.read_table(p).to_pandas(), index=False).tolist())
+    return rows
+
+
 def _raw_rows(root: Path, q: Q.QuerySpec) -> Counter:
     """The multiset of raw rows a reader sees (visible files of every day)."""
-    rows: Counter = Counter()
-    for _day, d in R.date_dirs(root, q.name):
-        for f in _visible(d):
-            rows.update(tuple(r.values()) for r in pq.read_table(f).to_pylist())
-    return rows
+    return _row_hashes([f for _day, d in R.date_dirs(root, q.name) for f in _visible(d)])
 
 
 def _tier_fold(root: Path, q: Q.QuerySpec, tier: str) -> pd.DataFrame:
@@ -249,45 +253,52 @@ def test_tiers_exact_and_compaction_keeps_every_row(tmp_path: Path, q: Q.QuerySp
 
 def test_readers_during_compaction_see_every_row_once(tmp_path: Path, q: Q.QuerySpec) -> None:
     """Readers list and read through the API's FileIndex while passes compact under them: every read
-    returns the same row multiset (a file that vanished after the listing means: list again)."""
+    returns the row multiset of the batches written so far (a file that vanished after the listing
+    means: list again). Batches are written, as by the job, before their commit, between reads."""
     root, ckpt = tmp_path / "results", tmp_path / "ckpt"
-    batches, _ = _batches(q, 120, seed=11)
-    _write(root, q, batches)
-    expected = _raw_rows(root, q)
+    batches, _ = _batches(q, 121, seed=11)
     index = FileIndex(root)
     stop = threading.Event()
+    locks = [threading.Lock() for _ in range(2)]
+    expected: list[Counter] = [Counter()]
     reads, bad = [0], []
 
-    def reader() -> None:
+    def reader(lock: threading.Lock) -> None:
         while not stop.is_set():
-            try:
-                dirs = [p for _d, p in index.date_dirs(q.name)]
-                got: Counter = Counter()
-                for f in index.files_in(q, dirs):
-                    got.update(tuple(r.values()) for r in pq.read_table(f.path).to_pylist())
-            except FileNotFoundError:
-                index.forget()
-                continue
-            if got != expected:
-                bad.append((sum(got.values()), sum(expected.values())))
-            reads[0] += 1
+            with lock:  # one whole read against one expectation
+                try:
+                    dirs = [p for _d, p in index.date_dirs(q.name)]
+                    got = _row_hashes([f.path for f in index.files_in(q, dirs)])
+                except FileNotFoundError:
+                    index.forget()
+                    continue
+                if got != expected[0]:
+                    bad.append((sum(got.values()), sum(expected[0].values())))
+                reads[0] += 1
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=reader, args=(lk,)) for lk in locks]
     for t in threads:
         t.start()
     c = Compactor(root, [q], ckpt, grace_s=0.05, min_files=2)
-    for through in range(10, 121, 10):  # passes as batches commit
-        _commit(ckpt, through)
-        c.run_once()
-        time.sleep(0.06)
-    c.run_once()
-    deadline = time.monotonic() + 60
-    while reads[0] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join()
-    assert reads[0] >= 20 and not bad, bad[:3]
+    try:
+        for through in range(10, 121, 10):  # the job writes batches, commits; a pass runs meanwhile
+            for lk in locks:
+                lk.acquire()
+            _write(root, q, batches[: through + 1], first=through - 9 if through > 10 else 0)
+            _commit(ckpt, through)
+            expected[0] = _raw_rows(root, q)
+            for lk in locks:
+                lk.release()
+            before = reads[0]
+            c.run_once()
+            deadline = time.monotonic() + 30
+            while reads[0] < before + 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert reads[0] >= 24 and not bad, bad[:3]
     assert c.status.files_deleted > 0
 
 
