@@ -7,7 +7,16 @@ file per batch = per closed minute, ~1% correction rows in later batches) under
 ``GET /queries/q4_pairs/results?top=100&start=<1h before the newest window>&end=<newest>`` end to end
 over HTTP. Prints p50/p95/p99 and writes ``benchmarks/results/api.json``. Target: p95 <= 100 ms.
 
-Run: ``.venv/bin/python -m benchmarks.bench_api [--rows 10000000] [--requests 100] [--regen]``.
+Long ranges (issue #30): a second store, ``q4_range`` with roll-up tiers ``[1h, 1d]``, as the store's
+tiers hold 30 days of 1-minute windows with ``--groups`` (100K) groups per window: raw windows for the
+last ``--raw-hours`` (24, the raw retention), the 1h tier for the 30 days (kept 400 days) and the 1d
+tier (kept), generated vectorised (the tiers of the raw hours are the exact sums of their windows; the
+older hours are drawn directly as tier rows). Times the 30-day top-100 (``/top?step=1d&n=100``, from the
+1d tier) and the 30-day 1-hour series (``/series?step=1h``, from the 1h tier) into
+``range_30d_top100_p95_ms`` (goal <= 200 ms) and ``range_30d_series_1h_p95_ms`` (goal <= 100 ms).
+
+Run: ``.venv/bin/python -m benchmarks.bench_api [--rows 10000000] [--requests 100] [--regen]``;
+``--quick`` (small stores, few requests; a smoke test, not a figure: use ``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -47,6 +56,20 @@ CONFIG = config(
     )
 ).text
 SCHEMA = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
+RANGE_TMP = harness.RESULTS / "tmp" / "api_range_store"
+RANGE_QUERY = "q4_range"
+RANGE_CONFIG = config(
+    query(
+        RANGE_QUERY,
+        description="packet and byte counts per (srcIP, dstIP) per minute, rolled up to 1h and 1d (benchmark)",
+        filter="ip_version == 4",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as packets", "sum(length) as bytes"],
+        window="1m",
+        tiers=["1h", "1d"],
+        retention={"raw": "1d", "1h": "400d"},
+    )
+).text
 
 
 def _addresses(rng: np.random.Generator, n: int) -> pa.Array:
@@ -125,6 +148,257 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
     }
 
 
+def _range_table(
+    schema: pa.Schema,
+    ws: int,
+    width_us: int,
+    src: pa.Array,
+    dst: pa.Array,
+    packets: np.ndarray,
+    nbytes: np.ndarray,
+    windows: np.ndarray | None,
+) -> pa.Table:
+    """Rows of one window (raw) or one tier window, every column of the contract's schema."""
+    n = len(packets)
+    ts = pa.timestamp("us", tz="UTC")
+    cols = {
+        "window_start": pa.array(np.full(n, ws, np.int64)).cast(ts),
+        "window_end": pa.array(np.full(n, ws + width_us, np.int64)).cast(ts),
+        "src_ip": src,
+        "dst_ip": dst,
+        "packets": pa.array(packets, pa.int64()),
+        "bytes": pa.array(nbytes, pa.int64()),
+        "closed_at": pa.array(np.full(n, ws + width_us + 3_000_000, np.int64)).cast(ts),
+        "hosts": pa.array(np.full(n, 3, np.int32)),
+        "hosts_expected": pa.array(np.full(n, 3, np.int32)),
+        "hosts_in_mark": pa.array(np.full(n, 3, np.int32)),
+        "late_partials": pa.array(np.zeros(n, np.int64)),
+        "missing_records": pa.array(np.zeros(n, np.int64)),
+        "complete": pa.array(np.ones(n, bool)),
+        "kind": pa.array(np.full(n, "final", object), pa.string()),
+    }
+    if windows is not None:
+        cols["windows"] = pa.array(windows, pa.int64())
+    return pa.table(cols, schema=schema)
+
+
+def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: datetime, seed: int = 11) -> dict:
+    """The long-range store as the tiers hold it (see the module docstring); ``end`` on an hour."""
+    from contract import results as R
+    from contract.query import load
+
+    rng = np.random.default_rng(seed)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    cfg = root / "range.yaml"
+    cfg.write_text(RANGE_CONFIG)
+    spec = load(cfg).stored_queries[0]
+    raw_schema, h_schema, d_schema = R.schema(spec), R.tier_schema(spec, "1h"), R.tier_schema(spec, "1d")
+    pool = groups + groups // 5  # the pairs active in a window are drawn from a larger pool
+    srcs, dsts = _addresses(rng, max(1000, pool // 5)), _addresses(rng, max(500, pool // 20))
+    pair_src = srcs.take(pa.array(rng.integers(0, len(srcs), pool)))
+    pair_dst = dsts.take(pa.array(rng.integers(0, len(dsts), pool)))
+    weight = rng.zipf(1.4, pool).clip(1, 100_000).astype(np.int64)  # heavy pairs stay heavy
+    hour_us, day_us, min_us = 3_600_000_000, 86_400_000_000, 60_000_000
+    end_us = int(end.timestamp()) * 1_000_000
+    first_us = end_us - days * day_us
+    first_us -= first_us % day_us
+    hours = (end_us - first_us) // hour_us
+    raw_from = end_us - raw_hours * hour_us
+    t0 = time.perf_counter()
+    rows = {"raw": 0, "1h": 0, "1d": 0}
+    batch = 0
+    day_p = np.zeros(pool, np.int64)
+    day_b = np.zeros(pool, np.int64)
+    day_w = np.zeros(pool, np.int64)
+    for h in range(hours):
+        hs = first_us + h * hour_us
+        if hs >= raw_from:  # raw windows, and their exact hour
+            hp, hb, hw = np.zeros(pool, np.int64), np.zeros(pool, np.int64), np.zeros(pool, np.int64)
+            for m in range(60):
+                ws = hs + m * min_us
+                pick = np.sort(rng.choice(pool, groups, replace=False))
+                p = rng.poisson(weight[pick]).astype(np.int64) + 1
+                b = p * rng.integers(40, 1500, groups)
+                t = _range_table(
+                    raw_schema,
+                    ws,
+                    min_us,
+                    pair_src.take(pa.array(pick)),
+                    pair_dst.take(pa.array(pick)),
+                    p,
+                    b,
+                    None,
+                )
+                day = datetime.fromtimestamp(ws / 1e6, UTC).date()
+                path = R.part_path(root, RANGE_QUERY, day, batch)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(t, path)
+                batch += 1
+                rows["raw"] += groups
+                hp[pick] += p
+                hb[pick] += b
+                hw[pick] += 1
+        else:  # an hour drawn as the 1h tier holds it: ~all of the pool, 60 windows' worth each
+            hw = np.minimum(60, rng.binomial(60, groups / pool, pool)).astype(np.int64)
+            hp = rng.poisson(weight * hw).astype(np.int64) + hw
+            hb = hp * rng.integers(40, 1500, pool)
+        have = np.flatnonzero(hw)
+        t = _range_table(
+            h_schema,
+            hs,
+            hour_us,
+            pair_src.take(pa.array(have)),
+            pair_dst.take(pa.array(have)),
+            hp[have],
+            hb[have],
+            hw[have],
+        )
+        day = datetime.fromtimestamp(hs / 1e6, UTC).date()
+        path = R.tier_part_path(root, RANGE_QUERY, "1h", day, h * 100, h * 100 + 99)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, path)
+        rows["1h"] += len(have)
+        day_p += hp
+        day_b += hb
+        day_w += hw
+        if (hs + hour_us) % day_us == 0 or h == hours - 1:  # the day's 1d tier row per pair
+            ds = hs - hs % day_us
+            have = np.flatnonzero(day_w)
+            t = _range_table(
+                d_schema,
+                ds,
+                day_us,
+                pair_src.take(pa.array(have)),
+                pair_dst.take(pa.array(have)),
+                day_p[have],
+                day_b[have],
+                day_w[have],
+            )
+            path = R.tier_part_path(root, RANGE_QUERY, "1d", day, h * 100, h * 100 + 99)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(t, path)
+            rows["1d"] += len(have)
+            day_p[:], day_b[:], day_w[:] = 0, 0, 0
+    size = sum(f.stat().st_size for f in root.rglob("*.parquet"))
+    return {
+        "layout": "as the store's roll-up tiers hold it: raw 1-minute windows for the last raw_hours "
+        "(the raw retention), the 1h tier for every hour of the days (kept 400 days), the 1d tier (kept); "
+        "the tiers of the raw hours are the exact sums of their windows, older hours drawn as tier rows",
+        "groups_per_window": groups,
+        "pair_pool": pool,
+        "days": days,
+        "raw_hours": raw_hours,
+        "rows": rows,
+        "bytes_on_disk": size,
+        "first_window": datetime.fromtimestamp(first_us / 1e6, UTC).isoformat(),
+        "end": end.isoformat(),
+        "generate_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _serve(config: Path, results: Path, port: int) -> subprocess.Popen:
+    """The real CLI in its own process (a server thread here would share the GIL with the client)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from high_level.serve.api import main; main()",
+            "--config",
+            str(config),
+            "--results",
+            str(results),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def bench_range(groups: int, days: int, raw_hours: int, requests: int, regen: bool) -> dict:
+    """The 30-day top-100 and 1-hour series over HTTP: p50/p95, the first (cold) request, the tier used."""
+    manifest = RANGE_TMP / "manifest.json"
+    want = {"groups": groups, "days": days, "raw_hours": raw_hours}
+    meta = json.loads(manifest.read_text()) if manifest.exists() else None
+    if regen or meta is None or meta.get("want") != want:
+        end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        print(
+            f"generating the range store ({groups:,} groups/window, {days} days, raw {raw_hours} h) in {RANGE_TMP} ...",
+            flush=True,
+        )
+        meta = {"want": want, **generate_range(RANGE_TMP, groups, days, raw_hours, end)}
+        manifest.write_text(json.dumps(meta, indent=1))
+    print(f"range store: {meta['rows']} rows, {meta['bytes_on_disk'] / 1e6:.0f} MB", flush=True)
+    end = datetime.fromisoformat(meta["end"])
+    iso = lambda t: t.isoformat().replace("+00:00", "Z")  # noqa: E731
+    start = end - timedelta(days=days)
+    port = free_port()
+    server = _serve(RANGE_TMP / "range.yaml", RANGE_TMP, port)
+    base = f"http://127.0.0.1:{port}/queries/{RANGE_QUERY}"
+    reqs = {
+        "top100": (f"{base}/top", {"start": iso(start), "end": iso(end), "step": "1d", "n": "100"}),
+        "series_1h": (f"{base}/series", {"start": iso(start), "end": iso(end), "step": "1h"}),
+    }
+    out: dict = {"range_store": meta}
+    try:
+        with httpx.Client(timeout=300) as client:
+            t_up = time.perf_counter()
+            while True:
+                try:
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None or time.perf_counter() - t_up > 300:
+                    raise SystemExit("the API did not start")
+                time.sleep(0.1)
+            for name, (url, params) in reqs.items():
+                t0 = time.perf_counter()
+                r = client.get(url, params=params)
+                cold = time.perf_counter() - t0
+                r.raise_for_status()
+                body = r.json()
+                times = []
+                cpu0 = _cpu_seconds(server.pid)
+                for _ in range(requests):
+                    t0 = time.perf_counter()
+                    client.get(url, params=params).raise_for_status()
+                    times.append((time.perf_counter() - t0) * 1000)
+                out[f"range_30d_{name}"] = {
+                    "request": f"{url.rsplit('/', 1)[1]}?" + "&".join(f"{k}={v}" for k, v in params.items()),
+                    "tier": body["tier"],
+                    "rows": len(body["rows"]),
+                    "first_request_ms": round(cold * 1000, 1),
+                    "p50_ms": round(statistics.median(times), 1),
+                    "p95_ms": round(_pct(times, 95), 1),
+                    "server_cpu_ms_per_request": round(
+                        (_cpu_seconds(server.pid) - cpu0) / requests * 1000, 1
+                    ),
+                    "requests": requests,
+                }
+                print(
+                    f"30-day {name}: tier {body['tier']}, {len(body['rows'])} rows, first {cold * 1000:.0f} ms, "
+                    f"p50 {out[f'range_30d_{name}']['p50_ms']} ms, p95 {out[f'range_30d_{name}']['p95_ms']} ms",
+                    flush=True,
+                )
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    out["range_30d_top100_p95_ms"] = out["range_30d_top100"]["p95_ms"]
+    out["range_30d_series_1h_p95_ms"] = out["range_30d_series_1h"]["p95_ms"]
+    out["range_targets_ms"] = {"range_30d_top100_p95_ms": 200, "range_30d_series_1h_p95_ms": 100}
+    out["range_meets_targets"] = (
+        out["range_30d_top100_p95_ms"] <= 200 and out["range_30d_series_1h_p95_ms"] <= 100
+    )
+    return out
+
+
 def _machine() -> dict:
     model = ""
     try:
@@ -160,10 +434,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--top", type=int, default=100)
     ap.add_argument("--regen", action="store_true", help="regenerate the store even if it exists")
+    ap.add_argument("--groups", type=int, default=100_000, help="long-range store: groups per window")
+    ap.add_argument("--days", type=int, default=30, help="long-range store: days of windows")
+    ap.add_argument("--raw-hours", type=int, default=24, help="long-range store: raw windows kept (hours)")
+    ap.add_argument("--range-requests", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="small stores, few requests: a smoke test")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.rows, args.minutes, args.requests = 200_000, 120, 10
+        args.groups, args.raw_hours, args.range_requests = 2_000, 2, 5
 
     import duckdb
 
+    global TMP, RANGE_TMP
+    if args.quick:
+        TMP, RANGE_TMP = TMP.with_name("api_store_quick"), RANGE_TMP.with_name("api_range_store_quick")
     manifest = TMP / "manifest.json"
     want = {"rows": args.rows, "minutes": args.minutes}
     meta = json.loads(manifest.read_text()) if manifest.exists() else None
@@ -288,6 +573,10 @@ def main(argv: list[str] | None = None) -> None:
         "target_p95_ms": 100,
     }
     res["meets_target"] = res["p95_ms"] <= 100
+    res["quick"] = args.quick
+    res["machine_harness"] = harness.machine()
+    res.update(bench_range(args.groups, args.days, args.raw_hours, args.range_requests, args.regen))
+    res["load_average_after_range"] = harness.load()
     harness.RESULTS.mkdir(parents=True, exist_ok=True)
     harness.write_results("api.json", res)
     print(

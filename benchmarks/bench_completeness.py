@@ -1,8 +1,8 @@
 """Completeness under injected faults: per cause, windows wrong, flagged, and wrong yet complete.
 
-Each fault is injected for real (the scenarios of ``tests/test_completeness.py``): real agents (ring,
-Numba kernel, punctuation, backlog and outbox), a real Kafka broker, then what reached Kafka through
-the job's own steps (``PartitionProcessor``, ``JoinProcessor``) batch by batch. Every window is judged
+Each fault is injected for real (the scenarios of ``lowwater_testing/faults.py``, shared with
+``tests/test_completeness.py``): real agents (ring, Numba kernel, punctuation, backlog and outbox), a real
+Kafka broker, then what reached Kafka through the job's own steps (``PartitionProcessor``, ``JoinProcessor``) batch by batch. Every window is judged
 against an oracle over every packet that was on the wire:
 
 * wrong: its stored rows differ from the oracle's;
@@ -19,8 +19,8 @@ mid-window (timeout), a sequence gap (the broker deletes records the job had not
 ``delete_records``), select rows shed by the outbox in a Kafka outage (anti and inner join), and a
 truncated capture (malformed: reported, not a loss, so its windows must be exact and unflagged).
 
-    .venv/bin/python benchmarks/bench_completeness.py [--repeat N]   # full: every cause, 3 runs each
-    .venv/bin/python benchmarks/bench_completeness.py --smoke        # every cause once (checks it works)
+    .venv/bin/python -m benchmarks.bench_completeness [--repeat N]   # full: every cause, 3 runs each
+    .venv/bin/python -m benchmarks.bench_completeness --smoke        # every cause once (checks it works)
 """
 
 from __future__ import annotations
@@ -28,16 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.harness import machine  # noqa: E402
+from benchmarks.harness import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -67,8 +64,8 @@ def main() -> None:
     if args.smoke:
         args.repeat = 1
     from local_stack.kafka_broker import KafkaBroker
+    from lowwater_testing import faults as T
     from lowwater_testing.netns import NetnsUnavailable, veth_pair
-    from tests import test_completeness as T
 
     work = Path(tempfile.mkdtemp(prefix="lw-bench-completeness-"))
     broker = KafkaBroker("bench-completeness", port=0, state=work / "kafka")

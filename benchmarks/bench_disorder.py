@@ -80,6 +80,13 @@ CASES = {
 DEFAULT_MAX_DISORDER_NS = Q.HeartbeatSpec().max_disorder_ns
 
 
+FIGURE = (
+    "disorder",
+    "disorder_in_one_stream",
+    "dissertation Fig. 6-11 (band) and 6-12 (block-sorted)",
+)  # results file, benchmark, the paper's figure
+
+
 def make_query(case: dict[str, Any], m: int) -> Q.QuerySpec:
     return spec(
         "disorder",
@@ -280,24 +287,14 @@ def main() -> None:
                 f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}",
                 flush=True,
             )
-    harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results(
-        "disorder.json",
-        {
-            "benchmark": "disorder_in_one_stream",
-            "figure": "dissertation Fig. 6-11 (band) and 6-12 (block-sorted)",
-            "machine": m,
-            "method": {
-                "doc": __doc__,
-                "rate_pkt_per_s": args.rate,
-                "seconds": seconds,
-                "groups": GROUPS,
-                "cases": CASES,
-                "quick": args.quick,
-            },
-            "rows": rows,
-        },
-    )
+    method = {
+        "rate_pkt_per_s": args.rate,
+        "seconds": seconds,
+        "groups": GROUPS,
+        "cases": CASES,
+        "quick": args.quick,
+    }
+    harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -330,8 +327,7 @@ def main() -> None:
         )
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "disorder.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "disorder.png")
     print(f"wrote {harness.RESULTS / 'disorder.json'} and disorder.png")
 
 

@@ -138,7 +138,6 @@ def main() -> None:
             f"{r['groups']:>8} {r['table']:>8} {r['policy']:>6} {r['sustained_pps'] / 1e6:17.2f} "
             f"{r['mean_pps'] / 1e6:12.2f} {r['worst_chunk_ms']:15.2f} {r['ratio_vs_iop']:7.2f}"
         )
-    harness.RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "flush_policies",
         "method": __doc__,
@@ -174,8 +173,7 @@ def plot(rows: list[dict], group_counts: list[int]) -> None:
     axes[0].set_ylabel("max rate without ring drops (Mpkt/s)")
     axes[0].legend()
     fig.suptitle("Q4 flush policies: sustained packet rate (higher is better)")
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "flush_policies.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "flush_policies.png")
 
 
 if __name__ == "__main__":

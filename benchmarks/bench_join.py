@@ -624,7 +624,6 @@ def main() -> None:
             flush=True,
         )
     result["load_avg_1_5_15_at_end"] = [round(x, 1) for x in os.getloadavg()]
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("join.json", result)
     try:
         plt = harness.pyplot()
@@ -648,8 +647,7 @@ def main() -> None:
         ax2.set_ylabel("pair latency p50 (s): emission - later row's ts")
         ax2.set_title("result latency")
         ax2.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(harness.RESULTS / "join.png", dpi=110)
+        harness.save_figure(fig, harness.RESULTS / "join.png")
     except ImportError:
         pass
     print(f"wrote {harness.RESULTS / 'join.json'}")

@@ -367,7 +367,6 @@ def main() -> None:
         "rows": rows,
         "machine": m,
     }
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("kernel.json", result)
     print(f"\nkernel_mpps (lazy) = {lazy:.2f}; wrote {harness.RESULTS / 'kernel.json'}")
 

@@ -524,7 +524,6 @@ def write_results(args: argparse.Namespace, rows: list[dict], keep_machine: dict
             "lowwater was lossless at every rate tcpreplay reached, pmacctd was not: lowwater's no-drop "
             "rate is the sender's top, so the ratio is a lower bound"
         )
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("live_capture.json", result, indent=1)
     chart(rows, harness.RESULTS / "live_capture.png")
     rates = ", ".join(f"{t} {summary[t]['nodrop_pps']:,} pkt/s" for t in tools)
@@ -554,9 +553,7 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("loss % (0 plotted at 0.001)")
     ax.set_title("live capture over veth: loss vs rate")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def main() -> int:

@@ -37,6 +37,13 @@ WINDOW = "{range: 10s, slide: 2s}"
 VARIANTS = ("on demand", "on request", "periodic 1 s", "watermark = delay", "watermark 2 s")
 
 
+FIGURE = (
+    "n3",
+    "sparse_delayed_union",
+    "OOP paper N3 (Fig. 13) / dissertation Fig. 8-11",
+)  # results file, benchmark, the paper's figure
+
+
 def measure(variant: str, delay_s: int, seconds: float) -> dict[str, Any]:
     mode = {"on demand": "on_demand", "on request": "on_request"}.get(variant, "periodic")
     q = H.query(WINDOW, interval="1s", on_demand=mode == "on_demand")
@@ -99,25 +106,15 @@ def main() -> None:
                 f"{r['packets_missing']:8,d}",
                 flush=True,
             )
-    harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results(
-        "n3.json",
-        {
-            "benchmark": "sparse_delayed_union",
-            "figure": "OOP paper N3 (Fig. 13) / dissertation Fig. 8-11",
-            "machine": m,
-            "method": {
-                "doc": __doc__,
-                "seconds": seconds,
-                "dense_pkt_per_s": DENSE,
-                "sparse_pkt_per_min": 4,
-                "window": WINDOW,
-                "delays_s": delays,
-                "quick": args.quick,
-            },
-            "rows": rows,
-        },
-    )
+    method = {
+        "seconds": seconds,
+        "dense_pkt_per_s": DENSE,
+        "sparse_pkt_per_min": 4,
+        "window": WINDOW,
+        "delays_s": delays,
+        "quick": args.quick,
+    }
+    harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
@@ -134,24 +131,14 @@ def main() -> None:
             color=colors[v],
             label=v,
         )
-    for a, t in zip(
-        ax,
-        (
-            "mean window-close latency (s)",
-            "peak state (union rows + host tables)",
-            "packets missing from closed windows (%)",
-        ),
-        strict=True,
-    ):
-        a.set_title(t, fontsize=9)
-        a.set_xlabel("delay of the sparse host C (s)")
-        a.grid(alpha=0.3)
-    ax[0].legend(fontsize=8)
-    fig.suptitle(
-        f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count", fontsize=10
+    titles = (
+        "mean window-close latency (s)",
+        "peak state (union rows + host tables)",
+        "packets missing from closed windows (%)",
     )
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "n3.png", dpi=110)
+    sup = f"M1, M2 at {DENSE:,} pkt/s + C at 4 pkt/min delayed; RANGE 10 s SLIDE 2 s count"
+    harness.style_axes(ax, titles, "delay of the sparse host C (s)", suptitle=sup)
+    harness.save_figure(fig, harness.RESULTS / "n3.png")
     print(f"wrote {harness.RESULTS / 'n3.json'} and n3.png")
 
 

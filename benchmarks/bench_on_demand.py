@@ -201,8 +201,7 @@ def main() -> None:
     )
     ax.set_ylabel("mean window-close latency (s)")
     ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "on_demand.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "on_demand.png")
     print(f"wrote {harness.RESULTS / 'on_demand.json'} and on_demand.png")
 
 

@@ -34,6 +34,13 @@ from lowwater_testing.queries import spec
 MEASURED_PANES = 20
 
 
+FIGURE = (
+    "panes",
+    "panes_vs_no_panes",
+    "dissertation Fig. 6-15",
+)  # results file, benchmark, the paper's figure
+
+
 def layout(k: int) -> Layout:
     q = spec(
         "panes",
@@ -132,22 +139,8 @@ def main() -> None:
                 f"{a['time_ratio_paned_vs_unpaned']:6.2f} {a['rows_mean']:10,.0f} {b['rows_mean']:12,.0f}",
                 flush=True,
             )
-    harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results(
-        "panes.json",
-        {
-            "benchmark": "panes_vs_no_panes",
-            "figure": "dissertation Fig. 6-15",
-            "machine": m,
-            "method": {
-                "doc": __doc__,
-                "measured_panes": MEASURED_PANES,
-                "groups": args.groups,
-                "quick": args.quick,
-            },
-            "rows": rows,
-        },
-    )
+    method = {"measured_panes": MEASURED_PANES, "groups": args.groups, "quick": args.quick}
+    harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -163,15 +156,12 @@ def main() -> None:
                 color=color,
                 label=f"{d} record(s) per group per pane",
             )
-    for a, t in zip(ax, ("CPU time, paned / unpaned", "rows held, paned / unpaned"), strict=True):
+    for a in ax:
         a.set_xscale("log")
-        a.set_xlabel("panes per window (range / slide)")
-        a.set_title(t, fontsize=9)
         a.axhline(1, color="#999", lw=0.8)
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "panes.png", dpi=110)
+    titles = ("CPU time, paned / unpaned", "rows held, paned / unpaned")
+    harness.style_axes(ax, titles, "panes per window (range / slide)", legend_each=True)
+    harness.save_figure(fig, harness.RESULTS / "panes.png")
     print(f"wrote {harness.RESULTS / 'panes.json'} and panes.png")
 
 

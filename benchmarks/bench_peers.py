@@ -595,9 +595,7 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
             fontsize=8,
         )
     ax.set_ylim(max(min(vals), 1e-4) / 3, max(vals) * 5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.save_figure(fig, path, dpi=120)
 
 
 PMACCTD_NOTES = [
@@ -801,7 +799,6 @@ def main() -> None:
         "pmacctd_notes": PMACCTD_NOTES,
         "machine": m,
     }
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("peers.json", result)
     p = first["pcap"]
     chart(

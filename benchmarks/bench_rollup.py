@@ -323,7 +323,6 @@ def _run(a: argparse.Namespace) -> int:
     res["ratio_spark_vs_offline"] = round(res["spark_records_per_s"] / res["offline_records_per_s"], 3)
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "configs"}, indent=1))
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("rollup.json", {"benchmark": "rollup", **res})
     print(f"wrote {harness.RESULTS / 'rollup.json'}")
     spark.stop()
@@ -504,7 +503,6 @@ def _sweep_write(a: argparse.Namespace, points: list[dict[str, Any]], complete: 
         )
     res["machine"] = machine()
     print(json.dumps({k: v for k, v in res.items() if k != "points"}, indent=1), flush=True)
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("rollup_scale.json", res)
 
 
@@ -522,8 +520,7 @@ def _sweep_plot(res: dict[str, Any]) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title("High-level rate against open state")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "rollup_scale.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "rollup_scale.png")
 
 
 if __name__ == "__main__":

@@ -133,9 +133,7 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title("roll-up on a Spark standalone cluster (2-core VM)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def summarize(rows: list[dict], head: dict) -> dict:
@@ -280,7 +278,6 @@ def main() -> int:
 
 
 def write(res: dict) -> int:
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results("scaling.json", res, indent=1)
     chart(res["rows"], harness.RESULTS / "scaling.png")
     print(

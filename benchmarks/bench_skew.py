@@ -458,16 +458,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         "result latency: leading host's time - window end (s)",
         "packets missing from results (%)",
     )
-    for a, t in zip(ax, titles, strict=True):
-        a.set_title(t, fontsize=9)
-        a.set_xlabel("skew between the two hosts (s)")
-        a.grid(alpha=0.3)
-    ax[0].legend(fontsize=8)
-    fig.suptitle(
-        f"2 hosts x {RATE:,} pkt/s, {GROUPS:,} groups, {WINDOW_S}-s tumbling windows (replay)", fontsize=10
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    sup = f"2 hosts x {RATE:,} pkt/s, {GROUPS:,} groups, {WINDOW_S}-s tumbling windows (replay)"
+    harness.style_axes(ax, titles, "skew between the two hosts (s)", suptitle=sup)
+    harness.save_figure(fig, path)
 
 
 def main() -> None:
@@ -534,7 +527,6 @@ def main() -> None:
     by = {(r["skew_s"], r["variant"]): r for r in rows}
     ratio = {str(k): by[(k, "oop")]["payload_mib_mean"] / by[(k, "iop")]["payload_mib_mean"] for k in skews}
     print(f"oop / iop state payload by skew: {ratio} (OOP paper Fig. 1: ~0.3 at 40 s)")
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results(
         "skew.json",
         {

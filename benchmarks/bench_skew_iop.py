@@ -294,8 +294,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         a.set_ylabel("peak state (MiB)")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    harness.save_figure(fig, path)
 
 
 def main() -> None:
@@ -325,7 +324,6 @@ def main() -> None:
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores; {time.monotonic() - t_all:.0f} s")
     print(table(rows))
     print(f"oop/iop peak state at 40 s skew: {ratio40} (paper ~0.3)")
-    harness.RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "skew_oop_vs_iop",
         "figure": "OOP paper Fig. 1 / dissertation Fig. 8-8",

@@ -224,8 +224,7 @@ def main() -> None:
     ax.barh([r["stage"] for r in rows][::-1], [r["ns_per_packet"] for r in rows][::-1], color="#3a7bd5")
     ax.set_xlabel("ns per captured packet (lower is better)")
     ax.set_title(f"Q4, {n / 1e6:.0f}M packets, {args.groups:,} groups: cost of each stage")
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "stages.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "stages.png")
     print(f"wrote {harness.RESULTS / 'stages.json'} and stages.png")
 
 

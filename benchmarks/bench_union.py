@@ -40,6 +40,13 @@ DENSE, SPARSE = 50_000, 0.05
 TUMBLING = "{range: 1s}"
 
 
+FIGURE = (
+    "union",
+    "on_demand_union_variants",
+    "on-demand punctuation paper Fig. 7 and 8",
+)  # results file, benchmark, the paper's figure
+
+
 def variants(quick: bool) -> list[dict[str, Any]]:
     """label, group, per-host mode, query settings and union options."""
     v: list[dict[str, Any]] = [{"label": "A no punctuation", "group": "A", "mode": "eos", "interval": "1s"}]
@@ -126,23 +133,8 @@ def main() -> None:
             f"{r['punctuations_per_s']:8.2f} {r['late_records']:5d} {r['packets_missing']:5d}",
             flush=True,
         )
-    harness.RESULTS.mkdir(exist_ok=True)
-    harness.write_results(
-        "union.json",
-        {
-            "benchmark": "on_demand_union_variants",
-            "figure": "on-demand punctuation paper Fig. 7 and 8",
-            "machine": m,
-            "method": {
-                "doc": __doc__,
-                "seconds": seconds,
-                "dense_pkt_per_s": DENSE,
-                "sparse_pkt_per_s": SPARSE,
-                "quick": args.quick,
-            },
-            "rows": rows,
-        },
-    )
+    method = {"seconds": seconds, "dense_pkt_per_s": DENSE, "sparse_pkt_per_s": SPARSE, "quick": args.quick}
+    harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
@@ -167,8 +159,7 @@ def main() -> None:
         "(virtual time, real kernel + processor)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(harness.RESULTS / "union.png", dpi=110)
+    harness.save_figure(fig, harness.RESULTS / "union.png")
     print(f"wrote {harness.RESULTS / 'union.json'} and union.png")
 
 

@@ -238,7 +238,6 @@ def main() -> None:
         "linecutting_throughput_loss_skewed_per_lf": loss,
     }
     print(json.dumps(summary, indent=1))
-    harness.RESULTS.mkdir(exist_ok=True)
     harness.write_results(
         "upstream.json",
         {
@@ -277,8 +276,7 @@ def main() -> None:
         axes[0].set_ylabel("average staleness (s, log)")
         axes[0].legend()
         fig.suptitle("UpStream on lowwater's live path: staleness vs load factor")
-        fig.tight_layout()
-        fig.savefig(harness.RESULTS / "upstream.png", dpi=110)
+        harness.save_figure(fig, harness.RESULTS / "upstream.png")
     print(f"wrote {harness.RESULTS / 'upstream.json'}" + ("" if a.no_plot else " and upstream.png"))
 
 

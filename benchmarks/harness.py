@@ -104,12 +104,32 @@ def parser(doc: str | None = None, **kw: Any) -> argparse.ArgumentParser:
 
 def write_results(name: str, doc: Any, indent: int = 2) -> Path:
     """Write ``doc`` as ``<results>/<name>`` (indented JSON); a dict gets the load average at write time
-    (``load_avg_at_write``) unless it carries its own. Returns the path."""
+    (``load_avg_at_write``) unless it carries its own. Creates the folder. Returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if isinstance(doc, dict):
         doc.setdefault("load_avg_at_write", load())
     path = RESULTS / name
     path.write_text(json.dumps(doc, indent=indent) + "\n")
     return path
+
+
+def write_figure(
+    figure: tuple[str, str, str], machine: dict, rows: list, doc: str | None, method: dict
+) -> Path:
+    """The results file of a benchmark that reproduces a paper's figure, ``figure`` = (file name, benchmark,
+    the paper's figure): ``<name>.json`` holding the benchmark, the figure, the machine, the method (the
+    module's ``doc`` and its settings) and the rows."""
+    name, benchmark, paper = figure
+    return write_results(
+        f"{name}.json",
+        {
+            "benchmark": benchmark,
+            "figure": paper,
+            "machine": machine,
+            "method": {"doc": doc, **method},
+            "rows": rows,
+        },
+    )
 
 
 def pyplot() -> Any:
@@ -122,9 +142,26 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, name: str, dpi: int = 110) -> Path:
-    """Save a figure as ``<results>/<name>`` and close it."""
-    path = RESULTS / name
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Lay the figure out tight, save it as ``path`` and close it."""
+    fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
+
+
+def style_axes(
+    ax: Any, titles: tuple[str, ...], xlabel: str, legend_each: bool = False, suptitle: str | None = None
+) -> None:
+    """The plots' common look: a small title per panel, the shared x label, a light grid, small legends
+    (on every panel, or on the first only), the figure's title if given."""
+    for a, t in zip(ax, titles, strict=True):
+        a.set_title(t, fontsize=9)
+        a.set_xlabel(xlabel)
+        a.grid(alpha=0.3)
+        if legend_each:
+            a.legend(fontsize=8)
+    if not legend_each:
+        ax[0].legend(fontsize=8)
+    if suptitle is not None:
+        ax[0].figure.suptitle(suptitle, fontsize=10)

@@ -29,6 +29,13 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
+def grid(rows: list[dict], spec: str) -> str:
+    """A table from one spec, ``"header={field:format} | ..."`` (format_map on each row), so that a table's
+    columns read as one line each of header and format instead of a header list and a cell list."""
+    cols = [c.split("=", 1) for c in spec.split(" | ")]
+    return table([h for h, _ in cols], [[f.format_map(r) for _, f in cols] for r in rows])
+
+
 def img(name: str) -> str:
     return f"\n![{name}]({name}.png)\n" if (RESULTS / f"{name}.png").exists() else ""
 
@@ -139,17 +146,16 @@ def main() -> None:
                 if "kernel_vs_reference" in d
                 else ""
             ),
-            table(
-                ["variant", "Mpkt/s", "vs lazy", "all runs"],
+            grid(
                 [
-                    [
-                        r["variant"],
-                        f"{r['mpps']:.2f}",
-                        f"{r['mpps'] / d['kernel_mpps']:.2f}",
-                        ", ".join(str(x) for x in r.get("all_mpps", [])),
-                    ]
+                    {
+                        **r,
+                        "vs": r["mpps"] / d["kernel_mpps"],
+                        "runs": ", ".join(str(x) for x in r.get("all_mpps", [])),
+                    }
                     for r in d["rows"]
                 ],
+                "variant={variant} | Mpkt/s={mpps:.2f} | vs lazy={vs:.2f} | all runs={runs}",
             ),
         ]
     if d := load("flush_policies"):
@@ -159,19 +165,10 @@ def main() -> None:
             machine(d),
             f"Largest packet rate sustained without ring drops (ring of {d['ring_slots']:,} slots), "
             "trace-driven paced producer; method in the JSON and in `bench_flush.py`.",
-            table(
-                ["groups", "table", "policy", "sustained Mpkt/s", "worst chunk ms", "vs IOP"],
-                [
-                    [
-                        f"{r['groups']:,}",
-                        f"{r['table']:,}",
-                        r["policy"],
-                        f"{r['sustained_pps'] / 1e6:.2f}",
-                        f"{r['worst_chunk_ms']:.1f}",
-                        f"{r['ratio_vs_iop']:.2f}",
-                    ]
-                    for r in rows
-                ],
+            grid(
+                [{**r, "mpps": r["sustained_pps"] / 1e6} for r in rows],
+                "groups={groups:,} | table={table:,} | policy={policy} | sustained Mpkt/s={mpps:.2f} | "
+                "worst chunk ms={worst_chunk_ms:.1f} | vs IOP={ratio_vs_iop:.2f}",
             ),
             img("flush_policies"),
         ]
@@ -198,17 +195,9 @@ def main() -> None:
             "## Where time goes: each stage",
             machine(d),
             f"{d['packets']:,} packets -> {d['partials']:,} partial records.",
-            table(
-                ["stage", "rate", "ns per packet", "source"],
-                [
-                    [
-                        r["stage"],
-                        f"{r['rate'] / 1e6:.2f} M {r['unit']}/s",
-                        f"{r['ns_per_packet']:.1f}",
-                        r["source"],
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                [{**r, "m": r["rate"] / 1e6} for r in d["rows"]],
+                "stage={stage} | rate={m:.2f} M {unit}/s | ns per packet={ns_per_packet:.1f} | source={source}",
             ),
             img("stages"),
         ]
@@ -221,26 +210,10 @@ def main() -> None:
             f"**{d['spark_records_per_s']:,} records/s** with micro-batches of up to {d['batch_records']:,} "
             f"records; the same processor without Spark: {d['offline_records_per_s']:,} records/s. "
             f"{d['definition']}",
-            table(
-                [
-                    "batch bound (records)",
-                    "batches",
-                    "first batch s (query start)",
-                    "sustained records/s",
-                    "catch-up records/s",
-                    "CPU s",
-                ],
-                [
-                    [
-                        f"{c['batch_records']:,}",
-                        c["batches"],
-                        f"{c['first_batch_seconds']:.2f}",
-                        f"{c['sustained_records_per_s']:,}",
-                        f"{c['catchup_records_per_s']:,}",
-                        f"{c['cpu_seconds']:.1f}",
-                    ]
-                    for c in d.get("configs", [])
-                ],
+            grid(
+                d.get("configs", []),
+                "batch bound (records)={batch_records:,} | batches={batches} | first batch s (query start)={first_batch_seconds:.2f} | "
+                "sustained records/s={sustained_records_per_s:,} | catch-up records/s={catchup_records_per_s:,} | CPU s={cpu_seconds:.1f}",
             ),
         ]
     if d := load("rollup_scale"):
@@ -284,26 +257,10 @@ def main() -> None:
         parts += [
             "## State and latency vs inter-host skew (OOP paper Fig. 1)",
             machine(d),
-            table(
-                [
-                    "skew s",
-                    "variant",
-                    "state rows (mean)",
-                    "Spark state MiB",
-                    "latency s",
-                    "packets missing %",
-                ],
-                [
-                    [
-                        r["skew_s"],
-                        r["variant"],
-                        f"{r['state_rows_mean']:,.0f}",
-                        f"{r['spark_state_mib_mean']:.1f}",
-                        f"{r['latency_mean_s']:.0f}",
-                        f"{r['packets_missing_pct']:.1f}",
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                d["rows"],
+                "skew s={skew_s} | variant={variant} | state rows (mean)={state_rows_mean:,.0f} | "
+                "Spark state MiB={spark_state_mib_mean:.1f} | latency s={latency_mean_s:.0f} | packets missing %={packets_missing_pct:.1f}",
             ),
             img("skew"),
             (
@@ -323,30 +280,11 @@ def main() -> None:
             "OOP = the real high-level processor over per-second partials; IOP = an order-preserving union of "
             "the packet tuples in front of the same roll-up (buffer of 48-B tuples). Peak state (MiB) and the "
             f"OOP/IOP ratio at 40 s skew: {json.dumps(d['oop_vs_iop_state_at_40s'])} (paper: ~0.3).",
-            table(
-                [
-                    "pkt/s per host",
-                    "skew s",
-                    "plan",
-                    "agg rows (mean)",
-                    "buffer tuples (mean)",
-                    "state MiB (mean)",
-                    "peak MiB",
-                    "latency s",
-                ],
-                [
-                    [
-                        f"{r['rate_pkt_per_s']:,}",
-                        r["skew_s"],
-                        r["variant"],
-                        f"{r['agg_rows_mean']:,.0f}",
-                        f"{r['buffer_tuples_mean']:,.0f}",
-                        f"{r['state_mib_mean']:.1f}",
-                        f"{r['state_mib_max']:.1f}",
-                        f"{r['latency_mean_s']:.1f}",
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                d["rows"],
+                "pkt/s per host={rate_pkt_per_s:,} | skew s={skew_s} | plan={variant} | agg rows (mean)={agg_rows_mean:,.0f} | "
+                "buffer tuples (mean)={buffer_tuples_mean:,.0f} | state MiB (mean)={state_mib_mean:.1f} | peak MiB={state_mib_max:.1f} | "
+                "latency s={latency_mean_s:.1f}",
             ),
             img("skew_iop"),
             _skew_iop_sentence(d),
@@ -359,28 +297,11 @@ def main() -> None:
             machine(d),
             "CPU per pane of the paned roll-up (lowwater) and of per-window evaluation (WID without panes), "
             "same input, same windows (checked equal).",
-            table(
-                [
-                    "panes per window",
-                    "records per group per pane",
-                    "paned ms",
-                    "unpaned ms",
-                    "paned / unpaned",
-                    "paned rows",
-                    "unpaned rows",
-                ],
-                [
-                    [
-                        r["panes_per_window"],
-                        f"{r['records_per_group_per_pane']:g}",
-                        f"{r['cpu_ms_per_pane']:.2f}",
-                        f"{un[(r['panes_per_window'], r['records_per_pane'])]['cpu_ms_per_pane']:.2f}",
-                        f"{r['time_ratio_paned_vs_unpaned']:.2f}",
-                        f"{r['rows_mean']:,.0f}",
-                        f"{un[(r['panes_per_window'], r['records_per_pane'])]['rows_mean']:,.0f}",
-                    ]
-                    for r in rows
-                ],
+            grid(
+                [{**r, "un": un[(r["panes_per_window"], r["records_per_pane"])]} for r in rows],
+                "panes per window={panes_per_window} | records per group per pane={records_per_group_per_pane:g} | "
+                "paned ms={cpu_ms_per_pane:.2f} | unpaned ms={un[cpu_ms_per_pane]:.2f} | "
+                "paned / unpaned={time_ratio_paned_vs_unpaned:.2f} | paned rows={rows_mean:,.0f} | unpaned rows={un[rows_mean]:,.0f}",
             ),
             img("panes"),
             _panes_sentence(rows),
@@ -391,30 +312,10 @@ def main() -> None:
             machine(d),
             "Dense 50,000 pkt/s + sparse 0.05 pkt/s host, 1-s windows; virtual time on the real kernel, "
             "punctuation rule and processor (`benchmarks/hostsim.py`).",
-            table(
-                [
-                    "variant",
-                    "windows",
-                    "mean latency s",
-                    "max s",
-                    "idle-wait %",
-                    "peak rows",
-                    "punctuations/s",
-                    "late",
-                ],
-                [
-                    [
-                        r["variant"],
-                        r["windows"],
-                        f"{r['latency_mean_s']:.3f}",
-                        f"{r['latency_max_s']:.3f}",
-                        f"{100 * r['wait_fraction']:.1f}",
-                        f"{r['rows_peak']:,}",
-                        f"{r['punctuations_per_s']:.2f}",
-                        r["late_records"],
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                [{**r, "wait_pct": 100 * r["wait_fraction"]} for r in d["rows"]],
+                "variant={variant} | windows={windows} | mean latency s={latency_mean_s:.3f} | max s={latency_max_s:.3f} | "
+                "idle-wait %={wait_pct:.1f} | peak rows={rows_peak:,} | punctuations/s={punctuations_per_s:.2f} | late={late_records}",
             ),
             img("union"),
             _union_sentence(d["rows"]),
@@ -423,30 +324,11 @@ def main() -> None:
         parts += [
             "## Two dense hosts + one sparse delayed host, sliding count (OOP N3 / dissertation Fig. 8-11)",
             machine(d),
-            table(
-                [
-                    "C delay s",
-                    "variant",
-                    "mean latency s",
-                    "peak rows",
-                    "mean rows",
-                    "punctuations/s",
-                    "late records",
-                    "packets missing",
-                ],
-                [
-                    [
-                        r["delay_s"],
-                        r["variant"],
-                        f"{r['latency_mean_s']:.2f}",
-                        f"{r['rows_peak']:,}",
-                        f"{r['rows_mean']:,.0f}",
-                        f"{r['punctuations_per_s']:.2f}",
-                        r["late_records"],
-                        r["packets_missing"],
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                d["rows"],
+                "C delay s={delay_s} | variant={variant} | mean latency s={latency_mean_s:.2f} | peak rows={rows_peak:,} | "
+                "mean rows={rows_mean:,.0f} | punctuations/s={punctuations_per_s:.2f} | late records={late_records} | "
+                "packets missing={packets_missing}",
             ),
             img("n3"),
             _n3_sentence(d["rows"]),
@@ -455,30 +337,13 @@ def main() -> None:
         parts += [
             "## Disorder inside one stream (dissertation Fig. 6-11 and 6-12)",
             machine(d),
-            table(
+            grid(
                 [
-                    "disorder",
-                    "plan",
-                    "slack ms",
-                    "m",
-                    "mean latency s",
-                    "mean error %",
-                    "wrong results %",
-                    "late packets",
-                ],
-                [
-                    [
-                        r["disorder"],
-                        r["plan"],
-                        "-" if r["slack_ms"] is None else r["slack_ms"],
-                        r["m"] or "-",
-                        f"{r['latency_mean_s']:.3f}",
-                        f"{r['mean_error_pct']:.3f}",
-                        f"{r['wrong_results_pct']:.2f}",
-                        f"{r['late_packets']:,}",
-                    ]
+                    {**r, "slack": "-" if r["slack_ms"] is None else r["slack_ms"], "m": r["m"] or "-"}
                     for r in d["rows"]
                 ],
+                "disorder={disorder} | plan={plan} | slack ms={slack} | m={m} | mean latency s={latency_mean_s:.3f} | "
+                "mean error %={mean_error_pct:.3f} | wrong results %={wrong_results_pct:.2f} | late packets={late_packets:,}",
             ),
             img("disorder"),
             _disorder_sentence(d["rows"]),
@@ -493,30 +358,10 @@ def main() -> None:
             f"(vs the window-aware FIFO {d['inplace_vs_fifo_final_staleness_at_lf4']}); "
             f"**linecutting_vs_inplace_staleness_skewed = {d['linecutting_vs_inplace_staleness_skewed']}** with "
             f"{100 * d['linecutting_throughput_loss_skewed']:.2f} % throughput loss (at LF 4).",
-            table(
-                [
-                    "keys",
-                    "LF",
-                    "policy",
-                    "staleness s",
-                    "delivered",
-                    "overwrites",
-                    "skipped windows",
-                    "max cells",
-                ],
-                [
-                    [
-                        r["distribution"],
-                        r["load_factor"],
-                        r["policy"],
-                        f"{r['staleness_s']:.3f}",
-                        f"{r['delivered']:,}",
-                        f"{r['overwrites']:,}",
-                        r["skipped_windows"],
-                        r["max_cells"],
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                d["rows"],
+                "keys={distribution} | LF={load_factor} | policy={policy} | staleness s={staleness_s:.3f} | delivered={delivered:,} | "
+                "overwrites={overwrites:,} | skipped windows={skipped_windows} | max cells={max_cells}",
             ),
             img("upstream"),
         ]
@@ -524,20 +369,10 @@ def main() -> None:
         parts += [
             "## On-demand punctuation, on request and periodic heartbeats (dense + sparse host, real agents)",
             machine(d),
-            table(
-                ["setting", "windows", "mean latency s", "p50 s", "max s", "punctuations/s", "requests/s"],
-                [
-                    [
-                        r["setting"],
-                        r["windows"],
-                        f"{r['latency_mean_s']:.2f}",
-                        f"{r['latency_p50_s']:.2f}",
-                        f"{r['latency_max_s']:.2f}",
-                        f"{r['punctuations_per_s']:.1f}",
-                        f"{r.get('requests_per_s', 0):.1f}",
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                [{**r, "rq": r.get("requests_per_s", 0)} for r in d["rows"]],
+                "setting={setting} | windows={windows} | mean latency s={latency_mean_s:.2f} | p50 s={latency_p50_s:.2f} | "
+                "max s={latency_max_s:.2f} | punctuations/s={punctuations_per_s:.1f} | requests/s={rq:.1f}",
             ),
             img("on_demand"),
         ]
@@ -557,18 +392,9 @@ def main() -> None:
             parts += [
                 f"{p['packets']:,} packets, {p['groups']:,} groups, {p['data_span_s']:.0f} s, snaplen "
                 f"{p['snaplen']}.{vs}",
-                table(
-                    ["tool", "packets", "seconds", "Mpkt/s", "vs lowwater"],
-                    [
-                        [
-                            r["tool"],
-                            f"{r['packets']:,}",
-                            f"{r['seconds']:.3f}",
-                            f"{r['mpps']:.3f}",
-                            f"{r['ratio_vs_lowwater']:.4f}",
-                        ]
-                        for r in sh["rows"]
-                    ],
+                grid(
+                    sh["rows"],
+                    "tool={tool} | packets={packets:,} | seconds={seconds:.3f} | Mpkt/s={mpps:.3f} | vs lowwater={ratio_vs_lowwater:.4f}",
                 ),
             ]
         parts.append(img("peers"))
@@ -616,19 +442,10 @@ def main() -> None:
             parts += [
                 f"## HyperLogLog error vs memory ({r['distinct']:,} distinct values, {r['seeds']} seeds)",
                 machine(he),
-                table(
-                    ["precision", "registers", "max bytes per (pane, group)", "theory", "rms", "max |error|"],
-                    [
-                        [
-                            x["precision"],
-                            x["registers"],
-                            x["max_record_bytes"],
-                            f"{x['std_error_theory']:.4f}",
-                            f"{x['rms_error']:.4f}",
-                            f"{x['max_abs_error']:.4f}",
-                        ]
-                        for x in r["by_precision"]
-                    ],
+                grid(
+                    r["by_precision"],
+                    "precision={precision} | registers={registers} | max bytes per (pane, group)={max_record_bytes} | "
+                    "theory={std_error_theory:.4f} | rms={rms_error:.4f} | max |error|={max_abs_error:.4f}",
                 ),
             ]
         aw = d.get("parts", {}).get("adaptwid")
@@ -636,26 +453,10 @@ def main() -> None:
             parts += [
                 "## Exact distinct: pane sets vs buffered raw values (AdaptWID, dissertation 6.3)",
                 machine(aw),
-                table(
-                    [
-                        "panes/window",
-                        "value domain",
-                        "rows held (sets)",
-                        "rows held (raw)",
-                        "s (sets)",
-                        "s (raw)",
-                    ],
-                    [
-                        [
-                            c["panes_per_window"],
-                            c["value_domain"],
-                            c["rows_held_pane_sets"],
-                            c["rows_held_raw"],
-                            c["seconds_pane_sets"],
-                            c["seconds_raw_buffer"],
-                        ]
-                        for c in aw["result"]["cases"]
-                    ],
+                grid(
+                    aw["result"]["cases"],
+                    "panes/window={panes_per_window} | value domain={value_domain} | rows held (sets)={rows_held_pane_sets} | "
+                    "rows held (raw)={rows_held_raw} | s (sets)={seconds_pane_sets} | s (raw)={seconds_raw_buffer}",
                 ),
             ]
     if d := load("join"):
@@ -768,32 +569,10 @@ def main() -> None:
             f"rate, one fresh capturer per rate; kernel drops from the capture sockets. **lowwater_vs_pmacctd_"
             f"nodrop_ratio = {d['lowwater_vs_pmacctd_nodrop_ratio']}** (lowwater {d['lowwater_nodrop_pps']:,} "
             f"pkt/s, pmacctd {d['pmacctd_nodrop_pps']:,} pkt/s). {d.get('note', '')}",
-            table(
-                [
-                    "capturer",
-                    "asked",
-                    "senders",
-                    "achieved pkt/s",
-                    "sent",
-                    "counted",
-                    "loss %",
-                    "kernel drops",
-                    "load",
-                ],
-                [
-                    [
-                        r["tool"],
-                        r["asked_pps"],
-                        r["senders"],
-                        f"{r['achieved_pps']:,}",
-                        f"{r['sent']:,}",
-                        f"{r['counted']:,}",
-                        f"{100 * r['loss']:.3f}",
-                        f"{r['kernel_drops']:,}",
-                        f"{r['load_avg']:.1f}",
-                    ]
-                    for r in d["rows"]
-                ],
+            grid(
+                [{**r, "loss_pct": 100 * r["loss"]} for r in d["rows"]],
+                "capturer={tool} | asked={asked_pps} | senders={senders} | achieved pkt/s={achieved_pps:,} | sent={sent:,} | "
+                "counted={counted:,} | loss %={loss_pct:.3f} | kernel drops={kernel_drops:,} | load={load_avg:.1f}",
             ),
             img("live_capture"),
         ]
@@ -804,30 +583,20 @@ def main() -> None:
             f"{d['setup']}. {d['records_per_topic']:,} partial records per run, {d['groups']:,} groups, "
             f"micro-batches <= {d['batch_records']:,} records. **p2_vs_p1 = {d['p2_vs_p1']}** (2 workers), "
             f"p4_vs_p1 {d['p4_vs_p1']}, 2 vs 1 worker at P = 2: {d['w2_vs_w1_at_p2']}. {d.get('limit', '')}",
-            table(
+            grid(
                 [
-                    "workers",
-                    "P",
-                    "records/s sustained",
-                    "batches",
-                    "first batch s",
-                    "executor CPU s",
-                    "executor cores busy",
-                    "records per executor CPU s",
-                ],
-                [
-                    [
-                        r["workers"],
-                        r["partitions"],
-                        f"{r['sustained_records_per_s']:,}",
-                        r["batches"],
-                        r["first_batch_seconds"],
-                        r["executor_cpu_seconds"],
-                        r.get("executor_cores_busy", "-"),
-                        f"{r['records_per_executor_cpu_s']:,}" if "records_per_executor_cpu_s" in r else "-",
-                    ]
+                    {
+                        **r,
+                        "busy": r.get("executor_cores_busy", "-"),
+                        "per_cpu": f"{r['records_per_executor_cpu_s']:,}"
+                        if "records_per_executor_cpu_s" in r
+                        else "-",
+                    }
                     for r in d["rows"]
                 ],
+                "workers={workers} | P={partitions} | records/s sustained={sustained_records_per_s:,} | batches={batches} | "
+                "first batch s={first_batch_seconds} | executor CPU s={executor_cpu_seconds} | executor cores busy={busy} | "
+                "records per executor CPU s={per_cpu}",
             ),
             img("scaling"),
         ]

@@ -110,6 +110,26 @@ RESULT_KINDS: dict[str, ResultKind] = {
     "stddev": ResultKind(float=True, nan=True, fold=_FINAL),
 }
 FLOAT_KINDS = tuple(k for k, r in RESULT_KINDS.items() if r.float)
+_TOTAL_UFUNC = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
+def window_total(total: str, values: np.ndarray, window: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """Per row: the ``total`` (a :class:`ResultKind`'s ``sum``/``min``/``max``) of ``values`` over the
+    ``counted`` rows of its window, vectorised (HAVING's ``total(x)``). A window without a counted row
+    gets the operation's identity (0, or the extreme of the dtype): such rows are never judged by it."""
+    values = np.asarray(values)
+    uniq, inv = np.unique(np.asarray(window), return_inverse=True)
+    op = _TOTAL_UFUNC[total]
+    if total == "sum":
+        init = 0
+    elif values.dtype.kind == "f":
+        init = np.inf if total == "min" else -np.inf
+    else:
+        info = np.iinfo(values.dtype)
+        init = info.max if total == "min" else info.min
+    out = np.full(len(uniq), init, values.dtype)
+    op.at(out, inv[counted], values[counted])
+    return out[inv]
 
 
 @dataclass(frozen=True)

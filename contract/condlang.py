@@ -15,7 +15,14 @@ Grammar::
     cmp    := sum (== != < <= > >=) sum | '(' expr ')'
     sum    := prod (('+' | '-') prod)*
     prod   := unary (('*' | '/') unary)*
-    unary  := '-' unary | NUMBER | AGGREGATE | '(' sum ')'
+    unary  := '-' unary | NUMBER | AGGREGATE | 'total' '(' AGGREGATE ')' | '(' sum ')'
+
+``total(bytes)`` is the window's total of an aggregate over all its groups (dissertation Q6-4, heavy
+hitters: ``bytes >= 0.05 * total(bytes)``); only aggregates whose result kind has a total in
+:data:`contract.aggregates.RESULT_KINDS` (count, sum: the sum; min, max: the extreme) take one. The
+caller evaluates it from a column named :func:`total_column`, one value per row (its window's total):
+the language only says where it is read, the job decides when it is exact (every partition closed
+the window, ``high_level/results/windowtotal.py``).
 
 Division by zero yields NaN (or +-inf), and every comparison with NaN is false, so an ``avg`` of an
 empty group or a ratio over a zero count never fires a rule.
@@ -50,7 +57,7 @@ class ConditionError(ValueError):
 
 @dataclass(frozen=True)
 class Cond:
-    """A node: kind in {'num', 'agg', 'neg', 'arith', 'cmp', 'and', 'or', 'not'}; typ 'num' or 'bool'."""
+    """A node: kind in {'num', 'agg', 'total', 'neg', 'arith', 'cmp', 'and', 'or', 'not'}; typ 'num' or 'bool'."""
 
     kind: str
     typ: str
@@ -73,10 +80,11 @@ def _tokens(src: str) -> list[tuple[str, str, int]]:
 
 
 class _Parser:
-    def __init__(self, src: str, names: Sequence[str]) -> None:
+    def __init__(self, src: str, names: Sequence[str], totals: Sequence[str]) -> None:
         self.toks = _tokens(src)
         self.i = 0
         self.names = tuple(names)
+        self.totals = tuple(totals)
         self.depth = 0
 
     def peek(self) -> tuple[str, str, int]:
@@ -171,11 +179,30 @@ class _Parser:
         if k == "name":
             if t.lower() in _KEYWORDS:
                 raise ConditionError(f"unexpected keyword {t!r}", pos)
+            if t == "total" and self.peek()[:2] == ("op", "("):
+                return self.total(pos)
             if t not in self.names:
                 known = ", ".join(self.names) or "none"
                 raise ConditionError(f"unknown aggregate {t!r} (the query's aggregates: {known})", pos)
             return Cond("agg", "num", (t,), pos)
         raise ConditionError(f"unexpected {t or 'end of condition'!r}", pos)
+
+    def total(self, pos: int) -> Cond:
+        self.take()  # '('
+        k, t, at = self.take()
+        if k != "name" or t not in self.names:
+            known = ", ".join(self.names) or "none"
+            raise ConditionError(f"total() takes one of the query's aggregates ({known})", at)
+        if t not in self.totals:
+            ok = ", ".join(self.totals) or "none here"
+            raise ConditionError(
+                f"total({t}): {t!r} has no window total (aggregates with one: {ok}; a total needs a "
+                "count, sum, min or max aggregate, and no holistic aggregate or landmark window in the query)",
+                at,
+            )
+        if self.take()[1] != ")":
+            raise ConditionError("expected ')' after total's aggregate", self.toks[self.i - 1][2])
+        return Cond("total", "num", (t,), pos)
 
 
 def _bool(node: Cond) -> Cond:
@@ -190,18 +217,31 @@ def _num(node: Cond) -> Cond:
     return node
 
 
-def parse(src: str, aggregates: Sequence[str]) -> Cond:
-    """Parse a condition over the named aggregates, or raise :class:`ConditionError` with the position."""
+def parse(src: str, aggregates: Sequence[str], totals: Sequence[str] = ()) -> Cond:
+    """Parse a condition over the named aggregates (``totals``: those that may appear as ``total(x)``),
+    or raise :class:`ConditionError` with the position."""
     if not isinstance(src, str) or not src.strip():
         raise ConditionError("empty condition", 0)
-    return _Parser(src, aggregates).parse()
+    return _Parser(src, aggregates, totals).parse()
 
 
 def names(node: Cond) -> set[str]:
-    """The aggregates a condition reads."""
-    if node.kind == "agg":
+    """The aggregates a condition reads (its own row's or, in ``total()``, its window's)."""
+    if node.kind in ("agg", "total"):
         return {node.args[0]}
     return set().union(*(names(a) for a in node.args if isinstance(a, Cond)))
+
+
+def totals(node: Cond) -> set[str]:
+    """The aggregates whose window total a condition reads."""
+    if node.kind == "total":
+        return {node.args[0]}
+    return set().union(*(totals(a) for a in node.args if isinstance(a, Cond)))
+
+
+def total_column(name: str) -> str:
+    """The column :func:`evaluate` reads ``total(name)`` from (per row: the total of its window)."""
+    return f"total({name})"
 
 
 _ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide}
@@ -232,6 +272,8 @@ def _eval(node: Cond, cols: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         return np.asarray(a[0])
     if k == "agg":
         return np.asarray(cols[a[0]])
+    if k == "total":
+        return np.asarray(cols[total_column(a[0])])
     if k == "neg":
         return np.negative(_eval(a[0], cols, n))
     if k == "arith":

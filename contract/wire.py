@@ -355,26 +355,14 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
             query, host, incarnation, partition, seq, *vals[:3], stats, sent_upto=_sent_upto(vals)
         )
     if kind == KIND_PUNCT_SHED:
-        _need(view, pos, _PUNCT.size + _COUNT.size, "punctuation with shed panes")
-        vals = _PUNCT.unpack_from(view, pos)
-        (n,) = _COUNT.unpack_from(view, pos + _PUNCT.size)
-        at = pos + _PUNCT.size + _COUNT.size
-        if n == 0 or n > MAX_SHED_RANGES or end - at != 24 * n:
-            raise WireError(f"shed pane ranges: {n} claimed, {end - at} bytes of them")
-        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 3)
+        vals, r = _ranges(view, pos, end, _PUNCT, 3, "shed panes", "shed pane")
         if (r[:, 0] > r[:, 1]).any() or (r[:, 2] < 0).any():
             raise WireError("shed pane ranges need first <= last and records >= 0")
         shed = tuple((int(a), int(b), int(c)) for a, b, c in r.tolist())
-        stats = dict(zip(PUNCT_STATS, vals[3:], strict=True))
-        return Punctuation(query, host, incarnation, partition, seq, vals[0], vals[1], vals[2], stats, shed)
+        stats = dict(zip(PUNCT_STATS, vals[3:11], strict=True))
+        return Punctuation(query, host, incarnation, partition, seq, *vals[:3], stats, shed)
     if kind == KIND_PUNCT_LOSS and version >= 2:
-        _need(view, pos, head.size + _COUNT.size, "punctuation with losses")
-        vals = head.unpack_from(view, pos)
-        (n,) = _COUNT.unpack_from(view, pos + head.size)
-        at = pos + head.size + _COUNT.size
-        if n == 0 or n > MAX_SHED_RANGES or end - at != 32 * n:
-            raise WireError(f"loss ranges: {n} claimed, {end - at} bytes of them")
-        r = np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, 4)
+        vals, r = _ranges(view, pos, end, head, 4, "losses", "loss")
         if (
             (r[:, 0] > r[:, 1]).any()
             or (r[:, 3] < 0).any()
@@ -390,20 +378,34 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
     raise WireError(f"unknown batch kind {kind}")
 
 
+def _ranges(
+    view: memoryview, pos: int, end: int, head: struct.Struct, width: int, body: str, what: str
+) -> tuple[tuple[int, ...], np.ndarray]:
+    """A punctuation's head values and its int64[n, width] table of pane ranges (kinds PUNCT_SHED, PUNCT_LOSS)."""
+    _need(view, pos, head.size + _COUNT.size, f"punctuation with {body}")
+    vals = head.unpack_from(view, pos)
+    (n,) = _COUNT.unpack_from(view, pos + head.size)
+    at = pos + head.size + _COUNT.size
+    if n == 0 or n > MAX_SHED_RANGES or end - at != 8 * width * n:
+        raise WireError(f"{what} ranges: {n} claimed, {end - at} bytes of them")
+    return vals, np.frombuffer(bytes(view[at:end]), dtype="<i8").reshape(n, width)
+
+
 def _sent_upto(vals: tuple[int, ...]) -> int | None:
     """A punctuation's sent_upto from its unpacked head (None: version 1 or 2, or not said)."""
     return None if len(vals) < 12 or vals[11] == NOT_SAID else int(vals[11])
 
 
 # --- partitioning: a stable hash of the group key, identical on every host and process
-# splitmix64's constants, shared with the low level's Numba twin (low_level.jit.splitmix)
+# splitmix64, shared with the low level, which compiles it with Numba (low_level.jit.splitmix)
 MIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX_M2 = np.uint64(0x94D049BB133111EB)
 MIX_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, vectorised (uint64 arithmetic wraps by design)."""
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of a uint64 array (the arithmetic wraps by design). The low level compiles
+    this same function with Numba for one uint64 at a time (``low_level.jit.splitmix``)."""
     x = x ^ (x >> np.uint64(30))
     x = x * MIX_M1
     x = x ^ (x >> np.uint64(27))
@@ -419,7 +421,7 @@ def key_hash(key: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = np.full(key.shape[0], MIX_GOLDEN, dtype=np.uint64)
         for j in range(key.shape[1]):
-            h = _mix(h ^ key[:, j].view(np.uint64)) + MIX_GOLDEN
+            h = mix64(h ^ key[:, j].view(np.uint64)) + MIX_GOLDEN
     return h
 
 

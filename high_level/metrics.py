@@ -112,6 +112,12 @@ class JobMetrics:
         self.having_dropped = Counter(
             "lowwater_job_having_dropped", "Final rows not stored: HAVING was false", ["query"], registry=r
         )
+        self.total_held = Gauge(
+            "lowwater_job_total_held_rows",
+            "Closed-window rows of a query whose HAVING/alerts read total(), held until every partition closed the window",
+            ["query"],
+            registry=r,
+        )
         self.flagged_windows = Counter(
             "lowwater_job_flagged_windows",
             "Short windows flagged (rows or not), per "

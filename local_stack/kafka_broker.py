@@ -670,8 +670,13 @@ class KafkaBroker:
             f"-Dkafka.logs.dir={self.log_dir}",
         ]
 
+    def _quorum(self) -> tuple[str, list[str]]:
+        """The cluster id and quorum flags :meth:`_format` gives: a new id and a one-voter dynamic quorum."""
+        return _kafka_uuid(), ["--standalone"]
+
     def _format(self, java: str, classpath: str) -> None:
-        """`kafka-storage.sh format --standalone`: a new cluster id and a one-voter dynamic quorum."""
+        """`kafka-storage.sh format` of the data directory, with the id and flags of :meth:`_quorum`."""
+        cluster_id, flags = self._quorum()
         cmd = [
             java,
             *self._jvm_opts(),
@@ -680,10 +685,10 @@ class KafkaBroker:
             "kafka.tools.StorageTool",
             "format",
             "--cluster-id",
-            _kafka_uuid(),
+            cluster_id,
             "--config",
             str(self.properties_path),
-            "--standalone",
+            *flags,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.base_dir)
         if proc.returncode != 0:

@@ -9,7 +9,6 @@ die without refusing writes acknowledged by all in-sync replicas (``acks=all``).
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,25 +46,9 @@ class ClusterNode(KafkaBroker):
         )
         return cfg
 
-    def _format(self, java: str, classpath: str) -> None:
-        """`kafka-storage.sh format` with the cluster's id (a static quorum: no --standalone)."""
-        cmd = [
-            java,
-            *self._jvm_opts(),
-            "-cp",
-            classpath,
-            "kafka.tools.StorageTool",
-            "format",
-            "--cluster-id",
-            self.cluster.cluster_id,
-            "--config",
-            str(self.properties_path),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.base_dir)
-        if proc.returncode != 0:
-            raise KafkaBrokerError(
-                f"formatting {self.data_dir} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-            )
+    def _quorum(self) -> tuple[str, list[str]]:
+        """The cluster's id, and no ``--standalone``: a static quorum."""
+        return self.cluster.cluster_id, []
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         if not self.cluster.launching:  # a lone node cannot serve before a quorum of controllers runs

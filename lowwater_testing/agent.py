@@ -38,6 +38,21 @@ def agent_cmd(
     return [*cmd, "--metrics-port", str(metrics_port), *extra]
 
 
+def spawn_agent(
+    cfg: str | Path, source: str, *, text: bool = True, new_session: bool = False, **flags
+) -> subprocess.Popen:
+    """The agent as a running process, run from the repository, its stdout and stderr in one pipe (``text``
+    or bytes); ``new_session`` puts it in a process group of its own. ``flags`` as for :func:`agent_cmd`."""
+    return subprocess.Popen(
+        agent_cmd(cfg, source, **flags),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=text,
+        start_new_session=new_session,
+    )
+
+
 def metrics_text(port: int, timeout: float = 5) -> str:
     """The agent's Prometheus text on ``port`` (``--metrics-port``); "" while it does not answer."""
     try:

@@ -1,17 +1,28 @@
-"""Flow-export fixtures: a pcap whose 5-tuples repeat, softflowd's export of it as received datagrams, and
-NetFlow v9 datagrams built by hand (header, template and data sets, records of ``FIELDS``)."""
+"""Flow-export fixtures: a pcap whose 5-tuples repeat, softflowd's export of it as received datagrams,
+NetFlow v9 datagrams built by hand (header, template and data sets, records of ``FIELDS``), and the
+send/collect loop every end-to-end flow test shares (:func:`flow_agent`, :func:`partials_counts`)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
 import dpkt
 
 from contract import query as Q
-from lowwater_testing.queries import spec
+from contract import wire
+from lowwater_testing.agent import REPO, agent_cmd
+from lowwater_testing.queries import config, query, spec
+from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
 
 
@@ -29,10 +40,7 @@ def flow_pcap(path: Path, n: int, seed: int) -> None:
 
 def softflowd_export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
     """softflowd's export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
+    rx = udp_receiver()
     args = [
         "softflowd",
         "-r",
@@ -57,6 +65,22 @@ def softflowd_export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
         if "Flows exported" in proc.stderr
         else None
     )
+    out = drain(rx)
+    assert out, proc.stderr
+    return out, sent
+
+
+def udp_receiver() -> socket.socket:
+    """A loopback UDP socket with a big buffer (an exporter's burst is not lost) and a 5-s quiet timeout."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(5)
+    return rx
+
+
+def drain(rx: socket.socket) -> list[bytes]:
+    """Every datagram ``rx`` receives until it stays quiet for its timeout; closes it."""
     out = []
     try:
         while True:
@@ -65,8 +89,28 @@ def softflowd_export(pcap: Path, version: str, tmp: Path) -> list[bytes]:
         pass
     finally:
         rx.close()
-    assert out, proc.stderr
-    return out, sent
+    return out
+
+
+def send_datagrams(datagrams: list[bytes], port: int, gap_s: float = 0.0, source: str | None = None) -> None:
+    """Send each datagram to 127.0.0.1:``port``, ``gap_s`` apart, from ``source`` (an exporter's address)
+    when given."""
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if source is not None:
+        tx.bind((source, 0))
+    for x in datagrams:
+        tx.sendto(x, ("127.0.0.1", port))
+        if gap_s:
+            time.sleep(gap_s)
+    tx.close()
+
+
+def free_udp_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 PAIRS_AGGREGATES = ["count as packets", "sum(length) as bytes"]
@@ -81,6 +125,84 @@ def flow_query(size: int = 256, m: int = 2) -> Q.QuerySpec:
         table=size,
         flush={"policy": "lazy", "m": m},
     )
+
+
+def write_flow_config(
+    path: Path, name: str, group_by: list[str], window: str, topic: str, partitions: int
+) -> None:
+    """The end-to-end flow tests' query file: packets and bytes per ``group_by``, a 256-slot table."""
+    config(
+        query(
+            name,
+            group_by=group_by,
+            aggregates=PAIRS_AGGREGATES,
+            window=window,
+            table=256,
+            topic=topic,
+            partitions=partitions,
+        )
+    ).write(path)
+
+
+@dataclass
+class RunningAgent:
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def log_tail(self) -> str:
+        return "".join(self.lines)[-3000:]
+
+
+@contextmanager
+def flow_agent(
+    cfg: Path, source: str, bootstrap: str, *, host: str = "router-1", summary: Path | None = None
+) -> Iterator[RunningAgent]:
+    """``lowwater-agent --source flows:...`` running, ready (it said which source it runs), its log read on
+    (a full pipe would block it); stopped with SIGTERM on leaving. The test asserts ``returncode == 0``."""
+    extra = ("--summary", str(summary)) if summary is not None else ()
+    proc = subprocess.Popen(
+        agent_cmd(cfg, source, host=host, bootstrap=bootstrap, extra=extra),
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    run = RunningAgent(proc)
+    reader = None
+    try:
+        for line in proc.stderr:
+            run.lines.append(line)
+            if "queries, source" in line:
+                break
+        reader = threading.Thread(target=lambda: run.lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        yield run
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        if reader is not None:
+            reader.join(10)
+
+
+def partials_counts(
+    bootstrap: str, topic: str, partitions: int, key_cols: tuple[int, int]
+) -> tuple[Counter, dict[int, int]]:
+    """Packets and bytes per (pane, key[a], key[b]) summed over every Partials batch in the topic, and the
+    last mark per partition."""
+    a, b = key_cols
+    got: Counter = Counter()
+    marks = {}
+    for part, batch in read_all(bootstrap, topic, partitions):
+        if isinstance(batch, wire.Partials):
+            for p, k, s in zip(batch.pane, batch.key, batch.state, strict=True):
+                got[(int(p), int(k[a]), int(k[b]), "packets")] += int(s[0])
+                got[(int(p), int(k[a]), int(k[b]), "bytes")] += int(s[1])
+        else:
+            marks[part] = batch.mark_pane
+    return got, marks
 
 
 def v9(domain: int, sets: list[bytes], clock_s: int = 1_700_000_010, uptime_ms: int = 10_000) -> bytes:

@@ -125,6 +125,19 @@ queries:
 """
 
 
+def handshake_kind(text: str, kind: str, group: str) -> str:
+    """The handshake config ``text`` (HANDSHAKE with its topics or window set) as a ``kind`` join (inner as is;
+    left, anti) grouped by ``group``: with no SYN-ACK on every row it keeps the largest source port instead of
+    the mean latency."""
+    if kind == "inner":
+        return text
+    text = text.replace("    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [{group}]\n")
+    return text.replace(
+        "      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
+        "      - {fn: max, expr: left.src_port, as: max_port}\n",
+    )
+
+
 def sort_rows(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a, np.int64)
     return a[np.lexsort(a.T[::-1])] if len(a) else a

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from lowwater_testing.flows import drain, free_udp_port, udp_receiver
+
 
 def u32(*v: int) -> bytes:
     return b"".join(struct.pack("!I", x) for x in v)
@@ -69,20 +71,9 @@ def datagram(samples: list[bytes], agent: str = "10.9.9.9", sub_agent: int = 0, 
     return u32(5, 1 if len(a) == 4 else 2) + a + u32(sub_agent, seq, 10_000, len(samples)) + b"".join(samples)
 
 
-def free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def sfprobe_export(pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "10.9.9.9") -> list[bytes]:
     """pmacctd's sfprobe export of the pcap, every datagram as received (big socket buffer, nothing lost)."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
+    rx = udp_receiver()
     conf = tmp / "pmacctd.conf"
     conf.write_text(
         "daemonize: false\n"
@@ -93,14 +84,9 @@ def sfprobe_export(pcap: Path, tmp: Path, sampling_rate: int = 1, agent: str = "
         f"sampling_rate: {sampling_rate}\n"
     )
     proc = subprocess.Popen(["pmacctd", "-f", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = []
     try:
-        while True:
-            out.append(rx.recv(65535))
-    except TimeoutError:
-        pass
+        out = drain(rx)
     finally:
-        rx.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         log = proc.communicate(timeout=30)[0].decode(errors="replace")

@@ -131,6 +131,12 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     rows: dict[str, pd.DataFrame] = {}
     batch = 0
 
+    def put(query: str, df: pd.DataFrame, schema: pa.Schema) -> None:
+        """``df`` as the next batch's file of ``query``."""
+        nonlocal batch
+        _write(root, query, batch, df, schema)
+        batch += 1
+
     def frame(ws: datetime, range_s: int, recs: list[dict], kind: str) -> pd.DataFrame:
         df = pd.DataFrame(recs)
         df.insert(0, "window_start", pd.Timestamp(ws))
@@ -166,12 +172,10 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             df["hosts"] = df["hosts_in_mark"] = np.int32(1)
             df["complete"] = False
         if w == 7:
-            _write(root, "q4_pairs", batch, df.iloc[: len(df) // 2], schema)
-            batch += 1
-            _write(root, "q4_pairs", batch, df.iloc[len(df) // 2 :], schema)
+            put("q4_pairs", df.iloc[: len(df) // 2], schema)
+            put("q4_pairs", df.iloc[len(df) // 2 :], schema)
         else:
-            _write(root, "q4_pairs", batch, df, schema)
-        batch += 1
+            put("q4_pairs", df, schema)
         frames.append(df)
         finals.append(df)
         if w in (4, 10):  # corrections for an older window, in a batch of their own
@@ -182,8 +186,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
                 c["packets"] = 100 + i
             corr.append({"src_ip": "10.77.0.1", "dst_ip": "8.8.8.8", "packets": 5})  # correction-only group
             cdf = frame(first + timedelta(minutes=cw), 60, corr, "correction")
-            _write(root, "q4_pairs", batch, cdf, schema)
-            batch += 1
+            put("q4_pairs", cdf, schema)
             frames.append(cdf)
         if w == INCOMPLETE_LATE + 1:  # late partials dropped for one group of the previous window
             ldf = frame(
@@ -194,8 +197,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             )
             ldf["late_partials"] = np.int64(3)
             ldf["complete"] = False
-            _write(root, "q4_pairs", batch, ldf, schema)
-            batch += 1
+            put("q4_pairs", ldf, schema)
             frames.append(ldf)
     rows["q4_pairs"] = pd.concat(frames, ignore_index=True)
 
@@ -221,8 +223,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
                 }
             )
         df = frame(ws, 60, recs, "final")
-        _write(root, "bytes_per_dst24", batch, df, schema)
-        batch += 1
+        put("bytes_per_dst24", df, schema)
         frames.append(df)
         if w == 6:
             lens = np.array([1400, 1450])
@@ -240,8 +241,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
                 ],
                 "correction",
             )
-            _write(root, "bytes_per_dst24", batch, cdf, schema)
-            batch += 1
+            put("bytes_per_dst24", cdf, schema)
             frames.append(cdf)
     rows["bytes_per_dst24"] = pd.concat(frames, ignore_index=True)
 
@@ -258,8 +258,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             ]
             parts.append(frame(ws, 60, recs, "final"))
         df = pd.concat(parts, ignore_index=True)
-        _write(root, "syn_per_port", batch, df, schema)
-        batch += 1
+        put("syn_per_port", df, schema)
         frames.append(df)
     rows["syn_per_port"] = pd.concat(frames, ignore_index=True)
 
@@ -273,8 +272,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
             for p in PORTS
         ]
         df = frame(ws, 60, recs, "final")
-        _write(root, "avg_only", batch, df, schema)
-        batch += 1
+        put("avg_only", df, schema)
         frames.append(df)
     cdf = frame(
         first + timedelta(minutes=5),
@@ -282,7 +280,7 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         [{"src_port": PORTS[0], "avg_len": 9999.0, "min_ttl": 1}],
         "correction",
     )
-    _write(root, "avg_only", batch, cdf, schema)
+    put("avg_only", cdf, schema)
     frames.append(cdf)
     rows["avg_only"] = pd.concat(frames, ignore_index=True)
 

@@ -19,11 +19,10 @@ from contract import wire
 from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout
 from low_level.capture.sources.generator import generate_frames
-from lowwater_testing.agent import agent_cmd
+from lowwater_testing.agent import spawn_agent
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.topics import read_topic
 
-REPO = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
 START = 1_700_000_000 * NS
 PPS = 20_000
@@ -31,13 +30,7 @@ GROUPS = 400
 
 
 def agent(cfg: Path, bootstrap: str, host: str, source: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        agent_cmd(cfg, source, host=host, bootstrap=bootstrap),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    return spawn_agent(cfg, source, text=False, new_session=True, host=host, bootstrap=bootstrap)
 
 
 def test_agent_sigkill_restart_loss_is_bounded_and_reported(kafka, topic_factory, tmp_path: Path) -> None:

@@ -6,11 +6,7 @@ agent and real Kafka."""
 from __future__ import annotations
 
 import ipaddress
-import signal
-import socket
 import struct
-import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,13 +15,19 @@ import numpy as np
 
 from contract import fields as F
 from contract import query as Q
-from contract import wire
 from low_level.flows.source import FlowCollector
 from low_level.kernel.parse import parse_frame
 from lowwater_testing import sflow as S
-from lowwater_testing.agent import agent_cmd
-from lowwater_testing.flows import PAIRS_AGGREGATES, flowset, template, v9
-from lowwater_testing.queries import config, query
+from lowwater_testing.flows import (
+    flow_agent,
+    flowset,
+    free_udp_port,
+    partials_counts,
+    send_datagrams,
+    template,
+    v9,
+    write_flow_config,
+)
 
 NS = 1_000_000_000
 CLOCK_S = 1_700_000_010
@@ -61,6 +63,12 @@ def _one(col: FlowCollector) -> np.ndarray:
     return b.rows[: b.n].copy()
 
 
+def _identity(r: np.ndarray) -> tuple[int, ...]:
+    """Exporter, in and out interface, next hop, source and destination AS, sampling rate of one row."""
+    cols = (F.EXPORTER, F.IFACE, F.OUT_IFACE, F.NEXT_HOP, F.SRC_AS, F.DST_AS, F.SAMPLING_RATE)
+    return tuple(int(r[c]) for c in cols)
+
+
 def test_v5_v9_and_sflow_records_carry_exporter_interfaces_next_hop_as_and_rate() -> None:
     col = FlowCollector()
     # NetFlow v5: one record, sampling 1 in 10 in the header
@@ -90,25 +98,13 @@ def test_v5_v9_and_sflow_records_carry_exporter_interfaces_next_hop_as_and_rate(
     hdr = struct.pack("!HHIIIIBBH", 5, 1, 10_000, CLOCK_S, 0, 1, 0, 0, 10)
     col.feed([hdr + rec], exporter=("127.0.0.2", 2055))
     r = _one(col)[0]
-    assert (r[F.EXPORTER], r[F.IFACE], r[F.OUT_IFACE], r[F.NEXT_HOP]) == (
-        _u32("127.0.0.2"),
-        7,
-        9,
-        _u32("192.0.2.9"),
-    )
-    assert (r[F.SRC_AS], r[F.DST_AS], r[F.SAMPLING_RATE]) == (64500, 64501, 10)
+    assert _identity(r) == (_u32("127.0.0.2"), 7, 9, _u32("192.0.2.9"), 64500, 64501, 10)
     # NetFlow v9 with IEs 10, 14, 15, 16, 17
     tpl = template(300, IDENTITY_FIELDS)
     data = flowset(300, _record(1, 2, 4, 400, 9000, 5, 6, _u32("198.51.100.1"), 65001, 65002))
     col.feed([v9(3, [tpl, data])], exporter=("127.0.0.3", 9999))
     r = _one(col)[0]
-    assert (r[F.EXPORTER], r[F.IFACE], r[F.OUT_IFACE]) == (_u32("127.0.0.3"), 5, 6)
-    assert (r[F.NEXT_HOP], r[F.SRC_AS], r[F.DST_AS], r[F.SAMPLING_RATE]) == (
-        _u32("198.51.100.1"),
-        65001,
-        65002,
-        1,
-    )
+    assert _identity(r) == (_u32("127.0.0.3"), 5, 6, _u32("198.51.100.1"), 65001, 65002, 1)
     # sFlow: the agent address, not the sender; extended router and gateway data for next hop and ASes
     fr = S.frame(_u32("10.1.1.1"), _u32("10.2.2.2"), 1000, 53)
     router = S.u32(1, _u32("203.0.113.7"), 24, 24)
@@ -120,13 +116,7 @@ def test_v5_v9_and_sflow_records_carry_exporter_interfaces_next_hop_as_and_rate(
             exporter=("127.0.0.1", 1),
         )
         r = _one(col)[0]
-        assert (r[F.EXPORTER], r[F.IFACE], r[F.OUT_IFACE]) == (_u32("10.9.9.9"), 11, 12)
-        assert (r[F.NEXT_HOP], r[F.SRC_AS], r[F.DST_AS], r[F.SAMPLING_RATE]) == (
-            _u32("203.0.113.7"),
-            65200,
-            65600,
-            64,
-        )
+        assert _identity(r) == (_u32("10.9.9.9"), 11, 12, _u32("203.0.113.7"), 65200, 65600, 64)
     # packets: 0 in every flow-only column (the full parser writes them)
     row = np.full(F.NFIELDS, -77, np.int64)
     buf = np.frombuffer(fr, np.uint8).copy()
@@ -141,21 +131,9 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
 ) -> None:
     """127.0.0.2 and 127.0.0.3 both export records of ifIndex 5 (and 6) to ``lowwater-agent --source flows:``:
     the partials in Kafka grouped by (exporter, in_iface) are four groups, per window exactly what was sent."""
-    from lowwater_testing.topics import read_all
-
     topic = topic_factory(partitions=1)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "by_iface",
-            group_by=["exporter", "in_iface"],
-            aggregates=PAIRS_AGGREGATES,
-            window="2s",
-            table=256,
-            topic=topic,
-            partitions=1,
-        )
-    ).write(cfg)
+    write_flow_config(cfg, "by_iface", ["exporter", "in_iface"], "2s", topic, 1)
     rng = np.random.default_rng(29)
     sent: dict[str, list[bytes]] = {}
     want: Counter = Counter()
@@ -180,41 +158,13 @@ def test_two_exporters_same_ifindex_group_apart_through_agent_and_kafka(
             sets = ([template(300, IDENTITY_FIELDS)] if g == 0 else []) + [flowset(300, b"".join(recs))]
             grams.append(v9(0, sets))
         sent[exp] = grams
-    port = S.free_udp_port()
-    agent = subprocess.Popen(
-        agent_cmd(
-            cfg, f"flows:127.0.0.1:{port},inactive=15", host="routers", bootstrap=kafka.bootstrap_servers
-        ),
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    rest: list[str] = []
-    reader = None
-    try:
-        for line in agent.stderr:  # ready once it says which source it runs
-            if "queries, source" in line:
-                break
-        reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
-        reader.start()
+    port = free_udp_port()
+    source = f"flows:127.0.0.1:{port},inactive=15"
+    with flow_agent(cfg, source, kafka.bootstrap_servers, host="routers") as agent:
         for exp, grams in sent.items():
-            tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            tx.bind((exp, 0))
-            for x in grams:
-                tx.sendto(x, ("127.0.0.1", port))
-            tx.close()
+            send_datagrams(grams, port, source=exp)
         time.sleep(1.5)
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(60)
-        if reader is not None:
-            reader.join(10)
-    assert agent.returncode == 0, "".join(rest)[-3000:]
-    got: Counter = Counter()
-    for _part, b in read_all(kafka.bootstrap_servers, topic, 1):
-        if isinstance(b, wire.Partials):
-            for p, k, s in zip(b.pane, b.key, b.state, strict=True):
-                got[(int(p), int(k[0]), int(k[1]), "packets")] += int(s[0])
-                got[(int(p), int(k[0]), int(k[1]), "bytes")] += int(s[1])
+    assert agent.returncode == 0, agent.log_tail()
+    got, _ = partials_counts(kafka.bootstrap_servers, topic, 1, (0, 1))
     assert got == want
     assert {(e, i) for _, e, i, _ in got} == {(_u32(e), i) for e in sent for i in (5, 6)}

@@ -7,9 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,19 +21,21 @@ from contract import wire
 from low_level.flows.kernel import FlowKernel
 from low_level.flows.source import FlowCollector
 from low_level.kernel.tables import Tables
-from lowwater_testing.agent import agent_cmd
 from lowwater_testing.flows import (
     FIELDS,
-    PAIRS_AGGREGATES,
+    flow_agent,
     flow_pcap,
     flow_query,
     flow_record,
     flowset,
+    free_udp_port,
+    partials_counts,
+    send_datagrams,
     softflowd_export,
     template,
     v9,
+    write_flow_config,
 )
-from lowwater_testing.queries import config, query
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -49,10 +49,7 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     """nfcapd collects the datagrams, nfdump lists the records: (end ms, src, dst, sport, dport, pkts, bytes)."""
     d = tmp / "nfcapd"
     d.mkdir(exist_ok=True)
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_udp_port()
     cap = subprocess.Popen(
         ["nfcapd", "-p", str(port), "-b", "127.0.0.1", "-w", str(d), "-t", "3600"],
         stdout=subprocess.DEVNULL,
@@ -60,11 +57,7 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     )
     try:
         time.sleep(1.0)
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for x in datagrams:
-            tx.sendto(x, ("127.0.0.1", port))
-            time.sleep(0.0005)
-        tx.close()
+        send_datagrams(datagrams, port, gap_s=0.0005)
         time.sleep(0.5)
     finally:
         cap.terminate()
@@ -317,70 +310,20 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     """softflowd's IPFIX export of a pcap, sent to ``lowwater-agent --source flows:...`` and to nfcapd:
     the partials in Kafka roll up to nfdump's per-window packets and bytes per (src, dst), and the
     closing punctuation covers them."""
-    import signal
-
-    from lowwater_testing.topics import read_all
-
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            aggregates=PAIRS_AGGREGATES,
-            window="2s",
-            table=256,
-            topic=topic,
-            partitions=2,
-        )
-    ).write(cfg)
+    write_flow_config(cfg, "pairs", ["src_ip", "dst_ip"], "2s", topic, 2)
     pcap = tmp_path / "t.pcap"
     flow_pcap(pcap, 5000, seed=12)
     datagrams, _ = softflowd_export(pcap, "10", tmp_path)
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    agent = subprocess.Popen(
-        agent_cmd(
-            cfg,
-            f"flows:127.0.0.1:{port},inactive=15",
-            host="router-1",
-            bootstrap=kafka.bootstrap_servers,
-            extra=("--summary", str(tmp_path / "summary.json")),
-        ),
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    try:
-        for line in agent.stderr:  # ready once it says which source it runs
-            if "queries, source" in line:
-                break
-        rest: list[str] = []  # keep reading its log: a full pipe would block the agent
-        reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
-        reader.start()
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for x in datagrams:
-            tx.sendto(x, ("127.0.0.1", port))
-            time.sleep(0.0005)
-        tx.close()
+    port = free_udp_port()
+    source = f"flows:127.0.0.1:{port},inactive=15"
+    with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
+        send_datagrams(datagrams, port, gap_s=0.0005)
         time.sleep(1.5)
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(60)
-        reader.join(10)
-    assert agent.returncode == 0, "".join(rest)[-3000:]
+    assert agent.returncode == 0, agent.log_tail()
     q = Q.load(cfg).queries[0]
-    got: Counter = Counter()
-    marks = {}
-    for part, b in read_all(kafka.bootstrap_servers, topic, 2):
-        if isinstance(b, wire.Partials):
-            for p, k, s in zip(b.pane, b.key, b.state, strict=True):
-                got[(int(p), int(k[1]), int(k[3]), "packets")] += int(s[0])
-                got[(int(p), int(k[1]), int(k[3]), "bytes")] += int(s[1])
-        else:
-            marks[part] = b.mark_pane
+    got, marks = partials_counts(kafka.bootstrap_servers, topic, 2, (1, 3))
     want: Counter = Counter()
     for ms, sa, da, _sp, _dp, pk, by in _nfdump(datagrams, tmp_path):
         pane = (ms * 1_000_000 - q.window.origin_ns) // q.window.pane_ns

@@ -19,6 +19,7 @@ from lowwater_testing import oracle as simulate
 from lowwater_testing.agent import run_agent
 from lowwater_testing.joins import (
     HANDSHAKE,
+    handshake_kind,
     handshake_messages,
     join_oracle,
     join_window_oracle,
@@ -33,16 +34,7 @@ BAND = 3 * NS
 
 def config(partitions: int, kind: str = "inner", window: str = "{range: 10s}") -> Q.Config:
     text = HANDSHAKE.replace("partitions: 4", f"partitions: {partitions}").replace("range: 1m}", window[1:])
-    text = text.replace("window: {", "window: {") + ""
-    if kind != "inner":
-        text = text.replace(
-            "    group_by: [left.dst_port]\n", f"    type: {kind}\n    group_by: [left.dst_ip]\n"
-        )
-        text = text.replace(
-            "      - {fn: avg, expr: right.timestamp - left.timestamp, as: avg_latency_ns}\n",
-            "      - {fn: max, expr: left.src_port, as: max_port}\n",
-        )
-    return Q.load_text(text)
+    return Q.load_text(handshake_kind(text, kind, "left.dst_ip"))
 
 
 def run_join(

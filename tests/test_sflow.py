@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,12 +18,9 @@ import pytest
 
 from contract import fields as F
 from contract import query as Q
-from contract import wire
 from low_level.flows import decode as D
 from low_level.flows.source import FlowCollector
-from lowwater_testing.agent import agent_cmd
-from lowwater_testing.flows import PAIRS_AGGREGATES, flow_pcap
-from lowwater_testing.queries import config, query
+from lowwater_testing.flows import flow_agent, flow_pcap, partials_counts, write_flow_config
 from lowwater_testing.sflow import (
     Sfacctd,
     counter_sample,
@@ -197,66 +191,26 @@ def test_sflow_agent_to_kafka_matches_sfacctd(rate: int, kafka, topic_factory, t
     """pmacctd/sfprobe's export of a pcap (1-in-``rate``), sent in two bursts to ``lowwater-agent --source
     flows:...`` and to sfacctd (renormalising): the partials in Kafka roll up to sfacctd's totals per
     window (by arrival) and (src, dst); the closing punctuation covers them."""
-    from lowwater_testing.topics import read_all
-
     topic = topic_factory(partitions=2)
     cfg = tmp_path / "q.yaml"
-    config(
-        query(
-            "pairs",
-            group_by=["src_ip", "dst_ip"],
-            aggregates=PAIRS_AGGREGATES,
-            window="4s",
-            table=256,
-            topic=topic,
-            partitions=2,
-        )
-    ).write(cfg)
+    write_flow_config(cfg, "pairs", ["src_ip", "dst_ip"], "4s", topic, 2)
     pcap = tmp_path / "t.pcap"
     flow_pcap(pcap, 4000, seed=12)
     grams = sfprobe_export(pcap, tmp_path, sampling_rate=rate)
     port = free_udp_port()
     peer = Sfacctd(tmp_path, renormalize=False)
-    agent = subprocess.Popen(
-        agent_cmd(
-            cfg,
-            f"flows:127.0.0.1:{port},slack=1",
-            host="router-1",
-            bootstrap=kafka.bootstrap_servers,
-            extra=("--summary", str(tmp_path / "summary.json")),
-        ),
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    rest: list[str] = []
     try:
-        for line in agent.stderr:  # ready once it says which source it runs
-            rest.append(line)
-            if "queries, source" in line:
-                break
-        reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
-        reader.start()
-        time.sleep(1.0)  # sfacctd has no ready line: give it its start
-        q = Q.load(cfg).queries[0]
-        starts = send_in_bursts(grams, [port, peer.port], q.window.pane_ns / NS * 1)
-        time.sleep(1.5)
+        source = f"flows:127.0.0.1:{port},slack=1"
+        with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
+            time.sleep(1.0)  # sfacctd has no ready line: give it its start
+            q = Q.load(cfg).queries[0]
+            starts = send_in_bursts(grams, [port, peer.port], q.window.pane_ns / NS * 1)
+            time.sleep(1.5)
+            stop_ns = time.time_ns()
     finally:
-        stop_ns = time.time_ns()
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(60)
-        reader.join(10)
         log = peer.stop()
-    assert agent.returncode == 0, "".join(rest)[-3000:]
-    got: Counter = Counter()
-    marks = {}
-    for part, b in read_all(kafka.bootstrap_servers, topic, 2):
-        if isinstance(b, wire.Partials):
-            for p, k, s in zip(b.pane, b.key, b.state, strict=True):
-                got[(int(p), int(k[1]), int(k[3]), "packets")] += int(s[0])
-                got[(int(p), int(k[1]), int(k[3]), "bytes")] += int(s[1])
-        else:
-            marks[part] = b.mark_pane
+    assert agent.returncode == 0, agent.log_tail()
+    got, marks = partials_counts(kafka.bootstrap_servers, topic, 2, (1, 3))
     want: Counter = Counter()
     for sa, da, sec, pk, by in peer.rows():
         pane = (sec * NS - q.window.origin_ns) // q.window.pane_ns

@@ -973,9 +973,9 @@ def test_per_frame_source_helpers_have_no_refcount_calls() -> None:
     ring = Ring(16, snaplen=64)
     buf = np.zeros(128, np.uint8)
     i = np.int64(0)
-    assert _refcount_calls(ring_push, *ring.arrays(), buf, i, i, i, i, i) == 0
+    assert _refcount_calls(ring_push, ring.arrays(), buf, i, i, i, i, i) == 0
     scratch = np.zeros(512, np.uint8)
-    assert _refcount_calls(_emit, buf, i, i, i, i, i, scratch, i, i, True, True, i, 1.0, *ring.arrays()) == 0
+    assert _refcount_calls(_emit, buf, i, i, i, i, i, scratch, i, (i, True, True, i, 1.0), ring.arrays()) == 0
     # and it stays a call: Numba's IR inliner would rebind its seven arrays (the 7 Mframes/s version)
     assert _emit.targetoptions.get("inline", "never") == "never"
 

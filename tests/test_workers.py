@@ -26,9 +26,9 @@ from local_stack.kafka_broker import free_port
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
-from lowwater_testing.agent import agent_cmd, write_traffic_pcap
 from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
+from lowwater_testing.agent import spawn_agent, write_traffic_pcap
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, run_job
 from lowwater_testing.topics import read_all
@@ -211,18 +211,12 @@ def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
-    proc = subprocess.Popen(
-        agent_cmd(
-            cfg,
-            f"pcap:{pcap},paced",
-            host="cap-9",
-            bootstrap="127.0.0.1:9",
-            extra=("--workers", "2", "--summary", str(summary)),
-        ),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = spawn_agent(
+        cfg,
+        f"pcap:{pcap},paced",
+        host="cap-9",
+        bootstrap="127.0.0.1:9",
+        extra=("--workers", "2", "--summary", str(summary)),
     )
     try:
         pids = wait_children(proc.pid, 2, timeout=120)
@@ -290,19 +284,13 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
     port = free_port()
-    proc = subprocess.Popen(
-        agent_cmd(
-            cfg,
-            f"afpacket:{host_if},promisc",
-            host="edge-1",
-            bootstrap=kafka.bootstrap_servers,
-            metrics_port=port,
-            extra=("--workers", "2", "--summary", str(summary)),
-        ),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = spawn_agent(
+        cfg,
+        f"afpacket:{host_if},promisc",
+        host="edge-1",
+        bootstrap=kafka.bootstrap_servers,
+        metrics_port=port,
+        extra=("--workers", "2", "--summary", str(summary)),
     )
     try:
         wait_metrics(port, {"edge-1/w0", "edge-1/w1"}, timeout=180)  # both workers joined the group

@@ -74,6 +74,7 @@ from contract.query.model import (
     holistic,
     parse_duration_ns,
     result_names,
+    window_totals,
 )
 from contract.query.selects import SelectSpec
 
@@ -141,4 +142,5 @@ __all__ = [
     "state_columns",
     "subkey_width",
     "uses_enrichment",
+    "window_totals",
 ]

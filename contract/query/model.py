@@ -600,6 +600,15 @@ class QuerySpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _total_window(self) -> QuerySpec:
+        if self.window.landmark_ns is not None and window_totals(self):
+            raise ValueError(
+                "total() needs a sliding or tumbling window: a landmark window's update rows are not a "
+                "closed window's groups"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _alert_labels(self) -> QuerySpec:
         keys = {p.name for p in self.key_parts}
         h = holistic(self)
@@ -629,14 +638,33 @@ def _check_condition(text: str, aggs: list[AggregateSpec] | None) -> None:
     if aggs is None:  # the aggregates themselves are invalid: that error is reported instead
         return
     try:
-        condlang.parse(text, [n for a in aggs for n, _ in a.output_columns()])
+        condlang.parse(text, [n for a in aggs for n, _ in a.output_columns()], _totalled(aggs))
     except condlang.ConditionError as exc:
         raise ValueError(str(exc)) from None
 
 
+def _totalled(aggs: list[AggregateSpec]) -> list[str]:
+    """Result columns that have a window total (their kind's ``total`` in the registry). None in a query
+    with a holistic aggregate: its rows are (group, sub-key) pairs, so a sum over rows is no total."""
+    if any(a.holistic for a in aggs):
+        return []
+    return [n for a in aggs for n, fn in a.output_columns() if A.RESULT_KINDS[fn].total]
+
+
 def condition(q: QuerySpec, text: str) -> condlang.Cond:
     """A validated condition of ``q`` (its HAVING or an alert's ``when``) as an AST."""
-    return condlang.parse(text, result_names(q))
+    return condlang.parse(text, result_names(q), _totalled(q.aggregates))
+
+
+def window_totals(q: QuerySpec) -> dict[str, str]:
+    """Result column -> its total's function (``sum``/``min``/``max``) for every ``total(x)`` that the
+    query's HAVING or alerts read; empty for a query that reads none (its windows are written at close)."""
+    texts = [q.having] if q.having else []
+    used: set[str] = set()
+    for text in [*texts, *(a.when for a in q.alerts)]:
+        used |= condlang.totals(condition(q, text))
+    kinds = {n: fn for a in q.aggregates for n, fn in a.output_columns()}
+    return {n: str(A.RESULT_KINDS[kinds[n]].total) for n in sorted(used)}
 
 
 def result_names(q: QuerySpec) -> list[str]:

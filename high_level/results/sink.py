@@ -29,13 +29,14 @@ import pyarrow.compute as pc
 from contract import query as Q
 from contract import results as R
 from contract import status as S
-from high_level.aggregate.packed import unpack_incomplete, unpack_rows, unpack_windows
+from high_level.aggregate.packed import QueryWindows, unpack_incomplete, unpack_rows, unpack_windows
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
 from high_level.results.compact import Compactor
 from high_level.results.store import ResultStore, generic_table
+from high_level.results.windowtotal import TotalGate
 
 log = logging.getLogger("lowwater.sink")
 _KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
@@ -73,6 +74,9 @@ class ResultSink:
         self.on_batch: list[Callable[[int], object]] = []
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
+        self.totals = TotalGate(
+            store.root, queries
+        )  # HAVING/alerts over total(): rows wait for every partition
         self.last_batch: dict[str, Any] = {}
         self._maintained_ms = 0
         self.store_bytes: int | None = None
@@ -112,6 +116,8 @@ class ResultSink:
         wins, texts = unpack_windows(packed, self.layouts)
         flagged = unpack_incomplete(packed)
         with self._lock:
+            if self.totals.queries:
+                wins = self.gate_totals(batch_id, wins, texts)
             written: dict[str, int] = {}
             if flagged:  # windows known short, rows or not (contract.results: flagged windows)
                 self.store.write_incomplete(batch_id, flagged)
@@ -164,6 +170,27 @@ class ResultSink:
             for done in self.on_batch:
                 done(batch_id)
             return written
+
+    def gate_totals(
+        self, batch_id: int, wins: dict[str, QueryWindows], texts: list[str]
+    ) -> dict[str, QueryWindows]:
+        """Hold the rows of queries whose conditions read a window total until every partition closed
+        their window (:mod:`high_level.results.windowtotal`); the rest pass as they are."""
+        now: dict[str, dict[int, S.PartitionStatus]] = {}
+        for t in texts:
+            st = S.PartitionStatus.model_validate_json(t)
+            if st.query in self.totals.queries:
+                now.setdefault(st.query, {})[st.partition] = st
+        out = dict(wins)
+        for name, q in self.totals.queries.items():
+            seen = {**self.partitions.get(name, {}), **now.get(name, {})}
+            released = self.totals.admit(batch_id, q, wins.get(name), seen)
+            if released is None or not len(released.window):
+                out.pop(name, None)
+            else:
+                out[name] = released
+            self.metrics.total_held.labels(name).set(self.totals.held.get(name, 0))
+        return out
 
     def handle_rows(self, rows: pd.DataFrame | pa.Table, batch_id: int) -> dict[str, int]:
         """Write one batch of generic rows and fold its status rows into the status document + metrics."""

@@ -197,11 +197,20 @@ typed_columns = _typed  # the same typed columns for the live publisher (high_le
 
 
 def _aggregate_columns(q: Q.QuerySpec, typed: pa.Table) -> dict[str, np.ndarray]:
-    """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on)."""
-    return {
+    """The finalized aggregates of typed rows as numpy columns (what conditions are evaluated on), and
+    the window totals the query's conditions read, over the final rows of each window (the sink hands
+    a query with ``total()`` every final row of a window at once: high_level/results/windowtotal.py)."""
+    cols = {
         n: np.asarray(typed[n].to_numpy(), np.float64 if fn in R.FLOAT_FNS else np.int64)
         for n, fn in R.aggregate_columns(q)
     }
+    totals = Q.window_totals(q)
+    if totals:
+        start = np.asarray(typed["window_start"].combine_chunks().cast(pa.int64()).to_numpy(), np.int64)
+        final = np.asarray(pc.equal(typed["kind"], "final").to_numpy(zero_copy_only=False), bool)
+        for n, fn in totals.items():
+            cols[condlang.total_column(n)] = A.window_total(fn, cols[n], start, final)
+    return cols
 
 
 def _json_value(v: object) -> object:

@@ -73,6 +73,7 @@ from high_level.serve import params as P
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
 from high_level.serve.metrics import ApiMetrics, LiveCollector, MetricsMiddleware
+from high_level.serve.ranges import RangeReader
 from high_level.serve.reader import Reader
 from high_level.serve.routes import live, ops, queries, site
 from high_level.serve.service import ApiService, yaml_fragments
@@ -91,7 +92,9 @@ _BEARER = HTTPBearer(
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
-def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: threading.Event) -> None:
+def _warm(
+    reader: Reader, ranges: RangeReader, infos: list[QueryInfo], stop: threading.Event, done: threading.Event
+) -> None:
     try:
         for qi in infos:
             try:
@@ -100,6 +103,11 @@ def _warm(reader: Reader, infos: list[QueryInfo], stop: threading.Event, done: t
                 log.exception("warming the cache for %s failed", qi.name)
     finally:
         done.set()
+    for qi in infos:  # then the tiers' per-file partials (stepped series over months; docs/ranges.md)
+        try:
+            ranges.warm_tiers(qi, stop)
+        except Exception:
+            log.exception("warming the tiers of %s failed", qi.name)
 
 
 def create_app(
@@ -146,7 +154,7 @@ def create_app(
         stop = threading.Event()
         warm = threading.Thread(
             target=_warm,
-            args=(svc.reader, list(svc.infos.values()), stop, svc.warmed),
+            args=(svc.reader, svc.ranges, list(svc.infos.values()), stop, svc.warmed),
             name="lowwater-api-warm",
         )
         warm.start()

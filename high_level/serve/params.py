@@ -7,7 +7,11 @@ that says what was wrong, never a database error, and nothing a user typed is ev
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import ipaddress
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +21,9 @@ from contract.query import parse_duration_ns
 
 DEFAULT_RANGE = timedelta(hours=1)
 MAX_RANGE = timedelta(days=7)
+MAX_STEPPED_RANGE = timedelta(days=400)  # with a step: months (a year of 1d steps, a month of 1m steps)
+MAX_STEPS = 50_000  # buckets of one stepped request
+MIN_STEP = timedelta(seconds=1)
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 MAX_TOP = 1000
@@ -76,8 +83,117 @@ def time_range(
     if s >= e:
         raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
     if e - s > MAX_RANGE:
-        raise ParamError(f"time range {e - s} is longer than the maximum {MAX_RANGE}; narrow start/end")
+        raise ParamError(
+            f"time range {e - s} is longer than the maximum {MAX_RANGE} without a step; narrow start/end, "
+            f"or add a step (e.g. step=1h) to /series, /top or /percentile, which accept up to {MAX_STEPPED_RANGE}"
+        )
     return s, e
+
+
+def parse_step(value: str | None, slide_ns: int) -> int | None:
+    """``step=1h`` -> nanoseconds, a whole multiple of the query's window slide (a bucket holds whole
+    windows) and at least a second; None when not given."""
+    if value is None:
+        return None
+    try:
+        ns = parse_duration_ns(value.strip())
+    except ValueError as exc:
+        raise ParamError(f"step: {exc}") from None
+    if ns < MIN_STEP.total_seconds() * 1e9 or ns > MAX_STEPPED_RANGE.total_seconds() * 1e9:
+        raise ParamError(f"step: {value!r} must be between {MIN_STEP} and {MAX_STEPPED_RANGE}")
+    if ns % slide_ns:
+        raise ParamError(
+            f"step: {value!r} is not a whole multiple of the query's window slide ({slide_ns / 1e9:g}s)"
+        )
+    return ns
+
+
+def stepped_range(
+    start: str | None, end: str | None, step_ns: int, now: datetime, newest: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """The [start, end) of a stepped request, widened to whole steps (start down, end up, aligned to the
+    epoch), at most MAX_STEPPED_RANGE and MAX_STEPS steps long."""
+    if end is not None:
+        e = parse_time("end", end, now)
+    else:
+        e = newest if start is None and newest is not None else now
+    s = parse_time("start", start, now) if start is not None else e - DEFAULT_RANGE
+    if s >= e:
+        raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
+    if e - s > MAX_STEPPED_RANGE:
+        raise ParamError(
+            f"time range {e - s} is longer than the maximum {MAX_STEPPED_RANGE}; narrow start/end"
+        )
+    step_us = step_ns // 1000
+    s_us = int((s - _MIN_TIME) / timedelta(microseconds=1))
+    e_us = int((e - _MIN_TIME) / timedelta(microseconds=1))
+    s_us -= s_us % step_us
+    e_us += -e_us % step_us
+    if (e_us - s_us) // step_us > MAX_STEPS:
+        raise ParamError(
+            f"{(e_us - s_us) // step_us} steps of {step_ns / 1e9:g}s: at most {MAX_STEPS}; use a larger step"
+        )
+    return _MIN_TIME + timedelta(microseconds=s_us), _MIN_TIME + timedelta(microseconds=e_us)
+
+
+def parse_percentile(value: str | None) -> float:
+    """``p=95`` -> 95.0 (0 < p <= 100; default 95, the billing percentile)."""
+    if value is None:
+        return 95.0
+    try:
+        p = float(value)
+    except ValueError:
+        raise ParamError(f"p: {value!r} is not a number (e.g. 95)") from None
+    if not 0 < p <= 100:
+        raise ParamError(f"p: {value!r} must be in (0, 100]")
+    return p
+
+
+def parse_column(name: str, value: str | None, allowed: list[str], default: str) -> str:
+    """An aggregate column named by the user, one of ``allowed`` (additive ones, for sums over windows)."""
+    if value is None:
+        return default
+    col = value.strip()
+    if col not in allowed:
+        raise ParamError(
+            f"{name}: {value!r} is not an additive aggregate column of this query (a sum over windows needs "
+            f"count or sum); use one of {', '.join(allowed) or '(none)'}"
+        )
+    return col
+
+
+# ---- cursor paging: the last row's sort key, tied to the request it pages
+def request_fingerprint(*parts: object) -> str:
+    """A short hash of what a cursor belongs to (query, resolved range, filters, order)."""
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def encode_cursor(fingerprint: str, start_us: int, end_us: int, key: list) -> str:
+    """An opaque cursor: the resolved range (so 'now-1h' does not move between pages) and the sort key."""
+    doc = json.dumps({"f": fingerprint, "s": start_us, "e": end_us, "k": key}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(doc.encode()).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    fingerprint: str
+    start_us: int
+    end_us: int
+    key: list
+
+
+def decode_cursor(value: str) -> Cursor:
+    """The cursor of a previous page; anything that is not one is a 400."""
+    bad = ParamError("cursor: not a cursor this API returned (take next_cursor of the previous page as is)")
+    try:
+        raw = base64.urlsafe_b64decode(value.strip() + "=" * (-len(value.strip()) % 4))
+        doc = json.loads(raw)
+        c = Cursor(str(doc["f"]), int(doc["s"]), int(doc["e"]), list(doc["k"]))
+    except (ValueError, binascii.Error, KeyError, TypeError, UnicodeDecodeError):
+        raise bad from None
+    if not all(v is None or isinstance(v, int | float | str | bool) for v in c.key):
+        raise bad
+    return c
 
 
 @dataclass(frozen=True)

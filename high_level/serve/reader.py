@@ -42,7 +42,7 @@ def _corrections(files: list[FileStats]) -> bool:
     return any(f.kinds is None or bool(f.kinds - {"final"}) for f in files)
 
 
-def _retry_once(fn: Callable[..., T]) -> Callable[..., T]:
+def retry_once(fn: Callable[..., T]) -> Callable[..., T]:
     """A file can vanish or change between listing and reading (retention, a rewrite): on a store
     error, list the directories again and retry once before reporting it."""
 
@@ -65,6 +65,25 @@ class ResultSet:
     rows: list[tuple]
     total: int
     time_columns: frozenset[str]
+    next_key: list | None = None  # cursor paging: the sort key of this page's last row, when more follow
+
+
+def sort_terms(qi: QueryInfo, order: list[OrderTerm]) -> list[tuple[str, bool]]:
+    """The full row order of /results without top: the ordered columns, then window_start and the keys
+    (each once), so every row has a distinct sort key (one row per window and key)."""
+    out: list[tuple[str, bool]] = []
+    for col, desc in [(t.column, t.descending) for t in order] + [
+        (c, False) for c in ("window_start", *qi.key_names)
+    ]:
+        if col not in (c for c, _ in out):
+            out.append((col, desc))
+    return out
+
+
+def sort_key(qi: QueryInfo, order: list[OrderTerm], row: tuple) -> list:
+    """The sort key of one /results row (as :meth:`Reader.results` selects it) for a cursor."""
+    pos = {c: i for i, c in enumerate(qi.output_columns)}
+    return [row[pos[c]] for c, _ in sort_terms(qi, order)]
 
 
 class Reader:
@@ -250,7 +269,7 @@ class Reader:
         return (simple_rows or complex_rows)[offset:need], n_simple + n_complex
 
     # ---- requests
-    @_retry_once
+    @retry_once
     def results(
         self,
         qi: QueryInfo,
@@ -262,6 +281,7 @@ class Reader:
         limit: int,
         offset: int,
         complete: bool | None = None,
+        after: list | None = None,
     ) -> ResultSet:
         """Folded rows of windows with window_start in [start, end), optionally top-N per window, one page.
 
@@ -271,7 +291,8 @@ class Reader:
         come grouped by window (ascending unless ``order`` says ``-window_start``) in rank order, with
         a ``rank`` column. ``complete``: only complete (True) or incomplete (False) rows, decided
         after folding (a late row makes its group incomplete); with ``top`` the groups are ranked
-        among those rows.
+        among those rows. ``after`` (cursor paging, without ``top``): the sort key of the previous page's
+        last row (:func:`sort_key`); the page starts after it, and ``next_key`` is set when more follow.
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
         columns = list(qi.output_columns) + (["rank"] if top else [])
@@ -316,12 +337,24 @@ class Reader:
                 folded = S.only_complete(folded, complete, params)
                 order_sql = [f"{S.q(t.column)} {'DESC' if t.descending else 'ASC'} NULLS LAST" for t in order]
                 order_sql += ["window_start", *keys]
+                page = folded
+                if after is not None:
+                    params["limit"] = limit + 1  # one more row says whether another page follows
+                    page = (
+                        f"(SELECT * FROM {folded} WHERE {S.after_sql(sort_terms(qi, order), after, params)})"
+                    )
                 sql = (
-                    f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {folded}"
+                    f"WITH _ AS (SELECT 1){ctes} SELECT {', '.join(sel)}, NULL FROM {page}"
                     f" ORDER BY {', '.join(order_sql)} LIMIT $limit OFFSET $offset"
                 )
                 count_sql = f"WITH _ AS (SELECT 1){ctes} SELECT count(*) FROM {folded}"
             rows = self._exec(cur, sql, params)
+            if after is not None:
+                more = len(rows) > limit
+                rows = rows[:limit]
+                total = int(self._exec(cur, count_sql, params)[0][0])
+                nxt = sort_key(qi, order, rows[-1]) if more else None
+                return ResultSet(columns, [r[:-1] for r in rows], total, times, nxt)
             if top and rows:
                 total = int(rows[0][-1])
             elif len(rows) < limit and (rows or not offset):
@@ -330,9 +363,13 @@ class Reader:
                 total = int(self._exec(cur, count_sql, params)[0][0])
         finally:
             cur.close()
-        return ResultSet(columns, [r[:-1] for r in rows], total, times)
+        rows = [r[:-1] for r in rows]
+        nxt = None
+        if not top and rows and offset + len(rows) < total:
+            nxt = sort_key(qi, order, rows[-1])
+        return ResultSet(columns, rows, total, times, nxt)
 
-    @_retry_once
+    @retry_once
     def series(
         self,
         qi: QueryInfo,
@@ -341,7 +378,8 @@ class Reader:
         filters: list[KeyFilter],
         complete: bool | None = None,
     ) -> ResultSet:
-        """Per window over all (filtered) groups: the number of groups and each aggregate's total.
+        """Per window over all (filtered) groups: the number of groups and each aggregate's total
+        (per step over long ranges: :mod:`high_level.serve.ranges`).
 
         Totals need no per-group folding, so this is one pass over finals and corrections together:
         count/sum add up, min/max take the min/max, avg is the count-weighted mean when the query has a
@@ -350,6 +388,7 @@ class Reader:
         window is ``complete`` when every final and late row of it is (``complete`` filters on that);
         ``incomplete_groups`` counts its groups that are not, ``hosts_in_mark`` is the smallest and
         ``hosts_expected`` the largest over its rows (Kafka partitions), ``missing_records`` the largest.
+
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
         columns = [
@@ -384,7 +423,7 @@ class Reader:
         cur = self.db.cursor()
         try:
             src = self._source(cur, qi, files)
-            params = {**src.params, "start": start, "end": end}
+            params = {**src.params, "start": start, "end": end, "s_us": us_of(start)}
             having = ""
             if complete is not None:
                 params["complete"] = complete
@@ -398,7 +437,7 @@ class Reader:
             cur.close()
         return ResultSet(columns, rows, len(rows), times)
 
-    @_retry_once
+    @retry_once
     def latest_window(self, qi: QueryInfo) -> datetime | None:
         """window_start of the newest window that has a final row (None if the store has none).
 

@@ -21,6 +21,7 @@ import yaml
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response
 
+from contract import results as R
 from contract.query import Config
 from high_level.live.hub import LiveHub
 from high_level.serve.alerts import AlertReader
@@ -28,7 +29,9 @@ from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import IncompleteReader
 from high_level.serve.metrics import ApiMetrics
 from high_level.serve.netnames import NetNames
+from high_level.serve.ranges import RangeReader
 from high_level.serve.reader import Reader, ResultSet
+from high_level.serve.tierpick import TierOption
 from high_level.serve.timefmt import iso_of_us
 
 
@@ -91,6 +94,7 @@ class ApiService:
     net_names: NetNames = field(init=False)
     alert_reader: AlertReader = field(init=False)
     flagged: IncompleteReader = field(init=False)  # windows known short, rows or not (contract.results)
+    ranges: RangeReader = field(init=False)  # stepped series and top-N over long ranges
     warmed: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -98,6 +102,7 @@ class ApiService:
         self.net_names = NetNames(self.cfg.networks)
         self.alert_reader = AlertReader(self.results)
         self.flagged = IncompleteReader(self.results)
+        self.ranges = RangeReader(self.reader)
 
     def info(self, name: str) -> QueryInfo:
         """The query called ``name``, or 404 naming the known ones."""
@@ -105,6 +110,14 @@ class ApiService:
         if qi is None:
             raise HTTPException(404, f"unknown query {name!r}; known: {', '.join(self.infos)}")
         return qi
+
+    def tier_options(self, qi: QueryInfo) -> list[TierOption]:
+        """The roll-up tiers the query keeps, with their retention (contract.results)."""
+        spec = qi.spec
+        return [
+            TierOption(n, w, R.retention_ns(spec, n))
+            for n, w in zip(spec.tier_names, spec.tiers, strict=True)
+        ]
 
     @staticmethod
     def now() -> datetime:

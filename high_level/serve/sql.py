@@ -56,9 +56,10 @@ class Source:
     wkh: str = "_wkh"  # the window-and-key hash: a column, or an expression computed where needed
 
 
-def parquet_source(qi: QueryInfo, paths: list[str]) -> Source:
-    """The files read by DuckDB directly: their columns are exactly the contract's (the index checked)."""
-    cols = ", ".join(q(f.name) for f in qi.schema)
+def parquet_source(qi: QueryInfo, paths: list[str], extra: list[str] | None = None) -> Source:
+    """The files read by DuckDB directly: their columns are exactly the contract's (the index checked);
+    ``extra``: more columns of a tier file (:func:`contract.results.tier_schema`)."""
+    cols = ", ".join(q(c) for c in [*(f.name for f in qi.schema), *(extra or [])])
     rel = f"(SELECT {cols} FROM read_parquet($files, hive_partitioning = false))"
     return Source(rel, {"files": paths}, False, key_hash(qi))
 
@@ -241,3 +242,34 @@ def ranked_sql(
         f"WITH _ AS (SELECT 1){ctes}, ranked AS (SELECT *, row_number() OVER (PARTITION BY window_start"
         f" ORDER BY {v} {rdir} NULLS LAST{keys}) AS rank FROM {cand} QUALIFY rank <= {n})"
     )
+
+
+TIME_COLUMNS = frozenset({"window_start", "window_end", "closed_at"})
+
+
+def _value(column: str) -> str:
+    """A sort column as the cursor holds it (timestamps as epoch microseconds)."""
+    return f"epoch_us({q(column)})" if column in TIME_COLUMNS else q(column)
+
+
+def after_sql(terms: list[tuple[str, bool]], key: list, params: dict[str, Any]) -> str:
+    """Rows strictly after ``key`` in the order of ``terms`` ((column, descending), NULLS LAST each):
+    the keyset condition of cursor paging, expanded lexicographically (mixed directions and NULLs)."""
+    cond = "FALSE"
+    for i in range(len(terms) - 1, -1, -1):
+        col, desc = terms[i]
+        x, v = _value(col), key[i]
+        if v is None:
+            strictly, equal = "FALSE", f"{x} IS NULL"
+        else:
+            params[f"c{i}"] = v
+            strictly = f"({x} {'<' if desc else '>'} $c{i} OR {x} IS NULL)"
+            equal = f"{x} = $c{i}"
+        cond = f"({strictly} OR ({equal} AND {cond}))"
+    return cond
+
+
+def bucket_sql(step_us: int) -> str:
+    """The start (epoch us) of a window's step bucket; buckets are aligned to ``$s_us`` (itself aligned
+    to the epoch by :func:`high_level.serve.params.stepped_range`)."""
+    return f"(epoch_us(window_start) - (epoch_us(window_start) - $s_us) % {int(step_us)})"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from low_level.capture.ring import HEAD, TAIL, Ring, ring_push
+from low_level.capture.ring import HEAD, TAIL, Ring, RingArrays, ring_full, ring_push
 from low_level.capture.sources.afpacket import SOL_PACKET, AfPacketSource
 from low_level.capture.sources.base import NST_BASE, Backoff, Source
 from low_level.jit.splitmix import GOLDEN as _GOLD
@@ -109,27 +109,10 @@ def share_of(b: np.ndarray, snaplen: int, caplen: np.ndarray, n: int) -> np.ndar
 
 
 @njit(cache=True, nogil=True)
-def share_move(
-    sframes,
-    ssnap,
-    scaplen,
-    swirelen,
-    sts,
-    siface,
-    sctr,
-    frames,
-    snaplen,
-    caplen,
-    wirelen,
-    tss,
-    iface,
-    ctr,
-    n,
-    index,
-    st,
-) -> int:
+def share_move(staging: RingArrays, ring: RingArrays, n: int, index: int, st: np.ndarray) -> int:
     """Move the staging ring's frames of worker ``index`` (``flow_hash % n``) into the worker's ring and
     skip the others; stops, without dropping, when the worker's ring is full. Returns frames consumed."""
+    sframes, ssnap, scaplen, swirelen, sts, siface, sctr = staging
     nsl = scaplen.shape[0]
     tail = sctr[TAIL]
     head = sctr[HEAD]
@@ -141,23 +124,9 @@ def share_move(
         base = slot * ssnap
         cap = scaplen[slot]
         if flow_hash(sframes, base, cap) % un == ui:
-            if ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
+            if ring_full(ring):
                 break
-            ring_push(
-                frames,
-                snaplen,
-                caplen,
-                wirelen,
-                tss,
-                iface,
-                ctr,
-                sframes,
-                base,
-                cap,
-                swirelen[slot],
-                sts[slot],
-                siface[slot],
-            )
+            ring_push(ring, sframes, base, cap, swirelen[slot], sts[slot], siface[slot])
             kept += 1
         else:
             others += 1
@@ -198,7 +167,7 @@ class ShareSource(Source):
         src, dst = self.staging.arrays(), self.ring.arrays()
         while not self._stop_evt.is_set():
             ended = not self.inner.running  # read before moving: what it pushed before ending is moved below
-            moved = share_move(*src, *dst, self.count, self.index, self._st)
+            moved = share_move(src, dst, self.count, self.index, self._st)
             if self.staging.fill == 0 and ended:
                 if self.inner.error is not None:
                     raise RuntimeError(f"shared {self.inner.kind} source failed: {self.inner.error!r}")

@@ -15,6 +15,8 @@ sequence the consumer reads) only by the consumer.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from llvmlite import ir as llir
 from numba import njit, types
@@ -28,6 +30,21 @@ HEAD, TAIL, DROPS, CAPTURED, BYTES, TRUNCATED, DROP_TS_MIN, DROP_TS_MAX = 0, 1, 
 NCTR = 8
 NO_DROP_MIN, NO_DROP_MAX = np.iinfo(np.int64).max, np.iinfo(np.int64).min  # no drop since last taken
 DEFAULT_SNAPLEN = 128  # enough for Ethernet + 2 VLAN tags + IPv6 with extension headers + TCP
+
+
+class RingArrays(NamedTuple):
+    """What a Numba producer gets of a ring (:meth:`Ring.arrays`): one argument instead of seven.
+
+    In a loop, take the arrays it reads out first (``ctr = ring.ctr``): each ``ring.ctr`` is a new
+    reference, an atomic incref/decref pair where it stands."""
+
+    frames: np.ndarray
+    snaplen: int
+    caplen: np.ndarray
+    wirelen: np.ndarray
+    ts: np.ndarray
+    iface: np.ndarray
+    ctr: np.ndarray
 
 
 class Ring:
@@ -85,9 +102,9 @@ class Ring:
         self.ctr[DROP_TS_MIN], self.ctr[DROP_TS_MAX] = NO_DROP_MIN, NO_DROP_MAX
         return None if lo == NO_DROP_MIN else (lo, hi)
 
-    def arrays(self) -> tuple:
-        """The arrays a Numba producer needs, in the order of :func:`ring_push`."""
-        return (self.frames, self.snaplen, self.caplen, self.wirelen, self.ts, self.iface, self.ctr)
+    def arrays(self) -> RingArrays:
+        """The arrays a Numba producer needs (:func:`ring_push`'s first argument)."""
+        return RingArrays(self.frames, self.snaplen, self.caplen, self.wirelen, self.ts, self.iface, self.ctr)
 
 
 @intrinsic
@@ -189,23 +206,38 @@ def prefetch_read(typingctx, src, off):
 
 
 @njit(cache=True, nogil=True)
-def ring_push(frames, snaplen, caplen, wirelen, ts, iface, ctr, src, off, n, orig_len, ts_ns, ifidx) -> bool:
-    """Copy one frame (``src[off:off+n]``) into the ring; False (and a counted drop) when full."""
-    return ring_push_from(
-        frames, snaplen, caplen, wirelen, ts, iface, ctr, src, src, off, n, orig_len, ts_ns, ifidx
-    )
+def pin_ring(ring: RingArrays) -> int:
+    """:func:`~low_level.jit.refcount.pin` of a ring's arrays, for a per-frame helper that passes them on."""
+    return ring.caplen.shape[0]
 
 
 @njit(cache=True, nogil=True)
-def ring_push_from(
-    frames, snaplen, caplen, wirelen, ts, iface, ctr, src, alt, off, n, orig_len, ts_ns, ifidx
-) -> bool:
+def ring_full(ring: RingArrays) -> bool:
+    """Whether the producer has no free slot (a waiting producer stops here rather than drop)."""
+    full = ring.ctr[HEAD] - ring.ctr[TAIL] >= ring.caplen.shape[0]
+    pin_ring(ring)
+    return full
+
+
+@njit(cache=True, nogil=True)
+def ring_push(ring: RingArrays, src, off, n, orig_len, ts_ns, ifidx) -> bool:
+    """Copy one frame (``src[off:off+n]``) into the ring; False (and a counted drop) when full.
+
+    The one push every producer calls (generator, AF_PACKET, fanout share, pcap through
+    :func:`ring_push_from`); Numba compiles it into the caller's loop, so the call costs nothing per frame.
+    """
+    return ring_push_from(ring, src, src, off, n, orig_len, ts_ns, ifidx)
+
+
+@njit(cache=True, nogil=True)
+def ring_push_from(ring: RingArrays, src, alt, off, n, orig_len, ts_ns, ifidx) -> bool:
     """:func:`ring_push` of ``src[off:off+n]``, or with ``off`` -1 of ``alt[0:n]`` (a frame a source rebuilt,
     as the pcap replay does for link layers other than Ethernet): one call site either way.
 
-    One exit, with every array used last there (``_keep``): Numba's refcount pruning then drops the
+    One exit, with every array used last there (``pin``): Numba's refcount pruning then drops the
     atomic incref/decref pair per array and call, which otherwise cost sources a quarter of their time.
     """
+    frames, snaplen, caplen, wirelen, ts, iface, ctr = ring
     nslots = caplen.shape[0]
     head = ctr[HEAD]
     ok = head - ctr[TAIL] < nslots

@@ -14,15 +14,30 @@ from contract import aggregates as A
 from contract import results as R
 from contract.query import NS, QuerySpec
 from high_level.serve import params as P
+from high_level.serve import tierpick
 from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import SERIES_COLUMNS, merge_series
-from high_level.serve.reader import ResultSet
+from high_level.serve.ranges import nearest_rank_over_steps
+from high_level.serve.reader import ResultSet, sort_terms
 from high_level.serve.service import ApiService
-from high_level.serve.timefmt import iso_of_us, us_of
+from high_level.serve.timefmt import EPOCH, iso_of_us, us_of
 
-_RESULTS_PARAMS = {"start", "end", "filter", "order_by", "top", "limit", "offset", "format", "complete"}
+_RESULTS_PARAMS = {
+    "start",
+    "end",
+    "filter",
+    "order_by",
+    "top",
+    "limit",
+    "offset",
+    "format",
+    "complete",
+    "cursor",
+}
 _LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format", "complete"}
-_SERIES_PARAMS = {"start", "end", "filter", "format", "complete"}
+_SERIES_PARAMS = {"start", "end", "filter", "format", "complete", "step"}
+_TOP_PARAMS = {"start", "end", "filter", "format", "step", "by", "n"}
+_PERCENTILE_PARAMS = {"start", "end", "filter", "step", "column", "p"}
 _INCOMPLETE_PARAMS = {"start", "end"}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
@@ -40,7 +55,7 @@ End = Annotated[
     Query(
         description="End of the range (exclusive). Default: the end of the query's newest closed window when start "
         "is not given either (a replayed or stopped capture still shows its last hour), else now. The "
-        "range may span at most 7 days.",
+        "range may span at most 7 days without a step, 400 days with one (series, top, percentile).",
         max_length=64,
     ),
 ]
@@ -68,7 +83,32 @@ Top = Annotated[
     int | None, Query(ge=1, le=P.MAX_TOP, description=f"Top-N groups per window (1..{P.MAX_TOP}).")
 ]
 Limit = Annotated[int, Query(ge=1, le=P.MAX_LIMIT, description=f"Page size (1..{P.MAX_LIMIT}).")]
-Offset = Annotated[int, Query(ge=0, le=P.MAX_OFFSET, description="Rows to skip (paging).")]
+Offset = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=P.MAX_OFFSET,
+        description="Rows to skip (offset paging, kept for compatibility; prefer cursor for large results).",
+    ),
+]
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=4096,
+        description="Cursor paging (without top): paging.next_cursor of the previous page, as is. The page "
+        "starts after that page's last row; the cursor pins the range the first page resolved, so "
+        "relative times do not move. Not with offset.",
+    ),
+]
+Step = Annotated[
+    str | None,
+    Query(
+        max_length=32,
+        description="Bucket width ('5m', '1h', '1d'), a multiple of the query's slide. Allows ranges of up "
+        f"to {P.MAX_STEPPED_RANGE.days} days; start/end widen to whole steps; picks the stored tier "
+        "(the coarsest not coarser than the step that still covers the range; else raw windows).",
+    ),
+]
 Format = Annotated[Literal["json", "csv"], Query(alias="format", description="json (default) or csv.")]
 Complete = Annotated[
     str | None,
@@ -160,6 +200,31 @@ def _check_params(request: Request, allowed: set[str]) -> list[tuple[str, str]]:
     return keys
 
 
+def _check_cursor_key(qi: QueryInfo, order: list[P.OrderTerm], key: list) -> None:
+    """A cursor's sort key must fit the request's sort columns (one value each, of the column's type)."""
+    terms = sort_terms(qi, order)
+    kinds = qi.key_kinds
+    ok = len(key) == len(terms)
+    for (col, _), v in zip(terms, key, strict=False):
+        if v is None:
+            continue
+        if kinds.get(col) == "ip":
+            ok = ok and isinstance(v, str)
+        elif col in kinds or col in ("window_start", "window_end"):
+            ok = ok and isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = ok and isinstance(v, int | float) and not isinstance(v, bool)
+    if not ok:
+        raise P.ParamError(
+            "cursor: not a cursor this API returned (take next_cursor of the previous page as is)"
+        )
+
+
+def _additive(qi: QueryInfo) -> list[str]:
+    """The aggregate columns that add up over windows (count, sum): what a range sum or percentile takes."""
+    return [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
+
+
 def router(svc: ApiService) -> APIRouter:
     r = APIRouter()
 
@@ -188,14 +253,36 @@ def router(svc: ApiService) -> APIRouter:
         offset: Offset = 0,
         fmt: Format = "json",
         complete: Complete = None,
+        cursor: Cursor = None,
     ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
-        s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
-        rs = svc.reader.results(qi, s, e, flt, order, top, limit, offset, only)
+        fp = P.request_fingerprint(name, [f"{f.column}:{f.text}" for f in flt], order_by, only)
+        after = None
+        if cursor is not None:
+            if top is not None or offset:
+                raise P.ParamError("cursor: not with top or offset (cursor paging pages rows without top)")
+            cur = P.decode_cursor(cursor)
+            if cur.fingerprint != fp:
+                raise P.ParamError(
+                    "cursor: it belongs to another request (query, filter, order_by, complete)"
+                )
+            _check_cursor_key(qi, order, cur.key)
+            s, e, after = (
+                EPOCH + timedelta(microseconds=cur.start_us),
+                EPOCH + timedelta(microseconds=cur.end_us),
+                cur.key,
+            )
+        else:
+            s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
+        rs = svc.reader.results(qi, s, e, flt, order, top, limit, offset, only, after)
+        paging = svc.paging(rs, limit, offset)
+        paging["next_cursor"] = (
+            None if rs.next_key is None else P.encode_cursor(fp, us_of(s), us_of(e), rs.next_key)
+        )
         body = {
             "query": name,
             "start": iso_of_us(us_of(s)),
@@ -204,7 +291,7 @@ def router(svc: ApiService) -> APIRouter:
             "order_by": order_by,
             "filters": [f"{f.column}:{f.text}" for f in flt],
             "complete": only,
-            "paging": svc.paging(rs, limit, offset),
+            "paging": paging,
         }
         return svc.respond(body, rs, fmt, f"{name}-results", qi)
 
@@ -263,9 +350,13 @@ def router(svc: ApiService) -> APIRouter:
         filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
         fmt: Format = "json",
         complete: Complete = None,
+        step: Step = None,
     ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _SERIES_PARAMS)
+        step_ns = P.parse_step(step, qi.spec.window.slide)
+        if step_ns:
+            return _stepped_series(request, qi, start, end, filters, keys, fmt, complete, step_ns)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
         flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
         only = P.parse_complete(complete)
@@ -285,6 +376,156 @@ def router(svc: ApiService) -> APIRouter:
             "complete": only,
         }
         return svc.respond(body, rs, fmt, f"{name}-series")
+
+    def _stepped(qi: QueryInfo, start: str | None, end: str | None, step_ns: int) -> tuple:
+        s, e = P.stepped_range(start, end, step_ns, svc.now(), svc.newest_end(qi, start, end))
+        tier = tierpick.choose(svc.tier_options(qi), us_of(s) * 1000, step_ns, us_of(svc.now()) * 1000)
+        return s, e, tierpick.RAW if tier is None else tier.name
+
+    def _stepped_series(
+        request: Request,
+        qi: QueryInfo,
+        start: str | None,
+        end: str | None,
+        filters: list[str],
+        keys: list[tuple[str, str]],
+        fmt: str,
+        complete: str | None,
+        step_ns: int,
+    ) -> Response:
+        """/series with a step: one row per bucket; a bucket holding a flagged window is incomplete."""
+        s, e, tier = _stepped(qi, start, end, step_ns)
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        only = P.parse_complete(complete)
+        step_us = step_ns // 1000
+        rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
+        flagged = {(w - us_of(s)) // step_us for w in svc.flagged.per_window(qi.name, us_of(s), us_of(e))}
+        ic = rs.columns.index("complete")
+        rows = []
+        for r in rs.rows:
+            row = list(r)
+            if (row[0] - us_of(s)) // step_us in flagged:
+                row[ic] = False
+            if only is None or row[ic] == only:
+                rows.append(tuple(row))
+        rs = ResultSet(rs.columns, rows, len(rows), rs.time_columns)
+        body = {
+            "query": qi.name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "step": _fmt_s(step_ns),
+            "step_ns": step_ns,
+            "tier": tier,
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "complete": only,
+        }
+        return svc.respond(body, rs, fmt, f"{qi.name}-series")
+
+    @r.get(
+        "/queries/{name}/top",
+        summary="Top-N groups over a range: the sum of an additive column over its windows",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
+    def top_(
+        request: Request,
+        name: str,
+        start: Start = None,
+        end: End = None,
+        filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+        step: Step = None,
+        by: Annotated[
+            str | None,
+            Query(
+                max_length=200,
+                description="The additive (count or sum) column to rank by; default the first.",
+            ),
+        ] = None,
+        n: Annotated[int, Query(ge=1, le=P.MAX_TOP, description=f"How many groups (1..{P.MAX_TOP}).")] = 10,
+        fmt: Format = "json",
+    ) -> Response:
+        qi = svc.info(name)
+        keys = _check_params(request, _TOP_PARAMS)
+        adds = _additive(qi)
+        col = P.parse_column("by", by, adds, adds[0] if adds else "")
+        if not col:
+            raise P.ParamError(f"query {name!r} has no count or sum aggregate to rank by over a range")
+        step_ns = P.parse_step(step, qi.spec.window.slide)
+        if step_ns:
+            s, e, tier = _stepped(qi, start, end, step_ns)
+        else:
+            s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
+            tier = tierpick.RAW
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        rs = svc.ranges.range_top(qi, s, e, flt, col, n, tier)
+        body = {
+            "query": name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "step": None if step_ns is None else _fmt_s(step_ns),
+            "tier": tier,
+            "by": col,
+            "n": n,
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+        }
+        return svc.respond(body, rs, fmt, f"{name}-top", qi)
+
+    @r.get(
+        "/queries/{name}/percentile",
+        summary="Billing-style percentile of a series: per step, then the p-th percentile over the steps",
+        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+    )
+    def percentile(
+        request: Request,
+        name: str,
+        start: Start = None,
+        end: End = None,
+        filters: Filters = [],  # noqa: B006 - FastAPI copies Query defaults
+        step: Annotated[
+            str,
+            Query(
+                max_length=32, description="The sampling step, e.g. '5m' (billing); a multiple of the slide."
+            ),
+        ] = "5m",
+        column: Annotated[
+            str | None, Query(max_length=200, description="The additive column; default the first.")
+        ] = None,
+        p: Annotated[
+            str | None, Query(max_length=32, description="Percentile in (0, 100]; default 95.")
+        ] = None,
+    ) -> dict[str, Any]:
+        qi = svc.info(name)
+        keys = _check_params(request, _PERCENTILE_PARAMS)
+        adds = _additive(qi)
+        col = P.parse_column("column", column, adds, adds[0] if adds else "")
+        if not col:
+            raise P.ParamError(f"query {name!r} has no count or sum aggregate to take a percentile of")
+        pct = P.parse_percentile(p)
+        step_ns = P.parse_step(step, qi.spec.window.slide)
+        assert step_ns is not None
+        s, e, tier = _stepped(qi, start, end, step_ns)
+        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        step_us = step_ns // 1000
+        rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
+        ci = rs.columns.index(col)
+        got = nearest_rank_over_steps(
+            {int(r[0]): int(r[ci]) for r in rs.rows if r[ci] is not None}, us_of(s), us_of(e), step_us, pct
+        )
+        return {
+            "query": name,
+            "start": iso_of_us(us_of(s)),
+            "end": iso_of_us(us_of(e)),
+            "step": _fmt_s(step_ns),
+            "tier": tier,
+            "column": col,
+            "p": pct,
+            "method": "nearest-rank",
+            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "value": got.value,
+            "at": None if got.at_us is None else iso_of_us(got.at_us),
+            "steps": got.steps,
+            "empty_steps": got.empty,
+            "max": got.max,
+        }
 
     @r.get(
         "/queries/{name}/incomplete",

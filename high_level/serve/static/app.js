@@ -1,6 +1,10 @@
 // lowwater results page: plain JS, no build step, no external assets. Polls the REST API every few
 // seconds; per query it charts the per-window total of one aggregate (inline SVG) over the hour up to
 // the newest closed window and lists the top groups of that window; on top, the capture hosts.
+// A time-range picker (relative or absolute) switches to stepped series (/series?step=, the step chosen
+// from the range), the top groups over the range (/top) and one line per selected group (up to 8);
+// drag on a chart or click a bucket to zoom in. The range lives in the URL hash (#range=7d,
+// #from=...&to=..., #groups=3 preselects the top 3 groups), so a view can be linked.
 "use strict";
 
 const REFRESH_MS = 5000;
@@ -8,6 +12,90 @@ const TOP_N = 10;
 const SVGNS = "http://www.w3.org/2000/svg";
 const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null, webhook: false };
 const initialHash = location.hash; // read before the token is taken out of it (live_s, live_query)
+const RANGES = [["15m", 900], ["1h", 3600], ["6h", 21600], ["24h", 86400], ["7d", 604800], ["30d", 2592000]];
+const STEPS_S = [1, 5, 10, 30, 60, 300, 900, 1800, 3600, 10800, 21600, 43200, 86400, 604800];
+const MAX_POINTS = 240, MAX_LINES = 8;
+const PALETTE = ["#2f6fde", "#d64545", "#1f9d55", "#c98a00", "#8e44ad", "#0f9aa8", "#e67e22", "#5d6d7e"];
+// view.rel: a relative range in seconds up to now; view.from/to: an absolute one (ms); neither: auto
+const view = { rel: null, from: null, to: null, filter: {}, groups: {}, preselect: 0, zoomStack: [] };
+
+function hashParam(name) {
+  const m = new RegExp("(?:^|[#&])" + name + "=([^&]*)").exec(initialHash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+function writeHash() {
+  const parts = [];
+  if (view.rel) parts.push("range=" + (RANGES.find(([, s]) => s === view.rel) || [view.rel + "s"])[0]);
+  else if (view.from !== null) parts.push("from=" + new Date(view.from).toISOString(), "to=" + new Date(view.to).toISOString());
+  history.replaceState(null, "", location.pathname + location.search + (parts.length ? "#" + parts.join("&") : ""));
+}
+function durS(text) {
+  const m = /^(\d+)([smhd])$/.exec(text || "");
+  return m ? Number(m[1]) * { s: 1, m: 60, h: 3600, d: 86400 }[m[2]] : null;
+}
+// the [from, to) in ms the charts cover; null: auto (the hour up to each query's newest window)
+function currentRange() {
+  if (view.rel) { const to = Date.now(); return [to - view.rel * 1000, to]; }
+  if (view.from !== null) return [view.from, view.to];
+  return null;
+}
+// the smallest step (a multiple of the query's slide) that keeps the chart under MAX_POINTS buckets
+function chooseStep(spanMs, slideNs) {
+  const slide = Math.max(1, Math.round(slideNs / 1e9));
+  const ok = STEPS_S.filter((st) => st >= slide && st % slide === 0);
+  return ok.find((st) => spanMs / 1000 / st <= MAX_POINTS) || ok[ok.length - 1] || slide;
+}
+function setRange(from, to, push) {
+  if (push) view.zoomStack.push([view.rel, view.from, view.to]);
+  if (from === null) { view.rel = null; view.from = view.to = null; }
+  else { view.rel = null; view.from = Math.floor(from); view.to = Math.ceil(to); }
+  writeHash(); renderRangeBar(); refresh();
+}
+function setRelative(sec) { view.zoomStack = []; view.rel = sec; view.from = view.to = null; writeHash(); renderRangeBar(); refresh(); }
+function fmtWhen(ms, spanMs) {
+  const iso = new Date(ms).toISOString();
+  return spanMs > 86400000 * 2 ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, spanMs < 600000 ? 19 : 16);
+}
+function renderRangeBar() {
+  const bar = document.getElementById("range-bar");
+  if (!bar) return;
+  bar.textContent = "";
+  const btn = (label, on, active) => {
+    const b = el("button", { type: "button", class: "rbtn" + (active ? " active" : ""), text: label });
+    b.addEventListener("click", on); return b;
+  };
+  bar.append(btn("auto", () => { view.zoomStack = []; setRange(null); }, !view.rel && view.from === null));
+  for (const [label, sec] of RANGES) bar.append(btn(label, () => setRelative(sec), view.rel === sec));
+  const cur = currentRange();
+  const toLocal = (ms) => new Date(ms).toISOString().slice(0, 16);
+  const f = el("input", { type: "datetime-local", id: "range-from", "aria-label": "from (UTC)" });
+  const t = el("input", { type: "datetime-local", id: "range-to", "aria-label": "to (UTC)" });
+  if (cur) { f.value = toLocal(cur[0]); t.value = toLocal(cur[1]); }
+  const apply = btn("apply", () => {
+    const a = Date.parse(f.value + "Z"), b = Date.parse(t.value + "Z");
+    if (Number.isFinite(a) && Number.isFinite(b) && a < b) { view.zoomStack = []; setRange(a, b); }
+    else showError("from/to: give two UTC times, from before to");
+  });
+  bar.append(el("span", { class: "rsep" }, "from ", f, " to ", t, " UTC "), apply);
+  if (view.zoomStack.length) {
+    bar.append(btn("zoom out", () => {
+      const [rel, from, to] = view.zoomStack.pop();
+      view.rel = rel; view.from = from; view.to = to; writeHash(); renderRangeBar(); refresh();
+    }, false));
+  }
+  const note = el("span", { class: "rnote", id: "range-note" });
+  if (cur) note.textContent = `${fmtWhen(cur[0], cur[1] - cur[0])} – ${fmtWhen(cur[1], cur[1] - cur[0])} UTC · drag on a chart or click a bucket to zoom`;
+  else note.textContent = "the hour up to each query's newest closed window";
+  bar.append(note);
+}
+function initRange() {
+  const r = hashParam("range"), from = hashParam("from"), to = hashParam("to");
+  const rel = RANGES.find(([label]) => label === r);
+  if (rel) view.rel = rel[1]; else if (r && durS(r)) view.rel = durS(r);
+  else if (from && to && Date.parse(from) < Date.parse(to)) { view.from = Date.parse(from); view.to = Date.parse(to); }
+  view.preselect = Math.min(MAX_LINES, Number(hashParam("groups")) || 0);
+  renderRangeBar();
+}
 
 // ---- token: #token=... in the URL, else local storage; asked for on a 401
 function initToken() {
@@ -114,14 +202,20 @@ function niceStep(span, target) {
 }
 const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map((s) => s * 1000);
 
-function drawChart(host, points, label) {
+// ``opts.lines``: more series [{name, points}] drawn as coloured lines with a legend (selected groups);
+// ``opts.zoom(from, to)``: drag across the chart or click a point to zoom to it (``opts.stepMs`` wide)
+function drawChart(host, points, label, opts) {
+  opts = opts || {};
   host.textContent = "";
+  const lines = opts.lines || [];
+  if (lines.length) points = lines.flatMap((l) => l.points);
   if (!points.length) { host.append(el("div", { class: "empty", text: "no closed windows in this range yet" })); return; }
   const W = Math.max(320, host.clientWidth || 640), H = 210;
   const m = { l: 52, r: 14, t: 12, b: 26 };
   const iw = W - m.l - m.r, ih = H - m.t - m.b;
   const xs = points.map((p) => p.t), ys = points.map((p) => p.v).filter((v) => v !== null);
   let x0 = Math.min(...xs), x1 = Math.max(...xs);
+  if (opts.span) { x0 = opts.span[0]; x1 = Math.max(x0 + 1, opts.span[1] - (opts.stepMs || 0)); }
   if (x0 === x1) { x0 -= 30000; x1 += 30000; }
   let y0 = Math.min(0, ...ys), y1 = Math.max(...ys, 0);
   if (y1 === y0) y1 = y0 + 1;
@@ -139,13 +233,26 @@ function drawChart(host, points, label) {
     grid.append(svg("line", { x1: m.l, x2: W - m.r, y1: Y(v), y2: Y(v) }));
     const t = svg("text", { x: m.l - 6, y: Y(v) + 3.5, "text-anchor": "end" }); t.textContent = fmtShort(v); axis.append(t);
   }
-  const tstep = TIME_STEPS.find((st) => (x1 - x0) / st <= 7) || 86400000;
+  const tstep = TIME_STEPS.find((st) => (x1 - x0) / st <= 7) || Math.ceil((x1 - x0) / 7 / 86400000) * 86400000;
   for (let t = Math.ceil(x0 / tstep) * tstep; t <= x1; t += tstep) {
     const anchor = X(t) > W - m.r - 18 ? "end" : X(t) < m.l + 18 ? "start" : "middle";  // keep edge labels inside
-    const tx = svg("text", { x: X(t), y: H - 8, "text-anchor": anchor }); tx.textContent = fmtTime(t, tstep < 60000); axis.append(tx);
+    const tx = svg("text", { x: X(t), y: H - 8, "text-anchor": anchor });
+    tx.textContent = x1 - x0 > 2 * 86400000 ? new Date(t).toISOString().slice(5, 10) : fmtTime(t, tstep < 60000); axis.append(tx);
     grid.append(svg("line", { x1: X(t), x2: X(t), y1: m.t + ih, y2: m.t + ih + 4 }));
   }
   s.append(grid, axis);
+  if (lines.length) {  // one line per selected group, with a legend
+    const legend = el("div", { class: "legend" });
+    lines.forEach((l, i) => {
+      const lp = l.points.filter((p) => p.v !== null);
+      const d = lp.map((p, j) => (j ? "L" : "M") + X(p.t).toFixed(1) + "," + Y(p.v).toFixed(1)).join("");
+      s.append(svg("path", { class: "line group-line", d, style: "stroke:" + PALETTE[i % PALETTE.length], "data-group": l.name }));
+      legend.append(el("span", { class: "lg" }, el("i", { style: "background:" + PALETTE[i % PALETTE.length] }), l.name));
+    });
+    zoomable(s, X, x0, x1, W, m, iw, ih, opts);
+    host.append(s, legend);
+    return;
+  }
   const pts = points.filter((p) => p.v !== null);
   const line = pts.map((p, i) => (i ? "L" : "M") + X(p.t).toFixed(1) + "," + Y(p.v).toFixed(1)).join("");
   if (pts.length > 1) {
@@ -153,11 +260,15 @@ function drawChart(host, points, label) {
   }
   s.append(svg("path", { class: "line", d: line }));
   for (const p of pts) {  // every incomplete window is marked (a hatched point); complete ones only when few
-    if (!p.why && pts.length > 90) continue;
+    if (!p.why && pts.length > 90 && !(opts.zoom && p.v)) continue;  // zoomable: every bucket with a value
     const c = svg("circle", { class: p.why ? "dot incomplete" : "dot", cx: X(p.t), cy: Y(p.v),
       r: p.why ? 4.2 : pts.length <= 30 ? 2.6 : 1.6 });
     const tt = svg("title"); tt.textContent = `${fmtTime(p.t, true)} UTC  ${fmtNum(p.v)}${p.why ? "\n" + p.why : ""}`;
     c.append(tt); s.append(c);
+    if (opts.zoom && opts.stepMs) {  // click a bucket: drill down into it
+      c.setAttribute("data-bucket", "zoom");
+      c.addEventListener("click", (ev) => { ev.stopPropagation(); opts.zoom(p.t, p.t + opts.stepMs); });
+    }
   }
   // a flagged window without rows (every record shed or lost) has no value: a hatched mark on the axis
   for (const p of points) {
@@ -184,7 +295,30 @@ function drawChart(host, points, label) {
     hover.setAttribute("visibility", "visible");
   });
   s.addEventListener("mouseleave", () => hover.setAttribute("visibility", "hidden"));
+  zoomable(s, X, x0, x1, W, m, iw, ih, opts);
   host.append(s);
+}
+
+// drag across the plot to zoom to the dragged span (a shaded band while dragging)
+function zoomable(s, X, x0, x1, W, m, iw, ih, opts) {
+  if (!opts.zoom) return;
+  s.setAttribute("data-zoom", "drag");
+  const band = svg("rect", { class: "zoom-band", y: m.t, height: ih, width: 0, visibility: "hidden" });
+  s.append(band);
+  const tAt = (ev) => { const r = s.getBoundingClientRect(); return x0 + ((ev.clientX - r.left) * (W / r.width) - m.l) / iw * (x1 - x0); };
+  let startT = null;
+  s.addEventListener("mousedown", (ev) => { startT = tAt(ev); ev.preventDefault(); });
+  s.addEventListener("mousemove", (ev) => {
+    if (startT === null) return;
+    const a = X(Math.min(startT, tAt(ev))), b = X(Math.max(startT, tAt(ev)));
+    band.setAttribute("x", a); band.setAttribute("width", Math.max(0, b - a)); band.setAttribute("visibility", "visible");
+  });
+  s.addEventListener("mouseup", (ev) => {
+    if (startT === null) return;
+    const a = Math.min(startT, tAt(ev)), b = Math.max(startT, tAt(ev));
+    startT = null; band.setAttribute("visibility", "hidden");
+    if (b - a > (x1 - x0) / 200) opts.zoom(a, b + (opts.stepMs || 0));
+  });
 }
 
 // ---- host status
@@ -281,14 +415,18 @@ function card(q) {
   for (const a of q.aggregate_columns) aggSel.append(el("option", { value: a.name, text: a.name }));
   aggSel.value = state.chartAgg[q.name] || q.aggregate_columns[0].name;
   aggSel.addEventListener("change", () => { state.chartAgg[q.name] = aggSel.value; refreshQuery(q); });
+  const gf = el("input", { class: "gfilter", type: "text", "aria-label": "group filter",
+    placeholder: "group filter, e.g. " + (q.key_columns.length ? q.key_columns[0].name + (q.key_columns[0].kind === "ip" ? ":10.0.0.0/8" : ":443") : "(no groups)") });
+  gf.value = view.filter[q.name] || "";
+  gf.addEventListener("change", () => { view.filter[q.name] = gf.value.trim(); view.groups[q.name] = []; refreshQuery(q).catch((e) => showError(e.message)); });
   c = el("section", { class: "card query", id: "q-" + q.name },
-    el("h2", {}, el("code", { text: q.name })),
+    el("h2", {}, el("code", { text: q.name }), q.key_columns.length ? gf : ""),
     el("div", { class: "sub" }, el("span", { class: "pill", text: win }),
       el("span", { class: "pill", text: "by " + (q.key_columns.map((k) => k.name).join(", ") || "(all)") }),
       q.description || ""),
     el("div", { class: "grid" },
       el("div", {}, el("h3", {}, "total per window ", aggSel, " ", el("span", { class: "h3note range" })), el("div", { class: "chart-host" })),
-      el("div", {}, el("h3", {}, `top ${TOP_N} · latest window `, el("span", { class: "h3note latest" })), el("div", { class: "top-host" }))));
+      el("div", {}, el("h3", {}, el("span", { class: "top-title", text: `top ${TOP_N} · latest window ` }), el("span", { class: "h3note latest" })), el("div", { class: "top-host" }))));
   document.getElementById("queries").append(c);
   return c;
 }
@@ -315,19 +453,114 @@ function renderTop(host, q, latest) {
   host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
 }
 
+// the group filter of a card as query parameters: "col:value" terms separated by spaces or commas
+function filterParams(q) {
+  const text = (view.filter[q.name] || "").trim();
+  return text ? text.split(/[\s,]+/).filter(Boolean).map((f) => "&filter=" + encodeURIComponent(f)).join("") : "";
+}
+function groupName(q, g) { return q.key_columns.map((k) => String(g[k.name])).join(" → "); }
+function sameGroup(q, a, b) { return q.key_columns.every((k) => a[k.name] === b[k.name]); }
+
+// the points of a stepped series; a count or sum is 0 in a step without rows (not a gap to bridge)
+function fillSteps(sr, agg, additive, stepMs) {
+  const got = new Map(sr.rows.map((r) => [Date.parse(r.window_start), r]));
+  if (!additive) return sr.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) }));
+  const out = [];
+  for (let t = Date.parse(sr.start); t < Date.parse(sr.end); t += stepMs) {
+    const r = got.get(t);
+    out.push({ t, v: r ? r[agg] : 0, why: r ? incompleteWhy(r) : "" });
+  }
+  return out;
+}
+
+// a chosen range: stepped series (one line per selected group, or the total), top groups over the range
+async function refreshRange(q, c, from, to) {
+  const stepS = chooseStep(to - from, q.window.slide_ns);
+  const base = `/queries/${encodeURIComponent(q.name)}`;
+  const qs = `start=${encodeURIComponent(new Date(from).toISOString())}&end=${encodeURIComponent(new Date(to).toISOString())}&step=${stepS}s`;
+  const flt = filterParams(q);
+  const agg = state.chartAgg[q.name] || q.aggregate_columns[0].name;
+  const adds = q.aggregate_columns.filter((a) => a.fn === "count" || a.fn === "sum").map((a) => a.name);
+  const keys = q.key_columns.map((k) => k.name);
+  const top = adds.length && keys.length
+    ? await api(`${base}/top?${qs}${flt}&n=${TOP_N}&by=${encodeURIComponent(adds.includes(agg) ? agg : adds[0])}`) : null;
+  if (view.preselect && top && view.groups[q.name] === undefined) {
+    view.groups[q.name] = top.rows.filter((r) => keys.every((k) => r[k] !== null)).slice(0, view.preselect);
+  }
+  const sel = view.groups[q.name] || [];
+  const stepMs = stepS * 1000;
+  let total = null, lines = [];
+  if (sel.length) {
+    lines = await Promise.all(sel.map(async (g) => {
+      const gf = keys.map((k) => "&filter=" + encodeURIComponent(`${k}:${g[k]}`)).join("");
+      const sr = await api(`${base}/series?${qs}${flt}${gf}`);
+      return { name: groupName(q, g), points: fillSteps(sr, agg, adds.includes(agg), stepMs) };
+    }));
+  } else {
+    total = await api(`${base}/series?${qs}${flt}`);
+  }
+  const shown = total || { start: new Date(from).toISOString(), end: new Date(to).toISOString(), tier: "raw" };
+  const span = [Date.parse(shown.start), Date.parse(shown.end)];
+  const zoom = (a, b) => setRange(Math.max(span[0], a), Math.min(span[1], b), true);
+  const pts = total ? fillSteps(total, agg, adds.includes(agg), stepMs) : [];
+  drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per ${fmtSpan(stepMs * 1e6)}`, { span, stepMs, zoom, lines });
+  c.querySelector(".range").textContent = `· per ${fmtSpan(stepMs * 1e6)} step · ${fmtWhen(span[0], span[1] - span[0])} – ${fmtWhen(span[1], span[1] - span[0])} UTC`
+    + ` · tier ${(top || shown).tier}` + (sel.length ? ` · ${sel.length} selected group${sel.length > 1 ? "s" : ""}` : "");
+  c.querySelector(".latest").textContent = "";
+  c.querySelector(".top-title").textContent = top ? `top ${TOP_N} over the range by ${top.by} · click to chart (up to ${MAX_LINES})` : "top groups over the range: needs a count or sum aggregate";
+  renderRangeTop(c.querySelector(".top-host"), q, top, sel);
+}
+
+function renderRangeTop(host, q, top, sel) {
+  host.textContent = "";
+  if (!top || !top.rows.length) { host.append(el("div", { class: "empty", text: "no groups in this range" })); return; }
+  const keys = q.key_columns.map((k) => k.name), cols = top.columns.filter((c) => !keys.includes(c) && c !== "rank");
+  const max = Math.max(1, ...top.rows.map((r) => Math.abs(r[top.by] || 0)));
+  const head = el("tr", {}, el("th", { class: "rank", text: "#" }), ...keys.map((k) => el("th", { text: k })),
+    ...cols.map((a) => el("th", { class: "num", text: a })));
+  const tb = el("tbody");
+  top.rows.forEach((r, i) => {
+    const on = sel.findIndex((g) => sameGroup(q, g, r));
+    const cells = cols.map((a) => {
+      if (a !== top.by) return el("td", { class: "num", text: fmtNum(r[a]) });
+      const bar = el("i"); bar.style.width = (100 * Math.abs(r[a] || 0) / max).toFixed(1) + "%";
+      return el("td", { class: "num bar" }, bar, el("span", { text: fmtNum(r[a]) }));
+    });
+    const sw = el("i", { class: "swatch" }); if (on >= 0) sw.style.background = PALETTE[on % PALETTE.length];
+    const tr = el("tr", { class: "range-row" + (on >= 0 ? " selected" : ""), title: "click: chart this group" },
+      el("td", { class: "rank" }, sw, String(r.rank || i + 1)), ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })), ...cells);
+    tr.addEventListener("click", () => {
+      const cur = view.groups[q.name] || [];
+      const j = cur.findIndex((g) => sameGroup(q, g, r));
+      if (j >= 0) cur.splice(j, 1); else if (cur.length < MAX_LINES && keys.every((k) => r[k] !== null)) cur.push(r);
+      view.groups[q.name] = cur;
+      refreshQuery(q).catch((e) => showError(e.message));
+    });
+    tb.append(tr);
+  });
+  host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
+}
+
 async function refreshQuery(q) {
   const c = card(q);
-  const latest = await api(`/queries/${encodeURIComponent(q.name)}/latest?top=${TOP_N}`);
-  let seriesUrl = `/queries/${encodeURIComponent(q.name)}/series`;
+  const range = currentRange();
+  if (range) return refreshRange(q, c, range[0], range[1]);
+  c.querySelector(".top-title").textContent = `top ${TOP_N} · latest window `;
+  const flt = filterParams(q);
+  const latest = await api(`/queries/${encodeURIComponent(q.name)}/latest?top=${TOP_N}${flt}`);
+  let seriesUrl = `/queries/${encodeURIComponent(q.name)}/series?`;
   if (latest.window_start) {
     const t = Date.parse(latest.window_start);
     const start = new Date(t - 3600 * 1000).toISOString(), end = new Date(t + 1000).toISOString();
-    seriesUrl += `?start=${encodeURIComponent(start)}&end=${encodeURIComponent(end)}`;
+    seriesUrl += `start=${encodeURIComponent(start)}&end=${encodeURIComponent(end)}`;
   }
+  seriesUrl += flt;
   const series = await api(seriesUrl);
   const agg = state.chartAgg[q.name] || q.aggregate_columns[0].name;
   const pts = series.rows.map((r) => ({ t: Date.parse(r.window_start), v: r[agg], why: incompleteWhy(r) }));
-  drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per window`);
+  const stepMs = q.window.slide_ns / 1e6;
+  drawChart(c.querySelector(".chart-host"), pts, `${q.name}: ${agg} per window`,
+    { stepMs, zoom: (a, b) => setRange(a, b, true) });
   const flagged = series.rows.filter((r) => r.flagged), empty = flagged.filter((r) => r.groups === 0);
   c.querySelector(".range").textContent = (pts.length
     ? `· ${pts.length} windows, ${fmtTime(pts[0].t)}–${fmtTime(pts[pts.length - 1].t)} UTC` : "")
@@ -373,8 +606,27 @@ async function refresh() {
   state.timer = setTimeout(refresh, REFRESH_MS);
 }
 
+// #demo_click=N / #demo_drag=a,b (fractions of the plot width): after the first render, send the first
+// chart the real mouse events of a click on its N-th bucket or a drag from a to b (headless page tests)
+function demoGesture() {
+  const click = hashParam("demo_click"), drag = hashParam("demo_drag");
+  if (click === null && drag === null) return;
+  const s = document.querySelector("svg.chart[data-zoom]");
+  if (!s) { setTimeout(demoGesture, 200); return; }
+  const r = s.getBoundingClientRect();
+  const at = (f, type) => s.dispatchEvent(new MouseEvent(type, { bubbles: true, clientX: r.left + 52 + f * (r.width - 66), clientY: r.top + 60 }));
+  if (click !== null) {
+    const dots = s.querySelectorAll("[data-bucket]");
+    if (dots[Number(click)]) dots[Number(click)].dispatchEvent(new MouseEvent("click", { bubbles: true }));
+  } else {
+    const [a, b] = drag.split(",").map(Number);
+    at(a, "mousedown"); at((a + b) / 2, "mousemove"); at(b, "mousemove"); at(b, "mouseup");
+  }
+}
+
 initToken();
-refresh();
+initRange();
+refresh().then(demoGesture);
 
 // ---- live panel: /live/{query} (Server-Sent Events through the API's update queue, read with fetch so
 // the bearer token travels in a header). Provisional values of the open window update in place and

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from low_level.capture.ring import Ring, ring_push
+from low_level.capture.ring import Ring, RingArrays, ring_push_from
 from low_level.capture.sources.base import Source, count_frames
 from low_level.jit.refcount import pin
 
@@ -89,17 +89,11 @@ def tpacket_v3_kernel(
     ifidx: int,
     scratch: np.ndarray,
     st: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
 ) -> int:
     """Drain every ready block from block ``cur[0]`` on, in order; returns the number of blocks drained.
 
-    Frames go to the ring (``ring_push``: a full ring drops and counts); each block is then handed back
+    Frames go to the ring (``ring_push_from``: a full ring drops and counts); each block is then handed back
     to the kernel by writing TP_STATUS_KERNEL into its ``block_status`` (an aligned 32-bit store).
     """
     nblocks = blk8.shape[0] // block_size
@@ -127,6 +121,7 @@ def tpacket_v3_kernel(
                 break
             tci = _le32(blk8, p + 32)
             nread += 1
+            off, n = data, snap  # off -1: the frame is in scratch (ring_push_from)
             if (tci != 0 or (fstat & TP_STATUS_VLAN_VALID) != 0) and snap >= 12:
                 # put the stripped 802.1Q tag back between the MAC addresses and the ethertype
                 tpid = _le16(blk8, p + 36) if (fstat & TP_STATUS_VLAN_TPID_VALID) != 0 else ETH_P_8021Q
@@ -141,14 +136,9 @@ def tpacket_v3_kernel(
                 scratch[15] = tci & 0xFF
                 for j in range(16, k):
                     scratch[j] = blk8[data + j - 4]
-                ok = ring_push(
-                    frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, snap + 4, wl + 4, ts, ifidx
-                )
+                off, n = -1, snap + 4
                 wl += 4
-            else:
-                ok = ring_push(
-                    frames, snaplen, caplen, wirelen, tss, iface, ctr, blk8, data, snap, wl, ts, ifidx
-                )
+            ok = ring_push_from(ring, blk8, scratch, off, n, wl, ts, ifidx)
             if ok:
                 npushed += 1
                 nbytes += wl
@@ -324,7 +314,7 @@ class AfPacketSource(Source):
                     self.iface_index + k,
                     self._scratch,
                     self._st,
-                    *arrays,
+                    arrays,
                 )
             if not drained:
                 for fd, ev in poller.poll(POLL_MS):

@@ -218,7 +218,7 @@ class GeneratorSource(Source):
                 t0,
                 per_ns,
                 self._st,
-                *self.ring.arrays(),
+                self.ring.arrays(),
             )
         )
         self._next += done

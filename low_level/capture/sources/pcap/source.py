@@ -126,11 +126,11 @@ class PcapSource(Source):
         if self.format == "pcapng":
             return int(
                 pcapng_kernel(
-                    self._buf, self._st, self._p, self._scale, self._ifs, self._scratch, *ring.arrays()
+                    self._buf, self._st, self._p, self._scale, self._ifs, self._scratch, ring.arrays()
                 )
             )
         return int(
-            pcap_kernel(self._buf, self._st, self._p, self._scale, self._scratch, *ring.arrays(), ring.offs)
+            pcap_kernel(self._buf, self._st, self._p, self._scale, self._scratch, ring.arrays(), ring.offs)
         )
 
     def _run(self) -> None:

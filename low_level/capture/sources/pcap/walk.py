@@ -18,9 +18,12 @@ from low_level.capture.ring import (
     HEAD,
     TAIL,
     TRUNCATED,
+    RingArrays,
     copy_words,
     load_u64,
+    pin_ring,
     prefetch_read,
+    ring_full,
     ring_push_from,
 )
 from low_level.capture.sources.base import count_frames
@@ -93,29 +96,9 @@ E_PUSHED, E_DROPPED = 100, 101  # _emit outcomes besides RC_WAIT / RC_FULL
 
 
 @njit(cache=True, nogil=True)
-def _emit(
-    buf,
-    off,
-    cap,
-    wl,
-    ts,
-    ifidx,
-    scratch,
-    base_in,
-    elapsed,
-    wait,
-    rebase,
-    outbase,
-    scale,
-    frames,
-    snaplen,
-    caplen,
-    wirelen,
-    tss,
-    iface,
-    ctr,
-):
-    """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel).
+def _emit(buf, off, cap, wl, ts, ifidx, scratch, base_in, clock, ring):
+    """Push one record: returns (E_PUSHED | E_DROPPED | RC_WAIT | RC_FULL, base_in, rel). ``clock`` is
+    :func:`_begin`'s (when a record is due, what time it gets).
 
     RC_WAIT (not due yet, ``rel`` says when) and RC_FULL leave the record to be retried. With ``off`` -1
     the frame is ``scratch[:cap]``: a record of another link layer rewritten as Ethernet by the walker
@@ -125,6 +108,7 @@ def _emit(
     one: Numba's inliner rebinds array arguments, an atomic incref/decref each per packet (that cost
     the replay nine tenths of its speed).
     """
+    elapsed, wait, rebase, outbase, scale = clock
     rel = np.int64(0)
     out = np.int64(0)
     code = E_PUSHED
@@ -143,31 +127,25 @@ def _emit(
         else:
             out = outbase + np.int64(rel * scale)
     if code == E_PUSHED:
-        if wait and ctr[HEAD] - ctr[TAIL] >= caplen.shape[0]:
+        if wait and ring_full(ring):
             code = RC_FULL
-        else:
-            if not ring_push_from(
-                frames, snaplen, caplen, wirelen, tss, iface, ctr, buf, scratch, off, cap, wl, out, ifidx
-            ):
-                code = E_DROPPED
+        elif not ring_push_from(ring, buf, scratch, off, cap, wl, out, ifidx):
+            code = E_DROPPED
     pin(buf)
     pin(scratch)
-    pin(frames)
-    pin(caplen)
-    pin(wirelen)
-    pin(tss)
-    pin(iface)
-    pin(ctr)
+    pin_ring(ring)
     return code, base_in, rel
 
 
 @njit(cache=True, nogil=True)
-def _begin(p, st):
-    """The parameters and position every walk starts from: (end, elapsed, wait, rebase, outbase, pos, base_in)."""
-    r = (p[P_END], p[P_ELAPSED], p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], st[S_POS], st[S_BASE_IN])
+def _begin(p, st, scale):
+    """Where a walk starts, (end, pos, base_in), and its clock: (elapsed, wait, rebase, outbase, scale), a
+    tuple of numbers (no reference counts) that :func:`_emit` takes as one argument."""
+    r = (p[P_END], st[S_POS], st[S_BASE_IN])
+    clock = (p[P_ELAPSED], p[P_WAIT] != 0, p[P_REBASE] != 0, p[P_OUTBASE], scale)
     pin(p)
     pin(st)
-    return r
+    return r, clock
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -195,13 +173,7 @@ def pcap_kernel(
     p: np.ndarray,
     scale: float,
     scratch: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
     offs: np.ndarray,
 ) -> int:
     """Walk classic pcap records from st[S_POS]: up to p[P_MAXN] of them, stopping early at the end,
@@ -216,7 +188,9 @@ def pcap_kernel(
     non-empty ``offs`` (a ring over this file, ``frames is buf``: Ring.over) a frame is not copied at all:
     its slot gets the frame's offset in the file. Only the fast path may fill such a ring (the caller sees to it).
     """
-    end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
+    (end, pos, base_in), clock = _begin(p, st, scale)
+    elapsed, wait, rebase, _, _ = clock
+    frames, snaplen, caplen, wirelen, tss, iface, ctr = ring
     be = p[P_BE] != 0
     mult = p[P_TSMULT]
     maxcap = p[P_MAXCAP]
@@ -294,26 +268,7 @@ def pcap_kernel(
         if linktype != LT_ETHERNET:
             doff, dcap = -1, to_ethernet(buf, doff, cap, linktype, scratch)
         e, base_in, rel = _emit(
-            buf,
-            doff,
-            dcap,
-            wl,
-            sec * 1_000_000_000 + frac * mult,
-            ifidx,
-            scratch,
-            base_in,
-            elapsed,
-            wait,
-            rebase,
-            outbase,
-            scale,
-            frames,
-            snaplen,
-            caplen,
-            wirelen,
-            tss,
-            iface,
-            ctr,
+            buf, doff, dcap, wl, sec * 1_000_000_000 + frac * mult, ifidx, scratch, base_in, clock, ring
         )
         if e != E_PUSHED and e != E_DROPPED:  # not due yet, or the ring is full: retried at the next call
             st[S_NEXT_REL] = rel
@@ -409,16 +364,10 @@ def pcapng_kernel(
     scale: float,
     ifs: np.ndarray,
     scratch: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
 ) -> int:
     """Walk pcapng blocks from st[S_POS] (same stopping rules as :func:`pcap_kernel`)."""
-    end, elapsed, wait, rebase, outbase, pos, base_in = _begin(p, st)
+    (end, pos, base_in), clock = _begin(p, st, scale)
     ifidx0 = p[P_IFIDX]
     last_ts = st[S_LAST_TS]
     nread = npushed = ndrops = nbytes = np.int64(0)
@@ -502,28 +451,7 @@ def pcapng_kernel(
             linktype = ifs[row, IF_LINKTYPE]
             if linktype != LT_ETHERNET:
                 data, cap = -1, to_ethernet(buf, data, cap, linktype, scratch)
-            e, base_in, rel = _emit(
-                buf,
-                data,
-                cap,
-                wl,
-                ts,
-                ifidx0 + row,
-                scratch,
-                base_in,
-                elapsed,
-                wait,
-                rebase,
-                outbase,
-                scale,
-                frames,
-                snaplen,
-                caplen,
-                wirelen,
-                tss,
-                iface,
-                ctr,
-            )
+            e, base_in, rel = _emit(buf, data, cap, wl, ts, ifidx0 + row, scratch, base_in, clock, ring)
             if e != E_PUSHED and e != E_DROPPED:
                 st[S_NEXT_REL] = rel
                 rc = e

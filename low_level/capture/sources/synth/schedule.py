@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from low_level.capture.ring import HEAD, TAIL, ring_push
+from low_level.capture.ring import RingArrays, ring_full, ring_push
 from low_level.capture.sources.base import count_frames
 from low_level.capture.sources.synth.frames import _packet_ts, build_packet
 from low_level.capture.sources.synth.model import (
@@ -159,13 +159,7 @@ def gen_push_kernel(
     t0: int,
     per_ns: float,
     st: np.ndarray,
-    frames: np.ndarray,
-    snaplen: int,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    tss: np.ndarray,
-    iface: np.ndarray,
-    ctr: np.ndarray,
+    ring: RingArrays,
 ) -> int:
     """Build packets i0 .. i0+n-1, and the answers due before each, into the ring; returns how many of
     the n were consumed. ``flush``: then also every answer still scheduled (the end of a finite run).
@@ -174,46 +168,24 @@ def gen_push_kernel(
     otherwise a full ring drops the packet and counts it, like a live source. ``h`` must have room for
     hs[0] + n entries (each ordinary packet schedules at most one).
     """
-    nslots = caplen.shape[0]
     ifidx = p[G_IFIDX]
     wait = p[G_WAIT] != 0
+    replies = p[G_REPLIES] != 0
     nread = npushed = ndrops = nbytes = np.int64(0)
     j = 0
-    while p[G_REPLIES] == 0 and j < n:  # no answers (the default): the ordinary packets only, no heap
-        if wait and ctr[HEAD] - ctr[TAIL] >= nslots:
+    while j < n or (replies and flush and hs[0] > 0):
+        if wait and ring_full(ring):
             break
-        i = i0 + j
-        size, _ = build_packet(p, cdf, i, 0, scratch)
-        if ring_push(
-            frames,
-            snaplen,
-            caplen,
-            wirelen,
-            tss,
-            iface,
-            ctr,
-            scratch,
-            0,
-            size,
-            size,
-            _packet_ts(p, i, t0, per_ns),
-            ifidx,
-        ):
-            npushed += 1
-            nbytes += size
+        if not replies:  # no answers (the default): the ordinary packets only, no heap
+            size, _ = build_packet(p, cdf, i0 + j, 0, scratch)
+            ts, used = _packet_ts(p, i0 + j, t0, per_ns), 1
         else:
-            ndrops += 1
-        j += 1
-        nread += 1
-    while p[G_REPLIES] != 0 and (j < n or (flush and hs[0] > 0)):
-        if wait and ctr[HEAD] - ctr[TAIL] >= nslots:
-            break
-        have = j < n
-        nts = _packet_ts(p, i0 + j, t0, per_ns) if have else np.int64(0)
-        size, ts, used = _next_packet(p, cdf, scratch, h, hs, i0 + j, have, nts)
+            have = j < n
+            nts = _packet_ts(p, i0 + j, t0, per_ns) if have else np.int64(0)
+            size, ts, used = _next_packet(p, cdf, scratch, h, hs, i0 + j, have, nts)
         j += used
         nread += 1
-        if ring_push(frames, snaplen, caplen, wirelen, tss, iface, ctr, scratch, 0, size, size, ts, ifidx):
+        if ring_push(ring, scratch, 0, size, size, ts, ifidx):
             npushed += 1
             nbytes += size
         else:
