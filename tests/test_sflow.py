@@ -18,7 +18,7 @@ import pytest
 
 from contract import fields as F
 from contract import query as Q
-from low_level.flows import decode as D
+from low_level.flows import layout as D
 from low_level.flows.source import FlowCollector
 from lowwater_testing.flows import flow_agent, flow_pcap, partials_counts, write_flow_config
 from lowwater_testing.sflow import (

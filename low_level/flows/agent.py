@@ -13,11 +13,13 @@ Run it as ``lowwater-agent --source flows:0.0.0.0:2055[,inactive=15,slack=2]`` (
 from __future__ import annotations
 
 import logging
+import select
 import time
 from typing import Any
 
 from contract import query as Q
 from low_level.flows.kernel import FlowKernel
+from low_level.flows.layout import D_CLOCK, D_VALID
 from low_level.flows.source import FlowCollector, FlowTimeouts
 from low_level.host.emit import Emitter
 from low_level.host.loop import HostLoop
@@ -46,6 +48,7 @@ class FlowAgent(HostLoop):
     """One flow-collector host: owns the collector, the tables, the weighted kernel and the emitter."""
 
     idle_sleep_s = 0.001
+    batch_wait_s = 0.01  # the longest wait after a partial batch (see process)
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class FlowAgent(HostLoop):
         self.kernel = FlowKernel(Tables.build(queries, chunk=chunk), nets=self._networks_table())
         self.kernel.warm()  # compile before the first datagram, as the packet agent does
         self.collector.warm()
+        self._last_rx: float | None = None  # when the last turn's receive took datagrams (None: it did not)
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
         self._bound_pending()
 
@@ -88,8 +92,6 @@ class FlowAgent(HostLoop):
 
     def _exporters_now(self) -> int | None:
         """The newest exporter clock: exporters that far behind it by exporter_timeout stop holding the mark."""
-        from low_level.flows.decode import D_CLOCK, D_VALID
-
         d = self.collector.doms
         live = d[:, D_VALID] == 1
         return int(d[live, D_CLOCK].max()) if live.any() else None
@@ -111,18 +113,13 @@ class FlowAgent(HostLoop):
 
     def process(self) -> int:
         """Receive, decode and fold what the socket holds; punctuate on each query's timer."""
-        self.collector.receive()
+        got = self.collector.receive()
+        t = time.monotonic()
+        since = 0.0 if self._last_rx is None else t - self._last_rx  # 0: no rate seen (idle before)
+        self._last_rx = t if got else None
         n = 0
-        chunk = self.kernel.t.chunk
         while self.collector.pending:
-            b = self.collector.decode()
-            for s in range(0, b.n, chunk):
-                e = min(b.n, s + chunk)
-                self.kernel.run(b.rows[s:e], b.weights[s:e], e - s)
-                self.drain()
-                if self.pending_records >= self.pending_max:
-                    self.submit()
-            n += b.n
+            n += self.kernel.fold(self.collector.decode(), self._after_chunk)
         now = time.monotonic()
         for i, q in enumerate(self.queries):
             if now >= self.next_timer[i]:
@@ -130,7 +127,27 @@ class FlowAgent(HostLoop):
                 self.punctuate(i)
         self.submit()
         self.emitter.pump()
+        c = self.collector
+        if 0 < got < c.batch:
+            # export is flowing but slower than a batch a turn: let the socket gather about a batch rather
+            # than spend a Python turn on a few datagrams; at the rate just seen, never more than half
+            # the socket's buffer (records wait at most batch_wait_s)
+            wait = since * min(c.batch / got - 1, c.rcvbuf / (2 * c.last_bytes))
+            time.sleep(max(0.0, min(wait, self.batch_wait_s, self.next_due() - time.monotonic())))
         return n
+
+    def idle_wait(self, empty: int) -> float:
+        """An empty turn waits on the socket itself (at most the loop's idle wait) rather than sleeping:
+        export after a quiet spell is taken at once, before a burst can overflow the socket's buffer."""
+        wait = super().idle_wait(empty)
+        if wait > 0 and self.collector.sock is not None:
+            select.select([self.collector.sock], [], [], wait)
+        return 0.0
+
+    def _after_chunk(self) -> None:
+        self.drain()
+        if self.pending_records >= self.pending_max:
+            self.submit()
 
     def close_source(self) -> None:
         self.collector.close()

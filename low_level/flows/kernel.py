@@ -1,6 +1,6 @@
 """The sub-aggregation pass for flow records: the packet kernel's generated code with a weight per row.
 
-A flow record (``low_level.flows.decode``) is a parsed-packet row whose LEN is the record's bytes, plus a
+A flow record (``low_level.flows.layout``) is a parsed-packet row whose LEN is the record's bytes, plus a
 weight: its packets. The query shapes, filters, keys, probe windows, folds and flushes are exactly the
 packet kernel's (``low_level.kernel.codegen`` writes them); only two things differ, and only in this separately
 generated module, so the packet path pays nothing for weights:
@@ -15,7 +15,9 @@ flow has no per-packet length), which is what a flow collector can know.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +27,9 @@ from low_level.jit import cache as jitcache
 from low_level.kernel import codegen
 from low_level.kernel.base import KernelBase
 from low_level.kernel.tables import Tables
+
+if TYPE_CHECKING:
+    from low_level.flows.source import FlowBatch
 
 WCOL = F.NFIELDS  # the weight's slot in the block's copied rows (stride NFIELDS + 1)
 
@@ -101,22 +106,17 @@ class FlowKernel(KernelBase):
     def run(self, frows: np.ndarray, weights: np.ndarray, n: int) -> int:
         """Fold records 0..n-1; callers keep n <= tables.chunk and drain between calls (output room)."""
         t = self.t
-        self.compiled.flow_pass(
-            frows,
-            weights,
-            n,
-            t.qp,
-            t.qs,
-            t.tab,
-            t.out,
-            t.pane_counts,
-            t.scols,
-            self.hc,
-            self.row,
-            self.rows,
-            self.keys,
-            self.sel,
-            self.hs,
-            self.nets,
-        )
+        tables = (t.qp, t.qs, t.tab, t.out, t.pane_counts, t.scols)
+        scratch = (self.hc, self.row, self.rows, self.keys, self.sel, self.hs, self.nets)
+        self.compiled.flow_pass(frows, weights, n, *tables, *scratch)
         return n
+
+    def fold(self, batch: FlowBatch, after_chunk: Callable[[], object]) -> int:
+        """Fold a decoded batch a chunk at a time (what the tables take in one call), calling after_chunk
+        (drain the output) after each; returns the records folded."""
+        chunk = self.t.chunk
+        for s in range(0, batch.n, chunk):
+            e = min(batch.n, s + chunk)
+            self.run(batch.rows[s:e], batch.weights[s:e], e - s)
+            after_chunk()
+        return batch.n

@@ -1,8 +1,9 @@
 """NetFlow v5 / v9 / IPFIX over UDP as a low-level source: datagrams in, weighted flow rows out.
 
 Unlike the packet sources this one does not fill the frame ring: a datagram carries tens of records, so
-datagrams are received into one flat buffer (one ``recvfrom_into`` each, never a Python step per record)
-and decoded in batches by ``low_level.flows.decode``; the rows go to ``low_level.flows.kernel``.
+datagrams are received a batch per system call into one buffer (``low_level.flows.receive``) and the
+batch is decoded in one Numba call (``low_level.flows.decode``): no Python step per datagram or record.
+The rows go to ``low_level.flows.kernel``.
 
 **Punctuation.** Each exporter (address, observation domain) is a capture host in OOP terms. Its clock
 is the export time in its datagram headers. An exporter sends a record at the latest ``inactive``
@@ -27,16 +28,20 @@ import numpy as np
 
 from contract import fields as F
 from low_level.flows import decode as D
+from low_level.flows import layout as L
+from low_level.flows.receive import SLOT, BatchReceiver, sender
+
+S = 1_000_000_000  # ns per second
 
 
 @dataclass
 class FlowTimeouts:
     """What the exporters promise (their configured timeouts), in ns."""
 
-    inactive_ns: int = 15_000_000_000
-    active_ns: int = 60_000_000_000
-    slack_ns: int = 2_000_000_000
-    exporter_timeout_ns: int = 300_000_000_000
+    inactive_ns: int = 15 * S
+    active_ns: int = 60 * S
+    slack_ns: int = 2 * S
+    exporter_timeout_ns: int = 300 * S
     template_timeout_s: int = 1800
 
 
@@ -55,20 +60,23 @@ class FlowCollector:
     host: str = "127.0.0.1"
     port: int = 0
     timeouts: FlowTimeouts = field(default_factory=FlowTimeouts)
-    capacity: int = 1 << 16  # records per batch
-    buffer_bytes: int = 1 << 22
+    capacity: int = 1 << 16  # records per decoded batch
+    buffer_bytes: int = 1 << 24  # one 64 KiB slot per datagram of a receive call: 256 a call
 
     def __post_init__(self) -> None:
-        self.tmpl, self.doms = D.new_state()
-        self.errs = np.zeros(D.NFLOWERR, dtype=np.int64)
+        self.batch = max(1, self.buffer_bytes // SLOT)
+        self.tmpl, self.doms = L.new_state()
+        self.errs = np.zeros(L.NFLOWERR, dtype=np.int64)
         self.exporters: dict[Any, int] = {}
         self.exp_addr = np.zeros(64, dtype=np.int64)  # per exporter id: its IPv4 address as u32, else 0
-        self.buf = np.zeros(self.buffer_bytes, dtype=np.uint8)
-        self._offs: list[int] = []
-        self._lens: list[int] = []
-        self._exps: list[int] = []
-        self._arrs: list[int] = []
-        self.ctrs = np.zeros((self.capacity, D.CW), dtype=np.int64)
+        # per socket sender seen: its key (decode.sender_key) and exporter id, for decode.exporter_ids
+        self.exp_keys = np.zeros((64, 4), dtype=np.int64)
+        self.nkeys = 0
+        self.buf = np.zeros(self.batch * SLOT, dtype=np.uint8)
+        # the queued datagrams first .. n-1: where in buf, how long, which exporter, when received
+        self.q = np.zeros((4, self.batch), dtype=np.int64)
+        self.first = self.n = 0
+        self.ctrs = np.zeros((self.capacity, L.CW), dtype=np.int64)
         # latest sFlow interface counters per (source row, ifIndex): {(d, ifindex): ctrs row}
         self.interfaces: dict[tuple[int, int], np.ndarray] = {}
         self.rows = np.zeros((self.capacity, F.NFIELDS), dtype=np.int64)
@@ -80,6 +88,9 @@ class FlowCollector:
         self.late_records = 0
         self.mark_ns: int | None = None
         self.sock: socket.socket | None = None
+        self.rx: BatchReceiver | None = None
+        self.rcvbuf = 0
+        self.last_bytes = 0
 
     # --- receiving
     def open(self) -> FlowCollector:
@@ -89,95 +100,94 @@ class FlowCollector:
         s.setblocking(False)
         self.sock = s
         self.port = s.getsockname()[1]
+        self.rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # what the kernel granted
+        self.rx = BatchReceiver(s, self.buf, self.batch)
         return self
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+            self.rx = None
 
-    def receive(self, max_datagrams: int = 4096) -> int:
-        """Take what the socket holds (without waiting) into the buffer; returns datagrams taken."""
-        assert self.sock is not None, "open() first"
-        got = 0
-        view = memoryview(self.buf)
-        while got < max_datagrams:
-            off = self._offs[-1] + self._lens[-1] if self._offs else 0
-            if off + 65536 > len(self.buf):
-                break
-            try:
-                n, addr = self.sock.recvfrom_into(view[off : off + 65536])
-            except (BlockingIOError, InterruptedError):
-                break
-            self.add(off, n, addr, time.time_ns())
-            got += 1
+    def receive(self) -> int:
+        """Take what the socket holds (without waiting, at most ``batch`` datagrams, one system call) into
+        the buffer's slots; returns datagrams taken. Takes nothing while datagrams wait to be decoded
+        (their slots are in use): decode them first."""
+        assert self.rx is not None, "open() first"
+        if self.pending:
+            return 0
+        got = self.rx.receive()
+        if not got:
+            return 0
+        self.q[0, :got] = np.arange(0, got * SLOT, SLOT)
+        self.q[1, :got] = self.rx.lens[:got]
+        self.last_bytes = int(self.q[1, :got].sum()) + 1024 * got  # about what they held of the buffer
+        self.q[3, :got] = time.time_ns()  # one arrival time per batch (sFlow samples are timed by it)
+        exps = self.q[2, :got]
+        if D.exporter_ids(self.rx.names, got, self.exp_keys, self.nkeys, exps):
+            for k in np.flatnonzero(exps < 0):  # senders not seen before: the slow path, once each
+                key = D.sender_key(self.rx.names[k])
+                hit = np.flatnonzero((self.exp_keys[: self.nkeys, :3] == key).all(axis=1))
+                if not len(hit):
+                    if self.nkeys == len(self.exp_keys):
+                        self.exp_keys = np.concatenate([self.exp_keys, np.zeros_like(self.exp_keys)])
+                    self.exp_keys[self.nkeys] = (*key, self._exporter_id(sender(self.rx.names[k])))
+                    hit = [self.nkeys]
+                    self.nkeys += 1
+                exps[k] = self.exp_keys[hit[0], 3]
+        self.first, self.n = 0, got
         return got
 
-    def add(self, off: int, n: int, exporter: Any, arrival_ns: int) -> None:
-        """Queue the datagram at buf[off:off+n] from this exporter (its address), received at arrival_ns
-        (sFlow carries no time: its samples are timed by arrival), for the next decode."""
-        self._arrs.append(arrival_ns)
-        self._offs.append(off)
-        self._lens.append(n)
+    def _exporter_id(self, exporter: Any) -> int:
         e = self.exporters.get(exporter)
         if e is None:
             e = self.exporters[exporter] = len(self.exporters)
             if e >= len(self.exp_addr):
                 self.exp_addr = np.concatenate([self.exp_addr, np.zeros_like(self.exp_addr)])
             self.exp_addr[e] = _ipv4_u32(exporter)
-        self._exps.append(e)
+        return e
 
     def feed(
         self, datagrams: list[bytes], exporter: Any = ("127.0.0.1", 0), arrival_ns: int | None = None
     ) -> None:
-        """Queue datagrams given as bytes (tests, replay of a recorded export), all received at arrival_ns
-        (now when None)."""
+        """Queue datagrams given as bytes (tests, replay of a recorded export), from this exporter (its
+        address), all received at arrival_ns (now when None), for the next decode."""
         t = time.time_ns() if arrival_ns is None else arrival_ns
+        e = self._exporter_id(exporter)
         for d in datagrams:
-            off = self._offs[-1] + self._lens[-1] if self._offs else 0
+            off = int(self.q[0, self.n - 1] + self.q[1, self.n - 1]) if self.n else 0
+            if off + len(d) > len(self.buf):
+                raise ValueError(f"feed: {off + len(d)} bytes queued exceed the {len(self.buf)}-byte buffer")
+            if self.n == self.q.shape[1]:
+                self.q = np.concatenate([self.q, np.zeros_like(self.q)], axis=1)
             self.buf[off : off + len(d)] = np.frombuffer(d, dtype=np.uint8)
-            self.add(off, len(d), exporter, t)
+            self.q[:, self.n] = (off, len(d), e, t)
+            self.n += 1
 
     @property
     def pending(self) -> int:
-        return len(self._offs)
+        return self.n - self.first
 
     # --- decoding
     def warm(self) -> None:
         """Compile the decoder now (no datagrams), before the first export arrives."""
-        D.decode(
-            self.buf,
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
-            0,
-            self.tmpl,
-            self.doms,
-            1,
-            self.rows,
-            self.weights,
-            self.rate,
-            self.ctrs,
-            self.errs,
-            self.res,
-            self.exp_addr,
-        )
+        assert not self.pending
+        self.decode()
+        D.exporter_ids(self.buf.reshape(-1, 128)[:1], 0, self.exp_keys, 0, self.q[2])
+        D.sender_key(self.buf[:128])
 
     def decode(self) -> FlowBatch:
         """Decode the queued datagrams (all of them, or as many as fill one batch of records)."""
-        n = len(self._offs)
-        offs = np.array(self._offs, dtype=np.int64)
-        lens = np.array(self._lens, dtype=np.int64)
-        exps = np.array(self._exps, dtype=np.int64)
-        arrs = np.array(self._arrs, dtype=np.int64)
+        s, n = self.first, self.n
+        q = self.q
         D.decode(
             self.buf,
-            offs,
-            lens,
-            exps,
-            arrs,
-            n,
+            q[0, s:n],
+            q[1, s:n],
+            q[2, s:n],
+            q[3, s:n],
+            n - s,
             self.tmpl,
             self.doms,
             self.timeouts.template_timeout_s,
@@ -190,18 +200,11 @@ class FlowCollector:
             self.exp_addr,
         )
         for c in self.ctrs[: int(self.res[2])]:
-            self.interfaces[(int(c[D.C_DOM]), int(c[D.C_IFINDEX]))] = c.copy()
+            self.interfaces[(int(c[L.C_DOM]), int(c[L.C_IFINDEX]))] = c.copy()
         nrec, used = int(self.res[0]), int(self.res[1])
-        rest = (self._offs[used:], self._lens[used:], self._exps[used:])
-        self._arrs = self._arrs[used:]
-        if rest[0]:  # keep the undecoded datagrams, moved to the buffer's start
-            start = rest[0][0]
-            stop = rest[0][-1] + rest[1][-1]
-            self.buf[: stop - start] = self.buf[start:stop].copy()
-            self._offs = [o - start for o in rest[0]]
-            self._lens, self._exps = list(rest[1]), list(rest[2])
-        else:
-            self._offs, self._lens, self._exps = [], [], []
+        self.first += used
+        if self.first == self.n:
+            self.first = self.n = 0
         self.datagrams += used
         self.records += nrec
         if self.mark_ns is not None and nrec:
@@ -215,12 +218,12 @@ class FlowCollector:
         ``now_ns`` (an exporter-clock reading of "now") lets exporters silent for longer than
         ``exporter_timeout`` stop holding the mark; None keeps every exporter ever heard.
         """
-        live = self.doms[:, D.D_VALID] == 1
+        live = self.doms[:, L.D_VALID] == 1
         t = self.timeouts
         # a NetFlow record may end up to inactive + slack before its exporter's clock; an sFlow sample is
         # timed by its datagram's arrival, so nothing an agent still sends is older than its last arrival
-        lag = np.where(self.doms[live, D.D_KIND] == D.KIND_SFLOW, 0, t.inactive_ns) + t.slack_ns
-        clocks = self.doms[live, D.D_CLOCK]
+        lag = np.where(self.doms[live, L.D_KIND] == L.KIND_SFLOW, 0, t.inactive_ns) + t.slack_ns
+        clocks = self.doms[live, L.D_CLOCK]
         if now_ns is not None:
             keep = clocks >= now_ns - t.exporter_timeout_ns
             clocks, lag = clocks[keep], lag[keep]
@@ -234,55 +237,55 @@ class FlowCollector:
     def source_name(self, d: int) -> str:
         """A source row's name: 'exporter/domain' (NetFlow, IPFIX) or 'sflow:agent/sub-agent'."""
         row = self.doms[d]
-        if row[D.D_KIND] == D.KIND_SFLOW:
+        if row[L.D_KIND] == L.KIND_SFLOW:
             return (
-                f"sflow:{F.words_to_ip(int(row[D.D_AGENT_HI]), int(row[D.D_AGENT_LO]))}/{int(row[D.D_DOM])}"
+                f"sflow:{F.words_to_ip(int(row[L.D_AGENT_HI]), int(row[L.D_AGENT_LO]))}/{int(row[L.D_DOM])}"
             )
         names = {v: k for k, v in self.exporters.items()}
-        return f"{names.get(int(row[D.D_EXP]), int(row[D.D_EXP]))}/{int(row[D.D_DOM])}"
+        return f"{names.get(int(row[L.D_EXP]), int(row[L.D_EXP]))}/{int(row[L.D_DOM])}"
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics and the agent summary; ``sampling_rate`` per exporter and domain."""
         rates = {
-            self.source_name(d): int(self.doms[d, D.D_RATE]) for d in np.flatnonzero(self.doms[:, D.D_VALID])
+            self.source_name(d): int(self.doms[d, L.D_RATE]) for d in np.flatnonzero(self.doms[:, L.D_VALID])
         }
         interfaces = [
             {
                 "source": self.source_name(d),
                 "ifindex": i,
-                "speed": int(c[D.C_SPEED]),
-                "status": int(c[D.C_STATUS]),
+                "speed": int(c[L.C_SPEED]),
+                "status": int(c[L.C_STATUS]),
             }
-            | {k: int(c[D.C_IN_OCTETS + j]) for j, k in enumerate(D.COUNTER_NAMES)}
+            | {k: int(c[L.C_IN_OCTETS + j]) for j, k in enumerate(L.COUNTER_NAMES)}
             for (d, i), c in sorted(self.interfaces.items())
         ]
         per_source = {
             self.source_name(d): {
-                "datagrams": int(self.doms[d, D.D_DATAGRAMS]),
-                "records": int(self.doms[d, D.D_RECORDS]),
+                "datagrams": int(self.doms[d, L.D_DATAGRAMS]),
+                "records": int(self.doms[d, L.D_RECORDS]),
                 "templates": int(
                     (
-                        (self.tmpl[:, D.T_VALID] == 1)
-                        & (self.tmpl[:, D.T_EXP] == self.doms[d, D.D_EXP])
-                        & (self.tmpl[:, D.T_DOM] == self.doms[d, D.D_DOM])
+                        (self.tmpl[:, L.T_VALID] == 1)
+                        & (self.tmpl[:, L.T_EXP] == self.doms[d, L.D_EXP])
+                        & (self.tmpl[:, L.T_DOM] == self.doms[d, L.D_DOM])
                     ).sum()
                 )
-                if self.doms[d, D.D_KIND] == D.KIND_NETFLOW
+                if self.doms[d, L.D_KIND] == L.KIND_NETFLOW
                 else 0,
             }
-            for d in np.flatnonzero(self.doms[:, D.D_VALID])
+            for d in np.flatnonzero(self.doms[:, L.D_VALID])
         }
         return {
             "type": "flows",
             "sources": per_source,
             "datagrams": self.datagrams,
-            "datagrams_ok": int(self.errs[D.E_OK]),
+            "datagrams_ok": int(self.errs[L.E_OK]),
             "records": self.records,
             "late_records": self.late_records,
             "exporters": len(self.exporters),
             "sampling_rate": rates,
             "interfaces": interfaces,
-            "errors": {k: int(v) for k, v in zip(D.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)},
+            "errors": {k: int(v) for k, v in zip(L.FLOW_ERROR_NAMES[1:], self.errs[1:], strict=True)},
         }
 
 
