@@ -99,6 +99,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
         "(checked every minute; default: keep everything)",
     )
     p.add_argument(
+        "--compact-every",
+        type=float,
+        help="seconds between store maintenance passes: compaction, roll-up tiers, retention per tier "
+        "(default 3600; 0: off)",
+    )
+    p.add_argument(
         "--spark-jars",
         help="comma list of the Spark Kafka connector jars, or of directories of them "
         "(required; `python -m local_stack.jars --spark-list` prints what ./lw setup fetched)",

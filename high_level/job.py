@@ -31,6 +31,7 @@ from high_level.metrics import JobMetrics
 from high_level.options import MODES, STATES, JobOptions
 from high_level.pipeline import Outputs, Pipeline
 from high_level.results.alerts import AlertDelivery
+from high_level.results.compact import Compactor, Maintenance
 from high_level.results.export import ResultExporter
 from high_level.results.sink import ResultSink
 from high_level.results.store import ResultStore
@@ -140,6 +141,14 @@ class HighLevelJob:
             live=self.live,
             feed=self.feed,
         )
+        # compaction, roll-up tiers and retention per tier on a thread of this process (compact.py says
+        # why here); it reads the checkpoint's commit log, so only with a checkpoint on this machine
+        self.maintenance: Maintenance | None = None
+        if opts.compact_every_s > 0 and _is_local_path(opts.checkpoint):
+            ckpt = opts.checkpoint[len("file:") :] if opts.checkpoint.startswith("file:") else opts.checkpoint
+            compactor = Compactor(opts.results, stored, ckpt.removeprefix("//"), opts.retention_days)
+            self.maintenance = Maintenance(compactor, opts.compact_every_s)
+            self.sink.compactor = compactor
 
     # -- building ---------------------------------------------------------------------------------
     def start(self) -> list[Any]:
@@ -164,6 +173,8 @@ class HighLevelJob:
         for p in self.pipelines:
             p.check(self.opts)
         self.streams = [s for p in self.pipelines for s in p.start(self.spark, self.opts, self.sink)]
+        if self.maintenance is not None:
+            self.maintenance.start()
         return self.streams
 
     def provision_topics(self, deadline_s: float = 60.0) -> dict[str, str]:
@@ -282,6 +293,8 @@ class HighLevelJob:
             except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams
                 log.warning("stopping %s: %s", s.name, exc)
         self.outputs.close()
+        if self.maintenance is not None:
+            self.maintenance.stop()
         if self.delivery is not None:
             self.delivery.stop()
 

@@ -72,6 +72,12 @@ class JobMetrics:
         self.state_bytes = Gauge(
             "lowwater_job_state_memory_bytes", "Spark state store memory", ["query"], registry=r
         )
+        self.store_tier_bytes = Gauge(
+            "lowwater_job_store_tier_bytes",
+            "Bytes of a query's results per tier (raw: the window files; else a roll-up tier)",
+            ["query", "tier"],
+            registry=r,
+        )
         self.join_state_rows = Gauge(
             "lowwater_job_join_state_rows",
             "Input rows a join holds (both inputs)",

@@ -44,6 +44,7 @@ class JobOptions:
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     control_topic: str | None = None  # ask blocking hosts for punctuation on this topic (oop mode)
     retention_days: int | None = None  # delete result files of windows older than this
+    compact_every_s: float = 3600.0  # store maintenance passes (high_level/results/compact.py); 0: off
     alert_webhook: str | None = None  # Alertmanager v2 endpoint, e.g. http://am:9093/api/v2/alerts
     alert_timeout_ms: int = 2000
     alert_queue: int = 10_000

@@ -51,6 +51,11 @@ class JobSettings(RoleSettings):
     retention_days: int | None = Field(
         default=None, ge=1, description="delete results of windows older than this"
     )
+    compact_every: float = Field(
+        default=3600.0,
+        ge=0,
+        description="seconds between store maintenance passes (compaction, roll-up tiers, retention); 0: off",
+    )
     alert_webhook: str | None = Field(
         default=None, description="Alertmanager v2 URL, e.g. http://am:9093/api/v2/alerts"
     )
@@ -131,6 +136,7 @@ class JobSettings(RoleSettings):
             alert_generator_url=self.alert_generator_url,
             control_topic=self.control_topic,
             retention_days=self.retention_days,
+            compact_every_s=self.compact_every,
             live=self.live,
             state=self.state,
         )

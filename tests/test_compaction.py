@@ -28,6 +28,7 @@ import pytest
 from contract import aggregates as A
 from contract import query as Q
 from contract import results as R
+from contract import status as S
 from high_level.results import tiers as T
 from high_level.results.compact import Compactor, committed_batch
 from high_level.results.store import ResultStore
@@ -146,13 +147,17 @@ def _visible(folder: Path, ranged=R.batch_range) -> list[Path]:
     return [folder / n for n in R.visible_files(named)]
 
 
+def _row_hashes(paths: list) -> Counter:
+    """The multiset of the rows of these files (a hash per row, every column)."""
+    rows: Counter = Counter()
+    for p in paths:
+        rows.update(pd.util.hash_pandas_object(pq.read_table(p).to_pandas(), index=False).tolist())
+    return rows
+
+
 def _raw_rows(root: Path, q: Q.QuerySpec) -> Counter:
     """The multiset of raw rows a reader sees (visible files of every day)."""
-    rows: Counter = Counter()
-    for _day, d in R.date_dirs(root, q.name):
-        for f in _visible(d):
-            rows.update(tuple(r.values()) for r in pq.read_table(f).to_pylist())
-    return rows
+    return _row_hashes([f for _day, d in R.date_dirs(root, q.name) for f in _visible(d)])
 
 
 def _tier_fold(root: Path, q: Q.QuerySpec, tier: str) -> pd.DataFrame:
@@ -248,45 +253,52 @@ def test_tiers_exact_and_compaction_keeps_every_row(tmp_path: Path, q: Q.QuerySp
 
 def test_readers_during_compaction_see_every_row_once(tmp_path: Path, q: Q.QuerySpec) -> None:
     """Readers list and read through the API's FileIndex while passes compact under them: every read
-    returns the same row multiset (a file that vanished after the listing means: list again)."""
+    returns the row multiset of the batches written so far (a file that vanished after the listing
+    means: list again). Batches are written, as by the job, before their commit, between reads."""
     root, ckpt = tmp_path / "results", tmp_path / "ckpt"
-    batches, _ = _batches(q, 120, seed=11)
-    _write(root, q, batches)
-    expected = _raw_rows(root, q)
+    batches, _ = _batches(q, 121, seed=11)
     index = FileIndex(root)
     stop = threading.Event()
+    locks = [threading.Lock() for _ in range(2)]
+    expected: list[Counter] = [Counter()]
     reads, bad = [0], []
 
-    def reader() -> None:
+    def reader(lock: threading.Lock) -> None:
         while not stop.is_set():
-            try:
-                dirs = [p for _d, p in index.date_dirs(q.name)]
-                got: Counter = Counter()
-                for f in index.files_in(q, dirs):
-                    got.update(tuple(r.values()) for r in pq.read_table(f.path).to_pylist())
-            except FileNotFoundError:
-                index.forget()
-                continue
-            if got != expected:
-                bad.append((sum(got.values()), sum(expected.values())))
-            reads[0] += 1
+            with lock:  # one whole read against one expectation
+                try:
+                    dirs = [p for _d, p in index.date_dirs(q.name)]
+                    got = _row_hashes([f.path for f in index.files_in(q, dirs)])
+                except FileNotFoundError:
+                    index.forget()
+                    continue
+                if got != expected[0]:
+                    bad.append((sum(got.values()), sum(expected[0].values())))
+                reads[0] += 1
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=reader, args=(lk,)) for lk in locks]
     for t in threads:
         t.start()
     c = Compactor(root, [q], ckpt, grace_s=0.05, min_files=2)
-    for through in range(10, 121, 10):  # passes as batches commit
-        _commit(ckpt, through)
-        c.run_once()
-        time.sleep(0.06)
-    c.run_once()
-    deadline = time.monotonic() + 60
-    while reads[0] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join()
-    assert reads[0] >= 20 and not bad, bad[:3]
+    try:
+        for through in range(10, 121, 10):  # the job writes batches, commits; a pass runs meanwhile
+            for lk in locks:
+                lk.acquire()
+            _write(root, q, batches[: through + 1], first=through - 9 if through > 10 else 0)
+            _commit(ckpt, through)
+            expected[0] = _raw_rows(root, q)
+            for lk in locks:
+                lk.release()
+            before = reads[0]
+            c.run_once()
+            deadline = time.monotonic() + 30
+            while reads[0] < before + 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert reads[0] >= 24 and not bad, bad[:3]
     assert c.status.files_deleted > 0
 
 
@@ -381,3 +393,51 @@ def test_retention_per_tier(tmp_path: Path, q: Q.QuerySpec) -> None:
     assert [d for d, _ in R.tier_date_dirs(root, spec.name, "5m")] == [(BASE + timedelta(days=1)).date()]
     assert len(R.tier_date_dirs(root, spec.name, "1h")) == 2
     assert c.tier_bytes()[spec.name]["raw"] == 0
+
+
+def test_job_runs_maintenance_and_reports_tiers_in_status_and_metrics(tmp_path: Path, q: Q.QuerySpec) -> None:
+    """The job's own thread does the passes; /status (the status document) and the job's Prometheus
+    registry carry the store's size per tier."""
+    from prometheus_client import generate_latest
+
+    from high_level.job import HighLevelJob, JobOptions
+
+    opts = JobOptions(
+        bootstrap="x", results=str(tmp_path / "r"), checkpoint=str(tmp_path / "c"), compact_every_s=0.2
+    )
+    job = HighLevelJob(None, [q], opts)
+    assert job.maintenance is not None
+    batches, truth = _batches(q, 40)
+    for b, rows in enumerate(batches):
+        job.store.write_batch(b, rows)
+    _commit(Path(opts.checkpoint), 40)
+    job.maintenance.start()
+    try:
+        deadline = time.monotonic() + 120
+        while T.folded_through(job.store.root, q.name) < 39 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        job.maintenance.stop()
+    assert T.folded_through(job.store.root, q.name) == 39
+    _check_exact(job.store.root, q, truth)
+    now_ms = int(time.time() * 1000)
+    job.sink.maintain(now_ms, None)
+    job.sink.write_status({}, now_ms)
+    doc = S.read(job.store.status_path)
+    assert set(doc.tier_bytes[q.name]) == {"raw", "5m", "1h"} and doc.tier_bytes[q.name]["5m"] > 0
+    assert doc.compaction is not None and doc.compaction.runs >= 1 and doc.compaction.committed_batch == 40
+    text = generate_latest(job.metrics.registry).decode()
+    assert f'lowwater_job_store_tier_bytes{{query="{q.name}",tier="1h"}}' in text
+
+
+def test_a_checkpoint_behind_the_store_stops_compaction(tmp_path: Path, q: Q.QuerySpec) -> None:
+    """A new checkpoint over old results restarts batch ids: compacting then could hide new files."""
+    root, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    batches, _ = _batches(q, 30)
+    _write(root, q, batches)
+    _commit(ckpt, 5)
+    names = sorted(n for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d))
+    with pytest.raises(RuntimeError, match="checkpoint committed only 5"):
+        Compactor(root, [q], ckpt, grace_s=0).run_once()
+    assert sorted(n for _d, d in R.date_dirs(root, q.name) for n in os.listdir(d)) == names
+    assert T.folded_through(root, q.name) == -1

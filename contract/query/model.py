@@ -22,19 +22,9 @@ from contract import condlang, sketch
 from contract import fields as F
 from contract.aggregates import DEFAULT_ACCURACY
 from contract.filterlang import FilterError, compile_filter
+from contract.query import tiers
+from contract.query.durations import NS, duration_name, parse_duration_ns
 
-NS = 1_000_000_000
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|min|h|d)?\s*$")
-_UNIT_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "ms": 1_000_000,
-    "s": NS,
-    "m": 60 * NS,
-    "min": 60 * NS,
-    "h": 3600 * NS,
-    "d": 86400 * NS,
-}
 RAW_TIER = "raw"  # the retention key of the store's own (per micro-batch, then compacted) files
 
 
@@ -45,28 +35,6 @@ class ConfigError(ValueError):
         where = f"{file}:{line}" if line else file
         super().__init__(f"{where}: {field}: {reason}" if field else f"{where}: {reason}")
         self.file, self.line, self.field, self.reason = file, line, field, reason
-
-
-def parse_duration_ns(value: Any) -> int:
-    """'10s', '1m', '500ms', or a number of seconds -> nanoseconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like '10s', '1m', '500ms'")
-    if isinstance(value, int | float):
-        ns = int(round(value * NS))
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        ns = int(round(float(m.group(1)) * _UNIT_NS[m.group(2) or "s"]))
-    else:
-        raise ValueError(f"{value!r} is not a duration (use e.g. '10s', '1m', '500ms')")
-    return ns
-
-
-def duration_name(ns: int) -> str:
-    """A width as its shortest exact name in the largest unit that divides it: 5m, 1h, 1d, 90s, 1500ms."""
-    for unit in ("d", "h", "m", "s", "ms", "us"):
-        step = _UNIT_NS[unit]
-        if ns > 0 and ns % step == 0:
-            return f"{ns // step}{unit}"
-    return f"{ns}ns"
 
 
 Duration = Annotated[int, Field(description="duration; YAML accepts '10s', '1m', '500ms' or seconds")]
@@ -435,79 +403,28 @@ class QuerySpec(_Strict):
     flush: FlushSpec = FlushSpec()
     heartbeat: HeartbeatSpec = HeartbeatSpec()
     kafka: KafkaSpec = KafkaSpec()
-    # roll-up tiers (ns, ascending): each a multiple of the window and of the tier before it; the store
-    # builds them from closed windows (high_level/results/tiers.py, layout in contract/results.py)
-    tiers: tuple[int, ...] = ()
-    # how long each tier's windows are kept (ns), by tier name ("raw", "5m", ...); a tier left out is
-    # kept, except "raw", which defaults to the job's --retention-days
-    retention: dict[str, int] = Field(default_factory=dict)
+    tiers: tuple[int, ...] = ()  # roll-up widths (ns), ascending (contract/query/tiers.py)
+    retention: dict[str, int] = Field(default_factory=dict)  # ns by tier name ("raw", "5m"); none: kept
 
     @field_validator("tiers", mode="before")
     @classmethod
     def _tier_widths(cls, v: Any) -> Any:
-        if v is None:
-            return ()
-        if not isinstance(v, list | tuple):
-            raise ValueError("tiers is a list of widths, e.g. [5m, 1h, 1d]")
-        return tuple(parse_duration_ns(x) for x in v)
+        return tiers.parse_tiers(v)
 
     @field_validator("tiers")
     @classmethod
     def _tiers(cls, v: tuple[int, ...], info: Any) -> tuple[int, ...]:
-        if not v:
-            return v
-        w: WindowSpec | None = info.data.get("window")
-        aggs: list[AggregateSpec] | None = info.data.get("aggregates")
-        if w is None or aggs is None:
-            return v  # the window or aggregates already failed: that error is the one reported
-        if w.landmark or not w.tumbling:
-            raise ValueError("roll-up tiers need a tumbling window (range = slide, not a landmark)")
-        names = [a.fn for a in aggs]
-        bad = [a.name for a in aggs if a.fn not in A.TIER_STATES]
-        if bad:
-            raise ValueError(
-                f"aggregates {bad} do not re-merge exactly from stored windows (tiers offer "
-                f"{', '.join(A.TIER_STATES)}): split them into a query without tiers"
-            )
-        if any(A.TIER_STATES[a.fn].needs_count for a in aggs) and "count" not in names:
-            raise ValueError("avg in a tier needs a count aggregate in the query (its weight)")
-        prev = w.range_ns
-        for t in v:
-            if t <= prev or t % prev:
-                raise ValueError(
-                    f"tier {duration_name(t)} must be a larger multiple of "
-                    f"{'the window' if prev == w.range_ns else 'the tier before it'} ({duration_name(prev)})"
-                )
-            prev = t
-        return v
+        return tiers.check_tiers(v, info.data.get("window"), info.data.get("aggregates"))
 
     @field_validator("retention", mode="before")
     @classmethod
     def _retention_in(cls, v: Any) -> Any:
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            raise ValueError(
-                "retention maps a tier ('raw', '5m', ...) to a duration, e.g. {raw: 15d, 1h: 400d}"
-            )
-        out: dict[str, int] = {}
-        for k, d in v.items():
-            name = RAW_TIER if k == RAW_TIER else duration_name(parse_duration_ns(k))
-            if name in out:
-                raise ValueError(f"retention of tier {name} given twice")
-            out[name] = parse_duration_ns(d)
-            if out[name] <= 0:
-                raise ValueError(f"retention of tier {name} must be positive")
-        return out
+        return tiers.parse_retention(v, RAW_TIER)
 
     @field_validator("retention")
     @classmethod
     def _retention(cls, v: dict[str, int], info: Any) -> dict[str, int]:
-        known = [RAW_TIER, *(duration_name(t) for t in info.data.get("tiers") or ())]
-        unknown = sorted(set(v) - set(known))
-        if unknown:
-            raise ValueError(f"retention of {unknown}: not a tier of this query ({', '.join(known)})")
-        return v
+        return tiers.check_retention(v, info.data.get("tiers") or (), RAW_TIER)
 
     @property
     def tier_names(self) -> list[str]:

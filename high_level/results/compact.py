@@ -106,6 +106,20 @@ class Compactor:
             if committed is None:
                 continue
             bound = committed if bound is None else max(bound, committed)
+            newest = max(
+                (
+                    r[1]
+                    for _d, d in R.date_dirs(self.root, q.name)
+                    for n in os.listdir(d)
+                    if (r := R.batch_range(n))
+                ),
+                default=-1,
+            )
+            if newest > committed + 1:  # only the running batch may be ahead of the commit log
+                raise RuntimeError(
+                    f"query {q.name}: the store holds batch {newest} but the checkpoint committed only "
+                    f"{committed} (a new checkpoint over old results?): not compacting, new files could be hidden"
+                )
             final = committed - 1  # below the last committed batch: no replay can rewrite it
             if q.tiers:
                 out.tier_rows += T.build(self.root, q, final)

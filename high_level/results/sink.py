@@ -34,6 +34,7 @@ from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
+from high_level.results.compact import Compactor
 from high_level.results.store import ResultStore, generic_table
 from high_level.results.windowtotal import TotalGate
 
@@ -79,6 +80,8 @@ class ResultSink:
         self.last_batch: dict[str, Any] = {}
         self._maintained_ms = 0
         self.store_bytes: int | None = None
+        self.tier_bytes: dict[str, dict[str, int]] = {}
+        self.compactor: Compactor | None = None  # the store's maintenance (the job sets it): its status
         try:
             prev = S.read(store.status_path)
         except S.StatusUnavailable:
@@ -259,13 +262,17 @@ class ResultSink:
         if now_ms - self._maintained_ms < every_ms:
             return
         self._maintained_ms = now_ms
-        if retention_days:
-            today = datetime.fromtimestamp(now_ms / 1000, UTC).date()
-            with self._lock:  # not while a batch writes (a late correction may touch an old day)
-                gone = self.store.expire(today, retention_days)
-            for d in gone:
-                log.info("retention: deleted %s (windows older than %d days)", d, retention_days)
+        today = datetime.fromtimestamp(now_ms / 1000, UTC).date()
+        with self._lock:  # not while a batch writes (a late correction may touch an old day)
+            gone = self.store.expire(today, retention_days)
+        for d in gone:
+            log.info("retention: deleted %s (windows older than the query's raw retention)", d)
         self.store_bytes = self.store.size_bytes()
+        if self.compactor is not None:
+            self.tier_bytes = self.compactor.tier_bytes()
+            for qn, sizes in self.tier_bytes.items():
+                for tier, n in sizes.items():
+                    self.metrics.store_tier_bytes.labels(qn, tier).set(n)
 
     def touch(self, now_ms: int, every_ms: int = 10_000) -> None:
         """Rewrite the status document when no micro-batch has for ``every_ms``: an idle job (a finished
@@ -287,5 +294,7 @@ class ResultSink:
             hosts=S.summarize_hosts(queries),
             progress=self.progress(),
             store_bytes=self.store_bytes,
+            tier_bytes=self.tier_bytes,
+            compaction=self.compactor.status if self.compactor is not None else None,
         )
         self.store.write_status(doc)

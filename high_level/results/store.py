@@ -527,15 +527,19 @@ class ResultStore:
                     self.flagged[(name, cause)] = self.flagged.get((name, cause), 0) + n
         return total
 
-    def expire(self, today: date, days: int) -> list[Path]:
-        """Delete the result files of windows that started more than ``days`` days before ``today`` (UTC),
-        a whole ``date=`` directory at a time; returns the directories removed.
+    def expire(self, today: date, days: int | None) -> list[Path]:
+        """Delete the result files of windows that started more than the query's raw retention (its
+        ``retention: {raw: ...}``, else ``days``) before ``today`` (UTC), a whole ``date=`` directory at a
+        time; returns the directories removed. Tiers expire in high_level/results/compact.py.
 
         Readers index files by directory and tolerate files that vanish between listing and reading.
         """
-        cutoff = today - timedelta(days=days)
         gone = []
         for name in sorted(self.queries):
+            keep = R.retention_ns(self.queries[name], R.RAW_TIER, days)
+            if keep is None:
+                continue
+            cutoff = today - timedelta(microseconds=keep // 1000)
             for day, d in [*R.date_dirs(self.root, name), *R.incomplete_date_dirs(self.root, name)]:
                 if day < cutoff:
                     shutil.rmtree(d, ignore_errors=True)

@@ -44,6 +44,7 @@ FULL_RECHECK_S = 30.0  # re-list every directory this often, whatever its mtime 
 # A directory modified this close to its listing may have changed again within the same mtime tick
 # (filesystem clocks are coarse): its listing is not trusted until it has been re-listed.
 DIR_SLACK_S = 1.0
+LIST_ATTEMPTS = 5  # a directory listed this many times, each stale before its files were stat'ed: 503
 
 
 class StoreError(RuntimeError):
@@ -210,24 +211,36 @@ class FileIndex:
     def _scan_dir(
         self, spec: QuerySpec, d: str, old: DirState | None, mtime_ns: int, wall_ns: int, built_ns: int
     ) -> DirState:
-        """List and stat every part of a directory (re-reading footers only of new or changed files)."""
-        try:
-            entries = list(os.scandir(d))
-        except FileNotFoundError:
-            entries = []
-        except OSError as exc:
-            raise StoreError(f"cannot list {d}: {exc.strerror}") from None
+        """List and stat every part of a directory (re-reading footers only of new or changed files).
+
+        A listed file that is gone when stat'ed means the listing is stale (the compactor may have
+        renamed in the file that covers it since): list again rather than drop its rows."""
         known = old.files if old is not None else {}
-        files: dict[str, Checked] = {}
-        for e in entries:
-            if R.batch_range(e.name) is None:
-                continue
+        for _attempt in range(LIST_ATTEMPTS):
             try:
-                files[e.path] = self._check(spec, e.path, e.stat(), known.get(e.path))
+                entries = list(os.scandir(d))
             except FileNotFoundError:
-                continue
-        sure = mtime_ns < wall_ns - int(DIR_SLACK_S * 1e9)
-        return _dir_state(built_ns, mtime_ns, sure, time.monotonic(), files)
+                entries = []
+            except OSError as exc:
+                raise StoreError(f"cannot list {d}: {exc.strerror}") from None
+            files: dict[str, Checked] = {}
+            stale = False
+            for e in entries:
+                if R.batch_range(e.name) is None:
+                    continue
+                try:
+                    files[e.path] = self._check(spec, e.path, e.stat(), known.get(e.path))
+                except FileNotFoundError:
+                    stale = True
+                    break
+            if not stale:
+                sure = mtime_ns < wall_ns - int(DIR_SLACK_S * 1e9)
+                return _dir_state(built_ns, mtime_ns, sure, time.monotonic(), files)
+            try:
+                mtime_ns, wall_ns = os.stat(d).st_mtime_ns, time.time_ns()
+            except FileNotFoundError:
+                return _dir_state(built_ns, 0, False, time.monotonic(), {})
+        raise StoreError(f"{d} kept changing while it was listed ({LIST_ATTEMPTS} times)")
 
     def _recheck(self, spec: QuerySpec, state: DirState, wall_ns: int, built_ns: int) -> DirState:
         """Stat again the files that may still change (recent, rejected or empty); ``state`` if none did."""
