@@ -111,9 +111,18 @@ class _Hosts:
 
 
 def make_messages(
-    q: Q.QuerySpec, records: int, groups: int, hosts: int, panes: int, batch: int, seed: int = 0
+    q: Q.QuerySpec,
+    records: int,
+    groups: int,
+    hosts: int,
+    panes: int,
+    batch: int,
+    seed: int = 0,
+    zipf: float = 0.0,
 ) -> list[tuple[int, bytes, int]]:
-    """(partition, value, records) in per-host order: each pane's partials, then punctuation."""
+    """(partition, value, records) in per-host order: each pane's partials, then punctuation. Group
+    keys uniform, or (``zipf`` > 1) ``records`` packets of Zipf-distributed groups pre-aggregated per
+    (pane, host) as an agent does: a hot group is one partial per pane and host."""
     rng = np.random.default_rng(seed)
     p0 = T0 // q.window.pane_ns
     per_pane_host = max(1, records // (panes * hosts))
@@ -121,7 +130,11 @@ def make_messages(
     for pane in range(p0, p0 + panes):
         for h in range(hosts):
             mark = pane + 1 if pane + 1 < p0 + panes else wire.END_OF_STREAM
-            em.send(h, rng.integers(0, groups, per_pane_host), pane, mark)
+            if zipf:  # a host pre-aggregates: one partial per group it saw in the pane, however hot
+                keys = np.unique((rng.zipf(zipf, per_pane_host) - 1) % groups)
+            else:
+                keys = rng.integers(0, groups, per_pane_host)
+            em.send(h, keys, pane, mark)
     return em.out
 
 
@@ -206,12 +219,18 @@ class BatchClock(HighLevelJob):
 
 
 def run_config(
-    spark: Any, q: Q.QuerySpec, a: argparse.Namespace, work: Path, batch_records: int, total: int
+    spark: Any,
+    q: Q.QuerySpec | list[Q.QuerySpec],
+    a: argparse.Namespace,
+    work: Path,
+    batch_records: int,
+    total: int,
 ) -> dict[str, Any]:
-    """Read the whole topic from a fresh checkpoint, at most ``batch_records`` per micro-batch."""
+    """Read the whole topic (of each query) from a fresh checkpoint, at most ``batch_records`` per
+    micro-batch."""
     max_offsets = max(1, batch_records // a.batch)  # Kafka messages per trigger (a.batch records each)
     opts = _job_options(a, work, batch_records, max_offsets_per_trigger=max_offsets)
-    job = BatchClock(spark, [q], opts)
+    job = BatchClock(spark, q if isinstance(q, list) else [q], opts)
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)  # local mode: the JVM runs the Python workers
     c0 = tree_cpu_seconds(jvm_pid) + time.process_time()
     t0 = time.perf_counter()

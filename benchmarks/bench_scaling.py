@@ -42,21 +42,35 @@ def query_for(topic: str, partitions: int) -> Q.QuerySpec:
     return q.model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=partitions)})
 
 
-def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm: str) -> dict[str, int]:
-    """The same records into one topic per partition count (placed by hash mod P), and a warm-up topic."""
+def topics_of(a: argparse.Namespace, tag: str) -> dict[str, dict]:
+    """Every run's topics: name -> {partitions, records (packets), zipf}; and the runs reading them."""
+    out: dict[str, dict] = {}
+    for p in sorted({p for _w, p in a.pairs}):
+        out[f"scaling-{tag}-p{p}"] = {"partitions": p, "records": a.records, "zipf": 0.0}
+    if a.zipf:
+        out[f"scaling-{tag}-zipf"] = {"partitions": 1, "records": a.records, "zipf": a.zipf}
+    for n in a.queries:
+        for i in range(n):
+            out[f"scaling-{tag}-q{n}-{i}"] = {"partitions": 1, "records": a.plan_records // n, "zipf": 0.0}
+    out[f"scaling-{tag}-warm"] = {"partitions": 2, "records": a.records // 10, "zipf": 0.0}
+    return out
+
+
+def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict]) -> dict[str, int]:
+    """Each topic's records (placed by hash mod P as agents place them); partial records per topic."""
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(t, p, 1) for p, t in topics.items()] + [NewTopic(warm, 2, 1)])
+    admin.create_topics([NewTopic(t, d["partitions"], 1) for t, d in topics.items()])
     admin.close()
     prod = KafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 << 20, batch_size=1 << 20
     )
     totals = {}
-    for p, t in [*topics.items(), (2, warm)]:
-        n = a.records if t != warm else a.records // 10
-        msgs = make_messages(query_for(t, p), n, a.groups, a.hosts, a.panes, a.batch)
+    for t, d in topics.items():
+        q = query_for(t, d["partitions"])
+        msgs = make_messages(q, d["records"], a.groups, a.hosts, a.panes, a.batch, zipf=d["zipf"])
         for part, v, _ in msgs:
             prod.send(t, value=v, partition=part)
         totals[t] = sum(k for *_, k in msgs)
@@ -66,7 +80,7 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[int, str], warm:
 
 
 def driver(a: argparse.Namespace) -> int:
-    """One SparkContext on the cluster (W executors of 1 core); every P in turn; JSON lines on stdout."""
+    """One SparkContext on the cluster (W executors of 1 core); each of its runs in turn; JSON lines on stdout."""
     from high_level.cluster.session import build_spark
     from local_stack.jars import spark_kafka_jars
 
@@ -93,11 +107,14 @@ def driver(a: argparse.Namespace) -> int:
     warm = query_for(spec["warm"], 2)
     wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
     run_config(spark, warm, ns, work / "warm", min(a.batch_records, wt // 3), wt)
-    for p, topic in sorted((int(k), v) for k, v in spec["topics"].items()):
-        ns.partitions = p
+    for i, run in enumerate(spec["runs"]):
+        p = ns.partitions = run["partitions"]
+        qs = [query_for(t, p) for t in run["topics"]]
+        total = sum(spec["totals"][t] for t in run["topics"])
+        batch_records = run.get("batch_records", a.batch_records)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
         d0, m0, t0 = tree_cpu_seconds(os.getpid()), machine_busy_seconds(), time.perf_counter()
-        r = run_config(spark, query_for(topic, p), ns, work / f"p{p}", a.batch_records, spec["totals"][topic])
+        r = run_config(spark, qs, ns, work / f"run{i}", batch_records, total)
         took = time.perf_counter() - t0
         r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
         # the driver (this process and its JVM) and every process of the machine (broker, master, workers, ...)
@@ -105,7 +122,14 @@ def driver(a: argparse.Namespace) -> int:
         r["machine_cores_busy"] = round((machine_busy_seconds() - m0) / took, 2)
         # cores the executors kept busy over the whole catch-up (their CPU / wall): < W means they waited
         r["executor_cores_busy"] = round(r["executor_cpu_seconds"] / r["catchup_seconds"], 2)
-        r.update(workers=w, partitions=p, executors=sc_executors(spark))
+        r.update(
+            workers=w,
+            partitions=p,
+            executors=sc_executors(spark),
+            kind=run["kind"],
+            queries=len(qs),
+            packets=run["packets"],
+        )
         print("ROW " + json.dumps(r), flush=True)
     spark.stop()
     return 0
@@ -117,6 +141,7 @@ def sc_executors(spark) -> int:
 
 def chart(rows: list[dict], path: Path) -> None:
     plt = harness.pyplot()
+    rows = [r for r in rows if r.get("kind", "scale") == "scale"]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for w in sorted({r["workers"] for r in rows}):
@@ -136,12 +161,21 @@ def chart(rows: list[dict], path: Path) -> None:
     harness.save_figure(fig, path)
 
 
-def summarize(rows: list[dict], head: dict) -> dict:
-    """The figures of one run: rates per (W, P), the ratios, what the executors' CPU says about the limit."""
-    for r in rows:  # load-independent: records per second of executor CPU
+def _per_batch(r: dict, key: str) -> float:
+    return round(r["duration_ms"].get(key, 0) / max(r["batches"], 1), 1)
+
+
+def summarize(all_rows: list[dict], head: dict) -> dict:
+    """The figures of one run: rates per (W, P), the ratios, what the executors' and the driver's CPU
+    say about the limit, planning per batch against the number of queries, uniform vs Zipf keys."""
+    for r in all_rows:  # load-independent: records per second of executor CPU
+        r.setdefault("kind", "scale")
         r["records_per_executor_cpu_s"] = round(
             (r["first_batch_records"] + r["sustained_records"]) / max(r["executor_cpu_seconds"], 1e-9)
         )
+        recs = r["first_batch_records"] + r["sustained_records"]
+        r["driver_cpu_s_per_million_records"] = round(r["driver_cpu_seconds"] / (recs / 1e6), 4)
+    rows = [r for r in all_rows if r["kind"] == "scale"]
     rate = {(r["workers"], r["partitions"]): r["sustained_records_per_s"] for r in rows}
     per_cpu = {(r["workers"], r["partitions"]): r["records_per_executor_cpu_s"] for r in rows}
     wmax = max(w for w, _ in rate)
@@ -150,18 +184,60 @@ def summarize(rows: list[dict], head: dict) -> dict:
     def ratio(x: dict, a: tuple[int, int], b: tuple[int, int]) -> float | None:
         return round(x[a] / x[b], 3) if a in x and b in x else None
 
+    recs = sum(r["first_batch_records"] + r["sustained_records"] for r in rows)
+    dcpu = sum(r["driver_cpu_seconds"] for r in rows)
     res = {
         "benchmark": "scaling",
         **head,
         "setup": "Spark standalone master + W workers of 1 core (spark-class, loopback), one executor of 1 core "
-        "per worker, driver in its own process, one Kafka broker; all on the same 2-core VM",
-        "rows": rows,
+        "per worker, driver in its own process, one Kafka broker; all on the same 2-core VM; the executors "
+        "write the result store, the driver commits a manifest per batch",
+        "rows": all_rows,
         "rates": {f"w{w}_p{p}": v for (w, p), v in sorted(rate.items())},
         "p2_vs_p1": ratio(rate, (wmax, 2), (wmax, 1)),
         "p4_vs_p1": ratio(rate, (wmax, 4), (wmax, 1)),
         "w2_vs_w1_at_p2": ratio(rate, (2, 2), (1, 2)),
         "records_per_executor_cpu_s": {f"w{w}_p{p}": v for (w, p), v in sorted(per_cpu.items())},
+        "per_cpu_efficiency_p2": ratio(per_cpu, (2, 2), (1, 1)),
+        # over every scaling run: the driver's CPU per million records, and the rate one driver core caps at
+        "driver_cpu_s_per_million_records": round(dcpu / (recs / 1e6), 4) if recs else None,
+        "driver_ceiling_records_per_driver_cpu_s": round(recs / dcpu) if dcpu > 0 else None,
+        "goals": {
+            "driver_cpu_s_per_million_records": "<= 0.05",
+            "driver_ceiling_records_per_driver_cpu_s": ">= 20,000,000",
+            "per_cpu_efficiency_p2": ">= 0.9",
+        },
     }
+    plan = sorted((r for r in all_rows if r["kind"] == "plan"), key=lambda r: r["queries"])
+    if plan:  # Spark's per-trigger phases (durationMs) per micro-batch, and the driver's CPU per batch
+        res["planning_per_batch_vs_queries"] = {
+            str(r["queries"]): {
+                "batches": r["batches"],
+                "query_planning_ms": _per_batch(r, "queryPlanning"),
+                "add_batch_ms": _per_batch(r, "addBatch"),
+                "trigger_execution_ms": _per_batch(r, "triggerExecution"),
+                "overhead_ms": round(_per_batch(r, "triggerExecution") - _per_batch(r, "addBatch"), 1),
+                "driver_cpu_ms": round(1000 * r["driver_cpu_seconds"] / max(r["batches"], 1), 1),
+            }
+            for r in plan
+        }
+    zipf = [r for r in all_rows if r["kind"] == "zipf"]
+    uni = [r for r in rows if (r["workers"], r["partitions"]) == (zipf[0]["workers"], 1)] if zipf else []
+    if zipf and uni:
+        z, u = zipf[0], uni[0]
+        res["zipf"] = {
+            "s": head.get("zipf"),
+            "note": "the same packets with Zipf-distributed groups, pre-aggregated per (pane, host) as agents "
+            "do: a hot group is one partial per pane and host, so the partials (and the CPU) shrink",
+            "packets": z["packets"],
+            "uniform_partials": u["first_batch_records"] + u["sustained_records"],
+            "zipf_partials": z["first_batch_records"] + z["sustained_records"],
+            "uniform_records_per_executor_cpu_s": u["records_per_executor_cpu_s"],
+            "zipf_records_per_executor_cpu_s": z["records_per_executor_cpu_s"],
+            "uniform_packets_per_executor_cpu_s": round(u["packets"] / max(u["executor_cpu_seconds"], 1e-9)),
+            "zipf_packets_per_executor_cpu_s": round(z["packets"] / max(z["executor_cpu_seconds"], 1e-9)),
+            "hot_group_partials": head["panes"] * head["hosts"],
+        }
     busy = {f"w{r['workers']}_p{r['partitions']}": r["executor_cores_busy"] for r in rows}
     res["executor_cores_busy"] = busy
     res["limit"] = (
@@ -185,6 +261,10 @@ def summarize(rows: list[dict], head: dict) -> dict:
     return res
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    return [(int(w), int(p)) for w, p in (x.split("x") for x in text.split(","))]
+
+
 def main() -> int:
     ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=12_000_000)
@@ -193,14 +273,28 @@ def main() -> int:
     ap.add_argument("--panes", type=int, default=10)
     ap.add_argument("--batch", type=int, default=4096, help="partial records per Kafka message")
     ap.add_argument("--batch-records", type=int, default=2_000_000, help="records per micro-batch at most")
-    ap.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
-    ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    ap.add_argument(
+        "--pairs", type=_pairs, default=_pairs("1x1,2x1,2x2,2x4"), help="WxP runs (workers x partitions)"
+    )
+    ap.add_argument("--queries", type=lambda s: [int(x) for x in s.split(",")], default=[1, 7, 20])
+    ap.add_argument(
+        "--plan-records", type=int, default=1_200_000, help="records of each planning run (all queries)"
+    )
+    ap.add_argument(
+        "--zipf", type=float, default=1.2, help="Zipf exponent of the hot-key run at P = 1 (0: none)"
+    )
     ap.add_argument("--executor-memory", default="1g")
+    ap.add_argument(
+        "--quick", action="store_true", help="a smoke run: small topics, 1x1 and 2x2, 1 and 7 queries"
+    )
     ap.add_argument(
         "--rewrite", action="store_true", help="recompute scaling.json/png from the last run's rows"
     )
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.quick:
+        a.records, a.groups, a.batch_records, a.plan_records = 600_000, 20_000, 200_000, 140_000
+        a.pairs, a.queries = _pairs("1x1,2x2"), [1, 7]
     if a.driver:
         return driver(a)
     if a.rewrite:
@@ -218,22 +312,47 @@ def main() -> int:
     broker = KafkaBroker("bench-scaling", port=0, state=work / "kafka").start()
     rows: list[dict] = []
     load = [os.getloadavg()[0]]
+    workers = sorted({w for w, _ in a.pairs})
     try:
         tag = uuid.uuid4().hex[:6]
-        topics = {p: f"scaling-{tag}-p{p}" for p in a.partitions}
-        warm = f"scaling-{tag}-warm"
-        totals = produce(broker.bootstrap_servers, a, topics, warm)
-        print(
-            f"{totals[topics[a.partitions[0]]]:,} partial records per topic, P in {a.partitions}", flush=True
-        )
-        for w in a.workers:
+        topics = topics_of(a, tag)
+        totals = produce(broker.bootstrap_servers, a, topics)
+        print(f"{a.records:,} records per scaling topic, runs {a.pairs}, queries {a.queries}", flush=True)
+        for w in workers:
+            runs = [
+                {"kind": "scale", "topics": [f"scaling-{tag}-p{p}"], "partitions": p, "packets": a.records}
+                for ww, p in a.pairs
+                if ww == w
+            ]
+            if w == workers[0]:  # the hot-key and planning runs on the smallest cluster, at P = 1
+                if a.zipf:
+                    runs.append(
+                        {
+                            "kind": "zipf",
+                            "topics": [f"scaling-{tag}-zipf"],
+                            "partitions": 1,
+                            "packets": a.records,
+                        }
+                    )
+                for n in a.queries:  # about ten micro-batches each, whatever the number of queries
+                    qt = [f"scaling-{tag}-q{n}-{i}" for i in range(n)]
+                    recs = sum(totals[t] for t in qt)
+                    runs.append(
+                        {
+                            "kind": "plan",
+                            "topics": qt,
+                            "partitions": 1,
+                            "packets": recs,
+                            "batch_records": max(recs // 10, a.batch),
+                        }
+                    )
             with SparkCluster(work / f"spark-w{w}", workers=w, cores=1, memory="1536m") as cluster:
                 spec = {
                     "master": cluster.master,
                     "bootstrap": broker.bootstrap_servers,
                     "workers": w,
-                    "topics": topics,
-                    "warm": warm,
+                    "runs": runs,
+                    "warm": f"scaling-{tag}-warm",
                     "totals": totals,
                     "work": str(work / f"job-w{w}"),
                     "worker_pids": [p.pid for p in cluster.procs[1:]],
@@ -253,9 +372,9 @@ def main() -> int:
                         r = json.loads(line[4:])
                         rows.append(r)
                         print(
-                            f"W={w} P={r['partitions']}: {r['sustained_records_per_s']:>10,} records/s sustained "
-                            f"({r['batches']} batches, executors {r['executors']}, executor CPU "
-                            f"{r['executor_cpu_seconds']} s)",
+                            f"W={w} P={r['partitions']} {r['kind']} q={r['queries']}: "
+                            f"{r['sustained_records_per_s']:>10,} records/s sustained ({r['batches']} batches, "
+                            f"executor CPU {r['executor_cpu_seconds']} s, driver CPU {r['driver_cpu_seconds']} s)",
                             flush=True,
                         )
                 print(f"  {w} worker(s): {time.monotonic() - t0:.0f} s with the driver's start", flush=True)
@@ -267,25 +386,41 @@ def main() -> int:
         {
             "machine": machine(),
             "load_avg": load,
-            "records_per_topic": totals[topics[a.partitions[0]]],
+            "records_per_topic": a.records,
             "groups": a.groups,
             "hosts": a.hosts,
             "panes": a.panes,
             "batch_records": a.batch_records,
+            "zipf": a.zipf,
+            "quick": a.quick,
         },
     )
     return write(res)
 
 
 def write(res: dict) -> int:
-    harness.write_results("scaling.json", res, indent=1)
-    chart(res["rows"], harness.RESULTS / "scaling.png")
+    name = "scaling-quick" if res.get("quick") else "scaling"  # a smoke run never replaces the figures
+    harness.write_results(f"{name}.json", res, indent=1)
+    chart(res["rows"], harness.RESULTS / f"{name}.png")
     print(
         json.dumps(
-            {k: res[k] for k in ("rates", "p2_vs_p1", "p4_vs_p1", "w2_vs_w1_at_p2", "load_avg")}, indent=1
+            {
+                k: res.get(k)
+                for k in (
+                    "rates",
+                    "p2_vs_p1",
+                    "driver_cpu_s_per_million_records",
+                    "driver_ceiling_records_per_driver_cpu_s",
+                    "per_cpu_efficiency_p2",
+                    "planning_per_batch_vs_queries",
+                    "zipf",
+                    "load_avg",
+                )
+            },
+            indent=1,
         )
     )
-    print(f"wrote {harness.RESULTS / 'scaling.json'}")
+    print(f"wrote {harness.RESULTS / name}.json")
     return 0
 
 

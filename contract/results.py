@@ -91,6 +91,16 @@ Exact per tier: count, sum, min, max, avg (avg needs the query's count, validate
 (refused in the config): variance, stddev, count_distinct, quantiles, top: the store keeps their final
 values only, without the sum of squares, sub-keys or sketch a merge needs.
 
+**Executors write, the driver commits.** The aggregate stream's files are written by the Spark tasks
+that hold the rows, one per (query, day, batch, task): ``part-<batch_id:012d>-<task:05d>.parquet``, so a
+replayed batch rewrites the same names. Such a file is invisible until its batch is committed: the
+driver writes the batch's manifest (``<root>/_manifests/<batch_id:012d>.json``: files, rows,
+per-partition marks) and then each written query's ``query=<q>/_committed.json`` (``{"batch": b}``);
+a reader shows a task file of batch b only when b <= that batch (:func:`visible_files` with
+:func:`committed_batch`). A batch is therefore seen whole or not at all, and a kill between the
+tasks' writes and the commit leaves nothing visible: Spark replays the batch, which rewrites the same
+files and commits. Files without a task suffix (written by the driver) are visible once renamed in.
+
 An alert file holds one row per (query, rule, window, group) that fired when its window closed
 (:data:`ALERT_SCHEMA`); its ``id`` is a hash of exactly that, so a replayed micro-batch rewrites the
 same file with the same ids and the delivery ledger deduplicates across restarts.
@@ -113,7 +123,9 @@ from contract import query as Q
 STATUS_FILE = "_status.json"
 QUERY_DIR = re.compile(r"^query=([a-z][a-z0-9_]*)$")
 DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
-PART_FILE = re.compile(r"^part-(\d{12})\.parquet$")
+PART_FILE = re.compile(r"^part-(\d{12})(-\d{5})?\.parquet$")  # the suffix: a task's file (uncommitted)
+COMMITTED_FILE = "_committed.json"
+MANIFESTS_DIR = "_manifests"
 COMPACT_FILE = re.compile(r"^compact-(\d{12})-(\d{12})\.parquet$")
 TIER_DIR = re.compile(r"^tier=([0-9]+(?:d|h|m|s|ms|us|ns))$")
 TIER_FILE = re.compile(r"^part-(\d{12})-(\d{12})\.parquet$")
@@ -208,14 +220,50 @@ def date_dir(root: str | Path, query: str, day: date) -> Path:
     return query_dir(root, query) / f"date={day.isoformat()}"
 
 
-def part_name(batch_id: int) -> str:
+def part_name(batch_id: int, task: int | None = None) -> str:
+    """A batch's file name; with ``task``, the file one Spark task wrote (visible once committed)."""
     if batch_id < 0:
         raise ResultsLayoutError(f"batch id must be >= 0, got {batch_id}")
-    return f"part-{batch_id:012d}.parquet"
+    if task is None:
+        return f"part-{batch_id:012d}.parquet"
+    if not 0 <= task < 100_000:
+        raise ResultsLayoutError(f"task must be in [0, 100000), got {task}")
+    return f"part-{batch_id:012d}-{task:05d}.parquet"
 
 
-def part_path(root: str | Path, query: str, day: date, batch_id: int) -> Path:
-    return date_dir(root, query, day) / part_name(batch_id)
+def part_path(root: str | Path, query: str, day: date, batch_id: int, task: int | None = None) -> Path:
+    return date_dir(root, query, day) / part_name(batch_id, task)
+
+
+def committed_path(root: str | Path, query: str) -> Path:
+    return query_dir(root, query) / COMMITTED_FILE
+
+
+def manifest_path(root: str | Path, batch_id: int) -> Path:
+    return Path(root) / MANIFESTS_DIR / f"{batch_id:012d}.json"
+
+
+def committed_batch(root: str | Path, query: str) -> int | None:
+    """The newest batch the job committed for ``query`` (its task files up to it are visible), None if
+    none. An unreadable marker raises: guessing would show uncommitted rows or hide committed ones."""
+    path = committed_path(root, query)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        b = json.loads(text)["batch"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ResultsLayoutError(f"{path}: not a commit marker ({exc})") from None
+    if not isinstance(b, int) or b < 0:
+        raise ResultsLayoutError(f"{path}: batch must be an int >= 0, got {b!r}")
+    return b
+
+
+def is_task_part(name: str) -> bool:
+    """True for a file one task wrote (``part-<batch>-<task>.parquet``): visible only once committed."""
+    m = PART_FILE.match(name)
+    return bool(m and m.group(2))
 
 
 def _days(base: Path) -> list[tuple[date, Path]]:
@@ -265,23 +313,30 @@ def batch_range(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def visible_files(named: dict[str, tuple[int, int]]) -> list[str]:
+def visible_files(named: dict[str, tuple[int, int]], committed: int | None = None) -> list[str]:
     """The files of one directory a reader reads: every name (mapped to its batch range) except the
-    covered ones, whose range lies inside another file's larger range (or equals a compacted file's).
+    covered ones, whose range lies inside another file's larger range (or equals a compacted file's),
+    and the task files of batches after ``committed`` (:func:`committed_batch`; None: none committed).
     Ranges are nested or disjoint (the compactor never writes a partial overlap). Sorted by range.
 
     Why ranges inside ranges: compaction renames the merged file into place before it deletes what it
     merged, so from the rename on the merged file hides them and no row is read twice or missed.
     """
+    upto = -1 if committed is None else committed
+    named = {n: r for n, r in named.items() if r[1] <= upto or not is_task_part(n)}
     order = sorted(
         named.items(), key=lambda kv: (kv[1][0], -kv[1][1], not kv[0].startswith("compact-"), kv[0])
     )
     out: list[str] = []
     reach = -1  # the largest last batch of the files before: they all start at or before this one
-    for name, (_first, last) in order:
-        if last > reach:  # not inside an earlier (larger, or equal and compacted) range
+    taken: tuple[int, int] | None = None  # the range of the last raw part taken (a batch's task files)
+    for name, rng in order:
+        if rng[1] > reach:  # not inside an earlier (larger, or equal and compacted) range
             out.append(name)
-            reach = last
+            reach = rng[1]
+            taken = None if name.startswith("compact-") else rng
+        elif rng == taken:  # another task's file of the same batch
+            out.append(name)
     return out
 
 

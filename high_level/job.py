@@ -141,6 +141,7 @@ class HighLevelJob:
             live=self.live,
             feed=self.feed,
         )
+        self.sink.exporter = self.exporter  # the tasks' export summaries merge into it
         # compaction, roll-up tiers and retention per tier on a thread of this process (compact.py says
         # why here); it reads the checkpoint's commit log, so only with a checkpoint on this machine
         self.maintenance: Maintenance | None = None

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from contract import query as Q
+from contract import results as R
 from contract import wire
 from high_level.job import HighLevelJob, JobOptions
 from lowwater_testing.oracle import window_oracle
@@ -66,11 +67,15 @@ def variant(topic_factory, base: str, name: str, partitions: int) -> Q.QuerySpec
 
 
 def read_results(results: Path, name: str) -> pd.DataFrame:
-    if not list((results / f"query={name}").glob("**/*.parquet")):
+    """The rows a reader sees (:func:`contract.results.visible_files`: committed, not covered)."""
+    upto = R.committed_batch(results, name)
+    files = []
+    for _day, d in R.date_dirs(results, name):
+        named = {f.name: r for f in d.iterdir() if (r := R.batch_range(f.name)) is not None}
+        files += [str(d / n) for n in R.visible_files(named, upto)]
+    if not files:
         return pd.DataFrame(columns=["window_end", "kind"])
-    return duckdb.sql(
-        f"select * from read_parquet('{results}/query={name}/**/*.parquet', hive_partitioning=true)"
-    ).df()
+    return duckdb.read_parquet(files, hive_partitioning=True).df()
 
 
 def expected_typed(q: Q.QuerySpec, t) -> pd.DataFrame:

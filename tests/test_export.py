@@ -4,13 +4,12 @@ window's end, from the rows the store really writes (after HAVING)."""
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract import query as Q
-from high_level.aggregate.rollup import Layout
+from high_level.aggregate.packed import QueryWindows
 from high_level.job import HighLevelJob, JobOptions
 from lowwater_testing.queries import config, query
 
@@ -26,20 +25,12 @@ CONFIG = config(
 
 
 def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: list[tuple[int, ...]]) -> None:
-    lay = Layout.of(q)
     n = len(rows)
-    w = np.full(n, window, np.int64)
-    end = lay.window_end_ns(w)
     key = np.array([[r[0]] for r in rows], np.int64)
     state = np.array([list(r[1:]) for r in rows], np.int64)
-    job.store.write_query(
-        batch,
-        q,
-        w,
+    w = QueryWindows(
+        np.full(n, window, np.int64),
         np.ones(n, np.int8),
-        pa.array(["final"] * n),
-        end - lay.range_ns,
-        end,
         key,
         state,
         np.full(n, 1),
@@ -47,6 +38,7 @@ def _write(job: HighLevelJob, q: Q.QuerySpec, batch: int, window: int, rows: lis
         np.ones(n, np.int32),
         np.tile(np.array([1, 0, 0], np.int64), (n, 1)),
     )  # complete: 1 of 1 host, nothing late or missing
+    job.store.write_query(batch, q, w)
 
 
 def _scrape(job: HighLevelJob) -> dict[str, list]:

@@ -17,6 +17,7 @@ from contract import wire
 from high_level import codec
 from high_level.aggregate.chunks import ChunkedRollup, MemoryChunks
 from high_level.aggregate.meld import Meld
+from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.processor import STATE_ZMAGIC, PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout, QueryRollup, assemble, expand_windows, group_reduce
 from high_level.results.store import ResultStore, ip_strings, typed_table
@@ -590,7 +591,6 @@ def test_sink_fast_path_writes_what_generic_rows_write(cfg, traffic, tmp_path):
     """The OOP sink's packed path (``handle_packed``) writes the same Parquet bytes, status and metrics
     as the generic-rows path, for tumbling/sliding queries with finals and corrections in one batch;
     a watcher of the sink (``on_rows``) still gets generic rows."""
-    import pyarrow as pa
     from prometheus_client import generate_latest
 
     from high_level.aggregate.packed import unpack_rows
@@ -711,21 +711,19 @@ def test_retention_deletes_old_days_and_the_status_reports_the_store(tmp_path):
     for days_ago in (5, 3, 1, 0):  # one final window per day, each in its own batch
         start = now_ms * 10**6 - days_ago * day_ns
         w = np.array([(start - lay.origin_ns) // lay.pane_ns - lay.k + 1], np.int64)
-        end = lay.window_end_ns(w)
         job.store.write_query(
             10 - days_ago,
             q,
-            w,
-            np.array([1], np.int8),
-            pa.array(["final"]),
-            end - lay.range_ns,
-            end,
-            np.zeros((1, Q.key_width(q)), np.int64),
-            np.ones((1, lay.na), np.int64),
-            np.array([now_ms]),
-            np.array([1], np.int32),
-            np.array([1], np.int32),
-            np.array([[1, 0, 0]], np.int64),
+            QueryWindows(
+                w,
+                np.array([1], np.int8),
+                np.zeros((1, Q.key_width(q)), np.int64),
+                np.ones((1, lay.na), np.int64),
+                np.array([now_ms]),
+                np.array([1], np.int32),
+                np.array([1], np.int32),
+                np.array([[1, 0, 0]], np.int64),
+            ),
         )
     days = [d for d, _ in R.date_dirs(job.store.root, q.name)]
     assert len(days) == 4

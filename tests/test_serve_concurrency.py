@@ -235,11 +235,11 @@ def test_a_refresh_never_edits_the_published_listing(tmp_path: Path, qi: QueryIn
     index = FileIndex(tmp_path)
     assert len(index.files_in(qi.spec, [str(d)])) == 3
     held = index._dirs[str(d)]
-    held_files, held_good = dict(held.files), held.good
+    held_files, held_good = dict(held.files), dict(held.good)
     os.remove(R.part_path(tmp_path, QUERY, BASE.date(), 1))
     os.utime(d, ns=(old, old))
     assert sorted(f.batch for f in index.files_in(qi.spec, [str(d)])) == [0, 2]
-    assert dict(held.files) == held_files and held.good is held_good and len(held.good) == 3
+    assert dict(held.files) == held_files and held.good == held_good and len(held.good[None]) == 3
     assert index._dirs[str(d)] is not held
 
 

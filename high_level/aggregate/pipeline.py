@@ -191,7 +191,7 @@ class AggregatePipeline(Pipeline):
         rolled, conf = STEPS[state](grouped, self.layouts, opts)
         writer = (
             rolled.writeStream.queryName(f"{opts.name}-oop")
-            .foreachBatch(sink.foreach_packed)
+            .foreachBatch(sink.foreach_tasks)
             .option("checkpointLocation", str(ckpt))
             .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
         )

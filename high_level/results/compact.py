@@ -153,10 +153,11 @@ class Compactor:
         return named
 
     def _delete_covered(
-        self, d: Path, named: dict[str, tuple[int, int]], now: float, out: PassResult
+        self, d: Path, named: dict[str, tuple[int, int]], now: float, out: PassResult, upto: int | None = None
     ) -> None:
-        """Delete the files a merged file covers, once it has been in place ``grace_s``."""
-        visible = R.visible_files(named)
+        """Delete the files a merged file covers, once it has been in place ``grace_s`` (``upto``: the
+        query's committed batch, :func:`contract.results.committed_batch`)."""
+        visible = R.visible_files(named, upto)
         for name in visible:
             a, b = named[name]
             if a == b and not name.startswith("compact-"):
@@ -178,9 +179,13 @@ class Compactor:
 
     def _compact_raw(self, q: Q.QuerySpec, final: int, now: float, out: PassResult) -> None:
         today = datetime.fromtimestamp(now, UTC).date()
+        upto = R.committed_batch(self.root, q.name)
         for day, d in R.date_dirs(self.root, q.name):
             named = self._listing(d, R.batch_range)
-            visible = R.visible_files(named)
+            named = {
+                n: r for n, r in named.items() if not R.is_task_part(n) or upto is not None and r[1] <= upto
+            }
+            visible = R.visible_files(named, upto)
             done = [n for n in visible if named[n][1] <= final]
             if day < today and len(done) == len(visible) and len(done) >= 2:
                 pick = done  # a finished day: one file
@@ -195,7 +200,7 @@ class Compactor:
                 self._concat(q, [d / n for n in pick], path)
                 named[path.name] = (first, last)
                 out.merged += len(pick)
-            self._delete_covered(d, named, now, out)
+            self._delete_covered(d, named, now, out, upto)
 
     def _concat(self, q: Q.QuerySpec, inputs: list[Path], path: Path) -> None:
         """The inputs' rows, in order, into one file (streamed: one input in memory at a time)."""

@@ -51,27 +51,24 @@ class ResultExporter:
 
     def observe(self, q: Q.QuerySpec, rows: pa.Table) -> None:
         """Rows the store just wrote for ``q``: keep the newest window's final rows, if newer."""
+        got = self.summarize(q, rows)
+        if got is not None:
+            self.merge(q, [got])
+
+    def summarize(self, q: Q.QuerySpec, rows: pa.Table) -> tuple[int, pa.Table, dict[str, float]] | None:
+        """(end ms, top groups, totals) of the newest window among ``rows``' finals, None if none: what a
+        Spark task sends the driver instead of its rows (high_level/results/tasks.py)."""
         spec = q.export
         if spec is None or q.name not in self.queries or rows.num_rows == 0:
-            return
+            return None
         final = rows.filter(pc.equal(rows["kind"], "final"))
         if final.num_rows == 0:
-            return
+            return None
         end_us = final["window_end"].cast(pa.int64())
         newest = pc.max(end_us).as_py()
-        with self._lock:
-            prev = self._last.get(q.name)
-            if prev is not None and prev.end_ms > newest // 1000:
-                return
         win = final.filter(pc.equal(end_us, newest))
         aggs = R.aggregate_columns(q)
-        by = spec.by or aggs[0][0]
-        order = np.argsort(
-            -np.nan_to_num(win[by].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf),
-            kind="stable",
-        )[: spec.top]
         keys = [n for n, _ in R.key_columns(q)]
-        top = win.take(pa.array(order)).select(keys + [a for a, _ in aggs])
         totals: dict[str, float] = {}
         for a, fn in aggs:
             total = A.RESULT_KINDS[fn].total  # a pyarrow.compute function, if the kind has a total
@@ -79,10 +76,36 @@ class ResultExporter:
                 v = getattr(pc, total)(win[a]).as_py()
                 if v is not None or total == "sum":
                     totals[a] = float(v or 0)
+        return newest // 1000, self._top(q, win.select(keys + [a for a, _ in aggs])), totals
+
+    def _top(self, q: Q.QuerySpec, win: pa.Table) -> pa.Table:
+        spec = q.export
+        assert spec is not None
+        by = spec.by or R.aggregate_columns(q)[0][0]
+        order = np.argsort(
+            -np.nan_to_num(win[by].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf),
+            kind="stable",
+        )[: spec.top]
+        return win.take(pa.array(order))
+
+    def merge(self, q: Q.QuerySpec, parts: Sequence[tuple[int, pa.Table, dict[str, float]]]) -> None:
+        """Keep the newest window of ``parts`` (summaries of disjoint groups: each task's, or one
+        batch's), if not older than the one kept: its top groups over all parts, totals folded."""
+        if not parts or q.name not in self.queries:
+            return
+        newest = max(p[0] for p in parts)
+        mine = [p for p in parts if p[0] == newest]
+        totals: dict[str, float] = {}
+        for a, fn in R.aggregate_columns(q):
+            vals = [p[2][a] for p in mine if a in p[2]]
+            if vals:
+                total = A.RESULT_KINDS[fn].total
+                totals[a] = min(vals) if total == "min" else max(vals) if total == "max" else float(sum(vals))
+        top = self._top(q, pa.concat_tables([p[1] for p in mine]))
         with self._lock:
             prev = self._last.get(q.name)
-            if prev is None or prev.end_ms <= newest // 1000:
-                self._last[q.name] = _Window(newest // 1000, top, totals)
+            if prev is None or prev.end_ms <= newest:
+                self._last[q.name] = _Window(newest, top, totals)
 
     def describe(self) -> list:
         return []  # do not let the registry call collect() at registration

@@ -13,7 +13,10 @@ only hands it Arrow tables.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,11 +38,23 @@ from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.metrics import JobMetrics
 from high_level.results.alerts import AlertDelivery
 from high_level.results.compact import Compactor
-from high_level.results.store import ResultStore, generic_table
+from high_level.results.export import ResultExporter
+from high_level.results.store import ResultStore, atomic_write_bytes, generic_table
+from high_level.results.tasks import (
+    ALERTS_KIND,
+    EXPORT_KIND,
+    SUMMARY_KINDS,
+    WRITTEN_KIND,
+    closed_windows,
+    ipc_table,
+    latest_close,
+)
 from high_level.results.windowtotal import TotalGate
 
 log = logging.getLogger("lowwater.sink")
-_KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank (the store orders kinds as their text)
+# A test's kill point: the job stops itself (SIGSTOP) before committing batch >= this. Unset in production.
+STOP_AT_ENV = "LOWWATER_JOB_STOP_BEFORE_COMMIT"
+MANIFESTS_KEPT = 100  # batch manifests kept (the newest); the commit markers say what is visible
 
 
 class ResultSink:
@@ -72,6 +87,8 @@ class ResultSink:
         # call after each batch is written
         self.on_rows: list[Callable[[pa.Table, int], object]] = []
         self.on_batch: list[Callable[[int], object]] = []
+        self.before_commit: list[Callable[[int], object]] = []  # fault hooks: after the tasks wrote
+        self.exporter: ResultExporter | None = None  # merges the tasks' export summaries (the job sets it)
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
         self.totals = TotalGate(
@@ -102,9 +119,34 @@ class ResultSink:
         with self.timed():
             self.handle_packed(df.toArrow(), batch_id)
 
+    def driver_queries(self) -> frozenset[str]:
+        """The queries whose closed rows the driver needs, and so writes itself: those whose conditions
+        read a window total (the gate needs every partition's rows), every query when its finals go to
+        the live topics or a watcher wants generic rows, and those a join reads (the feed)."""
+        if self.on_rows or self.live is not None:
+            return frozenset(self.layouts)
+        feed = set(self.feed.queries) if self.feed is not None else set()
+        return frozenset(self.totals.queries) | frozenset(feed)
+
+    def foreach_tasks(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch`` of the aggregate stream: the tasks write their closed rows
+        (:mod:`high_level.results.tasks`, one action), the driver gets the summaries and commits."""
+        from high_level.aggregate.packed import OUTPUT_DDL
+        from high_level.results.tasks import task_writer
+
+        with self.timed():
+            local = frozenset(self.store.queries) - self.driver_queries()
+            fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local)
+            self.handle_packed(df.mapInArrow(fn, OUTPUT_DDL).toArrow(), batch_id)
+
     def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
-        """The stateful step's packed output: the same files, status and metrics as :meth:`handle_rows`,
-        without building generic rows first (their list columns cost more than the Parquet encoding)."""
+        """The stateful step's packed output (and the summaries of the rows its tasks wrote, if they did):
+        the same files, status and metrics as :meth:`handle_rows`, without building generic rows first
+        (their list columns cost more than the Parquet encoding)."""
+        summary_rows = pc.fill_null(pc.is_in(packed["kind"], pa.array(list(SUMMARY_KINDS))), False)
+        tasks = packed.filter(summary_rows)
+        if tasks.num_rows:
+            packed = packed.filter(pc.invert(summary_rows))
         if self.on_rows:
             rows = unpack_rows(packed, self.layouts)
             for watch in self.on_rows:
@@ -123,46 +165,24 @@ class ResultSink:
                 self.store.write_incomplete(batch_id, flagged)
             for name in sorted(wins):
                 w, lay = wins[name], self.layouts[name]
-                end_ns = lay.window_end_ns(w.window)
                 q = self.store.queries.get(name)
                 if q is not None:
-                    rank = w.rank
-                    written[name] = self.store.write_query(
-                        batch_id,
-                        q,
-                        w.window,
-                        rank,
-                        _KINDS.take(pa.array(rank)),
-                        end_ns - lay.range_ns,
-                        end_ns,
-                        w.key,
-                        w.state,
-                        w.closed_at_ms,
-                        w.hosts,
-                        w.hosts_expected,
-                        w.comp,
+                    written[name] = self.store.write_query(batch_id, q, w)
+                    self.count_closed(name, closed_windows(q, w), int(np.count_nonzero(w.correction)))
+                else:
+                    self.count_closed(
+                        name, int(np.count_nonzero(w.final)), int(np.count_nonzero(w.correction))
                     )
-                n_final = int(np.count_nonzero(w.final))
-                if (
-                    q is not None and Q.holistic(q) is not None and n_final
-                ):  # groups, not (group, sub-key) rows
-                    n_final = len(
-                        np.unique(
-                            np.column_stack([w.window[w.final], w.key[w.final][:, : Q.group_width(q)]]),
-                            axis=0,
-                        )
-                    )
-                self.metrics.windows.labels(name).inc(n_final)
-                self.metrics.corrections.labels(name).inc(int(np.count_nonzero(w.correction)))
-                if n_final:
-                    # one latency observation per closed window end: its latest close
-                    last = pd.Series(w.closed_at_ms[w.final]).groupby(end_ns[w.final], sort=False).max()
-                    for end, at_ms in zip(last.index.tolist(), last.tolist(), strict=True):
-                        self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
+                self.observe_latency(
+                    latest_close(lay.window_end_ns(w.window)[w.final], w.closed_at_ms[w.final])
+                )
+            statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
+            if tasks.num_rows:
+                self.take_tasks(tasks, written)
+                self.commit(batch_id, written, statuses)
             self.after_write(batch_id)
             if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
                 self.live.publish(batch_id, prov or {}, wins)
-            statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
             self.fold_status(statuses, batch_id, written)
             if self.feed is not None and any(st.query in self.feed.queries for st in statuses):
                 # after the store and the folded frontier: a join sees a window once it is final and stored
@@ -170,6 +190,64 @@ class ResultSink:
             for done in self.on_batch:
                 done(batch_id)
             return written
+
+    def count_closed(self, name: str, finals: int, corrections: int) -> None:
+        self.metrics.windows.labels(name).inc(finals)
+        self.metrics.corrections.labels(name).inc(corrections)
+
+    def observe_latency(self, closes: list[list[int]]) -> None:
+        """One latency observation per closed window end: its latest close."""
+        for end, at_ms in closes:
+            self.metrics.latency.observe(max(0.0, at_ms / 1e3 - int(end) / 1e9))
+
+    def take_tasks(self, tasks: pa.Table, written: dict[str, int]) -> None:
+        """Fold the tasks' summaries (:mod:`high_level.results.tasks`) into the batch's written rows,
+        files, HAVING drops, fired alerts, metrics and the export: no row of theirs reaches the driver."""
+        exports: dict[str, list] = {}
+        meta = tasks.select(["kind", "query", "status"]).to_pydict()
+        for i, kind in enumerate(meta["kind"]):
+            if kind == WRITTEN_KIND:
+                doc = json.loads(meta["status"][i])
+                for name, n in doc["written"].items():
+                    written[name] = written.get(name, 0) + n
+                for name, n in doc["having_dropped"].items():
+                    self.store.having_dropped[name] = self.store.having_dropped.get(name, 0) + n
+                for name in doc["finals"]:
+                    self.count_closed(name, doc["finals"][name], doc["corrections"][name])
+                self.observe_latency(doc["latency"])
+                self.store.files += doc["files"]
+            elif kind == ALERTS_KIND:
+                self.store.fired.append(ipc_table(tasks["data"][i].as_py()))
+            elif kind == EXPORT_KIND:
+                doc = json.loads(meta["status"][i])
+                top = ipc_table(tasks["data"][i].as_py())
+                exports.setdefault(meta["query"][i], []).append((doc["end_ms"], top, doc["totals"]))
+        for name, parts in sorted(exports.items()):
+            if self.exporter is not None:
+                self.exporter.merge(self.store.queries[name], parts)
+
+    def commit(self, batch_id: int, written: dict[str, int], statuses: list[S.PartitionStatus]) -> None:
+        """Make the batch's task files visible: the manifest (files, rows, each partition's window mark),
+        then each written query's commit marker (:func:`contract.results.committed_batch`). A kill
+        before the markers leaves the batch invisible; Spark replays it, which rewrites the same files."""
+        for hook in self.before_commit:  # fault injection (tests): a kill between the writes and this
+            hook(batch_id)
+        if (at := os.environ.get(STOP_AT_ENV)) is not None and batch_id >= int(at):
+            os.kill(os.getpid(), signal.SIGSTOP)  # a test SIGKILLs the job here (tests/test_exactly_once.py)
+        files, self.store.files = self.store.files, []
+        marks: dict[str, dict[str, int | None]] = {}
+        for st in statuses:
+            marks.setdefault(st.query, {})[str(st.partition)] = st.closed_before_window
+        doc = {"batch": batch_id, "files": sorted(files), "rows": written, "marks": marks}
+        path = R.manifest_path(self.store.root, batch_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
+        for name in sorted({f.split("/", 1)[0].removeprefix("query=") for f in files}):
+            atomic_write_bytes(
+                R.committed_path(self.store.root, name), json.dumps({"batch": batch_id}).encode()
+            )
+        if batch_id >= MANIFESTS_KEPT:
+            R.manifest_path(self.store.root, batch_id - MANIFESTS_KEPT).unlink(missing_ok=True)
 
     def gate_totals(
         self, batch_id: int, wins: dict[str, QueryWindows], texts: list[str]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -35,10 +36,20 @@ from contract import query as Q
 from contract import results as R
 from contract import status as S
 from high_level.aggregate import holistic
-from high_level.aggregate.packed import COMPLETENESS, GENERIC_SCHEMA, INCOMPLETE_KIND, unpack_incomplete
+from high_level.aggregate.packed import (
+    COMPLETENESS,
+    GENERIC_SCHEMA,
+    INCOMPLETE_KIND,
+    QUERY_WINDOW_FIELDS,
+    QueryWindows,
+    unpack_incomplete,
+)
+from high_level.aggregate.rollup import Layout
 
 TS = R.TIMESTAMP
 NS_PER_DAY = 86_400 * 1_000_000_000
+_KINDS = pa.array(list(R.ROW_KINDS))  # kind text by rank; ROW_KINDS is sorted, so ranks order as text
+assert list(R.ROW_KINDS) == sorted(R.ROW_KINDS)
 
 
 def ip_strings(hi: np.ndarray, lo: np.ndarray) -> pa.Array:
@@ -256,7 +267,7 @@ def alert_rows(q: Q.QuerySpec, rule: Q.AlertSpec, rows: pa.Table, keys: list[str
     return pa.table(out, schema=R.ALERT_SCHEMA)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -280,7 +291,9 @@ class ResultStore:
         self.alert_rules = {
             q.name: [(a, Q.condition(q, a.when)) for a in q.alerts] for q in self.queries.values() if q.alerts
         }
+        self.layouts = {q.name: Layout.of(q) for q in self.queries.values()}
         self.having_dropped: dict[str, int] = {}  # final rows HAVING did not store, per query
+        self.files: list[str] = []  # files written (relative to the root) since the caller last took them
         self.flagged: dict[tuple[str, str], int] = {}  # flagged-window rows written, per (query, cause)
         self.fired: list[pa.Table] = []
 
@@ -303,9 +316,7 @@ class ResultStore:
         is_data = ~np.asarray(not_data.to_numpy(zero_copy_only=False), bool)
         query = tbl["query"].combine_chunks().cast(pa.string())
         window = _ints(tbl["window"])
-        # (window, kind) order with kind as text ('correction' < 'final'), stable like Table.sort_by
-        kinds = pc.unique(kind).sort()
-        kind_rank = np.asarray(pc.index_in(kind, value_set=kinds).to_numpy(zero_copy_only=False), np.int64)
+        kind_rank = np.asarray(pc.fill_null(pc.index_in(kind, value_set=_KINDS), -1).to_numpy(), np.int8)
         start_all, end_all = _ints(tbl["window_start_ns"]), _ints(tbl["window_end_ns"])
         closed_all, hosts_all = _ints(tbl["closed_at_ms"]), _ints(tbl["hosts"], np.int32)
         expected_all = _ints(tbl["hosts_expected"], np.int32)
@@ -316,65 +327,61 @@ class ResultStore:
             sel = np.flatnonzero(
                 is_data & np.asarray(pc.equal(query, name).to_numpy(zero_copy_only=False), bool)
             )
-            key = _rows_matrix(tbl["key"], sel, Q.key_width(q))
-            state = _rows_matrix(tbl["state"], sel, len(Q.state_columns(q)))
-            written[str(name)] = self.write_query(
-                batch_id,
-                q,
+            w = QueryWindows(
                 window[sel],
                 kind_rank[sel],
-                kind.take(pa.array(sel)),
-                start_all[sel],
-                end_all[sel],
-                key,
-                state,
+                _rows_matrix(tbl["key"], sel, Q.key_width(q)),
+                _rows_matrix(tbl["state"], sel, len(Q.state_columns(q))),
                 closed_all[sel],
                 hosts_all[sel],
                 expected_all[sel],
                 _completeness(tbl, sel),
             )
+            written[str(name)] = self.write_query(batch_id, q, w, bounds=(start_all[sel], end_all[sel]))
         return written
 
     def write_query(
         self,
         batch_id: int,
         q: Q.QuerySpec,
-        window: np.ndarray,
-        kind_rank: np.ndarray,
-        kind: pa.Array,
-        start_ns: np.ndarray,
-        end_ns: np.ndarray,
-        key: np.ndarray,
-        state: np.ndarray,
-        closed_at_ms: np.ndarray,
-        hosts: np.ndarray,
-        hosts_expected: np.ndarray,
-        comp: np.ndarray,
+        w: QueryWindows,
+        task: int | None = None,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> int:
-        """Write one query's 'final'/'correction' rows of a batch given as numpy columns (one row per
-        window and key; ``kind_rank`` orders kinds as their text does); returns the row count.
+        """Write one query's 'final'/'correction' rows of a batch (numpy columns, one row per window and
+        key; ``w.rank`` indexes :data:`contract.results.ROW_KINDS`); returns the rows stored.
 
-        Rows go out in (window, kind) order, stable, one file per day of window_start. Why numpy in:
-        the OOP sink unpacks the stateful step's output straight into these columns, without building
-        generic rows (list columns) first.
+        Rows go out in (window, kind) order, stable, one file per day of window_start; ``task``: the
+        Spark task writing (its files are invisible until the driver commits the batch); ``bounds``:
+        (window start ns, end ns) per row, if not the query layout's. Why numpy in: the sink unpacks
+        the stateful step's output straight into these columns, without generic rows.
         """
-        n = len(window)
+        n = len(w.window)
         if n == 0:
             return 0
+        window, rank = w.window, w.rank
+        if bounds is None:
+            lay = self.layouts[q.name]
+            end_ns = lay.window_end_ns(window)
+            bounds = (end_ns - lay.range_ns, end_ns)
         if not (
-            np.all(window[1:] >= window[:-1])
-            and np.all((window[1:] > window[:-1]) | (kind_rank[1:] >= kind_rank[:-1]))
+            np.all(window[1:] >= window[:-1]) and np.all((window[1:] > window[:-1]) | (rank[1:] >= rank[:-1]))
         ):
-            order = np.lexsort((kind_rank, window))
-            window, kind, key, state = window[order], kind.take(pa.array(order)), key[order], state[order]
-            start_ns, end_ns, closed_at_ms, hosts = (
-                start_ns[order],
-                end_ns[order],
-                closed_at_ms[order],
-                hosts[order],
-            )
-            hosts_expected, comp = hosts_expected[order], comp[order]
-        typed = _typed(q, start_ns, end_ns, key, state, closed_at_ms, hosts, kind, hosts_expected, comp)
+            order = np.lexsort((rank, window))
+            w = QueryWindows(*(getattr(w, f)[order] for f in QUERY_WINDOW_FIELDS))
+            bounds = (bounds[0][order], bounds[1][order])
+        typed = _typed(
+            q,
+            bounds[0],
+            bounds[1],
+            w.key,
+            w.state,
+            w.closed_at_ms,
+            w.hosts,
+            _KINDS.take(pa.array(w.rank)),
+            w.hosts_expected,
+            w.comp,
+        )
         self._fire(q, typed)
         typed = self._having(batch_id, q, typed)
         if typed.num_rows == 0:
@@ -391,12 +398,14 @@ class ResultStore:
         bounds = np.flatnonzero(np.r_[True, day[1:] != day[:-1], True])
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             path = R.part_path(
-                self.root, q.name, datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).date(), batch_id
+                self.root, q.name, datetime.fromtimestamp(int(day[a]) * 86400, tz=UTC).date(), batch_id, task
             )
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
+            # a task retried or run twice (speculation) writes its own temporary name, the same final one
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             pq.write_table(typed.slice(a, b - a), tmp, compression="zstd")
             os.replace(tmp, path)
+            self.files.append(str(path.relative_to(self.root)))
         return typed.num_rows
 
     def _having(self, batch_id: int, q: Q.QuerySpec, typed: pa.Table) -> pa.Table:
@@ -441,12 +450,13 @@ class ResultStore:
             )
         )
         found = [typed.filter(pa.array(kept)).select(cols)]
+        upto = R.committed_batch(self.root, q.name)
         for d in days:
             folder = R.date_dir(self.root, q.name, datetime.fromtimestamp(d * 86400, tz=UTC).date())
             if not folder.is_dir():
                 continue
             named = {f.name: r for f in folder.iterdir() if (r := R.batch_range(f.name)) is not None}
-            for name in R.visible_files(named):  # compacted files hold earlier batches' rows too
+            for name in R.visible_files(named, upto):  # compacted files hold earlier batches' rows too
                 if named[name][1] < batch_id:
                     t = pq.read_table(folder / name, columns=[*cols, "kind"])
                     found.append(t.filter(pc.equal(t["kind"], "final")).select(cols))
@@ -559,4 +569,4 @@ class ResultStore:
 
     def write_status(self, doc: S.StatusDocument) -> None:
         """Replace ``_status.json`` atomically (write + rename) with a document of the status contract."""
-        _atomic_write_bytes(self.status_path, doc.model_dump_json(indent=1).encode())
+        atomic_write_bytes(self.status_path, doc.model_dump_json(indent=1).encode())

@@ -151,9 +151,10 @@ def fold(q: Q.QuerySpec, tier: str, rows: pa.Table) -> pa.Table:
 def raw_files(root: Path, q: Q.QuerySpec, after: int, through: int) -> list[Path]:
     """The visible raw files (parts or compacted) of batches in (after, through], every day."""
     out = []
+    upto = R.committed_batch(root, q.name)
     for _day, d in R.date_dirs(root, q.name):
         named = {e.name: r for e in os.scandir(d) if (r := R.batch_range(e.name)) is not None}
-        for name in R.visible_files(named):
+        for name in R.visible_files(named, upto):
             a, b = named[name]
             if a > after and b <= through:
                 out.append(d / name)

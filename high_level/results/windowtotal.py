@@ -31,9 +31,9 @@ import numpy as np
 from contract import query as Q
 from contract import status as S
 from contract import wire
-from high_level.aggregate.packed import QueryWindows
+from high_level.aggregate.packed import QUERY_WINDOW_FIELDS, QueryWindows
 
-_FIELDS = ("window", "rank", "key", "state", "closed_at_ms", "hosts", "hosts_expected", "comp")
+_FIELDS = QUERY_WINDOW_FIELDS
 _NAME = re.compile(r"held-(\d{12})\.npz")
 
 

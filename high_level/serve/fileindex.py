@@ -158,16 +158,30 @@ class DirState:
     sure: bool  # False: mtime within DIR_SLACK_S of the listing, re-list on the next request
     listed: float  # time.monotonic() of the last full listing
     files: Mapping[str, Checked]  # path -> what was found
-    good: tuple[FileStats, ...]  # the usable ones
+    good: dict[int | None, tuple[FileStats, ...]]  # the usable ones per committed batch (see _good)
 
 
 def _dir_state(
     built_ns: int, mtime_ns: int, sure: bool, listed: float, files: dict[str, Checked]
 ) -> DirState:
-    named = {os.path.basename(p): r for p in files if (r := R.batch_range(os.path.basename(p))) is not None}
-    visible = set(R.visible_files(named))  # files a compacted file covers are never read
-    good = tuple(c.stats for p, c in files.items() if c.stats is not None and os.path.basename(p) in visible)
-    return DirState(built_ns, mtime_ns, sure, listed, MappingProxyType(files), good)
+    return DirState(built_ns, mtime_ns, sure, listed, MappingProxyType(files), {})
+
+
+def _good(state: DirState, upto: int | None) -> tuple[FileStats, ...]:
+    """The usable files of a listing that a reader reads when ``upto`` is the query's committed batch:
+    never a file a compacted file covers, nor a task file of a batch not committed yet."""
+    got = state.good.get(upto)
+    if got is None:
+        files = state.files
+        named = {
+            os.path.basename(p): r for p in files if (r := R.batch_range(os.path.basename(p))) is not None
+        }
+        visible = set(R.visible_files(named, upto))
+        got = tuple(
+            c.stats for p, c in files.items() if c.stats is not None and os.path.basename(p) in visible
+        )
+        state.good[upto] = got  # a cache of a pure function of the (immutable) listing
+    return got
 
 
 class FileIndex:
@@ -275,6 +289,10 @@ class FileIndex:
         so only its unsettled files are stat'ed again; every FULL_RECHECK_S it is listed again anyway.
         """
         out: list[FileStats] = []
+        try:  # read before the listings: a batch committed after it stays hidden until the next request
+            upto = R.committed_batch(self.root, spec.name)
+        except R.ResultsLayoutError as exc:
+            raise StoreError(str(exc)) from None
         for d in dirs:
             built_ns, wall_ns = time.monotonic_ns(), time.time_ns()
             try:
@@ -296,7 +314,7 @@ class FileIndex:
                 new = self._recheck(spec, state, wall_ns, built_ns)
             if new is not state:
                 self._publish(d, new)
-            out.extend(new.good)
+            out.extend(_good(new, upto))
         return out
 
     def files_for(self, spec: QuerySpec, start_us: int, end_us: int) -> list[FileStats]:
