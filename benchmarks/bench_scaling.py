@@ -1,19 +1,25 @@
-"""Scaling of the roll-up on a Spark standalone cluster: P = 1, 2, 4 Kafka partitions x 1 and 2 workers.
+"""Scaling of the roll-up on a Spark standalone cluster: (workers, partitions) pairs, driver CPU, planning.
 
-``.venv/bin/python -m benchmarks.bench_scaling [--records 12000000] [--groups 100000] [--partitions 1,2,4]
-[--workers 1,2]`` starts a Kafka broker and, per worker count W, a standalone cluster (master + W
-workers of one core each, ``local_stack/spark_cluster.py``, the processes ``tests/test_cluster.py``
-runs), and drives the real job against it (``--master spark://...``) in a process of its own, one
-executor of one core per worker. The same partial records (``bench_rollup.make_messages``: the Q4
-shape from 3 emulated hosts) are written to one topic per P, placed by ``hash mod P`` as agents
-place them; each (W, P) reads its topic from a fresh checkpoint with ``spark.sql.shuffle.partitions``
-= P and micro-batches of at most ``--batch-records``, after a warm-up run on a topic of its own.
-The rate is ``bench_rollup.run_config``'s sustained rate (records after the first micro-batch over
-the time from its end to the last one's). Executor CPU seconds are read from /proc (the workers'
-process trees). Writes ``benchmarks/results/scaling.json`` (``p2_vs_p1``: P = 2 vs P = 1 on 2
-workers) and ``scaling.png``. Also the CPU the driver and the whole machine used per run: at P = 1's CPU per
-record, ``cores / machine_cores_busy(P = 1)`` is the most any P can gain on this machine
-(``p2_vs_p1_ceiling_on_this_machine``).
+``.venv/bin/python -m benchmarks.bench_scaling [--records 12000000] [--groups 100000]
+[--pairs 1x1,2x1,2x2,2x4] [--queries 1,7,20] [--zipf 1.2] [--quick]`` starts a Kafka broker and, per
+worker count W, a standalone cluster (master + W workers of one core each, ``local_stack/spark_cluster.py``,
+the processes ``tests/test_cluster.py`` runs), and drives the real job against it (``--master spark://...``)
+in a process of its own, one executor of one core per worker. The same partial records
+(``bench_rollup.make_messages``: the Q4 shape from 3 emulated hosts) are written to one topic per P,
+placed by ``hash mod P`` as agents place them; each (W, P) reads its topic from a fresh checkpoint with
+``spark.sql.shuffle.partitions`` = P and micro-batches of at most ``--batch-records``, after a warm-up run
+on a topic of its own. The rate is ``bench_rollup.run_config``'s sustained rate. Executor CPU seconds are
+read from /proc (the workers' process trees), the driver's from its own (Python and JVM).
+
+Figures (``benchmarks/results/scaling.json``): records per executor CPU-second per (W, P) and
+``per_cpu_efficiency_p2`` = (2, 2) / (1, 1); ``driver_cpu_s_per_million_records`` and the driver's
+ceiling (records / driver CPU-s) over the scaling runs (the executors write the store, the driver only
+commits); ``p2_vs_p1`` (P = 2 vs P = 1 on 2 workers) against ``p2_vs_p1_ceiling_on_this_machine`` (at
+P = 1's CPU per record, ``cores / machine_cores_busy(P = 1)``); Spark's per-trigger phases and the
+driver's CPU per micro-batch for 1, 7 and 20 queries (``planning_per_batch_vs_queries``, each query on a
+topic of its own, ~10 batches); and the same packets with Zipf(s) groups pre-aggregated per (pane, host)
+as agents do (``zipf``: a hot group is one partial per pane and host) against the uniform run at (1, 1).
+``--quick``: a smoke run (small topics, 1x1 and 2x2, 1 and 7 queries) that writes ``scaling-quick.json``.
 """
 
 from __future__ import annotations

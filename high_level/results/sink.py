@@ -1,10 +1,14 @@
 """The sink of the job: each micro-batch's closed windows to the result store, its status rows to the
 status document and the metrics, its fired alerts to the alert store and the delivery queue.
 
-HAVING and alert rules are evaluated here, on the driver, when a window's final rows are written:
-that is the one place that sees finalized aggregates (avg, typed keys) of every partition, owns the
-files (so a replayed batch decides and writes the same), and can hand alerts to the delivery thread
-without any worker talking to the outside world.
+The aggregate stream's closed rows are written where they are (:mod:`high_level.results.tasks`): each
+Spark task writes its partitions' files and evaluates HAVING, alerts and the holistic second stage on
+them, and hands the driver a summary; the driver commits the batch (:meth:`ResultSink.commit`: a
+manifest, then each query's commit marker), so no row passes through one process. The driver still
+writes what needs every partition or goes to Kafka from here: the rows of queries whose conditions
+read a window total (:mod:`high_level.results.windowtotal`), the finals the live topics and the joins'
+feed publish, the joins' own output, and the flagged windows (small). It owns the alert deliveries
+and the status document, so a replayed batch decides and writes the same.
 
 Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
 Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
@@ -91,6 +95,7 @@ class ResultSink:
         self.exporter: ResultExporter | None = None  # merges the tasks' export summaries (the job sets it)
         self._lock = threading.Lock()
         self.partitions: dict[str, dict[int, S.PartitionStatus]] = {}
+        self._summaries: dict[str, S.QueryStatus] = {}  # summarize_query of each query's partitions
         self.totals = TotalGate(
             store.root, queries
         )  # HAVING/alerts over total(): rows wait for every partition
@@ -327,7 +332,9 @@ class ResultSink:
             self.partitions.setdefault(st.query, {})[st.partition] = st
         self.metrics.on_batch_status(statuses)
         now_ms = max([st.now_ms for st in statuses], default=int(time.time() * 1000))
-        queries = {qn: S.summarize_query(parts) for qn, parts in sorted(self.partitions.items())}
+        for qn in {st.query for st in statuses} | (self.partitions.keys() - self._summaries.keys()):
+            self._summaries[qn] = S.summarize_query(self.partitions[qn])  # only what this batch changed
+        queries = dict(sorted(self._summaries.items()))
         self.metrics.on_status(queries, now_ms)
         self.last_batch = {"batch_id": batch_id, "written": written, "now_ms": now_ms}
         self.write_status(queries, now_ms)

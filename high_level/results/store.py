@@ -1,16 +1,18 @@
 """The result store: typed Parquet per query and day, plus the latest status as one JSON file.
 
-Layout (read by the REST API with DuckDB ``read_parquet('<root>/query=q/**/*.parquet',
-hive_partitioning=true)``)::
+Layout (read by the REST API through its file index, :mod:`high_level.serve.fileindex`)::
 
-    <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet
+    <root>/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>[-<task:05d>].parquet
+    <root>/query=<name>/_committed.json                                         newest committed batch
+    <root>/_manifests/<batch_id:012d>.json                                      a batch's commit
     <root>/_status.json
     <root>/_incomplete/query=<name>/date=YYYY-MM-DD/part-<batch_id:012d>.parquet   flagged short windows
 
-File names depend only on the micro-batch id and the batch's rows, and each file is written to a
-temporary name and renamed into place, so a micro-batch that Spark replays after a crash overwrites
-exactly the files it wrote before: together with Spark's checkpointed offsets and state this makes the
-output exactly once. Readers never see a half-written file.
+File names depend only on the micro-batch id (and the Spark task that wrote them) and the batch's
+rows, and each file is written to a temporary name and renamed into place, so a micro-batch that Spark
+replays after a crash overwrites exactly the files it wrote before: together with Spark's checkpointed
+offsets and state this makes the output exactly once. Readers never see a half-written file, nor a
+task's file before the driver committed its batch (:func:`contract.results.visible_files`).
 """
 
 from __future__ import annotations
