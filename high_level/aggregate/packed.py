@@ -92,21 +92,11 @@ OUTPUT_DDL = (
     "query string, partition int, kind string, closed_at_ms long, hosts int, hosts_expected int, "
     "status string, rows int, kw int, na int, data binary"
 )
-PACKED_SCHEMA = pa.schema(
-    [
-        ("query", pa.string()),
-        ("partition", pa.int32()),
-        ("kind", pa.string()),
-        ("closed_at_ms", pa.int64()),
-        ("hosts", pa.int32()),
-        ("hosts_expected", pa.int32()),
-        ("status", pa.string()),
-        ("rows", pa.int32()),
-        ("kw", pa.int32()),
-        ("na", pa.int32()),
-        ("data", pa.binary()),
-    ]
-)  # OUTPUT_DDL in Arrow
+PACKED_SCHEMA = pa.schema(  # OUTPUT_DDL in Arrow: the generic columns it shares, then the run's own
+    [GENERIC_SCHEMA.field(c) for c in PACKED_COLUMNS[:7]]
+    + [pa.field(c, pa.int32()) for c in PACKED_COLUMNS[7:10]]
+    + [pa.field("data", pa.binary())]
+)
 PACK_BYTES = 16 << 20  # at most this many bytes of int64 columns per packed row (before compression)
 # The columns travel as one LZ4-compressed Arrow IPC record batch (w, k0.., s0.., then m, l, x: the
 # row's hosts_in_mark, late_partials, missing_records): every byte moved

@@ -209,6 +209,7 @@ class ResultSink:
         """Fold the tasks' summaries (:mod:`high_level.results.tasks`) into the batch's written rows,
         files, HAVING drops, fired alerts, metrics and the export: no row of theirs reaches the driver."""
         exports: dict[str, list] = {}
+        latency: dict[str, dict[int, int]] = {}  # per query: window end -> its latest close
         meta = tasks.select(["kind", "query", "status"]).to_pydict()
         for i, kind in enumerate(meta["kind"]):
             if kind == WRITTEN_KIND:
@@ -219,7 +220,10 @@ class ResultSink:
                     self.store.having_dropped[name] = self.store.having_dropped.get(name, 0) + n
                 for name in doc["finals"]:
                     self.count_closed(name, doc["finals"][name], doc["corrections"][name])
-                self.observe_latency(doc["latency"])
+                for name, closes in doc["latency"].items():  # a window end may close in several tasks
+                    for end, at_ms in closes:
+                        last = latency.setdefault(name, {})
+                        last[end] = max(last.get(end, at_ms), at_ms)
                 self.store.files += doc["files"]
             elif kind == ALERTS_KIND:
                 self.store.fired.append(ipc_table(tasks["data"][i].as_py()))
@@ -227,6 +231,8 @@ class ResultSink:
                 doc = json.loads(meta["status"][i])
                 top = ipc_table(tasks["data"][i].as_py())
                 exports.setdefault(meta["query"][i], []).append((doc["end_ms"], top, doc["totals"]))
+        for _name, last in sorted(latency.items()):
+            self.observe_latency([[end, at_ms] for end, at_ms in last.items()])
         for name, parts in sorted(exports.items()):
             if self.exporter is not None:
                 self.exporter.merge(self.store.queries[name], parts)

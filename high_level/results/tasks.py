@@ -118,7 +118,7 @@ def write_task(
                 exports[q.name] = got
 
         store.on_written.append(keep)
-    summary: dict = {"task": task, "written": {}, "finals": {}, "corrections": {}, "latency": []}
+    summary: dict = {"task": task, "written": {}, "finals": {}, "corrections": {}, "latency": {}}
     for name in sorted(wins):
         w, q = wins[name], store.queries.get(name)
         if q is None:
@@ -127,7 +127,7 @@ def write_task(
         summary["finals"][name] = closed_windows(q, w)
         summary["corrections"][name] = int(np.count_nonzero(w.correction))
         end_ns = layouts[name].window_end_ns(w.window)
-        summary["latency"] += latest_close(end_ns[w.final], w.closed_at_ms[w.final])
+        summary["latency"][name] = latest_close(end_ns[w.final], w.closed_at_ms[w.final])
     if not wins and not exports:
         return rest.cast(PACKED_SCHEMA)
     summary["files"] = store.files

@@ -1,0 +1,192 @@
+"""The store written by the Spark tasks (high_level/results/tasks.py) and committed by the driver: the
+same rows, HAVING, alerts, export and metrics as the driver writing everything itself; a task's files
+stay invisible until the commit; a replayed batch rewrites the same names. No Spark: each task is
+:func:`high_level.results.tasks.write_task` on that task's share of the stateful step's real output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from contract import results as R
+from contract import wire
+from high_level.aggregate.processor import PartitionProcessor, Settings
+from high_level.aggregate.rollup import Layout
+from high_level.job import HighLevelJob, JobOptions
+from high_level.results.tasks import write_task
+from lowwater_testing.oracle import host_messages, interleave, split_hosts
+from lowwater_testing.queries import config, query
+from lowwater_testing.spark import read_results
+from lowwater_testing.traffic import make_traffic
+
+T0 = 1_700_000_000_000_000_000
+NS = 10**9
+CONFIG = config(
+    query(
+        "ports",
+        group_by=["dst_port"],
+        aggregates=["count as syns", "avg(length) as avg_len"],
+        having="syns >= 30 and avg_len > 0",
+        alerts=[{"name": "syn_flood", "when": "syns >= 40", "severity": "critical"}],
+        export={"top": 3, "by": "syns"},
+        kafka={"partitions": 2},
+    ),
+    query(
+        "slide",
+        group_by=["dst_ip/24"],
+        aggregates=["max(length) as max_len", "count as packets"],
+        window={"range": "10s", "slide": "4s"},
+        kafka={"partitions": 2},
+    ),
+    query(
+        "spread",
+        group_by=["dst_port"],
+        aggregates=["count as packets", "count_distinct(src_ip) as sources"],
+        kafka={"partitions": 2},
+    ),
+)
+
+
+def _batches() -> tuple[list, list[pa.Table]]:
+    """The stateful step's packed output of 6 micro-batches (both Kafka partitions), from 2 hosts."""
+    cfg = CONFIG.load()
+    qs = list(cfg.queries)
+    lays = [Layout.of(q) for q in qs]
+    t = make_traffic(12000, 40, T0, 60 * NS, seed=7)
+    rows = t.rows()
+    hix = split_hosts(len(t), 2, seed=3)
+    msgs = interleave(
+        [
+            host_messages(
+                q, rows[hix == i], h, partitions=2, punct_every_ns=NS, seed=i, end_mark=wire.END_OF_STREAM
+            )
+            for q in qs
+            for i, h in enumerate(("a", "b"))
+        ],
+        seed=2,
+    )
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=("a", "b"))
+    procs = [PartitionProcessor(lays, p, settings) for p in range(2)]
+    out = []
+    for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 6)):
+        frames = [
+            procs[p].process_packed([msgs[i].value for i in chunk if msgs[i].partition == p], 1000 + b)
+            for p in range(2)
+        ]
+        out.append(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False))
+    return qs, out
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return _batches()
+
+
+def _job(root, qs) -> HighLevelJob:
+    return HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(root), checkpoint=str(root) + "-ck"))
+
+
+def _tasks(job: HighLevelJob, qs, b: int, packed: pa.Table) -> pa.Table:
+    """What the tasks hand the driver: task = Kafka partition here (any fixed placement will do)."""
+    local = frozenset(job.store.queries) - job.sink.driver_queries()
+    outs = [
+        write_task(
+            str(job.store.root), qs, b, task, packed.filter(pc.equal(packed["partition"], task)), local
+        )
+        for task in (0, 1)
+    ]
+    return pa.concat_tables(outs)
+
+
+def _rows(root, name: str) -> pd.DataFrame:
+    got = read_results(root, name)
+    if not len(got):
+        return got
+    cols = [c for c in got.columns if c not in ("date", "query")]
+    return got[cols].sort_values(cols[:-1]).reset_index(drop=True)
+
+
+def _counters(job: HighLevelJob) -> dict:
+    keep = (
+        "lowwater_job_windows",
+        "lowwater_job_having_dropped",
+        "lowwater_job_alerts_fired",
+        "lowwater_job_result",
+    )
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in job.metrics.registry.collect()
+        for s in m.samples
+        if s.name.startswith(keep) and not s.name.endswith("_created")
+    }
+
+
+def test_tasks_write_what_the_driver_writes_hidden_until_the_commit(batches, tmp_path):
+    qs, packed = batches
+    a, b = _job(tmp_path / "a", qs), _job(tmp_path / "b", qs)
+    for i, p in enumerate(packed):
+        a.handle_packed(p, i)
+        out = _tasks(b, qs, i, p)
+        names = {f for q in qs for _d, d in R.date_dirs(b.store.root, q.name) for f in d.iterdir()}
+        new = {f for f in names if R.parse_part_name(f.name) == i}
+        assert all(R.is_task_part(f.name) for f in new)
+        if new:  # written by the tasks, not visible before the driver commits
+            assert not R.manifest_path(b.store.root, i).exists()
+            before = {q.name: len(_rows(b.store.root, q.name)) for q in qs}
+            b.handle_packed(out, i)
+            doc = json.loads(R.manifest_path(b.store.root, i).read_text())
+            assert {str(b.store.root / f) for f in doc["files"]} == {str(f) for f in new}
+            assert sum(len(_rows(b.store.root, q.name)) - before[q.name] for q in qs) == sum(
+                doc["rows"].values()
+            )
+        else:
+            b.handle_packed(out, i)
+    for q in qs:
+        ra, rb = _rows(a.store.root, q.name), _rows(b.store.root, q.name)
+        assert len(ra) > 0
+        pd.testing.assert_frame_equal(ra, rb)
+    assert set(_rows(b.store.root, "spread")["kind"]) == {"final"}
+    alerts = [pd.read_parquet(f) for f in R.alert_files(b.store.root)]
+    assert alerts and sum(len(x) for x in alerts) == sum(
+        len(pd.read_parquet(f)) for f in R.alert_files(a.store.root)
+    )
+    assert _counters(a) == _counters(b) and any("having_dropped" in k[0] for k in _counters(b))
+    # a replay of the last batch (Spark after a kill before its commit): the same names, no row twice
+    last = len(packed) - 1
+    files = sorted(b.store.root.rglob("part-*.parquet"))
+    b.handle_packed(_tasks(b, qs, last, packed[last]), last)
+    assert sorted(b.store.root.rglob("part-*.parquet")) == files
+    for q in qs:
+        pd.testing.assert_frame_equal(_rows(a.store.root, q.name), _rows(b.store.root, q.name))
+
+
+def test_visible_files_hide_task_files_of_uncommitted_batches():
+    named = {
+        n: r
+        for n in [
+            "compact-000000000000-000000000005.parquet",
+            "part-000000000004-00001.parquet",
+            "part-000000000006-00000.parquet",
+            "part-000000000006-00001.parquet",
+            "part-000000000007.parquet",
+            "part-000000000008-00000.parquet",
+        ]
+        if (r := R.batch_range(n)) is not None
+    }
+    assert len(named) == 6
+    assert R.visible_files(named, 6) == [
+        "compact-000000000000-000000000005.parquet",
+        "part-000000000006-00000.parquet",
+        "part-000000000006-00001.parquet",
+        "part-000000000007.parquet",
+    ]
+    assert R.visible_files(named) == [
+        "compact-000000000000-000000000005.parquet",
+        "part-000000000007.parquet",
+    ]
+    assert R.visible_files(named, 8)[-1] == "part-000000000008-00000.parquet"
