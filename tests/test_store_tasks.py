@@ -165,6 +165,12 @@ def test_tasks_write_what_the_driver_writes_hidden_until_the_commit(batches, tmp
         pd.testing.assert_frame_equal(_rows(a.store.root, q.name), _rows(b.store.root, q.name))
 
 
+def test_a_task_writes_nothing_of_the_queries_the_driver_writes(batches, tmp_path):
+    qs, packed = batches
+    out = write_task(str(tmp_path), qs, 0, 0, packed[1], frozenset())
+    assert out.num_rows == packed[1].num_rows and not list(tmp_path.rglob("*.parquet"))
+
+
 def test_visible_files_hide_task_files_of_uncommitted_batches():
     named = {
         n: r

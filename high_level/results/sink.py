@@ -139,8 +139,10 @@ class ResultSink:
         from high_level.aggregate.packed import OUTPUT_DDL
         from high_level.results.tasks import task_writer
 
+        local = frozenset(self.store.queries) - self.driver_queries()
+        if not local:  # every row goes to the driver anyway (e.g. --live): no pass over them in the tasks
+            return self.foreach_packed(df, batch_id)
         with self.timed():
-            local = frozenset(self.store.queries) - self.driver_queries()
             fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local)
             self.handle_packed(df.mapInArrow(fn, OUTPUT_DDL).toArrow(), batch_id)
 

@@ -102,7 +102,7 @@ def write_task(
     mine = pc.fill_null(
         pc.and_(
             pc.is_in(packed["kind"], pa.array(list(R.ROW_KINDS))),
-            pc.is_in(packed["query"], pa.array(list(local))),
+            pc.is_in(packed["query"], pa.array(sorted(local), pa.string())),
         ),
         False,
     )
