@@ -97,7 +97,7 @@ def test_sigkill_between_task_writes_and_commit_then_restart_is_exact(kafka, top
         for q in queries:
             files = _task_files(results, q.name)
             committed = R.committed_batch(results, q.name)
-            assert committed is not None and committed < STOP_AT
+            assert committed is None or committed < STOP_AT
             seen = read_results(results, q.name)
             assert not {n for n, b in files.items() if b > committed} & _visible(results, q.name, committed)
             assert not seen.duplicated().any()
