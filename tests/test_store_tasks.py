@@ -43,11 +43,12 @@ CONFIG = config(
         window={"range": "10s", "slide": "4s"},
         kafka={"partitions": 2},
     ),
-    query(
+    query(  # holistic: its second stage runs in the task holding the group
         "spread",
-        group_by=["dst_port"],
-        aggregates=["count as packets", "count_distinct(src_ip) as sources"],
+        window={"range": "10s", "slide": "5s"},
         kafka={"partitions": 2},
+        aggregates=["count_distinct(src_ip) as sources", "count as packets"],
+        group_by=["dst_port"],
     ),
 )
 

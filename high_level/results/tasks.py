@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from contract import query as Q
 from contract import results as R
-from high_level.aggregate.packed import PACKED_SCHEMA, QueryWindows, unpack_windows
+from high_level.aggregate.packed import PACKED_COLUMNS, PACKED_SCHEMA, QueryWindows, unpack_windows
 from high_level.results.export import ResultExporter
 from high_level.results.store import ResultStore
 
@@ -72,19 +72,9 @@ def latest_close(end_ns: np.ndarray, closed_at_ms: np.ndarray) -> list[list[int]
 
 
 def _row(kind: str, query: str, task: int, status: str, data: bytes = b"") -> dict:
-    return dict(
-        query=query,
-        partition=task,
-        kind=kind,
-        closed_at_ms=0,
-        hosts=0,
-        hosts_expected=0,
-        status=status,
-        rows=0,
-        kw=0,
-        na=0,
-        data=data,
-    )
+    """A summary row in the packed schema (its counts zero: it carries no windows)."""
+    fixed = {"query": query, "partition": task, "kind": kind, "status": status, "data": data}
+    return {c: fixed.get(c, 0) for c in PACKED_COLUMNS}
 
 
 def write_task(
