@@ -27,14 +27,14 @@ from lowwater_testing.traffic import make_traffic
 T0 = 1_700_000_000_000_000_000
 NS = 10**9
 CONFIG = config(
-    query(
+    query(  # HAVING, an alert rule and the Prometheus export, each evaluated in the tasks
         "ports",
+        kafka={"partitions": 2},
+        export={"top": 3, "by": "syns"},
+        alerts=[{"name": "syn_flood", "when": "syns >= 40", "severity": "critical"}],
+        having="syns >= 30 and avg_len > 0",
         group_by=["dst_port"],
         aggregates=["count as syns", "avg(length) as avg_len"],
-        having="syns >= 30 and avg_len > 0",
-        alerts=[{"name": "syn_flood", "when": "syns >= 40", "severity": "critical"}],
-        export={"top": 3, "by": "syns"},
-        kafka={"partitions": 2},
     ),
     query(
         "slide",
