@@ -365,7 +365,14 @@ def main() -> int:
                 }
                 t0 = time.monotonic()
                 proc = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.bench_scaling", "--driver", json.dumps(spec), *sys.argv[1:]],
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.bench_scaling",
+                        "--driver",
+                        json.dumps(spec),
+                        *sys.argv[1:],
+                    ],
                     capture_output=True,
                     text=True,
                     cwd=REPO,
