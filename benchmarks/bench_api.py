@@ -39,37 +39,28 @@ import pyarrow.parquet as pq
 
 from benchmarks import harness
 from local_stack.kafka_broker import free_port
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, q4
 from lowwater_testing.store import result_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
 TMP = harness.RESULTS / "tmp" / "api_store"
 QUERY = "q4_pairs"
-CONFIG = config(
-    query(
-        "q4_pairs",
-        description="packet count per (srcIP, dstIP) per minute (benchmark)",
-        filter="ip_version == 4",
-        group_by=["src_ip", "dst_ip"],
-        window="1m",
-    )
-).text
+CONFIG = config(q4(description="packet count per (srcIP, dstIP) per minute (benchmark)")).text
 SCHEMA = result_schema([("src_ip", pa.string()), ("dst_ip", pa.string())], [("packets", pa.int64())])
 RANGE_TMP = harness.RESULTS / "tmp" / "api_range_store"
 RANGE_QUERY = "q4_range"
 RANGE_CONFIG = config(
-    query(
+    q4(
         RANGE_QUERY,
         description="packet and byte counts per (srcIP, dstIP) per minute, rolled up to 1h and 1d (benchmark)",
-        filter="ip_version == 4",
-        group_by=["src_ip", "dst_ip"],
         aggregates=["count as packets", "sum(length) as bytes"],
-        window="1m",
         tiers=["1h", "1d"],
         retention={"raw": "1d", "1h": "400d"},
     )
 ).text
+TS = pa.timestamp("us", tz="UTC")
+ROW_GROUP = 16_384  # rows per Parquet row group: its min/max statistics let a one-group read skip the rest
 
 
 def _addresses(rng: np.random.Generator, n: int) -> pa.Array:
@@ -93,50 +84,35 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
     first = end - timedelta(minutes=minutes)
     written = corrections = 0
     t0 = time.perf_counter()
+    first_us = int(first.timestamp()) * 1_000_000
     for m in range(minutes):
-        ws = first + timedelta(minutes=m)
+        ws = first_us + m * 60_000_000
         pick = rng.choice(pool, groups, replace=False)
         packets = rng.zipf(1.3, groups).clip(1, 10_000_000).astype(np.int64)
-        n = groups
-        kind = ["final"] * n
+        wss = np.full(groups, ws, np.int64)
+        kind = np.full(groups, "final", object)
         src_idx, dst_idx = pair_src[pick], pair_dst[pick]
-        wss = [ws] * n
         if m >= 5 and rng.random() < 0.3:  # corrections for a window a few minutes back
             k = groups // 100
             back = int(rng.integers(1, 5))
             sel = rng.choice(groups, k, replace=False)
-            wss += [ws - timedelta(minutes=back)] * k
+            wss = np.concatenate([wss, np.full(k, ws - back * 60_000_000, np.int64)])
             src_idx = np.concatenate([src_idx, src_idx[sel]])
             dst_idx = np.concatenate([dst_idx, dst_idx[sel]])
             packets = np.concatenate([packets, rng.integers(1, 50, k)])
-            kind += ["correction"] * k
-            n += k
+            kind = np.concatenate([kind, np.full(k, "correction", object)])
             corrections += k
-        ws_arr = pa.array(wss, pa.timestamp("us", tz="UTC"))
-        table = pa.table(
-            {
-                "window_start": ws_arr,
-                "window_end": pa.array([w + timedelta(minutes=1) for w in wss], pa.timestamp("us", tz="UTC")),
-                "src_ip": srcs.take(pa.array(src_idx)),
-                "dst_ip": dsts.take(pa.array(dst_idx)),
-                "packets": pa.array(packets, pa.int64()),
-                "closed_at": pa.array(
-                    [ws + timedelta(minutes=1, seconds=3)] * n, pa.timestamp("us", tz="UTC")
-                ),
-                "hosts": pa.array(np.full(n, 3, np.int32)),
-                "hosts_expected": pa.array(np.full(n, 3, np.int32)),
-                "hosts_in_mark": pa.array(np.full(n, 3, np.int32)),
-                "late_partials": pa.array(np.zeros(n, np.int64)),
-                "missing_records": pa.array(np.zeros(n, np.int64)),
-                "complete": pa.array(np.ones(n, bool)),
-                "kind": pa.array(kind, pa.string()),
-            },
-            schema=SCHEMA,
+        table = _rows_table(
+            SCHEMA,
+            wss,
+            60_000_000,
+            {"src_ip": srcs.take(pa.array(src_idx)), "dst_ip": dsts.take(pa.array(dst_idx))},
+            {"packets": packets},
+            kind,
         )
-        d = root / f"query={QUERY}" / f"date={ws.date().isoformat()}"
-        d.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, d / f"part-{m:012d}.parquet")
-        written += n
+        day = datetime.fromtimestamp(ws / 1e6, UTC).date().isoformat()
+        _write(table, root / f"query={QUERY}" / f"date={day}" / f"part-{m:012d}.parquet")
+        written += table.num_rows
     return {
         "rows": written,
         "corrections": corrections,
@@ -148,38 +124,42 @@ def generate(root: Path, rows: int, minutes: int, end: datetime, seed: int = 7) 
     }
 
 
-def _range_table(
+def _rows_table(
     schema: pa.Schema,
-    ws: int,
+    ws_us: np.ndarray | int,
     width_us: int,
-    src: pa.Array,
-    dst: pa.Array,
-    packets: np.ndarray,
-    nbytes: np.ndarray,
-    windows: np.ndarray | None,
+    keys: dict[str, pa.Array],
+    values: dict[str, np.ndarray],
+    kind: np.ndarray | None = None,
+    windows: np.ndarray | None = None,
 ) -> pa.Table:
-    """Rows of one window (raw) or one tier window, every column of the contract's schema."""
-    n = len(packets)
-    ts = pa.timestamp("us", tz="UTC")
+    """Rows of one file with every column of ``schema``, built vectorised (no Python per row) and sorted
+    by key, then window, so the row groups' statistics let a one-group read skip most of the file."""
+    n = len(next(iter(values.values())))
+    ws = np.broadcast_to(np.asarray(ws_us, np.int64), (n,))
     cols = {
-        "window_start": pa.array(np.full(n, ws, np.int64)).cast(ts),
-        "window_end": pa.array(np.full(n, ws + width_us, np.int64)).cast(ts),
-        "src_ip": src,
-        "dst_ip": dst,
-        "packets": pa.array(packets, pa.int64()),
-        "bytes": pa.array(nbytes, pa.int64()),
-        "closed_at": pa.array(np.full(n, ws + width_us + 3_000_000, np.int64)).cast(ts),
+        "window_start": pa.array(ws).cast(TS),
+        "window_end": pa.array(ws + width_us).cast(TS),
+        **keys,
+        **{c: pa.array(v, pa.int64()) for c, v in values.items()},
+        "closed_at": pa.array(ws + width_us + 3_000_000).cast(TS),
         "hosts": pa.array(np.full(n, 3, np.int32)),
         "hosts_expected": pa.array(np.full(n, 3, np.int32)),
         "hosts_in_mark": pa.array(np.full(n, 3, np.int32)),
         "late_partials": pa.array(np.zeros(n, np.int64)),
         "missing_records": pa.array(np.zeros(n, np.int64)),
         "complete": pa.array(np.ones(n, bool)),
-        "kind": pa.array(np.full(n, "final", object), pa.string()),
+        "kind": pa.array(np.full(n, "final", object) if kind is None else kind, pa.string()),
     }
     if windows is not None:
         cols["windows"] = pa.array(windows, pa.int64())
-    return pa.table(cols, schema=schema)
+    table = pa.table(cols, schema=schema)
+    return table.sort_by([(k, "ascending") for k in keys] + [("window_start", "ascending")])
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=ROW_GROUP, write_statistics=True)
 
 
 def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: datetime, seed: int = 11) -> dict:
@@ -193,7 +173,7 @@ def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: date
     cfg = root / "range.yaml"
     cfg.write_text(RANGE_CONFIG)
     spec = load(cfg).stored_queries[0]
-    raw_schema, h_schema, d_schema = R.schema(spec), R.tier_schema(spec, "1h"), R.tier_schema(spec, "1d")
+    schemas = {"raw": R.schema(spec), "1h": R.tier_schema(spec, "1h"), "1d": R.tier_schema(spec, "1d")}
     pool = groups + groups // 5  # the pairs active in a window are drawn from a larger pool
     srcs, dsts = _addresses(rng, max(1000, pool // 5)), _addresses(rng, max(500, pool // 20))
     pair_src = srcs.take(pa.array(rng.integers(0, len(srcs), pool)))
@@ -211,6 +191,20 @@ def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: date
     day_p = np.zeros(pool, np.int64)
     day_b = np.zeros(pool, np.int64)
     day_w = np.zeros(pool, np.int64)
+
+    def tier_file(
+        tier: str, ts: int, width: int, p: np.ndarray, b: np.ndarray, w: np.ndarray, h: int
+    ) -> None:
+        """One tier file: the pairs with windows in [ts, ts + width), batches h*100 .. h*100+99."""
+        have = np.flatnonzero(w)
+        pairs = {"src_ip": pair_src.take(pa.array(have)), "dst_ip": pair_dst.take(pa.array(have))}
+        t = _rows_table(
+            schemas[tier], ts, width, pairs, {"packets": p[have], "bytes": b[have]}, None, w[have]
+        )
+        day = datetime.fromtimestamp(ts / 1e6, UTC).date()
+        _write(t, R.tier_part_path(root, RANGE_QUERY, tier, day, h * 100, h * 100 + 99))
+        rows[tier] += len(have)
+
     for h in range(hours):
         hs = first_us + h * hour_us
         if hs >= raw_from:  # raw windows, and their exact hour
@@ -220,20 +214,12 @@ def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: date
                 pick = np.sort(rng.choice(pool, groups, replace=False))
                 p = rng.poisson(weight[pick]).astype(np.int64) + 1
                 b = p * rng.integers(40, 1500, groups)
-                t = _range_table(
-                    raw_schema,
-                    ws,
-                    min_us,
-                    pair_src.take(pa.array(pick)),
-                    pair_dst.take(pa.array(pick)),
-                    p,
-                    b,
-                    None,
-                )
+                pairs = {"src_ip": pair_src.take(pa.array(pick)), "dst_ip": pair_dst.take(pa.array(pick))}
                 day = datetime.fromtimestamp(ws / 1e6, UTC).date()
-                path = R.part_path(root, RANGE_QUERY, day, batch)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(t, path)
+                _write(
+                    _rows_table(schemas["raw"], ws, min_us, pairs, {"packets": p, "bytes": b}),
+                    R.part_path(root, RANGE_QUERY, day, batch),
+                )
                 batch += 1
                 rows["raw"] += groups
                 hp[pick] += p
@@ -243,42 +229,12 @@ def generate_range(root: Path, groups: int, days: int, raw_hours: int, end: date
             hw = np.minimum(60, rng.binomial(60, groups / pool, pool)).astype(np.int64)
             hp = rng.poisson(weight * hw).astype(np.int64) + hw
             hb = hp * rng.integers(40, 1500, pool)
-        have = np.flatnonzero(hw)
-        t = _range_table(
-            h_schema,
-            hs,
-            hour_us,
-            pair_src.take(pa.array(have)),
-            pair_dst.take(pa.array(have)),
-            hp[have],
-            hb[have],
-            hw[have],
-        )
-        day = datetime.fromtimestamp(hs / 1e6, UTC).date()
-        path = R.tier_part_path(root, RANGE_QUERY, "1h", day, h * 100, h * 100 + 99)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(t, path)
-        rows["1h"] += len(have)
+        tier_file("1h", hs, hour_us, hp, hb, hw, h)
         day_p += hp
         day_b += hb
         day_w += hw
         if (hs + hour_us) % day_us == 0 or h == hours - 1:  # the day's 1d tier row per pair
-            ds = hs - hs % day_us
-            have = np.flatnonzero(day_w)
-            t = _range_table(
-                d_schema,
-                ds,
-                day_us,
-                pair_src.take(pa.array(have)),
-                pair_dst.take(pa.array(have)),
-                day_p[have],
-                day_b[have],
-                day_w[have],
-            )
-            path = R.tier_part_path(root, RANGE_QUERY, "1d", day, h * 100, h * 100 + 99)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(t, path)
-            rows["1d"] += len(have)
+            tier_file("1d", hs - hs % day_us, day_us, day_p, day_b, day_w, h)
             day_p[:], day_b[:], day_w[:] = 0, 0, 0
     size = sum(f.stat().st_size for f in root.rglob("*.parquet"))
     return {
