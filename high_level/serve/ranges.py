@@ -10,6 +10,8 @@ The SQL pieces are :mod:`high_level.serve.sql`'s; the layout of tier files :mod:
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -54,6 +56,10 @@ def nearest_rank_over_steps(
     return StepPercentile(v, at, len(vals), empty, int(vals.max()))
 
 
+def _filters_key(filters: list[KeyFilter]) -> tuple:
+    return tuple((f.column, f.op, repr(f.value)) for f in filters)
+
+
 class RangeReader:
     """Stepped series and range top-N over a :class:`Reader`'s store (its DuckDB, file index and cache
     budget), with the tier files' listing and the per-file partials' caches."""
@@ -69,6 +75,11 @@ class RangeReader:
         self._tops: dict[tuple, tuple[int, int, pa.Table]] = {}  # per-file group sums (range_top)
         self._tops_bytes = 0
         self.max_partials = 20_000
+        # whole answers, keyed by the request and the (path, size, mtime) of every file it reads: store
+        # files are immutable, so the same files give the same answer; a new batch or tier file is a miss
+        self._answers: OrderedDict[tuple, ResultSet] = OrderedDict()
+        self.max_answers = 256
+        self.max_answer_rows = 10_000
 
     def warm_tiers(self, qi: QueryInfo, stop: threading.Event | None = None) -> int:
         """Compute the per-file partials of the query's tier files, newest first (so the first stepped
@@ -82,8 +93,55 @@ class RangeReader:
                 done += 1
         return done
 
-    @retry_once
+    def _stamps(self, qi: QueryInfo, tier: str, start: datetime, end: datetime) -> tuple:
+        """What a range request over [start, end) reads: every file's (path, size, mtime)."""
+        s_us, e_us = us_of(start), us_of(end)
+        if tier != R.RAW_TIER:
+            return tuple((p, *self.tiers.stamp(p)) for p in self.tiers.files(qi.spec, tier, s_us, e_us))
+        return tuple((f.path, f.size, f.mtime_ns) for f in self.index.files_for(qi.spec, s_us, e_us))
+
+    def _answer(self, key: tuple, compute: Callable[[], ResultSet]) -> ResultSet:
+        """The cached answer of a request over the same files, else ``compute()`` (then kept, if small)."""
+        with self._partials_lock:
+            got = self._answers.get(key)
+            if got is not None:
+                self._answers.move_to_end(key)
+                return got
+        rs = compute()
+        if len(rs.rows) <= self.max_answer_rows and self.cache.max_bytes > 0:
+            with self._partials_lock:
+                self._answers[key] = rs
+                while len(self._answers) > self.max_answers:
+                    self._answers.popitem(last=False)
+        return rs
+
     def range_top(
+        self,
+        qi: QueryInfo,
+        start: datetime,
+        end: datetime,
+        filters: list[KeyFilter],
+        by: str,
+        n: int,
+        tier: str = R.RAW_TIER,
+    ) -> ResultSet:
+        """:meth:`compute_top`, answered from the cache when the same request reads the same files."""
+        key = ("top", qi.name, tier, us_of(start), us_of(end), _filters_key(filters), by, n)
+        stamps = self._stamps(qi, tier, start, end)
+        return self._answer((*key, stamps), lambda: self.compute_top(qi, start, end, filters, by, n, tier))
+
+    def series(
+        self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
+    ) -> ResultSet:
+        """:meth:`compute_series`, answered from the cache when the same request reads the same files."""
+        key = ("series", qi.name, tier, us_of(start), us_of(end), _filters_key(filters), step_us)
+        stamps = self._stamps(qi, tier, start, end)
+        return self._answer(
+            (*key, stamps), lambda: self.compute_series(qi, start, end, filters, step_us, tier)
+        )
+
+    @retry_once
+    def compute_top(
         self,
         qi: QueryInfo,
         start: datetime,
@@ -303,7 +361,7 @@ class RangeReader:
         return table
 
     @retry_once
-    def series(
+    def compute_series(
         self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
     ) -> ResultSet:
         """Per bucket of ``step_us`` (aligned to ``start``) over all (filtered) groups: count/sum add over
