@@ -69,7 +69,7 @@ def parse_time(name: str, value: str, now: datetime) -> datetime:
     return t
 
 
-def _bounds(
+def _start_end(
     start: str | None, end: str | None, now: datetime, newest: datetime | None
 ) -> tuple[datetime, datetime]:
     """start and end parsed; without end: ``newest`` (the end of the newest closed window) when start is
@@ -90,7 +90,7 @@ def time_range(
     """The [start, end) a results request covers, at most MAX_RANGE long. Default: the hour up to ``newest``
     (the end of the newest closed window) when neither bound is given, so a replayed capture or a stopped
     one still shows its last hour; else the hour up to ``end``, or from ``start`` to now."""
-    s, e = _bounds(start, end, now, newest)
+    s, e = _start_end(start, end, now, newest)
     if e - s > MAX_RANGE:
         raise ParamError(
             f"time range {e - s} is longer than the maximum {MAX_RANGE} without a step; narrow start/end, "
@@ -122,7 +122,7 @@ def stepped_range(
 ) -> tuple[datetime, datetime]:
     """The [start, end) of a stepped request, widened to whole steps (start down, end up, aligned to the
     epoch), at most MAX_STEPPED_RANGE and MAX_STEPS steps long."""
-    s, e = _bounds(start, end, now, newest)
+    s, e = _start_end(start, end, now, newest)
     if e - s > MAX_STEPPED_RANGE:
         raise ParamError(
             f"time range {e - s} is longer than the maximum {MAX_STEPPED_RANGE}; narrow start/end"
