@@ -27,6 +27,7 @@ from contract import sketch
 from high_level.results import tiers as T
 from high_level.results.compact import Compactor
 from high_level.results.store import ResultStore
+from lowwater_testing.hosts import step_rows
 from lowwater_testing.queries import config, query
 
 BASE = datetime(2024, 5, 1, 23, 0, tzinfo=UTC)  # two days: the tiers' day directories split
@@ -70,13 +71,13 @@ def _subkey(q: Q.QuerySpec, src: np.ndarray, length: np.ndarray) -> tuple[np.nda
 
 def _rows(
     q: Q.QuerySpec, kind: str, w: int, port: int, src: np.ndarray, length: np.ndarray, b: int
-) -> list[dict]:
+) -> pd.DataFrame:
     """The generic rows the stateful step emits for one (window, kind, group): one per sub-key, the
     bounded aggregates' state over that sub-key's packets, then the holistic state."""
     sub, lifted = _subkey(q, src, length)
     merge = A.MERGE_UFUNCS[A.REGISTRY[Q.holistic(q).fn].parts(Q.holistic(q))[-1].merge]
     ws = int(BASE.timestamp()) * 10**9 + w * MIN_NS
-    out = []
+    keys, states, late = [], [], []
     for s in np.unique(sub).tolist():
         m = sub == s
         state = []
@@ -88,27 +89,15 @@ def _rows(
                 int(A.MERGE_UFUNCS[p.merge].reduce(A.lift(p, values))) for p in A.REGISTRY[a.fn].parts(a)
             ]
         state.append(int(merge.reduce(lifted[m])))
-        late = int(m.sum()) if kind != "final" else 0
-        out.append(
-            {
-                "query": q.name,
-                "partition": 0,
-                "window": w,
-                "window_start_ns": ws,
-                "window_end_ns": ws + MIN_NS,
-                "key": [port, int(s)],
-                "state": state,
-                "kind": kind,
-                "closed_at_ms": ws // 10**6 + 61_000 + b,
-                "hosts": 2,
-                "hosts_expected": 2,
-                "hosts_in_mark": 2,
-                "late_partials": late,
-                "missing_records": 0,
-                "status": None,
-            }
-        )
-    return out
+        keys.append([port, int(s)])
+        states.append(state)
+        late.append(int(m.sum()) if kind != "final" else 0)
+    n = len(keys)
+    rows = step_rows(
+        q, [w] * n, [ws] * n, [ws + MIN_NS] * n, keys, states, [kind] * n, ws // 10**6 + 61_000 + b
+    )
+    rows["late_partials"] = late
+    return rows
 
 
 def _traffic(q: Q.QuerySpec, n: int, seed: int = 5) -> tuple[list[pd.DataFrame], pd.DataFrame]:
@@ -118,7 +107,7 @@ def _traffic(q: Q.QuerySpec, n: int, seed: int = 5) -> tuple[list[pd.DataFrame],
     rng = np.random.default_rng(seed)
     batches, packets = [], []
     for b in range(n):
-        rows: list[dict] = []
+        rows: list[pd.DataFrame] = []
         todo = [
             ("final", b, int(p))
             for p in rng.choice(PORTS, size=int(rng.integers(2, PORTS + 1)), replace=False)
@@ -131,10 +120,10 @@ def _traffic(q: Q.QuerySpec, n: int, seed: int = 5) -> tuple[list[pd.DataFrame],
             k = int(rng.integers(1, 60)) if kind == "final" else 4
             src = rng.integers(1000, 1400 if kind == "final" else 5000, k).astype(np.int64)
             length = rng.integers(40, 1500, k).astype(np.int64)
-            rows += _rows(q, kind, w, 1000 + port, src, length, b)
+            rows.append(_rows(q, kind, w, 1000 + port, src, length, b))
             if kind != "late":
                 packets.append(pd.DataFrame({"w": w, "port": 1000 + port, "src": src, "length": length}))
-        batches.append(pd.DataFrame(rows))
+        batches.append(pd.concat(rows, ignore_index=True))
     return batches, pd.concat(packets, ignore_index=True)
 
 

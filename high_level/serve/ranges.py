@@ -9,11 +9,13 @@ The SQL pieces are :mod:`high_level.serve.sql`'s; the layout of tier files :mod:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -56,8 +58,20 @@ def nearest_rank_over_steps(
     return StepPercentile(v, at, len(vals), empty, int(vals.max()))
 
 
-def _filters_key(filters: list[KeyFilter]) -> tuple:
-    return tuple((f.column, f.op, repr(f.value)) for f in filters)
+def _answer_cached(method: Callable[..., ResultSet]) -> Callable[..., ResultSet]:
+    """A range request (``qi, start, end, filters, *more, tier``) answered from the reader's cache when
+    the same request reads the same files (:meth:`RangeReader._answer`)."""
+
+    @functools.wraps(method)
+    def wrapper(
+        self: RangeReader, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], *more: Any
+    ) -> ResultSet:
+        flt = tuple((f.column, f.op, repr(f.value)) for f in filters)
+        key = (method.__name__, qi.name, us_of(start), us_of(end), flt, *more)
+        stamps = self._stamps(qi, more[-1], start, end)
+        return self._answer((*key, stamps), lambda: method(self, qi, start, end, filters, *more))
+
+    return wrapper
 
 
 class RangeReader:
@@ -115,6 +129,8 @@ class RangeReader:
                     self._answers.popitem(last=False)
         return rs
 
+    @_answer_cached
+    @retry_once
     def range_top(
         self,
         qi: QueryInfo,
@@ -123,33 +139,7 @@ class RangeReader:
         filters: list[KeyFilter],
         by: str,
         n: int,
-        tier: str = R.RAW_TIER,
-    ) -> ResultSet:
-        """:meth:`compute_top`, answered from the cache when the same request reads the same files."""
-        key = ("top", qi.name, tier, us_of(start), us_of(end), _filters_key(filters), by, n)
-        stamps = self._stamps(qi, tier, start, end)
-        return self._answer((*key, stamps), lambda: self.compute_top(qi, start, end, filters, by, n, tier))
-
-    def series(
-        self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
-    ) -> ResultSet:
-        """:meth:`compute_series`, answered from the cache when the same request reads the same files."""
-        key = ("series", qi.name, tier, us_of(start), us_of(end), _filters_key(filters), step_us)
-        stamps = self._stamps(qi, tier, start, end)
-        return self._answer(
-            (*key, stamps), lambda: self.compute_series(qi, start, end, filters, step_us, tier)
-        )
-
-    @retry_once
-    def compute_top(
-        self,
-        qi: QueryInfo,
-        start: datetime,
-        end: datetime,
-        filters: list[KeyFilter],
-        by: str,
-        n: int,
-        tier: str = R.RAW_TIER,
+        tier: str,
     ) -> ResultSet:
         """The ``n`` groups with the largest sum of the additive column ``by`` over every window in
         [start, end), with the sums of every additive aggregate and the number of windows each group
@@ -360,8 +350,9 @@ class RangeReader:
                 self._partials.pop(next(iter(self._partials)))
         return table
 
+    @_answer_cached
     @retry_once
-    def compute_series(
+    def series(
         self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
     ) -> ResultSet:
         """Per bucket of ``step_us`` (aligned to ``start``) over all (filtered) groups: count/sum add over
