@@ -28,12 +28,17 @@ T0 = 1_700_000_000_000_000_000
 AGGS = ["count as packets", "sum(length) as bytes", "avg(length) as avg_len", "variance(length) as var_len"]
 CONFIG = config(
     query("d10x1", group_by=["src_ip"], aggregates=AGGS, window={"range": "10s", "slide": "1s"}),
-    query("d9x6", group_by=["dst_port"], aggregates=AGGS, window={"range": "9s", "slide": "6s"}),
+    query(
+        "d9x6",
+        group_by=["dst_port"],
+        aggregates=AGGS,
+        window={"range": "9s", "slide": "6s", "differential": True},
+    ),
     query(
         "d20x5",
         group_by=["dst_ip/24"],
         aggregates=AGGS[:2],
-        window={"range": "20s", "slide": "5s", "origin": "2s"},
+        window={"range": "20s", "slide": "5s", "origin": "2s", "differential": True},
     ),
 ).text
 NAMES = ["d10x1", "d9x6", "d20x5"]
@@ -216,9 +221,19 @@ def test_config_refuses_what_cannot_be_differential_with_file_and_line(tmp_path,
 def test_config_auto_and_explicit(tmp_path):
     for window, aggs, want in (
         ("{range: 10s, slide: 1s}", "{fn: count}, {fn: sum, field: length}", True),
-        ("{range: 10s, slide: 1s}", "{fn: count}, {fn: min, field: ttl}", False),  # auto: min has no inverse, re-merged
+        ("{range: 4s, slide: 1s}", "{fn: count}", False),  # auto: too few panes per window to pay
+        ("{range: 4s, slide: 1s, differential: true}", "{fn: count}", True),
+        (
+            "{range: 10s, slide: 1s}",
+            "{fn: count}, {fn: min, field: ttl}",
+            False,
+        ),  # auto: min has no inverse, re-merged
         ("{range: 10s, slide: 1s, differential: false}", "{fn: count}", False),
-        ("{range: 10s, slide: 1s, differential: true}", "{fn: avg, field: length}, {fn: stddev, field: length}", True),
+        (
+            "{range: 10s, slide: 1s, differential: true}",
+            "{fn: avg, field: length}, {fn: stddev, field: length}",
+            True,
+        ),
         ("{range: 10s}", "{fn: count}", False),  # tumbling: nothing to subtract
     ):
         path = tmp_path / "ok.yaml"

@@ -510,13 +510,22 @@ def result_names(q: QuerySpec) -> list[str]:
     return [n for a in q.aggregates for n, _ in a.output_columns()]
 
 
+# Below this many windows per pane (range / slide) the default re-merges: keeping the running windows
+# costs a sort of their +/- events per close, which re-merging k panes beats for small k (measured:
+# benchmarks/bench_differential.py, break-even near 8 panes per window).
+DIFFERENTIAL_FROM = 8
+
+
 def differential(q: QuerySpec, want: bool | None = None) -> bool:
     """Whether the high level keeps ``q``'s windows running (adds the new panes, subtracts the expired
-    ones) rather than re-merging them: a sliding window, every aggregate subtractable, and not turned
-    off by ``window.differential: false``. ``want`` overrides the query's own setting."""
-    want = q.window.differential if want is None else want
-    ok = q.window.sliding and all(a.fn in A.SUBTRACTABLE for a in q.aggregates)
-    return ok and want is not False
+    ones) rather than re-merging them: a sliding window and every aggregate subtractable, and either
+    asked for (``window.differential: true``) or, by default, at least :data:`DIFFERENTIAL_FROM` windows
+    per pane. ``want`` overrides the query's own setting."""
+    w = q.window
+    want = w.differential if want is None else want
+    if not w.sliding or not all(a.fn in A.SUBTRACTABLE for a in q.aggregates) or want is False:
+        return False
+    return want is True or w.panes_per_window // w.panes_per_slide >= DIFFERENTIAL_FROM
 
 
 def holistic(q: QuerySpec) -> AggregateSpec | None:

@@ -29,8 +29,9 @@ class WindowSpec(_Strict):
 
     ``differential`` (sliding windows, dissertation §6.2.2.2-3): keep each group's running window and
     take the expired panes out again instead of re-merging every pane of every window. ``None`` (the
-    default) uses it whenever every aggregate of the query is subtractable
-    (:data:`contract.aggregates.SUBTRACTABLE`); ``true`` insists (a query that cannot is refused);
+    default) uses it when every aggregate of the query is subtractable
+    (:data:`contract.aggregates.SUBTRACTABLE`) and a pane is in enough windows for it to pay
+    (:func:`contract.query.model.differential`); ``true`` insists (a query that cannot is refused);
     ``false`` re-merges (the baseline).
     """
 

@@ -170,29 +170,48 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     n = keys.shape[0]
     if n == 0:
         return keys.reshape(0, keys.shape[1]), state.reshape(0, state.shape[1])
-    codes, uniq = pd.factorize(wire.key_hash(keys), sort=False)
-    # codes are numbered in order of first appearance: a row is its group's first exactly where the
-    # running maximum of the codes grows
-    top = np.maximum.accumulate(codes)
-    first = np.empty(n, bool)
-    first[0] = True
-    np.greater(top[1:], top[:-1], out=first[1:])
-    rep = np.flatnonzero(first)
-    ukeys = keys[rep]
-    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
-        # hash collision: exact fallback
+    found = _hash_codes(keys)
+    if found is None:  # hash collision: exact fallback
         _, inv = np.unique(keys, axis=0, return_inverse=True)
         order = np.argsort(inv.ravel(), kind="stable")
         si = inv.ravel()[order]
         flags = np.r_[True, si[1:] != si[:-1]]
         starts = np.flatnonzero(flags)
         return keys[order[starts]], _reduce_sorted(state, order, starts, ops)
-    out = np.empty((len(uniq), state.shape[1]), I64)
+    codes, rep = found
+    out = np.empty((len(rep), state.shape[1]), I64)
     for j, op in enumerate(ops):
-        col = np.full(len(uniq), _IDENTITY[op], I64)
+        col = np.full(len(rep), _IDENTITY[op], I64)
         _UFUNC[op].at(col, codes, state[:, j])
         out[:, j] = col
-    return ukeys, out
+    return keys[rep], out
+
+
+def _hash_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per row of ``keys`` (int64[n, c], n > 0) its group's number in order of first appearance, and each
+    group's first row; None on a 64-bit hash collision (the numbers are verified against the full key)."""
+    codes, _ = pd.factorize(wire.key_hash(keys), sort=False)
+    # codes are numbered in order of first appearance: a row is its group's first exactly where the
+    # running maximum of the codes grows
+    top = np.maximum.accumulate(codes)
+    first = np.empty(len(codes), bool)
+    first[0] = True
+    np.greater(top[1:], top[:-1], out=first[1:])
+    rep = np.flatnonzero(first)
+    ukeys = keys[rep]
+    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
+        return None
+    return codes, rep
+
+
+def key_codes(keys: np.ndarray) -> np.ndarray:
+    """Per row of ``keys`` a number of its distinct key (int64), exactly (a hash collision falls back)."""
+    if len(keys) == 0:
+        return np.empty(0, I64)
+    found = _hash_codes(keys)
+    if found is not None:
+        return found[0].astype(I64)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel().astype(I64)
 
 
 def touched_pairs(
@@ -316,22 +335,24 @@ def slide_windows(
     ev_k = np.concatenate([run.key, ek.reshape(-1, kw), lk.reshape(-1, kw)])
     ev_s = np.concatenate([run.state, np.hstack([es, one]), -np.hstack([ls, np.ones((len(lp), 1), I64)])])
     na = ev_s.shape[1] - 1
-    # the new running sums: everything in, the panes no open window needs out
-    keys, rs = group_reduce(ev_k, ev_s, (A.MERGE_SUM,) * (na + 1))
-    live = rs[:, -1] > 0
-    new_run = Windows(np.zeros(int(live.sum()), I64), np.ascontiguousarray(keys[live]), rs[live])
-    if len(ev_t) == 0 or hi <= lo:
-        return Windows.empty(kw, na), new_run
-    order = np.lexsort([ev_t, *(ev_k[:, j] for j in reversed(range(kw)))])  # by key, then time
+    if len(ev_t) == 0:
+        return Windows.empty(kw, na), Windows.empty(kw, na + 1)
+    codes = key_codes(ev_k)
+    span = ev_t - ev_t.min()
+    order = np.argsort(codes * (int(span.max()) + 1) + span, kind="stable")  # by key, then time
     t, key, d = ev_t[order], ev_k[order], ev_s[order]
     first = np.ones(len(t), bool)
-    first[1:] = np.any(key[1:] != key[:-1], axis=1)
+    first[1:] = codes[order][1:] != codes[order][:-1]
     starts = np.flatnonzero(first)
     counts = np.diff(np.r_[starts, len(t)])
     cs = np.cumsum(d, axis=0)
     val = cs - np.repeat(cs[starts] - d[starts], counts, axis=0)  # per-key running sums
+    # the new running sums: a key's total over every event (the panes in, those no open window needs out)
+    last = np.r_[starts[1:] - 1, len(t) - 1]
+    live = last[val[last, -1] > 0]
+    new_run = Windows(np.zeros(len(live), I64), np.ascontiguousarray(key[live]), val[live])
     t_next = np.r_[t[1:], hi]
-    t_next[np.r_[starts[1:] - 1, len(t) - 1]] = hi  # a key's last value holds to the end of the range
+    t_next[last] = hi  # a key's last value holds to the end of the range
     a = np.maximum(t, lo)
     b = np.minimum(t_next, hi)
     r = (k - 1) % s
