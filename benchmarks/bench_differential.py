@@ -120,43 +120,32 @@ def main() -> None:
     print(f"machine: {m['cpu']}, {m['cores']} cores, load {harness.load()}", flush=True)
     run(2, 16, 1)  # warm imports
     rows: list[dict[str, Any]] = []
-    print(
-        f"{'k':>3s} {'close: remerge ms':>17s} {'differential ms':>15s} {'ratio':>6s} {'add ms (both)':>13s}"
-    )
+    print("  k  close ms: remerge  differential  ratio   add ms (both)")
     for k in ks:
-        a, b = run(k, groups, 2)
-        b["time_ratio_differential_vs_remerge"] = b["close_cpu_ms_per_window"] / a["close_cpu_ms_per_window"]
-        rows += [a, b]
+        pair = run(k, groups, 2)
+        ratio = pair[1]["close_cpu_ms_per_window"] / pair[0]["close_cpu_ms_per_window"]
+        pair[1]["time_ratio_differential_vs_remerge"] = ratio
+        rows += pair
+        cells = (pair[0]["close_cpu_ms_per_window"], pair[1]["close_cpu_ms_per_window"], ratio)
         print(
-            f"{k:3d} {a['close_cpu_ms_per_window']:17.2f} {b['close_cpu_ms_per_window']:15.2f} "
-            f"{b['time_ratio_differential_vs_remerge']:6.2f} {a['add_cpu_ms_per_pane']:13.2f}",
-            flush=True,
+            f"{k:3d}", *(f"{x:14.2f}" for x in cells), f"{pair[0]['add_cpu_ms_per_pane']:14.2f}", flush=True
         )
     method = {"measured_panes": MEASURED_PANES, "groups": groups, "quick": args.quick, "load": harness.load()}
     harness.write_figure(FIGURE, m, rows, __doc__, method)
-    plt = harness.pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = harness.pyplot().subplots(1, 2, figsize=(11, 4))
+    ks_of = {
+        plan: [r["panes_per_window"] for r in rows if r["plan"] == plan]
+        for plan in ("remerge", "differential")
+    }
     for plan, color in (("remerge", "#c63"), ("differential", "#36c")):
-        rs = [r for r in rows if r["plan"] == plan]
-        ax[0].plot(
-            [r["panes_per_window"] for r in rs],
-            [r["close_cpu_ms_per_window"] for r in rs],
-            marker="o",
-            color=color,
-            label=plan,
-        )
-    rs = [r for r in rows if r["plan"] == "differential"]
-    ax[1].plot(
-        [r["panes_per_window"] for r in rs],
-        [r["time_ratio_differential_vs_remerge"] for r in rs],
-        marker="o",
-        color="#36c",
-    )
+        ms = [r["close_cpu_ms_per_window"] for r in rows if r["plan"] == plan]
+        ax[0].plot(ks_of[plan], ms, marker="o", color=color, label=plan)
+    ratios = [r["time_ratio_differential_vs_remerge"] for r in rows if r["plan"] == "differential"]
+    ax[1].plot(ks_of["differential"], ratios, marker="o", color="#36c", label="differential / re-merge")
     ax[1].axhline(1, color="#999", lw=0.8)
-    for a in ax:
-        a.set_xscale("log")
-    titles = ("CPU ms per closed window (close)", "differential / re-merge")
-    harness.style_axes(ax, titles, "panes per window (range / slide)")
+    ax[0].set_xscale("log")
+    ax[1].set_xscale("log")
+    harness.style_axes(ax, ("CPU ms per close (one window)", "differential / re-merge"), "panes per window")
     harness.save_figure(fig, harness.RESULTS / "differential.png")
     print(f"wrote {harness.RESULTS / 'differential.json'} and differential.png")
 

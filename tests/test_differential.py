@@ -5,7 +5,6 @@ partitions, late partials and a restart of the processor between every micro-bat
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from high_level.aggregate.rollup import Layout, QueryRollup
 from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline, traffic_messages
 from lowwater_testing.oracle import window_oracle
 from lowwater_testing.queries import config, query
-from lowwater_testing.spark import assert_exact, start_job
+from lowwater_testing.spark import assert_exact, crash_after_batches, start_job
 from lowwater_testing.topics import produce
 from lowwater_testing.traffic import make_traffic, oracle
 
@@ -45,9 +44,7 @@ NAMES = ["d10x1", "d9x6", "d20x5"]
 ROLLUPS = {"blob": QueryRollup, "chunked": lambda lay: ChunkedRollup(lay, MemoryChunks())}
 
 
-@pytest.fixture(scope="module")
-def cfg() -> Q.Config:
-    return Q.load_text(CONFIG)
+CFG = Q.load_text(CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +72,18 @@ def test_registry_declares_the_subtractable_aggregates_once():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_sliding_queries_of_subtractable_aggregates_are_differential(cfg, name):
-    q = cfg.query(name)
+def test_sliding_queries_of_subtractable_aggregates_are_differential(name):
+    q = CFG.query(name)
     assert Q.differential(q) and Layout.of(q).differential
 
 
 @pytest.mark.parametrize("state", ROLLUPS)
 @pytest.mark.parametrize("name", NAMES)
-def test_running_windows_equal_the_oracle_with_late_partials(cfg, traffic, name, state):
+def test_running_windows_equal_the_oracle_with_late_partials(traffic, name, state):
     """Partials in random pieces, closed in uneven steps, some arriving after their pane's first window
     closed (kept for the open windows, returned as corrections for the closed ones): every final window
     equals the re-merged oracle plus nothing, and the corrections are exactly the late pieces."""
-    q = cfg.query(name)
+    q = CFG.query(name)
     po = oracle(q, traffic)
     kw, k = Q.key_width(q), q.window.panes_per_window
     pane = po["pane"].to_numpy()
@@ -134,22 +131,29 @@ def test_running_windows_equal_the_oracle_with_late_partials(cfg, traffic, name,
 
 @pytest.mark.parametrize("state", ["blob", "chunked"])
 @pytest.mark.parametrize("name", NAMES)
-def test_processor_exact_under_skew_order_partitions_density_and_restart(cfg, traffic, name, state):
+@pytest.mark.parametrize(("partitions", "punct"), [(1, 1), (2, 1), (4, 10), (2, 1000)])
+def test_processor_exact_under_skew_order_partitions_density_and_restart(
+    traffic, name, state, partitions, punct
+):
     """Three hosts skewed 0/15/40 s, shuffled arrival, 1/2/4 partitions, punctuation every 1, 10 and 1000 s,
     the processor saved and restored between every micro-batch (its running sums with it)."""
-    q = cfg.query(name)
-    exp = window_oracle(q, oracle(q, traffic))
-    settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
-    for partitions, punct, seed in ((1, 1, 0), (2, 1, 1), (4, 10, 2), (2, 1000, 3)):
-        msgs = emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=seed)
-        df = run_offline([q], msgs, partitions, settings, chunked=state == "chunked")
-        assert final_rows(df, q).equals(exp), (partitions, punct)
-        last = {s["partition"]: s for s in (json.loads(x) for x in df[df["kind"] == "status"]["status"])}
-        assert all(s["state_rows"] == 0 and s["open_windows"] == 0 for s in last.values())
+    q = CFG.query(name)
+    df = run_offline(
+        [q],
+        emulated_messages(q, traffic, partitions, punct_every_s=punct, seed=partitions + punct),
+        partitions,
+        Settings(host_timeout_ms=10**9, expected_hosts=HOSTS),
+        chunked=state == "chunked",
+    )
+    assert final_rows(df, q).equals(window_oracle(q, oracle(q, traffic)))
+    status = [json.loads(x) for x in df[df["kind"] == "status"]["status"]]
+    assert all(
+        s["state_rows"] == 0 and s["open_windows"] == 0 for s in {s["partition"]: s for s in status}.values()
+    )
 
 
-def test_the_running_sums_survive_a_restart_and_a_state_without_them_sums_again(cfg, traffic):
-    q = cfg.query("d10x1")
+def test_the_running_sums_survive_a_restart_and_a_state_without_them_sums_again(traffic):
+    q = CFG.query("d10x1")
     po = oracle(q, traffic)
     kw = Q.key_width(q)
     pane = po["pane"].to_numpy()
@@ -170,8 +174,8 @@ def test_the_running_sums_survive_a_restart_and_a_state_without_them_sums_again(
         assert _frame([first, rest], kw).equals(window_oracle(q, po))
 
 
-def test_turned_off_it_re_merges_and_the_results_are_the_same(cfg, traffic):
-    q = cfg.query("d9x6")
+def test_turned_off_it_re_merges_and_the_results_are_the_same(traffic):
+    q = CFG.query("d9x6")
     off = q.model_copy(update={"window": q.window.model_copy(update={"differential": False})})
     assert not Q.differential(off) and not Layout.of(off).differential
     po = oracle(q, traffic)
@@ -252,43 +256,37 @@ def test_spark_job_keeps_running_windows_exact_across_a_kill_and_restart(
     the job stopped abruptly mid-stream (its last batch uncommitted, so replayed) and restarted from its
     checkpoint: every stored window equals the oracle, the running sums restored from the state."""
     t = make_traffic(4000, 100, T0, 60 * 10**9, seed=3)
-    base = Q.load_text(CONFIG)
     queries = []
     for name, parts in (("d10x1", 2), ("d9x6", 3)):
         topic = topic_factory(partitions=parts, prefix=f"hl-diff-{name}")
         queries.append(
-            base.query(name).model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=parts)})
+            CFG.query(name).model_copy(update={"kafka": Q.KafkaSpec(topic=topic, partitions=parts)})
         )
     assert all(Q.differential(q) for q in queries)
     msgs = traffic_messages(queries, t, {"d9x6": 10}, seed=3)
-    produce(kafka, msgs[: len(msgs) * 2 // 3])
-    kw = dict(
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=HOSTS,
-        host_timeout_ms=600_000,
-        max_offsets_per_trigger=60,
-        state=state,
-    )
-    job = start_job(spark, queries, tmp_path, "diff", **kw)
-    deadline = time.monotonic() + 180
-    while (job.streams[0].lastProgress or {}).get("batchId", -1) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    job.streams[0].stop()  # abrupt: interrupts whatever batch is running
-    ckpt = Path(job.opts.checkpoint) / ("oop" if state == "blob" else "oop-chunked")
+    cut = len(msgs) * 2 // 3
 
-    def ids(d: str) -> list[int]:
-        return sorted(int(p.name) for p in (ckpt / d).iterdir() if p.name.isdigit())
+    def job():
+        return start_job(
+            spark,
+            queries,
+            tmp_path,
+            "diff",
+            bootstrap=kafka.bootstrap_servers,
+            expected_hosts=HOSTS,
+            host_timeout_ms=600_000,
+            max_offsets_per_trigger=60,
+            state=state,
+        )
 
-    last = ids("offsets")[-1]
-    if ids("commits")[-1] == last:  # stopped between batches: make the last one replay
-        (ckpt / "commits" / str(last)).unlink()
-        (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
-    produce(kafka, msgs[len(msgs) * 2 // 3 :])
-    job2 = start_job(spark, queries, tmp_path, "diff", **kw)
+    produce(kafka, msgs[:cut])
+    last = crash_after_batches(job(), state)
+    produce(kafka, msgs[cut:])
+    again = job()
     try:
-        job2.process_all_available()
+        again.process_all_available()
+        assert again.streams[0].recentProgress[0]["batchId"] == last  # the uncommitted batch replayed
     finally:
-        job2.stop()
+        again.stop()
     for q in queries:
-        assert_exact(Path(job2.opts.results), q, t)
+        assert_exact(Path(again.opts.results), q, t)
