@@ -129,7 +129,7 @@ def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     return job
 
 
-def crash_after_batches(job: HighLevelJob, state: str, batches: int = 3, timeout_s: float = 120) -> int:
+def crash_after_batches(job: HighLevelJob, state: str, batches: int = 3, timeout_s: float = 300) -> int:
     """Stop the job's stream abruptly once it has run ``batches`` batches, leaving its last batch
     uncommitted (as a crash after its files were written, before Spark's commit), so a restart replays it.
     Returns that batch's id."""

@@ -13,8 +13,8 @@ import pytest
 
 from contract import aggregates as A
 from contract import query as Q
-from high_level.aggregate.chunks import ChunkedRollup, MemoryChunks
-from high_level.aggregate.processor import Settings
+from high_level.aggregate.chunks import RUN_PANE, ChunkedRollup, MemoryChunks
+from high_level.aggregate.processor import PartitionProcessor, Settings
 from high_level.aggregate.rollup import Layout, QueryRollup
 from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline, traffic_messages
 from lowwater_testing.oracle import window_oracle
@@ -290,3 +290,38 @@ def test_spark_job_keeps_running_windows_exact_across_a_kill_and_restart(
         again.stop()
     for q in queries:
         assert_exact(Path(again.opts.results), q, t)
+
+
+@pytest.mark.parametrize("state", ["blob", "chunked"])
+def test_the_processor_saves_its_running_sums_and_a_chunked_close_reads_only_the_panes_in_and_out(
+    traffic, state
+):
+    """Saved and restored between batches, the processor keeps its running sums (not summed again); with
+    the chunked state a close reads the panes that enter and expire, not the window's k panes."""
+    q = CFG.query("d10x1")
+    lay = Layout.of(q)
+    msgs = emulated_messages(q, traffic, 1, punct_every_s=1, seed=4)
+    store = MemoryChunks() if state == "chunked" else None
+    reads: list[int] = []
+    if store is not None:
+        get = store.get
+        store.get = lambda query, pane, seq: reads.append(pane) or get(query, pane, seq)  # type: ignore[method-assign]
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS)
+    proc = PartitionProcessor([lay], 0, settings, store)
+    seen_run = fewer = 0
+    for chunk in np.array_split(np.arange(len(msgs)), 60):
+        proc = PartitionProcessor.from_bytes(proc.to_bytes(), [lay], settings, store)
+        r = proc.queries[q.name].rollup
+        has = r.has_run if state == "chunked" else r.run is not None
+        seen_run += bool(has)
+        before, reads[:] = r.closed, []
+        proc.process([msgs[i].value for i in chunk], 1_000_000)
+        if state == "chunked" and has and r.closed is not None and before is not None and r.closed > before:
+            panes = {p for p in reads if p != RUN_PANE}
+            assert max(panes, default=before) < r.closed
+            # the entering panes [before, closed) and the expiring ones; re-merging reads closed - before + k - 1
+            n = r.closed - before
+            assert len(panes) <= 2 * n
+            fewer += n < lay.k - 1
+    assert seen_run >= 20  # restored with its running sums in most batches (not summed again)
+    assert state == "blob" or fewer >= 10
