@@ -221,6 +221,7 @@ class ChunkedRollup(QueryRollup):
         key = np.concatenate([k for _, k, _ in rows]) if rows else np.empty((0, lay.kw), I64)
         state = np.concatenate([s for *_, s in rows]) if rows else np.empty((0, lay.na), I64)
         if not lay.differential:
+            self.forget_run()  # running sums of an earlier config that kept them: no longer kept
             return assemble(pane, key, state, lo, hi, lay.k, lay.ops, lay.s)
         if run is None:
             sel = (pane >= f0) & (pane < lo)
