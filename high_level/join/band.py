@@ -39,6 +39,7 @@ import numpy as np
 from contract import aggregates as A
 from contract import query as Q
 from contract import wire
+from contract.query.joins import ClosedInput
 from high_level import codec
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.rollup import Layout, QueryRollup, Windows, group_reduce
@@ -88,6 +89,36 @@ class JoinLayout:
     aggs: tuple[tuple[str, str, tuple[tuple[int, str, tuple[int, ...]], ...]], ...] = ()  # (fn, alias, terms)
     rollup: Layout | None = None
     partitions: int = 1
+    band_lo_ns: int = 0  # two-sided band (RANGE0/RANGE1): band_lo_ns <= r.ts - l.ts <= band_ns
+    window_ns: int = 0  # > 0: equality on the tumbling window of the timestamp instead of a band (OOP Q6/Q8)
+    window_origin_ns: int = 0
+
+    @property
+    def reach_ns(self) -> int:
+        """How far apart two matching rows' timestamps may be (what a loss's time range is widened by)."""
+        return max(abs(self.band_lo_ns), abs(self.band_ns), self.window_ns)
+
+    def window_last(self, ts: np.ndarray) -> np.ndarray:
+        """The last nanosecond of the tumbling window of each timestamp (window joins)."""
+        w, o = self.window_ns, self.window_origin_ns
+        return o + ((ts - o) // w + 1) * w - 1
+
+    def left_reach(self, ts: np.ndarray) -> np.ndarray:
+        """The newest right timestamp a left row at ``ts`` can meet: once the right mark passes it, the row
+        is final (emitted unmatched if it met none) and leaves the state."""
+        return self.window_last(ts) if self.window_ns else ts + self.band_ns
+
+    def right_reach(self, ts: np.ndarray) -> np.ndarray:
+        """The newest left timestamp a right row at ``ts`` can meet: once the left mark passes it, it leaves."""
+        return self.window_last(ts) if self.window_ns else ts - self.band_lo_ns
+
+    def matches(self, lts: np.ndarray, rts: np.ndarray) -> np.ndarray:
+        """The time condition of a pair: in the band, or in the same tumbling window."""
+        if self.window_ns:
+            o = self.window_origin_ns
+            return (lts - o) // self.window_ns == (rts - o) // self.window_ns
+        d = rts - lts
+        return (d >= self.band_lo_ns) & (d <= self.band_ns)
 
     @classmethod
     def of(cls, j: Q.JoinSpec, sl: Q.SelectSpec, sr: Q.SelectSpec) -> JoinLayout:
@@ -128,10 +159,20 @@ class JoinLayout:
             aggs,
             rollup,
             sl.kafka.partitions,
+            j.band_lo_ns,
+            *window_equality(j, sl, sr),
         )
 
     def side_of(self, query: str) -> str | None:
         return "left" if query == self.left else "right" if query == self.right else None
+
+
+def window_equality(j: Q.JoinSpec, sl: Any, sr: Any) -> tuple[int, int]:
+    """(window range, origin) of a ``within: window`` join of two selects' rows, else (0, 0). Two aggregates'
+    closed windows travel stamped with their window start, so they join on band [0, 0] instead."""
+    if not j.same_window or j.window is None or isinstance(sl, ClosedInput) or isinstance(sr, ClosedInput):
+        return 0, 0
+    return j.window.range_ns, j.window.origin_ns
 
 
 U64 = np.uint64
@@ -231,8 +272,7 @@ def probe(lay: JoinLayout, left: Side, right: Side, left_is_needle: bool) -> tup
         li, ri = _equal_hash(left.h, right.h)
     else:
         ri, li = _equal_hash(right.h, left.h)
-    d = right.ts[ri] - left.ts[li]
-    ok = (d >= 0) & (d <= lay.band_ns)
+    ok = lay.matches(left.ts[li], right.ts[ri])
     li, ri = li[ok], ri[ok]
     same = (_key(left.ts, left.cols, lay.lkey, li) == _key(right.ts, right.cols, lay.rkey, ri)).all(axis=1)
     return li[same], ri[same]
@@ -404,7 +444,7 @@ class BandJoin:
         if br is not None:  # a left row is final once the right mark passes its band end
             parts = []
             for side in (L, nl):
-                done = side.ts < br - lay.band_ns if br < wire.END_OF_STREAM else np.ones(len(side), bool)
+                done = lay.left_reach(side.ts) < br if br < wire.END_OF_STREAM else np.ones(len(side), bool)
                 parts.append((side.take(done & ~side.matched), side.take(~done)))
             u_ts = np.concatenate([parts[0][0].ts, parts[1][0].ts])
             u_cols = np.concatenate([parts[0][0].cols, parts[1][0].cols])
@@ -413,7 +453,7 @@ class BandJoin:
             if bl >= wire.END_OF_STREAM:
                 R, nr = Side.empty(lay.rw), Side.empty(lay.rw)
             else:
-                R, nr = R.take(R.ts >= bl), nr.take(nr.ts >= bl)
+                R, nr = R.take(lay.right_reach(R.ts) >= bl), nr.take(lay.right_reach(nr.ts) >= bl)
         L, R = L.merge(nl), R.merge(nr)
         self.store["left"], self.store["right"] = L, R
         self.mark_ns = None if bl is None else min(bl, int(L.ts.min())) if len(L) else bl

@@ -175,7 +175,7 @@ class JoinProcessor:
             m = min(marks)  # type: ignore[type-var]
             lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
         new_from = len(self.gaps)
-        band = int(lay.band_ns)
+        band = int(lay.reach_ns)
         for j in self.joins.values():
             for lo, hi, n, host, cause in j.take_losses():
                 first = NO_MARK if lo <= NO_MARK else (lo - band - rl.origin_ns) // rl.pane_ns
