@@ -293,7 +293,9 @@ def parse_join_expr(text: str) -> list[tuple[int, str, str]]:
 class JoinSpec(_Strict):
     """An order-agnostic band join of two selections (``high_level.join.band``), closed by punctuation.
 
-    Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
+    Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``
+    (``band: [lo, hi]``: between lo and hi, lo may be negative; ``within: window`` between two selects:
+    both timestamps in the same window of the join's tumbling ``window``);
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``
     (only left rows without a match). With ``aggregates`` the output is aggregated per window and
     ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp; without, the joined

@@ -1,7 +1,9 @@
 """The order-agnostic band join (OOP paper section 5.3, OA-Join) of two select queries, closed by punctuation.
 
 Semantics (``contract.query.JoinSpec``): a left row ``l`` and a right row ``r`` match when their ``on``
-words are equal and ``0 <= r.ts - l.ts <= band`` (directional: the SYN-ACK follows its SYN). ``inner``
+words are equal and ``lo <= r.ts - l.ts <= hi`` (``within: w`` is [0, w], directional: the SYN-ACK follows
+its SYN; ``band: [lo, hi]`` the paper's RANGE0/RANGE1), or, for ``within: window`` between two selects,
+when both fall in the same tumbling window (OOP Q6/Q8). ``inner``
 emits every matching pair, ``left`` the pairs and, once final, every left row without a match,
 ``anti`` only those. Every output row carries the left row's timestamp: a downstream aggregation
 puts it in the left row's window.
@@ -15,11 +17,12 @@ Python per row):
   (the other side may already have purged its partners or emitted it as unmatched).
 * New rows probe the other side's stored rows (and the batch's new rows of the other side), in any
   order: the pairs found are the same whatever the arrival order.
-* Purge: a left row can meet only right rows with ``r.ts <= l.ts + band``; once ``b_right`` passes
-  ``l.ts + band`` none can still come, so it leaves the state, and at that moment, never earlier and
-  never by wall clock, it is emitted as unmatched (left/anti join) if it met none. A right row can meet
-  only left rows with ``l.ts <= r.ts``: it leaves once ``b_left`` passes ``r.ts``. So each input's
-  state is bounded by the *other* input's mark (plus the band for the left side), not by the skew.
+* Purge: a left row can meet only right rows with ``r.ts <= l.ts + hi`` (:meth:`JoinLayout.left_reach`;
+  a window join: the window's end); once ``b_right`` passes that none can still come, so it leaves the
+  state, and at that moment, never earlier and never by wall clock, it is emitted as unmatched (left/anti
+  join) if it met none. A right row can meet only left rows with ``l.ts <= r.ts - lo`` (or its window's
+  end): it leaves once ``b_left`` passes that. So each input's state is bounded by the *other* input's
+  mark (plus the band), not by the skew.
 * Output punctuation: every future output row comes from a future left row (``ts >= b_left``) or a
   stored one, so the join's output mark is ``min(b_left, oldest stored left row)``, which is at least
   the seed's ``min(b_left, b_right - band)``. The aggregation over the output (:class:`QueryRollup`,
