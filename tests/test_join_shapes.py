@@ -212,12 +212,9 @@ def test_band_and_window_joins_through_real_kafka_and_spark_with_a_restart(
     cfg = _both(t1, t2)
     left, right = rows_of(cfg, 800, seed=33)
     msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=20, seed=5)
+    hosts = tuple(f"cap-{h}" for h in range(3))
     opts = job_options(
-        kafka.bootstrap_servers,
-        tmp_path,
-        "t-shapes",
-        create_topics=False,
-        expected_hosts=("cap-0", "cap-1", "cap-2"),
+        kafka.bootstrap_servers, tmp_path, "t-shapes", create_topics=False, expected_hosts=hosts
     )
     half = len(msgs) // 2
     produce(kafka, msgs[:half])

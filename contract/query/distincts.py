@@ -22,27 +22,16 @@ passed through, and the stored rows' windows close by it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
+from contract.query import model as M
 from contract.query.joins import DEFAULT_ROWS_WINDOW, ROWS_COLUMN
-from contract.query.model import (
-    NS,
-    AggregateSpec,
-    FlushSpec,
-    HeartbeatSpec,
-    KafkaSpec,
-    QuerySpec,
-    TableSpec,
-    WindowSpec,
-    _Strict,
-    parse_duration_ns,
-)
 from contract.query.selects import SelectSpec
 
 
-class DistinctSpec(_Strict):
+class DistinctSpec(M._Strict):
     """Order-insensitive duplicate elimination of a select's rows, its state purged by punctuation."""
 
     kind: Literal["distinct"]
@@ -50,18 +39,13 @@ class DistinctSpec(_Strict):
     description: str = ""
     input: str
     fields: list[str] | None = None  # the row's identity; default: every field of the input
-    within_ns: int = Field(default=0, alias="within")
-    window: WindowSpec | None = None
+    within_ns: Annotated[int, BeforeValidator(M.parse_duration_ns)] = Field(default=0, alias="within")
+    window: M.WindowSpec | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        return QuerySpec._name(v)
-
-    @field_validator("within_ns", mode="before")
-    @classmethod
-    def _dur(cls, v: Any) -> Any:
-        return parse_duration_ns(v)
+        return M.QuerySpec._name(v)
 
     @field_validator("fields")
     @classmethod
@@ -72,7 +56,7 @@ class DistinctSpec(_Strict):
 
     @field_validator("window")
     @classmethod
-    def _tumbling(cls, v: WindowSpec | None) -> WindowSpec | None:
+    def _tumbling(cls, v: M.WindowSpec | None) -> M.WindowSpec | None:
         if v is not None and (v.landmark or v.slide != v.range_ns):
             raise ValueError("a distinct's rows are filed in one window each: give a tumbling {range: ...}")
         return v
@@ -81,8 +65,8 @@ class DistinctSpec(_Strict):
         """The fields that make two rows copies."""
         return list(sel.fields) if self.fields is None else list(self.fields)
 
-    def rows_window(self) -> WindowSpec:
-        return self.window or WindowSpec.model_validate(DEFAULT_ROWS_WINDOW)
+    def rows_window(self) -> M.WindowSpec:
+        return self.window or M.WindowSpec.model_validate(DEFAULT_ROWS_WINDOW)
 
 
 def check_distinct(d: DistinctSpec, selects: dict[str, SelectSpec]) -> tuple[str, str] | None:
@@ -95,8 +79,8 @@ def check_distinct(d: DistinctSpec, selects: dict[str, SelectSpec]) -> tuple[str
             return "fields", f"{f!r} is not a field of select {sel.name!r} ({sel.fields})"
     if d.within_ns > sel.retain_ns:
         return "within", (
-            f"within {d.within_ns / NS:g}s is larger than what select {sel.name!r} can hold "
-            f"(retain {sel.retain_ns / NS:g}s)"
+            f"within {d.within_ns / M.NS:g}s is larger than what select {sel.name!r} can hold "
+            f"(retain {sel.retain_ns / M.NS:g}s)"
         )
     if sel.kafka.partitions > 1 and (
         not sel.partition_by or any(f not in d.identity(sel) for f in sel.partition_by)
@@ -108,23 +92,23 @@ def check_distinct(d: DistinctSpec, selects: dict[str, SelectSpec]) -> tuple[str
     return None
 
 
-def distinct_query(d: DistinctSpec, sel: SelectSpec) -> QuerySpec:
+def distinct_query(d: DistinctSpec, sel: SelectSpec) -> M.QuerySpec:
     """The stored shape of a distinct as an aggregate query (as :func:`contract.query.joins.rows_query`):
     every field and the timestamp a group-by column, ``rows`` a count; never sent to a capture host."""
     group = [{"field": f, "as": f} for f in d.identity(sel)] + [{"field": "length", "as": "timestamp"}]
-    return QuerySpec.model_construct(
+    return M.QuerySpec.model_construct(
         name=d.name,
         description=d.description or f"distinct rows of {sel.name}",
         sources=["*"],
         filter=None,
         group_by=group,
-        aggregates=[AggregateSpec.model_construct(fn="count", field=None, alias=ROWS_COLUMN)],
+        aggregates=[M.AggregateSpec.model_construct(fn="count", field=None, alias=ROWS_COLUMN)],
         having=None,
         alerts=[],
         export=None,
         window=d.rows_window(),
-        table=TableSpec(),
-        flush=FlushSpec(),
-        heartbeat=HeartbeatSpec(),
-        kafka=KafkaSpec(topic=f"lowwater.distinct.{d.name}", partitions=1),
+        table=M.TableSpec(),
+        flush=M.FlushSpec(),
+        heartbeat=M.HeartbeatSpec(),
+        kafka=M.KafkaSpec(topic=f"lowwater.distinct.{d.name}", partitions=1),
     )

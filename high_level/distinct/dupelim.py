@@ -17,7 +17,6 @@ has a timestamp in ``[ts - within, ts]`` before it. Per Kafka partition, vectori
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +24,14 @@ import numpy as np
 import pandas as pd
 
 from contract import query as Q
-from contract import results as R
 from contract import wire
 from contract.query.distincts import DistinctSpec, distinct_query
-from contract.status import PartitionStatus
 from high_level import codec
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.packed import INCOMPLETE_KIND, Part, pack_parts
-from high_level.aggregate.processor import NO_MARK, Settings, flag_windows, gap_records
+from high_level.aggregate.packed import Part, pack_parts
+from high_level.aggregate.processor import Settings
 from high_level.aggregate.rollup import Layout, QueryRollup
+from high_level.join.step import charge_losses, close_output, live_hosts, mark_pane, partition_status
 
 I64 = np.int64
 ZMAGIC = b"LWDZ"  # a zstd-compressed codec blob follows
@@ -228,78 +226,24 @@ class DistinctProcessor:
                 key = np.column_stack([cols[:, list(self.layout.key)], ts])
                 self.records += len(ts)
                 self.rollup.add((ts - rl.origin_ns) // rl.pane_ns, key, np.ones((len(ts), 1), I64))
-            for lo, hi, n, host, cause in d.losses:
-                first = (
-                    NO_MARK if lo <= NO_MARK else (lo - self.layout.within_ns - rl.origin_ns) // rl.pane_ns
-                )
-                last = (hi + self.layout.within_ns - rl.origin_ns) // rl.pane_ns
-                self.gaps.append([int(first), int(last), int(n), host, R.WIRE_CAUSES.get(cause, cause)])
-            d.losses = []
-        marks = [d.mark_ns for d in self.parts.values()]
-        lwm = None
-        if all(m is not None for m in marks):
-            m = min(marks)  # type: ignore[type-var]
-            lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
         new_from = len(self.gaps)
-        before = self.rollup.closed
-        closed = self.rollup.close(lwm, max((int(g[1]) for g in self.gaps), default=None))
-        hosts = self._host_marks()
-        live = sorted({h for d in self.parts.values() for h in d.meld.live_hosts()})
-        out = []
-        if len(closed):
-            self.windows_closed += len(closed)
-            end = rl.window_end_ns(closed.window)
-            in_mark = np.zeros(len(closed), I64)
-            for mark in hosts.values():
-                in_mark += (mark >= end) if mark is not None else 0
-            comp = np.column_stack(
-                [in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)]
-            )
-            out.append(Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp))
-        flagged = flag_windows(rl, self.gaps, before, self.rollup.closed, new_from, now_ms)
-        if flagged:
-            text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
-            out.append(Part(rl, 0, INCOMPLETE_KIND, now_ms, len(live), None, text))
-        if self.rollup.closed is not None and self.gaps and self.rollup.closed < wire.END_OF_STREAM - rl.k:
-            first_open = rl.first_needed_pane(self.rollup.closed)
-            self.gaps = [g for g in self.gaps if g[1] >= first_open]
+        for d in self.parts.values():
+            charge_losses(rl, self.gaps, d.losses, self.layout.within_ns)
+            d.losses = []
+        melds = [d.meld for d in self.parts.values()]
+        out = close_output(
+            self, rl, mark_pane(rl, [d.mark_ns for d in self.parts.values()]), new_from, melds, now_ms
+        )
+        live = len(live_hosts(melds))
         for p, d in self.parts.items():
             out.append(
-                Part(rl, p, "status", now_ms, len(live), None, self.status(p, d, now_ms, errors.get(p, "")))
+                Part(rl, p, "status", now_ms, live, None, self.status(p, d, now_ms, errors.get(p, "")))
             )
         return pack_parts(out)
 
-    def _host_marks(self) -> dict[str, int | None]:
-        """Per known host: its lowest mark over the partitions (None: silent where it is expected)."""
-        out: dict[str, int | None] = {}
-        for d in self.parts.values():
-            for h in set(d.meld.hosts) | set(d.meld.expected_ids()):
-                hm = d.meld.hosts.get(h)
-                mark = hm.mark_ns if hm is not None and d.meld.is_live(h) else None
-                prev = out.get(h, wire.END_OF_STREAM)
-                out[h] = None if mark is None or prev is None else min(prev, mark)
-        return out
-
     def status(self, p: int, d: DupElim, now_ms: int, error: str) -> str:
-        mark = d.mark_ns
-        return PartitionStatus.model_validate(
-            {
-                "query": self.layout.name,
-                "partition": p,
-                "now_ms": now_ms,
-                "low_water_mark_pane": mark,
-                "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM else None,
-                "closed_before_window": self.rollup.closed,
-                "blocked_by": sorted(d.meld.blocking_hosts()),
-                "live_hosts": len(d.meld.live_hosts()),
-                "open_windows": self.rollup.open_windows(),
-                "state_rows": d.state_rows,
-                "state_bytes": d.state_bytes,
-                "windows_closed": self.windows_closed,
-                "records": self.records,
-                "batch": {"late": d.late, "pending": len(d.p_ts), "history": len(d.h_ts)},
-                "errors": {"wire": 1} if error else {},
-                "last_error": error,
-                "hosts": {},
-            }
+        batch = {"late": d.late, "pending": len(d.p_ts), "history": len(d.h_ts)}
+        state = (d.state_rows, d.state_bytes)
+        return partition_status(
+            self, p, d.mark_ns, [d.meld], state, batch, error, now_ms, {}
         ).model_dump_json()

@@ -5,17 +5,12 @@ store, like the joins. One streaming query per distinct, checkpoint ``<checkpoin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pandas as pd
 
 from contract import query as Q
 from contract.topics import wanted_topics
-from high_level.aggregate.packed import OUTPUT_DDL
-from high_level.aggregate.processor import Settings
 from high_level.distinct.dupelim import DistinctLayout, DistinctProcessor
+from high_level.join.pipeline import packed_state_function, start_state_stream
 from high_level.pipeline import Pipeline
 
 if TYPE_CHECKING:
@@ -31,32 +26,6 @@ class MissingDistinctInput(RuntimeError):
 
 def layouts(cfg: Q.Config) -> list[DistinctLayout]:
     return [DistinctLayout.of(d, cfg.select(d.input)) for d in cfg.distincts]
-
-
-def distinct_state_function(
-    layout: DistinctLayout, settings: Settings, tick_ms: int
-) -> Callable[..., Iterator[pd.DataFrame]]:
-    """The applyInPandasWithState body of one distinct: restore, feed each partition in offset order, save."""
-
-    def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        proc = (
-            DistinctProcessor.from_bytes(state.get[0], layout, settings)
-            if state.exists
-            else DistinctProcessor(layout, settings)
-        )
-        frames = [df for df in pdfs if len(df)]
-        values: dict[int, list[bytes]] = {}
-        if frames:
-            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            df = df.sort_values(["partition", "offset"], kind="stable")
-            for p, g in df.groupby("partition", sort=True):
-                values[int(p)] = g["value"].tolist()
-        out = proc.process_packed(values, int(state.getCurrentProcessingTimeMs()))
-        state.update((proc.to_bytes(),))
-        state.setTimeoutDuration(tick_ms)
-        yield out
-
-    return fn
 
 
 class DistinctPipeline(Pipeline):
@@ -90,37 +59,13 @@ class DistinctPipeline(Pipeline):
                 )
 
     def start(self, spark: Any, opts: JobOptions, sink: ResultSink) -> list[Any]:
-        from pyspark.sql import functions as F
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        from high_level.aggregate.ingest import kafka_stream
-
         streams = []
         for lay in layouts(self.config):
-            raw = kafka_stream(
-                spark,
-                opts.bootstrap,
-                [lay.topic],
-                max_offsets_per_trigger=opts.max_offsets_per_trigger,
-                extra=opts.source_options,
+            fn = packed_state_function(
+                lambda lay=lay: DistinctProcessor(lay, opts.settings),
+                lambda buf, lay=lay: DistinctProcessor.from_bytes(buf, lay, opts.settings),
+                opts.trigger_ms,
             )
-            out = (
-                raw.withColumn("distinct", F.lit(lay.name))
-                .groupBy("distinct")
-                .applyInPandasWithState(
-                    distinct_state_function(lay, opts.settings, opts.trigger_ms),
-                    outputStructType=OUTPUT_DDL,
-                    stateStructType="blob binary",
-                    outputMode="append",
-                    timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-                )
-            )
-            streams.append(
-                out.writeStream.queryName(f"{opts.name}-distinct-{lay.name}")
-                .foreachBatch(sink.foreach_packed)
-                .option("checkpointLocation", str(Path(opts.checkpoint) / f"distinct-{lay.name}"))
-                .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
-                .start()
-            )
+            streams.append(start_state_stream(spark, opts, sink, [lay.topic], "distinct", lay.name, fn))
             log.info("distinct %s of %s within %.6f s", lay.name, lay.input, lay.within_ns / 1e9)
         return streams
