@@ -164,6 +164,8 @@ def test_a_window_join_of_selects_needs_a_tumbling_window() -> None:
     assert "window:" not in rows_only.split("kind: join")[1]
     with pytest.raises(Q.ConfigError, match="tumbling 'window"):
         Q.load_text(rows_only, "w.yaml")
+    with pytest.raises(Q.ConfigError, match="window 300s is larger than what input 'syn' can hold"):
+        Q.load_text(rows_only + "    window: {range: 5m}\n", "w.yaml")
     ok = Q.load_text(rows_only + "    window: {range: 30s}\n", "w.yaml")
     assert JoinLayout.of(ok.joins[0], *ok.selects).band_ns == 0
 

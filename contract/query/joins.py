@@ -454,7 +454,8 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
     for s in (sl, sr):
         if j.reach_ns > s.retain_ns:
             return "band" if j.band_ns is not None else "within", (
-                f"band {j.reach_ns / NS:g}s is larger than what input {s.name!r} can hold "
+                f"{'window' if j.same_window else 'band'} {j.reach_ns / NS:g}s is larger than what input "
+                f"{s.name!r} can hold "
                 f"(retain {s.retain_ns / NS:g}s)"
             )
     if sl.kafka.partitions != sr.kafka.partitions:
