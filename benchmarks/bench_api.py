@@ -431,24 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     config.write_text(CONFIG)
 
     port = free_port()
-    # the real CLI in its own process (a server thread here would share the GIL with the client)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from high_level.serve.api import main; main()",
-            "--config",
-            str(config),
-            "--results",
-            str(TMP),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    server = _serve(config, TMP, port)
     start = (end - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/queries/{QUERY}/results"
