@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -275,6 +276,30 @@ def _serve(config: Path, results: Path, port: int) -> subprocess.Popen:
     )
 
 
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def _wait_up(
+    client: httpx.Client, server: subprocess.Popen, url: str, ready: Callable[[httpx.Response], bool]
+) -> float:
+    """Poll ``url`` until ``ready`` (at most 300 s); returns the seconds it took."""
+    t_up = time.perf_counter()
+    while True:
+        try:
+            if ready(client.get(url)):
+                return time.perf_counter() - t_up
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None or time.perf_counter() - t_up > 300:
+            raise SystemExit("the API did not start")
+        time.sleep(0.1)
+
+
 def bench_range(groups: int, days: int, raw_hours: int, requests: int, regen: bool) -> dict:
     """The 30-day top-100 and 1-hour series over HTTP: p50/p95, the first (cold) request, the tier used."""
     manifest = RANGE_TMP / "manifest.json"
@@ -304,16 +329,7 @@ def bench_range(groups: int, days: int, raw_hours: int, requests: int, regen: bo
     out: dict = {"range_store": meta}
     try:
         with httpx.Client(timeout=300) as client:
-            t_up = time.perf_counter()
-            while True:
-                try:
-                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None or time.perf_counter() - t_up > 300:
-                    raise SystemExit("the API did not start")
-                time.sleep(0.1)
+            _wait_up(client, server, f"http://127.0.0.1:{port}/health", lambda r: r.status_code == 200)
             for name, (url, params) in reqs.items():
                 t0 = time.perf_counter()
                 r = client.get(url, params=params)
@@ -347,11 +363,7 @@ def bench_range(groups: int, days: int, raw_hours: int, requests: int, regen: bo
                     flush=True,
                 )
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server)
     out["range_30d_top100_p95_ms"] = out["range_30d_top100"]["p95_ms"]
     out["range_30d_series_1h_p95_ms"] = out["range_30d_series_1h"]["p95_ms"]
     out["range_targets_ms"] = {"range_30d_top100_p95_ms": 200, "range_30d_series_1h_p95_ms": 100}
@@ -439,17 +451,8 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()
     try:
         with httpx.Client(timeout=60) as client:
-            t_up = time.perf_counter()
-            while True:  # up, and done preparing the newest hour in the background
-                try:
-                    if client.get(f"{base}/health").json()["cache"]["warmed"]:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None or time.perf_counter() - t_up > 300:
-                    raise SystemExit("the API did not start")
-                time.sleep(0.1)
-            startup = time.perf_counter() - t_up
+            # up, and done preparing the newest hour in the background
+            startup = _wait_up(client, server, f"{base}/health", lambda r: r.json()["cache"]["warmed"])
             t0 = time.perf_counter()
             r = client.get(url, params=params)
             cold = time.perf_counter() - t0
@@ -482,11 +485,7 @@ def main(argv: list[str] | None = None) -> None:
                 client.get(f"{base}/queries/{QUERY}/latest", params={"top": "100"}).raise_for_status()
                 latest.append(time.perf_counter() - t0)
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server)
     load_after = os.getloadavg()
     ms = [t * 1000 for t in times]
     res = {
