@@ -194,10 +194,10 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
     then bursts while it is paused (SIGSTOP) that overflow its socket's ring (the kernel's ``tp_drops``),
     then bursts again after SIGCONT. Every packet's window is the second its burst was sent in."""
     import signal
+    import socket as so
     import subprocess
     import sys
 
-    from local_stack.kafka_broker import free_port
     from lowwater_testing.agent import spawn_agent
 
     ns, host_if, peer = ends
@@ -216,7 +216,9 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
         blobs.append(tmp_path / f"frames{k}.bin")
         blobs[-1].write_bytes(b"".join(len(f).to_bytes(2, "big") + f for f in wire_frames[at : at + n]))
         at += n
-    port = free_port()
+    with so.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     summary = tmp_path / "summary.json"
     agent = spawn_agent(
         cfg,
