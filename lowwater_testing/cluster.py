@@ -290,8 +290,9 @@ class StoreWatch(threading.Thread):
         self.results, self.q, self.expected, self.every_s = results, q, expected, every_s
         self.whole_at: dict[int, float] = {}
         self.over: dict[int, int] = {}  # windows seen with more final rows than the oracle has
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._cache: dict[tuple[str, int, int], pd.Series] = {}
+        self.error: str | None = None  # the last poll's failure, if any (shown when a wait times out)
         self._index = FileIndex(results)  # kept: it reads a file's footer once per size and mtime
 
     def counts(self) -> pd.Series:
@@ -310,10 +311,11 @@ class StoreWatch(threading.Thread):
         return pd.concat(parts).groupby(level=0).sum() if parts else pd.Series(dtype="int64")
 
     def run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._halt.wait(self.every_s):
             try:
                 c = self.counts()
-            except Exception:  # a file replaced under the read: the next poll sees it whole
+            except Exception as exc:  # a file replaced under the read: the next poll sees it whole
+                self.error = repr(exc)
                 continue
             now = time.monotonic()
             for w, n in c.items():
@@ -324,7 +326,7 @@ class StoreWatch(threading.Thread):
                     self.over[int(w)] = int(n)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def wait_whole(self, pred, timeout: float, why: str, job: JobProcess | None = None) -> float:
         """Wait until ``pred(whole_at)`` holds; TimeoutError naming ``why`` otherwise; the time it held."""
@@ -335,7 +337,9 @@ class StoreWatch(threading.Thread):
             if job is not None:
                 job.check()
             time.sleep(0.1)
-        raise TimeoutError(f"{why}: not within {timeout:g} s (whole windows: {len(self.whole_at)})")
+        raise TimeoutError(
+            f"{why}: not within {timeout:g} s (whole windows: {len(self.whole_at)}, last poll error: {self.error})"
+        )
 
 
 def window_ids(q: Q.QuerySpec, window_end: pd.Series) -> pd.Series:
@@ -445,6 +449,7 @@ def recovery_run(
     stream_s: int = 900,
     steady_windows: int = 3,
     timeout: float = 300.0,
+    start_timeout: float = 600.0,
     log=print,
 ) -> dict:
     """Stream three emulated hosts into ``kafka`` while the job runs on ``master``; inject ``faults`` in turn
@@ -480,14 +485,14 @@ def recovery_run(
         job.start()
         hosts.start()
         watch.start()
-        first = watch.wait_whole(lambda w: len(w) >= 1, timeout, "the job's first window", job)
+        first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
         log(f"first window whole {first - t_start:.1f} s after the job's start")
         for kind in faults:
             _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job)
             if kind == "job":
                 t_kill = job.kill()
                 job.start()
-                _wait_recovered(watch, hosts, t_kill, timeout, "after the driver's SIGKILL", job)
+                _wait_recovered(watch, hosts, t_kill, start_timeout, "after the driver's SIGKILL", job)
                 ev = {"fault": "job", "what": "driver SIGKILLed (Python + JVM), restarted at once"}
             elif kind == "broker":
                 node = leader(kafka, topic, 0)
