@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from contract import query as Q
 from high_level.serve.fileindex import FileIndex
+from local_stack.kafka_broker import KafkaBrokerError
 from local_stack.kafka_cluster import KafkaCluster
 from local_stack.spark_cluster import SparkCluster
 from lowwater_testing.oracle import Message, host_messages, interleave, split_hosts, window_oracle
@@ -50,7 +51,13 @@ def start_clusters(work: Path, workers: int = 2, brokers: int = 3) -> tuple[Spar
     kafka: KafkaCluster | None = None
     try:
         spark.spawn()
-        kafka = KafkaCluster("lw-test", brokers, state=work / "kafka-cluster").start(180)
+        for attempt in range(3):  # a port picked free may be taken before the node binds it (shared machine)
+            try:
+                kafka = KafkaCluster("lw-test", brokers, state=work / f"kafka-cluster-{attempt}").start(180)
+                break
+            except KafkaBrokerError as exc:
+                if "already in use" not in str(exc) or attempt == 2:
+                    raise
         spark.wait_ready(120)
     except BaseException:
         spark.stop()
