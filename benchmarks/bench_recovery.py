@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
-from lowwater_testing.cluster import recovery_run, start_clusters
+from lowwater_testing.cluster import Stream, recovery_run, start_clusters
 
 
 def chart(res: dict, path: Path) -> None:
@@ -96,9 +96,7 @@ def main() -> int:
             kafka,
             work / "run",
             ["job", "broker"] * rounds,
-            rate=rate,
-            groups=groups,
-            stream_s=300 + 400 * rounds,  # more than the run needs: it is cut at the end
+            stream=Stream(rate, groups, 300 + 400 * rounds),  # more than the run needs: it is cut at the end
             steady_windows=3 if a.quick else 5,
             log=lambda s: print(s, flush=True),
         )

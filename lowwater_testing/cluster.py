@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,20 @@ def leader(cluster: KafkaCluster, topic: str, partition: int) -> int:
     return next(p["leader_id"] for p in d["partitions"] if p["partition_index"] == partition)
 
 
+# acks from every in-sync replica, idempotent: a broker's death neither loses nor duplicates a record
+PRODUCER = {"acks": "all", "enable_idempotence": True, "linger_ms": 2, "max_request_size": 8 << 20}
+RETRIES = {"request_timeout_ms": 5000, "retry_backoff_ms": 200}
+
+
+def idempotent_producer(bootstrap: str, delivery_timeout_ms: int):
+    """A producer that fails over to a new partition leader and retries until ``delivery_timeout_ms``."""
+    from kafka import KafkaProducer
+
+    return KafkaProducer(
+        bootstrap_servers=bootstrap, delivery_timeout_ms=delivery_timeout_ms, **PRODUCER, **RETRIES
+    )
+
+
 def host_stream(q: Q.QuerySpec, t: Traffic, skew_s: Sequence[float] = (0, 0.5, 1.0)) -> list[Message]:
     """Every emulated host's messages for ``q`` over ``t`` (split over :data:`HOSTS`), merged by send time;
     punctuation every second of data time and no end-of-stream mark (the stream stops where it is cut)."""
@@ -112,18 +127,7 @@ class PacedHosts(threading.Thread):
         self._cut = threading.Event()
 
     def run(self) -> None:
-        from kafka import KafkaProducer
-
-        prod = KafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=2,
-            max_request_size=8 << 20,
-            request_timeout_ms=5000,
-            retry_backoff_ms=200,
-            delivery_timeout_ms=300_000,
-        )
+        prod = idempotent_producer(self.bootstrap, 300_000)
         futures = []
         t_first = self.msgs[0].t_ns
         base = time.monotonic()
@@ -445,18 +449,24 @@ def _wait_recovered(
         time.sleep(0.5)
 
 
+@dataclass(frozen=True)
+class Stream:
+    """The emulated hosts' traffic: packets/s over the three, distinct (src, dst) groups, data seconds."""
+
+    rate: float = 300.0
+    groups: int = 400
+    seconds: int = 900
+
+
 def recovery_run(
     master: str,
     kafka: KafkaCluster,
     work: Path,
     faults: Sequence[str] = ("job", "broker"),
     *,
-    rate: float = 300.0,
-    groups: int = 400,
-    stream_s: int = 900,
+    stream: Stream = Stream(),
     steady_windows: int = 3,
-    timeout: float = 300.0,
-    start_timeout: float = 600.0,
+    timeouts: tuple[float, float] = (300.0, 600.0),  # a wait; the job's start (slow on a loaded machine)
     log=print,
 ) -> dict:
     """Stream three emulated hosts into ``kafka`` while the job runs on ``master``; inject ``faults`` in turn
@@ -465,6 +475,7 @@ def recovery_run(
     the stream, wait for every window below the hosts' last mark and check the store against the oracle."""
     import uuid
 
+    timeout, start_timeout = timeouts
     from lowwater_testing.queries import config, query
     from lowwater_testing.traffic import make_traffic
 
@@ -480,7 +491,7 @@ def recovery_run(
     q = Q.load(cfg).queries[0]
     pane = q.window.pane_ns
     t0 = time.time_ns() // pane * pane
-    t = make_traffic(int(rate * stream_s), groups, t0, stream_s * 10**9, seed=23)
+    t = make_traffic(int(stream.rate * stream.seconds), stream.groups, t0, stream.seconds * 10**9, seed=23)
     counts = window_counts(q, t)
     msgs = host_stream(q, t)
     job = JobProcess(job_argv(cfg, master, kafka.bootstrap_servers, work), work / "job.log")
@@ -546,8 +557,8 @@ def recovery_run(
     return {
         "topic_partitions": 2,
         "hosts": len(HOSTS),
-        "packets_per_s": rate,
-        "groups": groups,
+        "packets_per_s": stream.rate,
+        "groups": stream.groups,
         "window_s": pane / 1e9,
         "messages_sent": hosts.sent,
         "windows_closed": len(watch.whole_at),

@@ -28,7 +28,7 @@ import pytest
 from contract import query as Q
 from local_stack.kafka_cluster import KafkaCluster
 from local_stack.spark_cluster import SparkClusterError
-from lowwater_testing.cluster import leader, recovery_run, start_clusters
+from lowwater_testing.cluster import Stream, idempotent_producer, leader, recovery_run, start_clusters
 from lowwater_testing.hosts import HOSTS, traffic_messages
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import assert_exact
@@ -88,18 +88,7 @@ def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple
     """Send ``msgs`` (acks=all, idempotent) and SIGKILL partition 0's leader after two thirds were handed
     to the producer, sends in flight; every send must be acknowledged. Then the victim restarts (it
     catches up from the others). Returns the seconds the sends took."""
-    from kafka import KafkaProducer
-
-    prod = KafkaProducer(
-        bootstrap_servers=cluster.bootstrap_servers,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=2,
-        max_request_size=8 << 20,
-        request_timeout_ms=5000,
-        retry_backoff_ms=200,
-        delivery_timeout_ms=120_000,
-    )
+    prod = idempotent_producer(cluster.bootstrap_servers, 120_000)
     victim = cluster.nodes[leader(cluster, topic, 0) - 1]
     futures = []
     third = len(msgs) // 3
@@ -175,11 +164,10 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
     assert_exact(results, q, t)
 
 
+@pytest.mark.timeout(1500)  # about 2 min on a quiet machine; the job starts twice, slowly under load
 def test_driver_sigkilled_mid_stream_restarts_from_its_checkpoint_exactly_once(clusters, tmp_path: Path):
     master, kafka = clusters
-    res = recovery_run(
-        master, kafka, tmp_path / "run", ["job"], rate=200, groups=200, stream_s=400, timeout=200
-    )
+    res = recovery_run(master, kafka, tmp_path / "run", ["job"], stream=Stream(100, 100, 1500))
     summary = {k: v for k, v in res.items() if k != "timeline"}
     print(f"\n{summary}")
     (ev,) = res["events"]
