@@ -83,8 +83,8 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=None)
     a = ap.parse_args()
     rounds = 1 if a.quick else a.rounds
-    rate = a.rate or (300.0 if a.quick else 1000.0)
-    groups = a.groups or (400 if a.quick else 2000)
+    rate = a.rate or (100.0 if a.quick else 1000.0)
+    groups = a.groups or (200 if a.quick else 2000)
     work = Path(tempfile.mkdtemp(prefix="lowwater-recovery-"))
     load = [harness.load()[0]]
     t0 = time.monotonic()
@@ -96,7 +96,9 @@ def main() -> int:
             kafka,
             work / "run",
             ["job", "broker"] * rounds,
-            stream=Stream(rate, groups, 300 + 400 * rounds),  # more than the run needs: it is cut at the end
+            stream=Stream(
+                rate, groups, 3600 * rounds
+            ),  # more than a run needs, even under load: it is cut at the end
             steady_windows=3 if a.quick else 5,
             log=lambda s: print(s, flush=True),
         )
