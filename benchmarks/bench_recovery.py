@@ -71,6 +71,7 @@ def summarize(run: dict, head: dict) -> dict:
         "rows_written_twice": run["rows_written_twice"],
         "exact": run["exact"],
         "steady_close_latency_s": run["steady_close_latency_s"],
+        "job_restarts_by_supervisor": run["job_restarts_by_supervisor"],
         "run": run,
     }
 
@@ -85,6 +86,7 @@ def main() -> int:
     rounds = 1 if a.quick else a.rounds
     rate = a.rate or (100.0 if a.quick else 1000.0)
     groups = a.groups or (200 if a.quick else 2000)
+    seconds = 3600 if a.quick else 1200 + 600 * rounds  # more than a run needs (under load too): it is cut
     work = Path(tempfile.mkdtemp(prefix="lowwater-recovery-"))
     load = [harness.load()[0]]
     t0 = time.monotonic()
@@ -96,9 +98,7 @@ def main() -> int:
             kafka,
             work / "run",
             ["job", "broker"] * rounds,
-            stream=Stream(
-                rate, groups, 3600 * rounds
-            ),  # more than a run needs, even under load: it is cut at the end
+            stream=Stream(rate, groups, seconds),
             steady_windows=3 if a.quick else 5,
             log=lambda s: print(s, flush=True),
         )
@@ -108,13 +108,7 @@ def main() -> int:
     load.append(harness.load()[0])
     res = summarize(
         run,
-        {
-            "machine": harness.machine(),
-            "load_avg": load,
-            "quick": a.quick,
-            "rounds": rounds,
-            "work": str(work),
-        },
+        {"machine": harness.machine(), "load_avg": load, "quick": a.quick, "rounds": rounds},
     )
     harness.write_results("reliability.json", res, indent=1)
     chart(res, harness.RESULTS / "reliability.png")
