@@ -57,7 +57,7 @@ from benchmarks import harness
 from benchmarks.harness import machine
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import metrics_text
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, q4
 
 REPO = Path(__file__).resolve().parents[1]
 TMP = harness.RESULTS / "tmp"
@@ -69,12 +69,9 @@ SRC_MAC, DST_MAC = "02:00:00:cc:00:02", "02:00:00:cc:00:99"
 def q4_yaml(table: int) -> str:
     """The OOP paper's Q4 on the benchmark's destination net, into its own topic."""
     return config(
-        query(
+        q4(
             "q4",
-            description="packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
             filter="dst_ip in [10.78.0.0/16]",
-            group_by=["src_ip", "dst_ip"],
-            window="1m",
             table=table,
             flush={"policy": "lazy", "m": 2},
             topic="lowwater.livecap.q4",

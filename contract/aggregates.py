@@ -30,6 +30,10 @@ MERGE_SUM, MERGE_MIN, MERGE_MAX = 0, 1, 2
 MERGE_NAMES = {MERGE_SUM: "sum", MERGE_MIN: "min", MERGE_MAX: "max"}  # pandas, Spark SQL and pyarrow names
 MERGE_UFUNCS = {MERGE_SUM: np.add, MERGE_MIN: np.minimum, MERGE_MAX: np.maximum}
 MERGE_IDENTITY = {MERGE_SUM: 0, MERGE_MIN: np.iinfo(np.int64).max, MERGE_MAX: np.iinfo(np.int64).min}
+# The merge ops with an inverse (dissertation §6.2.2.2, "differential"; Arasu and Widom's "subtractable"):
+# a sliding window can take its expired pane out again instead of re-merging all its panes. Only the sum:
+# min and max have none. Exact on int64 states: addition and subtraction modulo 2^64 cancel exactly.
+MERGE_INVERSE = {MERGE_SUM: np.subtract}
 
 # What one packet adds to a state column.
 LIFT_ONE = "one"  # 1 (a flow record: its packets)
@@ -187,6 +191,12 @@ class Aggregate:
     @property
     def holistic(self) -> bool:
         return self.finalize is None
+
+    @property
+    def subtractable(self) -> bool:
+        """Every state column has an inverse merge (count, sum, avg, variance, stddev; not min, max or a
+        holistic one): a sliding window of it can be kept running, pane in, expired pane out."""
+        return not self.holistic and all(p.merge in MERGE_INVERSE for p in self.parts())
 
     @property
     def exact_int(self) -> bool:
@@ -378,6 +388,7 @@ NAMES = tuple(REGISTRY)
 HOLISTIC = tuple(fn for fn, a in REGISTRY.items() if a.holistic)
 PARAMS = tuple(dict.fromkeys(p for a in REGISTRY.values() for p in a.params))
 JOIN_FNS = tuple(fn for fn, a in REGISTRY.items() if a.over_join)
+SUBTRACTABLE = tuple(fn for fn, a in REGISTRY.items() if a.subtractable)
 
 
 @dataclass(frozen=True)
@@ -386,11 +397,13 @@ class TierState:
 
     Why a state: a tier row's value must come from merge operations, never from averaging results.
     ``merge`` folds the value column itself across windows (count/sum/min/max: their value is their
-    state); ``parts`` are extra int64 columns ``<name>.<suffix>`` the tier files keep (avg: its sum and
-    count), recovered from a stored row by ``from_row(value, count)`` (the query's count aggregate as the
-    weight: avg and count count the same packets) and finalized by ``finalize`` after merging. An
-    aggregate with no entry (variance, stddev, count_distinct, quantiles, top) is not offered in tiers:
-    the store keeps its final value only, no sum of squares, sub-keys or sketch.
+    state); ``parts`` are extra int64 columns ``<name>.<suffix>`` that are merged instead and finalized
+    by ``finalize``. Where the parts come from: ``stored`` parts are written by the store into the raw
+    layout next to the value (variance/stddev: the window's merged count, sum and sum of squares,
+    :func:`contract.results.raw_state_columns`); otherwise the tier files add them, recovered from a
+    stored row by ``from_row(value, count)`` (avg: the query's count aggregate as the weight, avg and
+    count count the same packets). Aggregates without an entry are refused in tiers with the reason in
+    :data:`TIER_REFUSED`.
     """
 
     merge: int | None = None  # how the value column folds (None: recomputed from ``parts``)
@@ -398,6 +411,12 @@ class TierState:
     from_row: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]] | None = None
     finalize: Callable[..., np.ndarray] | None = None
     needs_count: bool = False  # from_row reads the query's count aggregate
+    stored: bool = False  # the raw layout keeps ``parts`` (the store writes them from the window's state)
+    # holistic: the raw layout keeps the window's sub-keys with their state (``<name>.sub<j>``, one list
+    # per sub-key word, and ``<name>.state``); a tier merges them per sub-key with the aggregate's state
+    # merge (union of exact sub-keys, max of HLL registers, sum of bucket counts) and reduces them with
+    # its SecondStage: the same result, or the same bound, as one window over all the tier's packets
+    subkeys: bool = False
 
     def columns(self, name: str) -> list[tuple[str, int]]:
         """(column, merge) of the state columns a tier file adds for aggregate ``name``."""
@@ -423,6 +442,16 @@ TIER_STATES: dict[str, TierState] = {
     "min": TierState(merge=MERGE_MIN),
     "max": TierState(merge=MERGE_MAX),
     "avg": TierState(parts=(_SUM, _COUNT), from_row=_avg_from_row, finalize=_mean, needs_count=True),
+    # (count, sum, sum of squares) add across windows: the tier's spread is exact, not a mix of spreads
+    "variance": TierState(parts=(_COUNT, _SUM, _SUMSQ), finalize=_variance, stored=True),
+    "stddev": TierState(parts=(_COUNT, _SUM, _SUMSQ), finalize=_stddev, stored=True),
+}
+TIER_STATES.update({fn: TierState(subkeys=True) for fn in ("count_distinct", "quantiles")})
+# Why an aggregate is not offered in tiers (the config error says it; docs/ranges.md)
+TIER_REFUSED: dict[str, str] = {
+    "top": "its stored rows are the k kept items of each window, and the query's other aggregates are "
+    "per kept item: an item that enters a longer window's top k has no stored values for the windows "
+    "it was not kept in, so neither its rank nor its other columns could be exact or bounded (docs/ranges.md)",
 }
 
 

@@ -87,9 +87,15 @@ raw files are. A tier row's completeness: ``complete`` is the AND of its rows', 
 sum, ``missing_records`` their max (a loss is charged to every window it overlaps, so a sum would count
 it again per window), ``hosts``/``hosts_in_mark`` the min, ``hosts_expected`` the max, ``closed_at`` the
 latest, ``kind`` always ``final``; ``windows`` says how many stored windows had a row of that key.
-Exact per tier: count, sum, min, max, avg (avg needs the query's count, validated). Not offered
-(refused in the config): variance, stddev, count_distinct, quantiles, top: the store keeps their final
-values only, without the sum of squares, sub-keys or sketch a merge needs.
+Exact per tier: count, sum, min, max, avg (avg needs the query's count, validated), variance and
+stddev: in a query with tiers the raw layout keeps their window's state next to the value
+(``<name>.count``, ``<name>.sum``, ``<name>.sumsq``, int64, :func:`raw_state_columns`; a correction's
+is its late packets'), and the tier adds them up. count_distinct and quantiles keep, in a query with
+tiers, each stored row's sub-keys with their state (:func:`subkey_columns`: exact values, HLL registers
+or quantile buckets, list<int64>); a tier merges them per sub-key (union, max of ranks, sum of counts)
+and reduces them as the window's second stage does: exact when the window is, else within the same
+bound (the HLL of the union, the buckets of every packet). Not offered (refused in the config): top
+(``contract.aggregates.TIER_REFUSED`` says why).
 
 An alert file holds one row per (query, rule, window, group) that fired when its window closed
 (:data:`ALERT_SCHEMA`); its ``id`` is a hash of exactly that, so a replayed micro-batch rewrites the
@@ -314,9 +320,39 @@ def tier_batch_range(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def tier_parts(q: Q.QuerySpec, stored: bool | None = None) -> list[tuple[str, str, int]]:
+    """(column, aggregate name, merge) of every state column a tier folds (registry: TIER_STATES);
+    ``stored``: only those the raw layout keeps (True) or only those the tier files add (False)."""
+    return [
+        (c, a.name, m)
+        for a in q.aggregates
+        if (ts := A.TIER_STATES.get(a.fn)) is not None and (stored is None or ts.stored == stored)
+        for c, m in ts.columns(a.name)
+    ]
+
+
 def tier_state_columns(q: Q.QuerySpec) -> list[tuple[str, str, int]]:
-    """(column, aggregate name, merge) of the state columns a tier file adds (registry: TIER_STATES)."""
-    return [(c, a.name, m) for a in q.aggregates for c, m in A.TIER_STATES[a.fn].columns(a.name)]
+    """(column, aggregate name, merge) of the state columns a tier file adds to :func:`schema`'s."""
+    return tier_parts(q, stored=False)
+
+
+def subkey_columns(q: Q.QuerySpec) -> list[str]:
+    """The list<int64> columns a query with tiers keeps for its holistic aggregate (TierState.subkeys):
+    per stored row its sub-keys, one list per sub-key word (``<name>.sub0`` ...), and their merged
+    state (``<name>.state``, aligned); empty for a ``late`` row's values in a tier."""
+    h = Q.holistic(q)
+    if not q.tiers or h is None or not (ts := A.TIER_STATES.get(h.fn)) or not ts.subkeys:
+        return []
+    return [*(f"{h.name}.sub{j}" for j in range(Q.subkey_width(q))), f"{h.name}.state"]
+
+
+SUBKEY_TYPE = pa.list_(pa.int64())
+
+
+def raw_state_columns(q: Q.QuerySpec) -> list[tuple[str, str, int]]:
+    """(column, aggregate name, merge) of the state columns the raw layout of a query with tiers keeps
+    next to the values (variance/stddev: count, sum, sum of squares), so its tiers merge them exactly."""
+    return tier_parts(q, stored=True) if q.tiers else []
 
 
 def tier_schema(q: Q.QuerySpec, tier: str | int) -> pa.Schema:
@@ -398,6 +434,8 @@ def schema(q: Q.QuerySpec) -> pa.Schema:
     ]
     fields += [pa.field(n, pa.string() if kind == "ip" else pa.int64()) for n, kind in key_columns(q)]
     fields += [pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64()) for n, fn in aggregate_columns(q)]
+    fields += [pa.field(c, pa.int64()) for c, _, _ in raw_state_columns(q)]
+    fields += [pa.field(c, SUBKEY_TYPE) for c in subkey_columns(q)]
     fields += CLOSING_FIELDS
     return pa.schema(fields, metadata={b"lowwater.query": q.name.encode()})
 

@@ -52,7 +52,7 @@ class JobSettings(RoleSettings):
         default=None, ge=1, description="delete results of windows older than this"
     )
     compact_every: float = Field(
-        default=3600.0,
+        default=600.0,
         ge=0,
         description="seconds between store maintenance passes (compaction, roll-up tiers, retention); 0: off",
     )

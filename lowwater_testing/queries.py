@@ -93,6 +93,18 @@ def pairs(**kw: Any) -> dict[str, Any]:
     return query("pairs", **(base | kw))
 
 
+def q4(name: str = "q4_pairs", **kw: Any) -> dict[str, Any]:
+    """The OOP paper's Q4: packets per (src_ip, dst_ip) per 1-minute tumbling window of IPv4 traffic;
+    ``kw`` (``filter``, ``aggregates``, ``tiers``, ``table``, ...) overrides or adds."""
+    base = {
+        "description": "packet count per (srcIP, dstIP) per minute (OOP paper Q4)",
+        "filter": "ip_version == 4",
+        "group_by": ["src_ip", "dst_ip"],
+        "window": "1m",
+    }
+    return query(name, **(base | kw))
+
+
 def on_demand_query(name: str, topic: str, interval: str, table: int, on_demand: bool = False) -> Q.QuerySpec:
     """Packets per (src_ip, dst_ip) per second on one partition, punctuated every ``interval`` (100 ms
     skew), ``on_demand`` or not: the on-demand punctuation tests' and benchmark's query."""

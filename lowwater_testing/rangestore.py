@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from contract import results as R
 from contract.query import load
-from lowwater_testing.store import CONFIG
+from lowwater_testing.store import CONFIG, frame
 
 DAYS = 60
 Q = "bytes_per_dst24"
@@ -34,21 +34,6 @@ class RangeStore:
     rows: dict[str, pd.DataFrame]
     first_day: datetime
     now: datetime
-
-
-def frame(ws: datetime, recs: list[dict], kind: str) -> pd.DataFrame:
-    df = pd.DataFrame(recs)
-    df.insert(0, "window_start", pd.Timestamp(ws))
-    df.insert(1, "window_end", pd.Timestamp(ws + timedelta(minutes=1)))
-    df["closed_at"] = pd.Timestamp(ws + timedelta(minutes=1, seconds=3))
-    df["hosts"] = np.int32(2)
-    df["hosts_expected"] = np.int32(2)
-    df["hosts_in_mark"] = np.int32(2)
-    df["late_partials"] = np.int64(0)
-    df["missing_records"] = np.int64(0)
-    df["complete"] = True
-    df["kind"] = kind
-    return df
 
 
 def write_part(root: Path, spec: object, query: str, batch: int, df: pd.DataFrame) -> None:
@@ -93,7 +78,7 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
                     )
             if not recs:
                 continue
-            df = frame(ws, recs, "final")
+            df = frame(ws, 60, recs, "final")
             write_part(root, specs[Q], Q, batch, df)
             frames[Q].append(df)
             batch += 1
@@ -104,7 +89,7 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
                 if rng.random() < 0.5
             ]
             if pairs:
-                pdf = frame(ws, pairs, "final")
+                pdf = frame(ws, 60, pairs, "final")
                 write_part(root, specs["q4_pairs"], "q4_pairs", batch, pdf)
                 frames["q4_pairs"].append(pdf)
                 batch += 1
@@ -112,6 +97,7 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
                 k = KEYS[int(rng.integers(0, len(KEYS)))]
                 c = frame(
                     ws,
+                    60,
                     [{"dst_ip_24": k, "bytes": 1000, "packets": 3, "avg_len": 333.0, "max_len": 1499}],
                     "correction",
                 )
@@ -121,6 +107,7 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
             if rng.random() < 0.1:  # a late row: annotates, adds nothing
                 late = frame(
                     ws,
+                    60,
                     [{"dst_ip_24": KEYS[0], "bytes": 10**9, "packets": 10**6, "avg_len": 1.0, "max_len": 1}],
                     "late",
                 )

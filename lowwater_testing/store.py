@@ -19,17 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import results as R
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, q4, query
 
 CONFIG = config(
-    query(
-        "q4_pairs",
-        description="packet count per (srcIP, dstIP) per minute",
-        filter="ip_version == 4",
-        group_by=["src_ip", "dst_ip"],
-        aggregates=["count as packets"],
-        window="1m",
-    ),
+    q4(description="packet count per (srcIP, dstIP) per minute"),
     query(
         "bytes_per_dst24",
         description="bytes and packets per destination /24",
@@ -106,6 +99,23 @@ def result_schema(keys: list[tuple[str, pa.DataType]], aggs: list[tuple[str, pa.
     return pa.schema([("window_start", TS), ("window_end", TS), *keys, *aggs, *R.CLOSING_FIELDS])
 
 
+def frame(ws: datetime, range_s: int, recs: list[dict], kind: str) -> pd.DataFrame:
+    """Stored rows of one window (``recs``: keys and values) with the closing columns of a complete
+    window on two hosts; a correction closes 40 s after the window's finals."""
+    df = pd.DataFrame(recs)
+    df.insert(0, "window_start", pd.Timestamp(ws))
+    df.insert(1, "window_end", pd.Timestamp(ws + timedelta(seconds=range_s)))
+    df["closed_at"] = pd.Timestamp(ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0)))
+    df["hosts"] = np.int32(2)
+    df["hosts_expected"] = np.int32(2)
+    df["hosts_in_mark"] = np.int32(2)
+    df["late_partials"] = np.int64(0)
+    df["missing_records"] = np.int64(0)
+    df["complete"] = True
+    df["kind"] = kind
+    return df
+
+
 def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
     """Write the fixture store under ``root`` (windows in the 25 minutes before ``now``)."""
     now = now or datetime.now(UTC)
@@ -123,22 +133,6 @@ def make_store(root: Path, now: datetime | None = None, seed: int = 3) -> Store:
         _write(root, query, batch, df, schema)
         written.setdefault(query, []).append(df)
         batch += 1
-
-    def frame(ws: datetime, range_s: int, recs: list[dict], kind: str) -> pd.DataFrame:
-        df = pd.DataFrame(recs)
-        df.insert(0, "window_start", pd.Timestamp(ws))
-        df.insert(1, "window_end", pd.Timestamp(ws + timedelta(seconds=range_s)))
-        df["closed_at"] = pd.Timestamp(
-            ws + timedelta(seconds=range_s + 3 + (40 if kind == "correction" else 0))
-        )
-        df["hosts"] = np.int32(2)
-        df["hosts_expected"] = np.int32(2)
-        df["hosts_in_mark"] = np.int32(2)
-        df["late_partials"] = np.int64(0)
-        df["missing_records"] = np.int64(0)
-        df["complete"] = True
-        df["kind"] = kind
-        return df
 
     # q4_pairs: every (src, dst) pair per window, one file per window; window 7 split over two
     # files (two partitions closing it in different batches); corrections for windows 3 and 9,

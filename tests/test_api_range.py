@@ -314,7 +314,7 @@ def test_cursor_is_stable_under_concurrent_writes(tmp_path: Path) -> None:
 
     def insert() -> None:  # a late-arriving window at the very start of the range
         df = frame(
-            s + timedelta(minutes=1), [{"src_ip": "10.0.0.0", "dst_ip": "1.1.1.1", "packets": 4}], "final"
+            s + timedelta(minutes=1), 60, [{"src_ip": "10.0.0.0", "dst_ip": "1.1.1.1", "packets": 4}], "final"
         )
         write_part(st.root, spec, "q4_pairs", 10**6, df)
 

@@ -51,6 +51,8 @@ CONFIG = config(
             "avg(length) as avg_len",
             "min(length) as min_len",
             "max(length) as max_len",
+            "variance(length) as len_var",
+            "stddev(length) as len_sd",
         ],
         window="1m",
         tiers=["5m", "1h"],
@@ -176,8 +178,11 @@ def _tier_fold(root: Path, q: Q.QuerySpec, tier: str) -> pd.DataFrame:
         min_len=("min_len", "min"),
         max_len=("max_len", "max"),
         windows=("windows", "sum"),
+        **{f"{a}_{p}": (f"{a}.{p}", "sum") for a in ("len_var", "len_sd") for p in ("count", "sum", "sumsq")},
     )
     g["avg_len"] = g["s"] / g["n"]
+    for a, fn in (("len_var", "variance"), ("len_sd", "stddev")):  # the spread of the summed (n, sum, sum2)
+        g[a] = A.REGISTRY[fn].finalize(*(g[f"{a}_{p}"].to_numpy(np.int64) for p in ("count", "sum", "sumsq")))
     return g.sort_values(["window_start_ns", "dst_port"]).reset_index(drop=True)
 
 
@@ -197,6 +202,9 @@ def _check_exact(root: Path, q: Q.QuerySpec, truth: list) -> None:
         for c in ("window_start_ns", "dst_port", "packets", "bytes", "min_len", "max_len"):
             assert got[c].astype("int64").tolist() == exp[c].astype("int64").tolist(), (width, c)
         assert got["avg_len"].tolist() == exp["avg_len"].tolist()  # the same exact integers divided once
+        for a in ("len_var", "len_sd"):  # exact: the tier merged the windows' (n, sum, sum2), late rows in
+            assert np.array_equal(got[a].to_numpy(), exp[a].to_numpy(), equal_nan=True), (width, a)
+        assert got["len_var"].notna().all() and (got["len_var"] > 0).any()
 
 
 def test_config_tiers_and_retention_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -210,7 +218,11 @@ def test_config_tiers_and_retention_errors_name_file_and_line(tmp_path: Path) ->
         (dict(aggregates=["count as n"], window="1m", tiers=["90s"]), "multiple of the window"),
         (dict(aggregates=["avg(length) as a"], window="1m", tiers=["5m"]), "needs a count"),
         (
-            dict(aggregates=["count as n", "count_distinct(src_ip) as d"], window="1m", tiers=["5m"]),
+            dict(
+                aggregates=["count as n", {"fn": "top", "field": "src_ip", "k": 3, "as": "t"}],
+                window="1m",
+                tiers=["5m"],
+            ),
             "re-merge",
         ),
         (dict(aggregates=["count as n"], window={"range": "1m", "slide": "10s"}, tiers=["5m"]), "tumbling"),
@@ -220,6 +232,22 @@ def test_config_tiers_and_retention_errors_name_file_and_line(tmp_path: Path) ->
         with pytest.raises(Q.ConfigError) as e:
             Q.load_text(config(query("t", **kw)).text, "t.yaml")
         assert reason in str(e.value) and "t.yaml:" in str(e.value), str(e.value)
+
+
+def test_raw_layout_keeps_spread_state_only_with_tiers() -> None:
+    """variance/stddev keep (count, sum, sum2) next to their value in the raw files of a query with tiers
+    (what its tiers merge); a query without tiers keeps the layout it had."""
+    aggs = ["count as n", "variance(length) as v", "stddev(ttl) as s", "avg(length) as a"]
+    tiered = Q.load_text(
+        config(query("t", aggregates=aggs, window="1m", tiers=["5m"])).text, "t.yaml"
+    ).queries[0]
+    plain = Q.load_text(config(query("t", aggregates=aggs, window="1m")).text, "t.yaml").queries[0]
+    parts = [f"{a}.{p}" for a in ("v", "s") for p in ("count", "sum", "sumsq")]
+    assert [c for c, _, _ in R.raw_state_columns(tiered)] == parts
+    assert [f.name for f in R.schema(tiered) if "." in f.name] == parts
+    assert [f.name for f in R.schema(plain) if "." in f.name] == [] and R.raw_state_columns(plain) == []
+    tier = [f.name for f in R.tier_schema(tiered, "5m") if "." in f.name]
+    assert tier == [*parts, "a.sum", "a.count"]  # avg's parts are the tier's own, recovered from rows
 
 
 def test_tiers_exact_and_compaction_keeps_every_row(tmp_path: Path, q: Q.QuerySpec) -> None:

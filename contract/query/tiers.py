@@ -24,11 +24,12 @@ def check_tiers(v: tuple[int, ...], w: Any, aggs: Any) -> tuple[int, ...]:
     if w.landmark or not w.tumbling:
         raise ValueError("roll-up tiers need a tumbling window (range = slide, not a landmark)")
     names = [a.fn for a in aggs]
-    bad = [a.name for a in aggs if a.fn not in A.TIER_STATES]
+    bad = [a for a in aggs if a.fn not in A.TIER_STATES]
     if bad:
+        why = A.TIER_REFUSED.get(bad[0].fn, "no exact re-merge")
         raise ValueError(
-            f"aggregates {bad} do not re-merge exactly from stored windows (tiers offer "
-            f"{', '.join(A.TIER_STATES)}): split them into a query without tiers"
+            f"aggregates {[a.name for a in bad]} do not re-merge exactly from stored windows ({bad[0].fn}: "
+            f"{why}; tiers offer {', '.join(A.TIER_STATES)}): split them into a query without tiers"
         )
     if any(A.TIER_STATES[a.fn].needs_count for a in aggs) and "count" not in names:
         raise ValueError("avg in a tier needs a count aggregate in the query (its weight)")

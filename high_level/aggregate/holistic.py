@@ -46,6 +46,12 @@ class Reduced:
     hosts_expected: np.ndarray
     comp: np.ndarray
     closed_at_ms: np.ndarray
+    # per output row (one per group) its sub-keys, rows offsets[i]:offsets[i+1] of ``sub`` int64[m, w]
+    # and ``sub_state`` int64[m] (what a roll-up tier merges: contract.results.subkey_columns)
+    offsets: np.ndarray | None = None
+    sub: np.ndarray | None = None
+    sub_state: np.ndarray | None = None
+    merged: np.ndarray | None = None  # per output row the bounded aggregates' merged state columns
 
 
 def _finalize_plain(q: Q.QuerySpec, merged: np.ndarray) -> dict[str, np.ndarray]:
@@ -122,7 +128,20 @@ def reduce(
         else comp[:0]
     )
     cl = np.maximum.reduceat(closed_at_ms[order], starts) if n else closed_at_ms[:0]
-    return Reduced(rows, key[starts][:, :gw], _ordered(q, vals), hs, he, cm, cl)
+    offsets = np.r_[starts, n].astype(np.int64)
+    return Reduced(
+        rows,
+        key[starts][:, :gw],
+        _ordered(q, vals),
+        hs,
+        he,
+        cm,
+        cl,
+        offsets,
+        key[:, gw : gw + sw],
+        hid,
+        merged,
+    )
 
 
 def _ordered(q: Q.QuerySpec, vals: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -146,6 +146,7 @@ def _typed(
     comp: np.ndarray,
 ) -> pa.Table:
     values: dict[str, np.ndarray] | None = None
+    subs: dict[str, pa.Array] = {}
     if Q.holistic(q) is not None:  # the second stage: sub-keys of each (window, kind, group) reduced
         kind_codes, _ = pd.factorize(np.asarray(kind.to_numpy(zero_copy_only=False), object), sort=True)
         red = holistic.reduce(
@@ -162,6 +163,14 @@ def _typed(
         start_ns, end_ns, kind = start_ns[red.rows], end_ns[red.rows], kind.take(pa.array(red.rows))
         key, values, comp = red.key, red.values, red.comp
         hosts, hosts_expected, closed_at_ms = red.hosts, red.hosts_expected, red.closed_at_ms
+        state = red.merged if red.merged is not None else state[red.rows]
+        if R.subkey_columns(q):  # what the query's tiers merge: each row's sub-keys and their state
+            offsets = pa.array(red.offsets, pa.int32())
+            words = [red.sub[:, j] for j in range(red.sub.shape[1])] + [red.sub_state]
+            subs = {
+                c: pa.ListArray.from_arrays(offsets, pa.array(w, pa.int64()))
+                for c, w in zip(R.subkey_columns(q), words, strict=True)
+            }
     cols: dict[str, pa.Array] = {
         "window_start": pa.array(start_ns // 1000, TS),
         "window_end": pa.array(end_ns // 1000, TS),
@@ -178,6 +187,11 @@ def _typed(
         values = A.finalize([(a.fn, a.name) for a in q.aggregates], state)
     for name, fn in R.aggregate_columns(q):
         cols[name] = pa.array(values[name], pa.float64() if fn in R.FLOAT_FNS else pa.int64())
+    if R.raw_state_columns(q):  # what the tiers merge (variance, stddev: count, sum, sum of squares)
+        at = {c.name: j for j, c in enumerate(Q.state_columns(q))}
+        for col, _, _ in R.raw_state_columns(q):
+            cols[col] = pa.array(state[:, at[col]], pa.int64())
+    cols.update(subs)
     cols["closed_at"] = pa.array(closed_at_ms * 1000, TS)
     cols["hosts"] = pa.array(hosts, pa.int32())
     cols["hosts_expected"] = pa.array(hosts_expected, pa.int32())

@@ -92,9 +92,19 @@ def state_rows(q: Q.QuerySpec, raw: pa.Table, width_ns: int) -> pa.Table:
     parts: dict[str, np.ndarray] = {}
     for a in q.aggregates:
         ts = A.TIER_STATES[a.fn]
+        if ts.subkeys:  # the values are recomputed from the merged sub-keys; a late row's are not in them
+            for c, _ in a.output_columns():
+                cols[c] = pa.nulls(raw.num_rows, raw.schema.field(c).type)
+            for c in R.subkey_columns(q):
+                cols[c] = _emptied(raw[c].combine_chunks(), late)
+            continue
         v = raw[a.name].combine_chunks()
         if ts.merge is not None:
             cols[a.name] = pc.if_else(pa.array(late), pa.nulls(len(v), v.type), v)
+        elif ts.stored:  # the window's state, written by the store next to the value
+            for col, _ in ts.columns(a.name):
+                parts[col] = np.where(late, 0, np.asarray(raw[col].to_numpy(), np.int64))
+            cols[a.name] = pa.nulls(len(v), v.type)
         else:
             vals = ts.from_row(np.nan_to_num(np.asarray(v.to_numpy(zero_copy_only=False), np.float64)), count)
             for (col, _), x in zip(ts.columns(a.name), vals, strict=True):
@@ -104,10 +114,78 @@ def state_rows(q: Q.QuerySpec, raw: pa.Table, width_ns: int) -> pa.Table:
         cols[c] = raw[c].combine_chunks()
     cols["complete"] = raw["complete"].combine_chunks()
     cols["kind"] = pa.array(["final"] * raw.num_rows, pa.string())
-    for col, _, _ in R.tier_state_columns(q):
+    for col, _, _ in R.tier_parts(q):
         cols[col] = pa.array(parts[col], pa.int64())
     cols["windows"] = pa.array(final.astype(np.int64))
     return pa.table(cols)
+
+
+def _emptied(lists: pa.Array, drop: np.ndarray) -> pa.Array:
+    """The same lists with those of the ``drop`` rows emptied."""
+    lengths = np.asarray(pc.list_value_length(lists).fill_null(0).to_numpy(), np.int64)
+    parent = np.asarray(pc.list_parent_indices(lists).to_numpy(), np.int64)
+    values = pc.list_flatten(lists).filter(pa.array(~drop[parent]))
+    offsets = np.r_[0, np.cumsum(np.where(drop, 0, lengths))].astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _flat(lists: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(row index, value) of every element of a list<int64> column."""
+    arr = lists.combine_chunks()
+    parent = np.asarray(pc.list_parent_indices(arr).to_numpy(), np.int64)
+    return parent, np.asarray(pc.list_flatten(arr).to_numpy(), np.int64)
+
+
+def fold_subkeys(q: Q.QuerySpec, rows: pa.Table, gid: np.ndarray, out_gid: np.ndarray) -> dict[str, pa.Array]:
+    """The holistic aggregate of rows grouped by ``gid``: their sub-keys merged per (group, sub-key)
+    with the state's merge op, reduced by the aggregate's second stage (contract.aggregates), for the
+    output groups ``out_gid``; its result columns and the merged sub-key lists. A group without
+    sub-keys (only late rows) counts 0 distinct values and has no quantiles (NaN)."""
+    h = Q.holistic(q)
+    assert h is not None and h.fn in A.TIER_STATES and A.TIER_STATES[h.fn].subkeys
+    names = R.subkey_columns(q)
+    parent, _ = _flat(rows[names[0]])
+    vals = [_flat(rows[c])[1] for c in names]
+    words, st = vals[:-1], vals[-1]
+    eg = gid[parent]
+    order = np.lexsort((*reversed(words), eg))
+    eg, st, words = eg[order], st[order], [w[order] for w in words]
+    new = np.ones(len(eg), bool)
+    if len(eg) > 1:
+        same = eg[1:] == eg[:-1]
+        for w in words:
+            same &= w[1:] == w[:-1]
+        new[1:] = ~same
+    starts = np.flatnonzero(new)
+    merge = A.REGISTRY[h.fn].parts(h)[-1].merge
+    st = A.MERGE_UFUNCS[merge].reduceat(st, starts) if len(starts) else st[:0]
+    ug, words = eg[starts], [w[starts] for w in words]
+    gnew = np.ones(len(ug), bool)
+    gnew[1:] = ug[1:] != ug[:-1]
+    gstarts = np.flatnonzero(gnew)
+    gcounts = np.diff(np.r_[gstarts, len(ug)])
+    stage = A.REGISTRY[h.fn].second
+    assert stage is not None and not stage.ranked
+    sub = np.column_stack(words) if words else np.zeros((len(ug), 0), np.int64)
+    _, reduced = stage.reduce(h, A.Groups(sub, st, gstarts, gcounts))
+    at = np.full(int(max(gid.max(initial=-1), out_gid.max(initial=-1))) + 1, -1, np.int64)
+    at[ug[gstarts]] = np.arange(len(gstarts))
+    idx = at[out_gid]
+    ok = idx >= 0
+    safe = np.maximum(idx, 0)
+    out: dict[str, pa.Array] = {}
+    for c, kind in h.output_columns():
+        v = reduced[c][safe] if len(gstarts) else np.zeros(len(idx))
+        empty = np.nan if A.RESULT_KINDS[kind].float else 0
+        out[c] = pa.array(np.where(ok, v, empty))
+    lens = np.where(ok, gcounts[safe] if len(gstarts) else 0, 0)
+    offsets = np.r_[0, np.cumsum(lens)]
+    first = np.where(ok, gstarts[safe] if len(gstarts) else 0, 0)
+    elem = np.repeat(first - offsets[:-1], lens) + np.arange(offsets[-1])
+    off = pa.array(offsets.astype(np.int32))
+    for c, w in zip(names, [*words, st], strict=True):
+        out[c] = pa.ListArray.from_arrays(off, pa.array(w[elem], pa.int64()))
+    return out
 
 
 def fold(q: Q.QuerySpec, tier: str, rows: pa.Table) -> pa.Table:
@@ -119,7 +197,7 @@ def fold(q: Q.QuerySpec, tier: str, rows: pa.Table) -> pa.Table:
         ts = A.TIER_STATES[a.fn]
         if ts.merge is not None:
             aggs.append((a.name, _MERGE_AGG[ts.merge]))
-    aggs += [(c, _MERGE_AGG[m]) for c, _, m in R.tier_state_columns(q)]
+    aggs += [(c, _MERGE_AGG[m]) for c, _, m in R.tier_parts(q)]
     aggs += [
         ("closed_at", "max"),
         ("hosts", "min"),
@@ -130,14 +208,24 @@ def fold(q: Q.QuerySpec, tier: str, rows: pa.Table) -> pa.Table:
         ("complete", "all"),
         ("windows", "sum"),
     ]
+    subkeys = bool(R.subkey_columns(q))
+    if subkeys:  # a group id per row, to merge the sub-key lists of each output row's rows
+        kdf = rows.select(keys).to_pandas()
+        gid = kdf.groupby(keys, dropna=False, sort=False).ngroup().to_numpy(np.int64)
+        rows = rows.append_column("_g", pa.array(gid))
+        aggs.append(("_g", "min"))
     # group_by treats null keys as a group of their own, as the store's rows do (a key part may be null)
     g = rows.group_by(keys, use_threads=False).aggregate(aggs)
     out: dict[str, pa.Array] = {}
     names = {f"{c}_{fn}": c for c, fn in aggs}
     got = {names.get(n, n): g[n] for n in g.column_names}
     schema = R.tier_schema(q, tier)
+    if subkeys:
+        got.update(fold_subkeys(q, rows, gid, np.asarray(got["_g"].to_numpy(), np.int64)))
     for a in q.aggregates:
         ts = A.TIER_STATES[a.fn]
+        if ts.subkeys:
+            continue
         if ts.merge is None:
             state = [np.asarray(got[c].to_numpy(), np.int64) for c, _ in ts.columns(a.name)]
             got[a.name] = pa.array(ts.finalize(*state), pa.float64())

@@ -69,12 +69,11 @@ def parse_time(name: str, value: str, now: datetime) -> datetime:
     return t
 
 
-def time_range(
-    start: str | None, end: str | None, now: datetime, newest: datetime | None = None
+def _start_end(
+    start: str | None, end: str | None, now: datetime, newest: datetime | None
 ) -> tuple[datetime, datetime]:
-    """The [start, end) a results request covers, at most MAX_RANGE long. Default: the hour up to ``newest``
-    (the end of the newest closed window) when neither bound is given, so a replayed capture or a stopped
-    one still shows its last hour; else the hour up to ``end``, or from ``start`` to now."""
+    """start and end parsed; without end: ``newest`` (the end of the newest closed window) when start is
+    not given either, else now; without start: DEFAULT_RANGE before the end."""
     if end is not None:
         e = parse_time("end", end, now)
     else:
@@ -82,6 +81,16 @@ def time_range(
     s = parse_time("start", start, now) if start is not None else e - DEFAULT_RANGE
     if s >= e:
         raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
+    return s, e
+
+
+def time_range(
+    start: str | None, end: str | None, now: datetime, newest: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """The [start, end) a results request covers, at most MAX_RANGE long. Default: the hour up to ``newest``
+    (the end of the newest closed window) when neither bound is given, so a replayed capture or a stopped
+    one still shows its last hour; else the hour up to ``end``, or from ``start`` to now."""
+    s, e = _start_end(start, end, now, newest)
     if e - s > MAX_RANGE:
         raise ParamError(
             f"time range {e - s} is longer than the maximum {MAX_RANGE} without a step; narrow start/end, "
@@ -113,13 +122,7 @@ def stepped_range(
 ) -> tuple[datetime, datetime]:
     """The [start, end) of a stepped request, widened to whole steps (start down, end up, aligned to the
     epoch), at most MAX_STEPPED_RANGE and MAX_STEPS steps long."""
-    if end is not None:
-        e = parse_time("end", end, now)
-    else:
-        e = newest if start is None and newest is not None else now
-    s = parse_time("start", start, now) if start is not None else e - DEFAULT_RANGE
-    if s >= e:
-        raise ParamError(f"start ({s.isoformat()}) must be before end ({e.isoformat()})")
+    s, e = _start_end(start, end, now, newest)
     if e - s > MAX_STEPPED_RANGE:
         raise ParamError(
             f"time range {e - s} is longer than the maximum {MAX_STEPPED_RANGE}; narrow start/end"

@@ -9,9 +9,13 @@ The SQL pieces are :mod:`high_level.serve.sql`'s; the layout of tier files :mod:
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -54,6 +58,22 @@ def nearest_rank_over_steps(
     return StepPercentile(v, at, len(vals), empty, int(vals.max()))
 
 
+def _answer_cached(method: Callable[..., ResultSet]) -> Callable[..., ResultSet]:
+    """A range request (``qi, start, end, filters, *more, tier``) answered from the reader's cache when
+    the same request reads the same files (:meth:`RangeReader._answer`)."""
+
+    @functools.wraps(method)
+    def wrapper(
+        self: RangeReader, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], *more: Any
+    ) -> ResultSet:
+        flt = tuple((f.column, f.op, repr(f.value)) for f in filters)
+        key = (method.__name__, qi.name, us_of(start), us_of(end), flt, *more)
+        stamps = self._stamps(qi, more[-1], start, end)
+        return self._answer((*key, stamps), lambda: method(self, qi, start, end, filters, *more))
+
+    return wrapper
+
+
 class RangeReader:
     """Stepped series and range top-N over a :class:`Reader`'s store (its DuckDB, file index and cache
     budget), with the tier files' listing and the per-file partials' caches."""
@@ -69,6 +89,11 @@ class RangeReader:
         self._tops: dict[tuple, tuple[int, int, pa.Table]] = {}  # per-file group sums (range_top)
         self._tops_bytes = 0
         self.max_partials = 20_000
+        # whole answers, keyed by the request and the (path, size, mtime) of every file it reads: store
+        # files are immutable, so the same files give the same answer; a new batch or tier file is a miss
+        self._answers: OrderedDict[tuple, ResultSet] = OrderedDict()
+        self.max_answers = 256
+        self.max_answer_rows = 10_000
 
     def warm_tiers(self, qi: QueryInfo, stop: threading.Event | None = None) -> int:
         """Compute the per-file partials of the query's tier files, newest first (so the first stepped
@@ -82,6 +107,29 @@ class RangeReader:
                 done += 1
         return done
 
+    def _stamps(self, qi: QueryInfo, tier: str, start: datetime, end: datetime) -> tuple:
+        """What a range request over [start, end) reads: every file's (path, size, mtime)."""
+        s_us, e_us = us_of(start), us_of(end)
+        if tier != R.RAW_TIER:
+            return tuple((p, *self.tiers.stamp(p)) for p in self.tiers.files(qi.spec, tier, s_us, e_us))
+        return tuple((f.path, f.size, f.mtime_ns) for f in self.index.files_for(qi.spec, s_us, e_us))
+
+    def _answer(self, key: tuple, compute: Callable[[], ResultSet]) -> ResultSet:
+        """The cached answer of a request over the same files, else ``compute()`` (then kept, if small)."""
+        with self._partials_lock:
+            got = self._answers.get(key)
+            if got is not None:
+                self._answers.move_to_end(key)
+                return got
+        rs = compute()
+        if len(rs.rows) <= self.max_answer_rows and self.cache.max_bytes > 0:
+            with self._partials_lock:
+                self._answers[key] = rs
+                while len(self._answers) > self.max_answers:
+                    self._answers.popitem(last=False)
+        return rs
+
+    @_answer_cached
     @retry_once
     def range_top(
         self,
@@ -91,7 +139,7 @@ class RangeReader:
         filters: list[KeyFilter],
         by: str,
         n: int,
-        tier: str = R.RAW_TIER,
+        tier: str,
     ) -> ResultSet:
         """The ``n`` groups with the largest sum of the additive column ``by`` over every window in
         [start, end), with the sums of every additive aggregate and the number of windows each group
@@ -302,6 +350,7 @@ class RangeReader:
                 self._partials.pop(next(iter(self._partials)))
         return table
 
+    @_answer_cached
     @retry_once
     def series(
         self, qi: QueryInfo, start: datetime, end: datetime, filters: list[KeyFilter], step_us: int, tier: str
