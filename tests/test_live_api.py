@@ -4,6 +4,7 @@ compacted live topic, and the live panel in real headless Chromium (values updat
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -151,13 +152,13 @@ def _panel(dom: str) -> str:
     return dom[i : dom.find("</section>", i)] if i >= 0 else ""
 
 
-def _page(base: str, profile: Path, ok, what: str) -> str:
+def _page(
+    base: str, profile: Path, ok, what: str, frag: str = "live_s=3&live_rate=500&live_query=q4_pairs"
+) -> str:
     """The dumped page once ``ok(dom)`` holds (Chromium's virtual time may dump before the stream
     delivered everything: try again, a few times)."""
     for i in range(4):
-        dom = chromium(
-            f"{base}/ui#live_s=3&live_rate=500&live_query=q4_pairs", profile / str(i), "--dump-dom"
-        ).stdout
+        dom = chromium(f"{base}/ui#{frag}", profile / str(i), "--dump-dom").stdout
         if ok(dom):
             return dom
     raise AssertionError(f"{what}: {_panel(dom) or dom[-2000:]}")
@@ -247,6 +248,72 @@ def test_live_panel_updates_and_turns_final_from_the_real_topic(
             ev = _events(r.read().decode())
         fin = [d for e, d in ev if e == "update"]
         assert len(fin) == 6 and all(d["final"] and d["complete"] for d in fin)
+    finally:
+        stop(proc)
+
+
+def _syns(w: int, port: int, syns: int, version: int, final: bool) -> L.LiveUpdate:
+    return L.LiveUpdate(
+        query="syn_per_port",
+        window_start_us=w,
+        window_end_us=w + 60_000_000,
+        group={"dst_port": port},
+        values={"syns": syns, "min_ttl": 64},
+        final=final,
+        version=version,
+        published_ms=version * 1000,
+        hosts_in_mark=1,
+        hosts_expected=1 if final else 2,
+        complete=final,
+    )
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium, or ./lw setup)"
+)
+def test_live_panel_opens_on_the_newest_window_at_the_pages_rate(
+    kafka, live_topic, store: Store, tmp_path: Path
+) -> None:
+    """What ``./lw run`` shows: the topic holds two closed windows and the open one, thousands of groups
+    each, and the page asks for 20 updates/s. The panel must open on the newest window, its largest
+    values first (offered oldest window first, it showed a closed window for minutes)."""
+    topic = L.live_topic("syn_per_port")  # a topic of its own in this module
+    w_new = (int(time.time()) // 10) * 10 * 1_000_000
+    n = 1500
+    ups = [_syns(w_new - 20_000_000, 20000 + i, 3 + i % 7, 4, True) for i in range(n)]  # closed
+    ups += [_syns(w_new - 10_000_000, 30000 + i, 3 + i % 7, 5, True) for i in range(n)]  # closed
+    ups += [_syns(w_new, 40000 + i, 10 + (i * 7919) % n, 6, False) for i in range(n)]  # open, newest
+    for u in ups:
+        k, v = L.encode(u)
+        live_topic.send(topic, key=k, value=v)
+    live_topic.flush(30)
+    top = sorted((u for u in ups if u.window_start_us == w_new), key=lambda u: -u.values["syns"])
+    proc, base = _serve_live(store, kafka.bootstrap_servers)
+    try:
+        _wait(
+            base,
+            lambda s: s["received"] >= 3 * n and s["windows"]["syn_per_port"] == 3,
+            "live values never arrived",
+        )
+        # the stream at the page's rate: its first updates are the newest window's, largest first
+        with httpx.stream(
+            "GET", f"{base}/live/syn_per_port", params={"rate": 20, "max_s": 1}, timeout=10
+        ) as r:
+            first = [d for e, d in _events(r.read().decode()) if e == "update"]
+        assert first, "no update within a second"
+        assert [d["group"]["dst_port"] for d in first] == [u.group["dst_port"] for u in top[: len(first)]]
+        ports = lambda d: {int(p) for p in re.findall(r'class="key">(\d+)<', _panel(d))}  # noqa: E731
+        dom = _page(
+            base,
+            tmp_path,
+            lambda d: len(ports(d)) >= 3,
+            "the panel showed no rows",
+            frag="live_s=3&live_query=syn_per_port",  # the page's own rate (20 updates/s)
+        )
+        shown = ports(dom)
+        assert shown <= {u.group["dst_port"] for u in top[:10]}, (sorted(shown), _panel(dom)[:2000])
+        panel = _panel(dom)
+        assert 'class="badge provisional">open<' in panel and "live-final" not in panel, panel[:2000]
     finally:
         stop(proc)
 

@@ -158,12 +158,29 @@ class LiveHub:
                 raise OverflowError(f"{MAX_SUBSCRIBERS} live consumers already")
             sub = Subscription(next(self._ids), query, UpdateQueue(policy, service_s, max_cells=max_cells))
             now = self.clock()
-            for u in sorted(self.latest[query].values(), key=lambda x: (x.window_start_us, not x.final)):
+            for u in self._opening(query):
                 sub.queue.offer(
                     Update(u.window_start_us, tuple(u.group.values()), u, u.final, u.version), now
                 )
             self.subs[sub.id] = sub
         return sub
+
+    def _opening(self, query: str) -> list[L.LiveUpdate]:
+        """What a new consumer is offered first, in serving order: the newest window first, and in each
+        window the largest values of the first aggregate first. Why: the queue serves at a bounded rate
+        (20 updates/s for the page) and a window holds thousands of groups, so offering the oldest window
+        first kept the panel on a closed window for minutes; a top-N view is right after N updates."""
+        table, wins = self.latest[query], self.windows[query]
+        vcols = self.columns[query][1]
+
+        def larger_first(u: L.LiveUpdate) -> float:
+            v = u.values.get(vcols[0]) if vcols else None
+            return -v if isinstance(v, int | float) and v == v else float("inf")
+
+        out: list[L.LiveUpdate] = []
+        for start in sorted(wins, reverse=True):
+            out += sorted((table[k] for k in wins[start] if k in table), key=larger_first)
+        return out
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
