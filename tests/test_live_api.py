@@ -338,6 +338,37 @@ def test_hub_keeps_the_newest_windows_indexed_and_counts_tombstones(store: Store
     assert hub.tombstones == 1 and hub.rejected == 0 and len(hub.latest["q4_pairs"]) == 150
 
 
+def test_values_of_a_query_nobody_consumes_are_read_only_when_asked(store: Store) -> None:
+    """Messages of a query without a consumer wait unread, the newest per key; whoever asks (values, a new
+    consumer, /live) reads them first, in arrival order, with the same checks: a bad one is still
+    refused and counted, an older version still ignored, and a replaced one counted as coalesced."""
+    from high_level.live import hub as H
+
+    hub = LiveHub([Q.load(store.config).query("q4_pairs")])
+    a, b = ("10.0.0.1", "10.0.0.2"), ("10.0.0.3", "10.0.0.4")
+    for u in (_upd(a, 5, False, 1), _upd(a, 9, False, 2), _upd(b, 2, False, 1)):
+        assert hub.ingest_raw(*L.encode(u), "q4_pairs") is True
+    k_bad, _ = L.encode(_upd(("10.9.9.9", "10.9.9.8"), 1, False, 1))
+    hub.ingest_raw(k_bad, b"{not json", "q4_pairs")
+    assert hub.received == 0 and len(hub.unread["q4_pairs"]) == 3 and hub.coalesced == 1
+    vals = {tuple(v["group"].values()): v["values"]["packets"] for v in hub.snapshot("q4_pairs")}
+    assert vals == {a: 9, b: 2} and hub.received == 2 and hub.rejected == 1 and not hub.unread["q4_pairs"]
+    hub.ingest_raw(*L.encode(_upd(a, 12, True, 3)), "q4_pairs")
+    hub.ingest_raw(*L.encode(_upd(b, 1, False, 0)), "q4_pairs")  # an older version: ignored when read
+    sub = hub.subscribe("q4_pairs", "inplace", service_s=0.01)  # a consumer reads what waited first
+    got = {}
+    while (item := sub.take()) is not None:
+        got[tuple(item.value.group.values())] = (item.value.values["packets"], item.final)
+    assert got == {a: (12, True), b: (2, False)} and hub.ignored == 1
+    hub.ingest_raw(*L.encode(_upd(b, 4, False, 5)), "q4_pairs")  # with a consumer: read at once
+    assert not hub.unread["q4_pairs"] and sub.take().value.values["packets"] == 4
+    hub.unsubscribe(sub)
+    for i in range(H.MAX_UNREAD + 1):  # the unread messages are bounded: read when too many
+        hub.ingest_raw(*L.encode(_upd((f"10.1.{i // 250}.{i % 250}", "10.0.0.9"), 1, False, 9)), "q4_pairs")
+    assert len(hub.unread["q4_pairs"]) <= H.MAX_UNREAD and hub.received >= H.MAX_UNREAD
+    assert hub.stats()["coalesced"] == 1 and not hub.unread["q4_pairs"]
+
+
 # earlier runs' values on the compacted topic (the issue saw ~400K, replayed at 1.7K/s)
 OLD_MESSAGES = 150_000
 
