@@ -19,7 +19,8 @@ are read over the phase:
    window the job published.
 
 Root only (the veth and AF_PACKET). Goals: ``api_cpu_share_no_client`` <= 0.05,
-``agent_cpu_share_idle_interface`` <= 0.02, ``live_catch_up_s`` <= 10. ``--quick`` measures 10 s per phase
+``agent_cpu_share_idle_interface`` <= 0.02, ``job_cpu_share_idle_interface`` <= 0.5 (argued at GOALS),
+``live_catch_up_s`` <= 10. ``--quick`` measures 10 s per phase
 (a smoke run, not a figure to publish). Writes ``idle.json``.
 """
 
@@ -49,7 +50,18 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"
 DEMO_SOURCE = "generator:rate=20000,groups=5000,clock=wall"  # local_stack.stack.DEFAULT_SOURCE
 LIVE_QUERY = "bytes_per_dst24"
-GOALS = {"api_cpu_share_no_client": 0.05, "agent_cpu_share_idle_interface": 0.02, "live_catch_up_s": 10.0}
+# the job at idle: its only input is punctuation (each host's timer mark per query per second, for
+# liveness, and a moved mark per pane), and Spark runs a whole micro-batch (Kafka offsets, the stateful
+# step over every shuffle partition and its Python workers, the checkpoint's offset, state and commit
+# files) whenever an offset moved. Half a core is what a monitor may cost with nothing to monitor on the
+# 2-core central host of deploy/README.md's sizing; it was 1.26 (a micro-batch every second costing more
+# than a second of CPU)
+GOALS = {
+    "api_cpu_share_no_client": 0.05,
+    "agent_cpu_share_idle_interface": 0.02,
+    "job_cpu_share_idle_interface": 0.5,
+    "live_catch_up_s": 10.0,
+}
 
 
 def _bin(name: str) -> str:
