@@ -40,9 +40,8 @@ QUIET_TOPIC_MESSAGES = 20_000  # a topic with nothing recent: read its newest me
 MAX_UNREAD = (
     20_000  # raw messages of a query nobody consumes held unread, at most (then read: bounded memory)
 )
-# the reader's consumer: large polls and fetches of a burst (the job publishes once per micro-batch) rather
-# than a fetch per few records; a small burst waits at most fetch_max_wait_ms (live values, not closing)
-CONSUMER = {"max_poll_records": 20_000, "fetch_min_bytes": 1 << 16, "fetch_max_wait_ms": 100}
+# the reader's consumer: a poll takes a whole burst (the job publishes once per micro-batch), not 500 records
+CONSUMER = {"max_poll_records": 20_000}
 
 
 def lookback_ms(q: Q.QuerySpec) -> int:
