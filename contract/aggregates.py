@@ -30,6 +30,10 @@ MERGE_SUM, MERGE_MIN, MERGE_MAX = 0, 1, 2
 MERGE_NAMES = {MERGE_SUM: "sum", MERGE_MIN: "min", MERGE_MAX: "max"}  # pandas, Spark SQL and pyarrow names
 MERGE_UFUNCS = {MERGE_SUM: np.add, MERGE_MIN: np.minimum, MERGE_MAX: np.maximum}
 MERGE_IDENTITY = {MERGE_SUM: 0, MERGE_MIN: np.iinfo(np.int64).max, MERGE_MAX: np.iinfo(np.int64).min}
+# The merge ops with an inverse (dissertation §6.2.2.2, "differential"; Arasu and Widom's "subtractable"):
+# a sliding window can take its expired pane out again instead of re-merging all its panes. Only the sum:
+# min and max have none. Exact on int64 states: addition and subtraction modulo 2^64 cancel exactly.
+MERGE_INVERSE = {MERGE_SUM: np.subtract}
 
 # What one packet adds to a state column.
 LIFT_ONE = "one"  # 1 (a flow record: its packets)
@@ -187,6 +191,12 @@ class Aggregate:
     @property
     def holistic(self) -> bool:
         return self.finalize is None
+
+    @property
+    def subtractable(self) -> bool:
+        """Every state column has an inverse merge (count, sum, avg, variance, stddev; not min, max or a
+        holistic one): a sliding window of it can be kept running, pane in, expired pane out."""
+        return not self.holistic and all(p.merge in MERGE_INVERSE for p in self.parts())
 
     @property
     def exact_int(self) -> bool:
@@ -378,6 +388,7 @@ NAMES = tuple(REGISTRY)
 HOLISTIC = tuple(fn for fn, a in REGISTRY.items() if a.holistic)
 PARAMS = tuple(dict.fromkeys(p for a in REGISTRY.values() for p in a.params))
 JOIN_FNS = tuple(fn for fn, a in REGISTRY.items() if a.over_join)
+SUBTRACTABLE = tuple(fn for fn, a in REGISTRY.items() if a.subtractable)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from contract import query as Q
 from contract import status as S
 from high_level.aggregate.pipeline import AggregatePipeline
 from high_level.aggregate.rollup import Layout
-from high_level.aggregate.watermark import WatermarkPipeline, refuse_joins
+from high_level.aggregate.watermark import WatermarkJoinRefused, WatermarkPipeline, refuse_joins
+from high_level.distinct.pipeline import DistinctPipeline
 from high_level.join.pipeline import JoinPipeline
 from high_level.metrics import JobMetrics
 from high_level.options import MODES, STATES, JobOptions
@@ -51,12 +52,18 @@ def _is_local_path(location: str) -> bool:
 def _punctuation(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> list[Pipeline]:
     """OOP mode: the aggregates' stream (if any) and the joins' (if any)."""
     out: list[Pipeline] = [AggregatePipeline(queries)] if queries else []
-    return out + ([JoinPipeline(config)] if config is not None and config.joins else [])
+    out += [JoinPipeline(config)] if config is not None and config.joins else []
+    return out + ([DistinctPipeline(config)] if config is not None and config.distincts else [])
 
 
 def _watermark(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> list[Pipeline]:
     """The baseline: aggregates only; joins are refused, never skipped silently."""
     refuse_joins(config)
+    if config is not None and config.distincts:
+        names = ", ".join(repr(d.name) for d in config.distincts)
+        raise WatermarkJoinRefused(
+            f"{config.path}: distinct queries ({names}) run in the punctuation mode only (--mode oop, the default)"
+        )
     return [WatermarkPipeline(queries)]
 
 
@@ -98,7 +105,7 @@ class HighLevelJob:
         config: Q.Config | None = None,
     ) -> None:
         # join queries (high_level/join/pipeline.py) come with the config that names their select inputs
-        if not queries and (config is None or not config.joins):
+        if not queries and (config is None or not (config.joins or config.distincts)):
             raise ValueError("no queries")
         self.pipelines = pipelines(opts.mode, queries, config)
         self.spark = spark

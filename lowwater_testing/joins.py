@@ -29,14 +29,19 @@ def rows_of(cfg: Q.Config, n_syn: int, seed: int, dup: bool = True) -> tuple[np.
 
 
 def join_oracle(lay: JoinLayout, left: np.ndarray, right: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Brute-force join (pandas merge on the key words, band filter): pairs and unmatched left rows."""
+    """Brute-force join (pandas merge on the key words, then the band or same-window filter): pairs and
+    unmatched left rows."""
     ldf = pd.DataFrame(left, columns=["ts"] + [f"l{i}" for i in range(lay.lw)])
     rdf = pd.DataFrame(right, columns=["ts"] + [f"r{i}" for i in range(lay.rw)])
     lk = [("ts" if w < 0 else f"l{w}") for w in lay.lkey]
     rk = [("ts" if w < 0 else f"r{w}") for w in lay.rkey]
     ldf["lid"] = np.arange(len(ldf))
     m = ldf.merge(rdf, left_on=lk, right_on=rk, suffixes=("", "_r"))
-    m = m[(m["ts_r"] - m["ts"] >= 0) & (m["ts_r"] - m["ts"] <= lay.band_ns)]
+    if lay.window_ns:  # same tumbling window of the timestamp
+        o, w = lay.window_origin_ns, lay.window_ns
+        m = m[(m["ts"] - o) // w == (m["ts_r"] - o) // w]
+    else:  # band [lo, hi] on right.ts - left.ts
+        m = m[(m["ts_r"] - m["ts"] >= lay.band_lo_ns) & (m["ts_r"] - m["ts"] <= lay.band_ns)]
     pairs = m[["ts"] + [f"l{i}" for i in range(lay.lw)] + ["ts_r"] + [f"r{i}" for i in range(lay.rw)]]
     unmatched = ldf[~ldf["lid"].isin(m["lid"])].drop(columns="lid")
     return sort_rows(pairs.to_numpy(np.int64)), sort_rows(unmatched.to_numpy(np.int64))

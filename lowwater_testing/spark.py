@@ -129,6 +129,29 @@ def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     return job
 
 
+def crash_after_batches(job: HighLevelJob, state: str, batches: int = 3, timeout_s: float = 300) -> int:
+    """Stop the job's stream abruptly once it has run ``batches`` batches, leaving its last batch
+    uncommitted (as a crash after its files were written, before Spark's commit), so a restart replays it.
+    Returns that batch's id."""
+    deadline = time.monotonic() + timeout_s
+    while (job.streams[0].lastProgress or {}).get("batchId", -1) < batches:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    job.streams[0].stop()  # abrupt: interrupts whatever batch is running
+    ckpt = Path(job.opts.checkpoint) / ("oop" if state == "blob" else "oop-chunked")
+
+    def ids(d: str) -> list[int]:
+        return sorted(int(p.name) for p in (ckpt / d).iterdir() if p.name.isdigit())
+
+    last = ids("offsets")[-1]
+    if ids("commits")[-1] == last:
+        # stopped between batches: pretend the last batch crashed after its files were written but
+        # before Spark committed it (otherwise the stop already interrupted batch `last` mid-way)
+        (ckpt / "commits" / str(last)).unlink()
+        (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    return last
+
+
 def run_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     """:func:`start_job`, process what the topics hold, stop: the stopped job (``opts`` name its store)."""
     job = start_job(spark, queries, tmp_path, tag, **kw)

@@ -24,6 +24,7 @@ from lowwater_testing.spark import (
     PORTS,
     Host,
     assert_exact,
+    crash_after_batches,
     expected_typed,
     normalised,
     read_results,
@@ -247,22 +248,7 @@ def test_kill_and_restart_from_checkpoint_loses_and_duplicates_nothing(
         state=state,
     )
     job = start_job(spark, queries, tmp_path, "crash", **kw)
-    deadline = time.monotonic() + 120
-    while (job.streams[0].lastProgress or {}).get("batchId", -1) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    job.streams[0].stop()  # abrupt: interrupts whatever batch is running
-    ckpt = Path(job.opts.checkpoint) / ("oop" if state == "blob" else "oop-chunked")
-
-    def ids(d: str) -> list[int]:
-        return sorted(int(p.name) for p in (ckpt / d).iterdir() if p.name.isdigit())
-
-    last = ids("offsets")[-1]
-    if ids("commits")[-1] == last:
-        # stopped between batches: pretend the last batch crashed after its files were written but
-        # before Spark committed it (otherwise the stop already interrupted batch `last` mid-way)
-        (ckpt / "commits" / str(last)).unlink()
-        (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    last = crash_after_batches(job, state)
     produce(kafka, msgs[len(msgs) * 2 // 3 :])
     job2 = start_job(spark, queries, tmp_path, "crash", **kw)
     try:

@@ -499,8 +499,9 @@ def test_same_window_needs_aggregate_inputs_and_a_select_mix_needs_one_partition
     from lowwater_testing.joins import HANDSHAKE
 
     text = HANDSHAKE.replace("within: 3s", "within: window", 1)
-    with pytest.raises(Q.ConfigError, match="'within: window' joins two aggregate"):
-        Q.load_text(text, "x.yaml")
+    assert Q.load_text(text, "x.yaml").joins[0].same_window  # two selects: rows of the same tumbling window
+    with pytest.raises(Q.ConfigError, match="tumbling 'window"):
+        Q.load_text(text.replace("range: 1m}", "range: 1m, slide: 30s}"), "x.yaml")
     mixed = (
         HANDSHAKE
         + CONFIG.split("queries:\n", 1)[1].split("  - name: answered")[0]
@@ -515,6 +516,8 @@ def test_same_window_needs_aggregate_inputs_and_a_select_mix_needs_one_partition
     )
     with pytest.raises(Q.ConfigError, match="Kafka partitions"):
         Q.load_text(mixed, "x.yaml")
+    with pytest.raises(Q.ConfigError, match="'within: window' joins two aggregate"):
+        Q.load_text(mixed.replace("within: 10s", "within: window"), "x.yaml")
     ok = Q.load_text(mixed.replace("partitions: 4}", "partitions: 1}"), "x.yaml")
     assert [q.name for q in ok.stored_queries][-1] == "syn_vs_window"
 

@@ -2,7 +2,8 @@
 
 * :mod:`~contract.query.model`: aggregate queries (windows, group-by, aggregates, HAVING, alerts);
 * :mod:`~contract.query.layout`: the runtime layout both levels derive from a query (key and state words);
-* :mod:`~contract.query.selects` and :mod:`~contract.query.joins`: ``kind: select`` and ``kind: join``;
+* :mod:`~contract.query.selects`, :mod:`~contract.query.joins` and :mod:`~contract.query.distincts`: ``kind:
+  select``, ``kind: join`` and ``kind: distinct``;
 * :mod:`~contract.query.configfile`: loading a YAML config with file, line and reason on every error.
 
 The public names are re-exported here, so ``from contract import query as Q; Q.QuerySpec`` reads the same
@@ -18,6 +19,7 @@ from contract.aggregates import (
     quantile_suffix,
 )
 from contract.query.configfile import Config, load, load_selects_joins, load_text, uses_enrichment
+from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import (
     ClosedInput,
     JoinAggregate,
@@ -70,6 +72,7 @@ from contract.query.model import (
     WindowSpec,
     accuracy_ppb,
     condition,
+    differential,
     duration_name,
     holistic,
     parse_duration_ns,
@@ -101,6 +104,7 @@ __all__ = [
     "AlertSpec",
     "ClosedInput",
     "Config",
+    "DistinctSpec",
     "ConfigError",
     "Duration",
     "ExportSpec",
@@ -117,11 +121,14 @@ __all__ = [
     "TableSpec",
     "WindowSpec",
     "accuracy_ppb",
+    "check_distinct",
     "check_join",
     "closed_topic",
     "condition",
     "decode_computed",
     "decode_key",
+    "differential",
+    "distinct_query",
     "finalize",
     "group_width",
     "hll_rank_source",

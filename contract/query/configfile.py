@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from contract.filterlang import OP_LOAD_NET, compile_filter
+from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import JoinSpec, check_join, inputs, join_result_query, rows_query
 from contract.query.model import ConfigError, QuerySpec
 from contract.query.selects import SelectSpec
@@ -84,6 +85,7 @@ class Config:
     source: str | None = (
         None  # the capture source `./lw run` uses without --source (e.g. a generator's options)
     )
+    distincts: list[DistinctSpec] = dc_field(default_factory=list)  # kind: distinct
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -104,6 +106,7 @@ class Config:
                 else rows_query(j, ins[j.left], ins[j.right])
                 for j in self.joins
             ),
+            *(distinct_query(d, self.select(d.input)) for d in self.distincts),
         ]
 
     def select(self, name: str) -> SelectSpec:
@@ -167,7 +170,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
             raise ConfigError(
                 path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping"
             )
-        if item.get("kind") in ("select", "join"):
+        if item.get("kind") in ("select", "join", "distinct"):
             other.append(item)
             continue
         if "kind" in item:
@@ -176,7 +179,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
                     path,
                     item["__lines__"]["kind"],
                     f"query {item.get('name', f'#{idx}')!r}: kind",
-                    f"unknown kind {item['kind']!r} (aggregate, select or join)",
+                    f"unknown kind {item['kind']!r} (aggregate, select, join or distinct)",
                 )
             item = {k: v for k, v in item.items() if k != "kind"}
         try:
@@ -209,8 +212,12 @@ def load_text(text: str, path: str = "<string>") -> Config:
                 )
     if not other:
         return Config(path, queries, networks=networks, source=source)
+    distincts = [it for it in other if it.get("kind") == "distinct"]
+    other = [it for it in other if it.get("kind") != "distinct"]
     selects, joins = load_selects_joins(other, path, seen, queries)
-    return Config(path, queries, selects, joins, networks, source)
+    return Config(
+        path, queries, selects, joins, networks, source, load_distincts(distincts, path, seen, selects)
+    )
 
 
 _SOURCE_KINDS = ("generator", "pcap", "afpacket", "flows")
@@ -261,6 +268,40 @@ def load(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(str(p), None, "", f"cannot read: {exc.strerror}") from None
     return load_text(text, str(p))
+
+
+def load_distincts(items: list[dict], path: str, seen: dict[str, int], selects: list[SelectSpec]) -> list:
+    """Validate the ``kind: distinct`` items (after the selects they read)."""
+    out: list[DistinctSpec] = []
+    by_name = {s.name: s for s in selects}
+    for idx, item in enumerate(items):
+        try:
+            spec = DistinctSpec.model_validate(_strip(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = tuple(
+                {"within_ns": "within"}.get(_ALIASES.get(p, p), _ALIASES.get(p, p))
+                if isinstance(p, str)
+                else p
+                for p in err["loc"]
+            )
+            reason = err["msg"].removeprefix("Value error, ")
+            reason = {"extra_forbidden": "unknown field", "missing": "required field is missing"}.get(
+                err["type"], reason
+            )
+            field = ".".join(str(p) for p in loc) or "query"
+            raise ConfigError(
+                path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
+            ) from None
+        _first(seen, spec.name, item, path)
+        problem = check_distinct(spec, by_name)
+        if problem is not None:
+            field, reason = problem
+            raise ConfigError(
+                path, item["__lines__"].get(field, item["__line__"]), f"query {spec.name!r}: {field}", reason
+            )
+        out.append(spec)
+    return out
 
 
 def load_selects_joins(

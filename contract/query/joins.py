@@ -71,6 +71,13 @@ DEFAULT_ROWS_WINDOW = {"range": "1m"}
 NEVER = 2**62  # retain of a feed: a closed window never expires from the join's point of view
 
 
+def signed_duration_ns(v: Any) -> int:
+    """A duration that may be negative ('-2s'): one end of a two-sided band."""
+    if isinstance(v, str) and v.strip().startswith("-"):
+        return -parse_duration_ns(v.strip()[1:])
+    return parse_duration_ns(v)
+
+
 def closed_topic(q: QuerySpec) -> str:
     """The closed-window feed topic of an aggregate query (next to its partials topic, named by the query)."""
     return f"{q.topic}{FEED_SUFFIX}{q.name}"
@@ -286,7 +293,9 @@ def parse_join_expr(text: str) -> list[tuple[int, str, str]]:
 class JoinSpec(_Strict):
     """An order-agnostic band join of two selections (``high_level.join.band``), closed by punctuation.
 
-    Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``;
+    Rows match when the ``on`` words are equal and ``0 <= right.timestamp - left.timestamp <= within``
+    (``band: [lo, hi]``: between lo and hi, lo may be negative; ``within: window`` between two selects:
+    both timestamps in the same window of the join's tumbling ``window``);
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``
     (only left rows without a match). With ``aggregates`` the output is aggregated per window and
     ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp; without, the joined
@@ -300,8 +309,10 @@ class JoinSpec(_Strict):
     left: str
     right: str
     on: JoinOn
-    within_ns: int = Field(alias="within")
-    same_window: bool = False  # ``within: window``: two aggregate inputs joined on the same window (band 0)
+    within_ns: int = Field(default=-1, alias="within")
+    # ``band: [lo, hi]`` (RANGE0/RANGE1): lo <= right.timestamp - left.timestamp <= hi; ``within: w`` is [0, w]
+    band_ns: tuple[int, int] | None = Field(default=None, alias="band")
+    same_window: bool = False  # ``within: window``: rows (or two aggregates' windows) of the same window
     type: Literal["inner", "left", "anti"] = "inner"
     group_by: list[str] = Field(default_factory=list)
     aggregates: list[JoinAggregate] = Field(default_factory=list)
@@ -324,6 +335,33 @@ class JoinSpec(_Strict):
     def _dur(cls, v: Any) -> Any:
         return parse_duration_ns(v)
 
+    @field_validator("band_ns", mode="before")
+    @classmethod
+    def _band(cls, v: Any) -> Any:
+        if not isinstance(v, list | tuple) or len(v) != 2:
+            raise ValueError("band is [lo, hi], e.g. [-2s, 5s]: right.timestamp - left.timestamp in [lo, hi]")
+        lo, hi = (signed_duration_ns(x) for x in v)
+        if lo > hi:
+            raise ValueError(f"band [{v[0]}, {v[1]}]: lo is above hi")
+        return (lo, hi)
+
+    @property
+    def band_lo_ns(self) -> int:
+        """Lowest right.timestamp - left.timestamp of a match (0 for ``within``)."""
+        return 0 if self.band_ns is None else self.band_ns[0]
+
+    @property
+    def band_hi_ns(self) -> int:
+        """Highest right.timestamp - left.timestamp of a match (``within``)."""
+        return self.within_ns if self.band_ns is None else self.band_ns[1]
+
+    @property
+    def reach_ns(self) -> int:
+        """How far apart in time two matching rows may be (what an input must retain)."""
+        if self.same_window and self.window is not None:
+            return self.window.range_ns
+        return max(abs(self.band_lo_ns), abs(self.band_hi_ns))
+
     @field_validator("group_by")
     @classmethod
     def _group(cls, v: list[str]) -> list[str]:
@@ -337,7 +375,15 @@ class JoinSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> JoinSpec:
-        if self.within_ns < 0:
+        if self.band_ns is not None and "within_ns" in self.model_fields_set:
+            raise ValueError("give either 'within' or 'band', not both")
+        if self.band_ns is None and "within_ns" not in self.model_fields_set:
+            raise ValueError(
+                "a join needs its time band: 'within: 3s', 'band: [-2s, 5s]' or 'within: window'"
+            )
+        if self.band_ns is not None:
+            object.__setattr__(self, "within_ns", self.band_ns[1])  # frozen model: set once, here
+        elif self.within_ns < 0:
             raise ValueError("within must not be negative")
         if len(self.on.left) != len(self.on.right):
             raise ValueError(f"on: {len(self.on.left)} left keys but {len(self.on.right)} right keys")
@@ -373,11 +419,19 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
             return side, why
     sl, sr = selects[j.left], selects[j.right]
     closed = [isinstance(s, ClosedInput) for s in (sl, sr)]
-    if j.same_window and not all(closed):
+    if j.same_window and any(closed) and not all(closed):
         return (
             "within",
-            "'within: window' joins two aggregate queries' closed windows; give a select a time band",
+            "'within: window' joins two aggregate queries' closed windows or two selects' rows; "
+            "give a select joined with an aggregate a time band",
         )
+    if j.same_window and not any(closed):
+        w = j.window
+        if w is None or w.landmark or w.slide != w.range_ns:
+            return "window", (
+                "'within: window' between two selects joins rows of the same tumbling window: "
+                "give the join a tumbling 'window: {range: ...}'"
+            )
     if all(closed) and sl.window != sr.window:
         return "right", (
             f"aggregate queries {sl.name!r} and {sr.name!r} have different windows "
@@ -398,9 +452,10 @@ def check_join(j: JoinSpec, selects: dict[str, Any]) -> tuple[str, str] | None:
                 f"keys {lk!r} and {rk!r} differ in type or width ({_type_text(tl)} vs {_type_text(tr)})",
             )
     for s in (sl, sr):
-        if j.within_ns > s.retain_ns:
-            return "within", (
-                f"band {j.within_ns / NS:g}s is larger than what input {s.name!r} can hold "
+        if j.reach_ns > s.retain_ns:
+            return "band" if j.band_ns is not None else "within", (
+                f"{'window' if j.same_window else 'band'} {j.reach_ns / NS:g}s is larger than what input "
+                f"{s.name!r} can hold "
                 f"(retain {s.retain_ns / NS:g}s)"
             )
     if sl.kafka.partitions != sr.kafka.partitions:

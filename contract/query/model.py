@@ -10,12 +10,11 @@ this model (:mod:`contract.query.layout`), so they cannot disagree.
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from contract import aggregates as A
 from contract import condlang, sketch
@@ -24,6 +23,7 @@ from contract.aggregates import DEFAULT_ACCURACY
 from contract.filterlang import FilterError, compile_filter
 from contract.query import tiers
 from contract.query.durations import NS, duration_name, parse_duration_ns
+from contract.query.windows import WindowSpec, _Strict
 
 RAW_TIER = "raw"  # the retention key of the store's own (per micro-batch, then compacted) files
 
@@ -38,99 +38,6 @@ class ConfigError(ValueError):
 
 
 Duration = Annotated[int, Field(description="duration; YAML accepts '10s', '1m', '500ms' or seconds")]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WindowSpec(_Strict):
-    """Sliding/tumbling (range, slide) or landmark (from origin + n*landmark, updated every ``update``).
-
-    A landmark window (``{landmark: 1d, update: 1m}``: per-day totals) is a tumbling window of the
-    landmark's length whose panes are the update interval: every pane the low-water mark passes
-    emits ``update`` rows (the totals so far), the landmark's end the ``final`` rows; closed by
-    punctuation like every window.
-    """
-
-    range_ns: int = Field(alias="range")
-    slide_ns: int | None = Field(default=None, alias="slide")
-    origin_ns: int = Field(default=0, alias="origin")
-    landmark_ns: int | None = Field(default=None, alias="landmark")
-    update_ns: int | None = Field(default=None, alias="update")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _landmark_range(cls, data: Any) -> Any:
-        """A landmark window's range and slide are the landmark (given or not)."""
-        if isinstance(data, dict) and data.get("landmark") is not None:
-            lm = data["landmark"]
-            for k in ("range", "slide"):
-                if data.get(k) is not None and parse_duration_ns(data[k]) != parse_duration_ns(lm):
-                    raise ValueError(f"a landmark window takes 'landmark' and 'update', not {k!r}")
-            if data.get("update") is None:
-                raise ValueError("a landmark window needs 'update' (how often its totals so far are emitted)")
-            data = {**data, "range": lm, "slide": lm}
-        elif isinstance(data, dict) and data.get("update") is not None:
-            raise ValueError("'update' belongs to a landmark window ({landmark: 1d, update: 1m})")
-        return data
-
-    @field_validator("range_ns", "slide_ns", "origin_ns", "landmark_ns", "update_ns", mode="before")
-    @classmethod
-    def _dur(cls, v: Any) -> Any:
-        return None if v is None else parse_duration_ns(v)
-
-    @model_validator(mode="after")
-    def _check(self) -> WindowSpec:
-        if self.range_ns <= 0:
-            raise ValueError("range must be positive")
-        slide = self.slide
-        if slide <= 0:
-            raise ValueError("slide must be positive")
-        if slide > self.range_ns:
-            raise ValueError("slide larger than range would leave gaps between windows")
-        if self.update_ns is not None:
-            if self.update_ns <= 0 or self.range_ns % self.update_ns:
-                raise ValueError(
-                    f"update ({self.update_ns / NS:g}s) must divide the landmark ({self.range_ns / NS:g}s)"
-                )
-            if self.range_ns // self.update_ns > 86_400:
-                raise ValueError("more than 86400 updates per landmark window; use a larger update")
-        elif self.range_ns // self.pane_ns > 1024:
-            raise ValueError(
-                f"more than 1024 panes per window (pane = gcd(range, slide) = {self.pane_ns / NS:g}s); "
-                "use a larger slide or a range that is a multiple of it"
-            )
-        if self.pane_ns < 1_000_000:
-            raise ValueError("pane (gcd of range and slide) below 1 ms is not supported")
-        return self
-
-    @property
-    def slide(self) -> int:
-        return self.slide_ns if self.slide_ns is not None else self.range_ns
-
-    @property
-    def pane_ns(self) -> int:
-        """The low level's aggregation unit: gcd(range, slide), the slide when range is a multiple of it
-        (RANGE 9 / SLIDE 6 -> panes of 3, windows of 3 panes sliding by 2); a landmark's update."""
-        return self.update_ns if self.update_ns is not None else math.gcd(self.range_ns, self.slide)
-
-    @property
-    def landmark(self) -> bool:
-        return self.landmark_ns is not None
-
-    @property
-    def panes_per_window(self) -> int:
-        return self.range_ns // self.pane_ns
-
-    @property
-    def panes_per_slide(self) -> int:
-        """Windows start every this many panes (at origin + n*slide); 1 unless range % slide != 0."""
-        return self.slide // self.pane_ns
-
-    @property
-    def tumbling(self) -> bool:
-        return self.range_ns == self.slide
 
 
 class TableSpec(_Strict):
@@ -517,6 +424,20 @@ class QuerySpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _differential(self) -> QuerySpec:
+        if self.window.differential and not differential(self, want=True):
+            if not self.window.sliding:
+                raise ValueError(
+                    "window.differential needs a sliding window (range a multiple > 1 of a pane)"
+                )
+            bad = [a.fn for a in self.aggregates if a.fn not in A.SUBTRACTABLE]
+            raise ValueError(
+                f"window.differential: {', '.join(bad)} cannot subtract an expired pane; "
+                f"subtractable: {', '.join(A.SUBTRACTABLE)}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _total_window(self) -> QuerySpec:
         if self.window.landmark_ns is not None and window_totals(self):
             raise ValueError(
@@ -587,6 +508,24 @@ def window_totals(q: QuerySpec) -> dict[str, str]:
 def result_names(q: QuerySpec) -> list[str]:
     """The aggregate result columns of ``q`` (what HAVING, alerts and export may name)."""
     return [n for a in q.aggregates for n, _ in a.output_columns()]
+
+
+# Below this many windows per pane (range / slide) the default re-merges: keeping the running windows
+# costs a sort of their +/- events per close, which re-merging k panes beats for small k (measured:
+# benchmarks/bench_differential.py, break-even near 8 panes per window).
+DIFFERENTIAL_FROM = 8
+
+
+def differential(q: QuerySpec, want: bool | None = None) -> bool:
+    """Whether the high level keeps ``q``'s windows running (adds the new panes, subtracts the expired
+    ones) rather than re-merging them: a sliding window and every aggregate subtractable, and either
+    asked for (``window.differential: true``) or, by default, at least :data:`DIFFERENTIAL_FROM` windows
+    per pane. ``want`` overrides the query's own setting."""
+    w = q.window
+    want = w.differential if want is None else want
+    if not w.sliding or not all(a.fn in A.SUBTRACTABLE for a in q.aggregates) or want is False:
+        return False
+    return want is True or w.panes_per_window // w.panes_per_slide >= DIFFERENTIAL_FROM
 
 
 def holistic(q: QuerySpec) -> AggregateSpec | None:

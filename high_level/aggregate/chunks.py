@@ -23,6 +23,8 @@ from high_level.aggregate.rollup import (
     Windows,
     assemble,
     group_reduce,
+    running_sums,
+    slide_windows,
     touched_pairs,
     touched_windows,
 )
@@ -34,6 +36,7 @@ from high_level.aggregate.rollup import (
 # a long-open pane of many groups (whose batches each bring mostly groups it already holds) is rewritten
 # once every ~FANOUT batches, not every second one (benchmarks/results/rollup_scale.json).
 FANOUT = 16
+RUN_PANE = -(2**62)  # where a differential query's running sums live in the chunk store (no real pane)
 
 
 def merge_run(sizes: list[int], fanout: int = FANOUT) -> int:
@@ -106,6 +109,7 @@ class ChunkedRollup(QueryRollup):
         super().__init__(layout)
         self.store = store
         self.index: dict[int, list[int]] = {}  # pane -> rows of each chunk (seq = position)
+        self.has_run = False  # differential layouts: the running sums are in the store (pane RUN_PANE)
 
     def __len__(self) -> int:
         return sum(sum(v) for v in self.index.values())
@@ -114,10 +118,11 @@ class ChunkedRollup(QueryRollup):
         return np.array(sorted(self.index), I64)
 
     def index_dict(self) -> dict[str, list[int]]:
-        return {str(p): list(v) for p, v in self.index.items()}
+        return {str(p): list(v) for p, v in self.index.items()} | ({"run": [1]} if self.has_run else {})
 
     def load_index(self, d: dict[str, list[int]]) -> None:
-        self.index = {int(p): [int(n) for n in v] for p, v in d.items()}
+        self.has_run = "run" in d
+        self.index = {int(p): [int(n) for n in v] for p, v in d.items() if p != "run"}
 
     def _store(self) -> ChunkStore:
         if self.store is None:
@@ -189,10 +194,20 @@ class ChunkedRollup(QueryRollup):
             return Windows.empty(lay.kw, lay.na)
         if not self.index:
             self.closed = int(lwm)
+            self.forget_run()
             return Windows.empty(lay.kw, lay.na)
         lo = min(self.index) if self.closed is None else self.closed
-        need = [p for p in sorted(self.index) if lo - lay.k + 1 <= p < lwm]
-        self.closed = int(lwm)
+        hi, f0, f1 = int(lwm), lay.first_needed_pane(lo), lay.first_needed_pane(int(lwm))
+        run = self._get_run() if lay.differential else None
+        if not lay.differential:
+            need = [p for p in sorted(self.index) if lo - lay.k + 1 <= p < hi]
+        else:  # the panes that enter and expire (and, without running sums, those they start from)
+            need = [
+                p
+                for p in sorted(self.index)
+                if lo <= p < hi or f0 <= p < (f1 if run is not None else max(f1, lo))
+            ]
+        self.closed = hi
         first = lay.first_needed_pane(self.closed)
         rows = []
         for p in need:
@@ -202,12 +217,43 @@ class ChunkedRollup(QueryRollup):
                 self._compact(p, key, state)
         for p in [p for p in self.index if p < first]:
             self._drop(p)
-        if not rows:
-            return Windows.empty(lay.kw, lay.na)
-        pane = np.concatenate([np.full(len(k), p, I64) for p, k, _ in rows])
-        key = np.concatenate([k for _, k, _ in rows])
-        state = np.concatenate([s for *_, s in rows])
-        return assemble(pane, key, state, lo, int(lwm), lay.k, lay.ops, lay.s)
+        pane = np.concatenate([np.full(len(k), p, I64) for p, k, _ in rows]) if rows else np.empty(0, I64)
+        key = np.concatenate([k for _, k, _ in rows]) if rows else np.empty((0, lay.kw), I64)
+        state = np.concatenate([s for *_, s in rows]) if rows else np.empty((0, lay.na), I64)
+        if not lay.differential:
+            self.forget_run()  # running sums of an earlier config that kept them: no longer kept
+            return assemble(pane, key, state, lo, hi, lay.k, lay.ops, lay.s)
+        if run is None:
+            sel = (pane >= f0) & (pane < lo)
+            run = running_sums(key[sel], state[sel], lay)
+        ent, lv = (pane >= lo) & (pane < hi), (pane >= f0) & (pane < f1)
+        out, run = slide_windows(
+            run, (pane[ent], key[ent], state[ent]), (pane[lv], key[lv], state[lv]), lo, hi, lay.k, lay.s
+        )
+        self._put_run(run)
+        return out
+
+    def _get_run(self) -> Windows | None:
+        """The running sums kept in the chunk store (a pane of their own), or None."""
+        if not self.has_run:
+            return None
+        key, state = decode_chunk(
+            self._store().get(self.layout.name, RUN_PANE, 0), self.layout.kw, self.layout.na + 1
+        )
+        return Windows(np.zeros(len(key), I64), key, state)
+
+    def _put_run(self, run: Windows) -> None:
+        self._store().put(self.layout.name, RUN_PANE, 0, encode_chunk(run.key, run.state))
+        self.has_run = True
+
+    def forget_run(self) -> None:
+        if self.has_run:
+            self._store().remove(self.layout.name, RUN_PANE, 0)
+        self.has_run = False
+        self.run = None
+
+    def run_arrays(self, name: str) -> dict[str, np.ndarray]:
+        return {}  # kept in the chunk store, not in the processor's small state
 
     def landmark_update(self) -> Windows:
         raise NotImplementedError("landmark queries keep the blob state")

@@ -270,6 +270,7 @@ class PartitionProcessor:
             if isinstance(r, ChunkedRollup):
                 meta["queries"][name]["chunks"] = r.index_dict()
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
+            arrays.update(r.run_arrays(name))  # differential windows' running sums (blob state)
         return codec.compress(codec.pack(meta, arrays), STATE_ZMAGIC)
 
     @classmethod
@@ -293,6 +294,7 @@ class PartitionProcessor:
                     "state saved by the other state layout (blob/chunked); use a new checkpoint"
                 )
             qs.rollup.pane, qs.rollup.key, qs.rollup.state = pane, key, state
+            qs.rollup.load_run(arrays, name)
             if isinstance(qs.rollup, ChunkedRollup):
                 qs.rollup.load_index(qm["chunks"])
             closed = qm["closed"]

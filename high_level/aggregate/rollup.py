@@ -42,6 +42,7 @@ class Layout:
     sources: tuple[str, ...] = ("*",)  # host-id patterns of the hosts that run the query
     gw: int = 0  # group words before the holistic sub-key (used with top_capacity)
     top_capacity: int = 0  # top with capacity c: Misra-Gries bound of c items per (pane, group); 0: exact
+    differential: bool = False  # sliding windows kept running: new panes in, expired panes out
 
     def runs_on(self, host: str) -> bool:
         return any(fnmatch.fnmatchcase(host, p) for p in self.sources)
@@ -65,6 +66,7 @@ class Layout:
             tuple(q.sources),
             Q.group_width(q),
             int(cap),
+            Q.differential(q),
         )
 
     def first_needed_pane(self, closed: int) -> int:
@@ -168,29 +170,48 @@ def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> t
     n = keys.shape[0]
     if n == 0:
         return keys.reshape(0, keys.shape[1]), state.reshape(0, state.shape[1])
-    codes, uniq = pd.factorize(wire.key_hash(keys), sort=False)
-    # codes are numbered in order of first appearance: a row is its group's first exactly where the
-    # running maximum of the codes grows
-    top = np.maximum.accumulate(codes)
-    first = np.empty(n, bool)
-    first[0] = True
-    np.greater(top[1:], top[:-1], out=first[1:])
-    rep = np.flatnonzero(first)
-    ukeys = keys[rep]
-    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
-        # hash collision: exact fallback
+    found = _hash_codes(keys)
+    if found is None:  # hash collision: exact fallback
         _, inv = np.unique(keys, axis=0, return_inverse=True)
         order = np.argsort(inv.ravel(), kind="stable")
         si = inv.ravel()[order]
         flags = np.r_[True, si[1:] != si[:-1]]
         starts = np.flatnonzero(flags)
         return keys[order[starts]], _reduce_sorted(state, order, starts, ops)
-    out = np.empty((len(uniq), state.shape[1]), I64)
+    codes, rep = found
+    out = np.empty((len(rep), state.shape[1]), I64)
     for j, op in enumerate(ops):
-        col = np.full(len(uniq), _IDENTITY[op], I64)
+        col = np.full(len(rep), _IDENTITY[op], I64)
         _UFUNC[op].at(col, codes, state[:, j])
         out[:, j] = col
-    return ukeys, out
+    return keys[rep], out
+
+
+def _hash_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per row of ``keys`` (int64[n, c], n > 0) its group's number in order of first appearance, and each
+    group's first row; None on a 64-bit hash collision (the numbers are verified against the full key)."""
+    codes, _ = pd.factorize(wire.key_hash(keys), sort=False)
+    # codes are numbered in order of first appearance: a row is its group's first exactly where the
+    # running maximum of the codes grows
+    top = np.maximum.accumulate(codes)
+    first = np.empty(len(codes), bool)
+    first[0] = True
+    np.greater(top[1:], top[:-1], out=first[1:])
+    rep = np.flatnonzero(first)
+    ukeys = keys[rep]
+    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
+        return None
+    return codes, rep
+
+
+def key_codes(keys: np.ndarray) -> np.ndarray:
+    """Per row of ``keys`` a number of its distinct key (int64), exactly (a hash collision falls back)."""
+    if len(keys) == 0:
+        return np.empty(0, I64)
+    found = _hash_codes(keys)
+    if found is not None:
+        return found[0].astype(I64)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel().astype(I64)
 
 
 def touched_pairs(
@@ -287,6 +308,71 @@ def assemble(
     return Windows(keys[:, 0].copy(), np.ascontiguousarray(keys[:, 1:]), st)
 
 
+def slide_windows(
+    run: Windows,
+    enter: tuple[np.ndarray, np.ndarray, np.ndarray],
+    leave: tuple[np.ndarray, np.ndarray, np.ndarray],
+    lo: int,
+    hi: int,
+    k: int,
+    s: int = 1,
+) -> tuple[Windows, Windows]:
+    """Windows ``[lo, hi)`` kept running (differential aggregates, dissertation §6.2.2.2-3): every window
+    is its group's previous window plus the panes that entered minus the panes that expired, so a pane
+    row is read twice (in, out) whatever the number of panes per window, instead of once per window.
+
+    ``run`` is, per key, the sum of panes ``[first_needed_pane(lo), lo)`` with one more column: the
+    number of pane rows behind it (a group is in a window while that is positive, whatever its sums);
+    ``enter`` the pane rows ``(pane, key, state)`` of ``[lo, hi)`` and ``leave`` those of
+    ``[first_needed_pane(lo), first_needed_pane(hi))``. Returns the windows and the new ``run`` for
+    ``hi``. Vectorised as a per-group running sum over (key, time)-sorted +/- events; every state merges
+    by sum (exact on int64: the sums wrap modulo 2^64 and cancel exactly)."""
+    kw = run.key.shape[1]
+    ep, ek, es = enter
+    lp, lk, ls = leave
+    one = np.ones((len(ep), 1), I64)
+    ev_t = np.concatenate([np.full(len(run), lo - 1, I64), np.asarray(ep, I64), np.asarray(lp, I64) + k])
+    ev_k = np.concatenate([run.key, ek.reshape(-1, kw), lk.reshape(-1, kw)])
+    ev_s = np.concatenate([run.state, np.hstack([es, one]), -np.hstack([ls, np.ones((len(lp), 1), I64)])])
+    na = ev_s.shape[1] - 1
+    if len(ev_t) == 0:
+        return Windows.empty(kw, na), Windows.empty(kw, na + 1)
+    codes = key_codes(ev_k)
+    span = ev_t - ev_t.min()
+    order = np.argsort(codes * (int(span.max()) + 1) + span, kind="stable")  # by key, then time
+    t, key, d = ev_t[order], ev_k[order], ev_s[order]
+    first = np.ones(len(t), bool)
+    first[1:] = codes[order][1:] != codes[order][:-1]
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.r_[starts, len(t)])
+    cs = np.cumsum(d, axis=0)
+    val = cs - np.repeat(cs[starts] - d[starts], counts, axis=0)  # per-key running sums
+    # the new running sums: a key's total over every event (the panes in, those no open window needs out)
+    last = np.r_[starts[1:] - 1, len(t) - 1]
+    live = last[val[last, -1] > 0]
+    new_run = Windows(np.zeros(len(live), I64), np.ascontiguousarray(key[live]), val[live])
+    t_next = np.r_[t[1:], hi]
+    t_next[last] = hi  # a key's last value holds to the end of the range
+    a = np.maximum(t, lo)
+    b = np.minimum(t_next, hi)
+    r = (k - 1) % s
+    w0 = a + (r - a) % s  # the first window id >= a (windows are the WIDs w with (w - r) % s == 0)
+    n = np.where((b > w0) & (val[:, -1] > 0), (b - 1 - w0) // s + 1, 0)
+    idx = np.repeat(np.arange(len(t)), n)
+    offs = np.arange(int(n.sum()), dtype=I64) - np.repeat(np.cumsum(n) - n, n)
+    w = w0[idx] + offs * s
+    return Windows(w, np.ascontiguousarray(key[idx]), np.ascontiguousarray(val[idx, :na])), new_run
+
+
+def running_sums(key: np.ndarray, state: np.ndarray, lay: Layout) -> Windows:
+    """Pane rows summed per key, with their row count as one more column (:func:`slide_windows`' ``run``)."""
+    st = np.column_stack([state, np.ones(len(key), I64)])
+    keys, rs = group_reduce(
+        key.reshape(-1, lay.kw), st.reshape(-1, lay.na + 1), (A.MERGE_SUM,) * (lay.na + 1)
+    )
+    return Windows(np.zeros(len(keys), I64), keys, rs)
+
+
 @dataclass
 class AddResult:
     """What happened to one batch of partials: how many were late, per host index, and per closed
@@ -306,6 +392,9 @@ class QueryRollup:
     key: np.ndarray | None = None
     state: np.ndarray | None = None
     closed: int | None = NOTHING_CLOSED
+    # differential layouts: per key, the sum of panes [first_needed_pane(closed), closed) and their row
+    # count (see slide_windows); None: not known, summed from those panes at the next close
+    run: Windows | None = None
 
     def __post_init__(self) -> None:
         if self.key is None:
@@ -353,6 +442,8 @@ class QueryRollup:
                 n_late = np.ascontiguousarray(both.state[:, -1])
                 keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
                 pane, key, state = pane[keep], key[keep], state[keep]
+                if len(pane) and int(pane.min()) < self.closed:
+                    self.forget_run()  # a kept late pane row below the frontier: the running sums are stale
         if len(pane):
             self.merge(pane, key, state)
         return AddResult(late_per_host, corr, n_late)
@@ -389,9 +480,13 @@ class QueryRollup:
             return Windows.empty(lay.kw, lay.na)
         if len(self.pane) == 0:
             self.closed = int(lwm)
+            self.forget_run()
             return Windows.empty(lay.kw, lay.na)
         lo = int(self.pane.min()) if self.closed is None else self.closed
-        out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops, lay.s)
+        if lay.differential:
+            out = self._slide(lo, int(lwm))
+        else:
+            out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops, lay.s)
         self.closed = int(lwm)
         keep = self.pane >= lay.first_needed_pane(self.closed)
         if not keep.all():
@@ -407,6 +502,45 @@ class QueryRollup:
                     self.pane, self.key, self.state, lay.gw, lay.top_capacity, lay.ops
                 )
         return out
+
+    def _slide(self, lo: int, hi: int) -> Windows:
+        """Windows ``[lo, hi)`` of a differential layout from the running sums (:func:`slide_windows`)."""
+        lay, p = self.layout, self.pane
+        f0, f1 = lay.first_needed_pane(lo), lay.first_needed_pane(hi)
+        run = self.run
+        if run is None:
+            sel = (p >= f0) & (p < lo)
+            run = running_sums(self.key[sel], self.state[sel], lay)
+        ent, lv = (p >= lo) & (p < hi), (p >= f0) & (p < f1)
+        out, self.run = slide_windows(
+            run,
+            (p[ent], self.key[ent], self.state[ent]),
+            (p[lv], self.key[lv], self.state[lv]),
+            lo,
+            hi,
+            lay.k,
+            lay.s,
+        )
+        return out
+
+    def forget_run(self) -> None:
+        """Drop the running sums (they are summed again from the panes at the next close)."""
+        self.run = None
+
+    def run_arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The running sums as arrays for the processor's saved state ({} when there are none)."""
+        if self.run is None:
+            return {}
+        return {f"{name}/run_key": self.run.key, f"{name}/run_state": self.run.state}
+
+    def load_run(self, arrays: dict[str, np.ndarray], name: str) -> None:
+        """Restore :meth:`run_arrays` (a state saved without them sums them again at the next close)."""
+        lay, key, state = self.layout, arrays.get(f"{name}/run_key"), arrays.get(f"{name}/run_state")
+        ok = key is not None and state is not None and lay.differential
+        if ok and key.shape[1:] == (lay.kw,) and state.shape[1:] == (lay.na + 1,):
+            self.run = Windows(np.zeros(len(key), I64), key, state)
+        else:
+            self.run = None
 
     def landmark_update(self) -> Windows:
         """'update' rows of a landmark query: per group, the totals so far of the open window holding

@@ -1,7 +1,9 @@
 """The order-agnostic band join (OOP paper section 5.3, OA-Join) of two select queries, closed by punctuation.
 
 Semantics (``contract.query.JoinSpec``): a left row ``l`` and a right row ``r`` match when their ``on``
-words are equal and ``0 <= r.ts - l.ts <= band`` (directional: the SYN-ACK follows its SYN). ``inner``
+words are equal and ``lo <= r.ts - l.ts <= hi`` (``within: w`` is [0, w], directional: the SYN-ACK follows
+its SYN; ``band: [lo, hi]`` the paper's RANGE0/RANGE1), or, for ``within: window`` between two selects,
+when both fall in the same tumbling window (OOP Q6/Q8). ``inner``
 emits every matching pair, ``left`` the pairs and, once final, every left row without a match,
 ``anti`` only those. Every output row carries the left row's timestamp: a downstream aggregation
 puts it in the left row's window.
@@ -15,11 +17,12 @@ Python per row):
   (the other side may already have purged its partners or emitted it as unmatched).
 * New rows probe the other side's stored rows (and the batch's new rows of the other side), in any
   order: the pairs found are the same whatever the arrival order.
-* Purge: a left row can meet only right rows with ``r.ts <= l.ts + band``; once ``b_right`` passes
-  ``l.ts + band`` none can still come, so it leaves the state, and at that moment, never earlier and
-  never by wall clock, it is emitted as unmatched (left/anti join) if it met none. A right row can meet
-  only left rows with ``l.ts <= r.ts``: it leaves once ``b_left`` passes ``r.ts``. So each input's
-  state is bounded by the *other* input's mark (plus the band for the left side), not by the skew.
+* Purge: a left row can meet only right rows with ``r.ts <= l.ts + hi`` (:meth:`JoinLayout.left_reach`;
+  a window join: the window's end); once ``b_right`` passes that none can still come, so it leaves the
+  state, and at that moment, never earlier and never by wall clock, it is emitted as unmatched (left/anti
+  join) if it met none. A right row can meet only left rows with ``l.ts <= r.ts - lo`` (or its window's
+  end): it leaves once ``b_left`` passes that. So each input's state is bounded by the *other* input's
+  mark (plus the band), not by the skew.
 * Output punctuation: every future output row comes from a future left row (``ts >= b_left``) or a
   stored one, so the join's output mark is ``min(b_left, oldest stored left row)``, which is at least
   the seed's ``min(b_left, b_right - band)``. The aggregation over the output (:class:`QueryRollup`,
@@ -37,101 +40,14 @@ from typing import Any
 import numpy as np
 
 from contract import aggregates as A
-from contract import query as Q
 from contract import wire
 from high_level import codec
 from high_level.aggregate.meld import Meld
-from high_level.aggregate.rollup import Layout, QueryRollup, Windows, group_reduce
+from high_level.aggregate.rollup import QueryRollup, Windows, group_reduce
+from high_level.join.layout import JoinLayout
 
 I64 = np.int64
 SIDES = ("left", "right")
-
-
-def _words(s: Q.SelectSpec, name: str) -> tuple[int, ...]:
-    """Row-word indices of a field of select ``s`` (-1: the timestamp)."""
-    return (-1,) if name == "timestamp" else tuple(s.word_index(name))
-
-
-def rollup_layout(name: str, w: Q.WindowSpec, ops: tuple[int, ...], key_words: int) -> Layout:
-    """The roll-up of a join's output (its aggregates, or its rows counted) over window ``w``."""
-    return Layout(
-        name,
-        f"join:{name}",
-        w.pane_ns,
-        w.panes_per_window,
-        w.origin_ns,
-        w.range_ns,
-        ops,
-        key_words,
-        w.panes_per_slide,
-        w.landmark,
-    )
-
-
-@dataclass(frozen=True)
-class JoinLayout:
-    """What the join needs to know about a join query and its two inputs (plain data, cheap to ship)."""
-
-    name: str
-    left: str
-    right: str
-    left_topic: str
-    right_topic: str
-    band_ns: int
-    type: str
-    lkey: tuple[int, ...]
-    rkey: tuple[int, ...]
-    lw: int
-    rw: int
-    group: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (side, words) per group-by item
-    group_names: tuple[str, ...] = ()
-    aggs: tuple[tuple[str, str, tuple[tuple[int, str, tuple[int, ...]], ...]], ...] = ()  # (fn, alias, terms)
-    rollup: Layout | None = None
-    partitions: int = 1
-
-    @classmethod
-    def of(cls, j: Q.JoinSpec, sl: Q.SelectSpec, sr: Q.SelectSpec) -> JoinLayout:
-        sel = {"left": sl, "right": sr}
-        lkey = tuple(w for n in j.on.left for w in _words(sl, n))
-        rkey = tuple(w for n in j.on.right for w in _words(sr, n))
-        group = tuple((g.split(".")[0], _words(sel[g.split(".")[0]], g.split(".")[1])) for g in j.group_by)
-        aggs = tuple(
-            (
-                a.fn,
-                a.alias,
-                tuple(
-                    (sign, side, _words(sel[side], f))
-                    for sign, side, f in (Q.parse_join_expr(a.expr) if a.expr else [])
-                ),
-            )
-            for a in j.aggregates
-        )
-        rollup = None
-        if j.window is not None:
-            w = j.window
-            ops = tuple(p.merge for a in j.aggregates for p in A.REGISTRY[a.fn].parts())
-            rollup = rollup_layout(j.name, w, ops, max(1, sum(len(ws) for _, ws in group)))
-        return cls(
-            j.name,
-            sl.name,
-            sr.name,
-            sl.topic,
-            sr.topic,
-            j.within_ns,
-            j.type,
-            lkey,
-            rkey,
-            sl.width,
-            sr.width,
-            group,
-            tuple(g.split(".")[1] for g in j.group_by),
-            aggs,
-            rollup,
-            sl.kafka.partitions,
-        )
-
-    def side_of(self, query: str) -> str | None:
-        return "left" if query == self.left else "right" if query == self.right else None
 
 
 U64 = np.uint64
@@ -231,8 +147,7 @@ def probe(lay: JoinLayout, left: Side, right: Side, left_is_needle: bool) -> tup
         li, ri = _equal_hash(left.h, right.h)
     else:
         ri, li = _equal_hash(right.h, left.h)
-    d = right.ts[ri] - left.ts[li]
-    ok = (d >= 0) & (d <= lay.band_ns)
+    ok = lay.matches(left.ts[li], right.ts[ri])
     li, ri = li[ok], ri[ok]
     same = (_key(left.ts, left.cols, lay.lkey, li) == _key(right.ts, right.cols, lay.rkey, ri)).all(axis=1)
     return li[same], ri[same]
@@ -404,7 +319,7 @@ class BandJoin:
         if br is not None:  # a left row is final once the right mark passes its band end
             parts = []
             for side in (L, nl):
-                done = side.ts < br - lay.band_ns if br < wire.END_OF_STREAM else np.ones(len(side), bool)
+                done = lay.left_reach(side.ts) < br if br < wire.END_OF_STREAM else np.ones(len(side), bool)
                 parts.append((side.take(done & ~side.matched), side.take(~done)))
             u_ts = np.concatenate([parts[0][0].ts, parts[1][0].ts])
             u_cols = np.concatenate([parts[0][0].cols, parts[1][0].cols])
@@ -413,7 +328,7 @@ class BandJoin:
             if bl >= wire.END_OF_STREAM:
                 R, nr = Side.empty(lay.rw), Side.empty(lay.rw)
             else:
-                R, nr = R.take(R.ts >= bl), nr.take(nr.ts >= bl)
+                R, nr = R.take(lay.right_reach(R.ts) >= bl), nr.take(lay.right_reach(nr.ts) >= bl)
         L, R = L.merge(nl), R.merge(nr)
         self.store["left"], self.store["right"] = L, R
         self.mark_ns = None if bl is None else min(bl, int(L.ts.min())) if len(L) else bl

@@ -55,13 +55,22 @@ def join_state_function(
     layout: JoinLayout, settings: Settings, tick_ms: int, feeds: tuple[str, ...] = ()
 ) -> Callable[..., Iterator[pd.DataFrame]]:
     """The applyInPandasWithState body of one join: restore, feed the batch per partition in offset order, save."""
+    return packed_state_function(
+        lambda: JoinProcessor(layout, settings, feeds),
+        lambda buf: JoinProcessor.from_bytes(buf, layout, settings, feeds),
+        tick_ms,
+    )
+
+
+def packed_state_function(
+    new: Callable[[], Any], load: Callable[[bytes], Any], tick_ms: int
+) -> Callable[..., Iterator[pd.DataFrame]]:
+    """The applyInPandasWithState body of an operator whose one state group holds every Kafka partition
+    (a join, a distinct): restore (``load``) or start (``new``), feed its ``process_packed`` the batch per
+    partition in (topic, offset) order, save its ``to_bytes``."""
 
     def fn(key: tuple, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        proc = (
-            JoinProcessor.from_bytes(state.get[0], layout, settings, feeds)
-            if state.exists
-            else JoinProcessor(layout, settings, feeds)
-        )
+        proc = load(state.get[0]) if state.exists else new()
         frames = [df for df in pdfs if len(df)]
         values: dict[int, list[bytes]] = {}
         if frames:
@@ -75,6 +84,50 @@ def join_state_function(
         yield out
 
     return fn
+
+
+def start_state_stream(
+    spark: Any,
+    opts: JobOptions,
+    sink: ResultSink,
+    topics: list[str],
+    kind: str,
+    query: str,
+    fn: Callable[..., Any],
+) -> Any:
+    """One streaming query: ``topics`` -> one state group (``fn``, all partitions, keyed by column ``kind``
+    = ``query``) -> the sink; named and checkpointed ``<kind>-<query>``."""
+    name = f"{kind}-{query}"
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from high_level.aggregate.ingest import kafka_stream
+
+    raw = kafka_stream(
+        spark,
+        opts.bootstrap,
+        topics,
+        max_offsets_per_trigger=opts.max_offsets_per_trigger,
+        extra=opts.source_options,
+    )
+    out = (
+        raw.withColumn(kind, F.lit(query))
+        .groupBy(kind)
+        .applyInPandasWithState(
+            fn,
+            outputStructType=OUTPUT_DDL,
+            stateStructType="blob binary",
+            outputMode="append",
+            timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+        )
+    )
+    return (
+        out.writeStream.queryName(f"{opts.name}-{name}")
+        .foreachBatch(sink.foreach_packed)
+        .option("checkpointLocation", str(Path(opts.checkpoint) / name))
+        .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
+        .start()
+    )
 
 
 def check_topics(opts: JobOptions, lays: list[JoinLayout]) -> None:
@@ -132,37 +185,11 @@ class JoinPipeline(Pipeline):
 
     def start(self, spark: Any, opts: JobOptions, sink: ResultSink) -> list[Any]:
         """Start one streaming query per windowed join; results go through ``sink``."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        from high_level.aggregate.ingest import kafka_stream
-
         streams = []
         for lay in layouts(self.config):
-            raw = kafka_stream(
-                spark,
-                opts.bootstrap,
-                [lay.left_topic, lay.right_topic],
-                max_offsets_per_trigger=opts.max_offsets_per_trigger,
-                extra=opts.source_options,
-            )
-            out = (
-                raw.withColumn("join", F.lit(lay.name))
-                .groupBy("join")
-                .applyInPandasWithState(
-                    join_state_function(lay, opts.settings, opts.trigger_ms, feed_sides(self.config, lay)),
-                    outputStructType=OUTPUT_DDL,
-                    stateStructType="blob binary",
-                    outputMode="append",
-                    timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
-                )
-            )
+            fn = join_state_function(lay, opts.settings, opts.trigger_ms, feed_sides(self.config, lay))
             streams.append(
-                out.writeStream.queryName(f"{opts.name}-join-{lay.name}")
-                .foreachBatch(sink.foreach_packed)
-                .option("checkpointLocation", str(Path(opts.checkpoint) / f"join-{lay.name}"))
-                .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
-                .start()
+                start_state_stream(spark, opts, sink, [lay.left_topic, lay.right_topic], "join", lay.name, fn)
             )
             log.info(
                 "join %s: %s x %s within %.3f s (%s), %d partitions",

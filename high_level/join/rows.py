@@ -18,7 +18,8 @@ import numpy as np
 
 from contract import query as Q
 from contract.query import joins as JI
-from high_level.join.band import JoinLayout, JoinOutput, output_partials, rollup_layout
+from high_level.join.band import JoinOutput, output_partials
+from high_level.join.layout import JoinLayout, rollup_layout
 
 I64 = np.int64
 Partials = list[tuple[np.ndarray, np.ndarray, np.ndarray]]

@@ -25,6 +25,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,7 @@ from high_level import codec
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.packed import INCOMPLETE_KIND, Part, pack_parts
 from high_level.aggregate.processor import NO_MARK, Settings, flag_windows, gap_records
-from high_level.aggregate.rollup import QueryRollup
+from high_level.aggregate.rollup import Layout, QueryRollup
 from high_level.join.band import SIDES, BandJoin, JoinLayout, JoinOutput, _key, unpack_state
 from high_level.join.feed import FeedDedup
 from high_level.join.rows import partials_of
@@ -169,69 +170,18 @@ class JoinProcessor:
             for pane, key, state in self.partials(lay, out):
                 self.records += len(pane)
                 self.rollup.add(pane, key, state)
-        marks = [j.mark_ns for j in self.joins.values()]
-        lwm = None
-        if all(m is not None for m in marks):
-            m = min(marks)  # type: ignore[type-var]
-            lwm = wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
+        lwm = mark_pane(rl, [j.mark_ns for j in self.joins.values()])
         new_from = len(self.gaps)
-        band = int(lay.band_ns)
         for j in self.joins.values():
-            for lo, hi, n, host, cause in j.take_losses():
-                first = NO_MARK if lo <= NO_MARK else (lo - band - rl.origin_ns) // rl.pane_ns
-                self.gaps.append(
-                    [
-                        int(first),
-                        int((hi + band - rl.origin_ns) // rl.pane_ns),
-                        int(n),
-                        host,
-                        R.WIRE_CAUSES.get(cause, cause),
-                    ]
-                )
-        before = self.rollup.closed
-        # at end of stream, close through the newest pane an input's loss touched too: a window whose every
-        # output row was lost has no data to close it by, and must close to be flagged
-        closed = self.rollup.close(lwm, max((int(g[1]) for g in self.gaps), default=None))
-        hosts = self._host_marks()
-        live = sorted({h for j in self.joins.values() for s in SIDES for h in j.melds[s].live_hosts()})
-        parts = []
-        if len(closed):
-            self.windows_closed += len(closed)
-            end = rl.window_end_ns(closed.window)
-            in_mark = np.zeros(len(closed), I64)
-            for mark in hosts.values():
-                in_mark += (mark >= end) if mark is not None else 0
-            comp = np.column_stack(
-                [in_mark, np.zeros(len(closed), I64), gap_records(rl, self.gaps, closed.window)]
-            )
-            parts.append(
-                Part(rl, 0, "final", now_ms, len(live), closed, hosts_expected=len(hosts), comp=comp)
-            )
-        flagged = flag_windows(rl, self.gaps, before, self.rollup.closed, new_from, now_ms)
-        if flagged:
-            text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
-            parts.append(Part(rl, 0, INCOMPLETE_KIND, now_ms, len(live), None, text))
-        if self.rollup.closed is not None and self.gaps and self.rollup.closed < wire.END_OF_STREAM - rl.k:
-            first_open = rl.first_needed_pane(self.rollup.closed)
-            self.gaps = [g for g in self.gaps if g[1] >= first_open]
+            charge_losses(rl, self.gaps, j.take_losses(), int(lay.reach_ns))
+        parts = close_output(
+            self, rl, lwm, new_from, [j.melds[s] for j in self.joins.values() for s in SIDES], now_ms
+        )
+        live = len(live_hosts([j.melds[s] for j in self.joins.values() for s in SIDES]))
         for p, j in self.joins.items():
             st = self.status(p, j, now_ms, errors.get(p, ""))
-            parts.append(Part(rl, p, "status", now_ms, len(live), None, st.model_dump_json()))
+            parts.append(Part(rl, p, "status", now_ms, live, None, st.model_dump_json()))
         return pack_parts(parts)
-
-    def _host_marks(self) -> dict[str, int | None]:
-        """Per known host: the lowest mark it sent on any input and partition (None: silent somewhere it is
-        expected). A host whose mark passed a window's end on everything is 'in mark' for that window."""
-        out: dict[str, int | None] = {}
-        for j in self.joins.values():
-            for s in SIDES:
-                meld = j.melds[s]
-                for h in set(meld.hosts) | set(meld.expected_ids()):
-                    hm = meld.hosts.get(h)
-                    mark = hm.mark_ns if hm is not None and meld.is_live(h) else None
-                    prev = out.get(h, wire.END_OF_STREAM) if h in out else wire.END_OF_STREAM
-                    out[h] = None if mark is None or prev is None else min(prev, mark)
-        return out
 
     def status(self, p: int, j: BandJoin, now_ms: int, error: str = "") -> PartitionStatus:
         """The status contract's partition snapshot for one join partition: marks of both inputs per host,
@@ -259,33 +209,117 @@ class JoinProcessor:
                 "missing_records": 0,
                 "late_partials": 0,
             }
-        mark = j.mark_ns
-        return PartitionStatus.model_validate(
-            {
-                "query": self.layout.name,
-                "partition": p,
-                "now_ms": now_ms,
-                "low_water_mark_pane": mark,
-                "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM else None,
-                "closed_before_window": self.rollup.closed,
-                "blocked_by": sorted(
-                    set(j.melds["left"].blocking_hosts()) | set(j.melds["right"].blocking_hosts())
-                ),
-                "live_hosts": len(set(j.melds["left"].live_hosts()) | set(j.melds["right"].live_hosts())),
-                "open_windows": self.rollup.open_windows(),
-                "state_rows": j.state_rows,
-                "state_bytes": j.state_bytes,
-                "windows_closed": self.windows_closed,
-                "records": self.records,
-                "batch": {
-                    "late_left": j.late["left"],
-                    "late_right": j.late["right"],
-                    "stored_left": len(j.store["left"]),
-                    "stored_right": len(j.store["right"]),
-                    **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {}),
-                },
-                "errors": {"wire": 1} if error else {},
-                "last_error": error,
-                "hosts": hosts,
-            }
+        batch = {
+            "late_left": j.late["left"],
+            "late_right": j.late["right"],
+            "stored_left": len(j.store["left"]),
+            "stored_right": len(j.store["right"]),
+            **({"feed_replays_skipped": self.dedup.skipped} if self.feed_sides else {}),
+        }
+        melds = [j.melds[s] for s in SIDES]
+        return partition_status(
+            self, p, j.mark_ns, melds, (j.state_rows, j.state_bytes), batch, error, now_ms, hosts
         )
+
+
+# -- the output's windows: shared by every operator whose partitions feed one roll-up (joins, distinct) ----
+def mark_pane(rl: Layout, marks: list[int | None]) -> int | None:
+    """The output's low-water mark as a pane: the min of the partitions' marks (None: one is unknown)."""
+    if any(m is None for m in marks) or not marks:
+        return None
+    m = min(marks)  # type: ignore[type-var]
+    return wire.END_OF_STREAM if m >= wire.END_OF_STREAM else (m - rl.origin_ns) // rl.pane_ns
+
+
+def charge_losses(rl: Layout, gaps: list[list], losses: list[list], reach_ns: int) -> None:
+    """Append each input loss [first ns, last ns, rows, host, cause] as output panes widened by ``reach_ns``
+    (a lost row could have met, or been a copy of, rows that far from it)."""
+    for lo, hi, n, host, cause in losses:
+        first = NO_MARK if lo <= NO_MARK else (lo - reach_ns - rl.origin_ns) // rl.pane_ns
+        last = (hi + reach_ns - rl.origin_ns) // rl.pane_ns
+        gaps.append([int(first), int(last), int(n), host, R.WIRE_CAUSES.get(cause, cause)])
+
+
+def live_hosts(melds: list[Meld]) -> list[str]:
+    return sorted({h for m in melds for h in m.live_hosts()})
+
+
+def host_marks(melds: list[Meld]) -> dict[str, int | None]:
+    """Per known host: the lowest mark it sent on any input and partition (None: silent somewhere it is
+    expected). A host whose mark passed a window's end on everything is 'in mark' for that window."""
+    out: dict[str, int | None] = {}
+    for meld in melds:
+        for h in set(meld.hosts) | set(meld.expected_ids()):
+            hm = meld.hosts.get(h)
+            mark = hm.mark_ns if hm is not None and meld.is_live(h) else None
+            prev = out.get(h, wire.END_OF_STREAM) if h in out else wire.END_OF_STREAM
+            out[h] = None if mark is None or prev is None else min(prev, mark)
+    return out
+
+
+def close_output(
+    proc: Any, rl: Layout, lwm: int | None, new_from: int, melds: list[Meld], now_ms: int
+) -> list[Part]:
+    """Close ``proc.rollup``'s windows up to ``lwm``: the 'final' rows with their completeness, the
+    flagged windows of the losses in ``proc.gaps`` (from ``new_from`` new), and drop gaps no open window
+    needs; counts ``proc.windows_closed``."""
+    before = proc.rollup.closed
+    # at end of stream, close through the newest pane an input's loss touched too: a window whose every
+    # output row was lost has no data to close it by, and must close to be flagged
+    closed = proc.rollup.close(lwm, max((int(g[1]) for g in proc.gaps), default=None))
+    hosts = host_marks(melds)
+    live = len(live_hosts(melds))
+    parts = []
+    if len(closed):
+        proc.windows_closed += len(closed)
+        end = rl.window_end_ns(closed.window)
+        in_mark = np.zeros(len(closed), I64)
+        for mark in hosts.values():
+            in_mark += (mark >= end) if mark is not None else 0
+        comp = np.column_stack(
+            [in_mark, np.zeros(len(closed), I64), gap_records(rl, proc.gaps, closed.window)]
+        )
+        parts.append(Part(rl, 0, "final", now_ms, live, closed, hosts_expected=len(hosts), comp=comp))
+    flagged = flag_windows(rl, proc.gaps, before, proc.rollup.closed, new_from, now_ms)
+    if flagged:
+        text = json.dumps({"partition": 0, "windows": flagged}, separators=(",", ":"))
+        parts.append(Part(rl, 0, INCOMPLETE_KIND, now_ms, live, None, text))
+    if proc.rollup.closed is not None and proc.gaps and proc.rollup.closed < wire.END_OF_STREAM - rl.k:
+        first_open = rl.first_needed_pane(proc.rollup.closed)
+        proc.gaps[:] = [g for g in proc.gaps if g[1] >= first_open]
+    return parts
+
+
+def partition_status(
+    proc: Any,
+    p: int,
+    mark: int | None,
+    melds: list[Meld],
+    state: tuple[int, int],
+    batch: dict,
+    error: str,
+    now_ms: int,
+    hosts: dict,
+) -> PartitionStatus:
+    """The status contract's snapshot of one partition of an operator (``proc``: its roll-up and counts)."""
+    return PartitionStatus.model_validate(
+        {
+            "query": proc.layout.name,
+            "partition": p,
+            "now_ms": now_ms,
+            "low_water_mark_pane": mark,
+            "low_water_mark_ns": mark if mark is None or mark < wire.END_OF_STREAM else None,
+            "closed_before_window": proc.rollup.closed,
+            "blocked_by": sorted({h for m in melds for h in m.blocking_hosts()}),
+            "live_hosts": len(live_hosts(melds)),
+            "open_windows": proc.rollup.open_windows(),
+            "state_rows": state[0],
+            "state_bytes": state[1],
+            "windows_closed": proc.windows_closed,
+            "records": proc.records,
+            "batch": batch,
+            "errors": {"wire": 1} if error else {},
+            "last_error": error,
+            "hosts": hosts,
+        }
+    )

@@ -1,0 +1,1 @@
+"""Duplicate elimination (``kind: distinct``) in the job: the operator and its stream."""
