@@ -19,7 +19,8 @@ are read over the phase:
    window the job published.
 
 Root only (the veth and AF_PACKET). Goals: ``api_cpu_share_no_client`` <= 0.05,
-``agent_cpu_share_idle_interface`` <= 0.02, ``live_catch_up_s`` <= 10. ``--quick`` measures 10 s per phase
+``agent_cpu_share_idle_interface`` <= 0.02, ``job_cpu_share_idle_interface`` <= 0.5 (argued at GOALS),
+``live_catch_up_s`` <= 10. ``--quick`` measures 10 s per phase
 (a smoke run, not a figure to publish). Writes ``idle.json``.
 """
 
@@ -49,7 +50,18 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"
 DEMO_SOURCE = "generator:rate=20000,groups=5000,clock=wall"  # local_stack.stack.DEFAULT_SOURCE
 LIVE_QUERY = "bytes_per_dst24"
-GOALS = {"api_cpu_share_no_client": 0.05, "agent_cpu_share_idle_interface": 0.02, "live_catch_up_s": 10.0}
+# the job at idle: its only input is punctuation (each host's timer mark per query per second, for
+# liveness, and a moved mark per pane), and Spark runs a whole micro-batch (Kafka offsets, the stateful
+# step over every shuffle partition and its Python workers, the checkpoint's offset, state and commit
+# files) whenever an offset moved. Half a core is what a monitor may cost with nothing to monitor on the
+# 2-core central host of deploy/README.md's sizing; it was 1.26 (a micro-batch every second costing more
+# than a second of CPU)
+GOALS = {
+    "api_cpu_share_no_client": 0.05,
+    "agent_cpu_share_idle_interface": 0.02,
+    "job_cpu_share_idle_interface": 0.5,
+    "live_catch_up_s": 10.0,
+}
 
 
 def _bin(name: str) -> str:
@@ -277,7 +289,12 @@ def catch_up(stack: Stack, n_old: int, fill_s: float) -> dict[str, Any]:
         "api_start_to_health_s": round(health_s, 2),  # of live_catch_up_s: the process start itself
         "old_messages_added": n_old,
         "old_messages_fill_s": round(fill_s, 1),
-        "messages_read_after_restart": st["received"] + st["ignored"] + st["rejected"] + st["tombstones"],
+        # every message the restarted reader took from the topic (read, refused, tombstones, or replaced
+        # unread by a newer value of its key)
+        "messages_read_after_restart": st["received"]
+        + st["rejected"]
+        + st["tombstones"]
+        + st.get("coalesced", 0),
     }
 
 
@@ -291,7 +308,9 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench_idle needs root (a veth pair and AF_PACKET for the idle interface)")
     if args.quick:
-        args.seconds, args.warmup, args.catch_up_messages = 10.0, 5.0, 100_000
+        # a 10-s warm-up: the agent's first seconds (its capture kernel loaded, Kafka metadata, the first
+        # marks) are start-up, not cost at rest
+        args.seconds, args.warmup, args.catch_up_messages = 10.0, 10.0, 100_000
     state = Path(tempfile.mkdtemp(prefix="lowwater-bench-idle-"))
     veth = f"lwidle{os.getpid() % 100000}"
     stack = Stack(state)

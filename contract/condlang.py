@@ -31,7 +31,7 @@ empty group or a ratio over a zero count never fires a rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,17 +113,17 @@ class _Parser:
         return node
 
     def expr(self) -> Cond:
-        left = self.conj()
-        while self.word("or"):
-            pos = self.take()[2]
-            left = Cond("or", "bool", (_bool(left), _bool(self.conj())), pos)
-        return left
+        return self.chain("or", self.conj)
 
     def conj(self) -> Cond:
-        left = self.neg()
-        while self.word("and"):
+        return self.chain("and", self.neg)
+
+    def chain(self, word: str, operand: Callable[[], Cond]) -> Cond:
+        """``operand (word operand)*``, left-associative: 'or' over 'and' terms, 'and' over 'not' terms."""
+        left = operand()
+        while self.word(word):
             pos = self.take()[2]
-            left = Cond("and", "bool", (_bool(left), _bool(self.neg())), pos)
+            left = Cond(word, "bool", (_bool(left), _bool(operand())), pos)
         return left
 
     def neg(self) -> Cond:
@@ -146,17 +146,17 @@ class _Parser:
         return left
 
     def sum(self) -> Cond:
-        left = self.prod()
-        while self.peek()[1] in ("+", "-") and self.peek()[0] == "op":
-            _, op, pos = self.take()
-            left = Cond("arith", "num", (op, _num(left), _num(self.prod())), pos)
-        return left
+        return self.arith(("+", "-"), self.prod)
 
     def prod(self) -> Cond:
-        left = self.unary()
-        while self.peek()[1] in ("*", "/") and self.peek()[0] == "op":
+        return self.arith(("*", "/"), self.unary)
+
+    def arith(self, ops: tuple[str, str], operand: Callable[[], Cond]) -> Cond:
+        """``operand (op operand)*``, left-associative: sums over products, products over unary terms."""
+        left = operand()
+        while self.peek()[1] in ops and self.peek()[0] == "op":
             _, op, pos = self.take()
-            left = Cond("arith", "num", (op, _num(left), _num(self.unary())), pos)
+            left = Cond("arith", "num", (op, _num(left), _num(operand())), pos)
         return left
 
     def unary(self) -> Cond:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,17 +137,17 @@ class _Parser:
         return _as_bool(node)
 
     def expr(self) -> Node:
-        left = self.conj()
-        while self.is_word("or"):
-            pos = self.take().pos
-            left = Node("or", "bool", (_as_bool(left), _as_bool(self.conj())), pos)
-        return left
+        return self.chain("or", self.conj)
 
     def conj(self) -> Node:
-        left = self.neg()
-        while self.is_word("and"):
+        return self.chain("and", self.neg)
+
+    def chain(self, word: str, operand: Callable[[], Node]) -> Node:
+        """``operand (word operand)*``, left-associative: 'or' over 'and' terms, 'and' over 'not' terms."""
+        left = operand()
+        while self.is_word(word):
             pos = self.take().pos
-            left = Node("and", "bool", (_as_bool(left), _as_bool(self.neg())), pos)
+            left = Node(word, "bool", (_as_bool(left), _as_bool(operand())), pos)
         return left
 
     def neg(self) -> Node:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.query import ConfigError
-from contract.query.configfile import yaml_with_lines
+from contract.query.configfile import read_text, yaml_with_lines
 
 _IFACE_KEYS = {"name", "speed", "description"}
 _EXPORTER_KEYS = {"name", "default", "interfaces"}
@@ -163,9 +163,4 @@ def parse_text(text: str, path: str = "<interfaces>") -> Interfaces:
 
 def load(path: str | Path) -> Interfaces:
     """Load an interfaces file; a missing file or a bad line raises ConfigError with the file (and line)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(p), None, "interfaces", f"cannot read: {exc}") from None
-    return parse_text(text, str(p))
+    return parse_text(read_text(path, "interfaces"), str(Path(path)))

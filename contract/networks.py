@@ -34,6 +34,7 @@ from pathlib import Path
 
 from contract.fields import IPV4_MAPPED_PREFIX
 from contract.query import ConfigError
+from contract.query.configfile import read_text
 
 _NAME = re.compile(r"[A-Za-z0-9._:/-]{1,64}")
 
@@ -134,9 +135,4 @@ def parse_text(text: str, path: str = "<networks>") -> Networks:
 
 def load(path: str | Path) -> Networks:
     """Load a networks file; a missing file or a bad line raises ConfigError with the file (and line)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(p), None, "networks", f"cannot read: {exc}") from None
-    return parse_text(text, str(p))
+    return parse_text(read_text(path, "networks"), str(Path(path)))

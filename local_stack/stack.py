@@ -13,15 +13,18 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 from contract import query as Q
 from contract import status as S
 from contract.control import CONTROL_TOPIC
+from contract.query.durations import NS
 from contract.results import STATUS_FILE
 from contract.topics import wanted_topics
 from local_stack.jars import state_dir
@@ -80,8 +83,84 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + ln for ln in text[-lines:])
 
 
+def _first_packet_ns(path: str) -> int | None:
+    """The first record's timestamp of a classic pcap (ns); None for pcapng, an empty or unreadable file
+    (then nothing is checked up front: the end-of-capture line still reports late partials)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(32)
+    except OSError:
+        return None
+    if len(head) < 32:
+        return None
+    for endian in "<>":
+        (magic,) = struct.unpack(endian + "I", head[:4])
+        if magic in (0xA1B2C3D4, 0xA1B23C4D):
+            sec, frac = struct.unpack(endian + "II", head[24:32])
+            return sec * NS + frac * (1000 if magic == 0xA1B2C3D4 else 1)
+    return None
+
+
+def _closed_frontier_ns(status_path: Path, cfg: Q.Config) -> int | None:
+    """Where the store's closed windows end (ns), from the last run's status: a packet older than this
+    lands in a window an earlier run already closed on some partition, so the job counts it late."""
+    try:
+        doc = S.read(status_path)
+    except S.StatusUnavailable:
+        return None
+    frontier = None
+    for q in cfg.queries:
+        qs = doc.queries.get(q.name)
+        for p in qs.partitions.values() if qs else []:
+            if p.closed_before_window is not None:
+                ns = q.window.origin_ns + p.closed_before_window * q.window.pane_ns
+                frontier = ns if frontier is None else max(frontier, ns)
+    return frontier
+
+
+def _host_late(doc: S.StatusDocument | Path, host: str) -> int:
+    """The late partials the store has counted for ``host`` so far (0 without a status)."""
+    try:
+        doc = doc if isinstance(doc, S.StatusDocument) else S.read(doc)
+    except S.StatusUnavailable:
+        return 0
+    return sum(h.late_partials for h in doc.hosts if h.host == host)
+
+
+def _utc(ns: int) -> str:
+    try:
+        return datetime.fromtimestamp(ns / NS, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        return "the end of time"
+
+
+def _older_than_store(source: str, status_path: Path, cfg: Q.Config) -> str | None:
+    """The warning for a capture (``pcap:FILE`` without ``loop``, which keeps its own timestamps) that
+    starts before the windows the store already closed, else None. Why: the stack keeps its broker,
+    checkpoint and results across runs, and the closed frontier is per partition, not per host, so such
+    packets are late under any host id."""
+    kind, _, rest = source.partition(":")
+    path, *flags = rest.split(",")
+    if kind != "pcap" or "loop" in flags:
+        return None
+    first, frontier = _first_packet_ns(path), _closed_frontier_ns(status_path, cfg)
+    if first is None or frontier is None or first >= frontier:
+        return None
+    return (
+        f"[stack] warning: this capture starts at {_utc(first)}, before {_utc(frontier)}, up to where "
+        "this stack's store (kept from earlier runs) has already closed its windows: the capture's packets "
+        "before then fall in closed windows, are counted as late partials and are not in the results. "
+        f"For the capture's exact results, replay it on an empty store: ./lw run --fresh --source {source}"
+    )
+
+
 def _capture_finished(
-    summary_path: Path, status_path: Path, host: str, timeout_s: float, procs: list[subprocess.Popen]
+    summary_path: Path,
+    status_path: Path,
+    host: str,
+    timeout_s: float,
+    procs: list[subprocess.Popen],
+    late_before: int = 0,
 ) -> str:
     """After a finite source ended: wait until the job has closed every window of the capture, and
     return the line that says so (or what is still open when ``timeout_s`` passes)."""
@@ -118,9 +197,16 @@ def _capture_finished(
         for k in ("parse_errors", "ring_drops", "backlog_lost")
         if seen.get(k)
     ]
+    late = _host_late(doc, host) - late_before if doc is not None else 0
     return (
         f"capture finished: {packets if packets is not None else '?'} packets"
         f"{' (' + ', '.join(lost) + ')' if lost else ''}, all windows closed"
+        + (
+            f"; {late} late partials: the capture's packets in windows the store had closed before it, "
+            "not in its results (./lw run --fresh replays it on an empty store)"
+            if late > 0
+            else ""
+        )
     )
 
 
@@ -259,6 +345,10 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
         _wait_http(f"http://127.0.0.1:{args.api_port}/health", 60, api, logs)
+        warning = _older_than_store(args.source, results / STATUS_FILE, cfg)
+        if warning:
+            print(warning, flush=True)
+        late_before = _host_late(results / STATUS_FILE, host_id)
         print("[stack] starting the capture agent ...", flush=True)
         agent = spawn(
             "agent",
@@ -314,7 +404,7 @@ Press Ctrl-C to stop.""",
                         flush=True,
                     )
                     line = _capture_finished(
-                        summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs
+                        summary_path, results / STATUS_FILE, host_id, args.close_timeout, procs, late_before
                     )
                     print(
                         f"[stack] {line}; results at {page} (the stack stays up: Ctrl-C to stop)", flush=True

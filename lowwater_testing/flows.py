@@ -4,6 +4,8 @@ send/collect loop every end-to-end flow test shares (:func:`flow_agent`, :func:`
 
 from __future__ import annotations
 
+import datetime
+import os
 import signal
 import socket
 import subprocess
@@ -26,9 +28,9 @@ from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
 
 
-def flow_pcap(path: Path, n: int, seed: int) -> None:
-    """A microsecond pcap of n packets over 12 s whose 5-tuples repeat: flows of many packets."""
-    t = make_traffic(n, 120, T0, 12 * NS, seed=seed)
+def flow_pcap(path: Path, n: int, seed: int, t0_ns: int = T0, span_ns: int = 12 * NS) -> None:
+    """A microsecond pcap of n packets in [t0, t0 + span) whose 5-tuples repeat: flows of many packets."""
+    t = make_traffic(n, 120, t0_ns, span_ns, seed=seed)
     t.sport = 1024 + t.sport % 6
     t.ts = (t.ts // 1000) * 1000
     frames, cap, wl, ts = build_frames(t)
@@ -36,6 +38,25 @@ def flow_pcap(path: Path, n: int, seed: int) -> None:
         w = dpkt.pcap.Writer(fh)
         for i in range(n):
             w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
+
+
+def nfdump_records(fmt: str, *source: str) -> list[list[str]]:
+    """nfdump's listing (``-q -N -o fmt:...`` in UTC) of nfcapd files (``-r FILE`` / ``-R DIR``): the
+    comma-separated fields of each record."""
+    out = subprocess.run(
+        ["nfdump", "-q", "-N", "-o", f"fmt:{fmt}", *source],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TZ": "UTC"},
+        check=True,
+    ).stdout
+    return [[x.strip() for x in line.split(",")] for line in out.splitlines()]
+
+
+def nfdump_ms(te: str) -> int:
+    """An nfdump time (``%te``, UTC) in ms since the epoch; 0 for nfdump's "no time" (1970)."""
+    t = datetime.datetime.strptime(te, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC)
+    return 0 if t.year < 1980 else int(t.timestamp() * 1000 + 0.5)
 
 
 def softflowd_export(pcap: Path, version: str, tmp: Path) -> list[bytes]:

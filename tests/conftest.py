@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from local_stack.kafka_broker import KafkaBroker
 
 if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
     from pyspark.sql import SparkSession
 
 TopicFactory = Callable[..., str]
@@ -77,6 +79,20 @@ def topic_factory(kafka: KafkaBroker, request: pytest.FixtureRequest) -> TopicFa
         return kafka.create_topic(name, partitions, config)
 
     return make
+
+
+@pytest.fixture(scope="module", params=["cached", "parquet"])
+def client(request: pytest.FixtureRequest, store: Any) -> Iterator[TestClient]:
+    """The API over the module's ``store`` fixture, twice: with the Arrow cache (fast paths) and with it
+    off (DuckDB reads Parquet), so both paths answer every test that takes ``client``."""
+    with warnings.catch_warnings():  # starlette's note that its TestClient will move to httpx2
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+    from high_level.serve.api import create_app
+
+    app = create_app(store.config, store.root, cache_mb=512 if request.param == "cached" else 0)
+    with TestClient(app) as c:
+        yield c
 
 
 @pytest.fixture

@@ -57,14 +57,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return make_store(tmp_path_factory.mktemp("api") / "results")
 
 
-@pytest.fixture(scope="module", params=["cached", "parquet"])
-def client(request: pytest.FixtureRequest, store: Store) -> Iterator[TestClient]:
-    """The API twice: with the Arrow cache (fast paths) and with it off (DuckDB reads Parquet)."""
-    app = create_app(store.config, store.root, cache_mb=512 if request.param == "cached" else 0)
-    with TestClient(app) as c:
-        yield c
-
-
 @pytest.fixture(scope="module")
 def plain(store: Store) -> Iterator[TestClient]:
     """One client (cached) for tests that do not depend on the read path."""

@@ -46,13 +46,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> RangeStore:
     return make_range_store(tmp_path_factory.mktemp("range") / "results")
 
 
-@pytest.fixture(scope="module", params=["cached", "parquet"])
-def client(request: pytest.FixtureRequest, store: RangeStore) -> Iterator[TestClient]:
-    app = create_app(store.config, store.root, cache_mb=512 if request.param == "cached" else 0)
-    with TestClient(app) as c:
-        yield c
-
-
 def iso(t: datetime | pd.Timestamp) -> str:
     return pd.Timestamp(t).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -9,7 +9,9 @@
 
 Emulated hosts' partials and punctuations go to the Kafka cluster while the leader of a partition is
 SIGKILLed mid-stream and then restarted: nothing is lost, duplicated or reordered, and the job on the
-standalone cluster's executors gives results equal to the oracle.
+standalone cluster's executors gives results equal to the oracle. And the job's driver is SIGKILLed while
+hosts stream and restarted from its checkpoint: windows close again, each exact and none written twice
+(the core of ``benchmarks/bench_recovery.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import pytest
 
 from contract import query as Q
 from local_stack.kafka_cluster import KafkaCluster
-from local_stack.spark_cluster import SparkCluster, SparkClusterError
+from local_stack.spark_cluster import SparkClusterError
+from lowwater_testing.cluster import Stream, idempotent_producer, leader, recovery_run, start_clusters
 from lowwater_testing.hosts import HOSTS, traffic_messages
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import assert_exact
@@ -70,50 +73,23 @@ spark.stop()
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, KafkaCluster]]:
     """A standalone master and two 1-core workers on loopback (``local_stack/spark_cluster.py``), and a
     3-node Kafka cluster, started side by side; yields (the master URL, the Kafka cluster)."""
-    spark = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="768m")
-    kafka: KafkaCluster | None = None
     try:
-        spark.spawn()
-        kafka = KafkaCluster("lw-test", 3, state=tmp_path_factory.mktemp("kafka-cluster")).start(180)
-        try:
-            spark.wait_ready(120)
-        except SparkClusterError as exc:
-            pytest.fail(str(exc))
+        spark, kafka = start_clusters(tmp_path_factory.mktemp("clusters"))
+    except SparkClusterError as exc:
+        pytest.fail(str(exc))
+    try:
         yield spark.master, kafka
     finally:
         spark.stop()
-        if kafka is not None:
-            kafka.stop()
-
-
-def _leader(cluster: KafkaCluster, topic: str, partition: int) -> int:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers, request_timeout_ms=10_000)
-    try:
-        (d,) = admin.describe_topics([topic])
-    finally:
-        admin.close()
-    return next(p["leader_id"] for p in d["partitions"] if p["partition_index"] == partition)
+        kafka.stop()
 
 
 def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple[str, int, bytes]]) -> float:
     """Send ``msgs`` (acks=all, idempotent) and SIGKILL partition 0's leader after two thirds were handed
     to the producer, sends in flight; every send must be acknowledged. Then the victim restarts (it
     catches up from the others). Returns the seconds the sends took."""
-    from kafka import KafkaProducer
-
-    prod = KafkaProducer(
-        bootstrap_servers=cluster.bootstrap_servers,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=2,
-        max_request_size=8 << 20,
-        request_timeout_ms=5000,
-        retry_backoff_ms=200,
-        delivery_timeout_ms=120_000,
-    )
-    victim = cluster.nodes[_leader(cluster, topic, 0) - 1]
+    prod = idempotent_producer(cluster.bootstrap_servers, 120_000)
+    victim = cluster.nodes[leader(cluster, topic, 0) - 1]
     futures = []
     third = len(msgs) // 3
     t0 = time.monotonic()
@@ -186,3 +162,17 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
     assert seen["master"] == master
     assert seen["block_managers"] >= 3, seen  # the driver and an executor on each worker
     assert_exact(results, q, t)
+
+
+@pytest.mark.timeout(1500)  # about 2 min on a quiet machine; the job starts twice, slowly under load
+def test_driver_sigkilled_mid_stream_restarts_from_its_checkpoint_exactly_once(clusters, tmp_path: Path):
+    master, kafka = clusters
+    res = recovery_run(master, kafka, tmp_path / "run", ["job"], stream=Stream(100, 100, 1500))
+    summary = {k: v for k, v in res.items() if k != "timeline"}
+    print(f"\n{summary}")
+    (ev,) = res["events"]
+    assert ev["recovery_s"] is not None and ev["recovery_s"] > 0, summary
+    assert res["windows_checked"] >= 10, summary
+    assert res["rows_written_twice"] == 0, summary
+    assert res["rows_missing"] == res["rows_wrong"] == res["rows_of_windows_closed_early"] == 0, summary
+    assert res["exact"], summary

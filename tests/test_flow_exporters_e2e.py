@@ -22,23 +22,21 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import dpkt
 import pandas as pd
 import pytest
 
 from contract import query as Q
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import agent_cmd, metrics_text
-from lowwater_testing.flows import PAIRS_AGGREGATES, free_udp_port
+from lowwater_testing.flows import PAIRS_AGGREGATES, flow_pcap, free_udp_port, nfdump_ms, nfdump_records
 from lowwater_testing.page import chromium
 from lowwater_testing.queries import config, query
 from lowwater_testing.sflow import Sfacctd, counter_sample, datagram, sfprobe_export
 from lowwater_testing.spark import read_results, run_job
-from lowwater_testing.traffic import NS, build_frames, make_traffic
+from lowwater_testing.traffic import NS
 
 REPO = Path(__file__).resolve().parents[1]
 NF_EXPORTER, SF_AGENT = "127.0.0.2", "127.0.0.3"
@@ -53,18 +51,6 @@ TAG_MAP = "set_tag=5 filter='tcp'\nset_tag=7 filter='udp'\n"  # ifIndex 5 for TC
 
 def _u32(ip: str) -> int:
     return int(ipaddress.IPv4Address(ip))
-
-
-def _pcap(path: Path, n: int, t0_ns: int, span_ns: int, seed: int) -> None:
-    """n packets in [t0, t0 + span) whose 5-tuples repeat (flows of several packets), TCP and UDP."""
-    t = make_traffic(n, 120, t0_ns, span_ns, seed=seed)
-    t.sport = 1024 + t.sport % 6
-    t.ts = (t.ts // 1000) * 1000
-    frames, _cap, _wl, ts = build_frames(t)
-    with path.open("wb") as fh:
-        w = dpkt.pcap.Writer(fh)
-        for i in range(n):
-            w.writepkt(bytes(frames[i]), ts=Decimal(int(ts[i])) / NS)
 
 
 def _receive(rx: socket.socket, proc: subprocess.Popen) -> list[bytes]:
@@ -129,19 +115,10 @@ class Nfcapd:
     def rows(self) -> list[tuple[str, int, int, int, int]]:
         files = sorted(str(p) for p in self.dir.iterdir() if p.name.startswith("nfcapd."))
         assert files, "nfcapd wrote no file"
-        out = subprocess.run(
-            ["nfdump", "-q", "-N", "-o", "fmt:%ra,%in,%te,%pkt,%byt", "-R", str(self.dir)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "TZ": "UTC"},
-            check=True,
-        ).stdout
-        recs = []
-        for line in out.splitlines():
-            ra, inif, te, pk, by = (x.strip() for x in line.split(","))
-            t = datetime.datetime.strptime(te, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC)
-            recs.append((ra, int(inif), int(t.timestamp() * 1000 + 0.5), int(pk), int(by)))
-        return recs
+        return [
+            (ra, int(inif), nfdump_ms(te), int(pk), int(by))
+            for ra, inif, te, pk, by in nfdump_records("%ra,%in,%te,%pkt,%byt", "-R", str(self.dir))
+        ]
 
 
 def _send(grams: list[bytes], src: str, ports: list[int]) -> None:
@@ -193,10 +170,10 @@ def pipeline(kafka, spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     # NetFlow: pmacct times records by the packets' times and its header by the wall clock: packets of
     # the last 12 s, so every record ends within the collector's inactive timeout of its export
     nf_pcap, sf_pcap = tmp / "nf.pcap", tmp / "sf.pcap"
-    _pcap(nf_pcap, 6000, time.time_ns() - 12 * NS, 10 * NS, seed=29)
+    flow_pcap(nf_pcap, 6000, 29, time.time_ns() - 12 * NS, 10 * NS)
     nf_grams = nfprobe_export(nf_pcap, tmp)
     exported = max(struct.unpack("!I", g[8:12])[0] for g in nf_grams)  # the exporter's clock (v9 header)
-    _pcap(sf_pcap, 4000, time.time_ns(), 10 * NS, seed=30)
+    flow_pcap(sf_pcap, 4000, 30, time.time_ns(), 10 * NS)
     (tmp / "tags.map").write_text(TAG_MAP)
     sf_grams = sfprobe_export(sf_pcap, tmp, sampling_rate=SF_RATE, agent=SF_AGENT, extra=_sf_tagging(tmp))
     port = free_udp_port()

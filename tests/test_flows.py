@@ -4,8 +4,6 @@ totals per (src, dst); sampling renormalises; bad datagrams are counted by reaso
 
 from __future__ import annotations
 
-import datetime
-import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +28,8 @@ from lowwater_testing.flows import (
     flow_record,
     flowset,
     free_udp_port,
+    nfdump_ms,
+    nfdump_records,
     partials_counts,
     send_datagrams,
     softflowd_export,
@@ -66,20 +66,10 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
     files = sorted(str(p) for p in d.iterdir() if p.name.startswith("nfcapd."))
     assert files
     # %te, not %ter: nfdump 1.7.1 prints %ter's milliseconds without their leading digit
-    out = subprocess.run(
-        ["nfdump", "-q", "-N", "-o", "fmt:%te,%sa,%da,%sp,%dp,%pkt,%byt", "-r", files[-1]],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TZ": "UTC"},
-        check=True,
-    ).stdout
-    recs = []
-    for line in out.splitlines():
-        te, sa, da, sp, dp, pk, by = (x.strip() for x in line.split(","))
-        t = datetime.datetime.strptime(te, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC)
-        ms = 0 if t.year < 1980 else int(t.timestamp() * 1000 + 0.5)
-        recs.append((ms, sa, da, int(sp), int(dp), int(pk), int(by)))
-    return recs
+    return [
+        (nfdump_ms(te), sa, da, int(sp), int(dp), int(pk), int(by))
+        for te, sa, da, sp, dp, pk, by in nfdump_records("%te,%sa,%da,%sp,%dp,%pkt,%byt", "-r", files[-1])
+    ]
 
 
 def _records(col: FlowCollector) -> list[tuple]:

@@ -270,3 +270,32 @@ def test_an_agent_that_fails_stops_the_stack_with_its_reason(tmp_path: Path) -> 
     rc = stack.finish(240)
     text = "".join(stack.console)
     assert rc != 0 and "lowwater-agent exited with" in text and "no-such.pcap" in text, text[-3000:]
+
+
+def _scapy_pcap(path: Path, n: int, t0_s: float, span_s: float) -> None:
+    """A classic (microsecond) pcap of ``n`` UDP packets over ``span_s`` from ``t0_s``, written by scapy."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.utils import wrpcap
+
+    pkts = []
+    for i in range(n):
+        p = (
+            Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+            / IP(src=f"10.1.0.{1 + i % 7}", dst="10.2.0.1")
+            / UDP(sport=1000 + i, dport=53)
+        )
+        p.time = t0_s + span_s * i / n
+        pkts.append(p)
+    wrpcap(str(path), pkts)
+
+
+def test_first_packet_time_of_a_capture(tmp_path: Path) -> None:
+    from local_stack.stack import _first_packet_ns
+
+    pcap = tmp_path / "c.pcap"
+    _scapy_pcap(pcap, 3, T0 / NS + 0.25, 1.0)
+    assert _first_packet_ns(str(pcap)) == T0 + 250_000_000
+    (tmp_path / "short.pcap").write_bytes(pcap.read_bytes()[:30])
+    assert _first_packet_ns(str(tmp_path / "short.pcap")) is None
+    assert _first_packet_ns(str(tmp_path / "missing.pcap")) is None

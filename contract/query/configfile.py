@@ -260,14 +260,19 @@ def _networks_path(doc: dict, path: str) -> str | None:
     return str(Path(path).parent / value) if not Path(value).is_absolute() and path != "<string>" else value
 
 
+def read_text(path: str | Path, field: str = "") -> str:
+    """A config file's text (the query config, the networks or interfaces file): one place says that a
+    missing or unreadable file is a ConfigError naming the file, with no line."""
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(str(Path(path)), None, field, f"cannot read: {reason}") from None
+
+
 def load(path: str | Path) -> Config:
     """Load a YAML config file (see ``configs/``)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(str(p), None, "", f"cannot read: {exc.strerror}") from None
-    return load_text(text, str(p))
+    return load_text(read_text(path), str(Path(path)))
 
 
 def load_distincts(items: list[dict], path: str, seen: dict[str, int], selects: list[SelectSpec]) -> list:

@@ -42,7 +42,7 @@ Duration = Annotated[int, Field(description="duration; YAML accepts '10s', '1m',
 
 class TableSpec(_Strict):
     size: int = 65536
-    probes: int = 4
+    probes: int = Field(default=4, ge=1, le=16)
 
     @field_validator("size")
     @classmethod
@@ -51,13 +51,6 @@ class TableSpec(_Strict):
             raise ValueError(f"table size must be a power of two >= 16, got {v}")
         if v > 1 << 26:
             raise ValueError("table size above 2^26 slots is not supported")
-        return v
-
-    @field_validator("probes")
-    @classmethod
-    def _probes(cls, v: int) -> int:
-        if not 1 <= v <= 16:
-            raise ValueError("probes must be between 1 and 16")
         return v
 
 
@@ -84,7 +77,7 @@ class HeartbeatSpec(_Strict):
 
     interval_ns: int = Field(default=NS, alias="interval")
     skew_ns: int = Field(default=2 * NS, alias="skew")
-    max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder")
+    max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder", ge=0)
     on_demand: bool = True
 
     @field_validator("interval_ns", "skew_ns", "max_disorder_ns", mode="before")
@@ -97,13 +90,6 @@ class HeartbeatSpec(_Strict):
     def _pos(cls, v: int) -> int:
         if v < 10_000_000:
             raise ValueError("heartbeat interval must be at least 10ms")
-        return v
-
-    @field_validator("max_disorder_ns")
-    @classmethod
-    def _nonneg(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError("max_disorder must be >= 0")
         return v
 
 
@@ -119,20 +105,13 @@ class ExportSpec(_Strict):
 
 class KafkaSpec(_Strict):
     topic: str | None = None
-    partitions: int = 1
+    partitions: int = Field(default=1, ge=1, le=256)
 
     @field_validator("topic")
     @classmethod
     def _topic(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
             raise ValueError("a Kafka topic uses only letters, digits, '.', '_' and '-'")
-        return v
-
-    @field_validator("partitions")
-    @classmethod
-    def _parts(cls, v: int) -> int:
-        if not 1 <= v <= 256:
-            raise ValueError("partitions must be between 1 and 256")
         return v
 
 

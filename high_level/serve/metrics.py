@@ -123,7 +123,7 @@ class LiveCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         st = self.hub.stats()
-        for k in ("received", "ignored", "rejected"):
+        for k in ("received", "ignored", "rejected", "coalesced"):  # coalesced: replaced before it was read
             yield CounterMetricFamily(
                 f"lowwater_api_live_updates_{k}", f"live updates {k} by the API's hub", value=st[k]
             )

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from contract import aggregates as A
+from contract import results as R
 from high_level.serve import sql as S
 from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import FileIndex, FileStats, StoreError
@@ -391,6 +392,7 @@ class Reader:
 
         """
         files = self.index.files_for(qi.spec, us_of(start), us_of(end))
+        marks = [c for c in R.COMPLETENESS_COLUMNS if c != "complete"]  # hosts_expected .. missing_records
         columns = [
             "window_start",
             "window_end",
@@ -398,10 +400,7 @@ class Reader:
             *qi.agg_names,
             "complete",
             "incomplete_groups",
-            "hosts_expected",
-            "hosts_in_mark",
-            "late_partials",
-            "missing_records",
+            *marks,
         ]
         times = frozenset({"window_start", "window_end"})
         if not files:

@@ -236,6 +236,8 @@ class HostLoop:
             hold_panes=hold,
             clock_ns=clock_ns,
         )
+        if m is None and not timer:  # nothing flushed, the mark did not move: nothing to send (an idle
+            return None  # host asks this every turn for every query; draining each time was most of its cost)
         if m is not None and m.flushed:
             self.heartbeat_flushed[i] += m.flushed
         self.drain()  # what the mark covers goes first

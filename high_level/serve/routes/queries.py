@@ -3,7 +3,7 @@ the flagged windows, with their parameters (which also document the OpenAPI sche
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -22,23 +22,16 @@ from high_level.serve.reader import ResultSet, sort_terms
 from high_level.serve.service import ApiService
 from high_level.serve.timefmt import EPOCH, iso_of_us, us_of
 
-_RESULTS_PARAMS = {
-    "start",
-    "end",
-    "filter",
-    "order_by",
-    "top",
-    "limit",
-    "offset",
-    "format",
-    "complete",
-    "cursor",
-}
 _LATEST_PARAMS = {"filter", "order_by", "top", "limit", "offset", "format", "complete"}
+_RESULTS_PARAMS = {*_LATEST_PARAMS, "start", "end", "cursor"}  # /latest's, over a range, with cursor paging
 _SERIES_PARAMS = {"start", "end", "filter", "format", "complete", "step"}
 _TOP_PARAMS = {"start", "end", "filter", "format", "step", "by", "n"}
 _PERCENTILE_PARAMS = {"start", "end", "filter", "step", "column", "p"}
 _INCOMPLETE_PARAMS = {"start", "end"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid parameter"},
+    404: {"description": "unknown query"},
+}
 
 # --- parameter declarations shared by the endpoints (they also document the OpenAPI schema)
 Start = Annotated[
@@ -220,6 +213,21 @@ def _check_cursor_key(qi: QueryInfo, order: list[P.OrderTerm], key: list) -> Non
         )
 
 
+def _parse_filters(qi: QueryInfo, filters: list[str], keys: list[tuple[str, str]]) -> list[P.KeyFilter]:
+    """The ``filter=column:value`` parameters and the ``key.<column>=value`` ones, as one list."""
+    return P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+
+
+def _filter_texts(flt: list[P.KeyFilter]) -> list[str]:
+    """The filters as the response echoes them (and a cursor's fingerprint holds them)."""
+    return [f"{f.column}:{f.text}" for f in flt]
+
+
+def _range_body(name: str, s: datetime, e: datetime) -> dict[str, Any]:
+    """The head every range response starts with: the query and the range it resolved."""
+    return {"query": name, "start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e))}
+
+
 def _additive(qi: QueryInfo) -> list[str]:
     """The aggregate columns that add up over windows (count, sum): what a range sum or percentile takes."""
     return [a for a, fn in qi.aggs if A.RESULT_KINDS[fn].total == "sum"]
@@ -239,7 +247,7 @@ def router(svc: ApiService) -> APIRouter:
     @r.get(
         "/queries/{name}/results",
         summary="Closed windows in a time range, corrections folded",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def results_(
         request: Request,
@@ -257,10 +265,10 @@ def router(svc: ApiService) -> APIRouter:
     ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
-        fp = P.request_fingerprint(name, [f"{f.column}:{f.text}" for f in flt], order_by, only)
+        fp = P.request_fingerprint(name, _filter_texts(flt), order_by, only)
         after = None
         if cursor is not None:
             if top is not None or offset:
@@ -284,12 +292,10 @@ def router(svc: ApiService) -> APIRouter:
             None if rs.next_key is None else P.encode_cursor(fp, us_of(s), us_of(e), rs.next_key)
         )
         body = {
-            "query": name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
+            **_range_body(name, s, e),
             "top": top,
             "order_by": order_by,
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "filters": _filter_texts(flt),
             "complete": only,
             "paging": paging,
         }
@@ -298,7 +304,7 @@ def router(svc: ApiService) -> APIRouter:
     @r.get(
         "/queries/{name}/latest",
         summary="The newest closed window (all groups, or top-N)",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def latest(
         request: Request,
@@ -313,7 +319,7 @@ def router(svc: ApiService) -> APIRouter:
     ) -> Response:
         qi = svc.info(name)
         keys = _check_params(request, _LATEST_PARAMS)
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
         ws = svc.reader.latest_window(qi)
@@ -323,7 +329,7 @@ def router(svc: ApiService) -> APIRouter:
             "window_end": None,
             "top": top,
             "order_by": order_by,
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "filters": _filter_texts(flt),
             "complete": only,
         }
         if ws is None:
@@ -340,7 +346,7 @@ def router(svc: ApiService) -> APIRouter:
     @r.get(
         "/queries/{name}/series",
         summary="Per-window totals over all groups (for charts)",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def series(
         request: Request,
@@ -358,7 +364,7 @@ def router(svc: ApiService) -> APIRouter:
         if step_ns:
             return _stepped_series(request, qi, start, end, filters, keys, fmt, complete, step_ns)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         only = P.parse_complete(complete)
         flags = svc.flagged.per_window(name, us_of(s), us_of(e))
         rs = svc.reader.series(
@@ -369,10 +375,8 @@ def router(svc: ApiService) -> APIRouter:
         )
         rs = ResultSet([*rs.columns, *SERIES_COLUMNS], rows, len(rows), rs.time_columns)
         body = {
-            "query": name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            **_range_body(name, s, e),
+            "filters": _filter_texts(flt),
             "complete": only,
         }
         return svc.respond(body, rs, fmt, f"{name}-series")
@@ -395,7 +399,7 @@ def router(svc: ApiService) -> APIRouter:
     ) -> Response:
         """/series with a step: one row per bucket; a bucket holding a flagged window is incomplete."""
         s, e, tier = _stepped(qi, start, end, step_ns)
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         only = P.parse_complete(complete)
         step_us = step_ns // 1000
         rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
@@ -410,13 +414,11 @@ def router(svc: ApiService) -> APIRouter:
                 rows.append(tuple(row))
         rs = ResultSet(rs.columns, rows, len(rows), rs.time_columns)
         body = {
-            "query": qi.name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
+            **_range_body(qi.name, s, e),
             "step": _fmt_s(step_ns),
             "step_ns": step_ns,
             "tier": tier,
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "filters": _filter_texts(flt),
             "complete": only,
         }
         return svc.respond(body, rs, fmt, f"{qi.name}-series")
@@ -424,7 +426,7 @@ def router(svc: ApiService) -> APIRouter:
     @r.get(
         "/queries/{name}/top",
         summary="Top-N groups over a range: the sum of an additive column over its windows",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def top_(
         request: Request,
@@ -455,24 +457,22 @@ def router(svc: ApiService) -> APIRouter:
         else:
             s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
             tier = tierpick.RAW
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         rs = svc.ranges.range_top(qi, s, e, flt, col, n, tier)
         body = {
-            "query": name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
+            **_range_body(name, s, e),
             "step": None if step_ns is None else _fmt_s(step_ns),
             "tier": tier,
             "by": col,
             "n": n,
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "filters": _filter_texts(flt),
         }
         return svc.respond(body, rs, fmt, f"{name}-top", qi)
 
     @r.get(
         "/queries/{name}/percentile",
         summary="Billing-style percentile of a series: per step, then the p-th percentile over the steps",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def percentile(
         request: Request,
@@ -503,7 +503,7 @@ def router(svc: ApiService) -> APIRouter:
         step_ns = P.parse_step(step, qi.spec.window.slide)
         assert step_ns is not None
         s, e, tier = _stepped(qi, start, end, step_ns)
-        flt = P.parse_filters([*map(P.split_filter_param, filters), *keys], qi.key_kinds)
+        flt = _parse_filters(qi, filters, keys)
         step_us = step_ns // 1000
         rs = svc.ranges.series(qi, s, e, flt, step_us, tier)
         ci = rs.columns.index(col)
@@ -511,15 +511,13 @@ def router(svc: ApiService) -> APIRouter:
             {int(r[0]): int(r[ci]) for r in rs.rows if r[ci] is not None}, us_of(s), us_of(e), step_us, pct
         )
         return {
-            "query": name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
+            **_range_body(name, s, e),
             "step": _fmt_s(step_ns),
             "tier": tier,
             "column": col,
             "p": pct,
             "method": "nearest-rank",
-            "filters": [f"{f.column}:{f.text}" for f in flt],
+            "filters": _filter_texts(flt),
             "value": got.value,
             "at": None if got.at_us is None else iso_of_us(got.at_us),
             "steps": got.steps,
@@ -530,16 +528,14 @@ def router(svc: ApiService) -> APIRouter:
     @r.get(
         "/queries/{name}/incomplete",
         summary="Windows known short (shed or lost records), rows or not",
-        responses={400: {"description": "invalid parameter"}, 404: {"description": "unknown query"}},
+        responses=_ERRORS,
     )
     def incomplete(request: Request, name: str, start: Start = None, end: End = None) -> dict[str, Any]:
         qi = svc.info(name)
         _check_params(request, _INCOMPLETE_PARAMS)
         s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
         return {
-            "query": name,
-            "start": iso_of_us(us_of(s)),
-            "end": iso_of_us(us_of(e)),
+            **_range_body(name, s, e),
             "windows": svc.flagged.windows(name, us_of(s), us_of(e)),
         }
 

@@ -1,0 +1,131 @@
+"""Central-tier recovery, measured: the driver or a Kafka broker SIGKILLed mid-stream on the real clusters.
+
+``.venv/bin/python -m benchmarks.bench_recovery [--quick] [--rounds 3]`` starts a Spark standalone cluster
+(master + 2 workers of 1 core) and a 3-broker KRaft Kafka cluster (replication 3, ``min.insync.replicas``
+2), the processes ``tests/test_cluster.py`` runs (``lowwater_testing/cluster.py``). Three emulated capture
+hosts stream partials and punctuation (real wire batches, punctuation every second, skew 0/0.5/1 s) into a
+2-partition topic at the pace of their data time, continuously; ``lowwater-job`` runs on ``spark://`` with
+2 executors, 2-s tumbling windows and a 500 ms trigger. Each round, after a few windows closed:
+
+* **job**: the driver (Python and its JVM, one process group) is SIGKILLed and started again at once from
+  its checkpoint, as a supervisor would;
+* **broker**: the leader of partition 0 is SIGKILLed (producers and the job's Kafka source fail over), and
+  started again once windows close again.
+
+``*_recovery_s`` is the time from the kill until the first window whose closing punctuation was handed to
+Kafka after the kill is whole in the store (its rows number the oracle's, read through the API's file index:
+visible files only); ``next_window_s`` until any window not yet whole became whole. At the end the stream is
+cut, every window below the hosts' last mark must close, and the store is compared with an offline oracle
+over the same packets: ``rows_written_twice`` (final duplicates, or rows over the oracle's count seen at any
+poll), missing, wrong, and windows closed early (goal: all 0). Writes ``benchmarks/results/reliability.json``
+and ``reliability.png`` (close latency per window over the run, faults marked).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import harness
+from lowwater_testing.cluster import Stream, recovery_run, start_clusters
+
+
+def chart(res: dict, path: Path) -> None:
+    plt = harness.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    tl = res["run"]["timeline"]
+    ax.plot([r["t_s"] for r in tl], [r["close_latency_s"] for r in tl], marker=".", lw=1, label="window")
+    colors = {"job": "tab:red", "broker": "tab:orange"}
+    seen = set()
+    for ev in res["run"]["events"]:
+        lab = None if ev["fault"] in seen else f"{ev['fault']} SIGKILL"
+        seen.add(ev["fault"])
+        ax.axvline(ev["t_kill_s"], color=colors[ev["fault"]], ls="--", label=lab)
+    ax.set_xlabel("seconds since the job's start")
+    ax.set_ylabel("closing punctuation -> window whole (s)")
+    ax.set_title("central tier under SIGKILL: driver and Kafka broker (2-core VM)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    harness.save_figure(fig, path)
+
+
+def summarize(run: dict, head: dict) -> dict:
+    def figs(kind: str) -> list[float]:
+        return [
+            ev["recovery_s"] for ev in run["events"] if ev["fault"] == kind and ev["recovery_s"] is not None
+        ]
+
+    job, broker = figs("job"), figs("broker")
+    return {
+        "benchmark": "recovery",
+        **head,
+        "setup": "Spark standalone master + 2 workers of 1 core, driver (lowwater-job) in its own process group, "
+        "3-broker KRaft Kafka cluster (replication 3, min ISR 2), 3 emulated hosts at data-time pace; all on "
+        "the same VM",
+        "job_recovery_s": statistics.median(job) if job else None,
+        "job_recovery_s_all": job,
+        "broker_recovery_s": statistics.median(broker) if broker else None,
+        "broker_recovery_s_all": broker,
+        "rows_written_twice": run["rows_written_twice"],
+        "exact": run["exact"],
+        "steady_close_latency_s": run["steady_close_latency_s"],
+        "job_restarts_by_supervisor": run["job_restarts_by_supervisor"],
+        "run": run,
+    }
+
+
+def main() -> int:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--quick", action="store_true", help="one round (job, broker), a small stream: CI smoke")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (job, broker) faults (full mode)")
+    ap.add_argument("--rate", type=float, default=None, help="packets/s over the three hosts")
+    ap.add_argument("--groups", type=int, default=None)
+    a = ap.parse_args()
+    rounds = 1 if a.quick else a.rounds
+    rate = a.rate or (100.0 if a.quick else 1000.0)
+    groups = a.groups or (200 if a.quick else 2000)
+    seconds = 3600 if a.quick else 1200 + 600 * rounds  # more than a run needs (under load too): it is cut
+    work = Path(tempfile.mkdtemp(prefix="lowwater-recovery-"))
+    load = [harness.load()[0]]
+    t0 = time.monotonic()
+    spark, kafka = start_clusters(work)
+    print(f"clusters up in {time.monotonic() - t0:.0f} s", flush=True)
+    try:
+        run = recovery_run(
+            spark.master,
+            kafka,
+            work / "run",
+            ["job", "broker"] * rounds,
+            stream=Stream(rate, groups, seconds),
+            steady_windows=3 if a.quick else 5,
+            log=lambda s: print(s, flush=True),
+        )
+    finally:
+        spark.stop()
+        kafka.stop()
+    load.append(harness.load()[0])
+    res = summarize(
+        run,
+        {"machine": harness.machine(), "load_avg": load, "quick": a.quick, "rounds": rounds},
+    )
+    harness.write_results("reliability.json", res, indent=1)
+    chart(res, harness.RESULTS / "reliability.png")
+    short = {k: v for k, v in res.items() if k not in ("run", "machine", "setup")}
+    short.update(
+        {k: run[k] for k in ("rows_missing", "rows_wrong", "rows_of_windows_closed_early", "windows_checked")}
+    )
+    for ev in run["events"]:
+        print(
+            f"{ev['fault']:>6} at {ev['t_kill_s']:6.1f} s: next window {ev['next_window_s']} s, "
+            f"recovery {ev['recovery_s']} s",
+            flush=True,
+        )
+    print(short)
+    print(f"wrote {harness.RESULTS / 'reliability.json'}")
+    return 0 if run["exact"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
