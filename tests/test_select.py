@@ -151,7 +151,7 @@ def test_rows_batches_roundtrip_and_reject_corruption() -> None:
             ("right: [dst_ip, dst_port, src_ip, src_port]", "right: [dst_port, dst_port, src_ip, src_port]"),
             "differ in type or width",
         ),
-        (("    within: 3s\n", ""), "within: required field is missing"),
+        (("    within: 3s\n", ""), "a join needs its time band"),
         (("within: 3s", "within: 2m"), "larger than what input 'syn' can hold"),
         (
             ("fields: [src_ip, src_port, dst_ip, dst_port]\n", "fields: [src_ip, timestamp]\n"),
