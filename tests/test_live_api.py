@@ -318,6 +318,17 @@ def test_live_panel_opens_on_the_newest_window_at_the_pages_rate(
         assert 'class="badge provisional">open<' in panel and "live-final" not in panel, panel[:2000]
     finally:
         stop(proc)
+        _delete_topic(kafka, topic)  # its 4,500 recent messages are not the later tests' to read
+
+
+def _delete_topic(kafka, topic: str) -> None:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        admin.delete_topics([topic], timeout_ms=30_000)
+    finally:
+        admin.close()
 
 
 def test_hub_keeps_the_newest_windows_indexed_and_counts_tombstones(store: Store) -> None:
