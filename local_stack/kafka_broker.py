@@ -52,8 +52,25 @@ class KafkaBrokerError(RuntimeError):
     """The broker could not be started, reached or stopped."""
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's ephemeral range.
+
+    A port the kernel hands out for bind(0) is also one it hands to outgoing connections: picked minutes before a
+    container publishes it, a client socket took it meanwhile (CI: "bind: address already in use"). Ports under the
+    ephemeral range are only ever taken by listeners, so a free one stays free until someone means to use it.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = secrets.randbelow(max(low - 20000, 1)) + 20000
+        if port < low and not _port_in_use(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -335,11 +335,10 @@ CAPTURE_ENV_FILE={f}
         capture_envs[name] = f
     s.replay = Compose(REPLAY, [CAPTURE_COMPOSE], capture_envs[REPLAY], env)
     s.live = Compose(LIVE, [CAPTURE_COMPOSE], capture_envs[LIVE], env)
-    k3_env = tmp / "k3.env"  # its own external ports: it runs next to the central stack
-    k3_env.write_text(
-        central_env.read_text().replace(f"KAFKA_EXTERNAL_PORT={p['kafka']}", "")
-        + "".join(f"KAFKA_EXTERNAL_PORT{sfx}={free_port()}\n" for sfx in ("", "_2", "_3"))
-    )
+    k3_env = (
+        tmp / "k3.env"
+    )  # its own external ports, picked by its test when it starts: it runs next to the central stack
+    k3_env.write_text(central_env.read_text().replace(f"KAFKA_EXTERNAL_PORT={p['kafka']}", ""))
     s.k3 = Compose(K3, [REPO / "docker-compose.yml", K3_OVERRIDE], k3_env, env)
     projects = (s.live, s.replay, s.k3, s.central)
     for c in projects:  # leftovers of a run that was killed
@@ -668,6 +667,16 @@ def test_three_broker_profile_replicates(up: Site) -> None:
     """deploy/kafka-cluster.yml: three KRaft brokers, topics with RF 3 and min.insync.replicas 2."""
     s = up
     t0 = time.monotonic()
+    with s.k3.env_file.open("a") as f:  # picked now, not at setup: a port free then may be taken by now
+        f.write("".join(f"KAFKA_EXTERNAL_PORT{sfx}={free_port()}\n" for sfx in ("", "_2", "_3")))
+    try:
+        _three_brokers_replicate(s)
+    finally:
+        s.k3("down", "-v", "-t", "10", timeout=300)
+    TIMINGS["kafka_cluster_s"] = round(time.monotonic() - t0, 1)
+
+
+def _three_brokers_replicate(s: Site) -> None:
     s.k3("up", "-d", "kafka", "kafka-2", "kafka-3", "kafka-init", timeout=600)
 
     def described() -> str | bool:
@@ -710,8 +719,6 @@ def test_three_broker_profile_replicates(up: Site) -> None:
         ]
     ).stdout
     assert re.search(r"^\s*min.insync.replicas=2 ", conf, re.M), conf
-    s.k3("down", "-v", "-t", "10", timeout=300)
-    TIMINGS["kafka_cluster_s"] = round(time.monotonic() - t0, 1)
 
 
 def test_down_v_leaves_nothing_behind(up: Site) -> None:
