@@ -43,7 +43,7 @@ def test_sigterm_to_the_process_group_stops_in_order_and_exits_0(kafka, topic_fa
         query(
             "sigterm",
             group_by=["dst_port"],
-            aggregates=["count as n"],
+            aggregates=["count as n", "sum(length) as bytes"],  # the state Host sends
             window="1s",
             topic=topic,
             partitions=1,
