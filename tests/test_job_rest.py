@@ -15,7 +15,7 @@ from lowwater_testing.topics import produce
 IDLE_MS = 30_000  # far longer than any wait below: a wait that ends early was ended by what the test sent
 
 
-def _until(what: str, ok, timeout_s: float = 120.0) -> float:
+def _until(what: str, ok, timeout_s: float = 300.0) -> float:  # a stream start under load is slow
     t0 = time.monotonic()
     while not ok():
         assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
