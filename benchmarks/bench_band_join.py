@@ -215,73 +215,109 @@ def run(variant: str, band_s: int, data: tuple, seconds: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = harness.parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="bands 1, 5, 9 s over 30 s of stream")
-    ap.add_argument("--bands", default=None)
+def sweep_args(doc: str, axis: str, quick: str, full: str) -> tuple[list[int], int, bool]:
+    """The join benchmarks' command line: ``--quick`` (``quick`` values, 30 s of stream), ``--<axis>``
+    (values, comma-separated; default ``full``), ``--seconds`` (default 60) -> (values, seconds, quick)."""
+    ap = harness.parser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=f"{axis} {quick} over 30 s of stream")
+    ap.add_argument(f"--{axis}", default=None)
     ap.add_argument("--seconds", type=int, default=None)
     args = ap.parse_args()
-    bands = [int(b) for b in (args.bands or ("1,5,9" if args.quick else "1,3,5,7,9")).split(",")]
-    seconds = args.seconds or (30 if args.quick else 60)
+    values = [int(x) for x in (getattr(args, axis) or (quick if args.quick else full)).split(",")]
+    return values, args.seconds or (30 if args.quick else 60), bool(args.quick)
+
+
+def sweep_rows(
+    values: list[int],
+    variants: tuple[str, ...],
+    measure: Any,
+    oracle_of: Any,
+    head: tuple[str, str],
+    line: Any,
+) -> list[dict[str, Any]]:
+    """Every (value, variant) run, its window counts checked against the value's brute-force counts; prints
+    the machine and ``head`` (what runs, the table's header), then ``line(row)`` per run."""
     m = machine()
-    data = streams(seconds)
-    print(
-        f"machine: {m['cpu']}, {m['cores']} cores; {seconds} s of stream, {RATE:,} tuples/s per input",
-        flush=True,
-    )
-    print(
-        f"{'band':>4s} {'variant':7s} {'peak rows':>10s} {'peak MB':>8s} {'lat p50 s':>9s} {'pairs':>10s} {'cpu s':>6s}"
-    )
+    print(f"machine: {m['cpu']}, {m['cores']} cores; {head[0]}\n{head[1]}", flush=True)
     rows = []
-    for b in bands:
-        exact = oracle(*data, b * NS)
-        for v in VARIANTS:
-            r = run(v, b, data, seconds)
-            got = r.pop("_counts")
-            r["exact"] = {k: v for k, v in got.items() if v} == exact
+    for x in values:
+        exact = oracle_of(x)
+        for v in variants:
+            r = measure(v, x)
+            r["exact"] = {k: n for k, n in r.pop("_counts").items() if n} == exact
             rows.append(r)
-            print(
-                f"{b:4d} {v:7s} {r['peak_rows']:10,d} {r['peak_bytes'] / 1e6:8.2f} {r['latency_median_s']:9.2f} "
-                f"{r['pairs']:10,d} {r['cpu_s']:6.2f} {'exact' if r['exact'] else 'WRONG'}",
-                flush=True,
-            )
+            print(line(r) + (" exact" if r["exact"] else " WRONG"), flush=True)
+    return rows
+
+
+def publish(
+    figure: tuple[str, str, str],
+    rows: list[dict],
+    doc: str | None,
+    method: dict,
+    axis: str,
+    colors: dict[str, str],
+    panels: list,
+    labels: tuple[str, str],
+) -> None:
+    """Print the summary in ``method``, write ``<name>.json`` (machine, load, method, rows) and ``<name>.png``:
+    one panel per (title, value of a row), a line per variant; ``labels`` = (x label, figure title)."""
+    print({k: v for k, v in method.items() if k.startswith(("o", "all"))})
+    harness.write_figure(figure, machine(), rows, doc, {**method, "load": harness.load()})
+    plt = harness.pyplot()
+    fig, ax = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for v, c in colors.items():
+        rs = [r for r in rows if r["variant"] == v]
+        for a, (_, val) in zip(ax, panels, strict=True):
+            a.plot([r[axis] for r in rs], [val(r) for r in rs], marker="o", color=c, label=v)
+    harness.style_axes(ax, tuple(t for t, _ in panels), labels[0], suptitle=labels[1])
+    harness.save_figure(fig, harness.RESULTS / f"{figure[0]}.png")
+    print(f"wrote {harness.RESULTS / figure[0]}.json and {figure[0]}.png")
+
+
+def main() -> None:
+    bands, seconds, quick = sweep_args(__doc__, "bands", "1,5,9", "1,3,5,7,9")
+    data = streams(seconds)
+    rows = sweep_rows(
+        bands,
+        VARIANTS,
+        lambda v, b: run(v, b, data, seconds),
+        lambda b: oracle(*data, b * NS),
+        (
+            f"{seconds} s of stream, {RATE:,} tuples/s per input",
+            f"{'band':>4s} {'variant':7s} {'peak rows':>10s} {'peak MB':>8s} {'lat p50 s':>9s} {'pairs':>10s} {'cpu s':>6s}",
+        ),
+        lambda r: (
+            f"{r['band_s']:4d} {r['variant']:7s} {r['peak_rows']:10,d} {r['peak_bytes'] / 1e6:8.2f} "
+            f"{r['latency_median_s']:9.2f} {r['pairs']:10,d} {r['cpu_s']:6.2f}"
+        ),
+    )
     by = {(r["band_s"], r["variant"]): r for r in rows}
     hi = bands[-1]
-    summary = {
-        f"oa_vs_opob_peak_rows_at_{hi}s": round(by[hi, "OA"]["peak_rows"] / by[hi, "OPOB"]["peak_rows"], 3),
-        f"oa_vs_opib_peak_rows_at_{hi}s": round(by[hi, "OA"]["peak_rows"] / by[hi, "OPIB"]["peak_rows"], 3),
-        "all_exact": all(r["exact"] for r in rows),
-    }
-    print(summary)
-    method = {
-        "seconds": seconds,
-        "rate_per_input": RATE,
-        "flows": FLOWS,
-        "window_s": WINDOW_S,
-        "tick_ms": TICK // 1_000_000,
-        "bands_s": bands,
-        "quick": args.quick,
-        "load": harness.load(),
-    }
-    harness.write_figure(FIGURE, m, rows, __doc__, {**method, **summary})
-    plt = harness.pyplot()
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    colors = {"OA": "#2a7", "OPOB": "#c33", "OPIB": "#36c"}
-    for v in VARIANTS:
-        rs = [r for r in rows if r["variant"] == v]
-        x = [r["band_s"] for r in rs]
-        ax[0].plot(x, [r["peak_bytes"] / 1e6 for r in rs], marker="o", color=colors[v], label=v)
-        ax[1].plot(x, [r["latency_median_s"] for r in rs], marker="o", color=colors[v], label=v)
-        ax[2].plot(x, [r["cpu_s"] for r in rs], marker="o", color=colors[v], label=v)
-    titles = (
-        "(a) peak memory (MB: join state + buffers)",
-        "(b) median window-close latency (s)",
-        "(c) CPU time (s)",
+    publish(
+        FIGURE,
+        rows,
+        __doc__,
+        {
+            f"oa_vs_opob_peak_rows_at_{hi}s": round(
+                by[hi, "OA"]["peak_rows"] / by[hi, "OPOB"]["peak_rows"], 3
+            ),
+            f"oa_vs_opib_peak_rows_at_{hi}s": round(
+                by[hi, "OA"]["peak_rows"] / by[hi, "OPIB"]["peak_rows"], 3
+            ),
+            "all_exact": all(r["exact"] for r in rows),
+            **{"seconds": seconds, "rate_per_input": RATE, "flows": FLOWS, "window_s": WINDOW_S},
+            **{"tick_ms": TICK // 1_000_000, "bands_s": bands, "quick": quick},
+        },
+        "band_s",
+        {"OA": "#2a7", "OPOB": "#c33", "OPIB": "#36c"},
+        [
+            ("(a) peak memory (MB: join state + buffers)", lambda r: r["peak_bytes"] / 1e6),
+            ("(b) median window-close latency (s)", lambda r: r["latency_median_s"]),
+            ("(c) CPU time (s)", lambda r: r["cpu_s"]),
+        ],
+        ("band size n (s)", f"count per {WINDOW_S} s window over M1 x M2 within +-n, {RATE:,} tuples/s each"),
     )
-    sup = f"count per {WINDOW_S} s window over M1 x M2 within +-n, {RATE:,} tuples/s each, {seconds} s"
-    harness.style_axes(ax, titles, "band size n (s)", suptitle=sup)
-    harness.save_figure(fig, harness.RESULTS / "band_join.png")
-    print(f"wrote {harness.RESULTS / 'band_join.json'} and band_join.png")
 
 
 if __name__ == "__main__":

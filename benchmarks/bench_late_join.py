@@ -26,9 +26,21 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import harness
-from benchmarks.bench_band_join import CONFIG, FLOWS, NS, RATE, T0, TICK, _add, flow_id, flow_table, stream
-from benchmarks.harness import machine
+from benchmarks.bench_band_join import (
+    CONFIG,
+    FLOWS,
+    NS,
+    RATE,
+    T0,
+    TICK,
+    _add,
+    flow_id,
+    flow_table,
+    publish,
+    stream,
+    sweep_args,
+    sweep_rows,
+)
 from contract import query as Q
 from high_level.aggregate.meld import Meld
 from high_level.join.band import BandJoin, JoinLayout
@@ -132,70 +144,51 @@ def run(variant: str, delay_s: int, d: dict, seconds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = harness.parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="delays 0, 5, 10 s over 30 s of stream")
-    ap.add_argument("--delays", default=None)
-    ap.add_argument("--seconds", type=int, default=None)
-    args = ap.parse_args()
-    delays = [int(x) for x in (args.delays or ("0,5,10" if args.quick else "0,2,4,6,8,10")).split(",")]
-    seconds = args.seconds or (30 if args.quick else 60)
-    m = machine()
+    delays, seconds, quick = sweep_args(__doc__, "delays", "0,5,10", "0,2,4,6,8,10")
     d = data(seconds)
     exact = oracle(d)
-    print(
-        f"machine: {m['cpu']}, {m['cores']} cores; {seconds} s of stream, {RATE:,} tuples/s on M1, M2",
-        flush=True,
+    rows = sweep_rows(
+        delays,
+        VARIANTS,
+        lambda v, dl: run(v, dl, d, seconds),
+        lambda dl: exact,
+        (
+            f"{seconds} s of stream, {RATE:,} tuples/s on M1, M2",
+            f"{'delay':>5s} {'variant':7s} {'peak rows':>10s} {'peak MB':>8s} {'pairs':>9s} {'late':>5s} {'cpu s':>6s}",
+        ),
+        lambda r: (
+            f"{r['delay_s']:5d} {r['variant']:7s} {r['peak_rows']:10,d} {r['peak_bytes'] / 1e6:8.2f} "
+            f"{r['pairs']:9,d} {r['late_rows']:5d} {r['cpu_s']:6.2f}"
+        ),
     )
-    print(
-        f"{'delay':>5s} {'variant':7s} {'peak rows':>10s} {'peak MB':>8s} {'pairs':>9s} {'late':>5s} {'cpu s':>6s}"
-    )
-    rows = []
-    for dl in delays:
-        for v in VARIANTS:
-            r = run(v, dl, d, seconds)
-            got = r.pop("_counts")
-            r["exact"] = {k: n for k, n in got.items() if n} == exact
-            rows.append(r)
-            print(
-                f"{dl:5d} {v:7s} {r['peak_rows']:10,d} {r['peak_bytes'] / 1e6:8.2f} {r['pairs']:9,d} "
-                f"{r['late_rows']:5d} {r['cpu_s']:6.2f} {'exact' if r['exact'] else 'WRONG'}",
-                flush=True,
-            )
     by = {(r["delay_s"], r["variant"]): r for r in rows}
     lo, hi = delays[0], delays[-1]
-    slope = {
-        v: (by[hi, v]["peak_rows"] - by[lo, v]["peak_rows"]) / max(1, hi - lo) for v in VARIANTS
-    }  # rows per second of delay
-    summary = {
-        f"oop_vs_iop_peak_rows_at_{hi}s": round(by[hi, "OOP"]["peak_rows"] / by[hi, "IOP"]["peak_rows"], 3),
-        "oop_vs_iop_growth_per_s_delay": round(slope["OOP"] / slope["IOP"], 3) if slope["IOP"] else None,
-        "all_exact": all(r["exact"] for r in rows),
-    }
-    print(summary)
-    method = {
-        "seconds": seconds,
-        "rate_per_input": RATE,
-        "sparse_per_s": SPARSE,
-        "window_s": WINDOW_S,
-        "tick_ms": TICK // 1_000_000,
-        "delays_s": delays,
-        "quick": args.quick,
-        "load": harness.load(),
-    }
-    harness.write_figure(FIGURE, m, rows, __doc__, {**method, **summary})
-    plt = harness.pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    colors = {"OOP": "#2a7", "IOP": "#c33"}
-    for v in VARIANTS:
-        rs = [r for r in rows if r["variant"] == v]
-        x = [r["delay_s"] for r in rs]
-        ax[0].plot(x, [r["peak_rows"] for r in rs], marker="o", color=colors[v], label=v)
-        ax[1].plot(x, [r["peak_bytes"] / 1e6 for r in rs], marker="o", color=colors[v], label=v)
-    titles = ("peak rows held (join state + merge buffer)", "peak memory (MB)")
-    sup = f"M1 x (M2 UNION C), same {WINDOW_S} s window and flow; C ({SPARSE} tuples/s) delayed"
-    harness.style_axes(ax, titles, "delay of C (s)", suptitle=sup)
-    harness.save_figure(fig, harness.RESULTS / "late_join.png")
-    print(f"wrote {harness.RESULTS / 'late_join.json'} and late_join.png")
+    # rows per second of delay
+    slope = {v: (by[hi, v]["peak_rows"] - by[lo, v]["peak_rows"]) / max(1, hi - lo) for v in VARIANTS}
+    publish(
+        FIGURE,
+        rows,
+        __doc__,
+        {
+            f"oop_vs_iop_peak_rows_at_{hi}s": round(
+                by[hi, "OOP"]["peak_rows"] / by[hi, "IOP"]["peak_rows"], 3
+            ),
+            "oop_vs_iop_growth_per_s_delay": round(slope["OOP"] / slope["IOP"], 3) if slope["IOP"] else None,
+            "all_exact": all(r["exact"] for r in rows),
+            **{"seconds": seconds, "rate_per_input": RATE, "sparse_per_s": SPARSE, "window_s": WINDOW_S},
+            **{"tick_ms": TICK // 1_000_000, "delays_s": delays, "quick": quick},
+        },
+        "delay_s",
+        {"OOP": "#2a7", "IOP": "#c33"},
+        [
+            ("peak rows held (join state + merge buffer)", lambda r: r["peak_rows"]),
+            ("peak memory (MB)", lambda r: r["peak_bytes"] / 1e6),
+        ],
+        (
+            "delay of C (s)",
+            f"M1 x (M2 UNION C), same {WINDOW_S} s window and flow; C ({SPARSE} tuples/s) delayed",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -154,6 +154,25 @@ def _disorder_sentence(rows: list[dict]) -> str:
     )
 
 
+# the seeds' join experiments: results file, section title, table spec, the sentence against the paper
+JOIN_SWEEPS = (
+    (
+        "band_join",
+        "## Band join, band size swept: OA vs OPOB vs OPIB (OOP N1 / Fig. 11, dissertation Figs. 7-6, 7-7)",
+        "band s={band_s} | variant={variant} | peak rows={peak_rows:,} | peak bytes={peak_bytes:,} | "
+        "median latency s={latency_median_s} | pairs={pairs:,} | CPU s={cpu_s} | exact={exact}",
+        _band_join_sentence,
+    ),
+    (
+        "late_join",
+        "## Window join with one late input: OOP vs IOP (OOP N2 / Fig. 12, dissertation Fig. 8-10)",
+        "C delay s={delay_s} | variant={variant} | peak rows={peak_rows:,} | peak bytes={peak_bytes:,} | "
+        "pairs={pairs:,} | late={late_rows} | CPU s={cpu_s} | exact={exact}",
+        _late_join_sentence,
+    ),
+)
+
+
 def _reliability(d: dict | None) -> list[str]:
     """The recovery section (bench_recovery): the three figures in a sentence, then one row per fault."""
     if d is None:
@@ -384,30 +403,9 @@ def main() -> None:
             img("n3"),
             _n3_sentence(d["rows"]),
         ]
-    if d := load("band_join"):
-        parts += [
-            "## Band join, band size swept: OA vs OPOB vs OPIB (OOP N1 / Fig. 11, dissertation Figs. 7-6, 7-7)",
-            machine(d),
-            grid(
-                d["rows"],
-                "band s={band_s} | variant={variant} | peak rows={peak_rows:,} | peak bytes={peak_bytes:,} | "
-                "median latency s={latency_median_s} | pairs={pairs:,} | CPU s={cpu_s} | exact={exact}",
-            ),
-            img("band_join"),
-            _band_join_sentence(d),
-        ]
-    if d := load("late_join"):
-        parts += [
-            "## Window join with one late input: OOP vs IOP (OOP N2 / Fig. 12, dissertation Fig. 8-10)",
-            machine(d),
-            grid(
-                d["rows"],
-                "C delay s={delay_s} | variant={variant} | peak rows={peak_rows:,} | peak bytes={peak_bytes:,} | "
-                "pairs={pairs:,} | late={late_rows} | CPU s={cpu_s} | exact={exact}",
-            ),
-            img("late_join"),
-            _late_join_sentence(d),
-        ]
+    for name, title, spec, sentence in JOIN_SWEEPS:
+        if d := load(name):
+            parts += [title, machine(d), grid(d["rows"], spec), img(name), sentence(d)]
     if d := load("disorder"):
         parts += [
             "## Disorder inside one stream (dissertation Fig. 6-11 and 6-12)",
