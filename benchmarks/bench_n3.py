@@ -60,6 +60,7 @@ def measure_iop(delay_s: int, seconds: float) -> dict[str, Any]:
     ]
     lay = Layout.of(q)
     roll = QueryRollup(lay)
+    phase = hosts[2].next_timer  # C's first heartbeat, at the random phase its agent would have
     packets = []
     for h in hosts:  # (ts, src, dst) per packet: frame i % BLOCK, as SimHost feeds its kernel
         f = h.frames[np.arange(len(h.arrivals)) % H.BLOCK]
@@ -82,8 +83,10 @@ def measure_iop(delay_s: int, seconds: float) -> dict[str, Any]:
         for i, (ts, _, delay) in enumerate(packets):
             pos[i] = int(np.searchsorted(ts, now - delay))  # delivered by now, in the host's own order
             seen = now - delay
-            if delay:  # the sparse host: its progress is known only from its 1-s heartbeats
-                seen = H.T0 + (seen - H.T0) // H.NS * H.NS
+            if (
+                delay
+            ):  # the sparse host: its progress is known only from its 1-s heartbeats (its timer's phase)
+                seen = phase + (seen - phase) // H.NS * H.NS
             fronts.append(seen if now <= end else wire.END_OF_STREAM)
         front = min(fronts)
         out_ts, out_key = [], []
