@@ -57,9 +57,11 @@ def rate_spread(timed: list[tuple[float, Update]], seconds: int) -> float:
 
 def main() -> None:
     ap = harness.parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="60 s of data instead of 120 s")
+    ap.add_argument(
+        "--quick", action="store_true", help="60 s of data instead of 240 s (bench_upstream.py's)"
+    )
     a = ap.parse_args()
-    seconds = 60 if a.quick else 120
+    seconds = 60 if a.quick else 240
     m = machine()
     print(f"machine: {m['cpu']}, {m['cores']} cores; {seconds} s of updates", flush=True)
     feeds = {"live (1-s panes)": U.live_updates("zipf", seconds)[0], "tuple-grained": tuple_grained(seconds)}
