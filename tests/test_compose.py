@@ -309,7 +309,7 @@ KAFKA_SECRETS_DIR={s.secrets}
 CENTRAL_ENV_FILE={central_env}
 LOWWATER_JOB_SPARK_CONF={{"spark.executor.memory": "1g"}}
 LOWWATER_JOB_TRIGGER=1s
-HEALTHCHECK_INTERVAL=5s
+HEALTHCHECK_INTERVAL=10s
 """)
     s.central = Compose(CENTRAL, [REPO / "docker-compose.yml"], central_env, env)
     capture_envs = {}
