@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from contract import fields as F
+from local_stack.jars import jars_root
 from local_stack.kafka_broker import KafkaBroker, TopicMismatch, free_port
 from lowwater_testing.agent import dpkt_oracle, write_pcap
 from lowwater_testing.queries import config as _config
@@ -72,6 +73,10 @@ class Stack:
             str(free_port()),
         ]
         env = {**os.environ, "LOWWATER_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
+        # the checkout's jar sets (./lw setup fetched them), not a Maven run per state dir (minutes under load)
+        if jars_root().is_dir() and not (state / "jars").exists():
+            state.mkdir(parents=True, exist_ok=True)
+            (state / "jars").symlink_to(jars_root(), target_is_directory=True)
         self.proc = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "lowwater-stack"),
