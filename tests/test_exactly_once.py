@@ -75,7 +75,7 @@ def test_sigkill_between_task_writes_and_commit_then_restart_is_exact(kafka, top
         name="t-taskkill",
         expected_hosts=list(HOSTS),
         host_timeout_ms=600_000,
-        max_offsets_per_trigger=150,  # ~8 batches of the 1100 messages: the fault at 3, the rest after
+        max_offsets_per_trigger=60,
     )
     cmd = [sys.executable, "-m", "lowwater_testing.jobproc", str(spec)]
     log = tmp_path / "job.log"
