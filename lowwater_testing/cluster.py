@@ -557,25 +557,32 @@ def recovery_run(
     ).write(cfg)
     q = Q.load(cfg).queries[0]
     pane = q.window.pane_ns
-    t0 = time.time_ns() // pane * pane
-    t_gen = time.monotonic()
-    t = make_traffic(int(stream.rate * stream.seconds), stream.groups, t0, stream.seconds * 10**9, seed=23)
-    counts = window_counts(q, t)
-    msgs = host_stream(q, t)
-    gen_s = round(time.monotonic() - t_gen, 1)
-    step(f"stream generated in {gen_s} s: {len(t):,} packets, {len(msgs):,} messages, {len(counts)} windows")
     job = JobProcess(job_argv(cfg, master, kafka.bootstrap_servers, work), work / "job.log")
-    hosts = PacedHosts(kafka.bootstrap_servers, topic, msgs)
-    watch = StoreWatch(work / "results", q, counts)
     events: list[dict] = []
     restarts: list[BrokerRestart] = []
     skipped: list[str] = []
+    hosts: PacedHosts | None = None
+    watch: StoreWatch | None = None
     t_start = time.monotonic()
     try:
-        job.start()
+        job.start()  # the driver boots (JVM, executors, queries) while this process generates the stream
+        step("job launched; generating the hosts' stream meanwhile")
+        t_gen = time.monotonic()
+        t0 = time.time_ns() // pane * pane
+        t = make_traffic(
+            int(stream.rate * stream.seconds), stream.groups, t0, stream.seconds * 10**9, seed=23
+        )
+        counts = window_counts(q, t)
+        msgs = host_stream(q, t)
+        gen_s = round(time.monotonic() - t_gen, 1)
+        step(
+            f"stream generated in {gen_s} s: {len(t):,} packets, {len(msgs):,} messages, {len(counts)} windows"
+        )
+        hosts = PacedHosts(kafka.bootstrap_servers, topic, msgs)
+        watch = StoreWatch(work / "results", q, counts)
         hosts.start()
         watch.start()
-        step("job started (driver, executors), hosts streaming")
+        step(f"hosts streaming ({job.started_line()})")
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
         first_started = job.query_started_s()
         step(f"first window whole {first - t_start:.1f} s after the job's start ({job.started_line()})")
@@ -644,8 +651,10 @@ def recovery_run(
         )
         step("every window below the last mark whole; stopping the job")
     finally:
-        watch.stop()
-        hosts.cut()
+        if watch is not None:
+            watch.stop()
+        if hosts is not None:
+            hosts.cut()
         code = job.stop()
     if hosts.failed:
         raise AssertionError(f"{len(hosts.failed)} sends not acknowledged: {hosts.failed[:3]}")
