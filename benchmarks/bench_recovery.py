@@ -18,7 +18,13 @@ visible files only); ``next_window_s`` until any window not yet whole became who
 cut, every window below the hosts' last mark must close, and the store is compared with an offline oracle
 over the same packets: ``rows_written_twice`` (final duplicates, or rows over the oracle's count seen at any
 poll), missing, wrong, and windows closed early (goal: all 0). Writes ``benchmarks/results/reliability.json``
-and ``reliability.png`` (close latency per window over the run, faults marked).
+and ``reliability.png`` (close latency per window over the run, faults marked); ``--quick`` (one round, 100
+packets/s) writes ``reliability-quick.json``, a smoke run that never replaces the figures.
+
+Bounded: a line per step on stdout (clusters, topic, the job's launch and its queries' start, the stream,
+each fault and its recovery, the end); the job boots while the stream is generated; a killed broker
+restarts in the background; a fault is skipped (``faults_skipped``) when the ``--budget`` (690 s full,
+170 s quick, cluster start included) would not hold its kind's longest cycle so far plus the end.
 """
 
 from __future__ import annotations
