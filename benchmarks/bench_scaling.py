@@ -431,7 +431,7 @@ def main() -> int:
                 load.append(os.getloadavg()[0])
     finally:
         broker.stop()
-        shutil.rmtree(work, ignore_errors=True)  # the topics: GBs at full size
+    shutil.rmtree(work, ignore_errors=True)  # the topics (GBs at full size); kept on failure: the logs
     print(f"[{time.monotonic() - t_all:6.1f} s] done", flush=True)
     res = summarize(
         rows,
