@@ -485,13 +485,18 @@ def _wait_recovered(
 
 
 class BrokerRestart(threading.Thread):
-    """A SIGKILLed broker started again in the background (a JVM start: the run goes on meanwhile)."""
+    """A SIGKILLed broker started again in the background (a JVM start: the run goes on meanwhile).
+
+    The thread stays parked once the broker serves: the broker is launched under ``setpriv --pdeathsig``,
+    and Linux sends that signal when the launching *thread* exits, so a thread that returned would take
+    the broker down with it. It ends with the process, as the main thread's brokers do."""
 
     def __init__(self, node, log) -> None:
         super().__init__(daemon=True, name="broker-restart")
         self.node, self.log = node, log
         self.took_s: float | None = None
         self.error: str | None = None
+        self.done = threading.Event()
 
     def run(self) -> None:
         t = time.monotonic()
@@ -502,6 +507,13 @@ class BrokerRestart(threading.Thread):
         except Exception as exc:  # reported in the results; the run goes on on two brokers
             self.error = repr(exc)[:500]
             self.log(f"broker {self.node.node_id} failed to restart: {self.error}")
+        finally:
+            self.done.set()
+        threading.Event().wait()  # parked: see the class docstring
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the restart ended (served or failed) within ``timeout`` s."""
+        return self.done.wait(timeout)
 
 
 @dataclass(frozen=True)
@@ -612,7 +624,7 @@ def recovery_run(
                 )
             elif kind == "broker":
                 for r in restarts:  # the last victim is back first: two brokers down refuse acks=all writes
-                    r.join(240)
+                    r.wait(240)
                 node = leader(kafka, topic, 0)
                 victim = kafka.nodes[node - 1]
                 t_kill = time.monotonic()
@@ -637,7 +649,7 @@ def recovery_run(
             events.append(ev)
             cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
         for r in restarts:  # a broker rejoins before the next broker fault, and before the end
-            r.join(240)
+            r.wait(240)
         _settle(watch, steady_windows, timeout, "steady windows after the faults", job)
         hosts.cut()
         hosts.join(600)

@@ -171,7 +171,7 @@ def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_o
     assert seen["master"] == master
     assert seen["block_managers"] >= 3, seen  # the driver and an executor on each worker
     assert_exact(results, q, t)
-    restart.join(240)
+    assert restart.wait(240), "the killed broker's restart did not end within 240 s"
     assert restart.error is None and restart.node.is_running(), (
         f"the killed broker did not restart: {restart.error}"
     )
