@@ -78,6 +78,8 @@ def summarize(run: dict, head: dict) -> dict:
         "rows_written_twice": run["rows_written_twice"],
         "exact": run["exact"],
         "steady_close_latency_s": run["steady_close_latency_s"],
+        "job_first_window_s": run.get("job_first_window_s"),  # the job's first start, stream included
+        "faults_skipped": run.get("faults_skipped", []),  # by the budget
         "job_restarts_by_supervisor": run["job_restarts_by_supervisor"],
         "run": run,
     }
