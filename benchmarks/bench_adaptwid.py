@@ -108,6 +108,9 @@ def measure(query: str, mix: str, strategy: str, seconds: int) -> dict[str, Any]
     }
 
 
+HEAD = ("query", "mix", "strategy", "words pk", "words mean", "close ms", "cpu s", "->eager", "->lazy")
+
+
 def main() -> None:
     ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="40 s of stream per run (a smoke check)")
@@ -115,11 +118,8 @@ def main() -> None:
     args = ap.parse_args()
     seconds = args.seconds or (40 if args.quick else 120)
     m = machine()
-    print(f"machine: {m['cpu']}, {m['cores']} cores; {seconds} s of stream per run", flush=True)
     print(
-        f"{'query':34s} {'mix':15s} {'strategy':9s} {'words pk':>9s} {'words mean':>10s} {'close ms':>8s} "
-        f"{'cpu s':>6s} {'->eager':>7s} {'->lazy':>6s}",
-        flush=True,
+        f"{seconds} s of stream per run on {m['cores']} cores of {m['cpu']}\n" + " | ".join(HEAD), flush=True
     )
     rows = []
     for q in QUERIES:
