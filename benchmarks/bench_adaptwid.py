@@ -111,12 +111,17 @@ def measure(query: str, mix: str, strategy: str, seconds: int) -> dict[str, Any]
 HEAD = ("query", "mix", "strategy", "words pk", "words mean", "close ms", "cpu s", "->eager", "->lazy")
 
 
-def main() -> None:
+def _settings() -> tuple[bool, int]:
+    """--quick and the seconds of stream per run."""
     ap = harness.parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="40 s of stream per run (a smoke check)")
     ap.add_argument("--seconds", type=int, default=None)
     args = ap.parse_args()
-    seconds = args.seconds or (40 if args.quick else 120)
+    return args.quick, args.seconds or (40 if args.quick else 120)
+
+
+def main() -> None:
+    quick, seconds = _settings()
     m = machine()
     print(
         f"{seconds} s of stream per run on {m['cores']} cores of {m['cpu']}\n" + " | ".join(HEAD), flush=True
@@ -140,8 +145,8 @@ def main() -> None:
         "flushes_per_s": FLUSHES_PER_S,
         "queries": QUERIES,
         "mixes": MIXES,
-        "quick": args.quick,
-        "smoke": args.quick,
+        "quick": quick,
+        "smoke": quick,
     }
     path = harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
@@ -168,7 +173,7 @@ def main() -> None:
             a.grid(axis="y", alpha=0.3)
     ax[0, 0].legend(fontsize=8)
     fig.suptitle(
-        f"AdaptWID vs eager vs lazy, {seconds} s of stream (virtual time){' - smoke' if args.quick else ''}",
+        f"AdaptWID vs eager vs lazy, {seconds} s of stream (virtual time){' - smoke' if quick else ''}",
         fontsize=10,
     )
     harness.save_figure(fig, harness.RESULTS / "adaptwid.png")
