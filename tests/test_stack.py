@@ -299,3 +299,6 @@ def test_first_packet_time_of_a_capture(tmp_path: Path) -> None:
     (tmp_path / "short.pcap").write_bytes(pcap.read_bytes()[:30])
     assert _first_packet_ns(str(tmp_path / "short.pcap")) is None
     assert _first_packet_ns(str(tmp_path / "missing.pcap")) is None
+    ng = tmp_path / "c.pcapng"  # what tshark and dumpcap write by default
+    subprocess.run(["editcap", "-F", "pcapng", str(pcap), str(ng)], check=True, capture_output=True)
+    assert _first_packet_ns(str(ng)) == T0 + 250_000_000
