@@ -354,14 +354,19 @@ class RangeReader:
         with self._partials_lock:
             return self._ids.setdefault(qi.name, GroupIds(qi.key_names))
 
-    def _file_top(self, qi: QueryInfo, path: str, key: tuple, tier: bool) -> FileSums:
+    def _file_top(
+        self, qi: QueryInfo, path: str, key: tuple, tier: bool, span: tuple[int, int] | None = None
+    ) -> FileSums:
         """A file's per-group sums (as dense group ids and arrays) and the window_start range it holds,
-        cached per (path, size, mtime) within half the cache budget."""
+        cached per (path, size, mtime) within half the cache budget; ``span``: the sums over the
+        windows in it only (a file straddling a range's edge; cached per span too, as a page asks
+        for the same edges again)."""
         ids = self._group_ids(qi)
+        key = key if span is None else (*key, span)
         got = self._tops.get(key)
         if got is not None and got.generation == ids.generation:
             return got
-        table = self._top_partial(qi, path, tier)
+        table = self._top_partial(qi, path, tier, span)
         cur = self.db.cursor()
         try:
             src = S.parquet_source(qi, [path])
@@ -405,8 +410,7 @@ class RangeReader:
                     if part.s_us <= fs.lo and fs.hi < part.e_us:
                         sums.append(fs)
                     elif fs.hi >= part.s_us and fs.lo < part.e_us:
-                        table = self._top_partial(qi, path, part.tier, (part.s_us, part.e_us))
-                        sums.append(FileSums.of(fs.lo, fs.hi, ids, table, qi.key_names))
+                        sums.append(self._file_top(qi, path, key, part.tier, (part.s_us, part.e_us)))
             if all(p.generation == gen for p in sums):
                 break
             # another request started new ids meanwhile: sum again with the new ones
