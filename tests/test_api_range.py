@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from contract import results as R
 from contract.query import load
 from high_level.serve import tierpick
 from high_level.serve.api import create_app
-from high_level.serve.ranges import nearest_rank_over_steps
+from high_level.serve.ranges import GroupIds, nearest_rank_over_steps
 from lowwater_testing.rangestore import (
     DAYS,
     Q,
@@ -209,6 +210,37 @@ def test_top_over_a_range_of_two_key_columns(client: TestClient, store: RangeSto
     exp = exp.sort_values(["packets", "src_ip", "dst_ip"], ascending=[False, True, True]).head(5)
     got = [(r["src_ip"], r["dst_ip"], r["packets"]) for r in body["rows"]]
     assert got == list(exp.itertuples(index=False, name=None))
+
+
+def test_top_group_ids_reset_keeps_the_answer(store: RangeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dense group ids a range top adds into are reset past max_groups (a new generation): sums
+    computed with the old ids are never mixed with new ones, so the answer stays the oracle's."""
+    monkeypatch.setattr(GroupIds, "max_groups", 4)  # fewer than the 6 groups: a reset on every file
+    s, e = _span(store)
+    with TestClient(create_app(store.config, store.root)) as c:
+        for n in ("3", "6"):
+            body = c.get(
+                f"/queries/{Q}/top", params={"start": iso(s), "end": iso(e), "step": "1d", "n": n}
+            ).json()
+            v = _values(store.rows[Q])
+            exp = v.groupby("dst_ip_24")["bytes"].sum().reset_index()
+            exp = exp.sort_values(["bytes", "dst_ip_24"], ascending=[False, True]).head(int(n))
+            assert [(r["dst_ip_24"], r["bytes"]) for r in body["rows"]] == list(
+                exp.itertuples(index=False, name=None)
+            )
+
+
+def test_group_ids_tell_null_and_text_apart() -> None:
+    """A key's parts as text, a null apart from any text, two columns never run together."""
+    ids = GroupIds(["a", "b"])
+    t = pa.table(
+        {"a": pa.array(["x", None, "x", "", "xy"]), "b": pa.array([1, 1, None, 1, None], pa.int64())}
+    )
+    gen, got = ids.ids(t)
+    assert len(set(got.tolist())) == 5
+    _, again = ids.ids(t.take(pa.array([4, 3, 2, 1, 0])))
+    assert again.tolist() == got.tolist()[::-1]
+    assert ids.keys_of(got[[1, 2]]).to_pylist() == [{"a": None, "b": 1}, {"a": "x", "b": None}]
 
 
 # ---- billing percentile
@@ -484,23 +516,22 @@ def test_reads_what_the_real_tier_writer_writes(tmp_path: Path) -> None:
         assert got["bytes"].tolist() == exp["bytes"].astype(int).tolist()
         assert got["max_len"].tolist() == exp["max_len"].astype(int).tolist()
         np.testing.assert_allclose(got["avg_len"].to_numpy(float), exp["avg_len"].to_numpy(float), rtol=1e-9)
-        top = c.get(
-            f"/queries/{Q}/top", params={"start": iso(s), "end": iso(e), "step": "1h", "n": "3"}
-        ).json()
-        assert top["tier"] == "raw"  # 1h kept 40 days: a 61-day range falls back to raw windows
-        top = c.get(
-            f"/queries/{Q}/top",
-            params={"start": iso(e - timedelta(days=30)), "end": iso(e), "step": "1h", "n": "3"},
-        ).json()
-        assert top["tier"] == "1h"
-        s1h = pd.Timestamp(top["start"])
-        w = v[v["window_start"] >= s1h]
-        exp_top = (
-            w.groupby("dst_ip_24")["bytes"]
-            .sum()
-            .reset_index()
-            .sort_values(["bytes", "dst_ip_24"], ascending=[False, True])
-        )
-        assert [(r["dst_ip_24"], r["bytes"]) for r in top["rows"]] == list(
-            exp_top.head(3).itertuples(index=False, name=None)
-        )
+        # a top sums whole days from 1d, the edges from 1h (kept 40 days) or raw windows
+        for start, step, parts in [
+            (s, "1h", ["1d"]),  # 1h kept 40 days: not for a 61-day range; its whole days from 1d
+            (e - timedelta(days=30, hours=-5), "1h", ["1h", "1d"]),
+            (e - timedelta(days=30, hours=-5, minutes=-7), "1m", ["raw", "1h", "1d"]),
+        ]:
+            params = {"start": iso(start), "end": iso(e), "n": "3", **({"step": step} if step else {})}
+            top = c.get(f"/queries/{Q}/top", params=params).json()
+            assert [p["tier"] for p in top["tiers"]] == parts and top["tier"] == "1d"
+            w = v[v["window_start"] >= pd.Timestamp(top["start"])]
+            exp_top = (
+                w.groupby("dst_ip_24")["bytes"]
+                .sum()
+                .reset_index()
+                .sort_values(["bytes", "dst_ip_24"], ascending=[False, True])
+            )
+            assert [(r["dst_ip_24"], r["bytes"]) for r in top["rows"]] == list(
+                exp_top.head(3).itertuples(index=False, name=None)
+            )

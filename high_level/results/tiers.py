@@ -42,6 +42,9 @@ def stop_at(point: str) -> None:
 
 
 US_PER_DAY = 86_400_000_000
+# rows per Parquet row group of a tier file: files are sorted by key, so its min/max statistics let a
+# one-group read (a series of one link over a month) skip all but a row group or two per file
+ROW_GROUP = 16_384
 _MERGE_AGG = {A.MERGE_SUM: "sum", A.MERGE_MIN: "min", A.MERGE_MAX: "max"}
 
 
@@ -233,7 +236,8 @@ def fold(q: Q.QuerySpec, tier: str, rows: pa.Table) -> pa.Table:
         col = got[f.name] if f.name != "kind" else pa.array(["final"] * g.num_rows, pa.string())
         out[f.name] = col.cast(f.type) if col.type != f.type else col
     tbl = pa.table(out, schema=schema)
-    return tbl.sort_by([(k, "ascending") for k in keys[:1]])
+    # by key, then window: with small row groups (ROW_GROUP) a one-group series reads few of them
+    return tbl.sort_by([(k, "ascending") for k in [*keys[1:], keys[0]]])
 
 
 def raw_files(root: Path, q: Q.QuerySpec, after: int, through: int) -> list[Path]:
@@ -284,7 +288,7 @@ def write_atomic(table: pa.Table, path: Path) -> None:
     """Write to a hidden temporary name, fsync, rename: a reader sees the whole file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP, write_statistics=True)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

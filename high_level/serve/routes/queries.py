@@ -453,16 +453,21 @@ def router(svc: ApiService) -> APIRouter:
             raise P.ParamError(f"query {name!r} has no count or sum aggregate to rank by over a range")
         step_ns = P.parse_step(step, qi.spec.window.slide)
         if step_ns:
-            s, e, tier = _stepped(qi, start, end, step_ns)
+            s, e = P.stepped_range(start, end, step_ns, svc.now(), svc.newest_end(qi, start, end))
         else:
             s, e = P.time_range(start, end, svc.now(), svc.newest_end(qi, start, end))
-            tier = tierpick.RAW
         flt = _parse_filters(qi, filters, keys)
-        rs = svc.ranges.range_top(qi, s, e, flt, col, n, tier)
+        # a sum over the range needs no granularity: whole days from the 1d tier, the edges finer
+        plan = tierpick.plan(svc.tier_options(qi), us_of(s) * 1000, us_of(e) * 1000, us_of(svc.now()) * 1000)
+        rs = svc.ranges.range_top(qi, s, e, flt, col, n, tuple((t, a // 1000, b // 1000) for t, a, b in plan))
+        coarsest = max(plan, key=lambda p: p[2] - p[1])[0] if plan else tierpick.RAW
         body = {
             **_range_body(name, s, e),
             "step": None if step_ns is None else _fmt_s(step_ns),
-            "tier": tier,
+            "tier": coarsest,
+            "tiers": [
+                {"tier": t, "start": iso_of_us(a // 1000), "end": iso_of_us(b // 1000)} for t, a, b in plan
+            ],
             "by": col,
             "n": n,
             "filters": _filter_texts(flt),
