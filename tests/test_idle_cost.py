@@ -4,9 +4,13 @@ milliseconds of traffic, not per packet. Real kernel and loop; the producer reco
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from contract import wire
 from low_level.capture.ring import Ring
@@ -82,3 +86,95 @@ def test_paced_generator_wakes_per_batch_of_traffic_not_per_packet() -> None:
     assert pushes <= 2 * batches, pushes
     tss = ring.arrays()[4][:4000].astype(np.int64)
     assert np.abs(np.diff(tss) - 50_000).max() <= 1  # each packet keeps its scheduled time (50 us apart)
+
+
+def test_waker_cuts_a_wait_short_once_per_wake() -> None:
+    w = HostLoop([], "h", None).waker
+    t0 = time.monotonic()
+    assert w.wait(0.05) is False and time.monotonic() - t0 >= 0.04  # nothing written: the full wait
+    w.wake()
+    w.wake()  # a wake already pending writes nothing more
+    t0 = time.monotonic()
+    assert w.wait(5.0) is True and time.monotonic() - t0 < 1.0
+    assert w.wait(0.01) is False and w.wakes == 1
+
+
+SEND_ONE = """
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+s.send(bytes.fromhex(sys.argv[2]))
+"""
+
+
+@pytest.mark.netns
+def test_an_agent_on_an_idle_interface_waits_for_its_deadlines_and_wakes_for_a_packet(veth_pair) -> None:
+    """On an idle AF_PACKET interface the loop turns at its deadlines (timer punctuation, a pane its idle
+    mark crosses), not every idle_sleep_max_s; a frame wakes it at once, and a stop ends it at once."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    ns, host, peer = veth_pair
+    q = spec(
+        "q",
+        group_by=["src_ip"],
+        aggregates=[{"fn": "count", "as": "packets"}],
+        window={"range": "1s"},
+        table=256,
+        heartbeat={"interval": "500ms"},
+    )
+    prod = RecordingProducer()
+    agent = Agent(
+        [q],
+        {"type": "afpacket", "interfaces": [host]},
+        "quiet",
+        None,
+        ring_slots=1 << 10,
+        chunk=256,
+        producer=prod,
+    )
+    assert agent.wakes_loop
+    turns = 0
+    step = agent.step
+
+    def counted() -> int:
+        nonlocal turns
+        turns += 1
+        return step()
+
+    agent.step = counted  # type: ignore[method-assign]
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    try:
+        time.sleep(3.0)
+        # deadlines: 2 timer marks and 1 pane a second, a few turns after each; at idle_sleep_max_s it was 60
+        assert turns <= 3.0 * 3 * 4, turns
+        frame = Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99") / IP(
+            src="10.203.77.2", dst="10.203.77.1"
+        )
+        t0 = time.monotonic()
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-c",
+                SEND_ONE,
+                peer,
+                bytes(frame / UDP(dport=9)).hex(),
+            ],
+            check=True,
+            timeout=60,
+        )
+        sent = time.monotonic()
+        while agent.records_in() == 0 and time.monotonic() - sent < 10:
+            time.sleep(0.005)
+        # the kernel hands a partly filled block over after RETIRE_TOV_MS (50 ms), the loop turns then
+        assert agent.records_in() == 1 and time.monotonic() - sent < 1.0, time.monotonic() - t0
+    finally:
+        agent.stopping = True
+        agent.waker.wake()
+        th.join(10)
+    assert not th.is_alive()
