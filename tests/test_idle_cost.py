@@ -33,30 +33,36 @@ def test_idle_wait_grows_and_never_passes_the_next_timer() -> None:
     assert loop.idle_wait(20) == 0.0  # overdue: turn at once
 
 
-def test_a_quiet_agent_turns_rarely_and_still_punctuates_on_its_timer() -> None:
-    interval_s = 0.2
+def _counted_agent(source: dict, interval: str) -> tuple[Agent, RecordingProducer, list[int]]:
+    """An agent of one small query on ``source``, and a list whose one item counts its loop turns."""
     q = spec(
         "q",
         group_by=["src_ip"],
         aggregates=[{"fn": "count", "as": "packets"}],
         window={"range": "1s"},
         table=256,
-        heartbeat={"interval": "200ms"},
+        heartbeat={"interval": interval},
     )
     prod = RecordingProducer()
-    quiet = {"type": "generator", "groups": 4, "rate": 2, "clock": "wall"}  # a live clock, 2 packets/s
-    agent = Agent([q], quiet, "idle-host", None, ring_slots=1 << 10, chunk=256, producer=prod)
-    turns = 0
+    agent = Agent([q], source, "idle-host", None, ring_slots=1 << 10, chunk=256, producer=prod)
+    turns = [0]
     step = agent.step
 
     def counted() -> int:
-        nonlocal turns
-        turns += 1
+        turns[0] += 1
         return step()
 
     agent.step = counted  # type: ignore[method-assign]
+    return agent, prod, turns
+
+
+def test_a_quiet_agent_turns_rarely_and_still_punctuates_on_its_timer() -> None:
+    interval_s = 0.2
+    quiet = {"type": "generator", "groups": 4, "rate": 2, "clock": "wall"}  # a live clock, 2 packets/s
+    agent, prod, counter = _counted_agent(quiet, "200ms")
     duration = 3.0
     agent.run(duration_s=duration)
+    turns = counter[0]
     marks = [wire.decode(v) for _, _, v in prod.sent]
     marks = [b for b in marks if isinstance(b, wire.Punctuation)]
     # the timer punctuates as configured (every 200 ms once the first packet set a mark: 15, and the
@@ -115,40 +121,14 @@ def test_an_agent_on_an_idle_interface_waits_for_its_deadlines_and_wakes_for_a_p
     from scapy.layers.l2 import Ether
 
     ns, host, peer = veth_pair
-    q = spec(
-        "q",
-        group_by=["src_ip"],
-        aggregates=[{"fn": "count", "as": "packets"}],
-        window={"range": "1s"},
-        table=256,
-        heartbeat={"interval": "500ms"},
-    )
-    prod = RecordingProducer()
-    agent = Agent(
-        [q],
-        {"type": "afpacket", "interfaces": [host]},
-        "quiet",
-        None,
-        ring_slots=1 << 10,
-        chunk=256,
-        producer=prod,
-    )
+    agent, _, turns = _counted_agent({"type": "afpacket", "interfaces": [host]}, "500ms")
     assert agent.wakes_loop
-    turns = 0
-    step = agent.step
-
-    def counted() -> int:
-        nonlocal turns
-        turns += 1
-        return step()
-
-    agent.step = counted  # type: ignore[method-assign]
     th = threading.Thread(target=agent.run, daemon=True)
     th.start()
     try:
         time.sleep(3.0)
         # deadlines: 2 timer marks and 1 pane a second, a few turns after each; at idle_sleep_max_s it was 60
-        assert turns <= 3.0 * 3 * 4, turns
+        assert turns[0] <= 3.0 * 3 * 4, turns[0]
         frame = Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99") / IP(
             src="10.203.77.2", dst="10.203.77.1"
         )
