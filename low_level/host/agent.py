@@ -262,10 +262,11 @@ class Agent(HostLoop):
                     due = min(
                         due, max(now + (cross - wall) / 1e9, self.last_on_demand[i] + self.on_demand_gap_s)
                     )
-        if self.control is not None:
+        if self.control is not None:  # its flags: the queries', then the selects'
+            last = [*self.last_on_demand, *self.select_last_on_demand]
             for i, asked in enumerate(self.control.pending):
-                if asked:
-                    due = min(due, self.last_on_demand[i] + self.on_demand_gap_s)
+                if asked and i < len(last):
+                    due = min(due, last[i] + self.on_demand_gap_s)
         if self.pending_records or not self.emitter.outbox.empty or any(self.emitter.backlog.fifos.values()):
             due = min(due, self.last_pump + self.pump_every_s)
         return due
