@@ -90,6 +90,12 @@ def key_bytes(u: LiveUpdate) -> bytes:
     return json.dumps([u.window_start_us, list(u.group.values())], separators=(",", ":")).encode()
 
 
+def window_of_key(key: bytes) -> int:
+    """The window start (us) of a live key (``[start,[group...]]``, :func:`key_bytes`), without
+    decoding the rest; ValueError when it is not one."""
+    return int(key[1 : key.index(b",")])
+
+
 def encode(u: LiveUpdate) -> tuple[bytes, bytes]:
     """(Kafka key, value) of an update."""
     return key_bytes(u), u.model_dump_json().encode()

@@ -4,9 +4,13 @@ milliseconds of traffic, not per packet. Real kernel and loop; the producer reco
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from contract import wire
 from low_level.capture.ring import Ring
@@ -29,30 +33,36 @@ def test_idle_wait_grows_and_never_passes_the_next_timer() -> None:
     assert loop.idle_wait(20) == 0.0  # overdue: turn at once
 
 
-def test_a_quiet_agent_turns_rarely_and_still_punctuates_on_its_timer() -> None:
-    interval_s = 0.2
+def _counted_agent(source: dict, interval: str) -> tuple[Agent, RecordingProducer, list[int]]:
+    """An agent of one small query on ``source``, and a list whose one item counts its loop turns."""
     q = spec(
         "q",
         group_by=["src_ip"],
         aggregates=[{"fn": "count", "as": "packets"}],
         window={"range": "1s"},
         table=256,
-        heartbeat={"interval": "200ms"},
+        heartbeat={"interval": interval},
     )
     prod = RecordingProducer()
-    quiet = {"type": "generator", "groups": 4, "rate": 2, "clock": "wall"}  # a live clock, 2 packets/s
-    agent = Agent([q], quiet, "idle-host", None, ring_slots=1 << 10, chunk=256, producer=prod)
-    turns = 0
+    agent = Agent([q], source, "idle-host", None, ring_slots=1 << 10, chunk=256, producer=prod)
+    turns = [0]
     step = agent.step
 
     def counted() -> int:
-        nonlocal turns
-        turns += 1
+        turns[0] += 1
         return step()
 
     agent.step = counted  # type: ignore[method-assign]
+    return agent, prod, turns
+
+
+def test_a_quiet_agent_turns_rarely_and_still_punctuates_on_its_timer() -> None:
+    interval_s = 0.2
+    quiet = {"type": "generator", "groups": 4, "rate": 2, "clock": "wall"}  # a live clock, 2 packets/s
+    agent, prod, counter = _counted_agent(quiet, "200ms")
     duration = 3.0
     agent.run(duration_s=duration)
+    turns = counter[0]
     marks = [wire.decode(v) for _, _, v in prod.sent]
     marks = [b for b in marks if isinstance(b, wire.Punctuation)]
     # the timer punctuates as configured (every 200 ms once the first packet set a mark: 15, and the
@@ -82,3 +92,69 @@ def test_paced_generator_wakes_per_batch_of_traffic_not_per_packet() -> None:
     assert pushes <= 2 * batches, pushes
     tss = ring.arrays()[4][:4000].astype(np.int64)
     assert np.abs(np.diff(tss) - 50_000).max() <= 1  # each packet keeps its scheduled time (50 us apart)
+
+
+def test_waker_cuts_a_wait_short_once_per_wake() -> None:
+    w = HostLoop([], "h", None).waker
+    t0 = time.monotonic()
+    assert w.wait(0.05) is False and time.monotonic() - t0 >= 0.04  # nothing written: the full wait
+    w.wake()
+    w.wake()  # a wake already pending writes nothing more
+    t0 = time.monotonic()
+    assert w.wait(5.0) is True and time.monotonic() - t0 < 1.0
+    assert w.wait(0.01) is False and w.wakes == 1
+
+
+SEND_ONE = """
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+s.send(bytes.fromhex(sys.argv[2]))
+"""
+
+
+@pytest.mark.netns
+def test_an_agent_on_an_idle_interface_waits_for_its_deadlines_and_wakes_for_a_packet(veth_pair) -> None:
+    """On an idle AF_PACKET interface the loop turns at its deadlines (timer punctuation, a pane its idle
+    mark crosses), not every idle_sleep_max_s; a frame wakes it at once, and a stop ends it at once."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    ns, host, peer = veth_pair
+    agent, _, turns = _counted_agent({"type": "afpacket", "interfaces": [host]}, "500ms")
+    assert agent.wakes_loop
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    try:
+        time.sleep(3.0)
+        # deadlines: 2 timer marks and 1 pane a second, a few turns after each; at idle_sleep_max_s it was 60
+        assert turns[0] <= 3.0 * 3 * 4, turns[0]
+        frame = Ether(src="02:00:00:cc:00:02", dst="02:00:00:cc:00:99") / IP(
+            src="10.203.77.2", dst="10.203.77.1"
+        )
+        t0 = time.monotonic()
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-c",
+                SEND_ONE,
+                peer,
+                bytes(frame / UDP(dport=9)).hex(),
+            ],
+            check=True,
+            timeout=60,
+        )
+        sent = time.monotonic()
+        while agent.records_in() == 0 and time.monotonic() - sent < 10:
+            time.sleep(0.005)
+        # the kernel hands a partly filled block over after RETIRE_TOV_MS (50 ms), the loop turns then
+        assert agent.records_in() == 1 and time.monotonic() - sent < 1.0, time.monotonic() - t0
+    finally:
+        agent.stopping = True
+        agent.waker.wake()
+        th.join(10)
+    assert not th.is_alive()

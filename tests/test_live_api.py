@@ -382,6 +382,37 @@ def test_values_of_a_query_nobody_consumes_are_read_only_when_asked(store: Store
     assert hub.stats()["coalesced"] == 1 and not hub.unread["q4_pairs"]
 
 
+def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll's records of a query nobody consumes go in as a batch; when too many wait, the values of
+    windows older than the newest KEEP_WINDOWS are dropped undecoded (counted as coalesced), and the table
+    then holds what reading every message in order gives. A tombstone and a keyless value are counted."""
+    from types import SimpleNamespace
+
+    from high_level.live import hub as H
+
+    monkeypatch.setattr(H, "MAX_UNREAD", 600)
+    q = Q.load(store.config).query("q4_pairs")
+    hub, ref = LiveHub([q]), LiveHub([q])
+    ups = [
+        _upd((f"10.0.{w}.{g}", "10.9.9.9"), w * 100 + g, False, 1, W0 + w * 60_000_000)
+        for w in range(6)
+        for g in range(120)
+    ]
+    recs = [SimpleNamespace(key=k, value=v) for k, v in map(L.encode, ups)]
+    recs += [SimpleNamespace(key=recs[0].key, value=None), SimpleNamespace(key=None, value=b"{}")]
+    for i in range(0, len(recs), 100):  # poll batches of 100
+        hub.ingest_batch("q4_pairs", recs[i : i + 100])
+    assert hub.tombstones == 1 and hub.rejected == 1
+    # at 600 waiting (5 windows), the 2 oldest went undecoded; the rest was read (still 360 >= 600 / 2)
+    assert hub.coalesced == 2 * 120 and hub.received == 3 * 120 and len(hub.unread["q4_pairs"]) == 120
+    for u in ups:
+        ref.ingest(u)
+    assert hub.snapshot("q4_pairs") == ref.snapshot("q4_pairs")
+    assert hub.received + hub.coalesced == len(ups)
+
+
 # earlier runs' values on the compacted topic (the issue saw ~400K, replayed at 1.7K/s)
 OLD_MESSAGES = 150_000
 

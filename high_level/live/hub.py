@@ -93,7 +93,9 @@ class LiveHub:
         # window's groups, so most values are replaced before anyone looks; validating each one was most
         # of the API's CPU with no browser connected (0.1 of a core under the demo traffic)
         self.unread: dict[str, dict[bytes, bytes]] = {n: {} for n in self.queries}
-        self.coalesced = 0  # raw values replaced by a newer one of their key before they were read
+        # raw values dropped unread: replaced by a newer one of their key, or of a window older than the
+        # newest KEEP_WINDOWS unread ones (it would leave the table as soon as they were read)
+        self.coalesced = 0
         self.subs: dict[int, Subscription] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -161,14 +163,56 @@ class LiveHub:
         if query is not None and key is not None and query in self.unread:
             with self._lock:
                 if not any(s.query == query for s in self.subs.values()):
-                    held = self.unread[query]
-                    if held.pop(key, None) is not None:
-                        self.coalesced += 1
-                    held[key] = value  # arrival order: a key replaced moves to the end
-                    if len(held) >= MAX_UNREAD:
-                        self._read_unread(query)
+                    self._hold(query, key, value)
                     return True
         return self._ingest_now(key, value)
+
+    def ingest_batch(self, query: str, records: Iterable[Any]) -> None:
+        """A poll's records of ``query``'s live topic (each with ``key`` and ``value``): what
+        :meth:`ingest_raw` does to each, with the lock and the look for a consumer taken once."""
+        keyless = []
+        with self._lock:
+            watched = query not in self.unread or any(s.query == query for s in self.subs.values())
+            if not watched:
+                for r in records:
+                    if r.value is None:
+                        self.tombstones += 1
+                    elif r.key is None:
+                        keyless.append(r)
+                    else:
+                        self._hold(query, r.key, r.value)
+        for r in records if watched else keyless:  # a consumer is offered each update as it comes
+            self.ingest_raw(r.key, r.value, query)
+
+    def _hold(self, query: str, key: bytes, value: bytes) -> None:
+        """Keep a raw value of an unwatched query unread (the lock held)."""
+        held = self.unread[query]
+        if held.pop(key, None) is not None:
+            self.coalesced += 1
+        held[key] = value  # arrival order: a key replaced moves to the end
+        if len(held) >= MAX_UNREAD:
+            self._drop_old_unread(query)
+            if len(held) >= MAX_UNREAD // 2:  # else the next value would scan them all again
+                self._read_unread(query)
+
+    def _drop_old_unread(self, query: str) -> None:
+        """Drop the unread values of windows older than the newest KEEP_WINDOWS unread ones, without
+        decoding them: the table would drop them as soon as those newer windows were read. Keys that
+        do not parse stay (read, they are rejected and counted)."""
+        held = self.unread[query]
+        wins: dict[bytes, int] = {}
+        for key in held:
+            try:
+                wins[key] = L.window_of_key(key)
+            except ValueError:
+                pass
+        keep = sorted(set(wins.values()), reverse=True)[:KEEP_WINDOWS]
+        if len(keep) < KEEP_WINDOWS:
+            return
+        old = [k for k, w in wins.items() if w < keep[-1]]
+        for k in old:
+            del held[k]
+        self.coalesced += len(old)
 
     def _read_unread(self, query: str) -> None:
         """Validate and apply ``query``'s unread messages, in arrival order (the lock held). Nobody
@@ -351,9 +395,7 @@ class KafkaLiveSource:
                     self.stop_event.wait(0.5)
                     continue
                 for tp, records in self.consumer.poll(timeout_ms=200).items():
-                    query = L.query_of_topic(tp.topic)
-                    for r in records:
-                        self.hub.ingest_raw(r.key, r.value, query)
+                    self.hub.ingest_batch(L.query_of_topic(tp.topic), records)
                 self.hub.source_error = ""
             except Exception as exc:  # noqa: BLE001 - Kafka down: say so in /live, retry
                 self.hub.source_error = (

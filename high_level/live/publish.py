@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from contract import live as L
 from contract import query as Q
 from contract import results as R
+from contract.live import window_of_key
 from high_level.aggregate.packed import QueryWindows
 from high_level.aggregate.rollup import Layout
 from high_level.kafkaclients import KafkaClients
@@ -32,11 +33,6 @@ log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)
 PRODUCER = {"linger_ms": 5, "acks": 1}  # best effort: the store is the exact copy
 KEEP_CLOSED = 3  # closed windows per query whose finals stay on the topic (the API shows the newest 3)
-
-
-def window_of_key(key: bytes) -> int:
-    """The window start (us) of a live key (:func:`contract.live.key_bytes`: ``[start,[group...]]``)."""
-    return int(key[1 : key.index(b",")])
 
 
 def split_provisional(packed: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -90,6 +90,10 @@ class Agent(HostLoop):
         )
         if self.pull:  # a fast classic-pcap replay's ring lies over the file: frames are not even copied
             self.ring = self.source.pull_ring(min(self.ring.nslots, self.pull_frames), self.ring.snaplen)
+        if self.source is not None and not self.pull and getattr(self.source, "wakes_consumer", False):
+            self.source.on_records = self.waker.wake  # the loop waits for records, not a short sleep
+        if control is not None:
+            control.on_request = self.waker.wake
         self.last_on_demand = [0.0] * len(queries)
         self.select_ledgers = [LossLedger() for _ in self.selects]
         # the time span of the frames the ring dropped, not yet charged by each query / select
@@ -196,6 +200,8 @@ class Agent(HostLoop):
                 self.punctuate(i, idle, timer=True)
             elif idle and q.heartbeat.on_demand and now - self.last_on_demand[i] >= self.on_demand_gap_s:
                 self.last_on_demand[i] = now
+                if self.control:
+                    self.control.take(i)  # answered by this punctuation (it flushes below the clock too)
                 self.punctuate(i, idle, timer=False)
             elif (
                 self.control and now - self.last_on_demand[i] >= self.on_demand_gap_s and self.control.take(i)
@@ -233,6 +239,37 @@ class Agent(HostLoop):
             self.submit()
             self.emitter.pump()
         return n
+
+    @property
+    def wakes_loop(self) -> bool:
+        return self.source is not None and getattr(self.source, "on_records", None) == self.waker.wake
+
+    def next_due(self) -> float:
+        """The next time a turn has something to do with no record arriving: a timer punctuation, an
+        idle live-clock mark that moves (its clock crosses a pane), a request the rate limit held back,
+        a pump of what is queued. Select queries on demand keep the short wait (their mark follows
+        the clock itself, not panes)."""
+        due = min(super().next_due(), *self.select_next_timer) if self.selects else super().next_due()
+        if any(s.heartbeat.on_demand for s in self.selects):
+            return min(due, time.monotonic() + self.idle_sleep_max_s)
+        now = time.monotonic()
+        if self.live_clock:
+            wall = time.time_ns()
+            for i, q in enumerate(self.queries):
+                if q.heartbeat.on_demand:
+                    w, skew = q.window, q.heartbeat.skew_ns
+                    cross = w.origin_ns + ((wall - skew - w.origin_ns) // w.pane_ns + 1) * w.pane_ns + skew
+                    due = min(
+                        due, max(now + (cross - wall) / 1e9, self.last_on_demand[i] + self.on_demand_gap_s)
+                    )
+        if self.control is not None:  # its flags: the queries', then the selects'
+            last = [*self.last_on_demand, *self.select_last_on_demand]
+            for i, asked in enumerate(self.control.pending):
+                if asked and i < len(last):
+                    due = min(due, last[i] + self.on_demand_gap_s)
+        if self.pending_records or not self.emitter.outbox.empty or any(self.emitter.backlog.fifos.values()):
+            due = min(due, self.last_pump + self.pump_every_s)
+        return due
 
     def turn(self) -> int:
         if self.pull and self.ring.fill == 0:

@@ -16,6 +16,8 @@ clock per query. What one loop turn reads differs (frames from a ring, or datagr
 from __future__ import annotations
 
 import logging
+import os
+import select
 import signal
 import time
 from typing import Any
@@ -40,6 +42,52 @@ from low_level.kernel.tables import (
 log = logging.getLogger("lowwater.agent")
 
 
+class Waker:
+    """What an idle loop waits on: a pipe that a source's thread (records in the ring), the control
+    listener (a punctuation request) or a signal handler writes a byte to. Why a pipe, not an Event: a
+    signal handler runs in the waiting thread itself, where taking the Event's lock may deadlock, and
+    ``os.write`` takes none."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        # a byte is in the pipe and the loop has not woken since: a busy source writes once per wait,
+        # not once per batch of records (the loop reads the ring after clearing it, so nothing is missed)
+        self.pending = False
+        self.wakes = 0  # waits cut short by wake()
+
+    def wake(self) -> None:
+        """Cut the current (or next) wait short; from any thread or a signal handler."""
+        if self.pending:
+            return
+        self.pending = True
+        try:
+            os.write(self._w, b"w")
+        except OSError:  # full (a wake is pending anyway) or closed (the loop is gone)
+            pass
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a wake; True when woken (what was written is consumed)."""
+        if timeout_s <= 0 or not select.select([self._r], [], [], timeout_s)[0]:
+            return False
+        self.pending = False  # before reading: a wake from now on writes again
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self.wakes += 1
+        return True
+
+    def __del__(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class HostLoop:
     """One host's queries, kernel, emitter and marks; subclasses say how records come in (``step``)."""
 
@@ -52,6 +100,10 @@ class HostLoop:
     # is 50K of its 256K slots); a request for punctuation from the job waits at most as long.
     idle_sleep_s = 0.0005
     idle_sleep_max_s = 0.05
+    # a source that wakes the loop when records arrive (``wakes_loop``) lets an empty turn wait until
+    # the next deadline (timer punctuation, on-demand mark, pump) instead: ~2 turns a second on an idle
+    # interface, not 20; this bounds the wait all the same (a deadline nothing computed)
+    idle_wait_max_s = 1.0
 
     def __init__(self, queries: list[Q.QuerySpec], host: str, networks: str | None) -> None:
         self.host = host
@@ -79,6 +131,7 @@ class HostLoop:
         self.ledgers = [
             LossLedger() for _ in queries
         ]  # losses charged to panes, per query (low_level.host.losses)
+        self.waker = Waker()
 
     def take_drop_span(self, j: int) -> tuple[int, int] | None:
         """The ns span of the frames the ring dropped not yet charged by query j (a source without a ring: None)."""
@@ -187,6 +240,7 @@ class HostLoop:
 
         def _stop(*_: object) -> None:
             self.stopping = True
+            self.waker.wake()
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
@@ -328,7 +382,7 @@ class HostLoop:
                     if exit_at_end:
                         break
                 if n == 0:
-                    time.sleep(self.idle_wait(empty))
+                    self.waker.wait(self.idle_wait(empty))
                     empty += 1
                 else:
                     empty = 0
@@ -341,14 +395,22 @@ class HostLoop:
             self.emitter.close()
             self.close_source()
 
+    @property
+    def wakes_loop(self) -> bool:
+        """True when the source wakes the loop (``waker``) as records arrive, so an empty turn may wait
+        for the next deadline rather than look again after idle_sleep_max_s."""
+        return False
+
     def next_due(self) -> float:
         """The monotonic time of the next timer punctuation (the earliest over the queries)."""
         return min(self.next_timer, default=float("inf"))
 
     def idle_wait(self, empty: int) -> float:
         """How long an empty turn waits: doubling with the empty turns before it, bounded by
-        idle_sleep_max_s and by the next timer punctuation (whose timing stays as configured)."""
-        wait = min(self.idle_sleep_s * (1 << min(empty, 16)), self.idle_sleep_max_s)
+        idle_sleep_max_s (idle_wait_max_s when the source wakes the loop) and by the next timer
+        punctuation (whose timing stays as configured)."""
+        cap = self.idle_wait_max_s if self.wakes_loop else self.idle_sleep_max_s
+        wait = min(self.idle_sleep_s * (1 << min(empty, 16)), cap)
         return max(0.0, min(wait, self.next_due() - time.monotonic()))
 
     def summary(self) -> dict[str, Any]:

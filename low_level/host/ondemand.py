@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from contract import control as C
@@ -40,6 +40,7 @@ class RequestListener:
         self.ready = threading.Event()  # set once the consumer sits at the topic's end
         self.stopping = threading.Event()
         self.received = self.accepted = self.bad = 0
+        self.on_request: Callable[[], None] | None = None  # wakes the agent's idle loop (HostLoop.waker)
         self.thread = threading.Thread(target=self._run, name=f"lowwater-control-{host}", daemon=True)
 
     def start(self) -> RequestListener:
@@ -75,6 +76,8 @@ class RequestListener:
         self.accepted += 1
         with self.lock:
             self.pending[i] = True
+        if self.on_request is not None:
+            self.on_request()
 
     def _run(self) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -110,7 +113,9 @@ class RequestListener:
         self.ready.set()
         try:
             while not self.stopping.is_set():
-                for records in consumer.poll(timeout_ms=50).values():
+                # a request is handed over as its fetch returns, whatever the timeout: this only
+                # bounds how soon a stop is seen (a 50-ms poll woke the idle agent 20 times a second)
+                for records in consumer.poll(timeout_ms=500).values():
                     for rec in records:
                         self.offer(rec.value)
         finally:

@@ -14,6 +14,10 @@ Choices worth knowing:
 * VLAN tags the NIC/kernel stripped (``tp_vlan_tci``) are put back into the frame, as libpcap does,
   so the parser sees the tag.
 * Timestamps are the kernel's receive time in ns (``live_clock`` True).
+* The thread sleeps in poll() until a block is ready (the kernel retires a partly filled one after
+  RETIRE_TOV_MS), a socket error, or stop() (a pipe in the same poll); after pushing frames it wakes
+  the consumer (``on_records``). An idle interface thus costs a wake-up a second (the kernel counters),
+  not one per POLL_MS.
 * A full lowwater ring drops the frame and counts it (``drops``); frames the kernel could not fit in
   its own ring are counted by the kernel (``kernel_drops``, from PACKET_STATISTICS).
 
@@ -61,7 +65,8 @@ log = logging.getLogger(__name__)
 
 TPACKET3_HDR_MIN = 48  # sizeof(struct tpacket3_hdr)
 RETIRE_TOV_MS = 50
-POLL_MS = 50
+POLL_MS = 50  # the pause after a POLLHUP without an error
+STATS_EVERY_S = 1.0  # the kernel's 32-bit counters are read (and reset) at least this often
 
 
 # Per-frame readers are single-exit calls with the buffer pinned, not inlined helpers: Numba's
@@ -239,6 +244,7 @@ class AfPacketSource(Source):
 
     kind = "afpacket"
     live_clock = True
+    wakes_consumer = True
 
     def __init__(
         self,
@@ -275,6 +281,7 @@ class AfPacketSource(Source):
         self._kstats = [0, 0, 0]
         self.socket_errors = 0
         self._klock = threading.Lock()
+        self._stop_r, self._stop_w = os.pipe()  # stop() writes, so the poll below may block long
         self._caps: list[_Capture] = []
         try:
             for name in self.interfaces:
@@ -295,14 +302,22 @@ class AfPacketSource(Source):
         super().start()
         return self
 
+    def stop(self) -> None:
+        try:  # first: the thread closes the pipe only once it has seen the stop
+            os.write(self._stop_w, b"s")
+        except OSError:  # closed: the thread has ended
+            pass
+        super().stop()
+
     def _run(self) -> None:
         caps = self._caps
         poller = select.poll()
         by_fd = {c.sock.fileno(): c for c in caps}
         for fd in by_fd:
             poller.register(fd, select.POLLIN | select.POLLERR)
+        poller.register(self._stop_r, select.POLLIN)
         arrays = self.ring.arrays()
-        next_stats = time.monotonic() + 1.0
+        next_stats = time.monotonic() + STATS_EVERY_S
         while not self._stop_evt.is_set():
             drained = 0
             for k, c in enumerate(caps):
@@ -316,13 +331,17 @@ class AfPacketSource(Source):
                     self._st,
                     arrays,
                 )
-            if not drained:
-                for fd, ev in poller.poll(POLL_MS):
-                    if ev & (select.POLLERR | select.POLLHUP):
+            if drained:
+                if self.on_records is not None:
+                    self.on_records()
+            else:
+                wait_ms = max(0, int((next_stats - time.monotonic()) * 1000) + 1)
+                for fd, ev in poller.poll(wait_ms):
+                    if fd in by_fd and ev & (select.POLLERR | select.POLLHUP):
                         self._socket_error(by_fd[fd])
             if time.monotonic() >= next_stats:
                 self._poll_kernel_stats()
-                next_stats = time.monotonic() + 1.0
+                next_stats = time.monotonic() + STATS_EVERY_S
 
     def _socket_error(self, cap: _Capture) -> None:
         """Read (and so clear) a pending socket error, e.g. ENETDOWN when the interface went down:
@@ -352,6 +371,10 @@ class AfPacketSource(Source):
             for c in self._caps:
                 c.close()
             self._caps = [c for c in self._caps if c.mm is not None]
+            if not self._caps and self._stop_r >= 0:
+                os.close(self._stop_r)
+                os.close(self._stop_w)
+                self._stop_r = self._stop_w = -1
 
     def stats(self) -> dict[str, Any]:
         """Base counters plus the kernel's own: ``kernel_packets`` (seen, including dropped),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,10 +49,14 @@ class Source:
       When False, time only advances with the data (fast file replay, synthetic generator).
     * ``interfaces``: names of the interfaces whose frames it produces; frame ``iface`` values are
       ``iface_index + position`` in this list.
+    * ``wakes_consumer``: the thread calls ``on_records`` (when set) after pushing frames, so the
+      consumer may wait for it rather than look at the ring every few milliseconds (an idle live
+      interface then costs its host almost nothing).
     """
 
     kind = "source"
     live_clock: bool = False
+    wakes_consumer: bool = False
 
     def __init__(self, ring: Ring, interfaces: list[str], nstats: int = NST_BASE) -> None:
         self.ring = ring
@@ -61,6 +66,7 @@ class Source:
         self._thread: threading.Thread | None = None
         self._finished = False
         self.error: BaseException | None = None
+        self.on_records: Callable[[], None] | None = None  # see wakes_consumer
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> Source:
