@@ -27,11 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks import harness
@@ -62,7 +64,7 @@ def topics_of(a: argparse.Namespace, tag: str) -> dict[str, dict]:
     return out
 
 
-def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict]) -> dict[str, int]:
+def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict], t_all: float) -> dict[str, int]:
     """Each topic's records (placed by hash mod P as agents place them); partial records per topic."""
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
@@ -80,6 +82,7 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict]) -> d
         for part, v, _ in msgs:
             prod.send(t, value=v, partition=part)
         totals[t] = sum(k for *_, k in msgs)
+        print(f"[{time.monotonic() - t_all:6.1f} s] produced {t}: {totals[t]:,} partial records", flush=True)
     prod.flush()
     prod.close()
     return totals
@@ -101,6 +104,11 @@ def driver(a: argparse.Namespace) -> int:
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
     }
     work = Path(spec["work"])
+    t_start = time.monotonic()
+
+    def step(what: str) -> None:
+        print(f"STEP {time.monotonic() - t_start:6.1f} s {what}", flush=True)
+
     spark = build_spark(
         f"lowwater-scaling-w{w}",
         spec["master"],
@@ -109,11 +117,16 @@ def driver(a: argparse.Namespace) -> int:
         state=work / "state",
         driver_host="127.0.0.1",
     )
+    step(f"driver's session up, {sc_executors(spark)} executor(s) registered")
     ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
     warm = query_for(spec["warm"], 2)
     wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
     run_config(spark, warm, ns, work / "warm", min(a.batch_records, wt // 3), wt)
+    step(f"warm-up done ({wt:,} records)")
     for i, run in enumerate(spec["runs"]):
+        step(
+            f"run {i + 1}/{len(spec['runs'])}: {run['kind']}, P={run['partitions']}, {len(run['topics'])} queries"
+        )
         p = ns.partitions = run["partitions"]
         qs = [query_for(t, p) for t in run["topics"]]
         total = sum(spec["totals"][t] for t in run["topics"])
@@ -139,6 +152,37 @@ def driver(a: argparse.Namespace) -> int:
         print("ROW " + json.dumps(r), flush=True)
     spark.stop()
     return 0
+
+
+def _drive(spec: dict, log: Path, t_all: float, timeout_s: float = 3600) -> Iterator[dict]:
+    """Run :func:`driver` in a process of its own, its progress shown as it comes; its rows."""
+    import threading
+
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bench_scaling", "--driver", json.dumps(spec), *sys.argv[1:]],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=REPO,
+        )
+        timer = threading.Timer(timeout_s, proc.kill)  # bounded: a hung driver fails the run
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("ROW "):
+                    yield json.loads(line[4:])
+                elif line.startswith("STEP "):
+                    print(f"[{time.monotonic() - t_all:6.1f} s]   driver {line[5:].rstrip()}", flush=True)
+            proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        raise SystemExit(f"driver failed ({proc.returncode}), its log {log}:\n{log.read_text()[-4000:]}")
 
 
 def sc_executors(spark) -> int:
@@ -315,15 +359,21 @@ def main() -> int:
     from local_stack.spark_cluster import SparkCluster
 
     work = Path(tempfile.mkdtemp(prefix="lowwater-scaling-"))
+    t_all = time.monotonic()
     broker = KafkaBroker("bench-scaling", port=0, state=work / "kafka").start()
+    print(f"[{time.monotonic() - t_all:6.1f} s] Kafka broker up ({work})", flush=True)
     rows: list[dict] = []
     load = [os.getloadavg()[0]]
     workers = sorted({w for w, _ in a.pairs})
     try:
         tag = uuid.uuid4().hex[:6]
         topics = topics_of(a, tag)
-        totals = produce(broker.bootstrap_servers, a, topics)
-        print(f"{a.records:,} records per scaling topic, runs {a.pairs}, queries {a.queries}", flush=True)
+        totals = produce(broker.bootstrap_servers, a, topics, t_all)
+        print(
+            f"[{time.monotonic() - t_all:6.1f} s] {a.records:,} records per scaling topic, runs {a.pairs}, "
+            f"queries {a.queries}",
+            flush=True,
+        )
         for w in workers:
             runs = [
                 {"kind": "scale", "topics": [f"scaling-{tag}-p{p}"], "partitions": p, "packets": a.records}
@@ -364,36 +414,25 @@ def main() -> int:
                     "worker_pids": [p.pid for p in cluster.procs[1:]],
                 }
                 t0 = time.monotonic()
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.bench_scaling",
-                        "--driver",
-                        json.dumps(spec),
-                        *sys.argv[1:],
-                    ],
-                    capture_output=True,
-                    text=True,
-                    cwd=REPO,
-                    timeout=3600,
+                print(
+                    f"[{time.monotonic() - t_all:6.1f} s] {w}-worker cluster up; starting the driver",
+                    flush=True,
                 )
-                if proc.returncode != 0:
-                    raise SystemExit(f"driver for {w} workers failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
-                for line in proc.stdout.splitlines():
-                    if line.startswith("ROW "):
-                        r = json.loads(line[4:])
-                        rows.append(r)
-                        print(
-                            f"W={w} P={r['partitions']} {r['kind']} q={r['queries']}: "
-                            f"{r['sustained_records_per_s']:>10,} records/s sustained ({r['batches']} batches, "
-                            f"executor CPU {r['executor_cpu_seconds']} s, driver CPU {r['driver_cpu_seconds']} s)",
-                            flush=True,
-                        )
+                for r in _drive(spec, work / f"driver-w{w}.log", t_all):
+                    rows.append(r)
+                    print(
+                        f"[{time.monotonic() - t_all:6.1f} s] W={w} P={r['partitions']} {r['kind']} "
+                        f"q={r['queries']}: {r['sustained_records_per_s']:>10,} records/s sustained "
+                        f"({r['batches']} batches, executor CPU {r['executor_cpu_seconds']} s, driver CPU "
+                        f"{r['driver_cpu_seconds']} s)",
+                        flush=True,
+                    )
                 print(f"  {w} worker(s): {time.monotonic() - t0:.0f} s with the driver's start", flush=True)
                 load.append(os.getloadavg()[0])
     finally:
         broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # the topics (GBs at full size); kept on failure: the logs
+    print(f"[{time.monotonic() - t_all:6.1f} s] done", flush=True)
     res = summarize(
         rows,
         {

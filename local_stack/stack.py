@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+
+import dpkt
 
 from contract import query as Q
 from contract import status as S
@@ -84,20 +85,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _first_packet_ns(path: str) -> int | None:
-    """The first record's timestamp of a classic pcap (ns); None for pcapng, an empty or unreadable file
-    (then nothing is checked up front: the end-of-capture line still reports late partials)."""
+    """The first record's timestamp (ns) of a pcap or pcapng file, read by dpkt; None for an empty, short or
+    unreadable file (then nothing is checked up front: the end-of-capture line still reports late partials)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(32)
-    except OSError:
+            for ts, _frame in dpkt.pcap.UniversalReader(f):
+                return int(ts) * NS + round((ts - int(ts)) * NS)  # a float's ns would round off the seconds
+    except (OSError, ValueError, dpkt.dpkt.Error):
         return None
-    if len(head) < 32:
-        return None
-    for endian in "<>":
-        (magic,) = struct.unpack(endian + "I", head[:4])
-        if magic in (0xA1B2C3D4, 0xA1B23C4D):
-            sec, frac = struct.unpack(endian + "II", head[24:32])
-            return sec * NS + frac * (1000 if magic == 0xA1B2C3D4 else 1)
     return None
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -192,8 +193,10 @@ class JobProcess:
         self.proc: subprocess.Popen | None = None
         self.starts: list[float] = []
         self.restarts: list[str] = []  # why the job exited by itself and was started again
+        self._log_from, self._wall_start = 0, 0.0
 
     def start(self) -> JobProcess:
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "high_level.cli", *self.argv],
@@ -204,6 +207,7 @@ class JobProcess:
         )
         out.close()
         self.starts.append(time.monotonic())
+        self._wall_start = time.time()
         return self
 
     def kill(self) -> float:
@@ -230,6 +234,24 @@ class JobProcess:
             pass
         self.proc.wait(30)
         return self.proc.returncode
+
+    def query_started_s(self) -> float | None:
+        """Seconds from the latest start to the job's ``started ... mode`` line (Spark session up, queries
+        started), from the log's own clock; None while it is not written."""
+        with self.log.open("rb") as f:
+            f.seek(self._log_from)
+            text = f.read().decode(errors="replace")
+        for line in text.splitlines():
+            if " INFO " in line and " started " in line and " mode for " in line:
+                wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # logging: local time
+                return round(wall - self._wall_start, 1)
+        return None
+
+    def started_line(self) -> str:
+        s = self.query_started_s()
+        return (
+            "the job's start not logged yet" if s is None else f"its queries started {s} s after its launch"
+        )
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
@@ -462,6 +484,38 @@ def _wait_recovered(
         time.sleep(0.5)
 
 
+class BrokerRestart(threading.Thread):
+    """A SIGKILLed broker started again in the background (a JVM start: the run goes on meanwhile).
+
+    The thread stays parked once the broker serves: the broker is launched under ``setpriv --pdeathsig``,
+    and Linux sends that signal when the launching *thread* exits, so a thread that returned would take
+    the broker down with it. It ends with the process, as the main thread's brokers do."""
+
+    def __init__(self, node, log) -> None:
+        super().__init__(daemon=True, name="broker-restart")
+        self.node, self.log = node, log
+        self.took_s: float | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        t = time.monotonic()
+        try:
+            self.node.start(180)
+            self.took_s = round(time.monotonic() - t, 2)
+            self.log(f"broker {self.node.node_id} back (serving) after {self.took_s} s")
+        except Exception as exc:  # reported in the results; the run goes on on two brokers
+            self.error = repr(exc)[:500]
+            self.log(f"broker {self.node.node_id} failed to restart: {self.error}")
+        finally:
+            self.done.set()
+        threading.Event().wait()  # parked: see the class docstring
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the restart ended (served or failed) within ``timeout`` s."""
+        return self.done.wait(timeout)
+
+
 @dataclass(frozen=True)
 class Stream:
     """The emulated hosts' traffic: packets/s over the three, distinct (src, dst) groups, data seconds."""
@@ -480,20 +534,32 @@ def recovery_run(
     stream: Stream = Stream(),
     steady_windows: int = 3,
     timeouts: tuple[float, float] = (300.0, 600.0),  # a wait; the job's start (slow on a loaded machine)
+    budget_s: float = float("inf"),
+    reserve_s: float = 60.0,
     log=print,
+    clock_from: float | None = None,
 ) -> dict:
     """Stream three emulated hosts into ``kafka`` while the job runs on ``master``; inject ``faults`` in turn
     (``job``: SIGKILL the driver, restart it at once from its checkpoint; ``broker``: SIGKILL the leader of
     partition 0, restart it once windows close again), each after ``steady_windows`` windows closed; cut
-    the stream, wait for every window below the hosts' last mark and check the store against the oracle."""
+    the stream, wait for every window below the hosts' last mark and check the store against the oracle.
+    Bounded: a fault is skipped (``faults_skipped``) when less than its kind's longest cycle so far plus
+    ``reserve_s`` (the end: cut, last windows, oracle) is left of ``budget_s``; ``log`` gets a line per step."""
     import uuid
 
     timeout, start_timeout = timeouts
     from lowwater_testing.queries import config, query
     from lowwater_testing.traffic import make_traffic
 
+    t_begin = time.monotonic()
+    t_clock = t_begin if clock_from is None else clock_from  # progress lines count from here
+
+    def step(what: str) -> None:
+        log(f"[{time.monotonic() - t_clock:6.1f} s] {what}")
+
     work.mkdir(parents=True, exist_ok=True)
     topic = kafka.create_topic(f"lw-recovery-{uuid.uuid4().hex[:8]}", 2, {"min.insync.replicas": "2"})
+    step(f"topic {topic} created (2 partitions, 3 replicas)")
     cfg = work / "q.yaml"
     aggs = ["count as packets", "sum(length) as bytes", "max(ttl) as max_ttl"]
     config(
@@ -503,58 +569,104 @@ def recovery_run(
     ).write(cfg)
     q = Q.load(cfg).queries[0]
     pane = q.window.pane_ns
-    t0 = time.time_ns() // pane * pane
-    t = make_traffic(int(stream.rate * stream.seconds), stream.groups, t0, stream.seconds * 10**9, seed=23)
-    counts = window_counts(q, t)
-    msgs = host_stream(q, t)
     job = JobProcess(job_argv(cfg, master, kafka.bootstrap_servers, work), work / "job.log")
-    hosts = PacedHosts(kafka.bootstrap_servers, topic, msgs)
-    watch = StoreWatch(work / "results", q, counts)
     events: list[dict] = []
+    restarts: list[BrokerRestart] = []
+    skipped: list[str] = []
+    hosts: PacedHosts | None = None
+    watch: StoreWatch | None = None
     t_start = time.monotonic()
     try:
-        job.start()
+        job.start()  # the driver boots (JVM, executors, queries) while this process generates the stream
+        step("job launched; generating the hosts' stream meanwhile")
+        t_gen = time.monotonic()
+        t0 = time.time_ns() // pane * pane
+        t = make_traffic(
+            int(stream.rate * stream.seconds), stream.groups, t0, stream.seconds * 10**9, seed=23
+        )
+        counts = window_counts(q, t)
+        msgs = host_stream(q, t)
+        gen_s = round(time.monotonic() - t_gen, 1)
+        step(
+            f"stream generated in {gen_s} s: {len(t):,} packets, {len(msgs):,} messages, {len(counts)} windows"
+        )
+        hosts = PacedHosts(kafka.bootstrap_servers, topic, msgs)
+        watch = StoreWatch(work / "results", q, counts)
         hosts.start()
         watch.start()
+        step(f"hosts streaming ({job.started_line()})")
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
-        log(f"first window whole {first - t_start:.1f} s after the job's start")
-        for kind in faults:
+        first_started = job.query_started_s()
+        step(f"first window whole {first - t_start:.1f} s after the job's start ({job.started_line()})")
+        cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
+        for i, kind in enumerate(faults):
+            left = budget_s - (time.monotonic() - t_begin)
+            if kind in cycle and left < cycle[kind] + reserve_s:  # bounded: the run ends within its budget
+                skipped = list(faults[i:])
+                step(
+                    f"{len(skipped)} faults skipped: {left:.0f} s of the budget left, a {kind} cycle took {cycle[kind]:.0f} s"
+                )
+                break
+            t_cycle = time.monotonic()
             _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job)
             if kind == "job":
                 t_kill = job.kill()
+                step("job fault: driver SIGKILLed (Python + JVM), started again from its checkpoint")
                 job.start()
                 _wait_recovered(watch, hosts, t_kill, start_timeout, "after the driver's SIGKILL", job)
-                ev = {"fault": "job", "what": "driver SIGKILLed (Python + JVM), restarted at once"}
+                ev = {
+                    "fault": "job",
+                    "what": "driver SIGKILLed (Python + JVM), restarted at once",
+                    "queries_started_s": job.query_started_s(),  # of the recovery: the job's own start
+                }
+                step(
+                    f"windows close again {time.monotonic() - t_kill:.1f} s after the kill ({job.started_line()})"
+                )
             elif kind == "broker":
+                for r in restarts:  # the last victim is back first: two brokers down refuse acks=all writes
+                    r.wait(240)
                 node = leader(kafka, topic, 0)
                 victim = kafka.nodes[node - 1]
                 t_kill = time.monotonic()
                 victim.kill()
+                step(f"broker fault: broker {node} (leader of partition 0) SIGKILLed")
                 _wait_recovered(watch, hosts, t_kill, timeout, "after a broker's SIGKILL", job)
-                t_back = time.monotonic()
-                victim.start(180)
+                step(
+                    f"windows close again {time.monotonic() - t_kill:.1f} s after the kill; broker {node} restarting"
+                )
+                restart = BrokerRestart(victim, step)
+                restart.start()
+                restarts.append(restart)
                 ev = {
                     "fault": "broker",
                     "what": f"broker {node} (leader of partition 0) SIGKILLed, restarted after windows closed again",
-                    "broker_restart_s": round(time.monotonic() - t_back, 2),
+                    "_restart": restart,
                 }
             else:
                 raise ValueError(f"unknown fault {kind!r}")
             ev["t_kill_s"] = round(t_kill - t_start, 2)
             ev["_t_kill"] = t_kill
             events.append(ev)
-            log(f"{kind} fault at {ev['t_kill_s']} s: windows close again")
+            cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
+        for r in restarts:  # a broker rejoins before the next broker fault, and before the end
+            r.wait(240)
         _settle(watch, steady_windows, timeout, "steady windows after the faults", job)
         hosts.cut()
         hosts.join(600)
         below = hosts.last_mark()
         todo = [w for w in counts if w < below]
+        step(
+            f"stream cut after {hosts.sent:,} messages; waiting for the {len(todo)} windows below its last mark"
+        )
         watch.wait_whole(
             lambda w: all(x in w for x in todo), timeout, "every window below the hosts' last mark"
         )
+        step("every window below the last mark whole; stopping the job")
     finally:
-        watch.stop()
-        hosts.cut()
+        if watch is not None:
+            watch.stop()
+        if hosts is not None:
+            hosts.cut()
         code = job.stop()
     if hosts.failed:
         raise AssertionError(f"{len(hosts.failed)} sends not acknowledged: {hosts.failed[:3]}")
@@ -562,6 +674,12 @@ def recovery_run(
     sent = dict(zip(wins.tolist(), hosts.closing_sent(wins).tolist(), strict=True))
     for ev in events:
         ev.update(recovery_of(ev.pop("_t_kill"), watch.whole_at, sent))
+        r = ev.pop("_restart", None)
+        if r is not None:
+            ev["broker_restart_s"] = r.took_s
+            if r.error:
+                ev["broker_restart_error"] = r.error
+    step(f"store checked against the oracle ({len(events)} faults)")
     lat = close_latency(watch.whole_at, sent)
     t_first_fault = min((ev["t_kill_s"] for ev in events), default=np.inf) + t_start
     steady = [v for w, v in lat.items() if watch.whole_at[w] < t_first_fault]
@@ -578,6 +696,11 @@ def recovery_run(
         "job_exit_code": code,
         "job_restarts_by_supervisor": job.restarts,
         "job_first_window_s": round(first - t_start, 2),
+        "job_first_queries_started_s": first_started,
+        "stream_generation_s": gen_s,
+        "run_s": round(time.monotonic() - t_begin, 1),
+        "faults_done": [ev["fault"] for ev in events],
+        "faults_skipped": skipped,
         "steady_close_latency_s": round(float(np.median(steady)), 2) if steady else None,
         "max_close_latency_s": round(max(lat.values()), 2) if lat else None,
         "events": events,

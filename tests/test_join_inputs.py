@@ -30,6 +30,15 @@ NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
 HOSTS = ("cap-0", "cap-1", "cap-2")
 
+
+def _join(name: str, kind: str, *extra: str) -> str:
+    """A join of syn_dst with synack_src on the server's address within the window, as CONFIG's YAML lines."""
+    lines = ("kind: join", "left: syn_dst", "right: synack_src", "on: {left: [dst_ip], right: [server]}")
+    return f"  - name: {name}\n" + "".join(
+        f"    {ln}\n" for ln in (*lines, "within: window", f"type: {kind}", *extra)
+    )
+
+
 CONFIG = """
 queries:
   - name: syn_dst
@@ -44,38 +53,20 @@ queries:
     aggregates: [{fn: count, as: synacks}]
     window: {range: 10s}
     kafka: {partitions: 2}
-  - name: answered
-    kind: join
-    left: syn_dst
-    right: synack_src
-    on: {left: [dst_ip], right: [server]}
-    within: window
-    type: inner
-  - name: half_answered
-    kind: join
-    left: syn_dst
-    right: synack_src
-    on: {left: [dst_ip], right: [server]}
-    within: window
-    type: left
-  - name: silent_servers
-    kind: join
-    left: syn_dst
-    right: synack_src
-    on: {left: [dst_ip], right: [server]}
-    within: window
-    type: anti
-    window: {range: 10s}
-  - name: unanswered_syns
-    kind: join
-    left: syn_dst
-    right: synack_src
-    on: {left: [dst_ip], right: [server]}
-    within: window
-    type: anti
-    aggregates: [{fn: count, as: servers}, {fn: sum, expr: left.syns, as: syns}]
-    window: {range: 20s}
-"""
+""" + "".join(
+    _join(name, kind, *extra)
+    for name, kind, *extra in (
+        ("answered", "inner"),
+        ("half_answered", "left"),
+        ("silent_servers", "anti", "window: {range: 10s}"),
+        (
+            "unanswered_syns",
+            "anti",
+            "aggregates: [{fn: count, as: servers}, {fn: sum, expr: left.syns, as: syns}]",
+            "window: {range: 20s}",
+        ),
+    )
+)
 
 
 @pytest.fixture(scope="module")
