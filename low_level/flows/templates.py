@@ -147,15 +147,10 @@ def compile_plan(tmpl, t):
     tmpl[t, b : b + L.P_ENTRIES + 3 * L.P_MAX] = 0
     if tmpl[t, L.T_OPT] == 1 or tmpl[t, L.T_VAR] == 1:
         return
-    for slot, k in (
-        (L.P_PKTS, L.IE_PKTS),
-        (L.P_PKTS_TOTAL, L.IE_PKTS_TOTAL),
-        (L.P_BYTES, L.IE_BYTES),
-        (L.P_BYTES_TOTAL, L.IE_BYTES_TOTAL),
-        (L.P_END_MS, L.IE_END_MS),
-        (L.P_END_S, L.IE_END_S),
-        (L.P_LAST, L.IE_LAST),
-    ):
+    # P_PKTS, P_PKTS_TOTAL, P_BYTES, P_BYTES_TOTAL, P_END_MS, P_END_S, P_LAST: consecutive (offset, length)
+    ies = (L.IE_PKTS, L.IE_PKTS_TOTAL, L.IE_BYTES, L.IE_BYTES_TOTAL, L.IE_END_MS, L.IE_END_S, L.IE_LAST)
+    for j, k in enumerate(ies):
+        slot = L.P_PKTS + 2 * j
         off, n = _at(tmpl, t, k)
         tmpl[t, b + slot] = off
         tmpl[t, b + slot + 1] = n
@@ -259,24 +254,15 @@ def _fixed_set(buf, q, send, tmpl, t, doms, d, uptime_ms, clock_ns, v9, addr, ro
         if pk < 0 or by < 0 or pk > L.MAX_RECORD_PACKETS or by > L.MAX_RECORD_PACKETS * 65535:
             errs[L.E_ABSURD] += 1
             continue
-        end = np.int64(-1)
-        v = _opt(buf, rec, ms_o, ms_n)
-        if v >= 0:
-            end = v * 1_000_000
-        else:
-            v = _opt(buf, rec, s_o, s_n)
-            if v >= 0:
-                end = v * L.NS
-            else:
-                v = _opt(buf, rec, la_o, la_n)
-                if v >= 0:
-                    if v9:
-                        back = (uptime_ms - v) & 0xFFFFFFFF
-                        if back >= 0x80000000:
-                            back -= 0x100000000
-                        end = clock_ns - back * 1_000_000
-                    elif sysinit > 0:
-                        end = (sysinit + v) * 1_000_000
+        end = _end_ns(
+            _opt(buf, rec, ms_o, ms_n),
+            _opt(buf, rec, s_o, s_n),
+            _opt(buf, rec, la_o, la_n),
+            v9,
+            uptime_ms,
+            clock_ns,
+            sysinit,
+        )
         if end < 0:
             errs[L.E_NO_END_TIME] += 1
             end = clock_ns
@@ -361,6 +347,25 @@ def _get(buf, rec, tmpl, t, k):
     return uint(buf, rec + off, n)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _end_ns(end_ms, end_s, last, v9, uptime_ms, clock_ns, sysinit):
+    """A record's end time (ns) from its IEs (-1: absent): absolute fields first, then the uptime-relative
+    one (v9: the header's uptime; IPFIX: the domain's system init time); -1 when none tells."""
+    if end_ms >= 0:
+        return end_ms * 1_000_000
+    if end_s >= 0:
+        return end_s * L.NS
+    if last >= 0:
+        if v9:
+            back = (uptime_ms - last) & 0xFFFFFFFF
+            if back >= 0x80000000:
+                back -= 0x100000000
+            return clock_ns - back * 1_000_000
+        if sysinit > 0:
+            return (sysinit + last) * 1_000_000
+    return np.int64(-1)
+
+
 @njit(cache=True, nogil=True)
 def _options_record(buf, rec, tmpl, t, doms, d):
     """Sampling rate and system init time from an options record."""
@@ -391,25 +396,15 @@ def _data_record(buf, rec, tmpl, t, doms, d, uptime_ms, clock_ns, v9, addr, rows
     if pk < 0 or by < 0 or pk > L.MAX_RECORD_PACKETS or by > L.MAX_RECORD_PACKETS * 65535:
         errs[L.E_ABSURD] += 1
         return 0
-    # end time: absolute fields first, then uptime-relative ones (v9 header uptime, IPFIX system init)
-    end = np.int64(-1)
-    v = _get(buf, rec, tmpl, t, L.IE_END_MS)
-    if v >= 0:
-        end = v * 1_000_000
-    else:
-        v = _get(buf, rec, tmpl, t, L.IE_END_S)
-        if v >= 0:
-            end = v * L.NS
-        else:
-            v = _get(buf, rec, tmpl, t, L.IE_LAST)
-            if v >= 0:
-                if v9:
-                    back = (uptime_ms - v) & 0xFFFFFFFF
-                    if back >= 0x80000000:
-                        back -= 0x100000000
-                    end = clock_ns - back * 1_000_000
-                elif doms[d, L.D_SYSINIT] > 0:
-                    end = (doms[d, L.D_SYSINIT] + v) * 1_000_000
+    end = _end_ns(
+        _get(buf, rec, tmpl, t, L.IE_END_MS),
+        _get(buf, rec, tmpl, t, L.IE_END_S),
+        _get(buf, rec, tmpl, t, L.IE_LAST),
+        v9,
+        uptime_ms,
+        clock_ns,
+        doms[d, L.D_SYSINIT],
+    )
     if end < 0:
         errs[L.E_NO_END_TIME] += 1
         end = clock_ns  # the export time: no record ends after it
