@@ -57,6 +57,15 @@ running max (``NOT_SAID``: no record yet, or a writer that does not know). It bo
 the records lost between two punctuations were sent before the later one, so they lie in [previous
 mark, its ``sent_upto``] however far they led the mark. A version 1 or 2 punctuation reads as
 ``sent_upto=None``, and the job falls back to the largest lead it observed (a heuristic).
+
+PUNCT_GROUPS (kind 8, an extension within version 3; group-wise punctuation, OOP App. A): ``n u32 |
+kw u8 | key i64[n*kw] | done_pane i64[n]``, column-major like PARTIALS. Each row promises: every
+partial of this host, query and partition whose group is ``key`` (its first ``kw`` words, the group
+words) and whose pane is < ``done_pane`` was sent before this batch, *and no host will send more*:
+the group is done there (a TCP flow's FIN/RST, an exporter's flow end). A query that accepts group
+punctuation (``heartbeat.groups``) closes that group's windows early; a later partial of such a window
+is late (counted and flagged like any late partial). ``seq`` is the host's partial count, as in PUNCT;
+a reader that does not know the kind rejects the batch and counts it (nothing closes early then).
 """
 
 from __future__ import annotations
@@ -78,6 +87,8 @@ KIND_ROWS = 4  # selected rows of a select query (see encode_rows)
 KIND_ROWS_LZ4 = 5
 KIND_PUNCT_SHED = 6
 KIND_PUNCT_LOSS = 7  # version 2: a punctuation with loss ranges of every cause (LOSS_CAUSES)
+KIND_PUNCT_GROUPS = 8  # version 3: group-wise punctuation (GroupPunctuation)
+MAX_GROUPS = 1 << 20  # groups one group punctuation may carry
 # the last three only on a closed-window feed (high_level/join/feed.py): the job's own causes of an input
 # window it publishes short (a sequence gap, a host timed out, partials late at the job)
 LOSS_CAUSES = ("shed", "socket", "ring", "late", "malformed", "gap", "timeout", "job_late")
@@ -144,6 +155,23 @@ class Punctuation:
     losses: tuple[tuple[int, int, str, int], ...] = ()
     # newest pane (select: ns) sent or shed so far by this incarnation on this partition; None: not said
     sent_upto: int | None = None
+
+
+@dataclass(frozen=True)
+class GroupPunctuation:
+    """Group-wise punctuation: group ``key[i]`` of this host is done up to ``done_pane[i]`` (exclusive)."""
+
+    query: str
+    host: str
+    incarnation: int
+    partition: int
+    seq: int
+    key: np.ndarray  # int64[n, kw]: the groups (their group words)
+    done_pane: np.ndarray  # int64[n]: every partial of the group with pane < done_pane was sent
+
+    @property
+    def n(self) -> int:
+        return int(self.done_pane.shape[0])
 
 
 def _str(s: str) -> bytes:
@@ -259,6 +287,20 @@ def encode_punctuation(p: Punctuation) -> bytes:
     return _frame(KIND_PUNCT_LOSS, p.query, p.host, p.incarnation, p.partition, p.seq, body)
 
 
+_GROUPS = struct.Struct("<IB")
+
+
+def encode_group_punctuation(g: GroupPunctuation) -> bytes:
+    """A group-wise punctuation (kind PUNCT_GROUPS) of ``n`` groups (1..MAX_GROUPS, 1..255 key words)."""
+    done = np.ascontiguousarray(g.done_pane, dtype="<i8").ravel()
+    n = len(done)
+    key = np.ascontiguousarray(g.key, dtype="<i8").reshape(n, -1) if n else np.empty((0, 1), "<i8")
+    if not 0 < n <= MAX_GROUPS or not 0 < key.shape[1] < 256:
+        raise WireError(f"a group punctuation carries 1..{MAX_GROUPS} groups of 1..255 words")
+    body = _GROUPS.pack(n, key.shape[1]) + np.ascontiguousarray(key.T).tobytes() + done.tobytes()
+    return _frame(KIND_PUNCT_GROUPS, g.query, g.host, g.incarnation, g.partition, g.seq, body)
+
+
 def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
     if pos + n > len(buf):
         raise WireError(f"truncated batch: {what} needs {n} bytes at offset {pos}, batch has {len(buf)}")
@@ -287,7 +329,7 @@ def peek(buf: bytes | memoryview) -> tuple[int, str, str, int]:
     return int(kind), query, host, int(_MID.unpack_from(buf, pos)[2])
 
 
-def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
+def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunctuation:
     """Decode one batch; raise WireError on anything malformed (never returns garbage)."""
     _need(buf, 0, _HEAD.size + _CRC.size, "header")
     magic, version, kind = _HEAD.unpack_from(buf, 0)
@@ -345,6 +387,15 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows:
         key = arr[n : n + n * kw].reshape(n, kw)
         state = arr[n + n * kw :].reshape(n, na)
         return Partials(query, host, incarnation, partition, seq, pane, key, state)
+    if kind == KIND_PUNCT_GROUPS and version >= 3:
+        _need(view, pos, _GROUPS.size, "group punctuation header")
+        n, kw = _GROUPS.unpack_from(view, pos)
+        pos += _GROUPS.size
+        if n == 0 or n > MAX_GROUPS or kw == 0 or end - pos != 8 * n * (kw + 1):
+            raise WireError(f"group punctuation body is {end - pos} bytes for n={n} groups of kw={kw} words")
+        arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
+        key = arr[: n * kw].reshape(kw, n).T
+        return GroupPunctuation(query, host, incarnation, partition, seq, key, arr[n * kw :])
     head = _PUNCT3 if version >= 3 else _PUNCT
     if kind == KIND_PUNCT:
         if end - pos != head.size:

@@ -58,6 +58,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--mode", choices=MODES, help="oop: punctuation (default); watermark: baseline")
     p.add_argument("--watermark-delay", help="watermark mode: max event time minus this (default 10s)")
     p.add_argument("--trigger", help="micro-batch interval (default 1s)")
+    p.add_argument(
+        "--idle-trigger",
+        help="at rest (no window open), wait for a partial or this long (default 5s; 0s: off)",
+    )
     p.add_argument("--host-timeout", help="a host silent this long stops holding windows open (default 10s)")
     p.add_argument("--expected-hosts", help="comma list: nothing closes before each has punctuated")
     p.add_argument("--late-policy", choices=LATE_POLICIES)
@@ -212,15 +216,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     partitioncount.record(s.checkpoint, queries)
     log.info("started %s mode for %s; results in %s", opts.mode, [q.name for q in queries], opts.results)
+    failed: RuntimeError | None = None
     try:
         job.await_termination(stop_event=stop)
     except RuntimeError as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
+        failed = exc
+    try:
         job.stop(grace_s=STOP_GRACE_S if stop.is_set() else 0.0)  # an operator's stop: let the batch finish
         spark.stop()
-    return 0
+    except Exception as exc:  # noqa: BLE001 - a stop that asked for it is still a clean exit
+        if not stop.is_set():
+            raise
+        log.warning("stopping: %s", exc)
+    return stop_exit(failed, stop.is_set())
+
+
+def stop_exit(failed: BaseException | None, stop_asked: bool) -> int:
+    """The job's exit code: 0 after an operator's stop (SIGTERM/SIGINT), even if the batch in flight
+    failed on the way (a signal to the whole process group also reaches Spark's Python workers; that
+    batch is not committed, and a restart replays it from the checkpoint: exactly once), 1 after a stream
+    failure nobody asked for."""
+    if failed is None:
+        return 0
+    if stop_asked:
+        log.info("stopped; the batch in flight was abandoned (%s), a restart replays it", failed)
+        return 0
+    log.error("%s", failed)
+    return 1
 
 
 if __name__ == "__main__":

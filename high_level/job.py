@@ -294,6 +294,9 @@ class HighLevelJob:
         stop). Stopping mid-batch is safe (the batch is replayed from the checkpoint) but cancels its Spark
         job, which logs stack traces that look like a failure."""
         deadline = time.monotonic() + grace_s
+        pacer = self.sink.pacer
+        if pacer is not None:  # a batch waiting at rest ends now
+            pacer.wake()
         for s in self.streams:
             wait_for_batch_end(s, deadline)
             try:
@@ -301,6 +304,8 @@ class HighLevelJob:
             except Exception as exc:  # noqa: BLE001 - stopping must not hide the other streams
                 log.warning("stopping %s: %s", s.name, exc)
         self.outputs.close()
+        if pacer is not None:
+            pacer.close()
         if self.maintenance is not None:
             self.maintenance.stop()
         if self.delivery is not None:

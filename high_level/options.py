@@ -32,6 +32,9 @@ class JobOptions:
     checkpoint: str
     mode: str = "oop"
     trigger_ms: int = 1000
+    # at rest (no window open after a batch), the next batch waits for a partial or this long (0: every
+    # trigger; high_level/aggregate/pacer.py). The CLI's default is 5 s; tests that drive the job keep 0
+    idle_trigger_ms: int = 0
     host_timeout_ms: int = 10_000
     expected_hosts: tuple[str, ...] = ()
     late_policy: str = "drop"
@@ -61,6 +64,8 @@ class JobOptions:
             raise ValueError(f"late policy must be one of {LATE_POLICIES}")
         if self.trigger_ms <= 0 or self.host_timeout_ms <= 0:
             raise ValueError("trigger and host timeout must be positive")
+        if self.idle_trigger_ms < 0:
+            raise ValueError("idle trigger must be 0 (off) or positive")
 
     @property
     def settings(self) -> Settings:

@@ -30,7 +30,8 @@ class Outputs:
     feed: FeedPublisher | None = None  # aggregate queries' closed windows, for the joins that read them
 
     def __or__(self, other: Outputs) -> Outputs:
-        return Outputs(self.asker or other.asker, self.live or other.live, self.feed or other.feed)
+        asker = self.asker.merge(other.asker) if self.asker and other.asker else self.asker or other.asker
+        return Outputs(asker, self.live or other.live, self.feed or other.feed)
 
     def close(self) -> None:
         for out in (self.asker, self.live, self.feed):

@@ -35,6 +35,10 @@ class JobSettings(RoleSettings):
     mode: Literal["oop", "watermark"] = "oop"
     watermark_delay: str = "10s"
     trigger: str = "1s"
+    idle_trigger: str = Field(
+        default="5s",
+        description="at rest (no window open), wait for a partial or this long between batches; 0s: off",
+    )
     host_timeout: str = "10s"
     expected_hosts: list[str] = Field(default_factory=list)
     late_policy: Literal["drop", "correction"] = "drop"
@@ -93,6 +97,13 @@ class JobSettings(RoleSettings):
             raise ValueError(f"{v!r} is not a positive duration such as 500ms, 1s, 2m")
         return v
 
+    @field_validator("idle_trigger")
+    @classmethod
+    def _idle(cls, v: str) -> str:
+        if Q.parse_duration_ns(v) < 0:
+            raise ValueError(f"{v!r} is not a duration such as 0s (off), 5s")
+        return v
+
     @field_validator("kafka_options")
     @classmethod
     def _kafka_options(cls, v: dict[str, str]) -> dict[str, str]:
@@ -122,6 +133,7 @@ class JobSettings(RoleSettings):
             checkpoint=self.checkpoint,
             mode=self.mode,
             trigger_ms=ms(self.trigger),
+            idle_trigger_ms=ms(self.idle_trigger),
             host_timeout_ms=ms(self.host_timeout),
             expected_hosts=tuple(self.expected_hosts),
             late_policy=self.late_policy,

@@ -178,8 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     if s.control_topic:
         from low_level.host.ondemand import RequestListener
 
-        control = RequestListener(
-            s.host_id, queries, s.bootstrap, topic=s.control_topic, consumer_config=opts["producer_config"]
+        control = RequestListener(  # aggregates, and selects a join reads (asked by a blocked join)
+            s.host_id,
+            [*queries, *selects],
+            s.bootstrap,
+            topic=s.control_topic,
+            consumer_config=opts["producer_config"],
         ).start()
     try:
         spec = parse_source(s.source)

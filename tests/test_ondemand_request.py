@@ -6,6 +6,7 @@ and the whole path with the real broker, two real agents and the real Spark job.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -172,3 +173,70 @@ def test_blocked_job_asks_the_sparse_agent_and_windows_close_long_before_its_hea
             t.join(15)
         listener.stop()
         job.stop()  # closes the asker too
+
+
+HANDSHAKE = Q.load("configs/handshake.yaml")
+
+
+def test_a_blocked_join_asks_the_hosts_holding_it_for_its_select_inputs() -> None:
+    """A join's status row names the join and carries its mark in ns: the asker turns it into the output
+    roll-up's pane and asks each blocking host for both select inputs; merged with the aggregates' asker
+    (the job has one sink), both kinds are asked through one producer."""
+    from types import SimpleNamespace
+
+    from high_level.join.pipeline import join_asker, layouts
+
+    rec, clock = _Recorder(), [100.0]
+    opts = SimpleNamespace(kafka=None, control_topic="ctl")
+    asker = join_asker(HANDSHAKE, opts, producer=rec)  # type: ignore[arg-type]
+    assert asker is not None
+    assert asker.inputs == {"handshakes": ("syns", "synacks"), "unanswered_syns": ("syns", "synacks")}
+    asker.clock = lambda: clock[0]
+    rl = layouts(HANDSHAKE)[0].rollup
+    base = 1_700_000_000 * NS
+    w = (base - rl.origin_ns) // rl.pane_ns  # the first open window of the join's output
+    end_s = (rl.origin_ns + (w + 1) * rl.pane_ns) / NS
+
+    def st(now_s: float, blocked: list[str], query: str = "handshakes") -> PartitionStatus:
+        return _status(None, now_s, blocked).model_copy(
+            update={"query": query, "low_water_mark_pane": base, "closed_before_window": w}
+        )
+
+    assert asker.observe([st(end_s - 0.5, ["cap-1"])]) == 0  # its window has not ended yet
+    assert asker.observe([st(end_s + 0.2, ["cap-1"])]) == 2
+    reqs = [C.decode_request(v) for _t, _k, v in rec.sent]
+    assert {(r.query, r.host) for r in reqs} == {("syns", "cap-1"), ("synacks", "cap-1")}
+    agg = PunctuationAsker([Layout.of(_query())], None, topic="ctl", producer=rec, clock=lambda: clock[0])
+    both = agg.merge(asker)
+    clock[0] += 1
+    assert both.observe([st(end_s + 1.5, ["cap-2"]), _status(end_s, end_s + 2, ["cap-3"])]) == 3
+    assert {(C.decode_request(v).query, k) for _t, k, v in rec.sent[2:]} == {
+        ("syns", b"cap-2"),
+        ("synacks", b"cap-2"),
+        ("asked", b"cap-3"),
+    }
+    assert join_asker(dataclasses.replace(HANDSHAKE, joins=[]), opts, producer=rec) is None  # type: ignore[arg-type]
+
+
+def test_the_agent_punctuates_a_select_a_join_asked_for() -> None:
+    """The listener keeps a flag per select query too; the agent's loop takes it and punctuates that
+    select at once (as if idle), not on its timer."""
+    from lowwater_testing.joins import HANDSHAKE as SELECTS  # the kernel tests/test_select.py compiles too
+
+    s = Q.load_text(SELECTS).selects[0]
+    syns = s.model_copy(
+        update={"heartbeat": s.heartbeat.model_copy(update={"interval_ns": 300 * NS, "on_demand": False})}
+    )
+    lst = RequestListener("cap-1", [_query(), syns], "unused")
+    agent = Agent([], None, "cap-1", None, chunk=4096, control=lst, selects=[syns])
+    calls: list[tuple[int, bool, bool]] = []
+    agent.punctuate_select = lambda k, idle, timer=True, end_of_stream=False: calls.append((k, idle, timer))  # type: ignore[method-assign]
+    agent.process()  # the timer's first punctuation
+    agent.process()
+    assert calls == [(0, False, True)] or [c for c in calls if c[2]] == calls
+    n = len(calls)
+    lst.offer(C.encode_request(C.PunctuationRequest(syns.name, "cap-1", 0, 5, 0)))
+    time.sleep(0.02)  # past the on-demand rate limit
+    agent.process()
+    assert calls[n:] == [(0, True, False)]
+    assert not lst.take_query(syns.name) and not lst.take_query("unknown")

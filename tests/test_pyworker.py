@@ -14,7 +14,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from high_level.cluster.pyworker import DRIVER_WORKER, install, redundant_zips
+from high_level.cluster.pyworker import DRIVER_WORKER, install, installed, redundant_zips
 
 
 def test_only_zips_of_packages_installed_alongside_are_redundant(tmp_path):
@@ -46,11 +46,17 @@ def _factory(secret: bytes) -> tuple[socket.socket, dict[str, str]]:
     return srv, env
 
 
-def test_driver_worker_connects_authenticates_and_sends_its_pid(tmp_path):
+@pytest.mark.parametrize("launcher", ["state-script", "console-script"])
+def test_driver_worker_connects_authenticates_and_sends_its_pid(tmp_path, launcher):
     """The protocol of PythonWorkerFactory.createSimpleWorker against the real launcher script (where the
-    worker's modules come from: test_spark_python_workers_run_through_the_launcher)."""
-    exe = install(tmp_path)
-    assert Path(exe).read_text().startswith(f"#!{sys.executable}\n") and os.access(exe, os.X_OK)
+    worker's modules come from: test_spark_python_workers_run_through_the_launcher): the one a local
+    master writes, and the console script a cluster's driver and workers share (spark:// masters)."""
+    if launcher == "state-script":
+        exe = install(tmp_path)
+        assert Path(exe).read_text().startswith(f"#!{sys.executable}\n") and os.access(exe, os.X_OK)
+    else:
+        exe = installed()
+        assert exe is not None, "no lowwater-python-worker console script: ./lw setup (pip install -e .)"
     srv, env = _factory(b"s3cret")
     proc = subprocess.Popen(
         [exe, "-m", DRIVER_WORKER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -73,12 +73,18 @@ class HeartbeatSpec(_Strict):
     go (capture out of order, e.g. flow-sorted blocks); its mark stays that far behind its data clock,
     so such packets are not late (cost: windows close that much later). The default is the default
     skew: block-sorted disorder up to it loses nothing (benchmarks/bench_disorder.py). 0 is the
-    strict rule (the mark follows the table's oldest pane)."""
+    strict rule (the mark follows the table's oldest pane).
+
+    ``groups`` (OOP App. A): the job honours group-wise punctuation from the query's hosts (wire kind
+    PUNCT_GROUPS, "group g is done up to t": a flow's FIN/RST, an exporter's flow end) and closes that
+    group's windows at once, the low-water mark still closing the rest; a later partial of such a window
+    is late (counted, flagged). Off: such punctuation is counted and ignored."""
 
     interval_ns: int = Field(default=NS, alias="interval")
     skew_ns: int = Field(default=2 * NS, alias="skew")
     max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder", ge=0)
     on_demand: bool = True
+    groups: bool = False
 
     @field_validator("interval_ns", "skew_ns", "max_disorder_ns", mode="before")
     @classmethod
@@ -414,6 +420,14 @@ class QuerySpec(_Strict):
                 f"window.differential: {', '.join(bad)} cannot subtract an expired pane; "
                 f"subtractable: {', '.join(A.SUBTRACTABLE)}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _group_punctuation(self) -> QuerySpec:
+        if self.heartbeat.groups and not self.group_by:
+            raise ValueError("heartbeat.groups needs a group_by (group-wise punctuation names a group)")
+        if self.heartbeat.groups and self.window.landmark_ns is not None:
+            raise ValueError("heartbeat.groups needs a sliding or tumbling window, not a landmark")
         return self
 
     @model_validator(mode="after")

@@ -288,4 +288,6 @@ def chunked_unsupported(layouts) -> str | None:  # noqa: ANN001 - Sequence[Layou
             return f"query {lay.name!r} is a landmark (its open window is folded and reported at every close)"
         if lay.top_capacity:
             return f"query {lay.name!r} bounds its top per pane after every merge (Misra-Gries)"
+        if lay.groups:
+            return f"query {lay.name!r} takes group-wise punctuation (per-group frontiers, heartbeat.groups)"
     return None

@@ -189,6 +189,10 @@ class AggregatePipeline(Pipeline):
             salt = F.lit(0)
         grouped = raw.withColumn("salt", salt).groupBy("topic", "partition", "salt")
         rolled, conf = STEPS[state](grouped, self.layouts, opts)
+        if opts.idle_trigger_ms > 0 and "://" not in str(ckpt):
+            from high_level.aggregate.pacer import IdlePacer
+
+            sink.pacer = IdlePacer(opts.kafka, ckpt, opts.idle_trigger_ms, poll_ms=min(200, opts.trigger_ms))
         writer = (
             rolled.writeStream.queryName(f"{opts.name}-oop")
             .foreachBatch(sink.foreach_tasks)

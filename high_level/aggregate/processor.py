@@ -271,6 +271,7 @@ class PartitionProcessor:
                 meta["queries"][name]["chunks"] = r.index_dict()
             arrays[f"{name}/pane"], arrays[f"{name}/key"], arrays[f"{name}/state"] = r.pane, r.key, r.state
             arrays.update(r.run_arrays(name))  # differential windows' running sums (blob state)
+            arrays.update(r.group_arrays(name))  # group-wise punctuation's frontiers (blob state)
         return codec.compress(codec.pack(meta, arrays), STATE_ZMAGIC)
 
     @classmethod
@@ -295,6 +296,7 @@ class PartitionProcessor:
                 )
             qs.rollup.pane, qs.rollup.key, qs.rollup.state = pane, key, state
             qs.rollup.load_run(arrays, name)
+            qs.rollup.load_groups(arrays, name)
             if isinstance(qs.rollup, ChunkedRollup):
                 qs.rollup.load_index(qm["chunks"])
             closed = qm["closed"]
@@ -352,6 +354,8 @@ class PartitionProcessor:
                     inc[3] = max(inc[3], int(b.pane.max()) - int(prev.mark_pane))
                 qs.host(b.host)["records"] += b.n
                 bq["records"] += b.n
+            elif isinstance(b, wire.GroupPunctuation):  # closed with the batch (rollup.close) or counted
+                qs.rollup.offer_groups(b, self.errors)
             else:
                 inc[1] = int(b.seq)
                 missing = max(0, int(b.seq) - inc[0])
@@ -467,6 +471,7 @@ class PartitionProcessor:
         if len(closed):
             qs.windows_closed += len(closed)
             expected, comp = qs.completeness(closed.window)
+            comp[: qs.rollup.group_rows, 0] = expected  # closed by a group punctuation: every host's promise
             parts.append(
                 Part(lay, self.partition, "final", now_ms, n_live, closed, hosts_expected=expected, comp=comp)
             )

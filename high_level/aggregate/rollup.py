@@ -7,6 +7,13 @@ a range that is not a multiple of the slide (pane = gcd, ``s = slide/pane`` pane
 every s-th WID is a window: windows start at ``origin + n*slide``, i.e. ``(w - k + 1) % s == 0``.
 After closing up to ``L`` only panes ``>= L-k+1`` are still needed, everything older is purged, so the
 state is bounded by the open windows, not by the disorder between hosts (the OOP paper's point).
+
+Group-wise punctuation (OOP App. A, :class:`contract.wire.GroupPunctuation`): a host may say "group g
+is done up to pane t". The roll-up then emits g's windows ``< t`` at once (:meth:`QueryRollup.close_groups`)
+and keeps a per-group frontier beside the global one: a group's windows are closed below the larger of
+the two, a later partial below it is late (counted, a correction row), and the global close skips what
+a group close emitted. A group frontier the global one passes is dropped, so that state is bounded by
+the groups punctuated ahead of the low-water mark.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import fnmatch
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from contract import aggregates as A
 from contract import query as Q
-from contract import sketch, wire
+from contract import wire
+from high_level.aggregate.groups import NO_FRONT, GroupFrontiers
+from high_level.aggregate.merge import ERROR_ITEM, error_rows, group_reduce, key_codes, misra_gries  # noqa: F401
 
 I64 = np.int64
 NOTHING_CLOSED = None  # closed frontier before the first close: no window is closed yet
@@ -43,6 +51,7 @@ class Layout:
     gw: int = 0  # group words before the holistic sub-key (used with top_capacity)
     top_capacity: int = 0  # top with capacity c: Misra-Gries bound of c items per (pane, group); 0: exact
     differential: bool = False  # sliding windows kept running: new panes in, expired panes out
+    groups: bool = False  # group-wise punctuation closes a group's windows early (heartbeat.groups)
 
     def runs_on(self, host: str) -> bool:
         return any(fnmatch.fnmatchcase(host, p) for p in self.sources)
@@ -67,6 +76,7 @@ class Layout:
             Q.group_width(q),
             int(cap),
             Q.differential(q),
+            q.heartbeat.groups,
         )
 
     def first_needed_pane(self, closed: int) -> int:
@@ -80,138 +90,21 @@ class Layout:
     def na(self) -> int:
         return len(self.ops)
 
+    def needed(self, pane: np.ndarray, front: np.ndarray) -> np.ndarray:
+        """bool[n]: pane rows still needed by a window not emitted yet, each row under its own frontier
+        (:meth:`first_needed_pane` per row; a row with no frontier, ``NO_FRONT``, is needed)."""
+        front = np.asarray(front, I64)
+        none = front == NO_FRONT
+        c = np.where(none, 0, front)
+        r = (self.k - 1) % self.s
+        first = c + (r - c) % self.s - self.k + 1
+        return none | (np.asarray(pane, I64) >= first)
+
     def window_end_ns(self, w: np.ndarray) -> np.ndarray:
         return self.origin_ns + (np.asarray(w, I64) + 1) * self.pane_ns
 
     def window_start_ns(self, w: np.ndarray) -> np.ndarray:
         return self.window_end_ns(w) - self.range_ns
-
-
-def _reduce_sorted(
-    state: np.ndarray, order: np.ndarray, starts: np.ndarray, ops: tuple[int, ...]
-) -> np.ndarray:
-    st = state[order]
-    out = np.empty((len(starts), st.shape[1]), I64)
-    for j, op in enumerate(ops):
-        out[:, j] = _UFUNC[op].reduceat(st[:, j], starts) if len(starts) else np.empty(0, I64)
-    return out
-
-
-_UFUNC, _IDENTITY = A.MERGE_UFUNCS, A.MERGE_IDENTITY
-ERROR_ITEM = sketch.ERROR_ITEM
-
-
-def error_rows(key: np.ndarray, gw: int) -> np.ndarray:
-    """bool[n]: the rows of a bounded top's table that carry its error counter, not an item."""
-    return np.all(key[:, gw:] == ERROR_ITEM, axis=1) if key.shape[1] > gw else np.zeros(len(key), bool)
-
-
-def misra_gries(
-    pane: np.ndarray, key: np.ndarray, state: np.ndarray, gw: int, c: int, ops: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bound a (pane, key)-unique top table to ``c`` items + 1 error row per (pane, group).
-
-    Weighted Misra-Gries: a (pane, group) with more than ``c`` items loses the (c+1)-th largest
-    weight ``d`` from every item (those left at <= 0 are dropped) and ``d`` is added to its error row
-    (sub-key words ``ERROR_ITEM``, weight = the last state column, other columns their merge identity).
-    The error rows merge by sum across batches and panes like any weight, so for every item a window
-    reports, true - error <= reported <= true. Why here: it bounds the high level's state per pane.
-    (An item whose every word is ``ERROR_ITEM``, IPv6 ``8000::8000:0:0:0``, would be taken for the error row.)
-    """
-    err = error_rows(key, gw)
-    if c <= 0 or len(pane) <= c:
-        return pane, key, state
-    ri = np.flatnonzero(~err)
-    p, k, wt = pane[ri], key[ri], state[ri, -1]
-    order = np.lexsort((-wt, *(k[:, j] for j in reversed(range(gw))), p))
-    new = np.ones(len(ri), bool)
-    if len(ri) > 1:
-        same = p[order][1:] == p[order][:-1]
-        for j in range(gw):
-            same &= k[order][1:, j] == k[order][:-1, j]
-        new[1:] = ~same
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.r_[starts, len(ri)])
-    big = counts > c
-    if not big.any():
-        return pane, key, state
-    d = np.zeros(len(starts), I64)
-    d[big] = wt[order][starts[big] + c]  # the (c+1)-th largest weight of the group
-    dr = np.repeat(d, counts)
-    rows = ri[order]
-    st = state[rows].copy()
-    st[:, -1] -= dr
-    keep = (dr == 0) | (st[:, -1] > 0)
-    # one new error row per reduced (pane, group): identities, weight d
-    g = starts[big]
-    ek = key[rows[g]].copy()
-    ek[:, gw:] = ERROR_ITEM
-    es = np.array([_IDENTITY[op] for op in ops], I64)[None, :].repeat(len(g), 0)
-    es[:, -1] = d[big]
-    ei = np.flatnonzero(err)
-    ep, ek, es = np.r_[pane[ei], pane[rows[g]]], np.vstack([key[ei], ek]), np.vstack([state[ei], es])
-    ekeys, es = group_reduce(np.column_stack([ep, ek]), es, ops)
-    keep_rows = rows[keep]
-    return (
-        np.r_[pane[keep_rows], ekeys[:, 0]],
-        np.ascontiguousarray(np.vstack([key[keep_rows], ekeys[:, 1:]])),
-        np.ascontiguousarray(np.vstack([st[keep], es])),
-    )
-
-
-def group_reduce(keys: np.ndarray, state: np.ndarray, ops: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of ``keys`` (int64[n, c]) and the merged state per unique row, exactly.
-
-    Unique rows come in order of first appearance. Why a hash: factorising one uint64 per row is
-    several times faster than a multi-column sort; the result is verified against the full key and
-    falls back to an exact multi-column unique on a (vanishingly rare) 64-bit collision, so the answer
-    never depends on luck. The merge is an unbuffered ``ufunc.at`` per state column (no sort needed).
-    """
-    n = keys.shape[0]
-    if n == 0:
-        return keys.reshape(0, keys.shape[1]), state.reshape(0, state.shape[1])
-    found = _hash_codes(keys)
-    if found is None:  # hash collision: exact fallback
-        _, inv = np.unique(keys, axis=0, return_inverse=True)
-        order = np.argsort(inv.ravel(), kind="stable")
-        si = inv.ravel()[order]
-        flags = np.r_[True, si[1:] != si[:-1]]
-        starts = np.flatnonzero(flags)
-        return keys[order[starts]], _reduce_sorted(state, order, starts, ops)
-    codes, rep = found
-    out = np.empty((len(rep), state.shape[1]), I64)
-    for j, op in enumerate(ops):
-        col = np.full(len(rep), _IDENTITY[op], I64)
-        _UFUNC[op].at(col, codes, state[:, j])
-        out[:, j] = col
-    return keys[rep], out
-
-
-def _hash_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per row of ``keys`` (int64[n, c], n > 0) its group's number in order of first appearance, and each
-    group's first row; None on a 64-bit hash collision (the numbers are verified against the full key)."""
-    codes, _ = pd.factorize(wire.key_hash(keys), sort=False)
-    # codes are numbered in order of first appearance: a row is its group's first exactly where the
-    # running maximum of the codes grows
-    top = np.maximum.accumulate(codes)
-    first = np.empty(len(codes), bool)
-    first[0] = True
-    np.greater(top[1:], top[:-1], out=first[1:])
-    rep = np.flatnonzero(first)
-    ukeys = keys[rep]
-    if not all(np.array_equal(keys[:, j], ukeys[:, j].take(codes)) for j in range(keys.shape[1])):
-        return None
-    return codes, rep
-
-
-def key_codes(keys: np.ndarray) -> np.ndarray:
-    """Per row of ``keys`` a number of its distinct key (int64), exactly (a hash collision falls back)."""
-    if len(keys) == 0:
-        return np.empty(0, I64)
-    found = _hash_codes(keys)
-    if found is not None:
-        return found[0].astype(I64)
-    return np.unique(keys, axis=0, return_inverse=True)[1].ravel().astype(I64)
 
 
 def touched_pairs(
@@ -395,12 +288,71 @@ class QueryRollup:
     # differential layouts: per key, the sum of panes [first_needed_pane(closed), closed) and their row
     # count (see slide_windows); None: not known, summed from those panes at the next close
     run: Windows | None = None
+    # group-wise punctuation: groups (their first gw key words) closed further than ``closed``, and how far
+    groups: GroupFrontiers = field(
+        init=False
+    )  # group-wise punctuation: groups closed further than ``closed``
+    pending_groups: list = field(init=False, default_factory=list)  # (key, done) offered, closed at close()
+    group_rows: int = field(init=False, default=0)  # rows of the last close() closed by group punctuation
 
     def __post_init__(self) -> None:
         if self.key is None:
             self.key = np.empty((0, self.layout.kw), I64)
         if self.state is None:
             self.state = np.empty((0, self.layout.na), I64)
+        self.groups = GroupFrontiers(self.layout.gw)
+
+    def frontier(self, key: np.ndarray) -> np.ndarray:
+        """int64[n]: per row of ``key``, every window below this is emitted (its group's frontier when a
+        group punctuation took it past the global one; ``NO_FRONT``: nothing of it is closed)."""
+        return self.groups.frontier(key, self.closed)
+
+    def offer_groups(self, b: wire.GroupPunctuation, errors: dict[str, int]) -> None:
+        """A group punctuation of this query: closed with the batch (:meth:`close`), or counted in ``errors``
+        when the query does not take it (``heartbeat.groups``) or its key is not the query's group words."""
+        why = None if self.layout.groups else "group_punctuation_ignored"
+        why = why or (None if b.key.shape[1] == self.groups.key.shape[1] else "bad_layout")
+        if why:
+            errors[why] = errors.get(why, 0) + 1
+        else:
+            self.pending_groups.append((b.key, b.done_pane))
+
+    def close_groups(self, key: np.ndarray, done: np.ndarray) -> Windows:
+        """Group-wise punctuation: emit the windows ``< done[i]`` of group ``key[i]`` (its first gw words)
+        not emitted yet, then purge that group's panes no open window needs. Other groups wait for the
+        global low-water mark (:meth:`close`)."""
+        lay, g = self.layout, self.groups
+        done = np.minimum(np.asarray(done, I64).ravel(), wire.END_OF_STREAM - 2 * lay.k)
+        gw = g.key.shape[1]
+        gk, gd = group_reduce(
+            np.asarray(key, I64).reshape(len(done), -1)[:, :gw], done[:, None], (A.MERGE_MAX,)
+        )
+        old = self.frontier(gk)
+        adv = gd[:, 0] > old
+        gk, gd, old = gk[adv], gd[adv, 0], old[adv]
+        out = Windows.empty(lay.kw, lay.na)
+        if len(gd) == 0:
+            return out
+        sel = np.isin(wire.key_hash(self.key[:, :gw]), wire.key_hash(gk))
+        before = self.frontier(self.key[sel])
+        g.advance(gk, gd)
+        if sel.any():
+            p, k, st = self.pane[sel], self.key[sel], self.state[sel]
+            after = self.frontier(k)
+            w = assemble(p, k, st, int(np.maximum(before, p).min()), int(after.max()), lay.k, lay.ops, lay.s)
+            # each window between its group's old and new frontier (a hash collision only adds rows of
+            # groups whose frontier did not move: fb == fa, none of their windows)
+            new = GroupFrontiers(gw)
+            new.advance(gk, old)
+            pos, fa = new.find(w.key), self.frontier(w.key)
+            fb = np.where(pos >= 0, old[np.maximum(pos, 0)], fa)
+            ok = (w.window >= fb) & (w.window < fa)
+            out = Windows(w.window[ok], np.ascontiguousarray(w.key[ok]), np.ascontiguousarray(w.state[ok]))
+            keep = lay.needed(self.pane, self.frontier(self.key))
+            if not keep.all():
+                self.pane, self.key, self.state = self.pane[keep], self.key[keep], self.state[keep]
+        self.forget_run()
+        return out
 
     def __len__(self) -> int:
         return int(self.pane.shape[0])
@@ -428,8 +380,10 @@ class QueryRollup:
         hidx = np.zeros(len(pane), I64) if host_idx is None else np.asarray(host_idx, I64)
         late_per_host = np.zeros(n_hosts, I64)
         corr, n_late = None, None
-        if self.closed is not None and len(pane):
-            late = pane < self.closed
+        grouped = len(self.groups) > 0
+        if (self.closed is not None or grouped) and len(pane):
+            front = self.frontier(key) if grouped else np.full(len(pane), self.closed, I64)
+            late = pane < front
             if late.any():
                 late_per_host = np.bincount(hidx[late], minlength=n_hosts).astype(I64)
                 # one extra summed column counts the late records behind each (window, key)
@@ -437,12 +391,15 @@ class QueryRollup:
                 st1 = np.column_stack([state[late], np.ones(int(late.sum()), I64)])
                 keys, lst = group_reduce(np.column_stack([pane[late], key[late]]), st1, ops)
                 lp, lk = keys[:, 0], keys[:, 1:]
-                both = assemble(lp, lk, lst, int(lp.min()), self.closed, lay.k, ops, lay.s)
+                both = assemble(lp, lk, lst, int(lp.min()), int(front[late].max()), lay.k, ops, lay.s)
+                if grouped:  # only the windows each group had emitted (its own frontier)
+                    ok = both.window < self.frontier(both.key)
+                    both = Windows(both.window[ok], both.key[ok], both.state[ok])
                 corr = Windows(both.window, both.key, np.ascontiguousarray(both.state[:, :-1]))
                 n_late = np.ascontiguousarray(both.state[:, -1])
-                keep = pane >= lay.first_needed_pane(self.closed)  # still needed by an open window
-                pane, key, state = pane[keep], key[keep], state[keep]
-                if len(pane) and int(pane.min()) < self.closed:
+                keep = lay.needed(pane, front)  # still needed by an open window
+                pane, key, state, front = pane[keep], key[keep], state[keep], front[keep]
+                if len(pane) and (pane < front).any():
                     self.forget_run()  # a kept late pane row below the frontier: the running sums are stale
         if len(pane):
             self.merge(pane, key, state)
@@ -464,6 +421,22 @@ class QueryRollup:
                 )
 
     def close(self, lwm: int | None, through_pane: int | None = None) -> Windows:
+        """The group punctuation offered since the last close first (its windows: the first
+        ``group_rows`` rows, complete by the host's promise), then :meth:`close_global`."""
+        out = Windows.empty(self.layout.kw, self.layout.na)
+        if self.pending_groups:
+            keys, done = zip(*self.pending_groups, strict=True)
+            self.pending_groups = []
+            out = self.close_groups(np.concatenate(keys), np.concatenate(done))
+        self.group_rows = len(out)
+        rest = self.close_global(lwm, through_pane)
+        if not len(out):
+            return rest
+        return Windows(
+            np.r_[out.window, rest.window], np.vstack([out.key, rest.key]), np.vstack([out.state, rest.state])
+        )
+
+    def close_global(self, lwm: int | None, through_pane: int | None = None) -> Windows:
         """Emit every window ``w < lwm`` not emitted before, then purge panes no open window needs.
 
         An end-of-stream mark (every live host finished a finite capture) closes every window that
@@ -480,15 +453,24 @@ class QueryRollup:
             return Windows.empty(lay.kw, lay.na)
         if len(self.pane) == 0:
             self.closed = int(lwm)
+            self.groups.drop_reached(self.closed)
             self.forget_run()
             return Windows.empty(lay.kw, lay.na)
         lo = int(self.pane.min()) if self.closed is None else self.closed
-        if lay.differential:
+        grouped = len(self.groups) > 0
+        if lay.differential and not grouped:
             out = self._slide(lo, int(lwm))
         else:
             out = assemble(self.pane, self.key, self.state, lo, int(lwm), lay.k, lay.ops, lay.s)
+        if grouped:  # windows a group punctuation emitted already
+            ok = out.window >= self.frontier(out.key)
+            out = Windows(
+                out.window[ok], np.ascontiguousarray(out.key[ok]), np.ascontiguousarray(out.state[ok])
+            )
+            self.forget_run()
         self.closed = int(lwm)
-        keep = self.pane >= lay.first_needed_pane(self.closed)
+        self.groups.drop_reached(self.closed)
+        keep = lay.needed(self.pane, self.frontier(self.key))
         if not keep.all():
             self.pane, self.key, self.state = self.pane[keep], self.key[keep], self.state[keep]
         if lay.s == lay.k > 1 and len(np.unique(self.pane[self.pane < self.closed])) > 1:
@@ -542,6 +524,15 @@ class QueryRollup:
         else:
             self.run = None
 
+    def group_arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The group frontiers as arrays for the processor's saved state ({} when there are none)."""
+        return self.groups.arrays(name)
+
+    def load_groups(self, arrays: dict[str, np.ndarray], name: str) -> None:
+        """Restore :meth:`group_arrays`."""
+        self.groups.load(arrays, name)
+        self.groups.drop_reached(self.closed)
+
     def landmark_update(self) -> Windows:
         """'update' rows of a landmark query: per group, the totals so far of the open window holding
         the newest closed pane (panes ``< closed``), or nothing when that window is closed. Provisional:
@@ -569,6 +560,11 @@ class QueryRollup:
         w, wkey = touched_pairs(lay, self.closed, pane, key)
         if len(w) == 0 or len(self.pane) == 0:
             return Windows.empty(lay.kw, lay.na)
+        if len(self.groups):  # a group punctuation closed some of them already
+            ok = w >= self.frontier(wkey)
+            w, wkey = w[ok], wkey[ok]
+            if len(w) == 0:
+                return Windows.empty(lay.kw, lay.na)
         sel = np.isin(wire.key_hash(self.key), wire.key_hash(wkey))
         return touched_windows(lay, self.pane[sel], self.key[sel], self.state[sel], w, wkey)
 

@@ -16,8 +16,12 @@ length, ``ok``, the pid), and imports pyspark afterwards: the JVM waits without 
 worker is connected.
 
 :func:`install` writes an executable ``python-worker`` script (shebang: this interpreter) that runs
-:func:`main`; the session hands it to Spark as the workers' Python (local masters only: the script is
-a file of this machine). :func:`main` cleans the path and runs ``-m MODULE`` as Python would.
+:func:`main`; the session hands it to Spark as the workers' Python on a local master. On a cluster
+(``spark://``) the driver-side worker above starts on the driver's machine under the same load, and
+the executors' daemons too, but a file of this machine's state directory is not on the workers: there
+the session names the ``lowwater-python-worker`` console script (:func:`installed`), which every
+install of the package has at the same path (the images of the driver and the workers are one).
+:func:`main` cleans the path and runs ``-m MODULE`` as Python would.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import runpy
 import socket
 import struct
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -123,6 +128,19 @@ def connect_back(port: int, secret: str) -> tuple[socket.socket, Any]:
             errors.append(f"{sa}: {exc}")
             sock.close()
     raise ConnectionError(f"cannot connect back to the JVM: {errors}")
+
+
+CONSOLE_SCRIPT = "lowwater-python-worker"  # pyproject.toml [project.scripts]: runs main()
+
+
+def installed() -> str | None:
+    """The package's launcher console script, if this interpreter's install has it (a cluster's
+    workers then find it at the same path); None otherwise."""
+    for scripts in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        path = Path(scripts) / CONSOLE_SCRIPT
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
 
 
 def install(directory: Path | str) -> str:

@@ -11,14 +11,18 @@ address they use, and the driver binds every interface.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from high_level.cluster.pyworker import install as install_worker_python
+from high_level.cluster.pyworker import installed as installed_worker_python
 
 _LOG4J2 = """\
 # written by high_level.cluster.session: WARN and above to a file, only errors to the console
@@ -55,6 +59,24 @@ def connector_jars(entries: Sequence[str]) -> list[str]:
     return out
 
 
+@contextmanager
+def jvm_ignores_sigterm() -> Iterator[None]:
+    """Launch the driver's JVM with SIGTERM ignored (inherited through exec; the JVM installs no handler
+    for a signal it starts with ignored). Why: a stop signal to the whole process group (a supervisor's
+    ``kill -TERM -pgid``, ``./lw``'s stack) otherwise reaches the JVM too, whose shutdown hook stops the
+    SparkContext under the running batch, and the job exits 1 instead of stopping in order from Python
+    (high_level/cli.py). The JVM still ends with the driver: it exits when its stdin (the Python
+    driver's pipe) closes, even after a SIGKILL."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
 def build_spark(
     app_name: str,
     master: str = "local[2]",
@@ -83,11 +105,12 @@ def build_spark(
     log4j = base / "log4j2.properties"
     log4j.write_text(_LOG4J2.format(log=base / "spark.log"))
     # Python workers must run the driver's own interpreter (the venv's python under ./lw),
-    # or they miss the project's packages or differ in minor version. On a local master through
-    # high_level.cluster.pyworker: the installed pyspark (bytecode cached), not Spark's pyspark.zip (compiled
-    # from source at every worker start, too slow under load for the 10-s connect-back of a query start).
+    # or they miss the project's packages or differ in minor version. Through high_level.cluster.pyworker
+    # (a script in the state directory on a local master, the package's console script on a cluster): the
+    # installed pyspark (bytecode cached), not Spark's pyspark.zip (compiled from source at every worker
+    # start, too slow under load for the 10-s connect-back of a query start).
     local = master.startswith("local")
-    worker_python = install_worker_python(base) if local else sys.executable
+    worker_python = install_worker_python(base) if local else (installed_worker_python() or sys.executable)
     os.environ["PYSPARK_PYTHON"] = worker_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if local:  # otherwise Spark resolves the hostname and may bind to a non-loopback interface
@@ -115,6 +138,7 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with jvm_ignores_sigterm():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")  # the file keeps warnings; the console filter shows errors only
     return spark

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +162,25 @@ def check_topics(opts: JobOptions, lays: list[JoinLayout]) -> None:
                 )
 
 
+def join_asker(cfg: Q.Config, opts: JobOptions, producer: Any = None) -> Any:
+    """A punctuation asker for the joins' select inputs (a side that reads an aggregate's closed windows is
+    asked through that aggregate's own asker); None when no join reads a select."""
+    from high_level.ondemand import PunctuationAsker
+
+    lays, inputs = [], {}
+    for lay in layouts(cfg):
+        feeds = feed_sides(cfg, lay)
+        sel = tuple(n for s, n in (("left", lay.left), ("right", lay.right)) if s not in feeds)
+        if sel and lay.rollup is not None:
+            lays.append(replace(lay.rollup, name=lay.name))
+            inputs[lay.name] = tuple(dict.fromkeys(sel))
+    if not lays:
+        return None
+    return PunctuationAsker(
+        lays, opts.kafka, topic=opts.control_topic, inputs=inputs, ns_marks=inputs, producer=producer
+    )
+
+
 class JoinPipeline(Pipeline):
     """The windowed joins of a config, one stream each; also the closed-window feed of the aggregate
     queries they read, which the sink publishes from the aggregate stream."""
@@ -177,7 +197,10 @@ class JoinPipeline(Pipeline):
         return wanted_topics(inputs) | {JI.closed_topic(q): 1 for q in self.feed_queries}
 
     def outputs(self, opts: JobOptions) -> Outputs:
-        return Outputs(feed=FeedPublisher(self.feed_queries, opts.kafka) if self.feed_queries else None)
+        """The feed of the aggregate queries the joins read, and (``--control-topic``) the asker that
+        requests punctuation from the hosts holding a join window back, for the join's select inputs."""
+        feed = FeedPublisher(self.feed_queries, opts.kafka) if self.feed_queries else None
+        return Outputs(asker=join_asker(self.config, opts) if opts.control_topic else None, feed=feed)
 
     def check(self, opts: JobOptions) -> None:
         """A missing join input is an error before any stream starts (nothing emitted)."""

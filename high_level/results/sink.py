@@ -4,11 +4,13 @@ status document and the metrics, its fired alerts to the alert store and the del
 The aggregate stream's closed rows are written where they are (:mod:`high_level.results.tasks`): each
 Spark task writes its partitions' files and evaluates HAVING, alerts and the holistic second stage on
 them, and hands the driver a summary; the driver commits the batch (:meth:`ResultSink.commit`: a
-manifest, then each query's commit marker), so no row passes through one process. The driver still
+manifest, then each query's commit marker), so no row is encoded in one process. The driver still
 writes what needs every partition or goes to Kafka from here: the rows of queries whose conditions
-read a window total (:mod:`high_level.results.windowtotal`), the finals the live topics and the joins'
-feed publish, the joins' own output, and the flagged windows (small). It owns the alert deliveries
-and the status document, so a replayed batch decides and writes the same.
+read a window total (:mod:`high_level.results.windowtotal`), the finals the joins' feed publishes,
+the joins' own output, and the flagged windows (small). With live values on, the tasks write the
+store as without them and also return their finals, which the driver only publishes to the live
+topics (their tombstones need each closed window's keys, kept by the publisher). It owns the alert
+deliveries and the status document, so a replayed batch decides and writes the same.
 
 Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
 Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
@@ -36,6 +38,7 @@ import pyarrow.compute as pc
 from contract import query as Q
 from contract import results as R
 from contract import status as S
+from high_level.aggregate.pacer import IdlePacer
 from high_level.aggregate.packed import QueryWindows, unpack_incomplete, unpack_rows, unpack_windows
 from high_level.aggregate.rollup import Layout
 from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
@@ -104,6 +107,9 @@ class ResultSink:
         self.store_bytes: int | None = None
         self.tier_bytes: dict[str, dict[str, int]] = {}
         self.compactor: Compactor | None = None  # the store's maintenance (the job sets it): its status
+        self.pacer: IdlePacer | None = (
+            None  # waits after a batch that left no window open (the pipeline sets it)
+        )
         try:
             prev = S.read(store.status_path)
         except S.StatusUnavailable:
@@ -126,9 +132,10 @@ class ResultSink:
 
     def driver_queries(self) -> frozenset[str]:
         """The queries whose closed rows the driver needs, and so writes itself: those whose conditions
-        read a window total (the gate needs every partition's rows), every query when its finals go to
-        the live topics or a watcher wants generic rows, and those a join reads (the feed)."""
-        if self.on_rows or self.live is not None:
+        read a window total (the gate needs every partition's rows), every query when a watcher wants
+        generic rows, and those a join reads (the feed). The live topics need none: the tasks write
+        the store and send the finals back for the publisher (:meth:`foreach_tasks`)."""
+        if self.on_rows:
             return frozenset(self.layouts)
         feed = set(self.feed.queries) if self.feed is not None else set()
         return frozenset(self.totals.queries) | frozenset(feed)
@@ -140,16 +147,34 @@ class ResultSink:
         from high_level.results.tasks import task_writer
 
         local = frozenset(self.store.queries) - self.driver_queries()
-        if not local:  # every row goes to the driver anyway (e.g. --live): no pass over them in the tasks
-            return self.foreach_packed(df, batch_id)
-        with self.timed():
-            fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local)
-            self.handle_packed(df.mapInArrow(fn, OUTPUT_DDL).toArrow(), batch_id)
+        if not local:  # every row goes to the driver anyway (a watcher): no pass over them in the tasks
+            self.foreach_packed(df, batch_id)
+        else:
+            # with live values on, the tasks still write the store; the finals also come back, for the
+            # live topics only (the publisher's tombstones remember the keys of each closed window)
+            echo = local if self.live is not None else frozenset()
+            with self.timed():
+                fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local, echo)
+                self.handle_packed(df.mapInArrow(fn, OUTPUT_DDL).toArrow(), batch_id, written_by_tasks=local)
+        if self.pacer is not None and self.at_rest():
+            self.pacer.hold(batch_id)
 
-    def handle_packed(self, packed: pa.Table, batch_id: int) -> dict[str, int]:
+    def at_rest(self) -> bool:
+        """No window open on any partition of any query and no row held for a window total: the next
+        punctuation can close nothing (:mod:`high_level.aggregate.pacer`)."""
+        with self._lock:
+            if any(self.totals.held.values()):
+                return False
+            parts = [st for by in self.partitions.values() for st in by.values()]
+            return bool(parts) and all(st.open_windows == 0 for st in parts)
+
+    def handle_packed(
+        self, packed: pa.Table, batch_id: int, written_by_tasks: frozenset[str] = frozenset()
+    ) -> dict[str, int]:
         """The stateful step's packed output (and the summaries of the rows its tasks wrote, if they did):
         the same files, status and metrics as :meth:`handle_rows`, without building generic rows first
-        (their list columns cost more than the Parquet encoding)."""
+        (their list columns cost more than the Parquet encoding). Rows of ``written_by_tasks`` queries
+        are already in the tasks' files and summaries: they only go on to the live topics."""
         summary_rows = pc.fill_null(pc.is_in(packed["kind"], pa.array(list(SUMMARY_KINDS))), False)
         tasks = packed.filter(summary_rows)
         if tasks.num_rows:
@@ -172,6 +197,8 @@ class ResultSink:
                 self.store.write_incomplete(batch_id, flagged)
             for name in sorted(wins):
                 w, lay = wins[name], self.layouts[name]
+                if name in written_by_tasks:
+                    continue  # written, counted and observed by the tasks (take_tasks)
                 q = self.store.queries.get(name)
                 if q is not None:
                     written[name] = self.store.write_query(batch_id, q, w)

@@ -84,9 +84,11 @@ def write_task(
     task: int,
     packed: pa.Table,
     local: frozenset[str],
+    echo: frozenset[str] = frozenset(),
 ) -> pa.Table:
     """Write the rows of the ``local`` queries in ``packed`` (one task's output) as the task's files;
-    returns the rest of ``packed`` and the summary rows (module docstring)."""
+    returns the rest of ``packed`` and the summary rows (module docstring). The written rows of the
+    ``echo`` queries are returned too: the driver publishes them to the live topics (it writes none)."""
     store = ResultStore(root, queries)
     layouts = store.layouts
     mine = pc.fill_null(
@@ -96,7 +98,12 @@ def write_task(
         ),
         False,
     )
-    rest = packed.filter(pc.invert(mine))
+    keep = pc.invert(mine)
+    if echo:
+        keep = pc.or_(
+            keep, pc.fill_null(pc.is_in(packed["query"], pa.array(sorted(echo), pa.string())), False)
+        )
+    rest = packed.filter(keep)
     wins, _ = unpack_windows(packed.filter(mine), layouts)
     exporter = ResultExporter(queries)
     exports: dict[str, tuple] = {}
@@ -132,7 +139,11 @@ def write_task(
 
 
 def task_writer(
-    root: str | Path, queries: Sequence[Q.QuerySpec], batch_id: int, local: frozenset[str]
+    root: str | Path,
+    queries: Sequence[Q.QuerySpec],
+    batch_id: int,
+    local: frozenset[str],
+    echo: frozenset[str] = frozenset(),
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` body of one micro-batch: each task writes its rows (:func:`write_task`).
     Files are named by the task's partition id, which the checkpoint's shuffle partitioning keeps fixed,
@@ -144,7 +155,7 @@ def task_writer(
 
         got = [b for b in batches if b.num_rows]
         packed = pa.Table.from_batches(got).cast(PACKED_SCHEMA) if got else PACKED_SCHEMA.empty_table()
-        out = write_task(root, queries, batch_id, TaskContext.get().partitionId(), packed, local)
+        out = write_task(root, queries, batch_id, TaskContext.get().partitionId(), packed, local, echo)
         yield from out.combine_chunks().to_batches()
 
     return fn

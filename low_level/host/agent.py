@@ -213,6 +213,13 @@ class Agent(HostLoop):
             ):
                 self.select_last_on_demand[k] = now
                 self.punctuate_select(k, idle, timer=False)
+            elif (
+                self.control
+                and now - self.select_last_on_demand[k] >= self.on_demand_gap_s
+                and self.control.take_query(s.name)
+            ):
+                self.select_last_on_demand[k] = now  # asked by a blocked join: punctuate as if idle
+                self.punctuate_select(k, idle=True, timer=False)
         if self.pending_records >= self.pending_max:
             self.submit()  # into the backlog, whose merge and bound (max_records) then apply
         if (

@@ -102,7 +102,9 @@ class Backlog:
             if self.records > self.merge_at:
                 self.compact()
 
-    def add_punctuation(self, query: str, partition: int, p: wire.Punctuation) -> None:
+    def add_punctuation(
+        self, query: str, partition: int, p: wire.Punctuation | wire.GroupPunctuation
+    ) -> None:
         self.fifos.setdefault((query, partition), deque()).append(p)
 
     def compact(self) -> None:
@@ -112,6 +114,7 @@ class Backlog:
         for (query, _part), fifo in self.fifos.items():
             blocks = [b for b in fifo if isinstance(b, Block)]
             puncts = [p for p in fifo if isinstance(p, wire.Punctuation)]
+            groups = [g for g in fifo if isinstance(g, wire.GroupPunctuation)]  # each one says other groups
             fifo.clear()
             if blocks:
                 before = sum(b.n for b in blocks)
@@ -124,6 +127,7 @@ class Backlog:
                 self.merged_away += before - merged.n
                 fifo.append(merged)
                 total += merged.n
+            fifo.extend(groups)  # after every partial, as all punctuation (partials only move ahead)
             if puncts:
                 fifo.append(puncts[-1])
         self.records = total

@@ -180,6 +180,24 @@ class Emitter:
                 ),
             )
 
+    def group_done(self, query: str, key: np.ndarray, done_pane: np.ndarray) -> None:
+        """Queue group-wise punctuation (OOP App. A): group ``key[i]`` (its group words) is done up to
+        pane ``done_pane[i]``, in the partition its partials go to, after everything queued so far. The
+        caller promises it submitted every partial of those groups with pane < done_pane (it drained
+        them from its table) and will submit no more: the job closes those windows at once."""
+        q = self.by_name[query]
+        key = np.asarray(key, np.int64).reshape(len(done_pane), -1)[:, : Q.partition_width(q)]
+        done = np.asarray(done_pane, np.int64)
+        if len(done) == 0:
+            return
+        part = (
+            wire.partition_of(key, q.kafka.partitions) if q.kafka.partitions > 1 else np.zeros(len(done), int)
+        )
+        for p in np.unique(part).tolist():
+            sel = part == p
+            g = wire.GroupPunctuation(query, self.host, self.incarnation, p, 0, key[sel], done[sel])
+            self.backlog.add_punctuation(query, p, g)
+
     # -- output side
     def _acked(self, size: int) -> None:
         with self._lock:
@@ -251,6 +269,11 @@ class Emitter:
                         fifo.popleft()
                     else:
                         fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
+                elif isinstance(item, wire.GroupPunctuation):
+                    if not self._send(topic, part, wire.encode_group_punctuation(replace(item, seq=seq))):
+                        return handed
+                    self.stats.punctuations_sent += 1
+                    fifo.popleft()
                 else:
                     ranges = self.backlog.take_shed(
                         query, part

@@ -3,7 +3,8 @@
 A daemon thread consumes ``contract.control.CONTROL_TOPIC`` from its end (a restarted agent does not
 replay old requests) and keeps, per query of this host, a pending flag. The agent's loop takes the
 flag (``take``) and punctuates as if idle: it flushes every entry below its clock's pane and sends
-the new mark. Requests for other hosts or unknown queries are ignored; undecodable ones counted.
+the new mark. Select queries are listened for too (``take_query``): a join blocked by this host asks
+for its select inputs' marks (``high_level/join/pipeline.py``, ``join_asker``). Requests for other hosts or unknown queries are ignored; undecodable ones counted.
 The capture loop never waits on this thread.
 """
 
@@ -26,7 +27,7 @@ class RequestListener:
     def __init__(
         self,
         host: str,
-        queries: Sequence[Q.QuerySpec],
+        queries: Sequence[Q.QuerySpec | Q.SelectSpec],
         bootstrap: str,
         topic: str = C.CONTROL_TOPIC,
         consumer_config: dict[str, Any] | None = None,
@@ -54,6 +55,11 @@ class RequestListener:
         with self.lock:
             asked, self.pending[i] = self.pending[i], False
         return asked
+
+    def take_query(self, name: str) -> bool:
+        """:meth:`take` by query name (False for a query this listener does not know)."""
+        i = self.index.get(name)
+        return i is not None and self.take(i)
 
     def offer(self, value: bytes) -> None:
         """One control message (what the thread does with each record; public for tests)."""
