@@ -53,7 +53,18 @@ T_FIELDS = 9  # then (offset, length) per IE; offset -1 when the template lacks 
 T_LIST = T_FIELDS + 2 * NIE
 MAX_VAR_FIELDS = 64
 VARLEN = 0xFFFF
-TW = T_LIST + 2 * MAX_VAR_FIELDS
+# then a fixed-length data template's compiled plan (``templates.compile_plan``, built once when the
+# template arrives): P_OK 1 when the record is decoded by the plan; the (offset, length) of the packet,
+# byte and end-time IEs in the order they are tried (offset -1: absent); the address family the record
+# gets; then P_N entries (offset, length, op), one per stored IE: op < NFIELDS stores the value (>= 0)
+# in that row column, OP_PROTO stores it as is, OP_SRC4/OP_DST4 an IPv4 address, OP_SRC6/OP_DST6 a
+# 16-byte one
+T_PLAN = T_LIST + 2 * MAX_VAR_FIELDS
+P_OK, P_PKTS, P_PKTS_TOTAL, P_BYTES, P_BYTES_TOTAL, P_END_MS, P_END_S, P_LAST = range(0, 15, 2)
+P_IPVER, P_N, P_ENTRIES = 16, 17, 18
+P_MAX = 16  # entries: more than the IEs a data record stores
+OP_PROTO, OP_SRC4, OP_DST4, OP_SRC6, OP_DST6 = 100, 101, 102, 103, 104
+TW = T_PLAN + P_ENTRIES + 3 * P_MAX
 # per (exporter, domain) state; an sFlow source (D_KIND 1) is (agent address, sub-agent): D_DOM holds the
 # sub-agent id, D_AGENT_HI/LO the agent address (lowwater's 128-bit words), D_EXP the datagrams' sender
 D_VALID, D_EXP, D_DOM, D_RATE, D_SYSINIT, D_CLOCK, D_RECORDS, D_KIND, D_AGENT_HI, D_AGENT_LO = range(10)
