@@ -440,12 +440,12 @@ class RangeReader:
         cur = self.db.cursor()
         try:
             cur.register("lw_top", table)
-            got = cur.sql(
+            got = Reader._exec(
+                cur,
                 f"SELECT {', '.join([*keys, *(S.q(a) for a in adds)])}, windows FROM lw_top"
-                f" ORDER BY {S.q(by)} DESC NULLS LAST, {', '.join(keys)} LIMIT {int(n)}"
-            ).fetchall()
-        except duckdb.Error as exc:
-            raise StoreError(f"reading the results store failed: {exc}") from None
+                f" ORDER BY {S.q(by)} DESC NULLS LAST, {', '.join(keys)} LIMIT {int(n)}",
+                {},
+            )
         finally:
             cur.close()
         return [(*r, i) for i, r in enumerate(got, 1)]
