@@ -166,6 +166,19 @@ def test_tasks_write_what_the_driver_writes_hidden_until_the_commit(batches, tmp
         pd.testing.assert_frame_equal(_rows(a.store.root, q.name), _rows(b.store.root, q.name))
 
 
+def test_a_driver_that_cannot_see_the_tasks_files_stops_instead_of_committing(batches, tmp_path):
+    """Executors whose results directory is not the driver's (a worker without the shared volume): the
+    driver must not commit a batch whose files it cannot see."""
+    qs, packed = batches
+    executor, driver = _job(tmp_path / "executor", qs), _job(tmp_path / "driver", qs)
+    i = next(i for i, p in enumerate(packed) if p.num_rows)
+    out = _tasks(executor, qs, i, packed[i])
+    assert list((tmp_path / "executor").rglob("part-*.parquet"))
+    with pytest.raises(RuntimeError, match="shared by the driver, the API and every Spark worker"):
+        driver.handle_packed(out, i)
+    assert not R.manifest_path(driver.store.root, i).exists()
+
+
 def test_a_task_writes_nothing_of_the_queries_the_driver_writes(batches, tmp_path):
     qs, packed = batches
     out = write_task(str(tmp_path), qs, 0, 0, packed[1], frozenset())

@@ -275,6 +275,14 @@ class ResultSink:
         if (at := os.environ.get(STOP_AT_ENV)) is not None and batch_id >= int(at):
             os.kill(os.getpid(), signal.SIGSTOP)  # a test SIGKILLs the job here (tests/test_exactly_once.py)
         files, self.store.files = self.store.files, []
+        if missing := [f for f in files if not (self.store.root / f).is_file()]:
+            # A task wrote it on its executor's file system, which is not the driver's: committing would
+            # publish a batch nobody can read. Stop instead; the batch replays once the store is shared.
+            raise RuntimeError(
+                f"batch {batch_id}: {len(missing)} results file(s) the executors wrote are not in "
+                f"{self.store.root} on the driver (first: {missing[0]}): the results store must be on storage "
+                "shared by the driver, the API and every Spark worker at the same path (deploy/README.md)"
+            )
         marks: dict[str, dict[str, int | None]] = {}
         for st in statuses:
             marks.setdefault(st.query, {})[str(st.partition)] = st.closed_before_window
