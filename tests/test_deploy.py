@@ -242,12 +242,13 @@ def test_central_compose_wiring() -> None:
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", (
         "topics come from kafka-init with their partitions"
     )
-    # kafka-init before the job; the job and the workers share the checkpoint at the same path (executors
-    # write the state store there); the API reads the job's results read-only.
+    # kafka-init before the job; the job and the workers share the checkpoint and the results at the same
+    # paths (executors write the state store and the results files there); the API reads them read-only.
     assert svcs["job"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
     ckpt = "lowwater-checkpoint:/var/lib/lowwater/checkpoint"
     assert ckpt in svcs["job"]["volumes"] and ckpt in svcs["spark-worker"]["volumes"]
-    assert "lowwater-results:/var/lib/lowwater/results" in svcs["job"]["volumes"]
+    results = "lowwater-results:/var/lib/lowwater/results"
+    assert results in svcs["job"]["volumes"] and results in svcs["spark-worker"]["volumes"]
     assert "lowwater-results:/var/lib/lowwater/results:ro" in svcs["api"]["volumes"]
     job = command_of(svcs["job"])
     assert svcs["job"]["environment"]["LOWWATER_JOB_MASTER"] == "spark://spark-master:7077"
