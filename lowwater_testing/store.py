@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import results as R
-from lowwater_testing.queries import config, q4, query
+from lowwater_testing.queries import config, q4, query, tcp_ports
 
 CONFIG = config(
     q4(description="packet count per (srcIP, dstIP) per minute"),
@@ -35,12 +35,10 @@ CONFIG = config(
         ],
         window="1m",
     ),
-    query(
+    tcp_ports(
         "syn_per_port",
         description="TCP SYNs per destination port, 1 minute sliding every 10 s",
         filter="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
-        group_by=["dst_port"],
-        aggregates=["count as syns", "min(ttl) as min_ttl"],
         window={"range": "1m", "slide": "10s"},
     ),
     query(

@@ -175,7 +175,7 @@ def test_variance_and_stddev_end_to_end_equal_the_exact_oracle(
     spark, kafka, topic_factory, tmp_path: Path
 ) -> None:
     from lowwater_testing.agent import run_agent, write_traffic_pcap
-    from lowwater_testing.spark import assert_exact, read_results, run_job
+    from lowwater_testing.spark import assert_exact, expecting, read_results, run_job
 
     t = make_traffic(12_000, 600, T0, 12 * NS, seed=29)
     pcap = tmp_path / "v.pcap"
@@ -184,15 +184,7 @@ def test_variance_and_stddev_end_to_end_equal_the_exact_oracle(
     spread_config(topic_factory(partitions=2)).write(cfg)
     run_agent(cfg, f"pcap:{pcap}", host="cap-1", bootstrap=kafka.bootstrap_servers)
     q = Q.load(cfg).queries[0]
-    job = run_job(
-        spark,
-        [q],
-        tmp_path,
-        "spread",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=["cap-1"],
-        host_timeout_ms=600_000,
-    )
+    job = run_job(spark, [q], tmp_path, "spread", **expecting(kafka, ["cap-1"]))
     assert_exact(Path(job.opts.results), q, t)  # the suite's oracle, finalized by the registry
     got = read_results(Path(job.opts.results), "spread")
     got = got[got["kind"] == "final"]

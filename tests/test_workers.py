@@ -30,7 +30,7 @@ from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
 from lowwater_testing.agent import spawn_agent, write_traffic_pcap
 from lowwater_testing.queries import config, pairs
-from lowwater_testing.spark import assert_exact, run_job
+from lowwater_testing.spark import assert_exact, expecting, run_job
 from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import build_frames, make_traffic
 
@@ -188,15 +188,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     assert all(w["packets"] > 3000 for w in s["workers"].values()), "both workers took a share"
 
     q = Q.load(cfg2).queries[0]
-    job = run_job(
-        spark,
-        [q],
-        tmp_path,
-        "workers",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=sorted(h2),
-        host_timeout_ms=600_000,
-    )
+    job = run_job(spark, [q], tmp_path, "workers", **expecting(kafka, sorted(h2)))
     assert_exact(Path(job.opts.results), q, t)
     st = json.loads((Path(job.opts.results) / "_status.json").read_text())
     assert set(st["queries"]["pairs"]["hosts"]) == h2
