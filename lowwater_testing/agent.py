@@ -10,12 +10,13 @@ import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import dpkt
 import numpy as np
 
 from contract import fields as F
-from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
+from lowwater_testing.traffic import NS, T0, Traffic, build_frames, make_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,3 +109,11 @@ def write_traffic_pcap(path: Path, t) -> None:
             struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
         )
     path.write_bytes(b"".join(out))
+
+
+def traffic_pcap(path: Path, *args: Any, **kw: Any) -> tuple[Traffic, Path]:
+    """:func:`make_traffic` (the same arguments) written as the pcap ``path``: ``(traffic, path)``, the
+    oracle's input and the agent's."""
+    t = make_traffic(*args, **kw)
+    write_traffic_pcap(path, t)
+    return t, path

@@ -174,13 +174,11 @@ def spread_config(topic: str) -> ConfigDoc:
 def test_variance_and_stddev_end_to_end_equal_the_exact_oracle(
     spark, kafka, topic_factory, tmp_path: Path
 ) -> None:
-    from lowwater_testing.agent import run_agent, write_traffic_pcap
+    from lowwater_testing.agent import run_agent, traffic_pcap
     from lowwater_testing.spark import assert_exact, expecting, read_results, run_job
 
-    t = make_traffic(12_000, 600, T0, 12 * NS, seed=29)
-    pcap = tmp_path / "v.pcap"
-    write_traffic_pcap(pcap, t)
     cfg = tmp_path / "v.yaml"
+    t, pcap = traffic_pcap(tmp_path / "v.pcap", 12_000, 600, T0, 12 * NS, seed=29)
     spread_config(topic_factory(partitions=2)).write(cfg)
     run_agent(cfg, f"pcap:{pcap}", host="cap-1", bootstrap=kafka.bootstrap_servers)
     q = Q.load(cfg).queries[0]

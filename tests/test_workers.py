@@ -28,7 +28,7 @@ from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.agent import spawn_agent, write_traffic_pcap
+from lowwater_testing.agent import spawn_agent, traffic_pcap
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, expecting, run_job
 from lowwater_testing.topics import read_all
@@ -112,9 +112,7 @@ def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
 
 
 def test_replay_shares_take_every_frame_once_and_keep_flows_together(tmp_path: Path) -> None:
-    t = make_traffic(5000, 400, T0, 5 * NS, seed=5)
-    pcap = tmp_path / "s.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "s.pcap", 5000, 400, T0, 5 * NS, seed=5)
     got = []
     for i in range(3):
         ring = Ring(1 << 13)  # larger than the file: nothing waits
@@ -165,9 +163,7 @@ def merged(batches) -> tuple[Counter, set[str], set[tuple[str, int]]]:
 def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     spark, kafka, topic_factory, tmp_path: Path
 ) -> None:
-    t = make_traffic(12_000, 600, T0, 12 * NS, seed=21)
-    pcap = tmp_path / "w.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "w.pcap", 12_000, 600, T0, 12 * NS, seed=21)
     one, two = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg1, cfg2 = tmp_path / "one.yaml", tmp_path / "two.yaml"
     cfg1.write_text(pairs_config(one, "cap-1"))
@@ -197,9 +193,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
 def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     """A replay cannot be resumed by a restarted worker (it would send packets twice): the supervisor
     stops the other workers and exits 1, naming the dead worker."""
-    t = make_traffic(2000, 50, T0, 60 * NS, seed=2)
-    pcap = tmp_path / "d.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "d.pcap", 2000, 50, T0, 60 * NS, seed=2)
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"

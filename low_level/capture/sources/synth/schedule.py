@@ -45,11 +45,13 @@ def _h_before(h, a, b):
 
 @njit(cache=True, nogil=True)
 def _h_swap(h, a, b):
+    """Swap entries a and b; returns b, where a's entry is now (the sift loops follow it)."""
     for c in range(3):
         t = h[a, c]
         h[a, c] = h[b, c]
         h[b, c] = t
     pin(h)
+    return b
 
 
 @njit(cache=True, nogil=True)
@@ -61,8 +63,7 @@ def _h_push(h, hs, ts, idx, kind):
         up = (k - 1) >> 1
         if not _h_before(h, k, up):
             break
-        _h_swap(h, k, up)
-        k = up
+        k = _h_swap(h, k, up)
     pin(h)
     pin(hs)
 
@@ -83,8 +84,7 @@ def _h_pop(h, hs):
                 c += 1
             if not _h_before(h, c, k):
                 break
-            _h_swap(h, k, c)
-            k = c
+            k = _h_swap(h, k, c)
     pin(h)
     pin(hs)
     return ts, idx, kind
