@@ -16,6 +16,7 @@ import dpkt
 import numpy as np
 
 from contract import fields as F
+from local_stack.kafka_broker import free_port
 from lowwater_testing.traffic import NS, T0, Traffic, build_frames, make_traffic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,16 @@ def spawn_agent(
         text=text,
         start_new_session=new_session,
     )
+
+
+def spawn_workers(
+    cfg: str | Path, source: str, host: str, bootstrap: str, workers: int, summary: Path
+) -> tuple[subprocess.Popen, int]:
+    """A live agent of ``workers`` capture workers on a free metrics port: ``(process, port)``; its
+    summary (per worker) goes to ``summary`` at exit."""
+    port = free_port()
+    extra = ("--workers", str(workers), "--summary", str(summary))
+    return spawn_agent(cfg, source, host=host, bootstrap=bootstrap, metrics_port=port, extra=extra), port
 
 
 def metrics_text(port: int, timeout: float = 5) -> str:

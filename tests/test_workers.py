@@ -22,13 +22,12 @@ from scapy.all import IP, TCP, UDP, Dot1Q, Ether, IPv6, Raw
 
 from contract import query as Q
 from contract import wire
-from local_stack.kafka_broker import free_port
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.agent import spawn_agent, traffic_pcap
+from lowwater_testing.agent import spawn_agent, spawn_workers, traffic_pcap
 from lowwater_testing.queries import config, pairs
 from lowwater_testing.spark import assert_exact, expecting, run_job
 from lowwater_testing.topics import read_all
@@ -269,14 +268,8 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
-    port = free_port()
-    proc = spawn_agent(
-        cfg,
-        f"afpacket:{host_if},promisc",
-        host="edge-1",
-        bootstrap=kafka.bootstrap_servers,
-        metrics_port=port,
-        extra=("--workers", "2", "--summary", str(summary)),
+    proc, port = spawn_workers(
+        cfg, f"afpacket:{host_if},promisc", "edge-1", kafka.bootstrap_servers, 2, summary
     )
     try:
         wait_metrics(port, {"edge-1/w0", "edge-1/w1"}, timeout=180)  # both workers joined the group
