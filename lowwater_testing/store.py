@@ -286,7 +286,9 @@ def write_status(root: Path, now: datetime) -> dict:
     mark = now_ms * 10**6 - 20 * 10**9
 
     # what every host here shares: heard half a second ago, 9 punctuations, 100 records sent
-    alike = dict(expected=False, last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100)
+    alike = dict(
+        expected=False, last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100
+    )
 
     def host(mark_ns: int, live: bool, lag: float, late: int, missing: int) -> S.HostOnPartition:
         return S.HostOnPartition(
