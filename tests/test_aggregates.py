@@ -77,12 +77,8 @@ def test_variance_finalize_is_the_exact_rational_correctly_rounded() -> None:
 
 
 def test_variance_state_is_count_sum_and_sum_of_squares() -> None:
-    q = make_query(
-        "lazy",
-        64,
-        group="[dst_port]",
-        aggs="[{fn: variance, field: length, as: v}, {fn: stddev, field: ttl}, {fn: count, as: n}]",
-    )
+    aggs = "[{fn: variance, field: length, as: v}, {fn: stddev, field: ttl}, {fn: count, as: n}]"
+    q = make_query("lazy", 64, group="[dst_port]", aggs=aggs)
     cols = Q.state_columns(q)
     assert [c.name for c in cols] == [
         "v.count",

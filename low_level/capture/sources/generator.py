@@ -288,13 +288,5 @@ class GeneratorSource(Source):
 
     def stats(self) -> dict[str, Any]:
         """Base counters plus the configuration that shapes the traffic."""
-        d = super().stats()
-        d.update(
-            groups=self.groups,
-            rate=self.rate,
-            count=self.count,
-            clock=self.clock,
-            seed=self.seed,
-            synack_fraction=self.synack_fraction,
-        )
-        return d
+        shape = ("groups", "rate", "count", "clock", "seed", "synack_fraction")
+        return super().stats() | {k: getattr(self, k) for k in shape}
