@@ -285,7 +285,7 @@ def write_status(root: Path, now: datetime) -> dict:
     now_ms = int(now.timestamp() * 1000)
     mark = now_ms * 10**6 - 20 * 10**9
 
-    # what every host here shares: heard half a second ago, 9 punctuations, 100 records sent
+    # what every host here shares: heard half a second ago, 9 punctuations, 100 records
     alike = dict(
         expected=False, last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100
     )
