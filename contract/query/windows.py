@@ -119,3 +119,51 @@ class WindowSpec(_Strict):
     @property
     def tumbling(self) -> bool:
         return self.range_ns == self.slide
+
+
+class RowWindowSpec(_Strict):
+    """A row window (OOP §5.2, dissertation §5.1.2-3): ``ROWS N SLIDE M`` over the row number a capture
+    host gives each row that passes the query's filter (its point of entry: several hosts have no global
+    row order without ordering them). ``partition_by`` numbers the rows per value of those fields
+    instead (the last N rows per source). Windows are the time windows' rules with rows for time: panes of
+    gcd(N, M) rows, window ``w`` ends at row ``(w+1)*pane`` and starts ``rows`` before it (rows below 0
+    are none: the first windows hold fewer), and closes when the host's row count passes its end.
+    """
+
+    rows: int
+    slide_rows: int | None = Field(default=None, alias="slide")
+    partition_by: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> RowWindowSpec:
+        if self.rows <= 0:
+            raise ValueError("rows: must be positive")
+        if self.slide <= 0:
+            raise ValueError("slide: must be positive")
+        if self.slide > self.rows:
+            raise ValueError("slide: larger than rows would leave rows outside every window")
+        if self.panes_per_window > 4096:
+            raise ValueError(
+                f"more than 4096 panes per window (pane = gcd(rows, slide) = {self.pane_rows} rows); "
+                "use a larger slide or rows a multiple of it"
+            )
+        if len(set(self.partition_by)) != len(self.partition_by):
+            raise ValueError(f"partition_by: duplicate fields {self.partition_by}")
+        return self
+
+    @property
+    def slide(self) -> int:
+        return self.slide_rows if self.slide_rows is not None else self.rows
+
+    @property
+    def pane_rows(self) -> int:
+        """Rows per pane: gcd(rows, slide), the unit the capture host sub-aggregates."""
+        return math.gcd(self.rows, self.slide)
+
+    @property
+    def panes_per_window(self) -> int:
+        return self.rows // self.pane_rows
+
+    @property
+    def panes_per_slide(self) -> int:
+        return self.slide // self.pane_rows
