@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from contract import aggregates as A
-from contract.query.configfile import ConfigError
+from contract.query.configfile import ConfigError, load_text
 from contract.query.rows import load_rows, row_query
 from high_level.aggregate.merge import group_reduce
 from high_level.rows.windows import RowWindows
@@ -230,3 +230,11 @@ def test_config_errors_name_file_and_line(old: str, new: str, line: int, reason:
         load_rows(ROWS_YAML.replace(old, new), "rows.yaml")
     assert err.value.line == line, str(err.value)
     assert reason in str(err.value) and "rows.yaml" in str(err.value)
+
+
+def test_main_loader_says_row_windows_do_not_run_yet() -> None:
+    """The agent and the job do not run ``kind: rows``: the main loader refuses it with the reason, never
+    ignores it silently."""
+    with pytest.raises(ConfigError) as err:
+        load_text(ROWS_YAML, "rows.yaml")
+    assert err.value.line == 2 and "not run by the agent and the job yet" in str(err.value)
