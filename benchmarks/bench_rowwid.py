@@ -103,13 +103,13 @@ def _aligned(b_out: np.ndarray, slide: int) -> np.ndarray:
 
 
 def main() -> None:
+    m = machine()
     ap = harness.parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=None, help="rows of stream (400,000; --quick: 100,000)")
     ap.add_argument("--quick", action="store_true", help="100K rows, six slides (a smoke check)")
-    ap.add_argument("--rows", type=int, default=None)
     args = ap.parse_args()
     n = args.rows or (100_000 if args.quick else 400_000)
     slides = QUICK_SLIDES if args.quick else SLIDES
-    m = machine()
     length = np.random.default_rng(1).integers(40, 1500, n).astype(I64)
     t0 = time.process_time()
     length.max()
@@ -144,15 +144,14 @@ def main() -> None:
     ax[0].axhline(scan_s, color="#999", ls="--", label="scan")
     ax[1].plot(x, [r["wid_state_rows_peak"] for r in rows], "o-", label="WID pane rows", color="#2a7")
     ax[1].plot(x, [r["buffering_state_rows"] for r in rows], "s-", label="buffered rows", color="#c33")
-    for a, t in zip(ax, ("execution time (process s)", "state (rows held, peak)"), strict=True):
+    for a in ax:
         a.set_xscale("log")
-        a.set_xlabel(f"SLIDE (rows), RANGE {RANGE}")
-        a.set_title(t, fontsize=9)
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
-    fig.suptitle(
-        f"Row windows: WID vs buffering, sliding max, {n:,} rows{' - smoke' if args.quick else ''}",
-        fontsize=10,
+    harness.style_axes(
+        ax,
+        ("execution time (process s)", "state (rows held, peak)"),
+        f"SLIDE (rows), RANGE {RANGE}",
+        legend_each=True,
+        suptitle=f"Row windows: WID vs buffering, sliding max, {n:,} rows{' - smoke' if args.quick else ''}",
     )
     harness.save_figure(fig, harness.RESULTS / "rowwid.png")
     print(f"wrote {path} and rowwid.png")

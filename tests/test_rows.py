@@ -67,7 +67,7 @@ def _oracle(spec, hosts: dict[str, dict], partitioned: bool) -> dict:
         for v in np.unique(parts):
             idx = np.flatnonzero(parts == v)
             for wid in range(len(idx) // w.pane_rows):
-                if (wid - w.panes_per_window + 1) % w.panes_per_slide:
+                if (wid - w.panes[0] + 1) % w.panes[1]:
                     continue
                 end = (wid + 1) * w.pane_rows
                 sel = idx[max(0, end - w.rows) : end]
@@ -182,7 +182,7 @@ def test_state_is_the_open_panes() -> None:
         op.add("h", np.zeros((len(keys), 0), np.int64), keys[:, 0], keys[:, 1:], st)
         op.punctuate("h", *c.punctuation())
         op.close()
-        assert op.state_rows <= 3 * spec.window.panes_per_window
+        assert op.state_rows <= 3 * spec.window.panes[0]
 
 
 def test_counter_numbers_per_partition_across_batches() -> None:

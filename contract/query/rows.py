@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from contract import aggregates as A
 from contract import fields as F
@@ -33,22 +33,18 @@ class RowQuerySpec(_Strict):
 
     kind: Literal["rows"]
     name: str
-    description: str = ""
-    sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
-    filter: str | None = None
-    group_by: list[str] = Field(default_factory=list)
-    aggregates: list[AggregateSpec]
     window: RowWindowSpec
+    aggregates: list[AggregateSpec]
+    group_by: list[str] = Field(default_factory=list)
+    filter: str | None = None
+    sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    description: str = ""
 
-    @field_validator("name")
+    @field_validator("name", "filter", "sources")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return QuerySpec._name(v)
-
-    @field_validator("filter")
-    @classmethod
-    def _filter(cls, v: str | None) -> str | None:
-        return QuerySpec._filter(v)
+    def _as_aggregate(cls, v: Any, info: ValidationInfo) -> Any:
+        """Named, filtered and placed by the aggregate queries' rules."""
+        return getattr(QuerySpec, f"_{info.field_name}")(v)
 
     @field_validator("group_by")
     @classmethod
@@ -117,7 +113,7 @@ def load_rows(text: str, path: str = "<string>") -> list[RowQuerySpec]:
             spec = RowQuerySpec.model_validate(_strip(item))
         except ValidationError as exc:
             err = exc.errors()[0]
-            loc = tuple({"slide_rows": "slide"}.get(p, p) if isinstance(p, str) else p for p in err["loc"])
+            loc = tuple(err["loc"])
             reason = err["msg"].removeprefix("Value error, ")
             reason = {"extra_forbidden": "unknown field", "missing": "required field is missing"}.get(
                 err["type"], reason

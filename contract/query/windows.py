@@ -131,18 +131,18 @@ class RowWindowSpec(_Strict):
     """
 
     rows: int
-    slide_rows: int | None = Field(default=None, alias="slide")
+    slide: int | None = None
     partition_by: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> RowWindowSpec:
         if self.rows <= 0:
             raise ValueError("rows: must be positive")
-        if self.slide <= 0:
+        if self.step <= 0:
             raise ValueError("slide: must be positive")
-        if self.slide > self.rows:
+        if self.step > self.rows:
             raise ValueError("slide: larger than rows would leave rows outside every window")
-        if self.panes_per_window > 4096:
+        if self.panes[0] > 4096:
             raise ValueError(
                 f"more than 4096 panes per window (pane = gcd(rows, slide) = {self.pane_rows} rows); "
                 "use a larger slide or rows a multiple of it"
@@ -152,18 +152,16 @@ class RowWindowSpec(_Strict):
         return self
 
     @property
-    def slide(self) -> int:
-        return self.slide_rows if self.slide_rows is not None else self.rows
+    def step(self) -> int:
+        """Rows between window ends: the slide, or the rows when none is given (tumbling)."""
+        return self.rows if self.slide is None else self.slide
 
     @property
     def pane_rows(self) -> int:
         """Rows per pane: gcd(rows, slide), the unit the capture host sub-aggregates."""
-        return math.gcd(self.rows, self.slide)
+        return math.gcd(self.rows, self.step)
 
     @property
-    def panes_per_window(self) -> int:
-        return self.rows // self.pane_rows
-
-    @property
-    def panes_per_slide(self) -> int:
-        return self.slide // self.pane_rows
+    def panes(self) -> tuple[int, int]:
+        """(panes per window, panes per slide): the WID arithmetic of the time windows, in rows."""
+        return self.rows // self.pane_rows, self.step // self.pane_rows

@@ -48,7 +48,7 @@ class RowWindows:
     def __init__(self, spec: RowQuerySpec, part_words: int, key_words: int) -> None:
         self.spec = spec
         w = spec.window
-        self.pane, self.k, self.s = w.pane_rows, w.panes_per_window, w.panes_per_slide
+        self.pane, (self.k, self.s) = w.pane_rows, w.panes
         self.ops = spec.ops
         self.pw, self.kw, self.ns = part_words, key_words, len(self.ops)
         self.hosts: list[str] = []
