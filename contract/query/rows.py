@@ -8,15 +8,23 @@ host (and the partition). Aggregates are the registry's bounded ones, merged wit
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from contract import aggregates as A
 from contract import fields as F
 from contract.query.configfile import ConfigError, _line_of, _strip, yaml_with_lines
 from contract.query.model import AggregateSpec, QuerySpec, _Strict
-from contract.query.windows import RowWindowSpec
+from contract.query.windows import RowWindowSpec, TupleSlideSpec
 
 
 def _plain_field(name: str, what: str) -> F.Field:
@@ -28,12 +36,27 @@ def _plain_field(name: str, what: str) -> F.Field:
     return fld
 
 
+def _window_kind(v: Any) -> str:
+    """``{range, every}`` is slide-by-tuple; anything else a row window (its errors say what is missing)."""
+    if isinstance(v, dict):
+        return "by_tuple" if "every" in v or "range" in v else "row_window"
+    return "by_tuple" if isinstance(v, TupleSlideSpec) else "row_window"
+
+
+WINDOW_TAGS = ("row_window", "by_tuple")
+Window = Annotated[
+    Annotated[RowWindowSpec, Tag("row_window")] | Annotated[TupleSlideSpec, Tag("by_tuple")],
+    Discriminator(_window_kind),
+]
+
+
 class RowQuerySpec(_Strict):
-    """``window: {rows: N, slide: M, partition_by: [...]}``, ``group_by`` fields, bounded aggregates."""
+    """``window: {rows: N, slide: M, partition_by: [...]}`` or ``{range: 5m, every: M}`` (slide-by-tuple),
+    ``group_by`` fields, bounded aggregates."""
 
     kind: Literal["rows"]
     name: str
-    window: RowWindowSpec
+    window: Window
     aggregates: list[AggregateSpec]
     group_by: list[str] = Field(default_factory=list)
     filter: str | None = None
@@ -66,6 +89,10 @@ class RowQuerySpec(_Strict):
 
     @model_validator(mode="after")
     def _partition(self) -> RowQuerySpec:
+        if isinstance(self.window, TupleSlideSpec):
+            if self.group_by:
+                raise ValueError("group_by: a slide-by-tuple window is per capture host (no groups yet)")
+            return self
         for n in self.window.partition_by:
             _plain_field(n, "window.partition_by")
         both = set(self.window.partition_by) & set(self.group_by)
@@ -113,7 +140,7 @@ def load_rows(text: str, path: str = "<string>") -> list[RowQuerySpec]:
             spec = RowQuerySpec.model_validate(_strip(item))
         except ValidationError as exc:
             err = exc.errors()[0]
-            loc = tuple(err["loc"])
+            loc = tuple(p for p in err["loc"] if p not in WINDOW_TAGS)
             reason = err["msg"].removeprefix("Value error, ")
             reason = {"extra_forbidden": "unknown field", "missing": "required field is missing"}.get(
                 err["type"], reason

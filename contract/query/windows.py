@@ -165,3 +165,25 @@ class RowWindowSpec(_Strict):
     def panes(self) -> tuple[int, int]:
         """(panes per window, panes per slide): the WID arithmetic of the time windows, in rows."""
         return self.rows // self.pane_rows, self.step // self.pane_rows
+
+
+class TupleSlideSpec(_Strict):
+    """A slide-by-tuple window (dissertation §5.1.5, Eq. 5.13-5.15): ``range`` over the timestamp, a window
+    every ``every``-th row of a capture host, ending at that row's timestamp (``every: 1``: one per row).
+    Forward-context aware: a row's windows depend on rows still to come (FCA bins, §6.1.4)."""
+
+    range_ns: int = Field(alias="range")
+    every: int = 1
+
+    @field_validator("range_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> TupleSlideSpec:
+        if self.range_ns <= 0:
+            raise ValueError("range: must be positive")
+        if self.every <= 0:
+            raise ValueError("every: must be positive")
+        return self
