@@ -1,5 +1,6 @@
 """Slide-by-tuple windows with FCA bins (dissertation §5.1.5, §6.1.4) against a brute-force oracle: every
-``every``-th row's window over the rows of the last RANGE, rows arriving shuffled within each punctuation."""
+``every``-th row's window over the rows of the last RANGE, rows arriving shuffled within each punctuation, restarts
+between them."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def test_slide_by_tuple_matches_oracle(range_ns: int, every: int, step: int, see
         for part in np.array_split(sel, int(rng.integers(1, 4))):
             op.add(ts[part], part, _lift(v[part]))
         mark = int(ts[j:].min()) if j < n else int(ts.max()) + 1  # every row below it has been sent
+        if i == 0 or rng.random() < 0.1:  # a restart: the state saved and restored into a new operator
+            blob, op = op.snapshot(), SlideByTuple(range_ns, every, OPS)
+            op.restore(blob)
         got += list(zip(*op.close(mark), strict=True))
         i = j
     assert op.late == 0

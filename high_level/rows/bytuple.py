@@ -21,6 +21,7 @@ from numba import njit
 from contract import aggregates as A
 from contract.query.rows import RowQuerySpec
 from contract.query.windows import TupleSlideSpec
+from high_level.rows import saved
 
 I64 = np.int64
 
@@ -88,6 +89,13 @@ class SlideByTuple:
         self.ids, self.pa = self.ids[first:], self.pa[first:]
         order = np.argsort(row, kind="stable")
         return ts[order], row[order], state[order]
+
+    def snapshot(self) -> bytes:
+        """The whole state (restart: :meth:`restore` into a fresh operator of the same query)."""
+        return saved.snapshot(self, ("ids", "pa", "win_ts", "win_row"), ("mark", "late"))
+
+    def restore(self, blob: bytes) -> None:
+        saved.restore(self, blob, ("ids", "pa", "win_ts", "win_row"))
 
     @classmethod
     def of(cls, spec: RowQuerySpec) -> SlideByTuple:

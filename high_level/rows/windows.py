@@ -12,8 +12,6 @@ arrays; every merge is the registry's (``contract.aggregates``).
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +19,7 @@ import numpy as np
 from contract import aggregates as A
 from contract.query.rows import RowQuerySpec
 from high_level.aggregate.merge import group_reduce, key_codes
+from high_level.rows import saved
 
 I64 = np.int64
 
@@ -177,21 +176,10 @@ class RowWindows:
 
     def snapshot(self) -> bytes:
         """The whole state (restart: :meth:`restore` into a fresh operator of the same query)."""
-        buf = io.BytesIO()
-        np.savez(
-            buf,
-            hosts=np.frombuffer(json.dumps(self.hosts).encode(), np.uint8),
-            **{n: getattr(self, n) for n in _ARRAYS},
-            late=np.array([self.late], I64),
-        )
-        return buf.getvalue()
+        return saved.snapshot(self, _ARRAYS, ("hosts", "late"))
 
     def restore(self, blob: bytes) -> None:
-        with np.load(io.BytesIO(blob)) as z:
-            self.hosts = json.loads(z["hosts"].tobytes().decode())
-            for n in _ARRAYS:
-                setattr(self, n, z[n])
-            self.late = int(z["late"][0])
+        saved.restore(self, blob, _ARRAYS)
 
 
 _ARRAYS = ("streams", "mark", "front", "t_stream", "t_pane", "t_key", "t_state")
