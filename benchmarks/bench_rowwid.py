@@ -1,14 +1,16 @@
 """Dissertation Fig. 6-10: WID (panes) against buffering for a row window, tuple-based sliding max, RANGE
-4000 rows, SLIDE from 1 to 4000 rows (``high_level/rows/windows.py``).
+4000 rows, SLIDE from 1 to 4000 rows (``high_level/rows/windows.py``); one max (the paper's) and a max per
+group over 100 groups (``group_by: [dst_port]``).
 
 One in-order stream (the paper's Experiment 1: no disorder) of ``--rows`` packet lengths, fed in flushes of
 ``FLUSH`` rows (a capture host's table flush). *WID*: the host numbers the rows (``low_level.kernel.rownum``)
-and sub-aggregates max per pane of gcd(RANGE, SLIDE) rows; the high level merges the pane partials and
-closes every window the host's row count passed (``RowWindows``): state = the open panes. *Buffering*: keep
-the last RANGE rows and re-aggregate each window from them at every slide (vectorised: a sliding view over
-the buffer and the flush, max per window end): state = RANGE rows. Both emit the same windows (their max
-values are compared). Execution time = process time of everything after the data is made; the scan line =
-one pass of max over the input. Virtual time: the stream is an array, run at full CPU speed as in the paper.
+and sub-aggregates max per (pane, group), pane = gcd(RANGE, SLIDE) rows; the high level merges the pane
+partials and closes every window the host's row count passed (``RowWindows``): state = the open panes.
+*Buffering*: keep the last RANGE rows and re-aggregate each window from them at every slide (one group: the
+max of a strided view over the buffer, no copy; groups: a scatter-max of each window's rows): state = RANGE
+rows. Both emit the same (window, group, max) rows (compared). Execution time = process time of everything
+after the data is made; the scan line = one pass of max over the input. Virtual time: the stream is an
+array, run at full CPU speed as in the paper.
 
     .venv/bin/python -m benchmarks.bench_rowwid [--quick] [--rows 400000]
 """
@@ -32,74 +34,87 @@ RANGE = 4000
 SLIDES = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000, 2000, 4000)
 QUICK_SLIDES = (10, 40, 100, 400, 1000, 4000)
 FLUSH = 10_000
+GROUPS = (1, 100)  # the paper's single max, and max per dst_port over 100 ports
 I64 = np.int64
 
 
-def wid(length: np.ndarray, slide: int) -> tuple[np.ndarray, float, int]:
-    """Window maxima (in window order), process time, peak pane rows held."""
+def wid(length: np.ndarray, group: np.ndarray, slide: int) -> tuple[np.ndarray, float, int]:
+    """(window end, group, max) rows in window order, process time, peak pane rows held."""
     spec = row_query(
         {
             "name": "r",
+            "group_by": ["dst_port"],
             "aggregates": [{"fn": "max", "field": "length"}],
             "window": {"rows": RANGE, "slide": slide},
         }
     )
     pane_rows = spec.window.pane_rows
     t0 = time.process_time()
-    counter, op = RowCounter(0), RowWindows(spec, 0, 0)
+    counter, op = RowCounter(0), RowWindows(spec, 0, 1)
     out, peak = [], 0
     for i in range(0, len(length), FLUSH):
-        v = length[i : i + FLUSH]
+        v, g = length[i : i + FLUSH], group[i : i + FLUSH]
         pane = counter.number(np.zeros((len(v), 0), I64)) // pane_rows
-        keys, st = group_reduce(pane.reshape(-1, 1), v.reshape(-1, 1), spec.ops)
-        op.add("h", np.zeros((len(keys), 0), I64), keys[:, 0], np.zeros((len(keys), 0), I64), st)
+        keys, st = group_reduce(np.column_stack([pane, g]), v.reshape(-1, 1), spec.ops)
+        op.add("h", np.zeros((len(keys), 0), I64), keys[:, 0], keys[:, 1:], st)
         op.punctuate("h", *counter.punctuation())
         peak = max(peak, op.state_rows)
-        out.append(op.close().state[:, 0])
+        res = op.close()
+        out.append(np.column_stack([res.end_row, res.key[:, 0], res.state[:, 0]]))
     return np.concatenate(out), time.process_time() - t0, peak
 
 
-def buffering(length: np.ndarray, slide: int) -> tuple[np.ndarray, float, int]:
-    """Keep the last RANGE rows; at every slide, the max of the window ending there from the buffer."""
+def buffering(
+    length: np.ndarray, group: np.ndarray, slide: int, groups: int
+) -> tuple[np.ndarray, float, int]:
+    """Keep the last RANGE rows; at every slide, re-aggregate the window ending there from the buffer: one
+    group, the max of a strided view (no copy, SIMD); several, a scatter-max of the window's rows."""
     t0 = time.process_time()
-    buf = np.zeros(0, I64)
+    buf, gbuf = np.zeros(0, I64), np.zeros(0, I64)
     seen, out = 0, []
     for i in range(0, len(length), FLUSH):
-        v = length[i : i + FLUSH]
-        data = np.concatenate([buf, v])
+        data = np.concatenate([buf, length[i : i + FLUSH]])
+        gdata = np.concatenate([gbuf, group[i : i + FLUSH]])
         base = seen - len(buf)  # row number of data[0]
-        ends = np.arange(seen // slide + 1, (seen + len(v)) // slide + 1, dtype=I64) * slide
-        seen += len(v)
-        if len(ends):
+        ends = np.arange(seen // slide + 1, (base + len(data)) // slide + 1, dtype=I64) * slide
+        seen = base + len(data)
+        if len(ends) and groups == 1:
             padded = np.concatenate([np.full(RANGE - 1, np.iinfo(I64).min, I64), data])
             view = np.lib.stride_tricks.sliding_window_view(padded, RANGE)
-            out.append(view[ends - base - 1].max(axis=1))
-        buf = data[-RANGE:]
-    return np.concatenate(out) if out else np.zeros(0, I64), time.process_time() - t0, RANGE
+            first = int(ends[0] - base - 1)  # the ends are evenly spaced: a strided view, no copy
+            mx = view[first : first + len(ends) * slide : slide].max(axis=1)
+            out.append(np.column_stack([ends, gdata[:1].repeat(len(ends)), mx]))
+        for b in range(0, len(ends) if groups > 1 else 0, 256):  # blocks of windows bound the memory
+            e = ends[b : b + 256] - base
+            s0 = np.maximum(e - RANGE, 0)
+            n = e - s0
+            rows = np.repeat(s0, n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            cell = np.full((len(e), groups), np.iinfo(I64).min, I64)
+            np.maximum.at(cell, (np.repeat(np.arange(len(e)), n), gdata[rows]), data[rows])
+            w, k = np.nonzero(cell != np.iinfo(I64).min)
+            out.append(np.column_stack([e[w] + base, k, cell[w, k]]))
+        buf, gbuf = data[-RANGE:], gdata[-RANGE:]
+    return np.concatenate(out), time.process_time() - t0, RANGE
 
 
-def measure(length: np.ndarray, slide: int) -> dict[str, Any]:
-    w_out, w_s, w_peak = wid(length, slide)
-    b_out, b_s, b_rows = buffering(length, slide)
-    if not np.array_equal(w_out, _aligned(b_out, slide)):
-        raise SystemExit(f"slide {slide}: WID and buffering disagree")
+def measure(length: np.ndarray, groups: int, slide: int) -> dict[str, Any]:
+    group = np.random.default_rng(2).integers(0, groups, len(length)).astype(I64)
+    w_out, w_s, w_peak = wid(length, group, slide)
+    b_out, b_s, b_rows = buffering(length, group, slide, groups)
+    b_out = b_out[(b_out[:, 0] - RANGE) % slide == 0]  # windows start at multiples of the slide (WID)
+    if not np.array_equal(w_out[np.lexsort(w_out.T[::-1])], b_out[np.lexsort(b_out.T[::-1])]):
+        raise SystemExit(f"slide {slide}, {groups} groups: WID and buffering disagree")
     return {
         "range_rows": RANGE,
         "slide_rows": slide,
-        "windows": int(len(w_out)),
+        "groups": groups,
+        "windows": int(len(np.unique(w_out[:, 0]))),
         "wid_s": w_s,
         "buffering_s": b_s,
         "wid_state_rows_peak": w_peak,
         "buffering_state_rows": b_rows,
         "ratio_buffering_over_wid": b_s / w_s if w_s else None,
     }
-
-
-def _aligned(b_out: np.ndarray, slide: int) -> np.ndarray:
-    """Buffering emits a window at every multiple of the slide; WID's windows start at multiples of the
-    slide (end at RANGE + n*slide, or earlier short ones when the slide divides RANGE): keep the same ends."""
-    ends = (np.arange(len(b_out)) + 1) * slide
-    return b_out[(ends - RANGE) % slide == 0]
 
 
 def main() -> None:
@@ -115,21 +130,24 @@ def main() -> None:
     length.max()
     scan_s = time.process_time() - t0
     print(
-        f"{n:,} rows, RANGE {RANGE}, on {m['cores']} cores of {m['cpu']}\nslide | windows | WID s | buffering s | WID panes"
+        f"{n:,} rows, RANGE {RANGE}, on {m['cores']} cores of {m['cpu']}\ngroups | slide | windows | WID s | buffering s | WID panes"
     )
-    wid(length[: 2 * FLUSH], RANGE)  # compile the numbering kernel (numba) before anything is timed
+    wid(length[: 2 * FLUSH], np.zeros(2 * FLUSH, I64), RANGE)  # compile the numbering kernel (numba) first
     rows = []
-    for s in slides:
-        r = measure(length, s)
-        rows.append(r)
-        print(
-            f"{s:5d} {r['windows']:8,d} {r['wid_s']:7.3f} {r['buffering_s']:9.3f} {r['wid_state_rows_peak']:6d}",
-            flush=True,
-        )
+    for groups in GROUPS:
+        for s in slides:
+            r = measure(length, groups, s)
+            rows.append(r)
+            print(
+                f"{groups:4d} {s:5d} {r['windows']:8,d} {r['wid_s']:7.3f} {r['buffering_s']:9.3f} "
+                f"{r['wid_state_rows_peak']:6d}",
+                flush=True,
+            )
     method = {
         "rows": n,
         "range": RANGE,
         "slides": slides,
+        "groups": GROUPS,
         "flush": FLUSH,
         "scan_s": scan_s,
         "quick": args.quick,
@@ -138,17 +156,27 @@ def main() -> None:
     path = harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    x = [r["slide_rows"] for r in rows]
-    ax[0].plot(x, [r["wid_s"] for r in rows], "o-", label="WID (panes)", color="#2a7")
-    ax[0].plot(x, [r["buffering_s"] for r in rows], "s-", label="buffering", color="#c33")
+    for groups, dash in zip(GROUPS, ("-", ":"), strict=True):
+        mine = [r for r in rows if r["groups"] == groups]
+        x = [r["slide_rows"] for r in mine]
+        tag = f"{groups} group{'s' if groups > 1 else ''}"
+        ax[0].plot(x, [r["wid_s"] for r in mine], "o" + dash, label=f"WID, {tag}", color="#2a7")
+        ax[0].plot(x, [r["buffering_s"] for r in mine], "s" + dash, label=f"buffering, {tag}", color="#c33")
+        ax[1].plot(
+            x,
+            [r["wid_state_rows_peak"] for r in mine],
+            "o" + dash,
+            label=f"WID pane rows, {tag}",
+            color="#2a7",
+        )
     ax[0].axhline(scan_s, color="#999", ls="--", label="scan")
-    ax[1].plot(x, [r["wid_state_rows_peak"] for r in rows], "o-", label="WID pane rows", color="#2a7")
-    ax[1].plot(x, [r["buffering_state_rows"] for r in rows], "s-", label="buffered rows", color="#c33")
+    ax[1].axhline(RANGE, color="#c33", label="buffered rows")
     for a in ax:
         a.set_xscale("log")
+    ax[0].set_yscale("log")
     harness.style_axes(
         ax,
-        ("execution time (process s)", "state (rows held, peak)"),
+        ("execution time (process s, log)", "state (rows held, peak)"),
         f"SLIDE (rows), RANGE {RANGE}",
         legend_each=True,
         suptitle=f"Row windows: WID vs buffering, sliding max, {n:,} rows{' - smoke' if args.quick else ''}",
