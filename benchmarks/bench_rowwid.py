@@ -133,16 +133,12 @@ def main() -> None:
         f"{n:,} rows, RANGE {RANGE}, on {m['cores']} cores of {m['cpu']}\ngroups | slide | windows | WID s | buffering s | WID panes"
     )
     wid(length[: 2 * FLUSH], np.zeros(2 * FLUSH, I64), RANGE)  # compile the numbering kernel (numba) first
-    rows = []
-    for groups in GROUPS:
-        for s in slides:
-            r = measure(length, groups, s)
-            rows.append(r)
-            print(
-                f"{groups:4d} {s:5d} {r['windows']:8,d} {r['wid_s']:7.3f} {r['buffering_s']:9.3f} "
-                f"{r['wid_state_rows_peak']:6d}",
-                flush=True,
-            )
+    rows = [measure(length, g, s) for g in GROUPS for s in slides]
+    for r in rows:
+        print(
+            f"{r['groups']:4d} {r['slide_rows']:5d} {r['windows']:8,d} {r['wid_s']:7.3f} {r['buffering_s']:9.3f} "
+            f"{r['wid_state_rows_peak']:6d}"
+        )
     method = {
         "rows": n,
         "range": RANGE,

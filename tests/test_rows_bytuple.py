@@ -94,7 +94,7 @@ def test_config_and_operator_of_a_query() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "line", "reason"),
     [
-        ("every: 10", "every: 0", 7, "must be positive"),
+        ("every: 10", "every: 0", 7, "greater than 0"),
         ("range: 5m", "range: 5 parsecs", 6, ""),
         ("    aggregates:", "    group_by: [dst_port]\n    aggregates:", 4, "per capture host"),
         ("every: 10", "every: 10\n      slide: 3", 8, "unknown field"),

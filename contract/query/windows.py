@@ -172,18 +172,10 @@ class TupleSlideSpec(_Strict):
     every ``every``-th row of a capture host, ending at that row's timestamp (``every: 1``: one per row).
     Forward-context aware: a row's windows depend on rows still to come (FCA bins, §6.1.4)."""
 
-    range_ns: int = Field(alias="range")
-    every: int = 1
+    range_ns: int = Field(alias="range", gt=0)
+    every: int = Field(default=1, gt=0)
 
     @field_validator("range_ns", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> Any:
         return parse_duration_ns(v)
-
-    @model_validator(mode="after")
-    def _check(self) -> TupleSlideSpec:
-        if self.range_ns <= 0:
-            raise ValueError("range: must be positive")
-        if self.every <= 0:
-            raise ValueError("every: must be positive")
-        return self
