@@ -238,3 +238,15 @@ def test_main_loader_says_row_windows_do_not_run_yet() -> None:
     with pytest.raises(ConfigError) as err:
         load_text(ROWS_YAML, "rows.yaml")
     assert err.value.line == 2 and "not run by the agent and the job yet" in str(err.value)
+
+
+def test_a_partial_of_an_emitted_window_is_counted_late_not_merged() -> None:
+    """A host that breaks its promise (a partial below its punctuated count) changes no emitted window."""
+    spec = _spec(10, 5, False, grouped=False)
+    op = RowWindows(spec, 0, 1)
+    none, key = np.zeros((1, 0), np.int64), np.zeros((1, 1), np.int64)
+    op.add("h", none, np.array([0]), key, _lifted(spec, np.array([7])))
+    op.punctuate("h", none, np.array([5]))
+    assert op.close().values["count"].tolist() == [1]
+    op.add("h", none, np.array([0]), key, _lifted(spec, np.array([9])))
+    assert op.late == 1 and op.state_rows == 1

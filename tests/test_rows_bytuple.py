@@ -104,3 +104,11 @@ def test_config_errors_name_file_and_line(old: str, new: str, line: int, reason:
     with pytest.raises(ConfigError) as err:
         load_rows(BY_TUPLE_YAML.replace(old, new), "q.yaml")
     assert err.value.line == line and reason in str(err.value), str(err.value)
+
+
+def test_a_row_below_the_mark_is_counted_late_not_merged() -> None:
+    op = SlideByTuple(100, 1, (A.MERGE_SUM,))
+    op.add(np.array([10]), np.array([0]), np.ones((1, 1), np.int64))
+    assert op.close(20)[2].ravel().tolist() == [1]
+    op.add(np.array([15]), np.array([1]), np.ones((1, 1), np.int64))
+    assert op.late == 1 and op.close(30)[0].size == 0
