@@ -101,7 +101,7 @@ class SlideByTuple:
     def of(cls, spec: RowQuerySpec) -> SlideByTuple:
         """The operator of a ``kind: rows`` query with a ``{range, every}`` window."""
         if not isinstance(spec.window, TupleSlideSpec):
-            raise ValueError(f"query {spec.name!r} has a row window, not a slide-by-tuple one")
+            raise ValueError(f"query {spec.name!r} has a row window (high_level.rows.windows)")
         return cls(spec.window.range_ns, spec.window.every, spec.ops)
 
     @property

@@ -18,6 +18,7 @@ import numpy as np
 
 from contract import aggregates as A
 from contract.query.rows import RowQuerySpec
+from contract.query.windows import RowWindowSpec
 from high_level.aggregate.merge import group_reduce, key_codes
 from high_level.rows import saved
 
@@ -47,6 +48,8 @@ class RowWindows:
     def __init__(self, spec: RowQuerySpec, part_words: int, key_words: int) -> None:
         self.spec = spec
         w = spec.window
+        if not isinstance(w, RowWindowSpec):
+            raise ValueError(f"query {spec.name!r} has a slide-by-tuple window (high_level.rows.bytuple)")
         self.pane, (self.k, self.s) = w.pane_rows, w.panes
         self.ops = spec.ops
         self.pw, self.kw, self.ns = part_words, key_words, len(self.ops)
