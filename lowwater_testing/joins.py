@@ -48,7 +48,8 @@ def join_oracle(lay: JoinLayout, left: np.ndarray, right: np.ndarray) -> tuple[p
 
 
 def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray) -> pd.DataFrame:
-    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows."""
+    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows (of
+    its left timestamp, or its right one with ``window_on: right``)."""
     rl = lay.rollup
     rows = []
     src = [] if lay.type == "anti" else [(pairs, True)]
@@ -68,7 +69,7 @@ def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray
                 alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms)
                 for _, alias, terms in lay.aggs
             }
-            pane = (lts - rl.origin_ns) // rl.pane_ns
+            pane = ((rts if lay.window_on == "right" and is_pair else lts) - rl.origin_ns) // rl.pane_ns
             for w in range(pane, pane + rl.k):
                 if (w - rl.k + 1) % rl.s == 0:
                     rows.append({"window": w, "key": key, **vals})
