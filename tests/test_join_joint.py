@@ -75,28 +75,22 @@ def test_the_right_windows_differ_from_the_left_ones() -> None:
 def test_the_job_step_windows_on_the_right_timestamp_across_partitions_and_restarts() -> None:
     """The job's state group (every partition's join, one roll-up) closes right-timestamp windows by the
     min over partitions of the right component, through its packed output and its bytes."""
-    from high_level.aggregate.packed import unpack_rows
     from high_level.aggregate.processor import Settings
     from high_level.join.band import finalize
     from high_level.join.step import JoinProcessor
-    from lowwater_testing.joins import handshake_messages, join_oracle, join_window_oracle
+    from lowwater_testing.joins import handshake_messages, job_step_finals, join_oracle, join_window_oracle
 
     cfg = q3(4)
     lay = JoinLayout.of(cfg.joins[0], *cfg.selects)
     left, right = rows_of(cfg, 1200, seed=21)
     msgs = handshake_messages(cfg, left, right, hosts=3, skew_s=30, seed=3)
     settings = Settings(10**9, ("cap-0", "cap-1", "cap-2"), "drop")
-    proc = JoinProcessor(lay, settings)
-    got = []
-    for i in range(0, len(msgs), 97):
-        by_part: dict[int, list[bytes]] = {}
-        for _, p, v in msgs[i : i + 97]:
-            by_part.setdefault(p, []).append(v)
-        d = unpack_rows(proc.process_packed(by_part, i), {lay.name: lay.rollup}).to_pandas()
-        proc = JoinProcessor.from_bytes(proc.to_bytes(), lay, settings)
-        got.append(d[d["kind"] == "final"])
-    g = pd.concat(got, ignore_index=True)
-    g["key"] = [tuple(k) for k in g["key"]]
+    g = job_step_finals(
+        JoinProcessor(lay, settings),
+        msgs,
+        97,
+        lambda p: JoinProcessor.from_bytes(p.to_bytes(), lay, settings),
+    )
     assert not g.duplicated(["window", "key"]).any()
     fin = finalize(lay, np.array(g["state"].tolist()))
     got_df = pd.DataFrame({"window": g["window"], "key": g["key"], **fin})

@@ -15,7 +15,6 @@ import pytest
 
 from contract import query as Q
 from contract import wire
-from contract.status import PartitionStatus
 from high_level.aggregate.rollup import Layout
 from high_level.ondemand import PunctuationAsker
 from low_level.cli import latent_option, parse_source
@@ -24,6 +23,7 @@ from low_level.host.ondemand import RequestListener
 from lowwater_testing.capture import RecordingProducer
 from lowwater_testing.queries import on_demand_query
 from lowwater_testing.topics import read_all
+from tests.test_ondemand_request import _status
 
 NS = 1_000_000_000
 
@@ -76,30 +76,12 @@ def test_the_source_spec_takes_latent_timestamps() -> None:
         latent_option(parse_source("generator:timestamps=later"))
 
 
-def _status(now_s: float, blocked: list[str], lwm: int) -> PartitionStatus:
-    return PartitionStatus(
-        query="asked",
-        partition=0,
-        low_water_mark_pane=lwm,
-        low_water_mark_ns=None,
-        closed_before_window=lwm,
-        open_windows=2,
-        blocked_by=blocked,
-        now_ms=int(now_s * 1000),
-        live_hosts=2,
-        state_rows=0,
-        windows_closed=0,
-        records=0,
-        hosts={},
-    )
-
-
 def test_an_idle_latent_host_answers_a_request_with_the_moment_it_was_asked(kafka, topic_factory) -> None:
     """Two sparse agents (one packet in ~15 minutes, a 300-s timer, not on demand when idle): one stamped by
     its source's wall clock, one latent. The job's asker names both as blocking; its requests travel the
-    real broker to the real listeners. The latent host's answer covers every pane before the one it
-    answers in (mark_ns > sent_wall_ns - 1 s, give or take the moment between computing and sending it);
-    the other holds back its skew (mark_ns <= sent_wall_ns - 2 s)."""
+    real broker to the real listeners, one round at a time. The latent host's answer closes every pane
+    before the one the request left in (whatever the machine's load); the other holds back its skew
+    (mark_ns <= sent_wall_ns - 2 s)."""
     topic, ctl = topic_factory(1), topic_factory(1, prefix="ctl")
     q = _query(topic, "300s")
     listeners, agents = {}, {}
@@ -121,13 +103,19 @@ def test_an_idle_latent_host_answers_a_request_with_the_moment_it_was_asked(kafk
 
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=0)
     asker = PunctuationAsker([Layout.of(q)], None, topic=ctl, min_gap_ms=0, producer=producer)
+    asked: list[int] = []  # when each request left: one round at a time, each in a pane of its own
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(a.heartbeats[0] >= 3 for a in agents.values()):
-            now = time.time()
-            asker.observe([_status(now, ["latent", "wall"], int(now) - 5)])
-            time.sleep(0.3)
-        assert all(lst.accepted >= 2 for lst in listeners.values())
+        for _ in range(3):
+            time.sleep(1.05 - time.time() % 1)  # just past a pane boundary: the marks can move
+            before = [a.heartbeats[0] for a in agents.values()]
+            asked.append(time.time_ns())
+            asker.observe([_status(asked[-1] // NS - 5, asked[-1] / NS, ["latent", "wall"])])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(
+                a.heartbeats[0] <= b for a, b in zip(agents.values(), before, strict=True)
+            ):
+                time.sleep(0.05)
+        assert all(lst.accepted >= 3 for lst in listeners.values())
     finally:
         for a in agents.values():
             a.stopping = True
@@ -140,9 +128,11 @@ def test_an_idle_latent_host_answers_a_request_with_the_moment_it_was_asked(kafk
     for _, m in read_all(kafka.bootstrap_servers, topic, 1):
         if isinstance(m, wire.Punctuation) and 0 < m.mark_ns < wire.END_OF_STREAM:
             answers[m.host].append((m.mark_ns, m.sent_wall_ns))
-    # the first is the timer's, the last the graceful stop's: the requests' answers are between
+    # the first is the timer's, the last the graceful stop's: the requests' answers are between, each
+    # computed after its request arrived (the next request leaves only once it was queued)
     lat, wall = answers["latent"][1:-1], answers["wall"][1:-1]
-    assert len(lat) >= 2 and len(wall) >= 2, answers
-    # a latent mark is the pane of its clock when computed (the send stamp a moment later: 0.5 s of slack)
-    assert all(sent - mark < NS + NS // 2 for mark, sent in lat), lat
+    assert len(lat) == 3 and len(wall) == 3, answers
+    for mark, sent in lat:  # everything before the pane of the request's moment is closed
+        req = max(t for t in asked if t < sent)
+        assert mark >= req // NS * NS, (mark, req)
     assert all(sent - mark >= 2 * NS for mark, sent in wall), wall

@@ -62,23 +62,22 @@ class JoinLayout:
     window_origin_ns: int = 0
     window_on: str = "left"  # which timestamp of an output row files it in the aggregation's windows
 
-    def right_floor(self, ml: int) -> int:
-        """The lowest right timestamp a pair can have whose left timestamp is at least ``ml``."""
-        if ml >= END:
+    def _floor(self, t: int, shift: int) -> int:
+        """The lowest timestamp of the other side of a pair whose timestamp is at least ``t``: the start of
+        t's window (window join), else ``t + shift``; the end of stream stays the end."""
+        if t >= END:
             return END
         if self.window_ns:
-            o = self.window_origin_ns
-            return o + (ml - o) // self.window_ns * self.window_ns
-        return ml + self.band_lo_ns
+            return self.window_origin_ns + (t - self.window_origin_ns) // self.window_ns * self.window_ns
+        return t + shift
+
+    def right_floor(self, ml: int) -> int:
+        """The lowest right timestamp a pair can have whose left timestamp is at least ``ml``."""
+        return self._floor(ml, self.band_lo_ns)
 
     def left_floor(self, mr: int) -> int:
         """The lowest left timestamp a pair can have whose right timestamp is at least ``mr``."""
-        if mr >= END:
-            return END
-        if self.window_ns:
-            o = self.window_origin_ns
-            return o + (mr - o) // self.window_ns * self.window_ns
-        return mr - self.band_ns
+        return self._floor(mr, -self.band_ns)
 
     @property
     def reach_ns(self) -> int:
