@@ -10,9 +10,7 @@ periodic every 0.1 s, 1 s and 10 s (on demand off), on demand (1 s timer + immed
 whenever a host is idle) and on request (1 s timer + punctuation when the consumer asks: both agents
 read a control topic, ``low_level.host.ondemand.RequestListener``; the consumer's
 ``high_level.ondemand.PunctuationAsker`` asks the hosts that hold its mark back once a window has
-ended, at most every 200 ms per host, as the job would) and latent (the on-demand paper's variant D on
-the real agent: on demand, both agents stamping each packet when they read it, ``latent_timestamps``,
-so neither holds its mark back by a skew or a disorder bound). Also reported: punctuations sent per second
+ended, at most every 200 ms per host, as the job would). Also reported: punctuations sent per second
 (the overhead side) and, on request, requests sent per second.
 
     .venv/bin/python -m benchmarks.bench_on_demand [--seconds 40]
@@ -47,7 +45,6 @@ SETTINGS = {
     "periodic 10 s": ("10s", False),
     "on demand": ("1s", True),
     "on request": ("1s", False),
-    "latent": ("1s", True),  # on demand, both agents stamping packets as they read them (variant D)
 }
 
 
@@ -75,7 +72,6 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
         "dense",
         broker.bootstrap_servers,
         control=listeners.get("dense"),
-        latent_timestamps=label == "latent",
     )
     sparse = Agent(
         [q],
@@ -83,7 +79,6 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
         "sparse",
         broker.bootstrap_servers,
         control=listeners.get("sparse"),
-        latent_timestamps=label == "latent",
     )
     threads = [threading.Thread(target=a.run, args=(seconds,), daemon=True) for a in (dense, sparse)]
     t_start = time.time()
@@ -202,7 +197,7 @@ def main() -> None:
     ax.bar(
         [r["setting"] for r in rows],
         [r["latency_mean_s"] for r in rows],
-        color=["#999", "#999", "#999", "#2a7", "#1a5", "#17a"],
+        color=["#999", "#999", "#999", "#2a7", "#1a5"],
     )
     ax.set_ylabel("mean window-close latency (s)")
     ax.set_title("dense (50k pkt/s) + sparse (0.05 pkt/s) host, 1 s windows")
