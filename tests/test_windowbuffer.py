@@ -73,7 +73,9 @@ def test_random_streams_against_oracle(policy: str, w: int, s: int) -> None:
             if rng.random() < 0.3:  # a scheduling point
                 expect_eb = buf.eb
                 if buf.db is None and expect_eb is not None:
-                    starts = [a for a in range(0, t + 1, s) if bisect_right(ts, a + w - 1) > bisect_left(ts, a)]
+                    starts = [
+                        a for a in range(0, t + 1, s) if bisect_right(ts, a + w - 1) > bisect_left(ts, a)
+                    ]
                     if policy == "lazy":  # the most recently closed window (by the tuple that closed it)
                         closed = [a for a in starts if a + w - 1 <= t]
                         assert expect_eb == max(closed, key=lambda a: (ts[bisect_left(ts, a + w - 1)], a))

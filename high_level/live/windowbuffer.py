@@ -134,8 +134,11 @@ class WindowBuffer:
 
     def done(self) -> bool:
         """The committed window is closed and consumed: :meth:`release` it and deliver its result."""
-        return self.db is not None and self.last is not None and self.last >= self.end(self.db) and (
-            self._next() is None
+        return (
+            self.db is not None
+            and self.last is not None
+            and self.last >= self.end(self.db)
+            and (self._next() is None)
         )
 
     def release(self) -> int:
