@@ -111,3 +111,12 @@ def test_out_of_order_and_bad_settings_are_refused() -> None:
     e.commit()
     with pytest.raises(RuntimeError, match="no undo"):
         e.release()
+
+
+def test_both_buffers_see_the_same_windows_close() -> None:
+    """Staleness compares the two on the same inputs: the non-empty windows, closed by the same tuple."""
+    rng = random.Random(7)
+    lazy, eager, t = LazyWindowBuffer(6, 4), EagerWindowBuffer(6, 4), -1
+    for _ in range(300):
+        t += 1 if rng.random() < 0.8 else rng.randint(2, 15)
+        assert lazy.arrive(t, 1.0) == eager.arrive(t, 1.0)

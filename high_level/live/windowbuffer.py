@@ -202,7 +202,8 @@ class EagerWindowBuffer(WindowBuffer):
             if self.eb is not None:
                 self.overwritten += 1
             self.eb = started[-1]  # a new starter empties the enqueue buffer
-        closed = [a for a in self._starts(prev - self.w + 1, ts - self.w + 1)]
+        ends_now = self._starts(prev - self.w + 1, ts - self.w + 1)  # windows ending in (prev, ts]
+        closed = [a for a in ends_now if a <= prev or self.end(a) == ts]  # non-empty ones, as lazy's
         self._keep(ts, value)
         return closed
 
