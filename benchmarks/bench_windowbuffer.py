@@ -232,6 +232,7 @@ def plot(rows: list[dict]) -> None:
     plt = harness.pyplot()
     fig, ax = plt.subplots(1, 5, figsize=(22, 4))
     style = {"eager": "-", "lazy": "--"}
+    color = {1: "C0", 5: "C1", 10: "C2"}  # per slide; eager solid, lazy dashed
     for i, mode in enumerate(("cpt", "cpw")):
         for s in SLIDES_18:
             for p in POLICIES:
@@ -244,11 +245,13 @@ def plot(rows: list[dict]) -> None:
                     [r["load_factor"] for r in pts],
                     [r["staleness_s"] for r in pts],
                     style[p],
+                    color=color[s],
                     marker="o",
                     label=f"{p.upper()}-WB s={s}",
                 )
         ax[i].set_xscale("log", base=2)
         ax[i].set_ylabel("staleness (s)")
+    rcolor = {k: f"C{i}" for i, k in enumerate((m, r) for m in RATES_19 for r in RATES_19[m])}
     for mode, mk in (("cpt", "o"), ("cpw", "s")):
         for rate in RATES_19[mode]:
             for p in POLICIES:
@@ -262,8 +265,9 @@ def plot(rows: list[dict]) -> None:
                 ]
                 ax[2].plot(
                     [r["s"] for r in pts],
-                    [r["staleness_s"] for r in pts],
+                    [max(r["staleness_s"], 1e-3) for r in pts],  # log axis: 0 shown at 1 ms
                     style[p],
+                    color=rcolor[mode, rate],
                     marker=mk,
                     label=f"{mode.upper()} {p} {rate}/s",
                 )
@@ -279,6 +283,7 @@ def plot(rows: list[dict]) -> None:
                 [r["load_factor"] for r in pts],
                 [r["mean_held"] for r in pts],
                 style[p],
+                color=color[s],
                 marker="o",
                 label=f"{p} s={s} (bound {pts[0]['bound']})",
             )
