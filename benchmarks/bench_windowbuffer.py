@@ -228,28 +228,37 @@ def main() -> None:
     print(f"wrote {harness.RESULTS / 'windowbuffer.json'}" + ("" if a.no_plot else " and windowbuffer.png"))
 
 
+STYLE = {"eager": "-", "lazy": "--"}
+SLIDE_COLOR = {1: "C0", 5: "C1", 10: "C2"}  # per slide; eager solid, lazy dashed
+
+
+def _fig18_lines(ax: object, rows: list[dict], mode: str, field: str, label: str) -> None:
+    """One line per (slide, buffer) of the 1-key runs: ``field`` against the load factor."""
+    for s in SLIDES_18:
+        for p in POLICIES:
+            pts = [
+                r
+                for r in rows
+                if r["figure"] == "18" and r["mode"] == mode and r["s"] == s and r["policy"] == p
+            ]
+            x, y = [r["load_factor"] for r in pts], [r[field] for r in pts]
+            ax.plot(
+                x,
+                y,
+                STYLE[p],
+                color=SLIDE_COLOR[s],
+                marker="o",
+                label=label.format(p=p, s=s, b=pts[0]["bound"]),
+            )
+    ax.set_xscale("log", base=2)
+
+
 def plot(rows: list[dict]) -> None:
     plt = harness.pyplot()
     fig, ax = plt.subplots(1, 5, figsize=(22, 4))
-    style = {"eager": "-", "lazy": "--"}
-    color = {1: "C0", 5: "C1", 10: "C2"}  # per slide; eager solid, lazy dashed
+    style = STYLE
     for i, mode in enumerate(("cpt", "cpw")):
-        for s in SLIDES_18:
-            for p in POLICIES:
-                pts = [
-                    r
-                    for r in rows
-                    if r["figure"] == "18" and r["mode"] == mode and r["s"] == s and r["policy"] == p
-                ]
-                ax[i].plot(
-                    [r["load_factor"] for r in pts],
-                    [r["staleness_s"] for r in pts],
-                    style[p],
-                    color=color[s],
-                    marker="o",
-                    label=f"{p.upper()}-WB s={s}",
-                )
-        ax[i].set_xscale("log", base=2)
+        _fig18_lines(ax[i], rows, mode, "staleness_s", "{p}-WB s={s}")
         ax[i].set_ylabel("staleness (s)")
     rcolor = {k: f"C{i}" for i, k in enumerate((m, r) for m in RATES_19 for r in RATES_19[m])}
     for mode, mk in (("cpt", "o"), ("cpw", "s")):
@@ -272,22 +281,7 @@ def plot(rows: list[dict]) -> None:
                     label=f"{mode.upper()} {p} {rate}/s",
                 )
     ax[2].set_yscale("log")
-    for s in SLIDES_18:
-        for p in POLICIES:
-            pts = [
-                r
-                for r in rows
-                if r["figure"] == "18" and r["mode"] == "cpt" and r["s"] == s and r["policy"] == p
-            ]
-            ax[3].plot(
-                [r["load_factor"] for r in pts],
-                [r["mean_held"] for r in pts],
-                style[p],
-                color=color[s],
-                marker="o",
-                label=f"{p} s={s} (bound {pts[0]['bound']})",
-            )
-    ax[3].set_xscale("log", base=2)
+    _fig18_lines(ax[3], rows, "cpt", "mean_held", "{p} s={s} (bound {b})")
     for p in POLICIES:
         pts = [r for r in rows if r["figure"] == "20c" and r["policy"] == p]
         ax[4].plot(
