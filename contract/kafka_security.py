@@ -1,11 +1,12 @@
-"""One Kafka security block for every lowwater role, spelled for both Kafka clients it uses.
+"""One Kafka security block for every lowwater role, spelled for each Kafka client it uses.
 
 The agent, the topic provisioning and the job's admin client use kafka-python (``security_protocol``,
 ``sasl_plain_username``, ``ssl_cafile`` ...); the job's Spark Kafka source uses the Java client's
-``kafka.*`` options (``kafka.security.protocol``, ``kafka.sasl.jaas.config`` ...). An operator writes
+``kafka.*`` options (``kafka.security.protocol``, ``kafka.sasl.jaas.config`` ...); the API's reader of
+the live topics uses librdkafka (``security.protocol``, ``sasl.username`` ...). An operator writes
 the block once (flag ``--kafka-security '<JSON>'``, environment ``LOWWATER_<ROLE>_KAFKA_SECURITY__*``
 or the role's settings file) and :meth:`KafkaSecurity.kafka_python` / :meth:`KafkaSecurity.spark_options`
-derive both, so every client of a role authenticates the same way.
+/ :meth:`KafkaSecurity.librdkafka` derive each, so every client of a role authenticates the same way.
 """
 
 from __future__ import annotations
@@ -94,6 +95,26 @@ class KafkaSecurity(BaseModel):
             out.update(ssl_certfile=self.cert_file, ssl_keyfile=self.key_file)
         if self.protocol.endswith("SSL") and not self.check_hostname:
             out["ssl_check_hostname"] = False
+        return out
+
+    def librdkafka(self) -> dict[str, str]:
+        """librdkafka settings (``confluent-kafka``: the API's reader of the live topics)."""
+        out: dict[str, str] = {}
+        if self.is_plaintext:
+            return out
+        out["security.protocol"] = self.protocol
+        if self.protocol.startswith("SASL_"):
+            assert self.sasl_mechanism and self.username and self.password is not None
+            out["sasl.mechanism"] = self.sasl_mechanism
+            out["sasl.username"] = self.username
+            out["sasl.password"] = self.password.get_secret_value()
+        if self.ca_file:
+            out["ssl.ca.location"] = self.ca_file
+        if self.cert_file and self.key_file:
+            out["ssl.certificate.location"] = self.cert_file
+            out["ssl.key.location"] = self.key_file
+        if self.protocol.endswith("SSL") and not self.check_hostname:
+            out["ssl.endpoint.identification.algorithm"] = "none"
         return out
 
     def spark_options(self) -> dict[str, str]:

@@ -388,8 +388,6 @@ def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
     """A poll's records of a query nobody consumes go in as a batch; when too many wait, the values of
     windows older than the newest KEEP_WINDOWS are dropped undecoded (counted as coalesced), and the table
     then holds what reading every message in order gives. A tombstone and a keyless value are counted."""
-    from types import SimpleNamespace
-
     from high_level.live import hub as H
 
     monkeypatch.setattr(H, "MAX_UNREAD", 600)
@@ -400,8 +398,8 @@ def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
         for w in range(6)
         for g in range(120)
     ]
-    recs = [SimpleNamespace(key=k, value=v) for k, v in map(L.encode, ups)]
-    recs += [SimpleNamespace(key=recs[0].key, value=None), SimpleNamespace(key=None, value=b"{}")]
+    recs: list[tuple[bytes | None, bytes | None]] = [L.encode(u) for u in ups]
+    recs += [(recs[0][0], None), (None, b"{}")]
     for i in range(0, len(recs), 100):  # poll batches of 100
         hub.ingest_batch("q4_pairs", recs[i : i + 100])
     assert hub.tombstones == 1 and hub.rejected == 1

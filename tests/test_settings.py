@@ -148,12 +148,12 @@ def test_the_api_live_reader_takes_the_shared_security_block(
     app = create_app(s.config, s.results, live_bootstrap=s.live_bootstrap, live_security=s.kafka_security)
     assert (
         app.state.live_source.config
-        == {  # the consumer's settings: the job's own block, spelled for kafka-python
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_plain_username": "job-1",
-            "sasl_plain_password": "s3cret pw",
-            "ssl_cafile": "/etc/lowwater/kafka/ca.pem",
+        == {  # the consumer's settings: the job's own block, spelled for librdkafka
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "job-1",
+            "sasl.password": "s3cret pw",
+            "ssl.ca.location": "/etc/lowwater/kafka/ca.pem",
         }
     )
     monkeypatch.delenv("LOWWATER_API_KAFKA_SECURITY")
