@@ -131,6 +131,15 @@ def test_broker_security_block_round_trips_through_a_child_process_flag() -> Non
     k = KafkaSecurity(**SASL)
     assert KafkaSecurity.model_validate_json(json.dumps(k.revealed())) == k
     assert KafkaSecurity().kafka_python() == {} and KafkaSecurity().spark_options() == {}
+    assert KafkaSecurity().librdkafka() == {}
+    mtls = KafkaSecurity(protocol="SSL", ca_file="/ca", cert_file="/c", key_file="/k", check_hostname=False)
+    assert mtls.librdkafka() == {  # the API's live reader (librdkafka) spelling of the same block
+        "security.protocol": "SSL",
+        "ssl.ca.location": "/ca",
+        "ssl.certificate.location": "/c",
+        "ssl.key.location": "/k",
+        "ssl.endpoint.identification.algorithm": "none",
+    }
 
 
 def test_the_api_live_reader_takes_the_shared_security_block(
