@@ -41,6 +41,18 @@ def jaas_config(mechanism: str, username: str, password: str) -> str:
     return f'{_LOGIN[mechanism]} required username="{username}" password="{password}";'
 
 
+# kafka-python keyword -> librdkafka property (KafkaSecurity.librdkafka)
+_LIBRDKAFKA = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+}
+
+
 class KafkaSecurity(BaseModel):
     """How a lowwater role authenticates to Kafka and checks the broker (PLAINTEXT when empty)."""
 
@@ -98,22 +110,11 @@ class KafkaSecurity(BaseModel):
         return out
 
     def librdkafka(self) -> dict[str, str]:
-        """librdkafka settings (``confluent-kafka``: the API's reader of the live topics)."""
-        out: dict[str, str] = {}
-        if self.is_plaintext:
-            return out
-        out["security.protocol"] = self.protocol
-        if self.protocol.startswith("SASL_"):
-            assert self.sasl_mechanism and self.username and self.password is not None
-            out["sasl.mechanism"] = self.sasl_mechanism
-            out["sasl.username"] = self.username
-            out["sasl.password"] = self.password.get_secret_value()
-        if self.ca_file:
-            out["ssl.ca.location"] = self.ca_file
-        if self.cert_file and self.key_file:
-            out["ssl.certificate.location"] = self.cert_file
-            out["ssl.key.location"] = self.key_file
-        if self.protocol.endswith("SSL") and not self.check_hostname:
+        """librdkafka settings (``confluent-kafka``: the API's reader of the live topics): the
+        kafka-python settings under librdkafka's names, so which fields apply is decided once."""
+        kp = self.kafka_python()
+        out = {_LIBRDKAFKA[k]: v for k, v in kp.items() if k in _LIBRDKAFKA}
+        if kp.get("ssl_check_hostname") is False:
             out["ssl.endpoint.identification.algorithm"] = "none"
         return out
 
