@@ -1,11 +1,16 @@
 """The job's half of the live seam (:mod:`contract.live`): each micro-batch's provisional values of open
 windows and final values of closed ones to the query's compacted live topic.
 
-Runs on the driver, in the sink, after the batch's result files are written: a final value is in
-Kafka only once it is in the store. Once KEEP_CLOSED newer windows of a query have closed, the keys of
-an older closed window get a tombstone (a null value), so compaction removes them and the topic stays
-the size of the last few windows, not of every (window, group) of the retention period. Best effort: a Kafka error is logged and counted, the batch (and
-the exact results) go on; a replayed batch publishes the same values with the same version.
+Runs where the batch's result files are written, after them: in each Spark task for the queries the
+tasks write (:mod:`high_level.results.tasks`, so no row reaches the driver), on the driver for the rest.
+A task's finals reach Kafka before the driver commits the batch (a commit's length earlier); a kill in
+between replays the batch, which republishes the same values with the same version, and the reader
+keeps one value per key and ignores a version it has (``high_level.live.hub``). Once KEEP_CLOSED newer
+windows of a query have closed (in that task, for a task), the keys of an older closed window get a
+tombstone (a null value), so compaction removes them and the topic stays the size of the last few
+windows, not of every (window, group) of the retention period. A task keeps those keys in files beside
+the store (:func:`contract.results.live_keys_dir`): its Python worker is not sure to outlive the batch.
+Best effort: a Kafka error is logged and counted, the batch (and the exact results) go on.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,19 +112,44 @@ class LivePublisher:
     """Publishes live values to ``lowwater.live.<query>`` (one producer on the driver)."""
 
     def __init__(
-        self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None
+        self,
+        queries: Sequence[Q.QuerySpec],
+        kafka: KafkaClients | None = None,
+        producer: Any = None,
+        keys_dir: Callable[[str], Path] | None = None,
     ) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
-        if producer is None:
-            assert kafka is not None, "a producer or the Kafka clients to build one"
-            producer = kafka.producer(**PRODUCER)
-        self.producer = producer
+        self.kafka = kafka
+        self._producer = producer  # built at the first message (a job whose tasks publish needs none)
+        assert producer is not None or kafka is not None, "a producer or the Kafka clients to build one"
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0
         self.tombstoned: dict[str, int] = {n: 0 for n in self.queries}
         # per query: window start -> keys of its finals, until KEEP_CLOSED newer windows closed
-        self.closed_keys: dict[str, dict[int, list[bytes]]] = {n: {} for n in self.queries}
+        self.closed_keys: dict[str, HeldKeys] = {
+            n: HeldKeys(keys_dir(n) if keys_dir is not None else None) for n in self.queries
+        }
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            assert self.kafka is not None
+            self._producer = self.kafka.producer(**PRODUCER)
+        return self._producer
+
+    def counts(self) -> dict[str, Any]:
+        """What was sent (a task's summary for the driver's counters, :meth:`take`)."""
+        return {"published": self.published, "tombstoned": self.tombstoned, "errors": self.errors}
+
+    def take(self, counts: Mapping[str, Any]) -> None:
+        """Add a task's :meth:`counts` to this publisher's."""
+        for name, by in counts["published"].items():
+            for kind, n in by.items():
+                self.published.setdefault(name, {"provisional": 0, "final": 0})[kind] += n
+        for name, n in counts["tombstoned"].items():
+            self.tombstoned[name] = self.tombstoned.get(name, 0) + n
+        self.errors += counts["errors"]
 
     def publish(
         self, batch_id: int, provisional: Mapping[str, QueryWindows], closed: Mapping[str, QueryWindows]
@@ -151,10 +183,14 @@ class LivePublisher:
         """Remember the finals' keys per window; delete (null value) those of windows older than the
         newest KEEP_CLOSED closed ones. Returns the tombstones sent."""
         held = self.closed_keys[name]
+        by_window: dict[int, list[bytes]] = {}
         for key, _ in finals:
-            held.setdefault(window_of_key(key), []).append(key)
+            by_window.setdefault(window_of_key(key), []).append(key)
+        for start, keys in by_window.items():
+            held.add(start, keys)
         n = 0
-        for start in sorted(held)[: max(0, len(held) - KEEP_CLOSED)]:
+        starts = held.starts()
+        for start in starts[: max(0, len(starts) - KEEP_CLOSED)]:
             for key in held.pop(start):
                 self.producer.send(topic, key=key, value=None)
                 n += 1
@@ -162,10 +198,66 @@ class LivePublisher:
         return n
 
     def close(self) -> None:
+        if self._producer is None:
+            return
         try:
-            self.producer.close(timeout=5)
+            self._producer.close(timeout=5)
         except Exception:  # noqa: BLE001
             pass
+
+
+class HeldKeys:
+    """The keys of one query's closed windows, per window start, until their tombstones: in memory (the
+    driver's publisher lives as long as the job) or, with ``folder``, one file per window (a task's)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+        self.mem: dict[int, list[bytes]] = {}
+
+    def add(self, start: int, keys: list[bytes]) -> None:
+        if self.folder is None:
+            self.mem.setdefault(start, []).extend(keys)
+            return
+        path = self.folder / f"{start}.keys"
+        old = path.read_bytes().split(b"\n") if path.exists() else []  # another partition closed it too
+        new = list(dict.fromkeys([k for k in old if k] + keys))  # a replayed batch adds the same keys
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"\n".join(new))
+        os.replace(tmp, path)
+
+    def starts(self) -> list[int]:
+        """The window starts held, oldest first."""
+        if self.folder is None:
+            return sorted(self.mem)
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[: -len(".keys")]) for n in names if n.endswith(".keys"))
+
+    def pop(self, start: int) -> list[bytes]:
+        if self.folder is None:
+            return self.mem.pop(start, [])
+        path = self.folder / f"{start}.keys"
+        try:
+            keys = [k for k in path.read_bytes().split(b"\n") if k]
+        except FileNotFoundError:
+            return []
+        path.unlink(missing_ok=True)
+        return keys
+
+
+_TASK_PRODUCERS: dict[str, Any] = {}  # per Python worker: one producer per cluster (reused by its tasks)
+
+
+def task_producer(kafka: KafkaClients) -> Any:
+    """A Spark task's producer of live values: one per Python worker process, kept across its tasks
+    (building one costs a metadata round trip, per batch and task otherwise)."""
+    key = json.dumps([kafka.bootstrap, kafka.security.kafka_python()], sort_keys=True, default=str)
+    if key not in _TASK_PRODUCERS:
+        _TASK_PRODUCERS[key] = kafka.producer(**PRODUCER)
+    return _TASK_PRODUCERS[key]
 
 
 def ensure_live_topics(admin: Any, queries: Sequence[Q.QuerySpec], replication: int = 1) -> dict[str, str]:
