@@ -85,6 +85,7 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict], t_al
         for part, v, _ in msgs:
             prod.send(t, value=v, partition=part)
         totals[t] = sum(k for *_, k in msgs)
+        totals[f"{t}:messages"] = len(msgs)  # records per message: the micro-batch bound is in messages
         print(f"[{time.monotonic() - t_all:6.1f} s] produced {t}: {totals[t]:,} partial records", flush=True)
     prod.flush()
     prod.close()
@@ -122,9 +123,16 @@ def driver(a: argparse.Namespace) -> int:
     )
     step(f"driver's session up, {sc_executors(spark)} executor(s) registered")
     jvm_pid = int(spark.sparkContext._gateway.proc.pid)
-    ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
+    totals = spec["totals"]
+
+    def per_message(topics: list[str]) -> int:
+        """Partial records per Kafka message of these topics (fewer than --batch when groups split over
+        partitions and panes): run_config turns a batch's records into maxOffsetsPerTrigger with it."""
+        return max(1, sum(totals[t] for t in topics) // max(1, sum(totals[f"{t}:messages"] for t in topics)))
+
+    ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=per_message([spec["warm"]]), partitions=2)
     warm = query_for(spec["warm"], 2)
-    wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
+    wt = totals[spec["warm"]]  # a tenth of a topic: in about 3 micro-batches, whatever the bound
     run_config(spark, warm, ns, work / "warm", min(a.batch_records, wt // 3), wt)
     step(f"warm-up done ({wt:,} records)")
     for i, run in enumerate(spec["runs"]):
@@ -132,8 +140,9 @@ def driver(a: argparse.Namespace) -> int:
             f"run {i + 1}/{len(spec['runs'])}: {run['kind']}, P={run['partitions']}, {len(run['topics'])} queries"
         )
         p = ns.partitions = run["partitions"]
+        ns.batch = per_message(run["topics"])
         qs = [query_for(t, p) for t in run["topics"]]
-        total = sum(spec["totals"][t] for t in run["topics"])
+        total = sum(totals[t] for t in run["topics"])
         batch_records = run.get("batch_records", a.batch_records)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
         threads0, py0 = thread_cpu_seconds(jvm_pid), time.process_time()
@@ -243,6 +252,31 @@ def _steady(r: dict) -> float | None:
     return round(r["sustained_driver_cpu_seconds"] / (r["sustained_records"] / 1e6), 4)
 
 
+def driver_model(rows: list[dict], all_rows: list[dict]) -> dict:
+    """The driver's CPU as a fixed cost per micro-batch plus a cost per record, d = F / B + v: F from the
+    1-query planning run (small batches, so nearly all of it is fixed), v from the scaling runs. It says
+    which batch size B meets a goal for d, i.e. the trigger an operator sets for a rate (B = rate x trigger)."""
+    plan1 = [r for r in all_rows if r["kind"] == "plan" and r["queries"] == 1 and r["batches"] > 1]
+    steady = [r for r in rows if "sustained_driver_cpu_seconds" in r and r["batches"] > 1]
+    if not plan1 or not steady:
+        return {}
+    p = plan1[0]
+    fixed = p["sustained_driver_cpu_seconds"] / (p["batches"] - 1)
+    batches = sum(r["batches"] - 1 for r in steady)
+    recs = sum(r["sustained_records"] for r in steady)
+    per_m = max(
+        0.0, (sum(r["sustained_driver_cpu_seconds"] for r in steady) - fixed * batches) / (recs / 1e6)
+    )
+    out = {
+        "driver_fixed_cpu_s_per_batch": round(fixed, 3),
+        "driver_cpu_s_per_million_records_beyond_fixed": round(per_m, 4),
+        "records_per_batch_in_scaling_runs": round(recs / batches),
+    }
+    if per_m < 0.05:  # B at which F / B + v = 0.05 CPU-s per million
+        out["batch_records_for_driver_goal"] = round(fixed / (0.05 - per_m) * 1e6)
+    return out
+
+
 def _per_batch(r: dict, key: str) -> float:
     return round(r["duration_ms"].get(key, 0) / max(r["batches"], 1), 1)
 
@@ -299,6 +333,7 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
             "per_cpu_efficiency_p2": ">= 0.9",
         },
     }
+    res.update(driver_model(rows, all_rows))
     plan = sorted((r for r in all_rows if r["kind"] == "plan"), key=lambda r: r["queries"])
     if plan:  # Spark's per-trigger phases (durationMs) per micro-batch, and the driver's CPU per batch
         res["planning_per_batch_vs_queries"] = {
@@ -392,9 +427,18 @@ def main() -> int:
     )
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.quick:
-        a.records, a.groups, a.batch_records, a.plan_records = 600_000, 20_000, 200_000, 140_000
-        a.pairs, a.queries = _pairs("1x1,2x2"), [1, 7]
+    if a.quick:  # smaller defaults; what is given on the command line stays
+        quick = {
+            "records": 600_000,
+            "groups": 20_000,
+            "batch_records": 200_000,
+            "plan_records": 140_000,
+            "pairs": _pairs("1x1,2x2"),
+            "queries": [1, 7],
+        }
+        for k, v in quick.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     if a.driver:
         return driver(a)
     if a.rewrite:
