@@ -303,10 +303,13 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
 
     # the driver over the scaling runs once each query runs (after its first batch, which carries the
     # query's start: a job starts its queries once, a run here once per row)
-    recs = sum(r["sustained_records"] for r in rows)
-    dcpu = sum(r.get("sustained_driver_cpu_seconds", r["driver_cpu_seconds"]) for r in rows)
     recs_all = sum(r["first_batch_records"] + r["sustained_records"] for r in rows)
     dcpu_all = sum(r["driver_cpu_seconds"] for r in rows)
+    if all("sustained_driver_cpu_seconds" in r for r in rows):
+        recs = sum(r["sustained_records"] for r in rows)
+        dcpu = sum(r["sustained_driver_cpu_seconds"] for r in rows)
+    else:  # rows of a run before this figure (--rewrite): the whole runs
+        recs, dcpu = recs_all, dcpu_all
     res = {
         "benchmark": "scaling",
         **head,
@@ -537,6 +540,10 @@ def main() -> int:
             "hosts": a.hosts,
             "panes": a.panes,
             "batch_records": a.batch_records,
+            "batch_records_note": "each scaling run reads its topic in micro-batches of at most batch_records: "
+            "what an operator's trigger gives at the rate (B = rate x trigger; the default 1-s trigger at the "
+            "2-worker cluster's ~2M records/s is the default 2M); driver_model says which B meets the driver's "
+            "goal (batch_records_for_driver_goal)",
             "zipf": a.zipf,
             "quick": a.quick,
         },
@@ -557,6 +564,10 @@ def write(res: dict) -> int:
                     "p2_vs_p1",
                     "driver_cpu_s_per_million_records",
                     "driver_ceiling_records_per_driver_cpu_s",
+                    "driver_cpu_s_per_million_records_with_start",
+                    "driver_fixed_cpu_s_per_batch",
+                    "driver_cpu_s_per_million_records_beyond_fixed",
+                    "batch_records_for_driver_goal",
                     "per_cpu_efficiency_p2",
                     "planning_per_batch_vs_queries",
                     "zipf",
