@@ -89,6 +89,11 @@ def batches():
     return _batches()
 
 
+@pytest.fixture(scope="module")
+def live_batches():
+    return _batches(live=True)
+
+
 def _job(root, qs) -> HighLevelJob:
     return HighLevelJob(None, qs, JobOptions(bootstrap="x", results=str(root), checkpoint=str(root) + "-ck"))
 
@@ -180,7 +185,7 @@ class _Producer:
         pass
 
 
-def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(tmp_path):
+def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(live_batches, tmp_path):
     """--live: each task publishes its provisional rows, the finals it wrote and the tombstones of its
     old closed windows (their keys kept in files beside the store); the driver only folds the counts.
     A replayed batch republishes the same messages, which the API's reader ignores (same version)."""
@@ -188,7 +193,7 @@ def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(tmp
     from high_level.live.hub import LiveHub
     from high_level.live.publish import KEEP_CLOSED, LivePublisher
 
-    qs, packed = _batches(live=True)
+    qs, packed = live_batches
     job = _job(tmp_path / "r", qs)
     job.sink.live = LivePublisher(qs, producer=_Producer())  # the driver's: must send nothing
     local = frozenset(job.store.queries) - job.sink.driver_queries()
@@ -253,6 +258,28 @@ def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(tmp
     again = [m for t, p in prods.items() for m in p.sent[mark[t] :] if m[2] is not None]
     assert again and all(m in sent for m in again)
     assert not any(hub.ingest(L.decode(k, v)) for _, k, v in again)
+
+
+def test_a_task_whose_kafka_is_down_still_writes_its_rows_and_counts_the_live_error(
+    live_batches, tmp_path, monkeypatch
+):
+    """Live values are best effort: a producer that cannot be built (no broker) fails no task."""
+    from kafka.errors import KafkaTimeoutError
+
+    from high_level.kafkaclients import KafkaClients
+    from high_level.live import publish
+
+    def no_broker(kafka):
+        raise KafkaTimeoutError(f"Unable to bootstrap from {kafka.bootstrap}")
+
+    monkeypatch.setattr(publish, "task_producer", no_broker)
+    qs, packed = live_batches
+    i = next(i for i, p in enumerate(packed) if set(R.ROW_KINDS) & set(p["kind"].to_pylist()))
+    local = frozenset(q.name for q in qs)
+    out = write_task(str(tmp_path), qs, i, 0, packed[i], local, KafkaClients("127.0.0.1:1"))
+    doc = json.loads(out.filter(pc.equal(out["kind"], "written"))["status"][0].as_py())
+    assert doc["live"]["errors"] == 1 and sum(doc["written"].values()) > 0
+    assert list(tmp_path.rglob("part-*.parquet"))
 
 
 def test_a_driver_that_cannot_see_the_tasks_files_stops_instead_of_committing(batches, tmp_path):

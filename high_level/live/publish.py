@@ -38,7 +38,8 @@ from high_level.results.store import typed_columns
 
 log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)
-PRODUCER = {"linger_ms": 5, "acks": 1}  # best effort: the store is the exact copy
+# best effort: the store is the exact copy; a broker that is away costs a batch 10 s, not a minute
+PRODUCER = {"linger_ms": 5, "acks": 1, "max_block_ms": 10_000}
 KEEP_CLOSED = 3  # closed windows per query whose finals stay on the topic (the API shows the newest 3)
 
 
@@ -117,11 +118,15 @@ class LivePublisher:
         kafka: KafkaClients | None = None,
         producer: Any = None,
         keys_dir: Callable[[str], Path] | None = None,
+        shared: bool = False,
     ) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
         self.kafka = kafka
-        self._producer = producer  # built at the first message (a job whose tasks publish needs none)
+        # built at the first message, inside publish's error handling (a job whose tasks publish needs
+        # none); ``shared``: the process's producer for these clients (a task's, :func:`task_producer`)
+        self._producer = producer
+        self.shared = shared
         assert producer is not None or kafka is not None, "a producer or the Kafka clients to build one"
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0
@@ -135,7 +140,7 @@ class LivePublisher:
     def producer(self) -> Any:
         if self._producer is None:
             assert self.kafka is not None
-            self._producer = self.kafka.producer(**PRODUCER)
+            self._producer = task_producer(self.kafka) if self.shared else self.kafka.producer(**PRODUCER)
         return self._producer
 
     def counts(self) -> dict[str, Any]:
@@ -198,7 +203,7 @@ class LivePublisher:
         return n
 
     def close(self) -> None:
-        if self._producer is None:
+        if self._producer is None or self.shared:
             return
         try:
             self._producer.close(timeout=5)

@@ -213,7 +213,8 @@ class ResultSink:
             statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
             if tasks.num_rows:
                 self.take_tasks(tasks, written)
-                self.commit(batch_id, written, statuses)
+                if self.store.files:  # a batch whose tasks only published live values commits nothing
+                    self.commit(batch_id, written, statuses)
             self.after_write(batch_id)
             if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
                 self.live.publish(batch_id, prov or {}, wins)

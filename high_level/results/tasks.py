@@ -40,7 +40,7 @@ from contract import query as Q
 from contract import results as R
 from high_level.aggregate.packed import PACKED_COLUMNS, PACKED_SCHEMA, QueryWindows, unpack_windows
 from high_level.kafkaclients import KafkaClients
-from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional, task_producer
+from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.results.export import ResultExporter
 from high_level.results.store import ResultStore
 
@@ -134,8 +134,10 @@ def write_task(
     if prov or (prov is not None and wins):  # after the files: a final is published once written
         pub = LivePublisher(
             queries,
-            producer=producer if producer is not None else task_producer(live),  # type: ignore[arg-type]
+            live,
+            producer=producer,
             keys_dir=lambda name: R.live_keys_dir(root, name, task),
+            shared=True,  # one producer per Python worker, built inside publish's error handling
         )
         pub.publish(batch_id, prov, wins)
         summary["live"] = pub.counts()
