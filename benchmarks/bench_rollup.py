@@ -259,7 +259,7 @@ def run_config(
         "batches": len(marks),
         "first_batch_seconds": round(t_first - t0, 2),
         "first_batch_records": r_first,
-        "sustained_records_per_s": round(sustained),
+        "sustained_records_per_s": round(sustained) if len(marks) > 1 else None,  # one batch: no rate
         "sustained_records": r_last - r_first,
         "sustained_seconds": round(t_last - t_first, 3),
         "catchup_seconds": round(took, 2),

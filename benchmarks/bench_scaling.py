@@ -143,7 +143,9 @@ def driver(a: argparse.Namespace) -> int:
         ns.batch = per_message(run["topics"])
         qs = [query_for(t, p) for t in run["topics"]]
         total = sum(totals[t] for t in run["topics"])
-        batch_records = run.get("batch_records", a.batch_records)
+        # at least 3 micro-batches (the first carries the query's start; the rate and the driver's CPU
+        # are read over the rest), whatever --batch-records says
+        batch_records = min(run.get("batch_records", a.batch_records), total // 3)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
         threads0, py0 = thread_cpu_seconds(jvm_pid), time.process_time()
         prof = cProfile.Profile() if a.profile else None
