@@ -428,7 +428,10 @@ def main() -> int:
         "--rewrite", action="store_true", help="recompute scaling.json/png from the last run's rows"
     )
     ap.add_argument(
-        "--profile", default=None, help="a folder: the driver's Python profile (cProfile) per run, as text"
+        "--profile",
+        default=None,
+        help="a folder: the driver's Python profile per run (cProfile of its main thread: the "
+        "sink runs on py4j's callback thread, counted in rows[].driver_python_cpu_seconds)",
     )
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
