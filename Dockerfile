@@ -53,6 +53,16 @@ RUN groupadd --system --gid 10001 lowwater \
  && install -d /etc/lowwater
 WORKDIR /app
 
+# release: base with the labels every role image shares. The build stages start from base, so a new
+# VCS_REF (every commit) rebuilds no dependency layer, only the role stages' own (which a commit's code
+# change rebuilds anyway).
+FROM base AS release
+ARG VERSION=0.1.0
+ARG VCS_REF=unknown
+LABEL org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.base.name="python:3.11.13-slim-bookworm"
+
 # --------------------------------------------------------------------------------------------------
 # agent: the capture host. Python dependencies of lowwater[agent] only (deploy/requirements-agent.lock:
 # numba, pyarrow, kafka-python, ...), no Java, no Spark, no DuckDB, no FastAPI.
@@ -63,14 +73,9 @@ FROM base AS build-agent
 COPY deploy/requirements-agent.lock /tmp/requirements.lock
 RUN pip install -r /tmp/requirements.lock
 
-FROM base AS agent
-ARG VERSION=0.1.0
-ARG VCS_REF=unknown
+FROM release AS agent
 LABEL org.opencontainers.image.title="lowwater-agent" \
       org.opencontainers.image.description="lowwater capture agent (low level): AF_PACKET/pcap -> Numba sub-aggregation -> Kafka" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.base.name="python:3.11.13-slim-bookworm" \
       io.lowwater.roles="agent" \
       io.lowwater.ports="9101/agent-metrics"
 ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9101/metrics
@@ -126,14 +131,9 @@ RUN PYTHONPATH=/app python -c "from local_stack.jars import spark_kafka_jars; pr
  && rm -rf "$LOWWATER_STATE_DIR/jars/spark-kafka" /tmp/spark-jars.txt \
  && ls /var/lib/lowwater/jars/spark-job/spark-sql-kafka-*.jar
 
-FROM base AS central
-ARG VERSION=0.1.0
-ARG VCS_REF=unknown
+FROM release AS central
 LABEL org.opencontainers.image.title="lowwater-central" \
       org.opencontainers.image.description="lowwater central roles: PySpark job, Spark master/worker, REST API" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.base.name="python:3.11.13-slim-bookworm" \
       io.lowwater.roles="job,spark-master,spark-worker,api,kafka-init" \
       io.lowwater.ports="9102/job-metrics,8080/api,7077/spark-master"
 ENV LOWWATER_HEALTH_URL=http://127.0.0.1:9102/metrics \

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from benchmarks import harness
 from high_level.results.tiers import ROW_GROUP
 from local_stack.kafka_broker import free_port
+from lowwater_testing.page import stop
 from lowwater_testing.queries import config, q4
 from lowwater_testing.store import result_schema
 
@@ -296,14 +297,6 @@ def _serve(config: Path, results: Path, port: int) -> subprocess.Popen:
     )
 
 
-def _stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-
-
 def _wait_up(
     client: httpx.Client, server: subprocess.Popen, url: str, ready: Callable[[httpx.Response], bool]
 ) -> float:
@@ -430,7 +423,7 @@ def bench_range(
                     flush=True,
                 )
     finally:
-        _stop(server)
+        stop(server)
     out["range_load_before_after"] = [load_before, harness.load()]
     out["range_30d_top100_p95_ms"] = out["range_30d_top100"]["p95_ms"]
     out["range_30d_series_1h_p95_ms"] = out["range_30d_series_1h"]["p95_ms"]
@@ -576,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
                 client.get(f"{base}/queries/{QUERY}/latest", params={"top": "100"}).raise_for_status()
                 latest.append(time.perf_counter() - t0)
     finally:
-        _stop(server)
+        stop(server)
     load_after = os.getloadavg()
     ms = [t * 1000 for t in times]
     res = {

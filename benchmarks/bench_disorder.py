@@ -287,13 +287,7 @@ def main() -> None:
                 f"{r['mean_error_pct']:7.3f} {r['wrong_results_pct']:8.2f} {r['late_packets']:9,d}",
                 flush=True,
             )
-    method = {
-        "rate_pkt_per_s": args.rate,
-        "seconds": seconds,
-        "groups": GROUPS,
-        "cases": CASES,
-        "quick": args.quick,
-    }
+    method = dict(rate_pkt_per_s=args.rate, seconds=seconds, groups=GROUPS, cases=CASES, quick=args.quick)
     harness.write_figure(FIGURE, m, rows, __doc__, method)
     plt = harness.pyplot()
 

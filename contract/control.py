@@ -35,10 +35,6 @@ _LEN = struct.Struct("<H")
 _CRC = struct.Struct("<I")
 
 
-class ControlError(ValueError):
-    """A control message that cannot be decoded: wrong magic or version, truncated or corrupted."""
-
-
 @dataclass(frozen=True)
 class PunctuationRequest:
     """'Host ``host``: (query, partition) waits on your mark; punctuate if you can.'"""
@@ -48,6 +44,10 @@ class PunctuationRequest:
     partition: int
     waiting_pane: int  # the low-water mark the consumer has (windows >= it are open)
     sent_wall_ns: int
+
+
+class ControlError(ValueError):
+    """A control message that cannot be decoded: wrong magic or version, truncated or corrupted."""
 
 
 def _name(text: str, what: str) -> bytes:

@@ -10,12 +10,14 @@ import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import dpkt
 import numpy as np
 
 from contract import fields as F
-from lowwater_testing.traffic import NS, T0, build_frames, make_traffic
+from local_stack.kafka_broker import free_port
+from lowwater_testing.traffic import NS, T0, Traffic, build_frames, make_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,6 +53,16 @@ def spawn_agent(
         text=text,
         start_new_session=new_session,
     )
+
+
+def spawn_workers(
+    cfg: str | Path, source: str, host: str, bootstrap: str, workers: int, summary: Path
+) -> tuple[subprocess.Popen, int]:
+    """A live agent of ``workers`` capture workers on a free metrics port: ``(process, port)``; its
+    summary (per worker) goes to ``summary`` at exit."""
+    port = free_port()
+    extra = ("--workers", str(workers), "--summary", str(summary))
+    return spawn_agent(cfg, source, host=host, bootstrap=bootstrap, metrics_port=port, extra=extra), port
 
 
 def metrics_text(port: int, timeout: float = 5) -> str:
@@ -108,3 +120,11 @@ def write_traffic_pcap(path: Path, t) -> None:
             struct.pack("<IIII", ts[i] // NS, ts[i] % NS, cap[i], wl[i]) + frames[i][: cap[i]].tobytes()
         )
     path.write_bytes(b"".join(out))
+
+
+def traffic_pcap(path: Path, *args: Any, **kw: Any) -> tuple[Traffic, Path]:
+    """:func:`make_traffic` (the same arguments) written as the pcap ``path``: ``(traffic, path)``, the
+    oracle's input and the agent's."""
+    t = make_traffic(*args, **kw)
+    write_traffic_pcap(path, t)
+    return t, path

@@ -194,11 +194,10 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
     then bursts while it is paused (SIGSTOP) that overflow its socket's ring (the kernel's ``tp_drops``),
     then bursts again after SIGCONT. Every packet's window is the second its burst was sent in."""
     import signal
-    import socket as so
     import subprocess
     import sys
 
-    from lowwater_testing.agent import spawn_agent
+    from lowwater_testing.agent import spawn_workers
 
     ns, host_if, peer = ends
     topic = topic_factory(partitions=2)
@@ -216,18 +215,9 @@ def socket_drops(kafka, topic_factory, ends: tuple[str, str, str], tmp_path) -> 
         blobs.append(tmp_path / f"frames{k}.bin")
         blobs[-1].write_bytes(b"".join(len(f).to_bytes(2, "big") + f for f in wire_frames[at : at + n]))
         at += n
-    with so.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     summary = tmp_path / "summary.json"
-    agent = spawn_agent(
-        cfg,
-        f"afpacket:{host_if},promisc,blocks=2",
-        host="edge-s",
-        bootstrap=kafka.bootstrap_servers,
-        metrics_port=port,
-        extra=("--workers", "1", "--summary", str(summary)),
-    )
+    source = f"afpacket:{host_if},promisc,blocks=2"
+    agent, port = spawn_workers(cfg, source, "edge-s", kafka.bootstrap_servers, 1, summary)
     sent: list[list[int]] = []
 
     def send(phase: int) -> None:

@@ -12,7 +12,7 @@ from high_level.aggregate.chunks import MemoryChunks
 from high_level.aggregate.processor import PartitionProcessor
 from high_level.aggregate.rollup import Layout
 from lowwater_testing.oracle import host_messages, interleave, split_hosts
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, query, tcp_ports
 
 HOSTS = ("h0", "h1", "h2")
 
@@ -133,13 +133,7 @@ CONFIG = config(  # the offline roll-up tests' queries: tumbling, sliding, slidi
             "max(ttl) as max_ttl",
         ],
     ),
-    query(
-        "ports9x3",
-        filter="protocol == tcp",
-        group_by=["dst_port"],
-        aggregates=["count as syns", "min(ttl) as min_ttl"],
-        window={"range": "9s", "slide": "3s"},
-    ),
+    tcp_ports("ports9x3"),
     query(
         "nets",
         group_by=["dst_ip/24"],

@@ -93,6 +93,13 @@ def pairs(**kw: Any) -> dict[str, Any]:
     return query("pairs", **(base | kw))
 
 
+def tcp_ports(name: str, counted: str = "syns", **kw: Any) -> dict[str, Any]:
+    """TCP packets per destination port (``count as <counted>``) and their smallest TTL, 9 s sliding every
+    3 s; ``kw`` (``filter``, ``window``, ``description``, ...) overrides or adds."""
+    kw = {"filter": "protocol == tcp", "window": {"range": "9s", "slide": "3s"}} | kw
+    return query(name, group_by=["dst_port"], aggregates=[f"count as {counted}", "min(ttl) as min_ttl"], **kw)
+
+
 def q4(name: str = "q4_pairs", **kw: Any) -> dict[str, Any]:
     """The OOP paper's Q4: packets per (src_ip, dst_ip) per 1-minute tumbling window of IPv4 traffic;
     ``kw`` (``filter``, ``aggregates``, ``tiers``, ``table``, ...) overrides or adds."""

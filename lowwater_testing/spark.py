@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from contract import results as R
 from contract import wire
 from high_level.job import HighLevelJob, JobOptions
 from lowwater_testing.oracle import window_oracle
-from lowwater_testing.queries import config, query
+from lowwater_testing.queries import config, query, tcp_ports
 from lowwater_testing.traffic import oracle
 
 QUERIES = config(
@@ -34,13 +35,7 @@ QUERIES = config(
             "max(ttl) as max_ttl",
         ],
     ),
-    query(
-        "slide",
-        filter="protocol == tcp",
-        group_by=["dst_port"],
-        aggregates=["count as pkts", "min(ttl) as min_ttl"],
-        window={"range": "9s", "slide": "3s"},
-    ),
+    tcp_ports("slide", "pkts"),
     query("gate", group_by=["dst_port"], aggregates=["count as n", "sum(length) as bytes"]),
     query(
         "mixed",
@@ -132,6 +127,23 @@ def start_job(spark, queries, tmp_path: Path, tag: str, **kw) -> HighLevelJob:
     job = HighLevelJob(spark, queries, opts)
     job.start()
     return job
+
+
+def start_gate_job(
+    spark, kafka, topic_factory, tmp_path: Path, name: str, hosts: Sequence[str], **kw: Any
+) -> tuple[Q.QuerySpec, HighLevelJob, int]:
+    """The ``gate`` query as ``name`` on a fresh one-partition topic, a started job that waits up to 10
+    minutes for ``hosts``, and a first pane near 1.7e9 s (a recent time): ``(query, job, pane)``."""
+    q = variant(topic_factory, "gate", name, 1)
+    p0 = q.window.origin_ns // q.window.pane_ns + 1_700_000_000 // 10
+    job = start_job(spark, [q], tmp_path, name, **expecting(kafka, hosts), **kw)
+    return q, job, p0
+
+
+def expecting(kafka, hosts: Sequence[str]) -> dict[str, Any]:
+    """Job options: read from ``kafka``, expect ``hosts`` and wait for them up to 10 minutes (a start under
+    load is slow; a test that needs a host timeout sets its own)."""
+    return {"bootstrap": kafka.bootstrap_servers, "expected_hosts": hosts, "host_timeout_ms": 600_000}
 
 
 def crash_after_batches(job: HighLevelJob, state: str, batches: int = 3, timeout_s: float = 300) -> int:

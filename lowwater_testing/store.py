@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import results as R
-from lowwater_testing.queries import config, q4, query
+from lowwater_testing.queries import config, q4, query, tcp_ports
 
 CONFIG = config(
     q4(description="packet count per (srcIP, dstIP) per minute"),
@@ -35,12 +35,10 @@ CONFIG = config(
         ],
         window="1m",
     ),
-    query(
+    tcp_ports(
         "syn_per_port",
         description="TCP SYNs per destination port, 1 minute sliding every 10 s",
         filter="protocol == tcp and tcp_flags & SYN and not tcp_flags & ACK",
-        group_by=["dst_port"],
-        aggregates=["count as syns", "min(ttl) as min_ttl"],
         window={"range": "1m", "slide": "10s"},
     ),
     query(
@@ -287,22 +285,22 @@ def write_status(root: Path, now: datetime) -> dict:
     now_ms = int(now.timestamp() * 1000)
     mark = now_ms * 10**6 - 20 * 10**9
 
+    # what every host here shares: heard half a second ago, 9 punctuations, 100 records
+    alike = dict(
+        expected=False, last_heard_ms=now_ms, silent_s=0.5, punctuations=9, incarnation=1, records=100
+    )
+
     def host(mark_ns: int, live: bool, lag: float, late: int, missing: int) -> S.HostOnPartition:
         return S.HostOnPartition(
             live=live,
-            expected=False,
             mark_pane=mark_ns // 10**10,
             mark_ns=mark_ns,
             lag_s=lag,
-            last_heard_ms=now_ms,
-            silent_s=0.5,
-            punctuations=9,
-            incarnation=1,
-            records=100,
             sent_records=100,
             received_records=100 - missing,
             missing_records=missing,
             late_partials=late,
+            **alike,
         )
 
     def part(

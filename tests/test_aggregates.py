@@ -77,12 +77,8 @@ def test_variance_finalize_is_the_exact_rational_correctly_rounded() -> None:
 
 
 def test_variance_state_is_count_sum_and_sum_of_squares() -> None:
-    q = make_query(
-        "lazy",
-        64,
-        group="[dst_port]",
-        aggs="[{fn: variance, field: length, as: v}, {fn: stddev, field: ttl}, {fn: count, as: n}]",
-    )
+    aggs = "[{fn: variance, field: length, as: v}, {fn: stddev, field: ttl}, {fn: count, as: n}]"
+    q = make_query("lazy", 64, group="[dst_port]", aggs=aggs)
     cols = Q.state_columns(q)
     assert [c.name for c in cols] == [
         "v.count",
@@ -174,25 +170,15 @@ def spread_config(topic: str) -> ConfigDoc:
 def test_variance_and_stddev_end_to_end_equal_the_exact_oracle(
     spark, kafka, topic_factory, tmp_path: Path
 ) -> None:
-    from lowwater_testing.agent import run_agent, write_traffic_pcap
-    from lowwater_testing.spark import assert_exact, read_results, run_job
+    from lowwater_testing.agent import run_agent, traffic_pcap
+    from lowwater_testing.spark import assert_exact, expecting, read_results, run_job
 
-    t = make_traffic(12_000, 600, T0, 12 * NS, seed=29)
-    pcap = tmp_path / "v.pcap"
-    write_traffic_pcap(pcap, t)
     cfg = tmp_path / "v.yaml"
+    t, pcap = traffic_pcap(tmp_path / "v.pcap", 12_000, 600, T0, 12 * NS, seed=29)
     spread_config(topic_factory(partitions=2)).write(cfg)
     run_agent(cfg, f"pcap:{pcap}", host="cap-1", bootstrap=kafka.bootstrap_servers)
     q = Q.load(cfg).queries[0]
-    job = run_job(
-        spark,
-        [q],
-        tmp_path,
-        "spread",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=["cap-1"],
-        host_timeout_ms=600_000,
-    )
+    job = run_job(spark, [q], tmp_path, "spread", **expecting(kafka, ["cap-1"]))
     assert_exact(Path(job.opts.results), q, t)  # the suite's oracle, finalized by the registry
     got = read_results(Path(job.opts.results), "spread")
     got = got[got["kind"] == "final"]

@@ -64,8 +64,8 @@ CONFIG = config(
     query(
         "porthll",
         aggregates=[{"fn": "count_distinct", "field": "src_port", "approx": "hll", "as": "ports"}],
-        window={"range": "9s", "slide": "3s"},
         table=1024,
+        window={"range": "9s", "slide": "3s"},
     ),
     query(
         "sizes",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from contract import wire
 from high_level.aggregate.pacer import batch_offsets, is_punctuation
-from lowwater_testing.spark import PORTS, Host, start_job, variant, windows_of
+from lowwater_testing.spark import PORTS, Host, start_gate_job, variant, windows_of
 from lowwater_testing.topics import produce
 
 IDLE_MS = 30_000  # far longer than any wait below: a wait that ends early was ended by what the test sent
@@ -35,19 +35,10 @@ def test_punctuation_is_told_from_partials_by_the_wire_header(topic_factory) -> 
 def test_at_rest_the_job_waits_for_a_partial_and_closes_its_window_on_time(
     spark, kafka, topic_factory, tmp_path
 ) -> None:
-    q = variant(topic_factory, "gate", "rest", 1)
-    h = Host("h0", q)
-    p0 = q.window.origin_ns // q.window.pane_ns + 1_700_000_000 // 10
-    job = start_job(
-        spark,
-        [q],
-        tmp_path,
-        "rest",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=("h0",),
-        host_timeout_ms=600_000,
-        idle_trigger_ms=IDLE_MS,
+    q, job, p0 = start_gate_job(
+        spark, kafka, topic_factory, tmp_path, "rest", ("h0",), idle_trigger_ms=IDLE_MS
     )
+    h = Host("h0", q)
     pacer = job.sink.pacer
     assert pacer is not None
     try:

@@ -413,18 +413,13 @@ def test_handshake_join_through_real_kafka_and_spark(spark, kafka, topic_factory
     assert not list((tmp_path / "res2").glob("query=*"))
 
 
-GENERATED = dict(
-    groups=300,
-    seed=5,
-    syn_fraction=0.3,
-    synthetic_pps=1000,
-    start_ns=T0,
+TRAFFIC = dict(groups=300, seed=5, syn_fraction=0.3, ipv6_fraction=0.1, synthetic_pps=1000, start_ns=T0)
+GENERATED = TRAFFIC | dict(  # and the server's answers
     synack_fraction=0.7,
     synack_latency_ms=300,
     synack_latency_sigma=1.0,
     syn_retransmit_fraction=0.4,
     synack_duplicate_fraction=0.2,
-    ipv6_fraction=0.1,
 )
 
 

@@ -254,20 +254,28 @@ def test_live_panel_updates_and_turns_final_from_the_real_topic(
         stop(proc)
 
 
-def _syns(w: int, port: int, syns: int, version: int, final: bool) -> L.LiveUpdate:
+def _update(
+    query: str, w: int, group: dict, values: dict, version: int, final: bool, expected: int = 1
+) -> L.LiveUpdate:
+    """One update of a 1-minute window from one host, published at second ``version``."""
     return L.LiveUpdate(
-        query="syn_per_port",
+        query=query,
         window_start_us=w,
         window_end_us=w + 60_000_000,
-        group={"dst_port": port},
-        values={"syns": syns, "min_ttl": 64},
+        group=group,
+        values=values,
         final=final,
         version=version,
         published_ms=version * 1000,
         hosts_in_mark=1,
-        hosts_expected=1 if final else 2,
+        hosts_expected=expected,
         complete=final,
     )
+
+
+def _syns(w: int, port: int, syns: int, version: int, final: bool) -> L.LiveUpdate:
+    values = {"syns": syns, "min_ttl": 64}
+    return _update("syn_per_port", w, {"dst_port": port}, values, version, final, 1 if final else 2)
 
 
 @pytest.mark.skipif(
@@ -416,19 +424,8 @@ OLD_MESSAGES = 150_000
 
 
 def _dst24(w: int, net: str, nbytes: int, version: int, final: bool) -> L.LiveUpdate:
-    return L.LiveUpdate(
-        query="bytes_per_dst24",
-        window_start_us=w,
-        window_end_us=w + 60_000_000,
-        group={"dst_ip_24": net},
-        values={"bytes": nbytes, "packets": 1, "avg_len": float(nbytes), "max_len": nbytes},
-        final=final,
-        version=version,
-        published_ms=version * 1000,
-        hosts_in_mark=1,
-        hosts_expected=1,
-        complete=final,
-    )
+    values = {"bytes": nbytes, "packets": 1, "avg_len": float(nbytes), "max_len": nbytes}
+    return _update("bytes_per_dst24", w, {"dst_ip_24": net}, values, version, final)
 
 
 def test_a_restarted_api_is_current_within_seconds_over_a_topic_of_old_runs(

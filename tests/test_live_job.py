@@ -7,7 +7,7 @@ import time
 
 from contract import live as L
 from lowwater_testing.hosts import HOSTS
-from lowwater_testing.spark import PORTS, Host, start_job, variant, windows_of
+from lowwater_testing.spark import PORTS, Host, start_gate_job, windows_of
 from lowwater_testing.topics import produce
 
 
@@ -33,19 +33,8 @@ def _read_live(kafka, query: str, want: int, timeout_s: float = 30.0) -> list[L.
 def test_job_publishes_provisional_then_final_values_to_the_compacted_live_topic(
     spark, kafka, topic_factory, tmp_path
 ):
-    q = variant(topic_factory, "gate", "livegate", 1)
+    q, job, p0 = start_gate_job(spark, kafka, topic_factory, tmp_path, "livegate", HOSTS, live=True)
     h = {n: Host(n, q) for n in HOSTS}
-    p0 = q.window.origin_ns // q.window.pane_ns + 1_700_000_000 // 10
-    job = start_job(
-        spark,
-        [q],
-        tmp_path,
-        "live",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=HOSTS,
-        host_timeout_ms=600_000,
-        live=True,
-    )
     try:
         from kafka import KafkaAdminClient
         from kafka.admin import ConfigResource

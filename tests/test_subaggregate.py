@@ -396,15 +396,13 @@ def traffic_with_gre(n: int, seed: int) -> Traffic:
     return t
 
 
-GRE_QUERIES = {
+# fmt: off
+GRE_QUERIES = {  # name: (group_by, aggregates, filter), one a line
     "inner_pairs": ("[inner_src_ip/16, inner_dst_ip]", "[{fn: count, as: n}]", "inner_ip_version == 4"),
     "inner_nets": ("[inner_dst_ip/24, ip_version]", "[{fn: sum, field: length, as: b}]", ""),
-    "inner_filter": (
-        "[dst_ip/24, protocol]",
-        "[{fn: count, as: n}]",
-        "inner_src_ip in [10.51.0.0/16] or inner_dst_ip == 172.16.1.1",
-    ),
+    "inner_filter": ("[dst_ip/24, protocol]", "[{fn: count, as: n}]", "inner_src_ip in [10.51.0.0/16] or inner_dst_ip == 172.16.1.1"),
 }
+# fmt: on
 
 
 def test_inner_addresses_group_and_filter_are_exact() -> None:

@@ -22,15 +22,14 @@ from scapy.all import IP, TCP, UDP, Dot1Q, Ether, IPv6, Raw
 
 from contract import query as Q
 from contract import wire
-from local_stack.kafka_broker import free_port
 from low_level.capture.fanout import ShareSource, flow_hash, parse_worker, share_of, worker_host_id
 from low_level.capture.ring import HEAD, TAIL, Ring
 from low_level.capture.workers import default_workers
 from lowwater_testing.agent import metrics_text as scrape
 from lowwater_testing.agent import run_agent as _run_agent
-from lowwater_testing.agent import spawn_agent, write_traffic_pcap
+from lowwater_testing.agent import spawn_agent, spawn_workers, traffic_pcap
 from lowwater_testing.queries import config, pairs
-from lowwater_testing.spark import assert_exact, run_job
+from lowwater_testing.spark import assert_exact, expecting, run_job
 from lowwater_testing.topics import read_all
 from lowwater_testing.traffic import build_frames, make_traffic
 
@@ -112,9 +111,7 @@ def drain_ring(ring: Ring) -> list[tuple[bytes, int]]:
 
 
 def test_replay_shares_take_every_frame_once_and_keep_flows_together(tmp_path: Path) -> None:
-    t = make_traffic(5000, 400, T0, 5 * NS, seed=5)
-    pcap = tmp_path / "s.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "s.pcap", 5000, 400, T0, 5 * NS, seed=5)
     got = []
     for i in range(3):
         ring = Ring(1 << 13)  # larger than the file: nothing waits
@@ -165,9 +162,7 @@ def merged(batches) -> tuple[Counter, set[str], set[tuple[str, int]]]:
 def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     spark, kafka, topic_factory, tmp_path: Path
 ) -> None:
-    t = make_traffic(12_000, 600, T0, 12 * NS, seed=21)
-    pcap = tmp_path / "w.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "w.pcap", 12_000, 600, T0, 12 * NS, seed=21)
     one, two = topic_factory(partitions=2), topic_factory(partitions=2)
     cfg1, cfg2 = tmp_path / "one.yaml", tmp_path / "two.yaml"
     cfg1.write_text(pairs_config(one, "cap-1"))
@@ -188,15 +183,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
     assert all(w["packets"] > 3000 for w in s["workers"].values()), "both workers took a share"
 
     q = Q.load(cfg2).queries[0]
-    job = run_job(
-        spark,
-        [q],
-        tmp_path,
-        "workers",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=sorted(h2),
-        host_timeout_ms=600_000,
-    )
+    job = run_job(spark, [q], tmp_path, "workers", **expecting(kafka, sorted(h2)))
     assert_exact(Path(job.opts.results), q, t)
     st = json.loads((Path(job.opts.results) / "_status.json").read_text())
     assert set(st["queries"]["pairs"]["hosts"]) == h2
@@ -205,9 +192,7 @@ def test_two_workers_replay_through_kafka_and_spark_equal_oracle_and_one_worker(
 def test_a_replay_worker_that_dies_stops_the_agent(tmp_path: Path) -> None:
     """A replay cannot be resumed by a restarted worker (it would send packets twice): the supervisor
     stops the other workers and exits 1, naming the dead worker."""
-    t = make_traffic(2000, 50, T0, 60 * NS, seed=2)
-    pcap = tmp_path / "d.pcap"
-    write_traffic_pcap(pcap, t)
+    t, pcap = traffic_pcap(tmp_path / "d.pcap", 2000, 50, T0, 60 * NS, seed=2)
     cfg = tmp_path / "q.yaml"
     cfg.write_text(pairs_config("lw-none", "*"))
     summary = tmp_path / "s.json"
@@ -283,14 +268,8 @@ def test_live_fanout_counts_every_packet_once_over_two_workers(request, kafka, t
     blob = tmp_path / "frames.bin"
     blob.write_bytes(b"".join(struct.pack(">H", len(x)) + x for x in frames))
     summary = tmp_path / "s.json"
-    port = free_port()
-    proc = spawn_agent(
-        cfg,
-        f"afpacket:{host_if},promisc",
-        host="edge-1",
-        bootstrap=kafka.bootstrap_servers,
-        metrics_port=port,
-        extra=("--workers", "2", "--summary", str(summary)),
+    proc, port = spawn_workers(
+        cfg, f"afpacket:{host_if},promisc", "edge-1", kafka.bootstrap_servers, 2, summary
     )
     try:
         wait_metrics(port, {"edge-1/w0", "edge-1/w1"}, timeout=180)  # both workers joined the group

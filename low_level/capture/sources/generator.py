@@ -108,7 +108,7 @@ def generate_frames(
             np.zeros(rows, dtype=np.int64),
             np.zeros(rows, dtype=np.int64),
         )
-        used, w = gen_array_kernel(p, cdf, scratch, heap, hs, int(start_index) + done, n - done, True, *out)
+        used, w = gen_array_kernel((p, cdf, scratch, heap, hs), int(start_index) + done, n - done, True, out)
         done += int(used)
         parts.append(tuple(a[:w] for a in out))
         if done >= n and hs[0] == 0:
@@ -207,11 +207,7 @@ class GeneratorSource(Source):
             self._heap = grown
         done = int(
             gen_push_kernel(
-                p,
-                self._cdf,
-                self._scratch,
-                self._heap,
-                self._heap_n,
+                (p, self._cdf, self._scratch, self._heap, self._heap_n),
                 self._next,
                 n,
                 flush,
@@ -292,13 +288,5 @@ class GeneratorSource(Source):
 
     def stats(self) -> dict[str, Any]:
         """Base counters plus the configuration that shapes the traffic."""
-        d = super().stats()
-        d.update(
-            groups=self.groups,
-            rate=self.rate,
-            count=self.count,
-            clock=self.clock,
-            seed=self.seed,
-            synack_fraction=self.synack_fraction,
-        )
-        return d
+        shape = ("groups", "rate", "count", "clock", "seed", "synack_fraction")
+        return super().stats() | {k: getattr(self, k) for k in shape}

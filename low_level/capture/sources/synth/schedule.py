@@ -45,11 +45,13 @@ def _h_before(h, a, b):
 
 @njit(cache=True, nogil=True)
 def _h_swap(h, a, b):
+    """Swap entries a and b; returns b, where a's entry is now (the sift loops follow it)."""
     for c in range(3):
         t = h[a, c]
         h[a, c] = h[b, c]
         h[b, c] = t
     pin(h)
+    return b
 
 
 @njit(cache=True, nogil=True)
@@ -61,8 +63,7 @@ def _h_push(h, hs, ts, idx, kind):
         up = (k - 1) >> 1
         if not _h_before(h, k, up):
             break
-        _h_swap(h, k, up)
-        k = up
+        k = _h_swap(h, k, up)
     pin(h)
     pin(hs)
 
@@ -83,8 +84,7 @@ def _h_pop(h, hs):
                 c += 1
             if not _h_before(h, c, k):
                 break
-            _h_swap(h, k, c)
-            k = c
+            k = _h_swap(h, k, c)
     pin(h)
     pin(hs)
     return ts, idx, kind
@@ -148,26 +148,18 @@ def _next_packet(p, cdf, scratch, h, hs, i, have_next, next_ts):
 
 @njit(cache=True, nogil=True)
 def gen_push_kernel(
-    p: np.ndarray,
-    cdf: np.ndarray,
-    scratch: np.ndarray,
-    h: np.ndarray,
-    hs: np.ndarray,
-    i0: int,
-    n: int,
-    flush: bool,
-    t0: int,
-    per_ns: float,
-    st: np.ndarray,
-    ring: RingArrays,
+    gen: tuple, i0: int, n: int, flush: bool, t0: int, per_ns: float, st: np.ndarray, ring: RingArrays
 ) -> int:
     """Build packets i0 .. i0+n-1, and the answers due before each, into the ring; returns how many of
     the n were consumed. ``flush``: then also every answer still scheduled (the end of a finite run).
+    ``gen`` = ``(p, cdf, scratch, h, hs)``: the generator's parameters and size CDF, the packet being
+    built, and the heap of scheduled answers with its size ``hs[0]`` (both kernels take it whole).
 
     With p[G_WAIT] the kernel stops early at a full ring (the caller waits and resumes there);
     otherwise a full ring drops the packet and counts it, like a live source. ``h`` must have room for
     hs[0] + n entries (each ordinary packet schedules at most one).
     """
+    p, cdf, scratch, h, hs = gen
     ifidx = p[G_IFIDX]
     wait = p[G_WAIT] != 0
     replies = p[G_REPLIES] != 0
@@ -195,22 +187,11 @@ def gen_push_kernel(
 
 
 @njit(cache=True, nogil=True)
-def gen_array_kernel(
-    p: np.ndarray,
-    cdf: np.ndarray,
-    scratch: np.ndarray,
-    h: np.ndarray,
-    hs: np.ndarray,
-    i0: int,
-    n: int,
-    flush: bool,
-    out: np.ndarray,
-    caplen: np.ndarray,
-    wirelen: np.ndarray,
-    ts: np.ndarray,
-) -> tuple[int, int]:
-    """:func:`gen_push_kernel` into the rows of ``out`` (synthetic timestamps) until it is full;
-    returns (ordinary packets consumed, rows written)."""
+def gen_array_kernel(gen: tuple, i0: int, n: int, flush: bool, rows: tuple) -> tuple[int, int]:
+    """:func:`gen_push_kernel` into ``rows`` = ``(out, caplen, wirelen, ts)`` (synthetic timestamps) until
+    ``out`` is full; returns (ordinary packets consumed, rows written)."""
+    p, cdf, scratch, h, hs = gen
+    out, caplen, wirelen, ts = rows
     snap = out.shape[1]
     j = 0
     w = 0
