@@ -86,16 +86,13 @@ def take_batch(got, slot, lens, namelen, names, keys, nkeys, q, now_ns, name_byt
             q[2, j] = keys[e, 3]
             last = e
         j += 1
+    pin(names)
+    pin(keys)
     res[0] = j
     res[1] = unknown
     res[2] = cut
     res[3] = longest
     res[4] = nbytes
-    pin(lens)
-    pin(namelen)
-    pin(names)
-    pin(keys)
-    pin(q)
     return j
 
 
