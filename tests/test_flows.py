@@ -400,9 +400,7 @@ def test_batched_receive_keeps_each_senders_datagrams_exact(host: str) -> None:
     """Datagrams from two senders over loopback (IPv4, IPv6), taken many per recvmmsg call (here at most
     4: a 4-slot buffer) and decoded a batch per call: every datagram lands under its own sender, in full,
     and the per-exporter counts are exact however the batches cut the stream."""
-    from low_level.flows.receive import SLOT
-
-    col = FlowCollector(host=host, buffer_bytes=4 * SLOT).open()
+    col = FlowCollector(host=host, batch=4).open()
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     txs = [socket.socket(fam, socket.SOCK_DGRAM) for _ in range(2)]
     try:
@@ -433,3 +431,41 @@ def test_batched_receive_keeps_each_senders_datagrams_exact(host: str) -> None:
         col.close()
         for tx in txs:
             tx.close()
+
+
+def test_a_datagram_longer_than_its_slot_is_counted_and_the_slots_grow() -> None:
+    """Receive slots are dense (2 KiB first, not 64 KiB): a longer datagram is cut by the kernel, which
+    MSG_TRUNC reports. It is counted under ``cut_at_receive``, never decoded short; the slots grow to it,
+    so the next datagram as long is taken whole, and a datagram that fits is never cut."""
+    from low_level.flows.receive import MIN_SLOT
+
+    col = FlowCollector(batch=8).open()
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        small = v9(
+            1, [template(256, FIELDS), flowset(256, flow_record(0x0A000001, 0x0A000002, 1, 60, 9_000))]
+        )
+        body = b"".join(flow_record(0x0A000001 + i, 0x0A000002, 1, 60, 9_000) for i in range(150))
+        big = v9(1, [flowset(256, body)])
+        assert len(small) < MIN_SLOT < len(big) < 2 * MIN_SLOT
+        deadline = time.monotonic() + 30
+
+        def take(datagrams: int) -> None:
+            while col.datagrams < datagrams and time.monotonic() < deadline:
+                col.receive()
+                while col.pending:
+                    col.decode()
+
+        tx.sendto(small, ("127.0.0.1", col.port))
+        tx.sendto(big, ("127.0.0.1", col.port))
+        take(2)
+        st = col.stats()
+        assert col.datagrams == 2 and col.records == 1 and st["errors"]["cut_at_receive"] == 1
+        tx.sendto(big, ("127.0.0.1", col.port))
+        take(3)
+        assert col.rx is not None and col.rx.slot == 2 * MIN_SLOT
+        assert col.records == 151 and col.stats()["errors"]["cut_at_receive"] == 1
+        assert col.stats()["datagrams_ok"] == 2
+    finally:
+        col.close()
+        tx.close()

@@ -44,29 +44,56 @@ def sender_key(name):
 
 
 @njit(cache=True, nogil=True)
-def exporter_ids(names, n, keys, nkeys, out):
-    """Exporter id of each of the n senders (sockaddr rows of names) into out, found by sender_key among
-    keys[:nkeys] (key words, then exporter id); -1 for a sender not seen before (the caller registers it,
-    a rare slow path). Returns how many were unknown."""
+def take_batch(got, slot, lens, namelen, names, keys, nkeys, q, now_ns, name_bytes, res):
+    """Queue the got datagrams a recvmmsg call left in slots of ``slot`` bytes: q[0..3, j] = (offset,
+    length, exporter id, arrival) of the j-th datagram kept; the exporter found by sender_key among
+    keys[:nkeys] (key words, then exporter id), -1 for a sender not seen before (the caller registers
+    it, a rare slow path, finding its sockaddr at names[offset // slot]). A datagram longer than its slot
+    (lens holds real lengths: MSG_TRUNC) is left out. Resets the address lengths for the next call.
+
+    res[0] = datagrams kept, res[1] = unknown senders, res[2] = cut datagrams, res[3] = the longest
+    datagram, res[4] = bytes kept."""
     unknown = 0
+    cut = 0
+    longest = 0
+    nbytes = 0
+    j = 0
     last = 0
-    for i in range(n):
+    for i in range(got):
+        namelen[i] = name_bytes
+        n = np.int64(lens[i])
+        longest = max(longest, n)
+        if n > slot:
+            cut += 1
+            continue
+        nbytes += n
         k0, k1, k2 = sender_key(names[i])
-        j = -1
+        e = -1
         if last < nkeys and keys[last, 0] == k0 and keys[last, 1] == k1 and keys[last, 2] == k2:
-            j = last  # runs of datagrams from one exporter are the common case
+            e = last  # runs of datagrams from one exporter are the common case
         else:
             for k in range(nkeys):
                 if keys[k, 0] == k0 and keys[k, 1] == k1 and keys[k, 2] == k2:
-                    j = k
+                    e = k
                     break
-        if j < 0:
-            out[i] = -1
+        q[0, j] = i * slot
+        q[1, j] = n
+        q[3, j] = now_ns
+        if e < 0:
+            q[2, j] = -1
             unknown += 1
         else:
-            out[i] = keys[j, 3]
-            last = j
-    return unknown
+            q[2, j] = keys[e, 3]
+            last = e
+        j += 1
+    pin(names)
+    pin(keys)
+    res[0] = j
+    res[1] = unknown
+    res[2] = cut
+    res[3] = longest
+    res[4] = nbytes
+    return j
 
 
 @njit(cache=True, nogil=True)

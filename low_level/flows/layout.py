@@ -14,6 +14,7 @@ from numba import njit
 E_OK, E_SHORT, E_VERSION, E_SET_LENGTH, E_UNKNOWN_TEMPLATE, E_BAD_TEMPLATE, E_TABLE_FULL = 0, 1, 2, 3, 4, 5, 6
 E_V5_COUNT, E_EXPIRED, E_NO_END_TIME, E_ABSURD = 7, 8, 9, 10
 E_SF_SAMPLE, E_SF_NO_HEADER, E_SF_HEADER_PROTO, E_SF_UNKNOWN = 11, 12, 13, 14
+E_CUT = 15  # longer than the receive slot (low_level.flows.receive): the slots grow, this one is lost
 FLOW_ERROR_NAMES: tuple[str, ...] = (
     "ok",
     "truncated",
@@ -30,6 +31,7 @@ FLOW_ERROR_NAMES: tuple[str, ...] = (
     "sflow_no_header",
     "sflow_header_not_ethernet",
     "sflow_unknown_sample",
+    "cut_at_receive",
 )
 NFLOWERR = len(FLOW_ERROR_NAMES)
 

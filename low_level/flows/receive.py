@@ -1,9 +1,16 @@
 """Batched UDP receive for the flow collector: Linux ``recvmmsg(2)`` through ctypes, many datagrams per call.
 
 Why: flow export is a stream of small datagrams, and one ``recvfrom`` per datagram costs a system call
-and a Python round trip each. Here one call fills up to ``vlen`` fixed 64 KiB slots (no UDP datagram is
-longer, so none is cut) of the collector's buffer, with their lengths and sender addresses in arrays
-set up once: nothing is done per datagram in Python, the decoder reads the slots where they landed.
+and a Python round trip each. Here one call fills up to ``vlen`` slots of one contiguous buffer, with
+their lengths and sender addresses in arrays set up once: nothing is done per datagram in Python, the
+decoder reads the slots where they landed.
+
+**Dense slots.** A slot is as long as the largest datagram seen (rounded up to a power of two, at least
+``MIN_SLOT``), not 64 KiB: export datagrams fit a path MTU, and 64 KiB slots spread a batch over
+thousands of pages whose starts all fall into the same cache sets, so the decoder read every datagram
+from cold memory. ``MSG_TRUNC`` makes the kernel report a datagram's real length, so a datagram longer
+than its slot is known: it is counted (``cut_at_receive``) and the slots grow for the next call, never
+silently decoded short.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import socket
 
 import numpy as np
 
-SLOT = 65536  # bytes per datagram slot
+MIN_SLOT = 2048  # bytes: a 1500-byte MTU's datagram (NetFlow, IPFIX, sFlow exporters' default)
+MAX_SLOT = 65536  # no UDP datagram is longer
 NAME = 128  # bytes per sender address (sockaddr_storage)
 MSG_DONTWAIT = 0x40
+MSG_TRUNC = 0x20
 
 
 class _Iovec(ctypes.Structure):
@@ -45,19 +54,24 @@ _recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
 _recvmmsg.restype = ctypes.c_int
 
 
-class BatchReceiver:
-    """Datagrams k = 0 .. got-1 of a call land in ``buf[k * SLOT:]``, ``lens[k]`` long, sent from the
-    sockaddr in ``names[k]``."""
+def slot_for(length: int) -> int:
+    """The slot that holds a datagram this long: a power of two from MIN_SLOT to MAX_SLOT."""
+    s = MIN_SLOT
+    while s < min(length, MAX_SLOT):
+        s *= 2
+    return s
 
-    def __init__(self, sock: socket.socket, buf: np.ndarray, vlen: int) -> None:
-        assert buf.nbytes >= vlen * SLOT and buf.flags.c_contiguous
-        self.sock, self.buf, self.vlen = sock, buf, vlen
+
+class BatchReceiver:
+    """Datagrams k = 0 .. got-1 of a call land in ``buf[k * slot:]``, ``lens[k]`` long (their real length:
+    longer than ``slot`` when cut), sent from the sockaddr in ``names[k]``."""
+
+    def __init__(self, sock: socket.socket, vlen: int, slot: int = MIN_SLOT) -> None:
+        self.sock, self.vlen = sock, vlen
         self.names = np.zeros((vlen, NAME), dtype=np.uint8)
         self.iovs = (_Iovec * vlen)()
         self.msgs = (_Mmsghdr * vlen)()
         for k in range(vlen):
-            self.iovs[k].iov_base = buf.ctypes.data + k * SLOT
-            self.iovs[k].iov_len = SLOT
             h = self.msgs[k].msg_hdr
             h.msg_name = self.names.ctypes.data + k * NAME
             h.msg_namelen = NAME
@@ -68,16 +82,27 @@ class BatchReceiver:
         self.lens = words[:, _Mmsghdr.msg_len.offset // 4]
         self.namelen = words[:, _Msghdr.msg_namelen.offset // 4]
         self._msgs_at = ctypes.addressof(self.msgs)
+        self.slot = 0
+        self.buf = np.zeros(0, dtype=np.uint8)
+        self.resize(slot)
+
+    def resize(self, slot: int) -> None:
+        """Slots of this many bytes from the next call on (a new buffer: no datagram may be waiting in it)."""
+        self.slot = slot
+        self.buf = np.zeros(self.vlen * slot, dtype=np.uint8)
+        base = self.buf.ctypes.data
+        for k in range(self.vlen):
+            self.iovs[k].iov_base = base + k * slot
+            self.iovs[k].iov_len = slot
 
     def receive(self) -> int:
         """Take what the socket holds now, up to vlen datagrams; returns how many (0: nothing waiting)."""
-        got = _recvmmsg(self.sock.fileno(), self._msgs_at, self.vlen, MSG_DONTWAIT, None)
+        got = _recvmmsg(self.sock.fileno(), self._msgs_at, self.vlen, MSG_DONTWAIT | MSG_TRUNC, None)
         if got < 0:
             e = ctypes.get_errno()
             if e in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 return 0
             raise OSError(e, f"recvmmsg: {errno.errorcode.get(e, e)}")
-        self.namelen[:got] = NAME
         return got
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from contract import fields as F
 from low_level.flows import decode as D
 from low_level.flows import layout as L
-from low_level.flows.receive import SLOT, BatchReceiver, sender
+from low_level.flows.receive import NAME, BatchReceiver, sender, slot_for
 
 S = 1_000_000_000  # ns per second
 
@@ -61,10 +61,10 @@ class FlowCollector:
     port: int = 0
     timeouts: FlowTimeouts = field(default_factory=FlowTimeouts)
     capacity: int = 1 << 16  # records per decoded batch
-    buffer_bytes: int = 1 << 24  # one 64 KiB slot per datagram of a receive call: 256 a call
+    batch: int = 1024  # datagrams per receive call (recvmmsg's vlen)
+    buffer_bytes: int = 1 << 24  # for datagrams given as bytes (feed)
 
     def __post_init__(self) -> None:
-        self.batch = max(1, self.buffer_bytes // SLOT)
         self.tmpl, self.doms = L.new_state()
         self.errs = np.zeros(L.NFLOWERR, dtype=np.int64)
         self.exporters: dict[Any, int] = {}
@@ -72,9 +72,12 @@ class FlowCollector:
         # per socket sender seen: its key (decode.sender_key) and exporter id, for decode.exporter_ids
         self.exp_keys = np.zeros((64, 4), dtype=np.int64)
         self.nkeys = 0
-        self.buf = np.zeros(self.batch * SLOT, dtype=np.uint8)
-        # the queued datagrams first .. n-1: where in buf, how long, which exporter, when received
+        self.buf = np.zeros(self.buffer_bytes, dtype=np.uint8)  # fed datagrams (received ones: rx.buf)
+        self.qbuf = self.buf  # the buffer the queue's offsets point into
+        # the queued datagrams first .. n-1: where in qbuf, how long, which exporter, when received
         self.q = np.zeros((4, self.batch), dtype=np.int64)
+        self.take = np.zeros(5, dtype=np.int64)  # decode.take_batch's results
+        self.grow_to = 0  # a slot size the next receive call needs (a datagram was longer than its slot)
         self.first = self.n = 0
         self.ctrs = np.zeros((self.capacity, L.CW), dtype=np.int64)
         # latest sFlow interface counters per (source row, ifIndex): {(d, ifindex): ctrs row}
@@ -101,7 +104,7 @@ class FlowCollector:
         self.sock = s
         self.port = s.getsockname()[1]
         self.rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # what the kernel granted
-        self.rx = BatchReceiver(s, self.buf, self.batch)
+        self.rx = BatchReceiver(s, self.batch)
         return self
 
     def close(self) -> None:
@@ -112,31 +115,54 @@ class FlowCollector:
 
     def receive(self) -> int:
         """Take what the socket holds (without waiting, at most ``batch`` datagrams, one system call) into
-        the buffer's slots; returns datagrams taken. Takes nothing while datagrams wait to be decoded
-        (their slots are in use): decode them first."""
-        assert self.rx is not None, "open() first"
+        the receiver's slots; returns datagrams taken. Takes nothing while datagrams wait to be decoded
+        (their slots are in use): decode them first. A datagram longer than its slot is counted
+        (``cut_at_receive``) and not decoded; the slots grow to hold the longest datagram seen."""
+        rx = self.rx
+        assert rx is not None, "open() first"
         if self.pending:
             return 0
-        got = self.rx.receive()
+        if self.grow_to:
+            rx.resize(self.grow_to)
+            self.grow_to = 0
+        got = rx.receive()
         if not got:
             return 0
-        self.q[0, :got] = np.arange(0, got * SLOT, SLOT)
-        self.q[1, :got] = self.rx.lens[:got]
-        self.last_bytes = int(self.q[1, :got].sum()) + 1024 * got  # about what they held of the buffer
-        self.q[3, :got] = time.time_ns()  # one arrival time per batch (sFlow samples are timed by it)
-        exps = self.q[2, :got]
-        if D.exporter_ids(self.rx.names, got, self.exp_keys, self.nkeys, exps):
-            for k in np.flatnonzero(exps < 0):  # senders not seen before: the slow path, once each
-                key = D.sender_key(self.rx.names[k])
+        # one arrival time per batch (sFlow samples are timed by it)
+        D.take_batch(
+            got,
+            rx.slot,
+            rx.lens,
+            rx.namelen,
+            rx.names,
+            self.exp_keys,
+            self.nkeys,
+            self.q,
+            time.time_ns(),
+            NAME,
+            self.take,
+        )
+        kept, unknown, cut, longest, nbytes = self.take.tolist()
+        if unknown:
+            exps = self.q[2, :kept]
+            for j in np.flatnonzero(exps < 0):  # senders not seen before: the slow path, once each
+                name = rx.names[int(self.q[0, j]) // rx.slot]
+                key = D.sender_key(name)
                 hit = np.flatnonzero((self.exp_keys[: self.nkeys, :3] == key).all(axis=1))
                 if not len(hit):
                     if self.nkeys == len(self.exp_keys):
                         self.exp_keys = np.concatenate([self.exp_keys, np.zeros_like(self.exp_keys)])
-                    self.exp_keys[self.nkeys] = (*key, self._exporter_id(sender(self.rx.names[k])))
+                    self.exp_keys[self.nkeys] = (*key, self._exporter_id(sender(name)))
                     hit = [self.nkeys]
                     self.nkeys += 1
-                exps[k] = self.exp_keys[hit[0], 3]
-        self.first, self.n = 0, got
+                exps[j] = self.exp_keys[hit[0], 3]
+        if longest > rx.slot or cut:
+            self.errs[L.E_CUT] += cut
+            self.datagrams += cut
+            self.grow_to = slot_for(longest)
+        self.last_bytes = nbytes + 1024 * kept  # about what they held of the socket's buffer
+        self.qbuf = rx.buf
+        self.first, self.n = 0, kept
         return got
 
     def _exporter_id(self, exporter: Any) -> int:
@@ -155,6 +181,10 @@ class FlowCollector:
         address), all received at arrival_ns (now when None), for the next decode."""
         t = time.time_ns() if arrival_ns is None else arrival_ns
         e = self._exporter_id(exporter)
+        if self.qbuf is not self.buf:
+            if self.pending:
+                raise ValueError("feed: received datagrams wait to be decoded: decode them first")
+            self.qbuf = self.buf
         for d in datagrams:
             off = int(self.q[0, self.n - 1] + self.q[1, self.n - 1]) if self.n else 0
             if off + len(d) > len(self.buf):
@@ -174,15 +204,19 @@ class FlowCollector:
         """Compile the decoder now (no datagrams), before the first export arrives."""
         assert not self.pending
         self.decode()
-        D.exporter_ids(self.buf.reshape(-1, 128)[:1], 0, self.exp_keys, 0, self.q[2])
-        D.sender_key(self.buf[:128])
+        if self.rx is not None:
+            rx = self.rx
+            D.take_batch(
+                0, rx.slot, rx.lens, rx.namelen, rx.names, self.exp_keys, 0, self.q, 0, NAME, self.take
+            )
+        D.sender_key(self.buf[:NAME])
 
     def decode(self) -> FlowBatch:
         """Decode the queued datagrams (all of them, or as many as fill one batch of records)."""
         s, n = self.first, self.n
         q = self.q
         D.decode(
-            self.buf,
+            self.qbuf,
             q[0, s:n],
             q[1, s:n],
             q[2, s:n],
