@@ -110,12 +110,20 @@ def main() -> int:
         default=None,
         help="seconds for the whole run (default 690 full, 170 quick): later faults are skipped to end in time",
     )
+    ap.add_argument(
+        "--stream-seconds",
+        type=int,
+        default=None,
+        help="data seconds the hosts can stream (default 2400 quick, budget + 600 full): the run fails "
+        "clearly if it outlasts them (a loaded machine)",
+    )
     a = ap.parse_args()
     rounds = 1 if a.quick else a.rounds
     rate = a.rate or (100.0 if a.quick else 1000.0)
     groups = a.groups or (200 if a.quick else 2000)
     budget = a.budget or (170.0 if a.quick else 690.0)
-    seconds = int(budget) + 600  # longer than the run, even one over its budget: it is cut at the end
+    # longer than the run, even one over its budget (at load 30 a quick run took ~1,100 s): it is cut at the end
+    seconds = a.stream_seconds or (2400 if a.quick else int(budget) + 600)
     work = Path(tempfile.mkdtemp(prefix="lowwater-recovery-"))
     load = [harness.load()[0]]
     t0 = time.monotonic()

@@ -151,6 +151,16 @@ class PacedHosts(threading.Thread):
         finally:
             prod.close(10)
 
+    def exhausted(self) -> bool:
+        """Every message was handed over: no window closes on fresh input any more."""
+        return self.sent >= len(self.msgs)
+
+    def left_s(self) -> float:
+        """Data seconds (at ``speed``) still to send."""
+        if not self.sent:
+            return (self.msgs[-1].t_ns - self.msgs[0].t_ns) / 1e9 / self.speed
+        return (self.msgs[-1].t_ns - self.msgs[self.sent - 1].t_ns) / 1e9 / self.speed
+
     def cut(self) -> None:
         """Stop sending; :meth:`run` flushes what was handed over and checks every send was acknowledged."""
         self._cut.set()
@@ -480,6 +490,8 @@ def _wait_recovered(
     while not fresh(dict(watch.whole_at)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{why}: no window closed on fresh input within {timeout:g} s")
+        if hosts.exhausted() and hosts.sent_at[-1] < t_kill:  # nothing can close on fresh input any more
+            raise RuntimeError(f"{why}: the hosts' stream ended before the fault (give a longer stream)")
         job.check()
         time.sleep(0.5)
 
@@ -606,6 +618,10 @@ def recovery_run(
                 step(
                     f"{len(skipped)} faults skipped: {left:.0f} s of the budget left, a {kind} cycle took {cycle[kind]:.0f} s"
                 )
+                break
+            if hosts.left_s() < cycle.get(kind, 60.0) + 60.0:  # a fault needs input after it to recover on
+                skipped = list(faults[i:])
+                step(f"{len(skipped)} faults skipped: the hosts' stream ends in {hosts.left_s():.0f} s")
                 break
             t_cycle = time.monotonic()
             _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job)
