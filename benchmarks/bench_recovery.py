@@ -10,7 +10,8 @@ hosts stream partials and punctuation (real wire batches, punctuation every seco
 * **job**: the driver (Python and its JVM, one process group) is SIGKILLed and started again at once from
   its checkpoint, as a supervisor would;
 * **broker**: the leader of partition 0 is SIGKILLed (producers and the job's Kafka source fail over), and
-  started again once windows close again.
+  started again once windows close again. The job's source bounds its wait on the dead leader with a 10 s
+  admin call timeout and more retries (``high_level.options.FAILOVER_OPTIONS``, recorded in the JSON).
 
 ``*_recovery_s`` is the time from the kill until the first window whose closing punctuation was handed to
 Kafka after the kill is whole in the store (its rows number the oracle's, read through the API's file index:
@@ -23,7 +24,8 @@ packets/s) writes ``reliability-quick.json``, a smoke run that never replaces th
 
 Bounded: a line per step on stdout (clusters, topic, the job's launch and its queries' start, the stream,
 each fault and its recovery, the end); the job boots while the stream is generated; a killed broker
-restarts in the background; a fault is skipped (``faults_skipped``) when the ``--budget`` (690 s full,
+restarts in the background; the hosts' stream (``--stream-seconds``) outlasts a run at load 30, and a fault
+is skipped when it would end too soon; a fault is skipped (``faults_skipped``) when the ``--budget`` (690 s full,
 170 s quick, cluster start included) would not hold its kind's longest cycle so far plus the end.
 """
 
