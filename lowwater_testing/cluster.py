@@ -471,10 +471,11 @@ def close_latency(whole_at: dict[int, float], closing_sent: dict[int, float]) ->
     return {w: t - closing_sent[w] for w, t in whole_at.items() if np.isfinite(closing_sent.get(w, np.nan))}
 
 
-def _settle(watch: StoreWatch, n: int, timeout: float, why: str, job: JobProcess) -> None:
-    """Wait until ``n`` more windows became whole than now."""
+def _settle(watch: StoreWatch, n: int, timeout: float, why: str, job: JobProcess, hosts: PacedHosts) -> None:
+    """Wait until ``n`` more windows became whole than now, or the hosts' stream ended (the end's wait for
+    every window below the last mark takes over; a fault after it fails at once in :func:`_wait_recovered`)."""
     have = len(watch.whole_at)
-    watch.wait_whole(lambda w: len(w) >= have + n, timeout, why, job)
+    watch.wait_whole(lambda w: len(w) >= have + n or hosts.exhausted(), timeout, why, job)
 
 
 def _wait_recovered(
@@ -624,7 +625,7 @@ def recovery_run(
                 step(f"{len(skipped)} faults skipped: the hosts' stream ends in {hosts.left_s():.0f} s")
                 break
             t_cycle = time.monotonic()
-            _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job)
+            _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job, hosts)
             if kind == "job":
                 t_kill = job.kill()
                 step("job fault: driver SIGKILLed (Python + JVM), started again from its checkpoint")
@@ -666,7 +667,7 @@ def recovery_run(
             cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
         for r in restarts:  # a broker rejoins before the next broker fault, and before the end
             r.wait(240)
-        _settle(watch, steady_windows, timeout, "steady windows after the faults", job)
+        _settle(watch, steady_windows, timeout, "steady windows after the faults", job, hosts)
         hosts.cut()
         hosts.join(600)
         below = hosts.last_mark()
