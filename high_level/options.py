@@ -22,6 +22,22 @@ MODES = (
 # groups), "auto" (chunked unless a query needs the blob: high_level.aggregate.chunks.chunked_unsupported).
 STATES = ("auto", "blob", "chunked")
 
+# Failover of Spark's Kafka source when a partition leader dies. The driver asks for the partitions' ends
+# with Kafka's Admin.listOffsets; after a leader's SIGKILL that call stays on the dead leader until
+# default.api.timeout.ms (60 s by default) runs out, and only then does Spark retry with a new admin client
+# that sees the new leader (KafkaOffsetReaderAdmin.withRetries: fetchOffset.numRetries attempts,
+# fetchOffset.retryIntervalMs apart). A 10 s call timeout bounds that wait (a new leader is elected after
+# the brokers' broker.session.timeout.ms, 9 s by default). Trade-off: a broker slower than 10 s per call costs
+# a retry, not the query: 17 attempts x (10 + 1) s give up after ~187 s, as long as the default 3 x 61 s.
+# The executors' consumers get the same timeouts (their fetches wait fetch.max.wait.ms = 50 ms). Flags
+# (--kafka-option) override the kafka.* ones. Measured in benchmarks/bench_recovery.py (broker_recovery_s).
+FAILOVER_OPTIONS = {
+    "kafka.request.timeout.ms": "10000",
+    "kafka.default.api.timeout.ms": "10000",  # must not be below request.timeout.ms (the admin refuses)
+    "fetchOffset.numRetries": "17",
+    "fetchOffset.retryIntervalMs": "1000",
+}
+
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -79,8 +95,12 @@ class JobOptions:
 
     @property
     def source_options(self) -> dict[str, str]:
-        """``kafka.*`` options of Spark's Kafka source: the security block's, then the extra ones."""
-        return {**self.kafka_security.spark_options(), **self.kafka_options}
+        """Options of Spark's Kafka source: :data:`FAILOVER_OPTIONS`, the security block's, the extra ones."""
+        out = {**FAILOVER_OPTIONS, **self.kafka_security.spark_options(), **self.kafka_options}
+        api, req = "kafka.default.api.timeout.ms", "kafka.request.timeout.ms"
+        if int(out[api]) < int(out[req]):  # a longer request timeout given alone: the call's follows it
+            out[api] = out[req]
+        return out
 
     @property
     def status_settings(self) -> S.JobSettings:

@@ -120,6 +120,7 @@ def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple
     return took, restart
 
 
+@pytest.mark.timeout(1200)  # the module's clusters start in its setup: 195 s of it at load 50, the job 400 s
 def test_job_on_standalone_spark_and_3_brokers_with_a_killed_leader_equals_the_oracle(
     clusters, tmp_path: Path
 ):

@@ -63,6 +63,19 @@ def test_one_security_block_for_both_clients_of_the_job(monkeypatch: pytest.Monk
     assert "s3cret" not in repr(s), "the password must not show in logs or reprs"
 
 
+def test_kafka_source_fails_over_within_seconds_and_flags_override() -> None:
+    """Spark's listOffsets after a leader's death waits out default.api.timeout.ms: the job bounds it, with
+    more retries so a slow broker is retried as long as with Kafka's defaults (bench_recovery measures it)."""
+    src = settings_from(["--results", "/r", "--checkpoint", "/c"]).options().source_options
+    api, req = int(src["kafka.default.api.timeout.ms"]), int(src["kafka.request.timeout.ms"])
+    assert api <= 10_000 and req <= api
+    patience = int(src["fetchOffset.numRetries"]) * (api + int(src["fetchOffset.retryIntervalMs"]))
+    assert patience >= 3 * (60_000 + 1000), "a slow broker must be retried as long as with the defaults"
+    flags = ["--results", "/r", "--checkpoint", "/c", "--kafka-option", "kafka.request.timeout.ms=30000"]
+    src = settings_from(flags).options().source_options
+    assert src["kafka.request.timeout.ms"] == src["kafka.default.api.timeout.ms"] == "30000"  # else refused
+
+
 def test_nested_environment_and_agent_api_roles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOWWATER_AGENT_KAFKA_SECURITY__PROTOCOL", "SSL")
     monkeypatch.setenv("LOWWATER_AGENT_KAFKA_SECURITY__CA_FILE", "/ca.pem")
