@@ -558,10 +558,10 @@ class RangeReader:
         texts = [c for c in read if pa.types.is_string(types[c])]  # a row group's few keys: decoded once
         # memory-mapped, without pre-buffering: a few small column chunks, read where they lie
         f = pq.ParquetFile(pa.memory_map(path), metadata=meta, read_dictionary=texts, pre_buffer=False)
-        got = f.read_row_groups(groups, columns=read, use_threads=False)
+        got = narrow(f.read_row_groups(groups, columns=read, use_threads=False), filters)
         cols = {c: got[c] for c in read}
         cols.update({c: pa.repeat(pa.scalar(v, types[c]), got.num_rows) for c, v in consts.items()})
-        return narrow(pa.table({c: cols[c] for c in want}), filters)
+        return pa.table({c: cols[c] for c in want})
 
     def _filtered_tier_partials(
         self,

@@ -12,6 +12,7 @@ so a filtered series needs only the row groups whose key range may hold the filt
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 import threading
 from collections import OrderedDict
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -70,48 +70,45 @@ def may_hold(f: KeyFilter, lo: object, hi: object) -> bool:
     return hi >= p and lo[: len(p)] <= p  # [lo, hi] meets the strings that start with p
 
 
-def _keep(f: KeyFilter, values: pa.Array) -> np.ndarray | None:
+def _keep(f: KeyFilter, values: pa.Array) -> pa.Array | None:
     """Which of ``values`` (plain, no dictionary) ``f`` may match: a superset, as :func:`may_hold`
     (its exact condition is the SQL's); None: unsure of every value."""
     if f.op == "eq":
         if pa.types.is_string(values.type) != isinstance(f.value, str):
             return None
-        got = pc.equal(values, pa.scalar(f.value, values.type))
-    elif (p := text_prefix(f)) is not None and pa.types.is_string(values.type):
-        got = pc.starts_with(values, p)
-    else:
+        return pc.equal(values, pa.scalar(f.value, values.type))
+    p = text_prefix(f)
+    if p is None or not pa.types.is_string(values.type):
         return None
-    return np.asarray(got.fill_null(False).to_numpy(zero_copy_only=False), bool)
+    return pc.starts_with(values, p)
 
 
 def narrow(table: pa.Table, filters: list[KeyFilter]) -> pa.Table:
     """The rows of ``table`` that ``filters`` may match (AND across columns, OR within one), so the
     exact filter runs on a group's few rows, not its row groups' 16K: per dictionary entry of a
     dictionary-encoded column (a row group's few keys), else per row. A superset: rows where a
-    filter is unsure (no text bound) stay."""
+    filter is unsure (no text bound) stay; a null key matches no filter."""
     by_col: dict[str, list[KeyFilter]] = {}
     for f in filters:
         by_col.setdefault(f.column, []).append(f)
-    mask = np.ones(table.num_rows, bool)
+    masks = []
     for col, fs in by_col.items():
         if col not in table.column_names:
             continue
         parts = []
         for chunk in table[col].chunks:
             dictionary = isinstance(chunk, pa.DictionaryArray)
-            values = chunk.dictionary if dictionary else chunk
-            keeps = [_keep(f, values) for f in fs]
+            keeps = [_keep(f, chunk.dictionary if dictionary else chunk) for f in fs]
             if any(k is None for k in keeps):
-                parts.append(np.ones(len(chunk), bool))
-                continue
-            keep = np.logical_or.reduce(keeps) if keeps else np.ones(len(values), bool)
-            if dictionary:
-                idx = np.asarray(chunk.indices.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
-                keep = keep[idx] & np.asarray(chunk.is_valid().to_numpy(zero_copy_only=False), bool)
-            parts.append(keep)
-        if parts:
-            mask &= np.concatenate(parts)
-    return table if mask.all() else table.filter(pa.array(mask))
+                break
+            keep = functools.reduce(pc.or_kleene, keeps)
+            parts.append(pc.take(keep, chunk.indices) if dictionary else keep)
+        else:
+            if parts:
+                masks.append(pa.chunked_array(parts, pa.bool_()))
+    if not masks:
+        return table
+    return table.filter(functools.reduce(pc.and_kleene, masks))  # a null (key) drops the row
 
 
 def _succ(p: str) -> str:
