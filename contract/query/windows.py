@@ -119,3 +119,63 @@ class WindowSpec(_Strict):
     @property
     def tumbling(self) -> bool:
         return self.range_ns == self.slide
+
+
+class RowWindowSpec(_Strict):
+    """A row window (OOP §5.2, dissertation §5.1.2-3): ``ROWS N SLIDE M`` over the row number a capture
+    host gives each row that passes the query's filter (its point of entry: several hosts have no global
+    row order without ordering them). ``partition_by`` numbers the rows per value of those fields
+    instead (the last N rows per source). Windows are the time windows' rules with rows for time: panes of
+    gcd(N, M) rows, window ``w`` ends at row ``(w+1)*pane`` and starts ``rows`` before it (rows below 0
+    are none: the first windows hold fewer), and closes when the host's row count passes its end.
+    """
+
+    rows: int
+    slide: int | None = None
+    partition_by: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> RowWindowSpec:
+        if self.rows <= 0:
+            raise ValueError("rows: must be positive")
+        if self.step <= 0:
+            raise ValueError("slide: must be positive")
+        if self.step > self.rows:
+            raise ValueError("slide: larger than rows would leave rows outside every window")
+        if self.panes[0] > 4096:
+            raise ValueError(
+                f"more than 4096 panes per window (pane = gcd(rows, slide) = {self.pane_rows} rows); "
+                "use a larger slide or rows a multiple of it"
+            )
+        if len(set(self.partition_by)) != len(self.partition_by):
+            raise ValueError(f"partition_by: duplicate fields {self.partition_by}")
+        return self
+
+    @property
+    def step(self) -> int:
+        """Rows between window ends: the slide, or the rows when none is given (tumbling)."""
+        return self.rows if self.slide is None else self.slide
+
+    @property
+    def pane_rows(self) -> int:
+        """Rows per pane: gcd(rows, slide), the unit the capture host sub-aggregates."""
+        return math.gcd(self.rows, self.step)
+
+    @property
+    def panes(self) -> tuple[int, int]:
+        """(panes per window, panes per slide): the WID arithmetic of the time windows, in rows."""
+        return self.rows // self.pane_rows, self.step // self.pane_rows
+
+
+class TupleSlideSpec(_Strict):
+    """A slide-by-tuple window (dissertation §5.1.5, Eq. 5.13-5.15): ``range`` over the timestamp, a window
+    every ``every``-th row of a capture host, ending at that row's timestamp (``every: 1``: one per row).
+    Forward-context aware: a row's windows depend on rows still to come (FCA bins, §6.1.4)."""
+
+    range_ns: int = Field(alias="range", gt=0)
+    every: int = Field(default=1, gt=0)
+
+    @field_validator("range_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
