@@ -514,21 +514,15 @@ class RangeReader:
         return table
 
     def _scan_partials(
-        self,
-        qi: QueryInfo,
-        paths: list[str],
-        filters: list[KeyFilter],
-        start: datetime,
-        end: datetime,
-        cur: duckdb.DuckDBPyConnection,
-        rows: pa.Table | None = None,
+        self, qi: QueryInfo, filters: list[KeyFilter], span: tuple[datetime, datetime], cur: Any, src: Any
     ) -> pa.Table:
-        """The per-window partials of the filtered rows of ``paths`` (DuckDB pushes the filters into
-        the Parquet scan), or of ``rows`` (row groups already read) when given."""
-        src = S.parquet_source(qi, paths) if rows is None else S.Source("lw_rows", {}, False)
+        """The per-window partials of the filtered rows of ``src`` over ``span``: a file's path (DuckDB
+        pushes the filters into the Parquet scan) or a table (row groups already read)."""
+        rows = src if isinstance(src, pa.Table) else None
+        src = S.parquet_source(qi, [src]) if rows is None else S.Source("lw_rows", {}, False)
         if rows is not None:
             cur.register("lw_rows", rows)
-        params = {**src.params, "start": start, "end": end}
+        params = {**src.params, "start": span[0], "end": span[1]}
         sql = f"SELECT {', '.join(self._partials_sql(qi))} FROM {S.scan(src, filters, params)} GROUP BY window_start"
         try:
             return cur.sql(sql, params={k: v for k, v in params.items() if f"${k}" in sql}).to_arrow_table()
@@ -568,9 +562,8 @@ class RangeReader:
         qi: QueryInfo,
         paths: list[str],
         filters: list[KeyFilter],
-        start: datetime,
-        end: datetime,
-        cur: duckdb.DuckDBPyConnection,
+        span: tuple[datetime, datetime],
+        cur: Any,
     ) -> pa.Table:
         """Per-window partials of a filtered series over tier files. A tier file is sorted by key, so a
         group's rows lie in one or two of its row groups: those the footer's key min/max admit
@@ -584,13 +577,13 @@ class RangeReader:
             raise StoreError("a tier file vanished since it was listed") from None
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"reading the results store failed: {exc}") from None
-        tables = [self._scan_partials(qi, [g], filters, start, end, cur) for g in got if isinstance(g, str)]
+        tables = [self._scan_partials(qi, filters, span, cur, g) for g in got if isinstance(g, str)]
         picked = [g for g in got if isinstance(g, pa.Table)]
         if picked:
             rows = pa.concat_tables(picked, promote_options="permissive")
-            tables.append(self._scan_partials(qi, [], filters, start, end, cur, rows))
+            tables.append(self._scan_partials(qi, filters, span, cur, rows))
         if not tables:
-            return self._scan_partials(qi, [], filters, start, end, cur, qi.schema.empty_table())
+            return self._scan_partials(qi, filters, span, cur, qi.schema.empty_table())
         return pa.concat_tables(tables, promote_options="permissive")
 
     @_answer_cached
@@ -621,11 +614,11 @@ class RangeReader:
         cur = self.db.cursor()
         try:
             if filters and tier != R.RAW_TIER:
-                parts = self._filtered_tier_partials(qi, [p for p, _ in keyed], filters, start, end, cur)
+                parts = self._filtered_tier_partials(qi, [p for p, _ in keyed], filters, (start, end), cur)
             elif filters:  # one scan per file: DuckDB skips a sorted file's other row groups in ~3 ms,
                 # where one scan over a month of files costs several times the sum
                 parts = pa.concat_tables(
-                    [self._scan_partials(qi, [p], filters, start, end, cur) for p, _ in keyed]
+                    [self._scan_partials(qi, filters, (start, end), cur, p) for p, _ in keyed]
                 )
             else:
                 parts = pa.concat_tables([self._file_partials(qi, p, k, None) for p, k in keyed])
