@@ -116,16 +116,18 @@ def test_range_page_screenshot_artifact(server: str, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiered_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RangeStore]]:
-    """The range store with 1h/1d tiers and raw windows kept 7 days (as a month's store holds them)."""
+def tiered_server(store: RangeStore) -> Iterator[tuple[str, RangeStore]]:
+    """The same store with 1h/1d tiers written and raw windows kept 7 days (as a month's store holds
+    them), served with that config (the other server's config has no tiers: it never reads them)."""
+    from dataclasses import replace
+
     from contract.query import load
 
-    st = make_range_store(tmp_path_factory.mktemp("page_tiers") / "results", seed=4)
-    cfg = with_tiers(st, "bytes_per_dst24", ["1h", "1d"], {"raw": "7d", "1h": "40d"})
+    cfg = with_tiers(store, "bytes_per_dst24", ["1h", "1d"], {"raw": "7d", "1h": "40d"})
     spec = {q.name: q for q in load(cfg).stored_queries}["bytes_per_dst24"]
-    write_tier(st, spec, "1h", split=False)
-    write_tier(st, spec, "1d", split=False)
-    st.config = cfg
+    write_tier(store, spec, "1h", split=False)
+    write_tier(store, spec, "1d", split=False)
+    st = replace(store, config=cfg)
     proc, base = serve_api(st)  # type: ignore[arg-type]
     try:
         yield base, st
@@ -140,7 +142,8 @@ def test_a_day_older_than_raw_retention_is_charted_in_tier_steps(
     tier kept there), where a raw 15-min step would chart windows the store no longer holds."""
     base, st = tiered_server
     ws = st.rows["bytes_per_dst24"]["window_start"]
-    old = ws[ws < ws.max() - timedelta(days=15)].dt.floor("1D").value_counts().index[0]
+    span = (ws < ws.max() - timedelta(days=15)) & (ws > ws.max() - timedelta(days=35))  # 1h kept 40 days
+    old = ws[span].dt.floor("1D").value_counts().index[0]
     url = f"{base}/ui#from={old.isoformat()}&to={(old + timedelta(days=1)).isoformat()}&groups=2"
     dom = chromium(url, tmp_path / "p", "--dump-dom", budget_ms=8000).stdout
     c = _card(dom, "bytes_per_dst24")
