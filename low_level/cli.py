@@ -22,8 +22,20 @@ from low_level.host.loop import HostLoop
 log = logging.getLogger("lowwater.agent")
 
 
+def latent_option(spec: dict[str, Any]) -> bool:
+    """Take the agent's ``timestamps`` option out of a source spec: ``latent`` (the agent stamps records
+    when it reads them: on-demand punctuation paper section 5) or ``source`` (the default)."""
+    how = spec.pop("timestamps", "source")
+    if how not in ("source", "latent"):
+        raise ValueError(f"timestamps={how!r}: use timestamps=latent or timestamps=source")
+    return how == "latent"
+
+
 def parse_source(text: str) -> dict[str, Any]:
-    """'generator[:groups=N,rate=R]', 'pcap:PATH[,loop][,paced]' or 'afpacket:IF1+IF2[,promisc][,blocks=N]' -> spec."""
+    """'generator[:groups=N,rate=R]', 'pcap:PATH[,loop][,paced]' or 'afpacket:IF1+IF2[,promisc][,blocks=N]' -> spec.
+
+    ``timestamps=latent`` (generator) or the flag ``latent`` (pcap, afpacket): the agent stamps each packet
+    when it reads it, ignoring the source's time (:func:`latent_option`)."""
     kind, _, rest = text.partition(":")
     if kind == "generator":
         spec: dict[str, Any] = {"type": "generator"}
@@ -47,13 +59,16 @@ def parse_source(text: str) -> dict[str, Any]:
             "loop": "loop" in flags,
             "mode": "paced" if "paced" in flags or "loop" in flags else "fast",
             "rebase_to_now": "loop" in flags,
+            **({"timestamps": "latent"} if "latent" in flags else {}),
         }
     if kind == "afpacket":
         ifaces, *flags = rest.split(",")
         if not ifaces:
             raise ValueError("afpacket source needs interfaces: afpacket:eth0[+eth1][,promisc]")
         spec = {"type": "afpacket", "interfaces": ifaces.split("+"), "promiscuous": "promisc" in flags}
-        for item in (f for f in flags if f != "promisc"):
+        if "latent" in flags:
+            spec["timestamps"] = "latent"
+        for item in (f for f in flags if f not in ("promisc", "latent")):
             k, _, v = item.partition("=")
             if k != "blocks" or not v.isdigit() or int(v) < 1:
                 raise ValueError(
@@ -187,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         ).start()
     try:
         spec = parse_source(s.source)
+        latent = latent_option(spec)
         if spec["type"] == "flows":
             from low_level.flows.agent import FlowAgent
 
@@ -212,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                 control=control,
                 selects=selects,
                 networks=cfg.networks,
+                latent_timestamps=latent,
             )
             if worker:  # a fanout member (live) or a flow share (replay): low_level/capture/fanout.py
                 from low_level.capture.fanout import worker_source

@@ -3,6 +3,8 @@ every emulated host's select messages."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -48,7 +50,8 @@ def join_oracle(lay: JoinLayout, left: np.ndarray, right: np.ndarray) -> tuple[p
 
 
 def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray) -> pd.DataFrame:
-    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows."""
+    """Aggregates per (window, group) of the oracle's output rows, brute force over each row's windows (of
+    its left timestamp, or its right one with ``window_on: right``)."""
     rl = lay.rollup
     rows = []
     src = [] if lay.type == "anti" else [(pairs, True)]
@@ -68,7 +71,7 @@ def join_window_oracle(lay: JoinLayout, pairs: np.ndarray, unmatched: np.ndarray
                 alias: sum(sign * val(side, ws)[0] for sign, side, ws in terms)
                 for _, alias, terms in lay.aggs
             }
-            pane = (lts - rl.origin_ns) // rl.pane_ns
+            pane = ((rts if lay.window_on == "right" and is_pair else lts) - rl.origin_ns) // rl.pane_ns
             for w in range(pane, pane + rl.k):
                 if (w - rl.k + 1) % rl.s == 0:
                     rows.append({"window": w, "key": key, **vals})
@@ -146,3 +149,25 @@ def handshake_kind(text: str, kind: str, group: str) -> str:
 def sort_rows(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a, np.int64)
     return a[np.lexsort(a.T[::-1])] if len(a) else a
+
+
+def job_step_finals(
+    proc: Any, msgs: list[tuple[str, int, bytes]], every: int, reload: Any = None
+) -> pd.DataFrame:
+    """The 'final' rows a join's job step (:class:`high_level.join.step.JoinProcessor`) writes when fed
+    ``msgs`` ``every`` at a time, by Kafka partition; ``reload(proc)`` after each batch (a restart from the
+    state's bytes) when given. Keys as tuples."""
+    from high_level.aggregate.packed import unpack_rows
+
+    rl = {proc.layout.name: proc.layout.rollup}
+    got = []
+    for i in range(0, len(msgs), every):
+        by_part: dict[int, list[bytes]] = {}
+        for _, p, v in msgs[i : i + every]:
+            by_part.setdefault(p, []).append(v)
+        d = unpack_rows(proc.process_packed(by_part, i), rl).to_pandas()
+        proc = reload(proc) if reload is not None else proc
+        got.append(d[d["kind"] == "final"])
+    g = pd.concat(got, ignore_index=True)
+    g["key"] = [tuple(k) for k in g["key"]]
+    return g

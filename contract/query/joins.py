@@ -32,7 +32,7 @@ column per field of each side (``left_<field>``, ``right_<field>``; an anti join
 both timestamps (``left_timestamp``, ``right_timestamp``, ns), for a ``left`` join ``matched`` (1 or 0;
 the right columns and timestamp are 0 on an unmatched row) and ``rows``: how many identical output rows
 the window holds (the same SYN retransmitted at the same nanosecond, say). Rows are filed in the window
-of their left timestamp (the join's ``window``, by default tumbling :data:`DEFAULT_ROWS_WINDOW`) and
+of their left timestamp (``window_on: right``: their right one; the join's ``window``, by default tumbling :data:`DEFAULT_ROWS_WINDOW`) and
 written when the join's output punctuation closes that window, like every stored window: the API and
 page serve them as any query's rows (``/queries/<join>/results``, ``/latest``).
 """
@@ -298,8 +298,9 @@ class JoinSpec(_Strict):
     both timestamps in the same window of the join's tumbling ``window``);
     ``type``: ``inner`` (matching pairs), ``left`` (pairs, and left rows without a match), ``anti``
     (only left rows without a match). With ``aggregates`` the output is aggregated per window and
-    ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp; without, the joined
-    rows themselves are stored (below). An input may be an aggregate query's closed
+    ``group_by`` (``left.f`` / ``right.f``), windows on the left row's timestamp (``window_on``); without, the joined
+    rows themselves are stored (below); ``window_on: right`` (inner joins) files them by the right
+    row's timestamp instead. An input may be an aggregate query's closed
     windows; ``within: window`` joins two of them on the same window.
     """
 
@@ -317,6 +318,9 @@ class JoinSpec(_Strict):
     group_by: list[str] = Field(default_factory=list)
     aggregates: list[JoinAggregate] = Field(default_factory=list)
     window: WindowSpec | None = None
+    # which timestamp of an output row files it in ``window`` (OOP section 7, query Q3): the join closes
+    # the windows by that component of its joint punctuation (high_level.join.band)
+    window_on: Literal["left", "right"] = "left"
 
     @field_validator("name")
     @classmethod
@@ -395,6 +399,11 @@ class JoinSpec(_Strict):
         names = [a.alias for a in self.aggregates]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate aggregate names {names}")
+        if self.window_on == "right" and self.type != "inner":
+            raise ValueError(
+                f"window_on: right needs an inner join: a {self.type} join's rows without a match have no "
+                "right timestamp to file them by"
+            )
         if self.type != "inner":
             for item in [*self.group_by, *(a.expr or "" for a in self.aggregates)]:
                 if "right." in item:

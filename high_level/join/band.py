@@ -5,8 +5,8 @@ words are equal and ``lo <= r.ts - l.ts <= hi`` (``within: w`` is [0, w], direct
 its SYN; ``band: [lo, hi]`` the paper's RANGE0/RANGE1), or, for ``within: window`` between two selects,
 when both fall in the same tumbling window (OOP Q6/Q8). ``inner``
 emits every matching pair, ``left`` the pairs and, once final, every left row without a match,
-``anti`` only those. Every output row carries the left row's timestamp: a downstream aggregation
-puts it in the left row's window.
+``anti`` only those. Every output row carries both timestamps: a downstream aggregation puts it in the
+left row's window, or (inner joins, ``window_on: right``) the right row's.
 
 Algorithm, per Kafka partition, vectorised per micro-batch (numpy: hash, sort, searchsorted; no
 Python per row):
@@ -23,10 +23,15 @@ Python per row):
   join) if it met none. A right row can meet only left rows with ``l.ts <= r.ts - lo`` (or its window's
   end): it leaves once ``b_left`` passes that. So each input's state is bounded by the *other* input's
   mark (plus the band), not by the skew.
-* Output punctuation: every future output row comes from a future left row (``ts >= b_left``) or a
-  stored one, so the join's output mark is ``min(b_left, oldest stored left row)``, which is at least
-  the seed's ``min(b_left, b_right - band)``. The aggregation over the output (:class:`QueryRollup`,
-  the same roll-up as aggregate queries) closes its windows by it.
+* Output punctuation is joint (OOP section 7, query Q3): a pair (left ts, right ts) of bounds below which
+  no more output comes for either timestamp (:func:`joint_marks`). Every future output row comes from a
+  future left row (``ts >= b_left``) or a stored one, so the left component is at least
+  ``min(b_left, oldest stored left row)`` (the individual punctuation, itself at least the seed's
+  ``min(b_left, b_right - band)``); the right one, symmetrically, ``min(b_right, oldest stored right row)``.
+  The aggregation over the output (:class:`QueryRollup`, the same roll-up as aggregate queries) windows
+  on the left timestamp, or on the right one (``window_on: right``), and closes its windows by the
+  matching component: on the right timestamp that closes a band earlier than the left component carried
+  over by the band would when the right input lags (``tests/test_join_joint.py`` measures it).
 """
 
 from __future__ import annotations
@@ -170,6 +175,39 @@ def match_pairs(
     return lo[li], ro[ri]
 
 
+def joint_marks(
+    lay: JoinLayout, bl: int | None, br: int | None, L: Side, R: Side
+) -> tuple[int | None, int | None]:
+    """The joint output punctuation (OOP section 7): a pair (ml, mr) such that no future output row has a
+    left timestamp below ml, nor a right timestamp below mr (None: unknown yet).
+
+    A future pair takes a future left row (``>= bl``) or a stored one, so its left ts is ``>= min(bl, oldest
+    stored left)``; it takes a future right row (``>= br``) or a stored one, so its right ts is ``>= min(br,
+    oldest stored right)``. Each bound also follows from the other through the band (a left ts ``>= ml``
+    pairs only with a right ts ``>= ml + lo``), so each component is the larger of the two: the right one
+    needs no band-wide wait for the left input's rows to leave the state, which individual punctuation
+    (the left component carried over by the band) does. The second derivation holds for pairs only: a
+    left/anti join's unmatched rows keep the left component as is."""
+    ml = individual_mark(bl, L)
+    mr = None if br is None else min(br, int(R.ts.min())) if len(R) else br
+    jl = ml
+    if lay.type == "inner" and mr is not None and ml is not None:
+        jl = max(ml, lay.left_floor(mr))
+    jr = mr if ml is None else lay.right_floor(ml) if mr is None else max(mr, lay.right_floor(ml))
+    return jl, jr
+
+
+def individual_mark(bl: int | None, L: Side) -> int | None:
+    """The join's individual output punctuation on the left timestamp: ``min(b_left, oldest stored left)``."""
+    return None if bl is None else min(bl, int(L.ts.min())) if len(L) else bl
+
+
+def individual_right_mark(lay: JoinLayout, ml: int | None) -> int | None:
+    """The right-timestamp bound that individual punctuation alone (the join's left output mark, carried
+    over by the band) gives an aggregation on the right timestamp: what joint punctuation improves on."""
+    return None if ml is None else lay.right_floor(ml)
+
+
 @dataclass
 class JoinOutput:
     """What one step produced: matching pairs, left rows final without a match, closed windows, the mark."""
@@ -183,6 +221,7 @@ class JoinOutput:
     windows: Windows | None = None
     mark_ns: int | None = None
     late: dict[str, int] = field(default_factory=dict)
+    joint: tuple[int | None, int | None] = (None, None)  # the joint punctuation (left ts, right ts)
 
     @property
     def pairs(self) -> int:
@@ -205,7 +244,8 @@ class BandJoin:
         self.store = {"left": Side.empty(layout.lw), "right": Side.empty(layout.rw)}
         self.late = {"left": 0, "right": 0}
         self.rollup = QueryRollup(layout.rollup) if layout.rollup is not None else None
-        self.mark_ns: int | None = None
+        self.mark_ns: int | None = None  # the output mark on the timestamp the windows are on (window_on)
+        self.joint: tuple[int | None, int | None] = (None, None)
         self._new: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in SIDES}
         # what an input lost on the way, learned since the last take_losses(): [first ns, last ns, rows,
         # host, cause] (shed by the host's outbox, lost before Kafka, a sequence gap, late at the job)
@@ -331,13 +371,16 @@ class BandJoin:
                 R, nr = R.take(lay.right_reach(R.ts) >= bl), nr.take(lay.right_reach(nr.ts) >= bl)
         L, R = L.merge(nl), R.merge(nr)
         self.store["left"], self.store["right"] = L, R
-        self.mark_ns = None if bl is None else min(bl, int(L.ts.min())) if len(L) else bl
+        self.joint = joint_marks(lay, bl, br, L, R)
+        self.mark_ns = self.joint[0] if lay.window_on == "left" else self.joint[1]
         if lay.type == "anti":
             pl_ts, pl_cols = pl_ts[:0], pl_cols[:0]
             pr_ts, pr_cols = pr_ts[:0], pr_cols[:0]
         if lay.type == "inner":
             u_ts, u_cols = u_ts[:0], u_cols[:0]
-        out = JoinOutput(pl_ts, pl_cols, pr_ts, pr_cols, u_ts, u_cols, None, self.mark_ns, dict(self.late))
+        out = JoinOutput(
+            pl_ts, pl_cols, pr_ts, pr_cols, u_ts, u_cols, None, self.mark_ns, dict(self.late), self.joint
+        )
         if self.rollup is not None:
             self._aggregate(out)
         return out
@@ -472,9 +515,10 @@ def output_partials(layout: JoinLayout, out: JoinOutput) -> list[tuple[np.ndarra
             for sign, side, ws in terms:
                 v = v + sign * vals(side, ws)[:, 0]
             state += [A.lift(p, v) for p in A.REGISTRY[fn].parts()]
+        wts = out.r_ts if layout.window_on == "right" and not unmatched else ts
         res.append(
             (
-                (ts - rl.origin_ns) // rl.pane_ns,
+                (wts - rl.origin_ns) // rl.pane_ns,
                 key.reshape(n, rl.kw),
                 np.column_stack(state).reshape(n, rl.na),
             )

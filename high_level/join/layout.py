@@ -12,6 +12,7 @@ import numpy as np
 from contract import aggregates as A
 from contract import query as Q
 from contract.query.joins import ClosedInput
+from contract.wire import END_OF_STREAM as END
 from high_level.aggregate.rollup import Layout
 
 
@@ -59,6 +60,24 @@ class JoinLayout:
     band_lo_ns: int = 0  # two-sided band (RANGE0/RANGE1): band_lo_ns <= r.ts - l.ts <= band_ns
     window_ns: int = 0  # > 0: equality on the tumbling window of the timestamp instead of a band (OOP Q6/Q8)
     window_origin_ns: int = 0
+    window_on: str = "left"  # which timestamp of an output row files it in the aggregation's windows
+
+    def _floor(self, t: int, shift: int) -> int:
+        """The lowest timestamp of the other side of a pair whose timestamp is at least ``t``: the start of
+        t's window (window join), else ``t + shift``; the end of stream stays the end."""
+        if t >= END:
+            return END
+        if self.window_ns:
+            return self.window_origin_ns + (t - self.window_origin_ns) // self.window_ns * self.window_ns
+        return t + shift
+
+    def right_floor(self, ml: int) -> int:
+        """The lowest right timestamp a pair can have whose left timestamp is at least ``ml``."""
+        return self._floor(ml, self.band_lo_ns)
+
+    def left_floor(self, mr: int) -> int:
+        """The lowest left timestamp a pair can have whose right timestamp is at least ``mr``."""
+        return self._floor(mr, -self.band_ns)
 
     @property
     def reach_ns(self) -> int:
@@ -128,6 +147,7 @@ class JoinLayout:
             sl.kafka.partitions,
             j.band_lo_ns,
             *window_equality(j, sl, sr),
+            j.window_on,
         )
 
     def side_of(self, query: str) -> str | None:

@@ -85,7 +85,8 @@ def rows_partials(layout: JoinLayout, out: JoinOutput) -> Partials:
                 t, c = sides[side]
                 parts.append(np.column_stack([t if w < 0 else c[:, w] for w in ws]).reshape(n, len(ws)))
         key = np.ascontiguousarray(np.concatenate(parts, axis=1), I64)
-        res.append(((ts - rl.origin_ns) // rl.pane_ns, key, np.ones((n, 1), I64)))
+        wts = out.r_ts if layout.window_on == "right" and not unmatched else ts
+        res.append(((wts - rl.origin_ns) // rl.pane_ns, key, np.ones((n, 1), I64)))
     return res
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from contract import query as Q
-from low_level.capture.ring import CAPTURED, Ring
+from low_level.capture.ring import CAPTURED, HEAD, TAIL, Ring
 from low_level.host.emit import Emitter
 from low_level.host.loop import HostLoop
 from low_level.host.losses import LossLedger
@@ -48,7 +48,16 @@ class Agent(HostLoop):
         control: Any = None,
         selects: list[Q.SelectSpec] | None = None,
         networks: str | None = None,
+        latent_timestamps: bool = False,
     ) -> None:
+        # latent timestamps (on-demand punctuation paper section 5): the agent stamps every record with its
+        # own clock when it reads it from the ring, whatever the source wrote, so no record read later can
+        # be older than the clock: an idle host's mark may be "now" (no skew), a busy one's needs no
+        # disorder hold, and a punctuation asked for closes everything before the moment it is asked
+        self.latent = bool(latent_timestamps)
+        self.latent_last = 0  # the newest stamp given (stamps never decrease)
+        if self.latent:
+            queries, selects = [_latent(q) for q in queries], [_latent(s) for s in selects or []]
         super().__init__(queries, host, networks)
         self.control = control  # low_level.host.ondemand.RequestListener: the high level asks for punctuation
         self.on_demand_gap_s = on_demand_gap_s  # rate limit of on-demand punctuation
@@ -102,6 +111,8 @@ class Agent(HostLoop):
     def take_drop_span(self, j: int) -> tuple[int, int] | None:
         """The ns span of the ring's dropped frames not yet charged by query j (selects after queries)."""
         got = self.ring.take_drop_span()
+        if got is not None and self.latent:  # a dropped frame would have been stamped when read: by now
+            got = (self.latent_last, max(self.latent_last, time.time_ns()))
         if got is not None:
             self.drop_spans = [
                 got if s is None else (min(s[0], got[0]), max(s[1], got[1])) for s in self.drop_spans
@@ -111,7 +122,24 @@ class Agent(HostLoop):
 
     @property
     def live_clock(self) -> bool:
-        return bool(getattr(self.source, "live_clock", False))
+        return self.latent or bool(getattr(self.source, "live_clock", False))
+
+    def run_latent(self) -> int:
+        """One kernel call over at most a chunk of the ring's frames, each first stamped with the agent's
+        clock (one stamp per call, never decreasing). The kernel reads HEAD from a copy of the counters
+        that ends at the stamped frames: a frame the source pushes meanwhile waits for the next call."""
+        ctr = self.ring.ctr
+        tail = int(ctr[TAIL])
+        n = min(int(ctr[HEAD]) - tail, self.kernel.t.chunk)
+        if n <= 0:
+            return 0
+        self.latent_last = now = max(self.latent_last, time.time_ns())
+        self.ring.ts[(tail + np.arange(n, dtype=np.int64)) & (self.ring.nslots - 1)] = now
+        view = ctr.copy()
+        view[HEAD] = tail + n
+        took = self.kernel.run_ring(self.ring, view)
+        ctr[TAIL] = view[TAIL]  # only this consumer writes TAIL
+        return took
 
     def records_captured(self) -> int:
         return int(self.ring.ctr[CAPTURED])
@@ -188,7 +216,7 @@ class Agent(HostLoop):
 
     def process(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
-        n = self.kernel.run_ring(self.ring)
+        n = self.run_latent() if self.latent else self.kernel.run_ring(self.ring)
         self.drain()
         now = time.monotonic()
         if n:
@@ -290,3 +318,10 @@ class Agent(HostLoop):
             if self.pull:
                 self.source.close()  # no thread releases its file
             log.info("source stopped: %s", self.source.stats())
+
+
+def _latent(q: Any) -> Any:
+    """A query or select as a latent-timestamp host runs it: its records are stamped on reading, so they
+    come neither skewed nor out of order (heartbeat skew and max_disorder 0)."""
+    hb = q.heartbeat.model_copy(update={"skew_ns": 0, "max_disorder_ns": 0})
+    return q.model_copy(update={"heartbeat": hb})

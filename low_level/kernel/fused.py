@@ -49,8 +49,9 @@ class Kernel(KernelBase):
             self.nets,
         )
 
-    def run_ring(self, ring) -> int:
-        """Process what the ring holds, at most one chunk; returns the frames taken."""
+    def run_ring(self, ring, ctr=None) -> int:
+        """Process what the ring holds, at most one chunk; returns the frames taken. ``ctr``: counters to
+        read HEAD from and write TAIL to instead of the ring's (the agent's latent timestamps bound HEAD)."""
         t = self.t
         return self.compiled.process_frames(
             ring.frames,
@@ -60,7 +61,7 @@ class Kernel(KernelBase):
             ring.wirelen,
             ring.ts,
             ring.iface,
-            ring.ctr,
+            ring.ctr if ctr is None else ctr,
             t.chunk,
             *t.arrays(),
             *self._scratch(),
