@@ -27,8 +27,7 @@ from contract.query import load
 from high_level.results import tiers as T
 from high_level.serve import params as P
 from high_level.serve.api import create_app
-from high_level.serve.ranges import RangeReader
-from high_level.serve.tierfiles import KeyStats, may_hold, text_prefix
+from high_level.serve.tierfiles import KeyStats, TierFiles, may_hold, text_prefix
 from lowwater_testing.rangestore import DAYS, Q, RangeStore, make_range_store, with_tiers
 
 PAIRS = "q4_pairs"
@@ -129,7 +128,7 @@ def test_row_group_reads_equal_duckdb_scans(tiered: tuple[TestClient, RangeStore
     params += [("filter", "src_ip:10.0.0.0/23"), ("filter", "dst_ip:8.8.8.8")]
     fast = c.get(f"/queries/{PAIRS}/series", params=params).json()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(RangeReader, "max_pruned_rows", 0)
+        mp.setattr(TierFiles, "max_pruned_rows", 0)
         slow = c.get(f"/queries/{PAIRS}/series", params=params).json()
     assert slow.get("rows") and fast["rows"] == slow["rows"]
 

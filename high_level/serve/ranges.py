@@ -13,7 +13,6 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +22,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from contract import aggregates as A
 from contract import results as R
@@ -32,7 +30,7 @@ from high_level.serve.columns import QueryInfo
 from high_level.serve.fileindex import StoreError
 from high_level.serve.params import KeyFilter
 from high_level.serve.reader import Reader, ResultSet, retry_once
-from high_level.serve.tierfiles import VARIES, TierFiles, narrow
+from high_level.serve.tierfiles import TierFiles
 from high_level.serve.timefmt import us_of
 
 
@@ -60,12 +58,6 @@ def nearest_rank_over_steps(
     at = int(starts[int(np.argmax(vals == v))])
     empty = len(vals) - sum(1 for b in starts.tolist() if b in totals)
     return StepPercentile(v, at, len(vals), empty, int(vals.max()))
-
-
-# the columns a stepped series reads besides the window, the filters' and the aggregates'
-_SERIES_COLS = ["kind", "complete", "hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]
-# reads of tier files' row groups for filtered series (pyarrow releases the GIL while decoding)
-_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lowwater-tier-read")
 
 
 class GroupIds:
@@ -530,61 +522,17 @@ class RangeReader:
             if rows is not None:
                 cur.unregister("lw_rows")
 
-    # a filtered tier series reads a file's candidate row groups itself up to this many rows; a filter
-    # the footer cannot narrow (a later key column alone) leaves the file to DuckDB's scan
-    max_pruned_rows = 8 * 16_384
-
-    def _read_groups(self, qi: QueryInfo, path: str, filters: list[KeyFilter]) -> pa.Table | str | None:
-        """The rows of ``path``'s row groups that may hold ``filters``' rows, only the columns a series
-        needs; a column one value in all of them (a tier file's kind, completeness) is made from the
-        footer, not read. None: no row group may; ``path``: too many, for DuckDB to scan."""
-        groups, ks, meta = self.tiers.row_groups(path, qi.key_names, filters)
-        if not groups:
-            return None
-        if sum(ks.rows[g] for g in groups) > self.max_pruned_rows:
-            return path
-        want = list(
-            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *_SERIES_COLS])
-        )
-        types = {f.name: f.type for f in qi.schema}
-        consts = {c: v for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES}
-        read = [c for c in want if c not in consts]
-        texts = [c for c in read if pa.types.is_string(types[c])]  # a row group's few keys: decoded once
-        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie
-        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, read_dictionary=texts, pre_buffer=False)
-        got = narrow(f.read_row_groups(groups, columns=read, use_threads=False), filters)
-        cols = {c: got[c] for c in read}
-        cols.update({c: pa.repeat(pa.scalar(v, types[c]), got.num_rows) for c, v in consts.items()})
-        return pa.table({c: cols[c] for c in want})
-
-    def _filtered_tier_partials(
-        self,
-        qi: QueryInfo,
-        paths: list[str],
-        filters: list[KeyFilter],
-        span: tuple[datetime, datetime],
-        cur: Any,
+    def _filtered_partials(
+        self, qi: QueryInfo, got: list, filters: list[KeyFilter], span: tuple, cur: Any
     ) -> pa.Table:
-        """Per-window partials of a filtered series over tier files. A tier file is sorted by key, so a
-        group's rows lie in one or two of its row groups: those the footer's key min/max admit
-        (:meth:`TierFiles.row_groups`) are read with pyarrow (in parallel: it releases the GIL), all
-        files' together filtered and summed by one DuckDB query (the same SQL as a scan, so the same
-        answer); ~1 ms a file instead of a scan's ~50 ms. Files whose candidates are many are scanned
-        by DuckDB as before."""
-        try:
-            got = list(_READERS.map(lambda p: self._read_groups(qi, p, filters), paths))
-        except FileNotFoundError:  # compacted or expired since the listing: list again
-            raise StoreError("a tier file vanished since it was listed") from None
-        except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"reading the results store failed: {exc}") from None
-        tables = [self._scan_partials(qi, filters, span, cur, g) for g in got if isinstance(g, str)]
-        picked = [g for g in got if isinstance(g, pa.Table)]
-        if picked:
-            rows = pa.concat_tables(picked, promote_options="permissive")
-            tables.append(self._scan_partials(qi, filters, span, cur, rows))
-        if not tables:
-            return self._scan_partials(qi, filters, span, cur, qi.schema.empty_table())
-        return pa.concat_tables(tables, promote_options="permissive")
+        """Per-window partials of a filtered series: paths scanned by DuckDB one by one, row groups read
+        (tables; :meth:`TierFiles.read_candidates`) summed by one query of the same SQL (same answer)."""
+        read = [g for g in got if isinstance(g, pa.Table)] or [qi.schema.empty_table()]
+        read = pa.concat_tables(read, promote_options="permissive")
+        srcs = [*(g for g in got if isinstance(g, str)), read]
+        return pa.concat_tables(
+            [self._scan_partials(qi, filters, span, cur, g) for g in srcs], promote_options="permissive"
+        )
 
     @_answer_cached
     @retry_once
@@ -613,13 +561,10 @@ class RangeReader:
             return ResultSet(columns, [], 0, times)
         cur = self.db.cursor()
         try:
-            if filters and tier != R.RAW_TIER:
-                parts = self._filtered_tier_partials(qi, [p for p, _ in keyed], filters, (start, end), cur)
-            elif filters:  # one scan per file: DuckDB skips a sorted file's other row groups in ~3 ms,
-                # where one scan over a month of files costs several times the sum
-                parts = pa.concat_tables(
-                    [self._scan_partials(qi, filters, (start, end), cur, p) for p, _ in keyed]
-                )
+            if filters:  # tier files: their candidate row groups; raw files: scanned one by one
+                paths = [p for p, _ in keyed]
+                got = paths if tier == R.RAW_TIER else self.tiers.read_candidates(qi, paths, filters)
+                parts = self._filtered_partials(qi, got, filters, (start, end), cur)
             else:
                 parts = pa.concat_tables([self._file_partials(qi, p, k, None) for p, k in keyed])
             cur.register("lw_part", parts)

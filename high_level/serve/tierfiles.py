@@ -16,6 +16,7 @@ import functools
 import ipaddress
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,9 +27,15 @@ import pyarrow.parquet as pq
 
 from contract import results as R
 from contract.query import QuerySpec
+from high_level.serve.columns import QueryInfo
+from high_level.serve.fileindex import StoreError
 from high_level.serve.params import KeyFilter
 
 _DAY_US = 86_400_000_000
+# the columns a stepped series reads besides the window, the filters' and the aggregates'
+SERIES_COLS = ["kind", "complete", "hosts_expected", "hosts_in_mark", "late_partials", "missing_records"]
+# reads of tier files' row groups for filtered series (pyarrow releases the GIL while decoding)
+_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lowwater-tier-read")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -269,6 +276,45 @@ class TierFiles:
         its parsed footer to open it with); read once per (path, size, mtime)."""
         meta, ks = self._footer(path, keys)
         return ks.pick(filters), ks, meta
+
+    # a filtered series reads a file's candidate row groups itself up to this many rows; a filter the
+    # footer cannot narrow (a later key column alone) leaves the file to DuckDB's scan
+    max_pruned_rows = 8 * 16_384
+
+    def read_groups(self, qi: QueryInfo, path: str, filters: list[KeyFilter]) -> pa.Table | str | None:
+        """The rows of ``path``'s row groups that may hold ``filters``' rows, only the columns a series
+        needs; a column one value in all of them (a tier file's kind, completeness) is made from the
+        footer, not read. None: no row group may; ``path``: too many, for DuckDB to scan."""
+        groups, ks, meta = self.row_groups(path, qi.key_names, filters)
+        if not groups:
+            return None
+        if sum(ks.rows[g] for g in groups) > self.max_pruned_rows:
+            return path
+        want = list(
+            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *SERIES_COLS])
+        )
+        types = {f.name: f.type for f in qi.schema}
+        consts = {c: v for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES}
+        read = [c for c in want if c not in consts]
+        # a row group's few keys: decoded once (kind stays plain, as when made from the footer)
+        texts = [c for c in read if pa.types.is_string(types[c]) and c in qi.key_names]
+        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie
+        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, read_dictionary=texts, pre_buffer=False)
+        got = narrow(f.read_row_groups(groups, columns=read, use_threads=False), filters)
+        cols = {c: got[c] for c in read}
+        cols.update({c: pa.repeat(pa.scalar(v, types[c]), got.num_rows) for c, v in consts.items()})
+        return pa.table({c: cols[c] for c in want})
+
+    def read_candidates(
+        self, qi: QueryInfo, paths: list[str], filters: list[KeyFilter]
+    ) -> list[pa.Table | str | None]:
+        """:meth:`read_groups` of every file, on a small thread pool (pyarrow releases the GIL)."""
+        try:
+            return list(_READERS.map(lambda p: self.read_groups(qi, p, filters), paths))
+        except FileNotFoundError:  # compacted or expired since the listing: list again
+            raise StoreError("a tier file vanished since it was listed") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"reading the results store failed: {exc}") from None
 
     def rejected(self) -> dict[str, str]:
         """Tier files skipped because they break the layout, with why."""
