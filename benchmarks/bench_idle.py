@@ -12,7 +12,8 @@ are read over the phase:
 
 1. ``demo``: the agent on ``generator:rate=20000,...`` (what ``./lw run`` starts), no HTTP client;
 2. ``idle_interface``: the agent on ``afpacket:<veth>``, a veth pair this benchmark creates (IPv6 off,
-   nothing sends on it), the job and API as before;
+   nothing sends on it), the job and API as before; measured once the job is at rest (no window open
+   and no row held, from its /metrics; a bounded wait with a progress line, ``job_rest_wait_s``);
 3. ``catch_up``: the live topic of ``bytes_per_dst24`` began with ``--catch-up-messages`` values of old
    windows (written before the job started, stamped an hour ago: earlier runs); the API is restarted,
    and ``live_catch_up_s`` is the time from its start until ``/live/<query>/values`` holds the newest
@@ -199,13 +200,58 @@ def measure(stack: Stack, seconds: float) -> dict[str, float]:
     return out
 
 
-def windows_closed(stack: Stack) -> float:
+def _job_metric(stack: Stack, name: str) -> dict[str, float]:
+    """The job's samples of metric ``name`` (labels text -> value) from its /metrics."""
     text = _get(f"http://127.0.0.1:{stack.job_port}/metrics").decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
+    return {
+        line[len(name) : line.rindex(" ")]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("lowwater_job_windows_closed_total{")
-    )
+        if line.startswith(name + "{")
+    }
+
+
+def windows_closed(stack: Stack) -> float:
+    return sum(_job_metric(stack, "lowwater_job_windows_closed_total").values())
+
+
+def job_unrested(stack: Stack) -> dict[str, float]:
+    """What keeps the job from rest, per query: open windows and rows held for a window total (the
+    sink's ``at_rest``, as its /metrics shows it); empty once every window up to the marks closed."""
+    busy: dict[str, float] = {}
+    for name in ("lowwater_job_open_windows", "lowwater_job_total_held_rows"):
+        for labels, v in _job_metric(stack, name).items():
+            if v:
+                q = labels.split('query="', 1)[1].split('"', 1)[0] if 'query="' in labels else labels
+                busy[q] = busy.get(q, 0) + v
+    return busy
+
+
+def wait_for_rest(stack: Stack, timeout: float) -> float | None:
+    """Wait (at most ``timeout`` s, a progress line every 10 s) until no window is open; the seconds
+    waited, None when the job did not rest in time (its figure is then not one at rest)."""
+    t0 = time.monotonic()
+    last = t0
+    while True:
+        for p in stack.procs.values():
+            if p.poll() is not None:
+                raise SystemExit(f"bench_idle: {p.args[0]} exited with {p.returncode} waiting for rest")
+        try:
+            busy = job_unrested(stack)
+        except OSError:
+            busy = {"(job /metrics not answering)": 1}
+        now = time.monotonic()
+        if not busy:
+            return round(now - t0, 1)
+        if now - t0 > timeout:
+            print(f"bench_idle: the job did not rest within {timeout:.0f} s: {busy}", flush=True)
+            return None
+        if now - last >= 10:
+            last = now
+            print(
+                f"bench_idle: waiting for the job to rest ({now - t0:.0f} of {timeout:.0f} s): {busy}",
+                flush=True,
+            )
+        time.sleep(1)
 
 
 def make_veth(name: str) -> None:
@@ -301,8 +347,16 @@ def catch_up(stack: Stack, n_old: int, fill_s: float) -> dict[str, Any]:
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--seconds", type=float, default=60.0, help="measuring time per phase")
-    ap.add_argument("--warmup", type=float, default=30.0, help="after the first window closed")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="after the first window closed; the least after an agent start",
+    )
     ap.add_argument("--catch-up-messages", type=int, default=400_000)
+    ap.add_argument(
+        "--rest-timeout", type=float, default=300.0, help="longest wait for the job to rest (no open window)"
+    )
     ap.add_argument("--quick", action="store_true", help="10 s phases, 100K old messages (smoke run)")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -324,10 +378,17 @@ def main() -> int:
         print(f"demo load: {demo}", flush=True)
         stack.stop_role("agent")
         make_veth(veth)
+        t_agent = time.monotonic()
         stack.start_agent(f"afpacket:{veth}")
-        time.sleep(args.warmup)
+        # the idle phase is the job at rest: every window the demo traffic opened closed (1-min windows
+        # close a minute or more after the last packet), not a fixed warm-up that may end before
+        rest_s = wait_for_rest(stack, args.rest_timeout)
+        time.sleep(max(0.0, args.warmup - (time.monotonic() - t_agent)))  # the agent's start-up is not rest
         idle = measure(stack, args.seconds)
-        print(f"idle interface: {idle}", flush=True)
+        unrested_after = job_unrested(stack)
+        print(
+            f"idle interface: {idle}, job rested after {rest_s} s, then {unrested_after or 'still at rest'}"
+        )
         cu = catch_up(stack, args.catch_up_messages, fill_s)
         print(f"catch-up: {cu}", flush=True)
         doc.update(
@@ -343,6 +404,10 @@ def main() -> int:
                 "job_cpu_share_idle_interface": idle["job"],
                 "api_cpu_share_idle_interface": idle["api"],
                 "machine_cores_busy_idle_interface": idle["machine_cores_busy"],
+                # seconds from the idle agent's start until no window was open (None: not within
+                # --rest-timeout: the idle job figure is then not one at rest), and what was open after
+                "job_rest_wait_s": rest_s,
+                "job_at_rest_during_idle": rest_s is not None and not unrested_after,
                 **cu,
                 "goals": GOALS,
             }

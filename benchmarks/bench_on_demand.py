@@ -29,6 +29,7 @@ from benchmarks import harness
 from benchmarks.harness import machine
 from contract import query as Q
 from contract import wire
+from contract.status import PartitionStatus
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.rollup import Layout
 from high_level.kafkaclients import KafkaClients
@@ -103,15 +104,21 @@ def measure(broker: KafkaBroker, label: str, seconds: float) -> dict:
         if asker is not None:
             asker.observe(
                 [
-                    {
-                        "query": q.name,
-                        "partition": 0,
-                        "low_water_mark_pane": meld.low_water_mark(),
-                        "closed_before_window": last_lwm,
-                        "open_windows": 1,
-                        "blocked_by": meld.blocking_hosts(),
-                        "now_ms": int(time.time() * 1000),
-                    }
+                    PartitionStatus(
+                        query=q.name,
+                        partition=0,
+                        now_ms=int(time.time() * 1000),
+                        low_water_mark_pane=meld.low_water_mark(),
+                        low_water_mark_ns=None,
+                        closed_before_window=last_lwm,
+                        blocked_by=meld.blocking_hosts(),
+                        live_hosts=2,
+                        open_windows=1,
+                        state_rows=0,
+                        windows_closed=0,
+                        records=0,
+                        hosts={},
+                    )
                 ]
             )
 

@@ -25,8 +25,11 @@ as agents do (``zipf``: a hot group is one partial per pane and host) against th
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -39,7 +42,7 @@ from pathlib import Path
 from benchmarks import harness
 from benchmarks.bench_rollup import QUERY, make_messages, run_config
 from benchmarks.harness import machine
-from benchmarks.proccpu import machine_busy_seconds, tree_cpu_seconds
+from benchmarks.proccpu import machine_busy_seconds, thread_cpu_seconds, tree_cpu_seconds
 from contract import query as Q
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +85,7 @@ def produce(bootstrap: str, a: argparse.Namespace, topics: dict[str, dict], t_al
         for part, v, _ in msgs:
             prod.send(t, value=v, partition=part)
         totals[t] = sum(k for *_, k in msgs)
+        totals[f"{t}:messages"] = len(msgs)  # records per message: the micro-batch bound is in messages
         print(f"[{time.monotonic() - t_all:6.1f} s] produced {t}: {totals[t]:,} partial records", flush=True)
     prod.flush()
     prod.close()
@@ -118,9 +122,17 @@ def driver(a: argparse.Namespace) -> int:
         driver_host="127.0.0.1",
     )
     step(f"driver's session up, {sc_executors(spark)} executor(s) registered")
-    ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=a.batch, partitions=2)
+    jvm_pid = int(spark.sparkContext._gateway.proc.pid)
+    totals = spec["totals"]
+
+    def per_message(topics: list[str]) -> int:
+        """Partial records per Kafka message of these topics (fewer than --batch when groups split over
+        partitions and panes): run_config turns a batch's records into maxOffsetsPerTrigger with it."""
+        return max(1, sum(totals[t] for t in topics) // max(1, sum(totals[f"{t}:messages"] for t in topics)))
+
+    ns = argparse.Namespace(bootstrap=spec["bootstrap"], batch=per_message([spec["warm"]]), partitions=2)
     warm = query_for(spec["warm"], 2)
-    wt = spec["totals"][spec["warm"]]  # a tenth of a topic: in at least 3 micro-batches, whatever the bound
+    wt = totals[spec["warm"]]  # a tenth of a topic: in about 3 micro-batches, whatever the bound
     run_config(spark, warm, ns, work / "warm", min(a.batch_records, wt // 3), wt)
     step(f"warm-up done ({wt:,} records)")
     for i, run in enumerate(spec["runs"]):
@@ -128,16 +140,38 @@ def driver(a: argparse.Namespace) -> int:
             f"run {i + 1}/{len(spec['runs'])}: {run['kind']}, P={run['partitions']}, {len(run['topics'])} queries"
         )
         p = ns.partitions = run["partitions"]
+        ns.batch = per_message(run["topics"])
         qs = [query_for(t, p) for t in run["topics"]]
-        total = sum(spec["totals"][t] for t in run["topics"])
-        batch_records = run.get("batch_records", a.batch_records)
+        total = sum(totals[t] for t in run["topics"])
+        # at least 3 micro-batches (the first carries the query's start; the rate and the driver's CPU
+        # are read over the rest), whatever --batch-records says
+        batch_records = min(run.get("batch_records", a.batch_records), total // 3)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
+        threads0, py0 = thread_cpu_seconds(jvm_pid), time.process_time()
+        prof = cProfile.Profile() if a.profile else None
         d0, m0, t0 = tree_cpu_seconds(os.getpid()), machine_busy_seconds(), time.perf_counter()
+        if prof is not None:
+            prof.enable()
         r = run_config(spark, qs, ns, work / f"run{i}", batch_records, total)
+        if prof is not None:
+            prof.disable()
         took = time.perf_counter() - t0
         r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
         # the driver (this process and its JVM) and every process of the machine (broker, master, workers, ...)
         r["driver_cpu_seconds"] = round(tree_cpu_seconds(os.getpid()) - d0, 2)
+        # where the driver's CPU went: its Python (this process, all threads) and the JVM's busiest threads
+        r["driver_python_cpu_seconds"] = round(time.process_time() - py0, 2)
+        threads = thread_cpu_seconds(jvm_pid)
+        spent = {n: threads[n] - threads0.get(n, 0.0) for n in threads}
+        r["driver_jvm_threads_cpu_seconds"] = {
+            n: round(v, 2) for n, v in sorted(spent.items(), key=lambda x: -x[1])[:8] if v >= 0.01
+        }
+        if prof is not None:
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(40)
+            path = Path(a.profile) / f"driver-w{w}-run{i}-{run['kind']}-q{len(qs)}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(out.getvalue())
         r["machine_cores_busy"] = round((machine_busy_seconds() - m0) / took, 2)
         # cores the executors kept busy over the whole catch-up (their CPU / wall): < W means they waited
         r["executor_cores_busy"] = round(r["executor_cpu_seconds"] / r["catchup_seconds"], 2)
@@ -211,6 +245,40 @@ def chart(rows: list[dict], path: Path) -> None:
     harness.save_figure(fig, path)
 
 
+def _steady(r: dict) -> float | None:
+    """A run's driver CPU per million records after its first batch (None: one batch only)."""
+    if "sustained_driver_cpu_seconds" not in r:  # rows of a run before this figure: the whole run
+        return round(r["driver_cpu_seconds"] / ((r["first_batch_records"] + r["sustained_records"]) / 1e6), 4)
+    if not r["sustained_records"]:
+        return None
+    return round(r["sustained_driver_cpu_seconds"] / (r["sustained_records"] / 1e6), 4)
+
+
+def driver_model(rows: list[dict], all_rows: list[dict]) -> dict:
+    """The driver's CPU as a fixed cost per micro-batch plus a cost per record, d = F / B + v: F from the
+    1-query planning run (small batches, so nearly all of it is fixed), v from the scaling runs. It says
+    which batch size B meets a goal for d, i.e. the trigger an operator sets for a rate (B = rate x trigger)."""
+    plan1 = [r for r in all_rows if r["kind"] == "plan" and r["queries"] == 1 and r["batches"] > 1]
+    steady = [r for r in rows if "sustained_driver_cpu_seconds" in r and r["batches"] > 1]
+    if not plan1 or not steady:
+        return {}
+    p = plan1[0]
+    fixed = p["sustained_driver_cpu_seconds"] / (p["batches"] - 1)
+    batches = sum(r["batches"] - 1 for r in steady)
+    recs = sum(r["sustained_records"] for r in steady)
+    per_m = max(
+        0.0, (sum(r["sustained_driver_cpu_seconds"] for r in steady) - fixed * batches) / (recs / 1e6)
+    )
+    out = {
+        "driver_fixed_cpu_s_per_batch": round(fixed, 3),
+        "driver_cpu_s_per_million_records_beyond_fixed": round(per_m, 4),
+        "records_per_batch_in_scaling_runs": round(recs / batches),
+    }
+    if per_m < 0.05:  # B at which F / B + v = 0.05 CPU-s per million
+        out["batch_records_for_driver_goal"] = round(fixed / (0.05 - per_m) * 1e6)
+    return out
+
+
 def _per_batch(r: dict, key: str) -> float:
     return round(r["duration_ms"].get(key, 0) / max(r["batches"], 1), 1)
 
@@ -224,7 +292,8 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
             (r["first_batch_records"] + r["sustained_records"]) / max(r["executor_cpu_seconds"], 1e-9)
         )
         recs = r["first_batch_records"] + r["sustained_records"]
-        r["driver_cpu_s_per_million_records"] = round(r["driver_cpu_seconds"] / (recs / 1e6), 4)
+        r["driver_cpu_s_per_million_records_with_start"] = round(r["driver_cpu_seconds"] / (recs / 1e6), 4)
+        r["driver_cpu_s_per_million_records"] = _steady(r)
     rows = [r for r in all_rows if r["kind"] == "scale"]
     rate = {(r["workers"], r["partitions"]): r["sustained_records_per_s"] for r in rows}
     per_cpu = {(r["workers"], r["partitions"]): r["records_per_executor_cpu_s"] for r in rows}
@@ -234,8 +303,15 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
     def ratio(x: dict, a: tuple[int, int], b: tuple[int, int]) -> float | None:
         return round(x[a] / x[b], 3) if a in x and b in x else None
 
-    recs = sum(r["first_batch_records"] + r["sustained_records"] for r in rows)
-    dcpu = sum(r["driver_cpu_seconds"] for r in rows)
+    # the driver over the scaling runs once each query runs (after its first batch, which carries the
+    # query's start: a job starts its queries once, a run here once per row)
+    recs_all = sum(r["first_batch_records"] + r["sustained_records"] for r in rows)
+    dcpu_all = sum(r["driver_cpu_seconds"] for r in rows)
+    if all("sustained_driver_cpu_seconds" in r for r in rows):
+        recs = sum(r["sustained_records"] for r in rows)
+        dcpu = sum(r["sustained_driver_cpu_seconds"] for r in rows)
+    else:  # rows of a run before this figure (--rewrite): the whole runs
+        recs, dcpu = recs_all, dcpu_all
     res = {
         "benchmark": "scaling",
         **head,
@@ -252,12 +328,17 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         # over every scaling run: the driver's CPU per million records, and the rate one driver core caps at
         "driver_cpu_s_per_million_records": round(dcpu / (recs / 1e6), 4) if recs else None,
         "driver_ceiling_records_per_driver_cpu_s": round(recs / dcpu) if dcpu > 0 else None,
+        "driver_cpu_s_per_million_records_with_start": round(dcpu_all / (recs_all / 1e6), 4),
+        "driver_definition": "the driver's CPU (its Python process and its JVM, /proc) from the end of each "
+        "run's first micro-batch to the end of its last, over the records of those batches; _with_start "
+        "counts the first batch (the streaming query's start) in",
         "goals": {
             "driver_cpu_s_per_million_records": "<= 0.05",
             "driver_ceiling_records_per_driver_cpu_s": ">= 20,000,000",
             "per_cpu_efficiency_p2": ">= 0.9",
         },
     }
+    res.update(driver_model(rows, all_rows))
     plan = sorted((r for r in all_rows if r["kind"] == "plan"), key=lambda r: r["queries"])
     if plan:  # Spark's per-trigger phases (durationMs) per micro-batch, and the driver's CPU per batch
         res["planning_per_batch_vs_queries"] = {
@@ -267,7 +348,13 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
                 "add_batch_ms": _per_batch(r, "addBatch"),
                 "trigger_execution_ms": _per_batch(r, "triggerExecution"),
                 "overhead_ms": round(_per_batch(r, "triggerExecution") - _per_batch(r, "addBatch"), 1),
-                "driver_cpu_ms": round(1000 * r["driver_cpu_seconds"] / max(r["batches"], 1), 1),
+                # after the first batch (the query's start); Spark's phases above count every batch
+                "driver_cpu_ms": round(
+                    1000
+                    * r.get("sustained_driver_cpu_seconds", r["driver_cpu_seconds"])
+                    / max(r["batches"] - 1, 1),
+                    1,
+                ),
             }
             for r in plan
         }
@@ -340,11 +427,26 @@ def main() -> int:
     ap.add_argument(
         "--rewrite", action="store_true", help="recompute scaling.json/png from the last run's rows"
     )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="a folder: the driver's Python profile per run (cProfile of its main thread: the "
+        "sink runs on py4j's callback thread, counted in rows[].driver_python_cpu_seconds)",
+    )
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.quick:
-        a.records, a.groups, a.batch_records, a.plan_records = 600_000, 20_000, 200_000, 140_000
-        a.pairs, a.queries = _pairs("1x1,2x2"), [1, 7]
+    if a.quick:  # smaller defaults; what is given on the command line stays
+        quick = {
+            "records": 600_000,
+            "groups": 20_000,
+            "batch_records": 200_000,
+            "plan_records": 140_000,
+            "pairs": _pairs("1x1,2x2"),
+            "queries": [1, 7],
+        }
+        for k, v in quick.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     if a.driver:
         return driver(a)
     if a.rewrite:
@@ -443,6 +545,10 @@ def main() -> int:
             "hosts": a.hosts,
             "panes": a.panes,
             "batch_records": a.batch_records,
+            "batch_records_note": "each scaling run reads its topic in micro-batches of at most batch_records: "
+            "what an operator's trigger gives at the rate (B = rate x trigger; the default 1-s trigger at the "
+            "2-worker cluster's ~2M records/s is the default 2M); driver_model says which B meets the driver's "
+            "goal (batch_records_for_driver_goal)",
             "zipf": a.zipf,
             "quick": a.quick,
         },
@@ -463,6 +569,10 @@ def write(res: dict) -> int:
                     "p2_vs_p1",
                     "driver_cpu_s_per_million_records",
                     "driver_ceiling_records_per_driver_cpu_s",
+                    "driver_cpu_s_per_million_records_with_start",
+                    "driver_fixed_cpu_s_per_batch",
+                    "driver_cpu_s_per_million_records_beyond_fixed",
+                    "batch_records_for_driver_goal",
                     "per_cpu_efficiency_p2",
                     "planning_per_batch_vs_queries",
                     "zipf",

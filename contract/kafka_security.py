@@ -1,11 +1,12 @@
-"""One Kafka security block for every lowwater role, spelled for both Kafka clients it uses.
+"""One Kafka security block for every lowwater role, spelled for each Kafka client it uses.
 
 The agent, the topic provisioning and the job's admin client use kafka-python (``security_protocol``,
 ``sasl_plain_username``, ``ssl_cafile`` ...); the job's Spark Kafka source uses the Java client's
-``kafka.*`` options (``kafka.security.protocol``, ``kafka.sasl.jaas.config`` ...). An operator writes
+``kafka.*`` options (``kafka.security.protocol``, ``kafka.sasl.jaas.config`` ...); the API's reader of
+the live topics uses librdkafka (``security.protocol``, ``sasl.username`` ...). An operator writes
 the block once (flag ``--kafka-security '<JSON>'``, environment ``LOWWATER_<ROLE>_KAFKA_SECURITY__*``
 or the role's settings file) and :meth:`KafkaSecurity.kafka_python` / :meth:`KafkaSecurity.spark_options`
-derive both, so every client of a role authenticates the same way.
+/ :meth:`KafkaSecurity.librdkafka` derive each, so every client of a role authenticates the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def jaas_config(mechanism: str, username: str, password: str) -> str:
     """A client ``sasl.jaas.config`` value for ``mechanism``."""
     check_sasl_credentials({username: password})
     return f'{_LOGIN[mechanism]} required username="{username}" password="{password}";'
+
+
+# kafka-python keyword -> librdkafka property (KafkaSecurity.librdkafka)
+_LIBRDKAFKA = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+}
 
 
 class KafkaSecurity(BaseModel):
@@ -94,6 +107,15 @@ class KafkaSecurity(BaseModel):
             out.update(ssl_certfile=self.cert_file, ssl_keyfile=self.key_file)
         if self.protocol.endswith("SSL") and not self.check_hostname:
             out["ssl_check_hostname"] = False
+        return out
+
+    def librdkafka(self) -> dict[str, str]:
+        """librdkafka settings (``confluent-kafka``: the API's reader of the live topics): the
+        kafka-python settings under librdkafka's names, so which fields apply is decided once."""
+        kp = self.kafka_python()
+        out = {_LIBRDKAFKA[k]: v for k, v in kp.items() if k in _LIBRDKAFKA}
+        if kp.get("ssl_check_hostname") is False:
+            out["ssl.endpoint.identification.algorithm"] = "none"
         return out
 
     def spark_options(self) -> dict[str, str]:

@@ -132,6 +132,7 @@ DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 PART_FILE = re.compile(r"^part-(\d{12})(-\d{5})?\.parquet$")  # the suffix: a task's file (uncommitted)
 COMMITTED_FILE = "_committed.json"
 MANIFESTS_DIR = "_manifests"
+LIVE_KEYS_DIR = "_live_keys"  # per (query, task): keys of its recent closed windows (the live tombstones)
 COMPACT_FILE = re.compile(r"^compact-(\d{12})-(\d{12})\.parquet$")
 TIER_DIR = re.compile(r"^tier=([0-9]+(?:d|h|m|s|ms|us|ns))$")
 TIER_FILE = re.compile(r"^part-(\d{12})-(\d{12})\.parquet$")
@@ -247,6 +248,12 @@ def committed_path(root: str | Path, query: str) -> Path:
 
 def manifest_path(root: str | Path, batch_id: int) -> Path:
     return Path(root) / MANIFESTS_DIR / f"{batch_id:012d}.json"
+
+
+def live_keys_dir(root: str | Path, query: str, task: int) -> Path:
+    """Where a Spark task keeps the live keys of its recent closed windows of ``query``, until their
+    tombstones (``high_level.live.publish``): beside the store, which every executor shares."""
+    return Path(root) / LIVE_KEYS_DIR / f"query={query}" / f"task={task:05d}"
 
 
 def committed_batch(root: str | Path, query: str) -> int | None:

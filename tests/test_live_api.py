@@ -388,8 +388,6 @@ def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
     """A poll's records of a query nobody consumes go in as a batch; when too many wait, the values of
     windows older than the newest KEEP_WINDOWS are dropped undecoded (counted as coalesced), and the table
     then holds what reading every message in order gives. A tombstone and a keyless value are counted."""
-    from types import SimpleNamespace
-
     from high_level.live import hub as H
 
     monkeypatch.setattr(H, "MAX_UNREAD", 600)
@@ -400,8 +398,8 @@ def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
         for w in range(6)
         for g in range(120)
     ]
-    recs = [SimpleNamespace(key=k, value=v) for k, v in map(L.encode, ups)]
-    recs += [SimpleNamespace(key=recs[0].key, value=None), SimpleNamespace(key=None, value=b"{}")]
+    recs: list[tuple[bytes | None, bytes | None]] = [L.encode(u) for u in ups]
+    recs += [(recs[0][0], None), (None, b"{}")]
     for i in range(0, len(recs), 100):  # poll batches of 100
         hub.ingest_batch("q4_pairs", recs[i : i + 100])
     assert hub.tombstones == 1 and hub.rejected == 1
@@ -484,3 +482,51 @@ def test_a_restarted_api_is_current_within_seconds_over_a_topic_of_old_runs(
         finally:
             stop(proc)
         print(f"\nrestart {restart}: current after {took:.2f} s, {st['received']} messages read")
+
+
+class _Msg:
+    """A record (or an event) as librdkafka's consumer hands it over."""
+
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None, error: object = None) -> None:
+        self._t, self._k, self._v, self._e = topic, key, value, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def error(self) -> object:
+        return self._e
+
+
+def test_one_poll_feeds_each_query_its_records_in_order_and_reports_events(store: Store) -> None:
+    """The reader hands a poll's records to the hub per topic, each topic in arrival order (later values of
+    a key replace earlier ones), and an error event is shown on /live, never taken for a record."""
+    from high_level.live.hub import KafkaLiveSource
+
+    cfg = Q.load(store.config)
+    hub, ref = LiveHub(cfg.queries), LiveHub(cfg.queries)
+    pairs = [_upd((f"10.0.0.{i % 3}", "10.9.9.9"), i, i == 5, i) for i in range(6)]
+    dst = [_dst24(W0, f"10.1.{i % 2}.0", 100 + i, i, False) for i in range(4)]
+    msgs = [_Msg(L.live_topic(u.query), *L.encode(u)) for u in (*pairs, *dst)]
+    msgs = [m for pair in zip(msgs[:4], msgs[6:], strict=True) for m in pair] + msgs[4:6]  # interleaved
+    msgs.insert(3, _Msg(L.live_topic("q4_pairs"), None, None, error="_TRANSPORT: broker down"))
+
+    class Consumer:
+        def consume(self, num_messages: int, timeout: float) -> list[_Msg]:
+            assert num_messages >= 20_000  # a whole burst per poll
+            return msgs
+
+    src = KafkaLiveSource(hub, "unused:9092", consumer=Consumer())
+    assert src.poll_once(0.2) == len(msgs)
+    assert "_TRANSPORT: broker down" in hub.source_error
+    for u in (*pairs, *dst):
+        ref.ingest(u)
+    for q in ("q4_pairs", "bytes_per_dst24"):
+        assert hub.snapshot(q) == ref.snapshot(q)
+    assert [v["values"]["packets"] for v in hub.snapshot("q4_pairs")] == [3, 4, 5]  # the newest per key
+    assert hub.received + hub.coalesced == len(pairs) + len(dst)

@@ -131,6 +131,15 @@ def test_broker_security_block_round_trips_through_a_child_process_flag() -> Non
     k = KafkaSecurity(**SASL)
     assert KafkaSecurity.model_validate_json(json.dumps(k.revealed())) == k
     assert KafkaSecurity().kafka_python() == {} and KafkaSecurity().spark_options() == {}
+    assert KafkaSecurity().librdkafka() == {}
+    mtls = KafkaSecurity(protocol="SSL", ca_file="/ca", cert_file="/c", key_file="/k", check_hostname=False)
+    assert mtls.librdkafka() == {  # the API's live reader (librdkafka) spelling of the same block
+        "security.protocol": "SSL",
+        "ssl.ca.location": "/ca",
+        "ssl.certificate.location": "/c",
+        "ssl.key.location": "/k",
+        "ssl.endpoint.identification.algorithm": "none",
+    }
 
 
 def test_the_api_live_reader_takes_the_shared_security_block(
@@ -148,12 +157,12 @@ def test_the_api_live_reader_takes_the_shared_security_block(
     app = create_app(s.config, s.results, live_bootstrap=s.live_bootstrap, live_security=s.kafka_security)
     assert (
         app.state.live_source.config
-        == {  # the consumer's settings: the job's own block, spelled for kafka-python
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_plain_username": "job-1",
-            "sasl_plain_password": "s3cret pw",
-            "ssl_cafile": "/etc/lowwater/kafka/ca.pem",
+        == {  # the consumer's settings: the job's own block, spelled for librdkafka
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "job-1",
+            "sasl.password": "s3cret pw",
+            "ssl.ca.location": "/etc/lowwater/kafka/ca.pem",
         }
     )
     monkeypatch.delenv("LOWWATER_API_KAFKA_SECURITY")

@@ -53,8 +53,9 @@ CONFIG = config(
 )
 
 
-def _batches() -> tuple[list, list[pa.Table]]:
-    """The stateful step's packed output of 6 micro-batches (both Kafka partitions), from 2 hosts."""
+def _batches(live: bool = False) -> tuple[list, list[pa.Table]]:
+    """The stateful step's packed output of 6 micro-batches (both Kafka partitions), from 2 hosts
+    (with ``live``, the provisional rows of the open windows each batch changed too)."""
     cfg = CONFIG.load()
     qs = list(cfg.queries)
     lays = [Layout.of(q) for q in qs]
@@ -71,7 +72,7 @@ def _batches() -> tuple[list, list[pa.Table]]:
         ],
         seed=2,
     )
-    settings = Settings(host_timeout_ms=10**9, expected_hosts=("a", "b"))
+    settings = Settings(host_timeout_ms=10**9, expected_hosts=("a", "b"), live=live)
     procs = [PartitionProcessor(lays, p, settings) for p in range(2)]
     out = []
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs)), 6)):
@@ -86,6 +87,11 @@ def _batches() -> tuple[list, list[pa.Table]]:
 @pytest.fixture(scope="module")
 def batches():
     return _batches()
+
+
+@pytest.fixture(scope="module")
+def live_batches():
+    return _batches(live=True)
 
 
 def _job(root, qs) -> HighLevelJob:
@@ -164,6 +170,116 @@ def test_tasks_write_what_the_driver_writes_hidden_until_the_commit(batches, tmp
     assert sorted(b.store.root.rglob("part-*.parquet")) == files
     for q in qs:
         pd.testing.assert_frame_equal(_rows(a.store.root, q.name), _rows(b.store.root, q.name))
+
+
+class _Producer:
+    """The task's Kafka producer, recording what it sends (the order is what a reader sees)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None]] = []
+
+    def send(self, topic, key, value):
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout=None):
+        pass
+
+
+def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(live_batches, tmp_path):
+    """--live: each task publishes its provisional rows, the finals it wrote and the tombstones of its
+    old closed windows (their keys kept in files beside the store); the driver only folds the counts.
+    A replayed batch republishes the same messages, which the API's reader ignores (same version)."""
+    from contract import live as L
+    from high_level.live.hub import LiveHub
+    from high_level.live.publish import KEEP_CLOSED, LivePublisher
+
+    qs, packed = live_batches
+    job = _job(tmp_path / "r", qs)
+    job.sink.live = LivePublisher(qs, producer=_Producer())  # the driver's: must send nothing
+    local = frozenset(job.store.queries) - job.sink.driver_queries()
+    assert local == {q.name for q in qs}
+    prods = {task: _Producer() for task in (0, 1)}
+
+    def tasks(i: int) -> pa.Table:
+        return pa.concat_tables(
+            [
+                write_task(
+                    str(job.store.root),
+                    qs,
+                    i,
+                    task,
+                    packed[i].filter(pc.equal(packed[i]["partition"], task)),
+                    local,
+                    producer=prods[task],
+                )
+                for task in (0, 1)
+            ]
+        )
+
+    for i in range(len(packed)):
+        out = tasks(i)
+        kinds = set(out["kind"].to_pylist())
+        assert L.PROVISIONAL_KIND not in kinds and not kinds & set(R.ROW_KINDS)  # no row to the driver
+        job.handle_packed(out, i)
+    assert job.sink.live.producer.sent == []
+    sent = [m for p in prods.values() for m in p.sent]
+    hub = LiveHub(qs)
+    for q in qs:
+        msgs = [(k, v) for t, k, v in sent if t == L.live_topic(q.name)]
+        finals = [L.decode(k, v) for k, v in msgs if v is not None and L.decode(k, v).final]
+        stored = _rows(job.store.root, q.name)
+        stored = stored[stored["kind"] == "final"]
+        assert len(finals) == len(stored) > 0  # one final per stored (window, group)
+        assert any(v is not None and not L.decode(k, v).final for k, v in msgs)  # provisional values
+        assert job.sink.live.published[q.name]["final"] == len(finals)
+        assert job.sink.live.tombstoned[q.name] == sum(v is None for _, v in msgs)
+    tombstoned = 0
+    for p in prods.values():  # per task: no message after its key's final but a tombstone, none after that
+        last: dict[tuple[str, bytes], str] = {}
+        for t, k, v in p.sent:
+            assert last.get((t, k)) != "gone", "a message after the key's tombstone"
+            if v is None:
+                assert last.get((t, k)) == "final", "a tombstone before the key's final"
+                last[(t, k)] = "gone"
+                continue
+            u = L.decode(k, v)
+            assert last.get((t, k)) != "final", "a message after the key's final"
+            last[(t, k)] = "final" if u.final else "provisional"
+            hub.ingest(u)
+        for q in qs:  # each task keeps the finals of its newest KEEP_CLOSED closed windows on the topic
+            mine = {(k, st) for (t, k), st in last.items() if t == L.live_topic(q.name)}
+            closed = sorted({L.window_of_key(k) for k, st in mine if st in ("final", "gone")})
+            assert {L.window_of_key(k) for k, st in mine if st == "final"} == set(closed[-KEEP_CLOSED:])
+            tombstoned += sum(st == "gone" for _, st in mine)
+    assert tombstoned > 0
+    # a replay of the last batch (a kill before the commit): the same messages, which the reader ignores
+    mark = {t: len(p.sent) for t, p in prods.items()}
+    job.handle_packed(tasks(len(packed) - 1), len(packed) - 1)
+    again = [m for t, p in prods.items() for m in p.sent[mark[t] :] if m[2] is not None]
+    assert again and all(m in sent for m in again)
+    assert not any(hub.ingest(L.decode(k, v)) for _, k, v in again)
+
+
+def test_a_task_whose_kafka_is_down_still_writes_its_rows_and_counts_the_live_error(
+    live_batches, tmp_path, monkeypatch
+):
+    """Live values are best effort: a producer that cannot be built (no broker) fails no task."""
+    from kafka.errors import KafkaTimeoutError
+
+    from high_level.kafkaclients import KafkaClients
+    from high_level.live import publish
+
+    def no_broker(kafka):
+        raise KafkaTimeoutError(f"Unable to bootstrap from {kafka.bootstrap}")
+
+    monkeypatch.setattr(publish, "task_producer", no_broker)
+    qs, packed = live_batches
+    i = next(i for i, p in enumerate(packed) if set(R.ROW_KINDS) & set(p["kind"].to_pylist()))
+    local = frozenset(q.name for q in qs)
+    out = write_task(str(tmp_path), qs, i, 0, packed[i], local, KafkaClients("127.0.0.1:1"))
+    doc = json.loads(out.filter(pc.equal(out["kind"], "written"))["status"][0].as_py())
+    assert doc["live"]["errors"] == 1 and sum(doc["written"].values()) > 0
+    assert list(tmp_path.rglob("part-*.parquet"))
 
 
 def test_a_driver_that_cannot_see_the_tasks_files_stops_instead_of_committing(batches, tmp_path):

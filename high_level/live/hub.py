@@ -40,8 +40,10 @@ QUIET_TOPIC_MESSAGES = 20_000  # a topic with nothing recent: read its newest me
 MAX_UNREAD = (
     20_000  # raw messages of a query nobody consumes held unread, at most (then read: bounded memory)
 )
-# the reader's consumer: a poll takes a whole burst (the job publishes once per micro-batch), not 500 records
-CONSUMER = {"max_poll_records": 20_000}
+# the reader's consumer (librdkafka): a poll takes a whole burst (the job publishes once per micro-batch)
+POLL_MESSAGES = 20_000
+CONSUMER = {"queued.max.messages.kbytes": 16_384}
+ERROR_HOLD_S = 30.0  # /live shows the reader's last error this long, unless messages arrive again  # prefetched per partition, at most (librdkafka: 64 MB)
 
 
 def lookback_ms(q: Q.QuerySpec) -> int:
@@ -167,22 +169,22 @@ class LiveHub:
                     return True
         return self._ingest_now(key, value)
 
-    def ingest_batch(self, query: str, records: Iterable[Any]) -> None:
-        """A poll's records of ``query``'s live topic (each with ``key`` and ``value``): what
-        :meth:`ingest_raw` does to each, with the lock and the look for a consumer taken once."""
+    def ingest_batch(self, query: str, records: Sequence[tuple[bytes | None, bytes | None]]) -> None:
+        """A poll's (key, value) records of ``query``'s live topic: what :meth:`ingest_raw` does to
+        each, with the lock and the look for a consumer taken once."""
         keyless = []
         with self._lock:
             watched = query not in self.unread or any(s.query == query for s in self.subs.values())
             if not watched:
-                for r in records:
-                    if r.value is None:
+                for key, value in records:
+                    if value is None:
                         self.tombstones += 1
-                    elif r.key is None:
-                        keyless.append(r)
+                    elif key is None:
+                        keyless.append((key, value))
                     else:
-                        self._hold(query, r.key, r.value)
-        for r in records if watched else keyless:  # a consumer is offered each update as it comes
-            self.ingest_raw(r.key, r.value, query)
+                        self._hold(query, key, value)
+        for key, value in records if watched else keyless:  # a consumer is offered each update as it comes
+            self.ingest_raw(key, value, query)
 
     def _hold(self, query: str, key: bytes, value: bytes) -> None:
         """Keep a raw value of an unwatched query unread (the lock held)."""
@@ -316,7 +318,11 @@ class LiveHub:
 
 
 class KafkaLiveSource:
-    """The reader thread: every live topic of the hub's queries, from a recent offset, into the hub."""
+    """The reader thread: every live topic of the hub's queries, from a recent offset, into the hub.
+
+    Its consumer is librdkafka's (``confluent-kafka``): records are parsed in C and a poll hands over up
+    to POLL_MESSAGES at once. Why: kafka-python parsed each record in Python (~15 us each), which was
+    most of the API's CPU with no client under the demo traffic (0.1 of a core for ~5K messages/s)."""
 
     def __init__(
         self,
@@ -326,12 +332,13 @@ class KafkaLiveSource:
         consumer: Any = None,
     ) -> None:
         self.hub, self.bootstrap = hub, bootstrap
-        self.config = dict(consumer_config or {})
+        self.config = dict(consumer_config or {})  # librdkafka settings (KafkaSecurity.librdkafka)
         self.consumer = consumer
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lowwater-live-source", daemon=True)
         self.assigned: set[str] = set()
         self.start_offsets: dict[str, tuple[int, int]] = {}  # topic -> (where reading began, its end then)
+        self.error_at = -ERROR_HOLD_S  # monotonic time of librdkafka's last error
 
     def start(self) -> None:
         self.thread.start()
@@ -340,53 +347,84 @@ class KafkaLiveSource:
         self.stop_event.set()
         self.thread.join(timeout)
 
+    def _on_error(self, err: Any) -> None:
+        """librdkafka's errors come by callback (a refused login, a broker down): shown on /live."""
+        self.error_at = time.monotonic()
+        self.hub.source_error = f"{err} (check --live-bootstrap and --kafka-security)"
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "lowwater-api-live",  # required by librdkafka; partitions are assigned, never committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "client.id": "lowwater-api-live",
+                "error_cb": self._on_error,
+                **CONSUMER,
+                **self.config,
+            }
+        )
+
     def _assign(self) -> None:
-        from kafka import TopicPartition
+        from confluent_kafka import TopicPartition
 
         want = {L.live_topic(n) for n in self.hub.queries}
-        present = want & set(self.consumer.topics())
-        if present - self.assigned:
-            tps = [
-                TopicPartition(t, p)
-                for t in sorted(present)
-                for p in sorted(self.consumer.partitions_for_topic(t) or ())
-            ]
-            new = [tp for tp in tps if tp.topic not in self.assigned]
-            self.consumer.assign(tps)
-            self._seek_recent(new)
-            self.assigned = {tp.topic for tp in tps}
+        meta = self.consumer.list_topics(timeout=BOOTSTRAP_TIMEOUT_MS / 1000)
+        present = {t for t in want & set(meta.topics) if meta.topics[t].error is None}
+        new = [
+            TopicPartition(t, p)
+            for t in sorted(present - self.assigned)
+            for p in sorted(meta.topics[t].partitions)
+        ]
+        if new:
+            self.consumer.incremental_assign(self._seek_recent(new))
+            self.assigned |= {tp.topic for tp in new}
 
-    def _seek_recent(self, tps: list[Any]) -> None:
-        """Start each new partition at its first message of the last :func:`lookback_ms` (by timestamp);
-        a partition with none that recent at its newest QUIET_TOPIC_MESSAGES (the last run's values)."""
-        if not tps:
-            return
+    def _seek_recent(self, tps: list[Any]) -> list[Any]:
+        """Each new partition at its first message of the last :func:`lookback_ms` (by timestamp); a
+        partition with none that recent at its newest QUIET_TOPIC_MESSAGES (the last run's values)."""
+        from confluent_kafka import TopicPartition
+
+        timeout = BOOTSTRAP_TIMEOUT_MS / 1000
         now_ms = int(time.time() * 1000)
-        when = {tp: max(0, now_ms - lookback_ms(self.hub.queries[L.query_of_topic(tp.topic)])) for tp in tps}
-        found = self.consumer.offsets_for_times(when)
-        begin, end = self.consumer.beginning_offsets(tps), self.consumer.end_offsets(tps)
-        for tp in tps:
-            got = found.get(tp)
-            pos = got.offset if got is not None else max(begin[tp], end[tp] - QUIET_TOPIC_MESSAGES)
-            self.consumer.seek(tp, pos)
-            self.start_offsets[tp.topic] = (pos, end[tp])
+        when = [
+            TopicPartition(
+                tp.topic,
+                tp.partition,
+                max(0, now_ms - lookback_ms(self.hub.queries[L.query_of_topic(tp.topic)])),
+            )
+            for tp in tps
+        ]
+        out = []
+        for tp, got in zip(tps, self.consumer.offsets_for_times(when, timeout=timeout), strict=True):
+            begin, end = self.consumer.get_watermark_offsets(tp, timeout=timeout)
+            pos = got.offset if got.offset >= 0 else max(begin, end - QUIET_TOPIC_MESSAGES)
+            out.append(TopicPartition(tp.topic, tp.partition, pos))
+            self.start_offsets[tp.topic] = (pos, end)
+        return out
+
+    def poll_once(self, timeout_s: float) -> int:
+        """One poll: its messages, per topic in order, into the hub; returns how many it took."""
+        msgs = self.consumer.consume(num_messages=POLL_MESSAGES, timeout=timeout_s)
+        by_topic: dict[str, list[tuple[bytes | None, bytes | None]]] = {}
+        for m in msgs:
+            if m.error() is not None:  # a partition event or error, not a record: say so
+                self._on_error(m.error())
+                continue
+            by_topic.setdefault(m.topic(), []).append((m.key(), m.value()))
+        for topic, records in by_topic.items():
+            self.hub.ingest_batch(L.query_of_topic(topic), records)
+        return len(msgs)
 
     def _run(self) -> None:
         last_assign = 0.0
         while not self.stop_event.is_set():
             try:
                 if self.consumer is None:
-                    from kafka import KafkaConsumer
-
-                    # a broker that refuses us (wrong credentials, untrusted CA) fails the bootstrap: say so soon
-                    opts = {"bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS, **self.config}
-                    self.consumer = KafkaConsumer(
-                        bootstrap_servers=self.bootstrap,
-                        enable_auto_commit=False,
-                        group_id=None,
-                        client_id="lowwater-api-live",
-                        **{**CONSUMER, **opts},
-                    )
+                    self.consumer = self._consumer()
                 if time.monotonic() - last_assign > 5 or len(self.assigned) < len(self.hub.queries):
                     if time.monotonic() - last_assign > 1:
                         self._assign()
@@ -394,10 +432,10 @@ class KafkaLiveSource:
                 if not self.assigned:
                     self.stop_event.wait(0.5)
                     continue
-                for tp, records in self.consumer.poll(timeout_ms=200).items():
-                    self.hub.ingest_batch(L.query_of_topic(tp.topic), records)
-                self.hub.source_error = ""
+                if self.poll_once(0.2) or time.monotonic() - self.error_at > ERROR_HOLD_S:
+                    self.hub.source_error = ""  # reading (again), or no error for a while
             except Exception as exc:  # noqa: BLE001 - Kafka down: say so in /live, retry
+                self.error_at = time.monotonic()
                 self.hub.source_error = (
                     f"{type(exc).__name__}: {exc} (check --live-bootstrap and --kafka-security)"
                 )

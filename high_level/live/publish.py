@@ -1,11 +1,16 @@
 """The job's half of the live seam (:mod:`contract.live`): each micro-batch's provisional values of open
 windows and final values of closed ones to the query's compacted live topic.
 
-Runs on the driver, in the sink, after the batch's result files are written: a final value is in
-Kafka only once it is in the store. Once KEEP_CLOSED newer windows of a query have closed, the keys of
-an older closed window get a tombstone (a null value), so compaction removes them and the topic stays
-the size of the last few windows, not of every (window, group) of the retention period. Best effort: a Kafka error is logged and counted, the batch (and
-the exact results) go on; a replayed batch publishes the same values with the same version.
+Runs where the batch's result files are written, after them: in each Spark task for the queries the
+tasks write (:mod:`high_level.results.tasks`, so no row reaches the driver), on the driver for the rest.
+A task's finals reach Kafka before the driver commits the batch (a commit's length earlier); a kill in
+between replays the batch, which republishes the same values with the same version, and the reader
+keeps one value per key and ignores a version it has (``high_level.live.hub``). Once KEEP_CLOSED newer
+windows of a query have closed (in that task, for a task), the keys of an older closed window get a
+tombstone (a null value), so compaction removes them and the topic stays the size of the last few
+windows, not of every (window, group) of the retention period. A task keeps those keys in files beside
+the store (:func:`contract.results.live_keys_dir`): its Python worker is not sure to outlive the batch.
+Best effort: a Kafka error is logged and counted, the batch (and the exact results) go on.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +38,8 @@ from high_level.results.store import typed_columns
 
 log = logging.getLogger("lowwater.live")
 LIVE_KINDS = (L.PROVISIONAL_KIND,)
-PRODUCER = {"linger_ms": 5, "acks": 1}  # best effort: the store is the exact copy
+# best effort: the store is the exact copy; a broker that is away costs a batch 10 s, not a minute
+PRODUCER = {"linger_ms": 5, "acks": 1, "max_block_ms": 10_000}
 KEEP_CLOSED = 3  # closed windows per query whose finals stay on the topic (the API shows the newest 3)
 
 
@@ -105,19 +113,48 @@ class LivePublisher:
     """Publishes live values to ``lowwater.live.<query>`` (one producer on the driver)."""
 
     def __init__(
-        self, queries: Sequence[Q.QuerySpec], kafka: KafkaClients | None = None, producer: Any = None
+        self,
+        queries: Sequence[Q.QuerySpec],
+        kafka: KafkaClients | None = None,
+        producer: Any = None,
+        keys_dir: Callable[[str], Path] | None = None,
+        shared: bool = False,
     ) -> None:
         self.queries = {q.name: q for q in queries}
         self.layouts = {q.name: Layout.of(q) for q in queries}
-        if producer is None:
-            assert kafka is not None, "a producer or the Kafka clients to build one"
-            producer = kafka.producer(**PRODUCER)
-        self.producer = producer
+        self.kafka = kafka
+        # built at the first message, inside publish's error handling (a job whose tasks publish needs
+        # none); ``shared``: the process's producer for these clients (a task's, :func:`task_producer`)
+        self._producer = producer
+        self.shared = shared
+        assert producer is not None or kafka is not None, "a producer or the Kafka clients to build one"
         self.published: dict[str, dict[str, int]] = {n: {"provisional": 0, "final": 0} for n in self.queries}
         self.errors = 0
         self.tombstoned: dict[str, int] = {n: 0 for n in self.queries}
         # per query: window start -> keys of its finals, until KEEP_CLOSED newer windows closed
-        self.closed_keys: dict[str, dict[int, list[bytes]]] = {n: {} for n in self.queries}
+        self.closed_keys: dict[str, HeldKeys] = {
+            n: HeldKeys(keys_dir(n) if keys_dir is not None else None) for n in self.queries
+        }
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            assert self.kafka is not None
+            self._producer = task_producer(self.kafka) if self.shared else self.kafka.producer(**PRODUCER)
+        return self._producer
+
+    def counts(self) -> dict[str, Any]:
+        """What was sent (a task's summary for the driver's counters, :meth:`take`)."""
+        return {"published": self.published, "tombstoned": self.tombstoned, "errors": self.errors}
+
+    def take(self, counts: Mapping[str, Any]) -> None:
+        """Add a task's :meth:`counts` to this publisher's."""
+        for name, by in counts["published"].items():
+            for kind, n in by.items():
+                self.published.setdefault(name, {"provisional": 0, "final": 0})[kind] += n
+        for name, n in counts["tombstoned"].items():
+            self.tombstoned[name] = self.tombstoned.get(name, 0) + n
+        self.errors += counts["errors"]
 
     def publish(
         self, batch_id: int, provisional: Mapping[str, QueryWindows], closed: Mapping[str, QueryWindows]
@@ -151,10 +188,14 @@ class LivePublisher:
         """Remember the finals' keys per window; delete (null value) those of windows older than the
         newest KEEP_CLOSED closed ones. Returns the tombstones sent."""
         held = self.closed_keys[name]
+        by_window: dict[int, list[bytes]] = {}
         for key, _ in finals:
-            held.setdefault(window_of_key(key), []).append(key)
+            by_window.setdefault(window_of_key(key), []).append(key)
+        for start, keys in by_window.items():
+            held.add(start, keys)
         n = 0
-        for start in sorted(held)[: max(0, len(held) - KEEP_CLOSED)]:
+        starts = held.starts()
+        for start in starts[: max(0, len(starts) - KEEP_CLOSED)]:
             for key in held.pop(start):
                 self.producer.send(topic, key=key, value=None)
                 n += 1
@@ -162,10 +203,66 @@ class LivePublisher:
         return n
 
     def close(self) -> None:
+        if self._producer is None or self.shared:
+            return
         try:
-            self.producer.close(timeout=5)
+            self._producer.close(timeout=5)
         except Exception:  # noqa: BLE001
             pass
+
+
+class HeldKeys:
+    """The keys of one query's closed windows, per window start, until their tombstones: in memory (the
+    driver's publisher lives as long as the job) or, with ``folder``, one file per window (a task's)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+        self.mem: dict[int, list[bytes]] = {}
+
+    def add(self, start: int, keys: list[bytes]) -> None:
+        if self.folder is None:
+            self.mem.setdefault(start, []).extend(keys)
+            return
+        path = self.folder / f"{start}.keys"
+        old = path.read_bytes().split(b"\n") if path.exists() else []  # another partition closed it too
+        new = list(dict.fromkeys([k for k in old if k] + keys))  # a replayed batch adds the same keys
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"\n".join(new))
+        os.replace(tmp, path)
+
+    def starts(self) -> list[int]:
+        """The window starts held, oldest first."""
+        if self.folder is None:
+            return sorted(self.mem)
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[: -len(".keys")]) for n in names if n.endswith(".keys"))
+
+    def pop(self, start: int) -> list[bytes]:
+        if self.folder is None:
+            return self.mem.pop(start, [])
+        path = self.folder / f"{start}.keys"
+        try:
+            keys = [k for k in path.read_bytes().split(b"\n") if k]
+        except FileNotFoundError:
+            return []
+        path.unlink(missing_ok=True)
+        return keys
+
+
+_TASK_PRODUCERS: dict[str, Any] = {}  # per Python worker: one producer per cluster (reused by its tasks)
+
+
+def task_producer(kafka: KafkaClients) -> Any:
+    """A Spark task's producer of live values: one per Python worker process, kept across its tasks
+    (building one costs a metadata round trip, per batch and task otherwise)."""
+    key = json.dumps([kafka.bootstrap, kafka.security.kafka_python()], sort_keys=True, default=str)
+    if key not in _TASK_PRODUCERS:
+        _TASK_PRODUCERS[key] = kafka.producer(**PRODUCER)
+    return _TASK_PRODUCERS[key]
 
 
 def ensure_live_topics(admin: Any, queries: Sequence[Q.QuerySpec], replication: int = 1) -> dict[str, str]:

@@ -7,10 +7,10 @@ them, and hands the driver a summary; the driver commits the batch (:meth:`Resul
 manifest, then each query's commit marker), so no row is encoded in one process. The driver still
 writes what needs every partition or goes to Kafka from here: the rows of queries whose conditions
 read a window total (:mod:`high_level.results.windowtotal`), the finals the joins' feed publishes,
-the joins' own output, and the flagged windows (small). With live values on, the tasks write the
-store as without them and also return their finals, which the driver only publishes to the live
-topics (their tombstones need each closed window's keys, kept by the publisher). It owns the alert
-deliveries and the status document, so a replayed batch decides and writes the same.
+the joins' own output, and the flagged windows (small). With live values on, the tasks also publish
+the provisional values and the finals they wrote, with the tombstones (:mod:`high_level.live.publish`),
+so no row of those queries reaches the driver. It owns the alert deliveries and the status document,
+so a replayed batch decides and writes the same.
 
 Why its own module: it is the job's half of the job -> API seam (:mod:`contract.results` for the
 Parquet files, :mod:`contract.status` for ``_status.json``); the Spark wiring in :mod:`high_level.job`
@@ -147,14 +147,14 @@ class ResultSink:
         from high_level.results.tasks import task_writer
 
         local = frozenset(self.store.queries) - self.driver_queries()
+        live = self.live.kafka if self.live is not None else None
+        if self.live is not None and live is None:  # a publisher without clients (tests): driver-side
+            local = frozenset()
         if not local:  # every row goes to the driver anyway (a watcher): no pass over them in the tasks
             self.foreach_packed(df, batch_id)
         else:
-            # with live values on, the tasks still write the store; the finals also come back, for the
-            # live topics only (the publisher's tombstones remember the keys of each closed window)
-            echo = local if self.live is not None else frozenset()
             with self.timed():
-                fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local, echo)
+                fn = task_writer(self.store.root, list(self.store.queries.values()), batch_id, local, live)
                 self.handle_packed(df.mapInArrow(fn, OUTPUT_DDL).toArrow(), batch_id, written_by_tasks=local)
         if self.pacer is not None and self.at_rest():
             self.pacer.hold(batch_id)
@@ -173,8 +173,8 @@ class ResultSink:
     ) -> dict[str, int]:
         """The stateful step's packed output (and the summaries of the rows its tasks wrote, if they did):
         the same files, status and metrics as :meth:`handle_rows`, without building generic rows first
-        (their list columns cost more than the Parquet encoding). Rows of ``written_by_tasks`` queries
-        are already in the tasks' files and summaries: they only go on to the live topics."""
+        (their list columns cost more than the Parquet encoding). The rows of ``written_by_tasks``
+        queries are in the tasks' files, summaries and live messages: none of them comes here."""
         summary_rows = pc.fill_null(pc.is_in(packed["kind"], pa.array(list(SUMMARY_KINDS))), False)
         tasks = packed.filter(summary_rows)
         if tasks.num_rows:
@@ -213,7 +213,8 @@ class ResultSink:
             statuses = [S.PartitionStatus.model_validate_json(t) for t in texts]
             if tasks.num_rows:
                 self.take_tasks(tasks, written)
-                self.commit(batch_id, written, statuses)
+                if self.store.files:  # a batch whose tasks only published live values commits nothing
+                    self.commit(batch_id, written, statuses)
             self.after_write(batch_id)
             if self.live is not None:  # after the store: a final is in Kafka only once it is in the store
                 self.live.publish(batch_id, prov or {}, wins)
@@ -254,6 +255,8 @@ class ResultSink:
                         last = latency.setdefault(name, {})
                         last[end] = max(last.get(end, at_ms), at_ms)
                 self.store.files += doc["files"]
+                if "live" in doc and self.live is not None:
+                    self.live.take(doc["live"])
             elif kind == ALERTS_KIND:
                 self.store.fired.append(ipc_table(tasks["data"][i].as_py()))
             elif kind == EXPORT_KIND:

@@ -10,12 +10,16 @@ need nothing of another partition (a group, and a holistic group's sub-keys, are
 partition by the agents). The driver then commits the batch (:meth:`high_level.results.sink.ResultSink.
 commit`); until then the files are invisible, and a replay rewrites the same names.
 
+With live values on, the task also publishes them (:mod:`high_level.live.publish`): every provisional
+row it holds and the finals of the rows it wrote, with their tombstones, so the driver handles no row
+of the live topics either.
+
 What a task returns, in the packed schema (:data:`high_level.aggregate.packed.OUTPUT_DDL`): the rows it
 did not write (status and flagged-window rows, and the rows of the queries the driver writes itself:
-window totals, live values, joins' feed, watchers) unchanged, plus
+window totals, joins' feed, watchers) unchanged, plus
 
-* one ``written`` row: JSON of the files, rows per query, HAVING drops, finals/corrections and the
-  close time of each window end (the latency metric);
+* one ``written`` row: JSON of the files, rows per query, HAVING drops, finals/corrections, the
+  close time of each window end (the latency metric) and what it published live;
 * an ``alerts`` row if a rule fired (its rows, :data:`contract.results.ALERT_SCHEMA`, as Arrow IPC);
 * an ``export`` row per exported query: the newest window's top groups and totals of this task
   (:meth:`high_level.results.export.ResultExporter.summarize`), merged on the driver.
@@ -35,6 +39,8 @@ import pyarrow.compute as pc
 from contract import query as Q
 from contract import results as R
 from high_level.aggregate.packed import PACKED_COLUMNS, PACKED_SCHEMA, QueryWindows, unpack_windows
+from high_level.kafkaclients import KafkaClients
+from high_level.live.publish import LIVE_KINDS, LivePublisher, split_provisional
 from high_level.results.export import ResultExporter
 from high_level.results.store import ResultStore
 
@@ -84,13 +90,18 @@ def write_task(
     task: int,
     packed: pa.Table,
     local: frozenset[str],
-    echo: frozenset[str] = frozenset(),
+    live: KafkaClients | None = None,
+    producer: object = None,
 ) -> pa.Table:
     """Write the rows of the ``local`` queries in ``packed`` (one task's output) as the task's files;
-    returns the rest of ``packed`` and the summary rows (module docstring). The written rows of the
-    ``echo`` queries are returned too: the driver publishes them to the live topics (it writes none)."""
+    returns the rest of ``packed`` and the summary rows (module docstring). With ``live`` (or a
+    ``producer``, tests), publish the provisional rows and the written finals to the live topics."""
     store = ResultStore(root, queries)
     layouts = store.layouts
+    prov = None
+    if live is not None or producer is not None:
+        prov_packed, packed = split_provisional(packed)
+        prov, _ = unpack_windows(prov_packed, layouts, LIVE_KINDS)
     mine = pc.fill_null(
         pc.and_(
             pc.is_in(packed["kind"], pa.array(list(R.ROW_KINDS))),
@@ -98,12 +109,7 @@ def write_task(
         ),
         False,
     )
-    keep = pc.invert(mine)
-    if echo:
-        keep = pc.or_(
-            keep, pc.fill_null(pc.is_in(packed["query"], pa.array(sorted(echo), pa.string())), False)
-        )
-    rest = packed.filter(keep)
+    rest = packed.filter(pc.invert(mine))
     wins, _ = unpack_windows(packed.filter(mine), layouts)
     exporter = ResultExporter(queries)
     exports: dict[str, tuple] = {}
@@ -125,7 +131,17 @@ def write_task(
         summary["corrections"][name] = int(np.count_nonzero(w.correction))
         end_ns = layouts[name].window_end_ns(w.window)
         summary["latency"][name] = latest_close(end_ns[w.final], w.closed_at_ms[w.final])
-    if not wins and not exports:
+    if prov or (prov is not None and wins):  # after the files: a final is published once written
+        pub = LivePublisher(
+            queries,
+            live,
+            producer=producer,
+            keys_dir=lambda name: R.live_keys_dir(root, name, task),
+            shared=True,  # one producer per Python worker, built inside publish's error handling
+        )
+        pub.publish(batch_id, prov, wins)
+        summary["live"] = pub.counts()
+    if not wins and not exports and "live" not in summary:
         return rest.cast(PACKED_SCHEMA)
     summary["files"] = store.files
     summary["having_dropped"] = store.having_dropped
@@ -143,7 +159,7 @@ def task_writer(
     queries: Sequence[Q.QuerySpec],
     batch_id: int,
     local: frozenset[str],
-    echo: frozenset[str] = frozenset(),
+    live: KafkaClients | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` body of one micro-batch: each task writes its rows (:func:`write_task`).
     Files are named by the task's partition id, which the checkpoint's shuffle partitioning keeps fixed,
@@ -155,7 +171,7 @@ def task_writer(
 
         got = [b for b in batches if b.num_rows]
         packed = pa.Table.from_batches(got).cast(PACKED_SCHEMA) if got else PACKED_SCHEMA.empty_table()
-        out = write_task(root, queries, batch_id, TaskContext.get().partitionId(), packed, local, echo)
+        out = write_task(root, queries, batch_id, TaskContext.get().partitionId(), packed, local, live)
         yield from out.combine_chunks().to_batches()
 
     return fn

@@ -139,7 +139,7 @@ def create_app(
     cfg = load(config_path)
     hub = LiveHub(cfg.queries)  # live values of open windows (contract/live.py), when --live-bootstrap is set
     # the reader of the live topics; tests may pass another source (anything with start/stop)
-    security = (live_security or KafkaSecurity()).kafka_python()
+    security = (live_security or KafkaSecurity()).librdkafka()
     live_source = (
         live_source(hub)
         if live_source
