@@ -339,8 +339,86 @@ def range_store(
     return root, meta
 
 
+def _page_views(end: datetime) -> list[tuple[str, str, list[str], int, str | None]]:
+    """The month's page views: (name, URL hash, what the query's card must show, how many group lines,
+    screenshot file). The note names the top's tier (whole days of a month from 1d)."""
+    day = (end - timedelta(days=10)).replace(hour=0)
+    hour = end - timedelta(hours=3)
+    iso = lambda t: t.isoformat().replace("+00:00", "Z")  # noqa: E731
+    return [
+        ("month", "range=30d&groups=3", ["per 3h step", "3 selected groups"], 3, "results_page_month.png"),
+        # a day older than the raw windows' retention (1 d): the 1h tier's steps, not raw ones
+        (
+            "day",
+            f"from={iso(day)}&to={iso(day + timedelta(days=1))}&groups=3",
+            ["per 1h step", "3 selected groups"],
+            3,
+            "results_page_month_day.png",
+        ),
+        # an hour of the last day: raw 1-minute windows
+        (
+            "hour",
+            f"from={iso(hour)}&to={iso(hour + timedelta(hours=1))}&groups=2",
+            ["per 1m step", "2 selected groups"],
+            2,
+            None,
+        ),
+        ("filter", "range=30d&filter=src_ip:10.41.0.0/16&groups=2", ["per 3h step", "10.41."], 2, None),
+    ]
+
+
+def page_month(base: str, end: datetime) -> dict:
+    """The results page over the 30-day store in headless Chromium (the real page, the real API): the
+    30-day picker, a drill-down to an older day (1h tier) and to a recent hour (raw windows), the group
+    filter, each with per-group series; checks what each view shows, times it (Chromium's start
+    included), and keeps screenshots in ``benchmarks/results/``."""
+    import re
+    import tempfile
+
+    from lowwater_testing.page import CHROMIUM, chromium
+
+    if CHROMIUM is None:
+        return {"skipped": "chromium is not installed"}
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, frag, want, _lines, shot in _page_views(end):
+            t0 = time.perf_counter()
+            dom = chromium(f"{base}/ui#{frag}", Path(tmp) / name, "--dump-dom", budget_ms=60_000).stdout
+            took = time.perf_counter() - t0
+            i = dom.find('id="q-q4_range"')
+            card = dom[i:] if i >= 0 else ""
+            got = re.search(r'class="h3note range">([^<]*)<', card)
+            view = {
+                "hash": frag,
+                "seconds_incl_chromium_start": round(took, 1),
+                "shows": got.group(1) if got else None,
+                "missing": [w for w in want if w not in card],
+                "group_lines": card.count('class="line group-line"'),
+                "error": "Could not refresh" in dom,
+            }
+            if shot:
+                png = harness.RESULTS / shot
+                chromium(
+                    f"{base}/ui#{frag}", Path(tmp) / (name + "-shot"), f"--screenshot={png}", budget_ms=60_000
+                )
+                view["screenshot"] = str(png) if png.exists() else None
+            out[name] = view
+            print(f"page {name}: {took:.1f} s, {view['shows']}, missing {view['missing']}", flush=True)
+    views = {n: lines for n, _, _, lines, _ in _page_views(end)}
+    out["ok"] = all(
+        not v["missing"] and not v["error"] and v["group_lines"] == views[n] for n, v in out.items()
+    )
+    return out
+
+
 def bench_range(
-    groups: int, days: int, raw_hours: int, requests: int, regen: bool, root: Path | None
+    groups: int,
+    days: int,
+    raw_hours: int,
+    requests: int,
+    regen: bool,
+    root: Path | None,
+    screenshots: bool = False,
 ) -> dict:
     """The 30-day top-100 and one group's 1-hour series over HTTP. Every timed request is distinct, so
     none is answered by the API's answer cache: the top-100 asks n=100, 101, ... (the same work), the
@@ -422,6 +500,8 @@ def bench_range(
                     f"answer cached {cached:.0f} ms",
                     flush=True,
                 )
+            if screenshots:
+                out["page_month"] = page_month(f"http://127.0.0.1:{port}", end)
     finally:
         stop(server)
     out["range_load_before_after"] = [load_before, harness.load()]
@@ -482,6 +562,12 @@ def main(argv: list[str] | None = None) -> None:
         " reused while its stamp matches)",
     )
     ap.add_argument("--range-only", action="store_true", help="only the long-range part")
+    ap.add_argument(
+        "--screenshots",
+        action="store_true",
+        help="with the long-range part: the results page over the month in headless Chromium, checked and"
+        " kept as benchmarks/results/results_page_month*.png",
+    )
     ap.add_argument("--quick", action="store_true", help="small stores, few requests: a smoke test")
     args = ap.parse_args(argv)
     if args.quick:
@@ -498,7 +584,13 @@ def main(argv: list[str] | None = None) -> None:
         }
         res.update(
             bench_range(
-                args.groups, args.days, args.raw_hours, args.range_requests, args.regen, args.range_store
+                args.groups,
+                args.days,
+                args.raw_hours,
+                args.range_requests,
+                args.regen,
+                args.range_store,
+                args.screenshots,
             )
         )
         harness.write_results("api_range.json", res)

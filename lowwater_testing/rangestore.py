@@ -120,13 +120,16 @@ def make_range_store(root: Path, seed: int = 11) -> RangeStore:
     return RangeStore(root, config, rows, first_day, now)
 
 
-def with_tiers(store: RangeStore, query: str, tiers: list[str], retention: dict[str, str]) -> Path:
-    """A copy of the store's config where ``query`` keeps roll-up ``tiers`` with ``retention``."""
+def with_tiers(
+    store: RangeStore, query: str | list[str], tiers: list[str], retention: dict[str, str]
+) -> Path:
+    """A copy of the store's config where ``query`` (one or several) keeps roll-up ``tiers`` with ``retention``."""
     import yaml
 
+    names = {query} if isinstance(query, str) else set(query)
     doc = yaml.safe_load(store.config.read_text())
     for q in doc["queries"]:
-        if q["name"] == query:
+        if q["name"] in names:
             q["tiers"], q["retention"] = tiers, retention
     path = store.config.with_name("lowwater-range-tiers.yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lowwater_testing.page import CHROMIUM, REPO, chromium, serve_api, stop
-from lowwater_testing.rangestore import RangeStore, make_range_store
+from lowwater_testing.rangestore import RangeStore, make_range_store, with_tiers, write_tier
 
 ARTIFACT = REPO / "benchmarks" / "results" / "results_page_range.png"
 
@@ -113,3 +113,39 @@ def test_range_page_screenshot_artifact(server: str, tmp_path: Path) -> None:
     assert shot.exists() and shot.stat().st_size > 10_000, out.stderr[-2000:]
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
+
+
+@pytest.fixture(scope="module")
+def tiered_server(store: RangeStore) -> Iterator[tuple[str, RangeStore]]:
+    """The same store with 1h/1d tiers written and raw windows kept 7 days (as a month's store holds
+    them), served with that config (the other server's config has no tiers: it never reads them)."""
+    from dataclasses import replace
+
+    from contract.query import load
+
+    cfg = with_tiers(store, "bytes_per_dst24", ["1h", "1d"], {"raw": "7d", "1h": "40d"})
+    spec = {q.name: q for q in load(cfg).stored_queries}["bytes_per_dst24"]
+    write_tier(store, spec, "1h", split=False)
+    write_tier(store, spec, "1d", split=False)
+    st = replace(store, config=cfg)
+    proc, base = serve_api(st)  # type: ignore[arg-type]
+    try:
+        yield base, st
+    finally:
+        stop(proc)
+
+
+def test_a_day_older_than_raw_retention_is_charted_in_tier_steps(
+    tiered_server: tuple[str, RangeStore], tmp_path: Path
+) -> None:
+    """Raw windows are kept 7 days: a drill-down into a day 20 days back asks 1h steps (the finest
+    tier kept there), where a raw 15-min step would chart windows the store no longer holds."""
+    base, st = tiered_server
+    ws = st.rows["bytes_per_dst24"]["window_start"]
+    span = (ws < ws.max() - timedelta(days=15)) & (ws > ws.max() - timedelta(days=35))  # 1h kept 40 days
+    old = ws[span].dt.floor("1D").value_counts().index[0]
+    url = f"{base}/ui#from={old.isoformat()}&to={(old + timedelta(days=1)).isoformat()}&groups=2"
+    dom = chromium(url, tmp_path / "p", "--dump-dom", budget_ms=8000).stdout
+    c = _card(dom, "bytes_per_dst24")
+    assert "per 1h step" in c and "2 selected groups" in c, c[:2000]
+    assert c.count('class="line group-line"') == 2 and "Could not refresh" not in dom

@@ -505,6 +505,35 @@ class RangeReader:
                 self._partials.pop(next(iter(self._partials)))
         return table
 
+    def _scan_partials(
+        self, qi: QueryInfo, filters: list[KeyFilter], span: tuple[datetime, datetime], cur: Any, src: Any
+    ) -> pa.Table:
+        """The per-window partials of the filtered rows of ``src`` over ``span``: a file's path (DuckDB
+        pushes the filters into the Parquet scan) or a table (row groups already read)."""
+        rows = src if isinstance(src, pa.Table) else None
+        src = S.parquet_source(qi, [src]) if rows is None else S.Source("lw_rows", {}, False)
+        if rows is not None:
+            cur.register("lw_rows", rows)
+        params = {**src.params, "start": span[0], "end": span[1]}
+        sql = f"SELECT {', '.join(self._partials_sql(qi))} FROM {S.scan(src, filters, params)} GROUP BY window_start"
+        try:
+            return cur.sql(sql, params={k: v for k, v in params.items() if f"${k}" in sql}).to_arrow_table()
+        finally:
+            if rows is not None:
+                cur.unregister("lw_rows")
+
+    def _filtered_partials(
+        self, qi: QueryInfo, got: list, filters: list[KeyFilter], span: tuple, cur: Any
+    ) -> pa.Table:
+        """Per-window partials of a filtered series: paths scanned by DuckDB one by one, row groups read
+        (tables; :meth:`TierFiles.read_candidates`) summed by one query of the same SQL (same answer)."""
+        read = [g for g in got if isinstance(g, pa.Table)] or [qi.schema.empty_table()]
+        read = pa.concat_tables(read, promote_options="permissive")
+        srcs = [*(g for g in got if isinstance(g, str)), read]
+        return pa.concat_tables(
+            [self._scan_partials(qi, filters, span, cur, g) for g in srcs], promote_options="permissive"
+        )
+
     @_answer_cached
     @retry_once
     def series(
@@ -532,19 +561,10 @@ class RangeReader:
             return ResultSet(columns, [], 0, times)
         cur = self.db.cursor()
         try:
-            if filters:  # one scan per file: DuckDB skips a sorted file's other row groups in ~3 ms,
-                # where one scan over a month of files costs several times the sum
-                tables = []
-                for p, _ in keyed:
-                    src = S.parquet_source(qi, [p])
-                    params = {**src.params, "start": start, "end": end}
-                    sql = f"SELECT {', '.join(self._partials_sql(qi))} FROM {S.scan(src, filters, params)} GROUP BY window_start"
-                    tables.append(
-                        cur.sql(
-                            sql, params={k: v for k, v in params.items() if f"${k}" in sql}
-                        ).to_arrow_table()
-                    )
-                parts = pa.concat_tables(tables)
+            if filters:  # tier files: their candidate row groups; raw files: scanned one by one
+                paths = [p for p, _ in keyed]
+                got = paths if tier == R.RAW_TIER else self.tiers.read_candidates(qi, paths, filters)
+                parts = self._filtered_partials(qi, got, filters, (start, end), cur)
             else:
                 parts = pa.concat_tables([self._file_partials(qi, p, k, None) for p, k in keyed])
             cur.register("lw_part", parts)

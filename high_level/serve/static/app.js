@@ -4,7 +4,8 @@
 // A time-range picker (relative or absolute) switches to stepped series (/series?step=, the step chosen
 // from the range), the top groups over the range (/top) and one line per selected group (up to 8);
 // drag on a chart or click a bucket to zoom in. The range lives in the URL hash (#range=7d,
-// #from=...&to=..., #groups=3 preselects the top 3 groups), so a view can be linked.
+// #from=...&to=..., #groups=3 preselects the top 3 groups, #filter=col:value sets the group filter),
+// so a view can be linked.
 "use strict";
 
 const REFRESH_MS = 5000;
@@ -40,10 +41,21 @@ function currentRange() {
   return null;
 }
 // the smallest step (a multiple of the query's slide) that keeps the chart under MAX_POINTS buckets
-function chooseStep(spanMs, slideNs) {
-  const slide = Math.max(1, Math.round(slideNs / 1e9));
-  const ok = STEPS_S.filter((st) => st >= slide && st % slide === 0);
-  return ok.find((st) => spanMs / 1000 / st <= MAX_POINTS) || ok[ok.length - 1] || slide;
+// ``finestS``: the finest granularity kept at the range's start (finestKept), so a drill-down into
+// a day older than the raw windows' retention asks a tier's steps, not raw windows that are gone
+function chooseStep(spanMs, slideNs, finestS) {
+  const slide = Math.max(1, Math.round(slideNs / 1e9)), unit = Math.max(slide, finestS || 1);
+  const ok = STEPS_S.filter((st) => st >= unit && st % slide === 0 && st % unit === 0);
+  return ok.find((st) => spanMs / 1000 / st <= MAX_POINTS) || ok[ok.length - 1] || unit;
+}
+// the finest granularity (s) the store keeps at ``fromMs``: the window slide while raw windows are
+// kept there (their retention, from the query's definition), else the finest roll-up tier kept
+function finestKept(q, fromMs) {
+  const d = q.definition || {}, ret = d.retention || {};
+  const kept = (name) => { const s = durS(ret[name]); return s === null || fromMs >= Date.now() - s * 1000; };
+  if (!ret.raw || kept("raw")) return 0;
+  const tiers = (d.tiers || []).map(durS).filter((s, i) => s && kept(d.tiers[i])).sort((a, b) => a - b);
+  return tiers.length ? tiers[0] : 0;
 }
 function setRange(from, to, push) {
   if (push) view.zoomStack.push([view.rel, view.from, view.to]);
@@ -94,6 +106,7 @@ function initRange() {
   if (rel) view.rel = rel[1]; else if (r && durS(r)) view.rel = durS(r);
   else if (from && to && Date.parse(from) < Date.parse(to)) { view.from = Date.parse(from); view.to = Date.parse(to); }
   view.preselect = Math.min(MAX_LINES, Number(hashParam("groups")) || 0);
+  view.hashFilter = hashParam("filter");  // #filter=src_ip:10.0.0.0/8: the group filter of every card with that column
   renderRangeBar();
 }
 
@@ -417,6 +430,10 @@ function card(q) {
   aggSel.addEventListener("change", () => { state.chartAgg[q.name] = aggSel.value; refreshQuery(q); });
   const gf = el("input", { class: "gfilter", type: "text", "aria-label": "group filter",
     placeholder: "group filter, e.g. " + (q.key_columns.length ? q.key_columns[0].name + (q.key_columns[0].kind === "ip" ? ":10.0.0.0/8" : ":443") : "(no groups)") });
+  const terms = (view.hashFilter || "").split(/[\s,]+/).filter(Boolean);
+  if (view.filter[q.name] === undefined && terms.length && terms.every((t) => q.key_columns.some((k) => t.split(":")[0] === k.name))) {
+    view.filter[q.name] = view.hashFilter;
+  }
   gf.value = view.filter[q.name] || "";
   gf.addEventListener("change", () => { view.filter[q.name] = gf.value.trim(); view.groups[q.name] = []; refreshQuery(q).catch((e) => showError(e.message)); });
   c = el("section", { class: "card query", id: "q-" + q.name },
@@ -482,7 +499,7 @@ function fillSteps(sr, agg, additive, stepMs) {
 
 // a chosen range: stepped series (one line per selected group, or the total), top groups over the range
 async function refreshRange(q, c, from, to) {
-  const stepS = chooseStep(to - from, q.window.slide_ns);
+  const stepS = chooseStep(to - from, q.window.slide_ns, finestKept(q, from));
   const base = `/queries/${encodeURIComponent(q.name)}`;
   const qs = `start=${encodeURIComponent(new Date(from).toISOString())}&end=${encodeURIComponent(new Date(to).toISOString())}&step=${stepS}s`;
   const flt = filterParams(q);
