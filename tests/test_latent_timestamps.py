@@ -107,13 +107,13 @@ def test_an_idle_latent_host_answers_a_request_with_the_moment_it_was_asked(kafk
     try:
         for _ in range(3):
             time.sleep(1.05 - time.time() % 1)  # just past a pane boundary: the marks can move
-            before = [a.heartbeats[0] for a in agents.values()]
+            before = agents["latent"].heartbeats[0]
             asked.append(time.time_ns())
             asker.observe([_status(asked[-1] // NS - 5, asked[-1] / NS, ["latent", "wall"])])
+            # the latent host answers every request; the other only when its skewed mark has moved (no
+            # duplicate punctuation), which a round that slips under load may not see
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and any(
-                a.heartbeats[0] <= b for a, b in zip(agents.values(), before, strict=True)
-            ):
+            while time.monotonic() < deadline and agents["latent"].heartbeats[0] <= before:
                 time.sleep(0.05)
         assert all(lst.accepted >= 3 for lst in listeners.values())
     finally:
@@ -131,8 +131,10 @@ def test_an_idle_latent_host_answers_a_request_with_the_moment_it_was_asked(kafk
     # the first is the timer's, the last the graceful stop's: the requests' answers are between, each
     # computed after its request arrived (the next request leaves only once it was queued)
     lat, wall = answers["latent"][1:-1], answers["wall"][1:-1]
-    assert len(lat) == 3 and len(wall) == 3, answers
+    assert len(lat) == 3 and len(wall) >= 1, answers
     for mark, sent in lat:  # everything before the pane of the request's moment is closed
         req = max(t for t in asked if t < sent)
         assert mark >= req // NS * NS, (mark, req)
-    assert all(sent - mark >= 2 * NS for mark, sent in wall), wall
+    # the other holds back its 2-s skew, less at most one 1-s pane (its mark is pane-grained), where the
+    # latent host's answers lag their request by less than a pane
+    assert all(sent - mark > 1 * NS for mark, sent in wall), wall

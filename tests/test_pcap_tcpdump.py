@@ -125,6 +125,8 @@ def test_tcpdump_any_capture_replays_like_tshark(netns_pair, tmp_path: Path, lin
     want, _ = tshark_totals(path)
     pairs = {(s, d) for s, d, _ in want}
     assert {(A4, B4), (B4, A4), (A6, B6), (B6, A6)} <= pairs  # both families, both ways: it did capture
-    assert sum(v for k, v in want.items() if k[2] == "p") >= 40
+    # how many of the ~100 packets tcpdump keeps varies (a neighbour still resolving queues few; a burst
+    # ~1 s into the capture loses some under load): enough that the comparison below means something
+    assert sum(v for k, v in want.items() if k[2] == "p") >= 20
     got = replay(path)
     assert got == want
