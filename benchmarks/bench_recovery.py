@@ -80,6 +80,14 @@ def summarize(run: dict, head: dict) -> dict:
             "every partition) was handed to the producer after the kill has all the oracle's final rows in "
             "the store's visible files (polled every 0.25 s as the API's file index reads them)",
             "next_window_s": "per fault: from the SIGKILL until any window not yet whole became whole",
+            "windows_across": "per fault: the windows it interrupted (not whole at the kill, up to the first "
+            "window closed on fresh input), each compared with the oracle (exact_across, rows_across)",
+            "steady": "before each fault and before the end: steady_windows windows closed on input sent after "
+            "the wait began (so after the previous fault's recovery), never an absolute count",
+            "restart_phases": "per job fault, seconds from the restart's launch: session_s (driver JVM and "
+            "its registration with the master), queries_started_s (streams started), first_batch_s (first "
+            "micro-batch committed: the executors' start, their Python workers, the state store's load and "
+            "the replay of the batch in flight at the kill)",
             "rows_written_twice": "final rows of one (window, group) seen more than once in the visible store: "
             "at the end, or at any poll (rows of a window over the oracle's count), whichever is more",
             "exact": "every window below the hosts' last mark, across the faults, equals the oracle (no row "
@@ -93,6 +101,8 @@ def summarize(run: dict, head: dict) -> dict:
         "exact": run["exact"],
         "steady_close_latency_s": run["steady_close_latency_s"],
         "job_first_window_s": run.get("job_first_window_s"),  # the job's first start, stream included
+        "job_first_start_phases": run.get("job_first_start_phases"),
+        "exact_across_each_fault": all(ev.get("exact_across") for ev in run["events"]),
         "faults_skipped": run.get("faults_skipped", []),  # by the budget
         "job_restarts_by_supervisor": run["job_restarts_by_supervisor"],
         "kafka_source_failover": FAILOVER_OPTIONS,  # the job's defaults (high_level/options.py)
