@@ -15,7 +15,13 @@ hosts stream partials and punctuation (real wire batches, punctuation every seco
 
 ``*_recovery_s`` is the time from the kill until the first window whose closing punctuation was handed to
 Kafka after the kill is whole in the store (its rows number the oracle's, read through the API's file index:
-visible files only); ``next_window_s`` until any window not yet whole became whole. At the end the stream is
+visible files only); ``next_window_s`` until any window not yet whole became whole. Before each fault (and
+the end) the run waits for ``steady_windows`` windows closed on input sent after that wait began, so after
+the previous fault's recovery: a replayed backlog never counts. Each fault's interrupted windows (not whole
+at the kill, up to the recovery's window) are compared with the oracle on their own (``exact_across``), and
+each restart's time is split into Spark session, queries started and first batch committed
+(``restart_phases``: under load the first batch of fresh executors, their JVMs and Python workers, is
+most of it). At the end the stream is
 cut, every window below the hosts' last mark must close, and the store is compared with an offline oracle
 over the same packets: ``rows_written_twice`` (final duplicates, or rows over the oracle's count seen at any
 poll), missing, wrong, and windows closed early (goal: all 0). Writes ``benchmarks/results/reliability.json``
