@@ -788,7 +788,8 @@ def recovery_run(
     step(f"store checked against the oracle ({len(events)} faults)")
     lat = close_latency(watch.whole_at, sent)
     t_first_fault = min((ev["t_kill_s"] for ev in events), default=np.inf) + t_start
-    steady = [v for w, v in lat.items() if watch.whole_at[w] < t_first_fault]
+    # steady: windows closed on input sent once the job ran (not the backlog of its start), before a fault
+    steady = [v for w, v in lat.items() if sent[w] >= first and watch.whole_at[w] < t_first_fault]
     ex = exactness(work / "results", q, expected, below)
     transient = sum(n - counts.get(w, 0) for w, n in watch.over.items())
     return {
