@@ -52,7 +52,13 @@ def chart(res: dict, path: Path) -> None:
     plt = harness.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     tl = res["run"]["timeline"]
-    ax.plot([r["t_s"] for r in tl], [r["close_latency_s"] for r in tl], marker=".", lw=1, label="window")
+    ax.plot(
+        [r["t_s"] for r in tl],
+        [r["close_latency_s"] for r in tl],
+        marker=".",
+        ls="none",
+        label="window (when whole)",
+    )
     colors = {"job": "tab:red", "broker": "tab:orange"}
     seen = set()
     for ev in res["run"]["events"]:

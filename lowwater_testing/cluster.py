@@ -778,7 +778,7 @@ def recovery_run(
         across = interrupted(t_kill, watch.whole_at, ev["recovery_window"])
         exa = exactness(work / "results", q, expected, below, only=across)
         ev["windows_across"] = len(across)  # not whole at the kill, up to the recovery's window
-        ev["exact_across"] = exa["exact"] and exa["windows_checked"] == len(across)
+        ev["exact_across"] = bool(across) and exa["exact"] and exa["windows_checked"] == len(across)
         ev["rows_across"] = {k: exa[k] for k in ("rows", "rows_written_twice", "rows_missing", "rows_wrong")}
         r = ev.pop("_restart", None)
         if r is not None:
