@@ -16,8 +16,8 @@ hosts stream partials and punctuation (real wire batches, punctuation every seco
 ``*_recovery_s`` is the time from the kill until the first window whose closing punctuation was handed to
 Kafka after the kill is whole in the store (its rows number the oracle's, read through the API's file index:
 visible files only); ``next_window_s`` until any window not yet whole became whole. Before each fault (and
-the end) the run waits for ``steady_windows`` windows closed on input sent after that wait began, so after
-the previous fault's recovery: a replayed backlog never counts. Each fault's interrupted windows (not whole
+the end) the run waits for ``steady_windows`` windows closed on input sent after the previous fault's kill
+(before the first: after the job's first window), never an absolute count: a replayed backlog never counts. Each fault's interrupted windows (not whole
 at the kill, up to the recovery's window) are compared with the oracle on their own (``exact_across``), and
 each restart's time is split into Spark session, queries started and first batch committed
 (``restart_phases``: under load the first batch of fresh executors, their JVMs and Python workers, is
@@ -95,7 +95,8 @@ def summarize(run: dict, head: dict) -> dict:
             "windows_across": "per fault: the windows it interrupted (not whole at the kill, up to the first "
             "window closed on fresh input), each compared with the oracle (exact_across, rows_across)",
             "steady": "before each fault and before the end: steady_windows windows closed on input sent after "
-            "the wait began (so after the previous fault's recovery), never an absolute count",
+            "the previous fault's kill (before the first fault: after the job's first window), never an "
+            "absolute count (a replayed backlog never counts)",
             "restart_phases": "per job fault, seconds from the restart's launch: session_s (driver JVM and "
             "its registration with the master), queries_started_s (streams started), first_batch_s (first "
             "micro-batch committed: the executors' start, their Python workers, the state store's load and "

@@ -535,9 +535,9 @@ def _wait_fresh(
 ) -> list[int]:
     """Wait until ``n`` windows closed on input sent after ``since`` (:func:`fresh_windows`); those windows.
 
-    ``steady`` (the wait before a fault, or before the end): a count relative to ``since``, never an absolute
-    number of windows (which a replay's backlog may already reach, or a short stream never), and it ends as
-    well when the hosts' stream ended (the end's wait for every window below the last mark takes over).
+    ``steady`` (the wait before a fault, or before the end; ``since``: the previous fault's kill): a count
+    relative to ``since``, never an absolute number of windows (which a replay's backlog may already reach,
+    or a short stream never), and it ends as well when the hosts' stream ended (the end's wait for every window below the last mark takes over).
     Otherwise (a recovery) a stream that ended before ``since`` fails at once: nothing can close on fresh input."""
     deadline = time.monotonic() + timeout
     while True:
@@ -670,6 +670,9 @@ def recovery_run(
         watch.start()
         step(f"hosts streaming ({job.started_line()})")
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
+        since = (
+            first  # steady: windows closed on input sent after the job's first window, then after each fault
+        )
         first_phases = job.phases(work / "ckpt")
         step(f"first window whole {first - t_start:.1f} s after the job's start (its start: {first_phases})")
         cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
@@ -689,7 +692,7 @@ def recovery_run(
             _wait_fresh(
                 watch,
                 hosts,
-                time.monotonic(),
+                since,
                 steady_windows,
                 timeout,
                 f"steady before the {kind} fault",
@@ -737,13 +740,14 @@ def recovery_run(
             ev["t_kill_s"] = round(t_kill - t_start, 2)
             ev["_t_kill"] = t_kill
             events.append(ev)
+            since = t_kill  # the next steady wait counts the windows closed on input sent after this fault
             cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
         for r in restarts:  # a broker rejoins before the next broker fault, and before the end
             r.wait(240)
         _wait_fresh(
             watch,
             hosts,
-            time.monotonic(),
+            since,
             steady_windows,
             timeout,
             "steady after the faults",
