@@ -670,9 +670,8 @@ def recovery_run(
         watch.start()
         step(f"hosts streaming ({job.started_line()})")
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
-        since = (
-            first  # steady: windows closed on input sent after the job's first window, then after each fault
-        )
+        # steady: windows closed on input sent after the job's first window, then after each fault's kill
+        since = first
         first_phases = job.phases(work / "ckpt")
         step(f"first window whole {first - t_start:.1f} s after the job's start (its start: {first_phases})")
         cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
