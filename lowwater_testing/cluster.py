@@ -672,6 +672,10 @@ def recovery_run(
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
         # steady: windows closed on input sent after the job's first window, then after each fault's kill
         since = first
+
+        def settle(why: str) -> None:  # steady_windows closed on input sent after ``since``
+            _wait_fresh(watch, hosts, since, steady_windows, timeout, why, job, steady=True)
+
         first_phases = job.phases(work / "ckpt")
         step(f"first window whole {first - t_start:.1f} s after the job's start (its start: {first_phases})")
         cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
@@ -688,16 +692,7 @@ def recovery_run(
                 step(f"{len(skipped)} faults skipped: the hosts' stream ends in {hosts.left_s():.0f} s")
                 break
             t_cycle = time.monotonic()
-            _wait_fresh(
-                watch,
-                hosts,
-                since,
-                steady_windows,
-                timeout,
-                f"steady before the {kind} fault",
-                job,
-                steady=True,
-            )
+            settle(f"steady before the {kind} fault")
             if kind == "job":
                 t_kill = job.kill()
                 step("job fault: driver SIGKILLed (Python + JVM), started again from its checkpoint")
@@ -743,16 +738,7 @@ def recovery_run(
             cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
         for r in restarts:  # a broker rejoins before the next broker fault, and before the end
             r.wait(240)
-        _wait_fresh(
-            watch,
-            hosts,
-            since,
-            steady_windows,
-            timeout,
-            "steady after the faults",
-            job,
-            steady=True,
-        )
+        settle("steady after the faults")
         hosts.cut()
         hosts.join(600)
         below = hosts.last_mark()
