@@ -206,6 +206,7 @@ class JobProcess:
         self.starts: list[float] = []
         self.restarts: list[str] = []  # why the job exited by itself and was started again
         self._log_from, self._wall_start = 0, 0.0
+        self._spans: list[tuple[int, float]] = []  # per start: (log offset, wall clock) at its launch
 
     def start(self) -> JobProcess:
         self._log_from = self.log.stat().st_size if self.log.exists() else 0
@@ -220,6 +221,7 @@ class JobProcess:
         out.close()
         self.starts.append(time.monotonic())
         self._wall_start = time.time()
+        self._spans.append((self._log_from, self._wall_start))
         return self
 
     def kill(self) -> float:
@@ -247,14 +249,18 @@ class JobProcess:
         self.proc.wait(30)
         return self.proc.returncode
 
-    def _log_lines(self) -> list[str]:
+    def _log_lines(self, start: int = -1) -> list[str]:
+        """The log of start number ``start`` (its launch up to the next one's)."""
+        begin = self._spans[start][0] if self._spans else self._log_from
+        end = self._spans[start + 1][0] if -1 != start < len(self._spans) - 1 else None
         with self.log.open("rb") as f:
-            f.seek(self._log_from)
-            return f.read().decode(errors="replace").splitlines()
+            f.seek(begin)
+            data = f.read() if end is None else f.read(end - begin)
+        return data.decode(errors="replace").splitlines()
 
-    def _since_start(self, line: str) -> float:
+    def _since_start(self, line: str, start: int = -1) -> float:
         wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # logging: local time
-        return round(wall - self._wall_start, 1)
+        return round(wall - (self._spans[start][1] if self._spans else self._wall_start), 1)
 
     def query_started_s(self) -> float | None:
         """Seconds from the latest start to the job's ``started ... mode`` line (Spark session up, queries
@@ -264,19 +270,24 @@ class JobProcess:
                 return self._since_start(line)
         return None
 
-    def phases(self, checkpoint: Path) -> dict[str, float | None]:
-        """Where the latest start's time went, in seconds from its launch: ``session_s`` the Spark session
+    def phases(self, checkpoint: Path, start: int = -1) -> dict[str, float | None]:
+        """Where start number ``start``'s time went (read after its first batch committed: a window is in
+        the store before its batch's commit), in seconds from its launch: ``session_s`` the Spark session
         (driver JVM, registration with the master: the job's first log line comes after it),
         ``queries_started_s`` the streams started (plans, the state schema's check), ``first_batch_s`` the
         first micro-batch committed (``checkpoint``'s ``*/commits``: executors' start, their Python workers,
         the state store's load, the replay of the batch in flight at a kill)."""
-        stamped = [x for x in self._log_lines() if x[:4].isdigit() and x[4:5] == "-" and x[23:24] == " "]
+        lines = self._log_lines(start)
+        stamped = [x for x in lines if x[:4].isdigit() and x[4:5] == "-" and x[23:24] == " "]
+        began = [x for x in lines if " INFO " in x and " started " in x and " mode for " in x]
+        wall = self._spans[start][1]
+        until = self._spans[start + 1][1] if -1 != start < len(self._spans) - 1 else np.inf
         commits = [f.stat().st_mtime for f in checkpoint.glob("*/commits/[0-9]*")]
-        after = [m for m in commits if m >= self._wall_start]
+        after = [m for m in commits if wall <= m < until]
         return {
-            "session_s": self._since_start(stamped[0]) if stamped else None,
-            "queries_started_s": self.query_started_s(),
-            "first_batch_s": round(min(after) - self._wall_start, 1) if after else None,
+            "session_s": self._since_start(stamped[0], start) if stamped else None,
+            "queries_started_s": self._since_start(began[0], start) if began else None,
+            "first_batch_s": round(min(after) - wall, 1) if after else None,
         }
 
     def started_line(self) -> str:
@@ -676,8 +687,7 @@ def recovery_run(
         def settle(why: str) -> None:  # steady_windows closed on input sent after ``since``
             _wait_fresh(watch, hosts, since, steady_windows, timeout, why, job, steady=True)
 
-        first_phases = job.phases(work / "ckpt")
-        step(f"first window whole {first - t_start:.1f} s after the job's start (its start: {first_phases})")
+        step(f"first window whole {first - t_start:.1f} s after the job's start ({job.started_line()})")
         cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
         for i, kind in enumerate(faults):
             left = budget_s - (time.monotonic() - t_begin)
@@ -703,11 +713,10 @@ def recovery_run(
                 ev = {
                     "fault": "job",
                     "what": "driver SIGKILLed (Python + JVM), restarted at once",
-                    "restart_phases": job.phases(work / "ckpt"),  # where the restart's time went
+                    "_start": len(job.starts) - 1,  # its phases are read at the end
                 }
                 step(
-                    f"windows close again {time.monotonic() - t_kill:.1f} s after the kill "
-                    f"(its restart: {ev['restart_phases']})"
+                    f"windows close again {time.monotonic() - t_kill:.1f} s after the kill ({job.started_line()})"
                 )
             elif kind == "broker":
                 for r in restarts:  # the last victim is back first: two brokers down refuse acks=all writes
@@ -769,6 +778,8 @@ def recovery_run(
         ev["windows_across"] = len(across)  # not whole at the kill, up to the recovery's window
         ev["exact_across"] = bool(across) and exa["exact"] and exa["windows_checked"] == len(across)
         ev["rows_across"] = {k: exa[k] for k in ("rows", "rows_written_twice", "rows_missing", "rows_wrong")}
+        if "_start" in ev:  # where the restart's time went
+            ev["restart_phases"] = job.phases(work / "ckpt", ev.pop("_start"))
         r = ev.pop("_restart", None)
         if r is not None:
             ev["broker_restart_s"] = r.took_s
@@ -792,7 +803,9 @@ def recovery_run(
         "job_exit_code": code,
         "job_restarts_by_supervisor": job.restarts,
         "job_first_window_s": round(first - t_start, 2),
-        "job_first_start_phases": first_phases,  # JobProcess.phases: session, queries, first batch
+        "job_first_start_phases": job.phases(
+            work / "ckpt", 0
+        ),  # JobProcess.phases: session, queries, first batch
         "stream_generation_s": gen_s,
         "run_s": round(time.monotonic() - t_begin, 1),
         "faults_done": [ev["fault"] for ev in events],
