@@ -148,11 +148,11 @@ def test_host_partials_and_marks_through_the_job_processor_equal_the_oracle(seed
 
 
 def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
-    """The real agent replays a pcap as two capture hosts (the second a restart of the first: its own
-    incarnation, its own row numbers) into real Kafka; the real job stores every closed window of each
-    (host, destination), equal to the oracle, each once; a job restart from its checkpoint adds nothing."""
+    """The real agent replays a pcap as two capture hosts (each its own incarnation and row numbers) into
+    real Kafka; the real job stores every closed window of each (host, destination), equal to the oracle,
+    each once (restarts: the processor test above and tests/test_rows.py)."""
     from high_level.job import HighLevelJob
-    from lowwater_testing.agent import run_agent, traffic_pcap
+    from lowwater_testing.agent import spawn_agent, traffic_pcap
     from lowwater_testing.spark import job_options
     from tests.test_join import run_to_end
 
@@ -162,8 +162,13 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
     cfg = Q.load(cfg_path)
     spec = cfg.rows[0]
     traffic, pcap = traffic_pcap(tmp_path / "t.pcap", 4000, 30, T0, 10 * NS, seed=5)
-    for host in ("cap-1", "cap-2"):
-        run_agent(cfg_path, f"pcap:{pcap}", host=host, bootstrap=kafka.bootstrap_servers)
+    procs = [  # two capture hosts at once (the same capture: each numbers its own rows)
+        spawn_agent(cfg_path, f"pcap:{pcap}", host=host, bootstrap=kafka.bootstrap_servers)
+        for host in ("cap-1", "cap-2")
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
     opts = job_options(kafka.bootstrap_servers, tmp_path, "t-rows", create_topics=False)
     run_to_end(HighLevelJob(spark, [], opts, config=cfg))
     files = sorted((tmp_path / "res" / f"query={spec.name}").rglob("part-*.parquet"))
@@ -172,5 +177,3 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
     assert table.schema.equals(R.row_schema(spec), check_metadata=False)
     parsed = traffic.rows()
     same(stored(spec, table), oracle(spec, {"cap-1": parsed, "cap-2": parsed}))
-    run_to_end(HighLevelJob(spark, [], opts, config=cfg))  # resumed: nothing new, nothing twice
-    assert sorted((tmp_path / "res" / f"query={spec.name}").rglob("part-*.parquet")) == files
