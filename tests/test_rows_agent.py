@@ -14,8 +14,8 @@ import pytest
 
 from contract import fields as F
 from contract import query as Q
-from contract import results as R
 from contract import wire
+from contract.rowresults import row_schema
 from high_level.rows.processor import RowProcessor, from_ipc
 from low_level.kernel.rowpanes import RowPanes
 from lowwater_testing.traffic import NS, T0, make_traffic
@@ -174,6 +174,6 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
     files = sorted((tmp_path / "res" / f"query={spec.name}").rglob("part-*.parquet"))
     assert files
     table = pa.concat_tables([pq.read_table(f) for f in files])
-    assert table.schema.equals(R.row_schema(spec), check_metadata=False)
+    assert table.schema.equals(row_schema(spec), check_metadata=False)
     parsed = traffic.rows()
     same(stored(spec, table), oracle(spec, {"cap-1": parsed, "cap-2": parsed}))

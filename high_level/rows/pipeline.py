@@ -4,7 +4,7 @@ every partition) -> Parquet in the results store, one streaming query each, chec
 ``<checkpoint>/rows-<name>``.
 
 Why its own writer and not the sink's: a row window has no time span, so its rows have their own schema
-(:func:`contract.results.row_schema`), no HAVING, tiers or live values. The driver writes the batch's
+(:func:`contract.rowresults.row_schema`), no HAVING, tiers or live values. The driver writes the batch's
 file ``query=<q>/date=<day of closed_at>/part-<batch>.parquet`` atomically; a replayed batch restores the
 state the checkpoint saved before it and rewrites the same name, so each window is stored once.
 """
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from contract import query as Q
 from contract import results as R
 from contract.query.rows import RowQuerySpec
+from contract.rowresults import row_schema
 from high_level.join.pipeline import packed_state_function, start_state_stream
 from high_level.pipeline import Pipeline
 from high_level.results.store import atomic_write_bytes
@@ -40,7 +41,7 @@ def write_rows(root: str, specs: dict[str, RowQuerySpec], batch: Any, batch_id: 
             continue
         table = from_ipc(bytes(row["ipc"]))
         spec = specs[row["query"]]
-        if table.schema != R.row_schema(spec):  # one layout, never cast
+        if table.schema != row_schema(spec):  # one layout, never cast
             raise R.ResultsLayoutError(
                 f"row query {spec.name!r}: batch {batch_id} does not follow the layout"
             )

@@ -21,6 +21,7 @@ from contract import fields as F
 from contract import results as R
 from contract import wire
 from contract.query.rows import RowQuerySpec
+from contract.rowresults import row_schema
 from high_level import codec
 from high_level.results.store import ip_strings
 from high_level.rows.windows import RowResults, RowWindows
@@ -75,7 +76,7 @@ class RowProcessor:
         return pd.DataFrame({"query": [self.spec.name], "ipc": [ipc_bytes(table) if len(table) else b""]})
 
     def close(self, now_ms: int) -> pa.Table:
-        """The windows every host's row marks have passed, as a table of :func:`contract.results.row_schema`."""
+        """The windows every host's row marks have passed, as a table of :func:`contract.rowresults.row_schema`."""
         res = self.op.close()
         self.windows += len(res)
         return row_table(self.spec, res, now_ms)
@@ -108,8 +109,8 @@ def _columns(spec: RowQuerySpec, names: list[str], words: np.ndarray) -> dict[st
 
 
 def row_table(spec: RowQuerySpec, res: RowResults, now_ms: int) -> pa.Table:
-    """Closed row windows as stored rows (:func:`contract.results.row_schema`)."""
-    schema = R.row_schema(spec)
+    """Closed row windows as stored rows (:func:`contract.rowresults.row_schema`)."""
+    schema = row_schema(spec)
     n = len(res)
     host, _, inc = np.char.partition(res.host.astype(str), "#").T if n else (np.zeros(0, str),) * 3
     cols: dict[str, Any] = {"host": pa.array(host, pa.string()), "incarnation": pa.array(inc.astype(I64))}
