@@ -167,7 +167,7 @@ def _page(
 def _wait(base: str, pred, what: str, timeout: float = 30.0) -> dict:
     end = time.monotonic() + timeout
     while True:
-        st = httpx.get(f"{base}/live", timeout=5).json()
+        st = httpx.get(f"{base}/live", timeout=30).json()  # it reads what waits: slow under load 30
         if pred(st):
             return st
         if time.monotonic() > end:
