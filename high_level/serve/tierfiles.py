@@ -17,7 +17,7 @@ import ipaddress
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -102,6 +102,11 @@ def narrow(table: pa.Table, filters: list[KeyFilter]) -> pa.Table:
     for col, fs in by_col.items():
         if col not in table.column_names:
             continue
+        if not pa.types.is_dictionary(table[col].type):  # one call over every chunk
+            plain = [_keep(f, table[col]) for f in fs]
+            if all(k is not None for k in plain):
+                masks.append(functools.reduce(pc.or_kleene, plain))
+            continue
         parts = []
         for chunk in table[col].chunks:
             dictionary = isinstance(chunk, pa.DictionaryArray)
@@ -136,6 +141,8 @@ class KeyStats:
     spans: dict[str, list[tuple[object, object]]]
     nulls: dict[str, list[bool]]
     lead: str | None
+    lead_lo: list = field(default_factory=list)  # the lead column's mins and maxes, for bisection
+    lead_hi: list = field(default_factory=list)
 
     @classmethod
     def of(cls, meta: pq.FileMetaData, keys: list[str]) -> KeyStats:
@@ -157,12 +164,13 @@ class KeyStats:
             kinds = {type(v) for v in (*lo, *hi)}
             if len(kinds) != 1 or lo != sorted(lo) or hi != sorted(hi):  # type: ignore[type-var]
                 lead = None
+            else:
+                return cls(rows, spans, nulls, lead, lo, hi)
         return cls(rows, spans, nulls, lead)
 
     def _lead_range(self, f: KeyFilter) -> tuple[int, int] | None:
         """The row groups [a, b) of the sorted lead column that may hold ``f``'s rows; None: unsure."""
-        lo = [a for a, _ in self.spans[f.column]]
-        hi = [b for _, b in self.spans[f.column]]
+        lo, hi = self.lead_lo, self.lead_hi
         if f.op == "eq":
             if type(f.value) is not type(lo[0]):
                 return None
@@ -281,40 +289,62 @@ class TierFiles:
     # footer cannot narrow (a later key column alone) leaves the file to DuckDB's scan
     max_pruned_rows = 8 * 16_384
 
-    def read_groups(self, qi: QueryInfo, path: str, filters: list[KeyFilter]) -> pa.Table | str | None:
-        """The rows of ``path``'s row groups that may hold ``filters``' rows, only the columns a series
-        needs; a column one value in all of them (a tier file's kind, completeness) is made from the
-        footer, not read. None: no row group may; ``path``: too many, for DuckDB to scan."""
+    @staticmethod
+    def series_columns(qi: QueryInfo, filters: list[KeyFilter]) -> list[str]:
+        """The columns a filtered series reads, in order."""
+        return list(
+            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *SERIES_COLS])
+        )
+
+    def read_groups(
+        self, qi: QueryInfo, path: str, filters: list[KeyFilter]
+    ) -> tuple[pa.Table, tuple[tuple[str, object], ...]] | str | None:
+        """The rows of ``path``'s row groups that may hold ``filters``' rows, the columns a series needs
+        but those with one value in all of them (a tier file's kind, completeness), which are returned
+        apart as (column, value) from the footer, not read. None: no row group may; ``path``: too many,
+        for DuckDB to scan."""
         groups, ks, meta = self.row_groups(path, qi.key_names, filters)
         if not groups:
             return None
         if sum(ks.rows[g] for g in groups) > self.max_pruned_rows:
             return path
-        want = list(
-            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *SERIES_COLS])
+        want = self.series_columns(qi, filters)
+        consts = tuple(
+            (c, v) for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES
         )
-        types = {f.name: f.type for f in qi.schema}
-        consts = {c: v for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES}
-        read = [c for c in want if c not in consts]
-        # a row group's few keys: decoded once (kind stays plain, as when made from the footer)
-        texts = [c for c in read if pa.types.is_string(types[c]) and c in qi.key_names]
-        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie
-        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, read_dictionary=texts, pre_buffer=False)
-        got = narrow(f.read_row_groups(groups, columns=read, use_threads=False), filters)
-        cols = {c: got[c] for c in read}
-        cols.update({c: pa.repeat(pa.scalar(v, types[c]), got.num_rows) for c, v in consts.items()})
-        return pa.table({c: cols[c] for c in want})
+        skip = {c for c, _ in consts}
+        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie; text
+        # plain, so the rows of every file are narrowed by one call per filter (not one per file)
+        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, pre_buffer=False)
+        return f.read_row_groups(
+            groups, columns=[c for c in want if c not in skip], use_threads=False
+        ), consts
 
     def read_candidates(
         self, qi: QueryInfo, paths: list[str], filters: list[KeyFilter]
-    ) -> list[pa.Table | str | None]:
-        """:meth:`read_groups` of every file, on a small thread pool (pyarrow releases the GIL)."""
+    ) -> list[pa.Table | str]:
+        """:meth:`read_groups` of every file, on a small thread pool (pyarrow releases the GIL): the
+        paths left to DuckDB, and the rows read, narrowed (:func:`narrow`) and with their constant
+        columns, one table per set of constants (usually one)."""
         try:
-            return list(_READERS.map(lambda p: self.read_groups(qi, p, filters), paths))
+            got = list(_READERS.map(lambda p: self.read_groups(qi, p, filters), paths))
         except FileNotFoundError:  # compacted or expired since the listing: list again
             raise StoreError("a tier file vanished since it was listed") from None
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"reading the results store failed: {exc}") from None
+        out: list[pa.Table | str] = [g for g in got if isinstance(g, str)]
+        by_consts: dict[tuple, list[pa.Table]] = {}
+        for g in got:
+            if isinstance(g, tuple):
+                by_consts.setdefault(g[1], []).append(g[0])
+        want = self.series_columns(qi, filters)
+        types = {f.name: f.type for f in qi.schema}
+        for consts, tables in by_consts.items():
+            rows = narrow(pa.concat_tables(tables), filters)
+            cols = {c: rows[c] for c in rows.column_names}
+            cols.update({c: pa.repeat(pa.scalar(v, types[c]), rows.num_rows) for c, v in consts})
+            out.append(pa.table({c: cols[c] for c in want}))
+        return out
 
     def rejected(self) -> dict[str, str]:
         """Tier files skipped because they break the layout, with why."""
