@@ -15,6 +15,7 @@ import bisect
 import functools
 import ipaddress
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ SERIES_COLS = ["kind", "complete", "hosts_expected", "hosts_in_mark", "late_part
 # reads of tier files' row groups for filtered series (pyarrow releases the GIL while decoding)
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lowwater-tier-read")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SETTLED_NS = 2_000_000_000
 
 
 def text_prefix(f: KeyFilter) -> str | None:
@@ -126,6 +128,11 @@ def narrow(table: pa.Table, filters: list[KeyFilter]) -> pa.Table:
 def _succ(p: str) -> str:
     """The least string above every string that starts with ``p`` (p ends in '.' or ':')."""
     return p[:-1] + chr(ord(p[-1]) + 1)
+
+
+def _parsed_bytes(meta: pq.FileMetaData) -> int:
+    """The memory a parsed footer takes, estimated from its serialized size (measured ~9x)."""
+    return 9 * meta.serialized_size
 
 
 VARIES = object()  # KeyStats.constant: the column holds more than one value (or nulls) there
@@ -218,7 +225,11 @@ class TierFiles:
         self._footers: OrderedDict[str, tuple[tuple[int, int], pq.FileMetaData, KeyStats, str | None]] = (
             OrderedDict()
         )
-        self.max_footers = 1024
+        # parsed footers take ~9x their serialized size in memory (a day file of the 1h tier of 100K
+        # groups in 4,096-row row groups: 1.1 MB on disk, ~10 MB parsed): kept within this estimate
+        self.max_footer_bytes = 512 << 20
+        self._footer_bytes = 0
+        self._listed: dict[str, tuple[int, list[str]]] = {}  # per date directory: (its mtime, its files)
         self._lock = threading.Lock()
 
     def files(self, spec: QuerySpec, tier: str, start_us: int, end_us: int) -> list[str]:
@@ -231,9 +242,15 @@ class TierFiles:
             if day_us >= end_us or day_us + _DAY_US <= start_us:
                 continue
             try:
+                mtime = d.stat().st_mtime_ns
+                got = self._listed.get(str(d))
+                if got is not None and got[0] == mtime:
+                    out.extend(got[1])
+                    continue
                 names = {p.name: r for p in d.iterdir() if (r := R.tier_batch_range(p.name)) is not None}
             except FileNotFoundError:  # retention removed the day meanwhile
                 continue
+            here = []
             for name in R.visible_files(names):
                 path = d / name
                 try:
@@ -241,7 +258,13 @@ class TierFiles:
                 except FileNotFoundError:
                     continue
                 if self._check(spec, tier, path, (st.st_size, st.st_mtime_ns)) is None:
-                    out.append(str(path))
+                    here.append(str(path))
+            # files enter and leave a directory by rename or unlink only (never rewritten in place), so
+            # its mtime says whether the listing changed; kept once that mtime is older than a change
+            # within its clock's granularity could hide
+            if time.time_ns() - mtime > _SETTLED_NS:
+                self._listed[str(d)] = (mtime, here)
+            out.extend(here)
         return out
 
     def stamp(self, path: str) -> tuple[int, int]:
@@ -272,9 +295,11 @@ class TierFiles:
         meta = pq.read_metadata(path)
         ks = KeyStats.of(meta, keys)
         with self._lock:
+            old = self._footers.pop(path, None)
+            self._footer_bytes += _parsed_bytes(meta) - (_parsed_bytes(old[1]) if old is not None else 0)
             self._footers[path] = (stamp, meta, ks, keys[0] if keys else None)
-            while len(self._footers) > self.max_footers:
-                self._footers.popitem(last=False)
+            while self._footer_bytes > self.max_footer_bytes and len(self._footers) > 1:
+                self._footer_bytes -= _parsed_bytes(self._footers.popitem(last=False)[1][1])
         return meta, ks
 
     def row_groups(
@@ -310,8 +335,8 @@ class TierFiles:
             return path
         want = self.series_columns(qi, filters)
         consts = tuple(
-            (c, v) for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES
-        )
+            (c, v) for c in SERIES_COLS if (v := ks.constant(c, groups)) is not VARIES
+        )  # not window_start: an hour's file would be its own set of constants
         skip = {c for c, _ in consts}
         # memory-mapped, without pre-buffering: a few small column chunks, read where they lie; text
         # plain, so the rows of every file are narrowed by one call per filter (not one per file)
