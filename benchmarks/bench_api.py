@@ -576,7 +576,7 @@ def bench_range(
     return out
 
 
-def _wait_idle(server: subprocess.Popen, busy_cpu_s: float = 0.05, limit_s: float = 900) -> float:
+def _wait_idle(server: subprocess.Popen, busy_cpu_s: float = 0.15, limit_s: float = 900) -> float:
     """Seconds until the server's startup work is done: it warms the tiers' per-file partials in a
     thread after /health answers (docs/ranges.md), and requests timed meanwhile would share two cores
     with it. Done: two consecutive seconds with under ``busy_cpu_s`` of its CPU each."""
