@@ -80,6 +80,7 @@ from contract.query.model import (
     window_totals,
 )
 from contract.query.selects import SelectSpec
+from contract.query.windows import STRATEGIES, strategy_refusal
 
 __all__ = [
     "ALERT_LABELS",
@@ -119,6 +120,7 @@ __all__ = [
     "SelectSpec",
     "StateColumn",
     "TableSpec",
+    "STRATEGIES",
     "WindowSpec",
     "accuracy_ppb",
     "check_distinct",
@@ -133,6 +135,7 @@ __all__ = [
     "group_width",
     "hll_rank_source",
     "holistic",
+    "strategy_refusal",
     "join_result_query",
     "key_program",
     "key_width",
