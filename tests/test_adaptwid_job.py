@@ -2,13 +2,13 @@
 refusals (file, line, reason), the roll-up over eager/adaptive windows against the lazy pane table step by
 step (late partials and their corrections, live provisional rows, end of stream, the saved state between
 every step), the partition processor against the oracle under skew, disorder, partitions and a restart
-between micro-batches, and the real job over real Kafka against the oracle."""
+between micro-batches. Through real agents, real Kafka and the real job: tests/test_group_punct_e2e.py
+(one job start for both features)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,11 +21,9 @@ from high_level.aggregate.adaptwid import StrategyRollup, supports
 from high_level.aggregate.chunks import chunked_unsupported
 from high_level.aggregate.processor import Settings
 from high_level.aggregate.rollup import Layout, QueryRollup, Windows
-from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline, traffic_messages
+from lowwater_testing.hosts import HOSTS, emulated_messages, final_rows, run_offline
 from lowwater_testing.oracle import window_oracle
 from lowwater_testing.queries import config, query
-from lowwater_testing.spark import assert_exact, run_job
-from lowwater_testing.topics import produce
 from lowwater_testing.traffic import make_traffic, oracle
 
 T0 = 1_700_000_000_000_000_000
@@ -278,31 +276,3 @@ def test_live_provisional_rows_are_the_lazy_ones(traffic):
             key=prov["key"].map(tuple), state=prov["state"].map(tuple)
         )
     assert out["lazy"].reset_index(drop=True).equals(out["adaptive"].reset_index(drop=True))
-
-
-# -- end to end: real Kafka, real Spark ------------------------------------------------------------
-
-
-def test_spark_job_runs_adaptive_windows_exactly(spark, kafka, topic_factory, tmp_path):
-    """The job over real Kafka: an adaptive sliding query on two partitions (three hosts skewed 0/12/40 s,
-    shuffled arrival) gives the oracle's windows, the same as the lazy pane table gives."""
-    t = _skewed(2500, 30, seed=5)
-    topic = topic_factory(partitions=2, prefix="hl-adaptwid")
-    q = _query("sliding", "adaptive", name="ada").model_copy(
-        update={"kafka": Q.KafkaSpec(topic=topic, partitions=2)}
-    )
-    produce(kafka, traffic_messages([q], t, seed=9))
-    job = run_job(
-        spark,
-        [q],
-        tmp_path,
-        "adaptwid",
-        bootstrap=kafka.bootstrap_servers,
-        expected_hosts=HOSTS,
-        host_timeout_ms=600_000,
-        max_offsets_per_trigger=400,
-        state="auto",
-    )
-    assert_exact(Path(job.opts.results), q, t)
-    status = json.loads((Path(job.opts.results) / "_status.json").read_text())
-    assert "ada" in json.dumps(status)

@@ -1,10 +1,17 @@
-"""Group-wise punctuation end to end (OOP App. A): two real agents (in-process: real ring, kernel, emitter,
-Kafka producer) over a real broker into the real job, ``heartbeat: {groups: true}``. Host ``cap-a`` sees
+"""Group-wise punctuation and AdaptWID end to end: two real agents (in-process: real ring, kernel, emitter,
+Kafka producer) over a real broker into the real job (one job start for both: the suite's time).
+
+Group-wise punctuation (OOP App. A), ``heartbeat: {groups: true}``: Host ``cap-a`` sees
 every packet of a few flows (sources 10.0.0.1-4) and says so for them at its mark (``Emitter.group_done``,
 the hook a source calls); host ``cap-b`` lags, holding the job's low-water mark back. Their windows close
 on the group punctuation before the low-water mark passes them, exactly the oracle's, complete; nothing
 of any other group closes past the low-water mark; then the lagging host catches up and every window of
-both hosts equals the oracle, none emitted twice."""
+both hosts equals the oracle, none emitted twice.
+
+AdaptWID (``window: {strategy: adaptive}``, a sliding window per (source, destination), skewed sources so
+that dense and sparse groups mix): the windows below the low-water mark after the first part, and all of
+them at the end, equal the oracle (the lazy pane table gives the oracle's windows: the suite's other
+end-to-end tests)."""
 
 from __future__ import annotations
 
@@ -15,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from contract import fields as F
-from lowwater_testing.capture import drain, feed, kafka_agent
+from low_level.host.agent import Agent
+from lowwater_testing.capture import drain, feed
 from lowwater_testing.queries import spec
 from lowwater_testing.spark import expected_typed, normalised, read_results, start_job
 from lowwater_testing.traffic import T0, Traffic, make_traffic
@@ -27,7 +35,8 @@ OWNED = [f"10.0.0.{i}" for i in range(1, 5)]  # the flows only cap-a sees: punct
 def _traffic(n: int, srcs: np.ndarray, seed: int) -> Traffic:
     t = make_traffic(n, 64, T0, 40 * NS, seed=seed)
     rng = np.random.default_rng(seed)
-    return dataclasses.replace(t, src=(0x0A000000 + rng.choice(srcs, n)).astype(np.uint32))
+    p = 1.0 / np.arange(1, len(srcs) + 1)  # skewed: a few dense sources, a tail of sparse ones
+    return dataclasses.replace(t, src=(0x0A000000 + rng.choice(srcs, n, p=p / p.sum())).astype(np.uint32))
 
 
 def _both(a: Traffic, b: Traffic) -> Traffic:
@@ -41,7 +50,18 @@ def _ends_ns(df: pd.DataFrame) -> np.ndarray:
     return pd.to_datetime(df["window_end"], utc=True).astype("datetime64[ns, UTC]").astype("int64").to_numpy()
 
 
-def test_a_group_closes_on_its_punctuation_before_the_low_water_mark(spark, kafka, topic_factory, tmp_path):
+def _agent(queries, host: str, bootstrap: str) -> Agent:
+    """An in-process agent sending to the broker, fed through its ring (lowwater_testing.capture.feed)."""
+    return Agent(queries, None, host, bootstrap, ring_slots=1 << 13, chunk=2048)
+
+
+def _early(full: pd.DataFrame, end_ns: int) -> pd.DataFrame:
+    return full[_ends_ns(full) <= end_ns].reset_index(drop=True)
+
+
+def test_groups_close_on_their_punctuation_and_adaptive_windows_are_exact(
+    spark, kafka, topic_factory, tmp_path
+):
     topic = topic_factory(partitions=2, prefix="hl-groups")
     q = spec(
         "flows",
@@ -54,10 +74,24 @@ def test_a_group_closes_on_its_punctuation_before_the_low_water_mark(spark, kafk
         partitions=2,
         heartbeat={"max_disorder": "0s", "groups": True},
     )
+    qa = spec(
+        "ada",
+        group_by=["src_ip", "dst_ip"],
+        aggregates=["count as n", "sum(length) as bytes", "min(ttl) as mn"],
+        window={"range": "10s", "slide": "1s", "strategy": "adaptive"},
+        table=1024,
+        flush={"policy": "lazy", "m": 2},
+        topic=topic_factory(partitions=2, prefix="hl-adaptwid"),
+        partitions=2,
+        heartbeat={"max_disorder": "0s"},
+    )
     ta = _traffic(3000, np.arange(1, 17), seed=1)  # cap-a: the owned flows and shared sources
     tb = _traffic(3000, np.arange(5, 17), seed=2)  # cap-b: shared sources only
     pane_ns = q.window.pane_ns
-    a, b = kafka_agent(q, "cap-a", kafka.bootstrap_servers), kafka_agent(q, "cap-b", kafka.bootstrap_servers)
+    a, b = (
+        _agent([q, qa], "cap-a", kafka.bootstrap_servers),
+        _agent([q, qa], "cap-b", kafka.bootstrap_servers),
+    )
     cut = int(np.searchsorted(tb.ts, T0 + 10 * NS))  # cap-b has sent its first 10 s only
     feed(a, ta, 0, len(ta))
     feed(b, tb, 0, cut)
@@ -72,7 +106,7 @@ def test_a_group_closes_on_its_punctuation_before_the_low_water_mark(spark, kafk
     assert mark_b + 5 < mark_a, (mark_a, mark_b)  # the low-water mark (cap-b's) lags far behind cap-a's
     job = start_job(
         spark,
-        [q],
+        [q, qa],
         tmp_path,
         "groups",
         bootstrap=kafka.bootstrap_servers,
@@ -99,6 +133,13 @@ def test_a_group_closes_on_its_punctuation_before_the_low_water_mark(spark, kafk
         full = normalised(expected_typed(q, _both(ta, tb)), q)
         early = full[~full["src_ip"].isin(OWNED) & (_ends_ns(full) <= lwm_end)].reset_index(drop=True)
         pd.testing.assert_frame_equal(normalised(fin[~mine], q), early, check_dtype=False)
+        # the adaptive query: what the low-water mark passed, exactly
+        ada = read_results(Path(job.opts.results), qa.name)
+        ada = ada[ada["kind"] == "final"]
+        full_a = normalised(expected_typed(qa, _both(ta, tb)), qa)
+        lwm_a = qa.window.origin_ns + int(min(a.last_mark_pane[1], b.last_mark_pane[1])) * qa.window.pane_ns
+        assert len(ada) > 0 and (_ends_ns(ada) <= lwm_a).all()
+        pd.testing.assert_frame_equal(normalised(ada, qa), _early(full_a, lwm_a), check_dtype=False)
         # cap-b catches up and both finish: every window of both hosts, once, the owned ones not again
         feed(b, tb, cut, len(tb))
         drain(b)
@@ -106,8 +147,8 @@ def test_a_group_closes_on_its_punctuation_before_the_low_water_mark(spark, kafk
         job.process_all_available()
     finally:
         job.stop()
-    res = read_results(Path(job.opts.results), q.name)
-    fin = res[res["kind"] == "final"]
-    keys = ["window_end", "src_ip"]
-    assert not fin.duplicated(keys).any()
-    pd.testing.assert_frame_equal(normalised(fin, q), full, check_dtype=False)
+    for query, want in ((q, full), (qa, full_a)):
+        res = read_results(Path(job.opts.results), query.name)
+        fin = res[res["kind"] == "final"]
+        assert not fin.duplicated(["window_end", *(p.name for p in query.key_parts)]).any()
+        pd.testing.assert_frame_equal(normalised(fin, query), want, check_dtype=False)
