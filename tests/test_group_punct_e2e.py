@@ -33,7 +33,7 @@ OWNED = [f"10.0.0.{i}" for i in range(1, 5)]  # the flows only cap-a sees: punct
 
 
 def _traffic(n: int, srcs: np.ndarray, seed: int) -> Traffic:
-    t = make_traffic(n, 64, T0, 40 * NS, seed=seed)
+    t = make_traffic(n, 16, T0, 40 * NS, seed=seed)
     rng = np.random.default_rng(seed)
     p = 1.0 / np.arange(1, len(srcs) + 1)  # skewed: a few dense sources, a tail of sparse ones
     return dataclasses.replace(t, src=(0x0A000000 + rng.choice(srcs, n, p=p / p.sum())).astype(np.uint32))
