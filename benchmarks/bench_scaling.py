@@ -1,13 +1,14 @@
 """Scaling of the roll-up on a Spark standalone cluster: (workers, partitions) pairs, driver CPU, planning.
 
-``.venv/bin/python -m benchmarks.bench_scaling [--records 12000000] [--groups 100000]
+``.venv/bin/python -m benchmarks.bench_scaling [--records 15000000] [--groups 100000]
 [--pairs 1x1,2x1,2x2,2x4] [--queries 1,7,20] [--zipf 1.2] [--quick]`` starts a Kafka broker and, per
 worker count W, a standalone cluster (master + W workers of one core each, ``local_stack/spark_cluster.py``,
 the processes ``tests/test_cluster.py`` runs), and drives the real job against it (``--master spark://...``)
 in a process of its own, one executor of one core per worker. The same partial records
 (``bench_rollup.make_messages``: the Q4 shape from 3 emulated hosts) are written to one topic per P,
 placed by ``hash mod P`` as agents place them; each (W, P) reads its topic from a fresh checkpoint with
-``spark.sql.shuffle.partitions`` = P and micro-batches of at most ``--batch-records``, after a warm-up run
+``spark.sql.shuffle.partitions`` = P and micro-batches of at most ``--batch-records`` (default: the job's
+batch for ``--expected-rate``, ``high_level.options.RATE_BATCH_RECORDS``), after a warm-up run
 on a topic of its own. The rate is ``bench_rollup.run_config``'s sustained rate. Executor CPU seconds are
 read from /proc (the workers' process trees), the driver's from its own (Python and JVM).
 
@@ -44,6 +45,7 @@ from benchmarks.bench_rollup import QUERY, make_messages, run_config
 from benchmarks.harness import machine
 from benchmarks.proccpu import machine_busy_seconds, thread_cpu_seconds, tree_cpu_seconds
 from contract import query as Q
+from high_level.options import RATE_BATCH_RECORDS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -404,12 +406,17 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 def main() -> int:
     ap = harness.parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=12_000_000)
+    ap.add_argument("--records", type=int, default=3 * RATE_BATCH_RECORDS)
     ap.add_argument("--groups", type=int, default=100_000)
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--panes", type=int, default=10)
     ap.add_argument("--batch", type=int, default=4096, help="partial records per Kafka message")
-    ap.add_argument("--batch-records", type=int, default=2_000_000, help="records per micro-batch at most")
+    ap.add_argument(
+        "--batch-records",
+        type=int,
+        default=RATE_BATCH_RECORDS,
+        help="records per micro-batch at most (default: what the job's --expected-rate sizes a batch to)",
+    )
     ap.add_argument(
         "--pairs", type=_pairs, default=_pairs("1x1,2x1,2x2,2x4"), help="WxP runs (workers x partitions)"
     )
@@ -546,9 +553,12 @@ def main() -> int:
             "panes": a.panes,
             "batch_records": a.batch_records,
             "batch_records_note": "each scaling run reads its topic in micro-batches of at most batch_records: "
-            "what an operator's trigger gives at the rate (B = rate x trigger; the default 1-s trigger at the "
-            "2-worker cluster's ~2M records/s is the default 2M); driver_model says which B meets the driver's "
-            "goal (batch_records_for_driver_goal)",
+            "what an operator's trigger gives at the rate (B = rate x trigger). The headline (default) is the "
+            f"job's batch for --expected-rate, high_level.options.RATE_BATCH_RECORDS = {RATE_BATCH_RECORDS:,}"
+            f"{'; this run: ' + format(a.batch_records, ',') if a.batch_records != RATE_BATCH_RECORDS else ''}"
+            " (--quick: 200,000, so its driver figures carry the fixed cost of small batches); driver_model "
+            "says which B meets the driver's goal (batch_records_for_driver_goal)",
+            "headline_batch": a.batch_records == RATE_BATCH_RECORDS,
             "zipf": a.zipf,
             "quick": a.quick,
         },
