@@ -67,7 +67,9 @@ def state_function(
     return fn
 
 
-def _blob_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[Any, dict[str, str]]:
+def _blob_step(
+    grouped: Any, layouts: list[Layout], opts: JobOptions, ckpt: Path
+) -> tuple[Any, dict[str, str]]:
     """The blob state: ``applyInPandasWithState``, the processor saved whole every micro-batch."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -81,15 +83,19 @@ def _blob_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[A
     return rolled, {}
 
 
-def _chunked_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[Any, dict[str, str]]:
-    """The chunked state: ``transformWithStateInPandas`` over RocksDB, with its state-store settings."""
-    from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep
+def _chunked_step(
+    grouped: Any, layouts: list[Layout], opts: JobOptions, ckpt: Path
+) -> tuple[Any, dict[str, str]]:
+    """The chunked state: ``transformWithStateInPandas`` over RocksDB, with its state-store settings; no
+    timers unless the checkpoint was written with them (:class:`high_level.aggregate.chunkstep.ChunkedStep`)."""
+    from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep, processing_timers
 
+    timers = processing_timers(ckpt)
     rolled = grouped.transformWithStateInPandas(
-        ChunkedStep(layouts, opts.settings, opts.trigger_ms),
+        ChunkedStep(layouts, opts.settings, opts.trigger_ms, timers=timers),
         outputStructType=OUTPUT_DDL,
         outputMode="Append",
-        timeMode="ProcessingTime",
+        timeMode="ProcessingTime" if timers else "None",
     )
     return rolled, SESSION_CONF
 
@@ -187,8 +193,11 @@ class AggregatePipeline(Pipeline):
             ).cast("int")
         else:
             salt = F.lit(0)
-        grouped = raw.withColumn("salt", salt).groupBy("topic", "partition", "salt")
-        rolled, conf = STEPS[state](grouped, self.layouts, opts)
+        # now_ms: the batch's timestamp from the offset log (a streaming query resolves current_timestamp()
+        # to it, the same on a replay), the chunked step's clock when it runs without timers
+        raw = raw.withColumn("salt", salt).withColumn("now_ms", F.unix_millis(F.current_timestamp()))
+        grouped = raw.groupBy("topic", "partition", "salt")
+        rolled, conf = STEPS[state](grouped, self.layouts, opts, ckpt)
         if opts.idle_trigger_ms > 0 and "://" not in str(ckpt):
             from high_level.aggregate.pacer import IdlePacer
 
