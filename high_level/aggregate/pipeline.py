@@ -37,9 +37,9 @@ CHECKPOINT_DIRS = {"blob": "oop", "chunked": "oop-chunked"}  # the OOP stream's 
 # Settings of the aggregate stream only (it copies them when it starts), for the driver's planning every
 # micro-batch: its rows are Kafka messages (thousands of partial records each), so whole-stage code generation
 # only costs the driver (generating, compiling and JIT-compiling the classes again each batch); two optimizer
-# rules that never apply to it are skipped. Measured on the standalone cluster (small batches, load ~27, with
-# 20 progress reports kept instead of 100, left out here: the benchmarks read every batch's): 638 -> 506
-# driver CPU-ms per batch with timers.
+# rules that never apply to it are skipped. Measured on the standalone cluster (batches of ~3,400 records,
+# load ~30, with 20 progress reports kept instead of 100, left out here: the benchmarks read every batch's):
+# 404 -> 323 driver CPU-ms per batch (docs/design.md).
 PLANNING_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation,"
