@@ -18,7 +18,7 @@ from contract.aggregates import (
     MERGE_SUM,
     quantile_suffix,
 )
-from contract.query.configfile import Config, load, load_selects_joins, load_text, uses_enrichment
+from contract.query.configfile import Config, load, load_rows, load_selects_joins, load_text, uses_enrichment
 from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import (
     ClosedInput,
@@ -79,7 +79,9 @@ from contract.query.model import (
     result_names,
     window_totals,
 )
+from contract.query.rows import RowQuerySpec
 from contract.query.selects import SelectSpec
+from contract.query.windows import STRATEGIES, strategy_refusal
 
 __all__ = [
     "ALERT_LABELS",
@@ -119,6 +121,7 @@ __all__ = [
     "SelectSpec",
     "StateColumn",
     "TableSpec",
+    "STRATEGIES",
     "WindowSpec",
     "accuracy_ppb",
     "check_distinct",
@@ -133,6 +136,7 @@ __all__ = [
     "group_width",
     "hll_rank_source",
     "holistic",
+    "strategy_refusal",
     "join_result_query",
     "key_program",
     "key_width",
@@ -146,6 +150,8 @@ __all__ = [
     "quantile_suffix",
     "result_names",
     "rows_query",
+    "RowQuerySpec",
+    "load_rows",
     "state_columns",
     "subkey_width",
     "uses_enrichment",
