@@ -167,7 +167,7 @@ def _page(
 def _wait(base: str, pred, what: str, timeout: float = 30.0) -> dict:
     end = time.monotonic() + timeout
     while True:
-        st = httpx.get(f"{base}/live", timeout=5).json()
+        st = httpx.get(f"{base}/live", timeout=30).json()  # it reads what waits: slow under load 30
         if pred(st):
             return st
         if time.monotonic() > end:
@@ -384,10 +384,18 @@ def test_values_of_a_query_nobody_consumes_are_read_only_when_asked(store: Store
     hub.ingest_raw(*L.encode(_upd(b, 4, False, 5)), "q4_pairs")  # with a consumer: read at once
     assert not hub.unread["q4_pairs"] and sub.take().value.values["packets"] == 4
     hub.unsubscribe(sub)
-    for i in range(H.MAX_UNREAD + 1):  # the unread messages are bounded: read when too many
-        hub.ingest_raw(*L.encode(_upd((f"10.1.{i // 250}.{i % 250}", "10.0.0.9"), 1, False, 9)), "q4_pairs")
-    assert len(hub.unread["q4_pairs"]) <= H.MAX_UNREAD and hub.received >= H.MAX_UNREAD
-    assert hub.stats()["coalesced"] == 1 and not hub.unread["q4_pairs"]
+    received = hub.received
+    for i in range(H.MAX_UNREAD + 1):  # bounded like the table, and nothing decoded for that
+        w = W0 + (i // 5000) * 60_000_000  # windows 0-3 of 5000 groups, then one value of window 4
+        u = _upd((f"10.1.{i % 5000 // 250}.{i % 250}", "10.0.0.9"), 1, False, 9, w)
+        hub.ingest_raw(*L.encode(u), "q4_pairs")
+    # at MAX_UNREAD held, window 0's values went undecoded (the table would drop them on reading)
+    assert hub.received == received and len(hub.unread["q4_pairs"]) == 3 * 5000 + 1
+    assert hub.coalesced == 1 + 5000
+    st = hub.stats()  # reads them, but for window 1's: four windows waited, the table keeps three
+    assert st["coalesced"] == 1 + 2 * 5000 and hub.received == received + 2 * 5000 + 1
+    assert sorted(hub.windows["q4_pairs"]) == [W0 + w * 60_000_000 for w in (2, 3, 4)]
+    assert not hub.unread["q4_pairs"]
 
 
 def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
@@ -411,12 +419,102 @@ def test_unread_values_of_windows_the_table_would_drop_are_never_decoded(
     for i in range(0, len(recs), 100):  # poll batches of 100
         hub.ingest_batch("q4_pairs", recs[i : i + 100])
     assert hub.tombstones == 1 and hub.rejected == 1
-    # at 600 waiting (5 windows), the 2 oldest went undecoded; the rest was read (still 360 >= 600 / 2)
-    assert hub.coalesced == 2 * 120 and hub.received == 3 * 120 and len(hub.unread["q4_pairs"]) == 120
+    # at 600 waiting (5 windows), the 2 oldest went undecoded and nothing was read; the next limit is
+    # twice the 360 left, so the sixth window waits too
+    assert hub.coalesced == 2 * 120 and hub.received == 0 and len(hub.unread["q4_pairs"]) == 4 * 120
     for u in ups:
         ref.ingest(u)
-    assert hub.snapshot("q4_pairs") == ref.snapshot("q4_pairs")
+    assert hub.snapshot("q4_pairs") == ref.snapshot("q4_pairs")  # window 2 went undecoded too
+    assert hub.coalesced == 3 * 120 and hub.received == 3 * 120
     assert hub.received + hub.coalesced == len(ups)
+
+
+def test_metrics_and_status_read_no_waiting_value_and_live_does(store: Store) -> None:
+    """What is polled (/metrics by Prometheus, /status by the page) decodes nothing that waits unread: it
+    shows the counts so far and how many wait; /live and the values read them."""
+    sources: list[_Source] = []
+
+    def source(hub: LiveHub) -> _Source:
+        sources.append(_Source(hub, []))
+        return sources[0]
+
+    app = create_app(store.config, store.root, live_source=source)
+    with TestClient(app) as c:
+        hub = sources[0].hub
+        hub.rejected = 0  # the stand-in's bad message
+        for g in range(3):
+            hub.ingest_raw(*L.encode(_upd((f"10.0.0.{g}", "10.9.9.9"), g + 1, False, 1)), "q4_pairs")
+        text = c.get("/metrics").text
+        assert "lowwater_api_live_updates_received_total 0.0" in text
+        assert "lowwater_api_live_unread_values 3.0" in text
+        assert c.get("/status").json()["live"]["received"] == 0 and hub.received == 0
+        st = c.get("/live").json()
+        assert st["received"] == 3 and st["unread"] == 0
+        assert "lowwater_api_live_unread_values 0.0" in c.get("/metrics").text
+
+
+def test_reading_skips_unread_values_of_windows_older_than_the_tables(store: Store) -> None:
+    """Values waiting unread of a window older than the newest KEEP_WINDOWS the table already holds are
+    dropped undecoded when someone asks (even a malformed one: it would never be shown), a key that does
+    not parse is still refused and counted, and what is left reads as if every message had been read."""
+    q = Q.load(store.config).query("q4_pairs")
+    hub, ref = LiveHub([q]), LiveHub([q])
+    for w in (7, 8, 9):
+        for h in (hub, ref):
+            h.ingest(_upd(("10.0.0.1", "10.9.9.9"), w, False, 1, W0 + w * 60_000_000))
+    old = _upd(("10.0.0.2", "10.9.9.9"), 5, False, 1, W0 + 6 * 60_000_000)
+    new = _upd(("10.0.0.1", "10.9.9.9"), 99, False, 2, W0 + 9 * 60_000_000)
+    recs = [L.encode(old), (L.encode(old)[0].replace(b"10.0.0.2", b"10.0.0.3"), b"{bad"), L.encode(new)]
+    recs.append((b"no key", L.encode(new)[1]))
+    hub.ingest_batch("q4_pairs", recs)
+    assert hub.received == 3 and len(hub.unread["q4_pairs"]) == 4
+    for u in (old, new):
+        ref.ingest(u)
+    assert hub.snapshot("q4_pairs") == ref.snapshot("q4_pairs")
+    assert (
+        hub.received == 4 and hub.coalesced == 2 and hub.rejected == 1 and "does not match" in hub.last_error
+    )
+
+
+def test_a_poll_of_a_burst_runs_no_collection_once_the_reader_started(store: Store) -> None:
+    """A poll holds POLL_MESSAGES messages at once and frees them by reference counting: at the
+    collector's default young threshold (700) it runs collections that move them to the old generation,
+    which made full collections of the whole process frequent; with the reader's threshold it runs none."""
+    import gc
+
+    from high_level.live import hub as H
+
+    cfg = Q.load(store.config)
+    key, value = L.encode(_dst24(W0, "10.1.0.0", 1, 1, False))
+
+    class Consumer:
+        def consume(self, num_messages: int, timeout: float) -> list[_Msg]:
+            return [_Msg(L.live_topic("bytes_per_dst24"), key, value) for _ in range(num_messages)]
+
+    src = H.KafkaLiveSource(LiveHub(cfg.queries), "unused:9092", consumer=Consumer())
+    runs: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            runs.append(info["generation"])
+
+    before = gc.get_threshold()
+    gc.callbacks.append(count)
+    try:
+        for threshold in (700, None):  # the default, then the reader's
+            if threshold is None:
+                H.collect_polls_young()
+            else:
+                gc.set_threshold(threshold, *before[1:])
+            gc.collect()
+            runs.clear()
+            assert src.poll_once(0.2) == H.POLL_MESSAGES
+            if threshold is not None:
+                assert len(runs) > 10
+        assert runs == [] and gc.get_threshold()[0] == H.GC_YOUNG_THRESHOLD
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*before)
 
 
 # earlier runs' values on the compacted topic (the issue saw ~400K, replayed at 1.7K/s)

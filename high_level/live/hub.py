@@ -17,6 +17,7 @@ windows all or nothing). Messages that do not validate are counted and skipped, 
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import logging
@@ -37,13 +38,25 @@ MAX_SUBSCRIBERS = 64
 BOOTSTRAP_TIMEOUT_MS = 10_000  # the live reader gives up a bootstrap (and reports why on /live) after this
 LOOKBACK_MARGIN_MS = 60_000  # publication lags a window by the job's batches and the hosts' marks
 QUIET_TOPIC_MESSAGES = 20_000  # a topic with nothing recent: read its newest messages only (the last values)
-MAX_UNREAD = (
-    20_000  # raw messages of a query nobody consumes held unread, at most (then read: bounded memory)
-)
+# raw values of a query nobody consumes held before the values of windows the table would drop go (then
+# twice what is left: each value is looked at a bounded number of times, and never decoded for that)
+MAX_UNREAD = 20_000
 # the reader's consumer (librdkafka): a poll takes a whole burst (the job publishes once per micro-batch)
 POLL_MESSAGES = 20_000
-CONSUMER = {"queued.max.messages.kbytes": 16_384}
-ERROR_HOLD_S = 30.0  # /live shows the reader's last error this long, unless messages arrive again  # prefetched per partition, at most (librdkafka: 64 MB)
+CONSUMER = {"queued.max.messages.kbytes": 16_384}  # prefetched per partition, at most (librdkafka: 64 MB)
+ERROR_HOLD_S = 30.0  # /live shows the reader's last error this long, unless messages arrive again
+# the collector's first threshold while the reader runs: above what one poll holds at once (its messages
+# and their (key, value) pairs), so a poll's objects, freed by reference counting, are not moved to the
+# old generation; at the default 700 they were, and full collections over the whole process took over a
+# quarter of the API's CPU with no client (demo-shaped live traffic)
+GC_YOUNG_THRESHOLD = 4 * POLL_MESSAGES
+
+
+def collect_polls_young() -> None:
+    """Raise the collector's first threshold to GC_YOUNG_THRESHOLD (never lower it; off stays off)."""
+    young, *older = gc.get_threshold()
+    if young and young < GC_YOUNG_THRESHOLD:
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
 def lookback_ms(q: Q.QuerySpec) -> int:
@@ -95,6 +108,7 @@ class LiveHub:
         # window's groups, so most values are replaced before anyone looks; validating each one was most
         # of the API's CPU with no browser connected (0.1 of a core under the demo traffic)
         self.unread: dict[str, dict[bytes, bytes]] = {n: {} for n in self.queries}
+        self.unread_limit = dict.fromkeys(self.queries, MAX_UNREAD)  # when the old windows' values go
         # raw values dropped unread: replaced by a newer one of their key, or of a window older than the
         # newest KEEP_WINDOWS unread ones (it would leave the table as soon as they were read)
         self.coalesced = 0
@@ -165,75 +179,90 @@ class LiveHub:
         if query is not None and key is not None and query in self.unread:
             with self._lock:
                 if not any(s.query == query for s in self.subs.values()):
-                    self._hold(query, key, value)
+                    self._hold(query, ((key, value),))
                     return True
         return self._ingest_now(key, value)
 
     def ingest_batch(self, query: str, records: Sequence[tuple[bytes | None, bytes | None]]) -> None:
         """A poll's (key, value) records of ``query``'s live topic: what :meth:`ingest_raw` does to
-        each, with the lock and the look for a consumer taken once."""
+        each, with the lock and the look for a consumer taken once and the values held in one go."""
         keyless = []
         with self._lock:
             watched = query not in self.unread or any(s.query == query for s in self.subs.values())
             if not watched:
+                held: list[tuple[bytes, bytes]] = []
                 for key, value in records:
                     if value is None:
                         self.tombstones += 1
                     elif key is None:
                         keyless.append((key, value))
                     else:
-                        self._hold(query, key, value)
+                        held.append((key, value))
+                self._hold(query, held)
         for key, value in records if watched else keyless:  # a consumer is offered each update as it comes
             self.ingest_raw(key, value, query)
 
-    def _hold(self, query: str, key: bytes, value: bytes) -> None:
-        """Keep a raw value of an unwatched query unread (the lock held)."""
+    def _hold(self, query: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Keep raw values of an unwatched query unread, the newest per key (the lock held). Which of two
+        keys was replaced last does not matter: reading leaves the table with each key's newest value
+        and the newest KEEP_WINDOWS windows, in any order. Bounded like the table: past the limit, the
+        values of windows the table would drop go undecoded (:meth:`_drop_old_unread`)."""
         held = self.unread[query]
-        if held.pop(key, None) is not None:
-            self.coalesced += 1
-        held[key] = value  # arrival order: a key replaced moves to the end
-        if len(held) >= MAX_UNREAD:
+        before = len(held)
+        held.update(records)
+        self.coalesced += len(records) - (len(held) - before)  # replaced a value nobody read
+        if len(held) >= self.unread_limit[query]:
             self._drop_old_unread(query)
-            if len(held) >= MAX_UNREAD // 2:  # else the next value would scan them all again
-                self._read_unread(query)
+            self.unread_limit[query] = max(MAX_UNREAD, 2 * len(held))
 
     def _drop_old_unread(self, query: str) -> None:
-        """Drop the unread values of windows older than the newest KEEP_WINDOWS unread ones, without
-        decoding them: the table would drop them as soon as those newer windows were read. Keys that
-        do not parse stay (read, they are rejected and counted)."""
+        """Drop the unread values of windows older than the newest KEEP_WINDOWS (of the table's and the
+        unread ones), without decoding them: the table would drop them as soon as they were read. A key
+        that does not parse is read now (it cannot match its value: refused and counted)."""
         held = self.unread[query]
         wins: dict[bytes, int] = {}
+        bad = []
         for key in held:
             try:
                 wins[key] = L.window_of_key(key)
             except ValueError:
-                pass
-        keep = sorted(set(wins.values()), reverse=True)[:KEEP_WINDOWS]
-        if len(keep) < KEEP_WINDOWS:
+                bad.append(key)
+        for key in bad:
+            self._read_one(query, key, held.pop(key))
+        starts = sorted(set(wins.values()) | self.windows[query].keys(), reverse=True)
+        if len(starts) <= KEEP_WINDOWS:
             return
-        old = [k for k, w in wins.items() if w < keep[-1]]
+        oldest_kept = starts[KEEP_WINDOWS - 1]
+        old = [k for k, w in wins.items() if w < oldest_kept]
         for k in old:
             del held[k]
         self.coalesced += len(old)
 
     def _read_unread(self, query: str) -> None:
-        """Validate and apply ``query``'s unread messages, in arrival order (the lock held). Nobody
-        consumes the query while it has unread ones (a new consumer reads them first)."""
-        held = self.unread[query]
-        if not held:
+        """Validate and apply ``query``'s unread messages (the lock held), but for those of windows the
+        table would drop at once. Nobody consumes the query while it has unread ones (a new consumer
+        reads them first)."""
+        if not self.unread[query]:
             return
+        self._drop_old_unread(query)
+        held = self.unread[query]
         self.unread[query] = {}
+        self.unread_limit[query] = MAX_UNREAD
         for key, value in held.items():
-            try:
-                u = L.decode(key, value)
-            except L.LiveFormatError as exc:
-                self.rejected += 1
-                self.last_error = str(exc)
-                continue
-            if self._valid(u):
-                if u.query != query:  # a message of another query on this topic: read it as sent
-                    self._read_unread(u.query)
-                self._apply(u)
+            self._read_one(query, key, value)
+
+    def _read_one(self, query: str, key: bytes, value: bytes) -> None:
+        """Validate and apply one unread message of ``query``'s topic (the lock held)."""
+        try:
+            u = L.decode(key, value)
+        except L.LiveFormatError as exc:
+            self.rejected += 1
+            self.last_error = str(exc)
+            return
+        if self._valid(u):
+            if u.query != query:  # a message of another query on this topic: read it as sent
+                self._read_unread(u.query)
+            self._apply(u)
 
     def _ingest_now(self, key: bytes | None, value: bytes) -> bool:
         try:
@@ -299,10 +328,14 @@ class LiveHub:
             rows = sorted(self.latest[query].values(), key=lambda x: (x.window_start_us, x.key[1]))
         return [u.model_dump() for u in rows]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, read: bool = True) -> dict[str, Any]:
+        """The reader's counts and every consumer's queue; ``read``: read what waits unread first (False
+        for what is polled, /metrics and /status: a scrape every few seconds would decode every value the
+        job republishes, the cost at rest that holding them unread saves; ``unread`` says how many wait)."""
         with self._lock:
-            for q in self.unread:
-                self._read_unread(q)
+            if read:
+                for q in self.unread:
+                    self._read_unread(q)
             subs = list(self.subs.values())
             base = {
                 "coalesced": self.coalesced,
@@ -312,6 +345,7 @@ class LiveHub:
                 "last_error": self.last_error,
                 "source_error": self.source_error,
                 "tombstones": self.tombstones,
+                "unread": sum(len(h) for h in self.unread.values()),
                 "windows": {n: len(w) for n, w in self.windows.items()},
             }
         return {**base, "consumers": [s.stats() for s in subs]}
@@ -341,6 +375,7 @@ class KafkaLiveSource:
         self.error_at = -ERROR_HOLD_S  # monotonic time of librdkafka's last error
 
     def start(self) -> None:
+        collect_polls_young()
         self.thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -122,7 +122,7 @@ class LiveCollector:
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        st = self.hub.stats()
+        st = self.hub.stats(read=False)  # a scrape decodes nothing (LiveHub.stats)
         for k in ("received", "ignored", "rejected", "coalesced"):  # coalesced: replaced before it was read
             yield CounterMetricFamily(
                 f"lowwater_api_live_updates_{k}", f"live updates {k} by the API's hub", value=st[k]
@@ -130,6 +130,11 @@ class LiveCollector:
         labels = ["consumer", "query", "policy"]
         cons = st["consumers"]
         yield GaugeMetricFamily("lowwater_api_live_consumers", "live consumers connected", value=len(cons))
+        yield GaugeMetricFamily(
+            "lowwater_api_live_unread_values",
+            "live values waiting unread (no consumer asked)",
+            value=st["unread"],
+        )
         for key, name, doc in self._GAUGES:
             g = GaugeMetricFamily(f"lowwater_api_live_{name}", f"live consumer: {doc}", labels=labels)
             for c in cons:

@@ -19,7 +19,7 @@ def status_router(svc: ApiService) -> APIRouter:
     @r.get("/status", summary="Capture hosts, low-water marks, lag, late counts, open windows")
     def status() -> dict[str, Any]:
         # the job's document, plus what only the API knows: its live consumers' queues (UpStream staleness)
-        st = svc.hub.stats()
+        st = svc.hub.stats(read=False)  # polled: decodes nothing (LiveHub.stats)
         live = {
             "enabled": svc.live_source is not None,
             "received": st["received"],
