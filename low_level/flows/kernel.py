@@ -64,8 +64,8 @@ def flow_batch(
     buf, offs, lens, exps, arrival, n, tmpl, doms, tts, frows, fw, frate, ctrs, errs, exp_addr, mark,
     fold_at, carry, res, qp, qs, tab, out, pane_counts, scols, hc, row, rows, keys, sel, hs, nets
 ):
-    """Decode datagrams 0..n-1 and fold their records, fold_at records at a time (decoded rows stay in
-    cache), in one call. Rows carry[0]..carry[1]-1 of frows, decoded by the previous call, are folded
+    """Decode datagrams 0..n-1 and fold their records, fold_at (at most a chunk) records at a time
+    (decoded rows stay in cache), in one call. Rows carry[0]..carry[1]-1 of frows, decoded by the previous call, are folded
     first. Stops early when an output region could overflow (res[4] 1: drain, call again, the unfolded
     rows are the carry) or the counter rows are nearly full (res[4] 2: take them, call again).
 
@@ -213,7 +213,7 @@ class FlowKernel(KernelBase):
         self.compiled.flow_batch(
             c.qbuf, q[0, s:n], q[1, s:n], q[2, s:n], q[3, s:n], n - s, c.tmpl, c.doms,
             c.timeouts.template_timeout_s, c.rows, c.weights, c.rate, c.ctrs, c.errs, c.exp_addr,
-            NO_MARK if c.mark_ns is None else c.mark_ns, FOLD_AT, c.carry, res,
+            NO_MARK if c.mark_ns is None else c.mark_ns, min(FOLD_AT, t.chunk), c.carry, res,
             t.qp, t.qs, t.tab, t.out, t.pane_counts, t.scols,
             self.hc, self.row, self.rows, self.keys, self.sel, self.hs, self.nets,
         )  # fmt: skip

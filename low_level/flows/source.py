@@ -1,9 +1,10 @@
 """NetFlow v5 / v9 / IPFIX over UDP as a low-level source: datagrams in, weighted flow rows out.
 
 Unlike the packet sources this one does not fill the frame ring: a datagram carries tens of records, so
-datagrams are received a batch per system call into one buffer (``low_level.flows.receive``) and the
-batch is decoded in one Numba call (``low_level.flows.decode``): no Python step per datagram or record.
-The rows go to ``low_level.flows.kernel``.
+datagrams are received a batch per system call into one buffer (``low_level.flows.receive``), and the
+batch is decoded (``low_level.flows.decode``) and folded into the tables in one compiled call
+(``FlowKernel.take``, a thousand records at a time so decoded rows never leave the core's cache): no
+Python step per datagram or record. ``decode`` alone (rows out) serves tests and replays.
 
 **Punctuation.** Each exporter (address, observation domain) is a capture host in OOP terms. Its clock
 is the export time in its datagram headers. An exporter sends a record at the latest ``inactive``
