@@ -66,6 +66,13 @@ the group is done there (a TCP flow's FIN/RST, an exporter's flow end). A query 
 punctuation (``heartbeat.groups``) closes that group's windows early; a later partial of such a window
 is late (counted and flagged like any late partial). ``seq`` is the host's partial count, as in PUNCT;
 a reader that does not know the kind rejects the batch and counts it (nothing closes early then).
+
+ROW_MARKS (kind 9, an extension within version 3; row windows, ``kind: rows``): ``n u32 | pw u8 |
+part i64[n*pw] | rows i64[n] | sent_wall_ns i64``, column-major. A row query's host numbers the rows that
+pass its filter per value of ``partition_by`` (``pw`` words; 0: one counter, ``n`` = 1); each row says
+"every row of this partition value numbered below ``rows`` was sent before this batch" (its partials,
+PARTIALS batches on the same topic and partition: pane = row number // pane rows, key = the partition
+words then the group words, one 0 word when both are empty). ``seq`` counts the partial records sent.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ KIND_ROWS_LZ4 = 5
 KIND_PUNCT_SHED = 6
 KIND_PUNCT_LOSS = 7  # version 2: a punctuation with loss ranges of every cause (LOSS_CAUSES)
 KIND_PUNCT_GROUPS = 8  # version 3: group-wise punctuation (GroupPunctuation)
+KIND_ROW_MARKS = 9  # version 3: a row query host's row counts (RowMarks)
 MAX_GROUPS = 1 << 20  # groups one group punctuation may carry
 # the last three only on a closed-window feed (high_level/join/feed.py): the job's own causes of an input
 # window it publishes short (a sequence gap, a host timed out, partials late at the job)
@@ -172,6 +180,24 @@ class GroupPunctuation:
     @property
     def n(self) -> int:
         return int(self.done_pane.shape[0])
+
+
+@dataclass(frozen=True)
+class RowMarks:
+    """Row-number punctuation: every row of partition value ``part[i]`` numbered below ``rows[i]`` was sent."""
+
+    query: str
+    host: str
+    incarnation: int
+    partition: int
+    seq: int
+    part: np.ndarray  # int64[n, pw]: partition values (pw = 0: the host's one counter)
+    rows: np.ndarray  # int64[n]
+    sent_wall_ns: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
 
 
 def _str(s: str) -> bytes:
@@ -301,6 +327,24 @@ def encode_group_punctuation(g: GroupPunctuation) -> bytes:
     return _frame(KIND_PUNCT_GROUPS, g.query, g.host, g.incarnation, g.partition, g.seq, body)
 
 
+def encode_row_marks(m: RowMarks) -> bytes:
+    """A row-number punctuation (kind ROW_MARKS) of 1..MAX_GROUPS counters of 0..255 partition words."""
+    rows = np.ascontiguousarray(m.rows, dtype="<i8").ravel()
+    n = len(rows)
+    part = np.ascontiguousarray(m.part, dtype="<i8")
+    if not 0 < n <= MAX_GROUPS or part.ndim != 2 or part.shape != (n, part.shape[1]) or part.shape[1] > 255:
+        raise WireError(f"row marks carry 1..{MAX_GROUPS} counts >= 0 of 0..255 partition words")
+    if (rows < 0).any():
+        raise WireError(f"row marks carry 1..{MAX_GROUPS} counts >= 0 of 0..255 partition words")
+    body = (
+        _GROUPS.pack(n, part.shape[1])
+        + np.ascontiguousarray(part.T).tobytes()
+        + rows.tobytes()
+        + struct.pack("<q", m.sent_wall_ns)
+    )
+    return _frame(KIND_ROW_MARKS, m.query, m.host, m.incarnation, m.partition, m.seq, body)
+
+
 def _need(buf: bytes | memoryview, pos: int, n: int, what: str) -> None:
     if pos + n > len(buf):
         raise WireError(f"truncated batch: {what} needs {n} bytes at offset {pos}, batch has {len(buf)}")
@@ -329,7 +373,7 @@ def peek(buf: bytes | memoryview) -> tuple[int, str, str, int]:
     return int(kind), query, host, int(_MID.unpack_from(buf, pos)[2])
 
 
-def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunctuation:
+def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunctuation | RowMarks:
     """Decode one batch; raise WireError on anything malformed (never returns garbage)."""
     _need(buf, 0, _HEAD.size + _CRC.size, "header")
     magic, version, kind = _HEAD.unpack_from(buf, 0)
@@ -396,6 +440,18 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunc
         arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
         key = arr[: n * kw].reshape(kw, n).T
         return GroupPunctuation(query, host, incarnation, partition, seq, key, arr[n * kw :])
+    if kind == KIND_ROW_MARKS and version >= 3:
+        _need(view, pos, _GROUPS.size, "row marks header")
+        n, pw = _GROUPS.unpack_from(view, pos)
+        pos += _GROUPS.size
+        if n == 0 or n > MAX_GROUPS or end - pos != 8 * (n * (pw + 1) + 1):
+            raise WireError(f"row marks body is {end - pos} bytes for n={n} counts of pw={pw} words")
+        arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
+        rows = arr[n * pw : n * pw + n]
+        if (rows < 0).any():
+            raise WireError("row marks need counts >= 0")
+        part = arr[: n * pw].reshape(pw, n).T
+        return RowMarks(query, host, incarnation, partition, seq, part, rows, int(arr[-1]))
     head = _PUNCT3 if version >= 3 else _PUNCT
     if kind == KIND_PUNCT:
         if end - pos != head.size:

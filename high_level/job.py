@@ -36,6 +36,7 @@ from high_level.results.compact import Compactor, Maintenance
 from high_level.results.export import ResultExporter
 from high_level.results.sink import ResultSink
 from high_level.results.store import ResultStore
+from high_level.rows.pipeline import RowPipeline
 
 __all__ = ["MODES", "PIPELINES", "STATES", "HighLevelJob", "JobOptions", "pipelines", "wait_for_batch_end"]
 log = logging.getLogger("lowwater.job")
@@ -53,7 +54,8 @@ def _punctuation(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> lis
     """OOP mode: the aggregates' stream (if any) and the joins' (if any)."""
     out: list[Pipeline] = [AggregatePipeline(queries)] if queries else []
     out += [JoinPipeline(config)] if config is not None and config.joins else []
-    return out + ([DistinctPipeline(config)] if config is not None and config.distincts else [])
+    out += [DistinctPipeline(config)] if config is not None and config.distincts else []
+    return out + ([RowPipeline(config)] if config is not None and config.rows else [])
 
 
 def _watermark(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> list[Pipeline]:
@@ -63,6 +65,11 @@ def _watermark(queries: Sequence[Q.QuerySpec], config: Q.Config | None) -> list[
         names = ", ".join(repr(d.name) for d in config.distincts)
         raise WatermarkJoinRefused(
             f"{config.path}: distinct queries ({names}) run in the punctuation mode only (--mode oop, the default)"
+        )
+    if config is not None and config.rows:
+        names = ", ".join(repr(r.name) for r in config.rows)
+        raise WatermarkJoinRefused(
+            f"{config.path}: row queries ({names}) run in the punctuation mode only (--mode oop, the default)"
         )
     return [WatermarkPipeline(queries)]
 
@@ -105,7 +112,7 @@ class HighLevelJob:
         config: Q.Config | None = None,
     ) -> None:
         # join queries (high_level/join/pipeline.py) come with the config that names their select inputs
-        if not queries and (config is None or not (config.joins or config.distincts)):
+        if not queries and (config is None or not (config.joins or config.distincts or config.rows)):
             raise ValueError("no queries")
         self.pipelines = pipelines(opts.mode, queries, config)
         self.spark = spark

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[stack] starting Kafka on 127.0.0.1:{args.kafka_port} ...", flush=True)
         broker.start()
         try:
-            for topic, partitions in wanted_topics([*cfg.queries, *cfg.selects]).items():
+            for topic, partitions in wanted_topics([*cfg.queries, *cfg.selects, *cfg.rows]).items():
                 broker.create_topic(topic, partitions)
             broker.create_topic(CONTROL_TOPIC, 1)  # the job asks blocking hosts for punctuation here
         except (TopicMismatch, ValueError) as exc:

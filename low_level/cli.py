@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"lowwater-agent: {exc}") from None
     named = [q for q in cfg.queries if not s.queries or q.name in s.queries]
     named_selects = [q for q in cfg.selects if not s.queries or q.name in s.queries]
-    if not named and not named_selects:
+    named_rows = [q for q in cfg.rows if not s.queries or q.name in s.queries]
+    if not named and not named_selects and not named_rows:
         raise SystemExit(f"lowwater-agent: no query named {s.queries} in {s.config}")
     from low_level.capture import workers as W
 
@@ -164,12 +165,13 @@ def main(argv: list[str] | None = None) -> None:
         hosts |= {W.worker_host_id(s.host_id, i) for i in range(nworkers)}
     queries = [q for q in named if any(q.runs_on(h) for h in hosts)]
     selects = [q for q in named_selects if any(q.runs_on(h) for h in hosts)]
+    rows = [q for q in named_rows if any(q.runs_on(h) for h in hosts)]
     for q in named:
         if q not in queries:
             log.info(
                 "query %s does not run on host %s (sources: %s)", q.name, s.host_id, ", ".join(q.sources)
             )
-    if not queries and not selects:
+    if not queries and not selects and not rows:
         raise SystemExit(
             f"lowwater-agent: host {s.host_id!r} matches the sources of none of the queries in {s.config}"
         )
@@ -209,10 +211,10 @@ def main(argv: list[str] | None = None) -> None:
             if worker:
                 raise SystemExit("lowwater-agent: a flow collector runs as one process (--workers 1)")
 
-            if selects:
+            if selects or rows:
                 raise SystemExit(
-                    "lowwater-agent: select queries need packets; a flow source has none "
-                    f"({', '.join(x.name for x in selects)})"
+                    "lowwater-agent: select and row queries need packets; a flow source has none "
+                    f"({', '.join(x.name for x in [*selects, *rows])})"
                 )
             agent: HostLoop = FlowAgent(
                 queries, spec, s.host_id, s.bootstrap, emitter_opts=opts, networks=cfg.networks
@@ -229,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
                 selects=selects,
                 networks=cfg.networks,
                 latent_timestamps=latent,
+                rows=rows,
             )
             if worker:  # a fanout member (live) or a flow share (replay): low_level/capture/fanout.py
                 from low_level.capture.fanout import worker_source
@@ -246,10 +249,11 @@ def main(argv: list[str] | None = None) -> None:
         serve_metrics(agent, s.metrics_port)
     agent.watch_signals()
     log.info(
-        "host %s: %d queries, %d select queries, source %s, Kafka %s",
+        "host %s: %d queries, %d select queries, %d row queries, source %s, Kafka %s",
         s.host_id,
         len(queries),
         len(selects),
+        len(rows),
         s.source,
         s.bootstrap,
     )

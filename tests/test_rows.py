@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from contract import aggregates as A
-from contract.query.configfile import ConfigError, load_text
-from contract.query.rows import load_rows, row_query
+from contract.query.configfile import ConfigError, load_rows, load_text
+from contract.query.rows import row_query
 from high_level.aggregate.merge import group_reduce
 from high_level.rows.windows import RowWindows
 from low_level.kernel.rownum import RowCounter
@@ -232,12 +232,21 @@ def test_config_errors_name_file_and_line(old: str, new: str, line: int, reason:
     assert reason in str(err.value) and "rows.yaml" in str(err.value)
 
 
-def test_main_loader_says_row_windows_do_not_run_yet() -> None:
-    """The agent and the job do not run ``kind: rows``: the main loader refuses it with the reason, never
-    ignores it silently."""
+def test_main_loader_takes_row_windows_and_refuses_slide_by_tuple_with_the_reason() -> None:
+    """Row windows run in the agent and the job: the main loader takes them beside the aggregates; a
+    slide-by-tuple window does not run there yet, and is refused with file, line and reason, never ignored."""
+    cfg = load_text(ROWS_YAML, "rows.yaml")
+    assert [r.name for r in cfg.rows] == ["last_1000_per_source"] and cfg.queries == []
+    by_tuple = ROWS_YAML.replace(
+        "rows: 1000\n      slide: 100\n      partition_by: [src_ip]", "range: 5m\n      every: 10"
+    )
+    by_tuple = by_tuple.replace("    group_by: [dst_port]\n", "")
     with pytest.raises(ConfigError) as err:
-        load_text(ROWS_YAML, "rows.yaml")
-    assert err.value.line == 2 and "not run by the agent and the job yet" in str(err.value)
+        load_text(by_tuple, "rows.yaml")
+    assert err.value.line == 5 and "not run by the agent and the job yet" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # one namespace of query names
+        load_text(ROWS_YAML + ROWS_YAML.split("queries:\n")[1], "rows.yaml")
+    assert err.value.line == 11 and "duplicate query name" in str(err.value)
 
 
 def test_a_partial_of_an_emitted_window_is_counted_late_not_merged() -> None:

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from contract import aggregates as A
-from contract.query.configfile import ConfigError
-from contract.query.rows import load_rows
+from contract.query.configfile import ConfigError, load_rows
 from high_level.rows.bytuple import SlideByTuple
 
 OPS = (A.MERGE_SUM, A.MERGE_SUM, A.MERGE_MIN, A.MERGE_MAX)  # count, sum, min, max of a value

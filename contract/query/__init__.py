@@ -18,7 +18,7 @@ from contract.aggregates import (
     MERGE_SUM,
     quantile_suffix,
 )
-from contract.query.configfile import Config, load, load_selects_joins, load_text, uses_enrichment
+from contract.query.configfile import Config, load, load_rows, load_selects_joins, load_text, uses_enrichment
 from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import (
     ClosedInput,
@@ -79,6 +79,7 @@ from contract.query.model import (
     result_names,
     window_totals,
 )
+from contract.query.rows import RowQuerySpec
 from contract.query.selects import SelectSpec
 
 __all__ = [
@@ -146,6 +147,8 @@ __all__ = [
     "quantile_suffix",
     "result_names",
     "rows_query",
+    "RowQuerySpec",
+    "load_rows",
     "state_columns",
     "subkey_width",
     "uses_enrichment",

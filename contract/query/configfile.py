@@ -14,6 +14,7 @@ from contract.filterlang import OP_LOAD_NET, compile_filter
 from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import JoinSpec, check_join, inputs, join_result_query, rows_query
 from contract.query.model import ConfigError, QuerySpec
+from contract.query.rows import WINDOW_TAGS, RowQuerySpec, runs_in_job
 from contract.query.selects import SelectSpec
 
 
@@ -86,6 +87,7 @@ class Config:
         None  # the capture source `./lw run` uses without --source (e.g. a generator's options)
     )
     distincts: list[DistinctSpec] = dc_field(default_factory=list)  # kind: distinct
+    rows: list[RowQuerySpec] = dc_field(default_factory=list)  # kind: rows (row windows)
 
     def query(self, name: str) -> QuerySpec:
         for q in self.queries:
@@ -170,7 +172,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
             raise ConfigError(
                 path, doc["__lines__"]["queries"], f"queries[{idx}]", "each query must be a mapping"
             )
-        if item.get("kind") in ("select", "join", "distinct"):
+        if item.get("kind") in ("select", "join", "distinct", "rows"):
             other.append(item)
             continue
         if "kind" in item:
@@ -179,10 +181,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
                     path,
                     item["__lines__"]["kind"],
                     f"query {item.get('name', f'#{idx}')!r}: kind",
-                    "row windows are not run by the agent and the job yet "
-                    "(docs/queries.md, 'Row windows'; contract.query.rows.load_rows validates them)"
-                    if item["kind"] == "rows"
-                    else f"unknown kind {item['kind']!r} (aggregate, select, join or distinct)",
+                    f"unknown kind {item['kind']!r} (aggregate, select, join, distinct or rows)",
                 )
             item = {k: v for k, v in item.items() if k != "kind"}
         try:
@@ -215,11 +214,19 @@ def load_text(text: str, path: str = "<string>") -> Config:
                 )
     if not other:
         return Config(path, queries, networks=networks, source=source)
+    rows = load_row_items([it for it in other if it.get("kind") == "rows"], path, seen, in_job=True)
     distincts = [it for it in other if it.get("kind") == "distinct"]
-    other = [it for it in other if it.get("kind") != "distinct"]
+    other = [it for it in other if it.get("kind") not in ("distinct", "rows")]
     selects, joins = load_selects_joins(other, path, seen, queries)
     return Config(
-        path, queries, selects, joins, networks, source, load_distincts(distincts, path, seen, selects)
+        path,
+        queries,
+        selects,
+        joins,
+        networks,
+        source,
+        load_distincts(distincts, path, seen, selects),
+        rows,
     )
 
 
@@ -310,6 +317,60 @@ def load_distincts(items: list[dict], path: str, seen: dict[str, int], selects: 
             )
         out.append(spec)
     return out
+
+
+def _named(item: dict, loc: tuple, reason: str) -> tuple[tuple, str]:
+    """A model-level reason that starts with its field (``slide: ...``) points at that field's line."""
+    head, _, rest = reason.partition(": ")
+    node: Any = item
+    path = (*loc, *head.split("."))
+    for p in path:
+        if not isinstance(node, dict) or p not in node:
+            return loc, reason
+        node = node[p]
+    return path, rest
+
+
+def load_row_items(items: list[dict], path: str, seen: dict[str, int], in_job: bool = False) -> list:
+    """Validate the ``kind: rows`` items; ``in_job``: refuse what the agent and the job do not run yet."""
+    out: list[RowQuerySpec] = []
+    for idx, item in enumerate(items):
+        try:
+            spec = RowQuerySpec.model_validate(_strip(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = tuple(_ALIASES.get(p, p) if isinstance(p, str) else p for p in err["loc"])
+            loc = tuple(p for p in loc if p not in WINDOW_TAGS)
+            reason = err["msg"].removeprefix("Value error, ")
+            reason = {"extra_forbidden": "unknown field", "missing": "required field is missing"}.get(
+                err["type"], reason
+            )
+            loc, reason = _named(item, loc, reason)
+            field = ".".join(str(p) for p in loc) or "query"
+            raise ConfigError(
+                path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
+            ) from None
+        _first(seen, spec.name, item, path)
+        if in_job and not runs_in_job(spec):
+            raise ConfigError(
+                path,
+                item["__lines__"].get("window"),
+                f"query {spec.name!r}: window",
+                "slide-by-tuple windows ({range, every}) are not run by the agent and the job yet "
+                "(docs/queries.md, 'Row windows'; contract.query.configfile.load_rows validates them)",
+            )
+        out.append(spec)
+    return out
+
+
+def load_rows(text: str, path: str = "<string>") -> list[RowQuerySpec]:
+    """The ``kind: rows`` queries of a config document, row windows and slide-by-tuple alike (the
+    processor-level tests and benchmarks); a problem raises ConfigError(file, line, field, reason)."""
+    doc = yaml_with_lines(text, path)
+    items = doc.get("queries") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise ConfigError(path, None, "queries", "must be a list of queries")
+    return load_row_items([it for it in items if isinstance(it, dict) and it.get("kind") == "rows"], path, {})
 
 
 def load_selects_joins(

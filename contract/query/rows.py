@@ -14,7 +14,6 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -22,8 +21,8 @@ from pydantic import (
 
 from contract import aggregates as A
 from contract import fields as F
-from contract.query.configfile import ConfigError, _line_of, _strip, yaml_with_lines
-from contract.query.model import AggregateSpec, QuerySpec, _Strict
+from contract.query.model import AggregateSpec, HeartbeatSpec, KafkaSpec, QuerySpec, _Strict
+from contract.query.selects import SelectSpec
 from contract.query.windows import RowWindowSpec, TupleSlideSpec
 
 
@@ -62,6 +61,8 @@ class RowQuerySpec(_Strict):
     filter: str | None = None
     sources: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     description: str = ""
+    heartbeat: HeartbeatSpec = HeartbeatSpec()
+    kafka: KafkaSpec = KafkaSpec()
 
     @field_validator("name", "filter", "sources")
     @classmethod
@@ -85,6 +86,9 @@ class RowQuerySpec(_Strict):
         hol = [a.name for a in v if a.holistic]
         if hol:
             raise ValueError(f"{', '.join(hol)}: a row window takes bounded aggregates (no second stage yet)")
+        for a in v:
+            if a.field == "dscp":
+                raise ValueError(f"{a.name}: a row window aggregates packet columns (use tos, not dscp)")
         return v
 
     @model_validator(mode="after")
@@ -112,53 +116,60 @@ class RowQuerySpec(_Strict):
         """(fn, result name) in state order, as :func:`contract.aggregates.finalize` takes them."""
         return [(a.fn, a.name) for a in self.aggregates]
 
+    @property
+    def topic(self) -> str:
+        return self.kafka.topic or f"lowwater.{self.name}"
 
-def _named(item: dict, loc: tuple, reason: str) -> tuple[tuple, str]:
-    """A model-level reason that starts with its field (``slide: ...``) points at that field's line."""
-    head, _, rest = reason.partition(": ")
-    node: Any = item
-    path = (*loc, *head.split("."))
-    for p in path:
-        if not isinstance(node, dict) or p not in node:
-            return loc, reason
-        node = node[p]
-    return path, rest
+    @property
+    def partition_by(self) -> list[str]:
+        return self.window.partition_by if isinstance(self.window, RowWindowSpec) else []
 
+    def runs_on(self, host: str) -> bool:
+        return self.selection.runs_on(host)
 
-def load_rows(text: str, path: str = "<string>") -> list[RowQuerySpec]:
-    """The ``kind: rows`` queries of a config document; a problem raises ConfigError(file, line, field, reason)."""
-    doc = yaml_with_lines(text, path)
-    items = doc.get("queries") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        raise ConfigError(path, None, "queries", "must be a list of queries")
-    out: list[RowQuerySpec] = []
-    seen: set[str] = set()
-    for idx, item in enumerate(items):
-        if not isinstance(item, dict) or item.get("kind") != "rows":
-            continue
-        try:
-            spec = RowQuerySpec.model_validate(_strip(item))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = tuple(p for p in err["loc"] if p not in WINDOW_TAGS)
-            reason = err["msg"].removeprefix("Value error, ")
-            reason = {"extra_forbidden": "unknown field", "missing": "required field is missing"}.get(
-                err["type"], reason
-            )
-            loc, reason = _named(item, loc, reason)
-            field = ".".join(str(p) for p in loc) or "query"
-            raise ConfigError(
-                path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
-            ) from None
-        if spec.name in seen:
-            raise ConfigError(
-                path, item["__lines__"].get("name"), f"query {spec.name!r}", "duplicate query name"
-            )
-        seen.add(spec.name)
-        out.append(spec)
-    return out
+    @property
+    def selection(self) -> SelectSpec:
+        """The select the capture host's compiled kernel runs for this query: the rows that pass the
+        filter, in capture order, with the words numbering (partition), grouping and aggregating need
+        (``length`` alone when none: a count over the whole host still needs one word)."""
+        names = [*self.partition_by, *self.group_by]
+        names += [a.field for a in self.aggregates if a.field and F.CATALOG[a.field].kind != "time"]
+        fields = list(dict.fromkeys(names)) or ["length"]
+        return SelectSpec.model_validate(
+            {
+                "kind": "select",
+                "name": self.name,
+                "sources": self.sources,
+                "filter": self.filter,
+                "fields": fields,
+                "heartbeat": self.heartbeat,
+                "kafka": self.kafka,
+            }
+        )
+
+    def words(self, names: list[str]) -> list[int]:
+        """Row-block columns (0 = timestamp) of these fields in the selection's rows."""
+        sel = self.selection
+        return [1 + i for n in names for i in sel.word_index(n)]
+
+    @property
+    def lift_columns(self) -> list[tuple[int, A.StatePart]]:
+        """(row-block column, state part) of every state column, in state order: ``contract.aggregates.lift``
+        of that column is what one row adds (the timestamp column for a field-less count)."""
+        out = []
+        for a in self.aggregates:
+            timed = a.field is None or F.CATALOG[a.field].kind == "time"
+            col = 0 if timed else self.words([a.field])[0]
+            out += [(col, p) for p in A.REGISTRY[a.fn].parts(a)]
+        return out
 
 
 def row_query(spec: dict[str, Any]) -> RowQuerySpec:
     """A row query from a plain mapping (tests and benchmarks)."""
     return RowQuerySpec.model_validate({"kind": "rows", **spec})
+
+
+def runs_in_job(spec: RowQuerySpec) -> bool:
+    """Whether the agent and the job run it: row windows yes; slide-by-tuple (FCA bins need every row's
+    timestamp at the job) only at processor level so far."""
+    return isinstance(spec.window, RowWindowSpec)

@@ -95,9 +95,11 @@ def start_state_stream(
     kind: str,
     query: str,
     fn: Callable[..., Any],
+    ddl: str = OUTPUT_DDL,
+    write: Callable[[Any, int], None] | None = None,
 ) -> Any:
     """One streaming query: ``topics`` -> one state group (``fn``, all partitions, keyed by column ``kind``
-    = ``query``) -> the sink; named and checkpointed ``<kind>-<query>``."""
+    = ``query``, output ``ddl``) -> the sink (or ``write(batch, id)``); named and checkpointed ``<kind>-<query>``."""
     name = f"{kind}-{query}"
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -116,7 +118,7 @@ def start_state_stream(
         .groupBy(kind)
         .applyInPandasWithState(
             fn,
-            outputStructType=OUTPUT_DDL,
+            outputStructType=ddl,
             stateStructType="blob binary",
             outputMode="append",
             timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
@@ -124,7 +126,7 @@ def start_state_stream(
     )
     return (
         out.writeStream.queryName(f"{opts.name}-{name}")
-        .foreachBatch(sink.foreach_packed)
+        .foreachBatch(write or sink.foreach_packed)
         .option("checkpointLocation", str(Path(opts.checkpoint) / name))
         .trigger(processingTime=f"{opts.trigger_ms} milliseconds")
         .start()

@@ -49,6 +49,7 @@ class Agent(HostLoop):
         selects: list[Q.SelectSpec] | None = None,
         networks: str | None = None,
         latent_timestamps: bool = False,
+        rows: list[Q.RowQuerySpec] | None = None,
     ) -> None:
         # latent timestamps (on-demand punctuation paper section 5): the agent stamps every record with its
         # own clock when it reads it from the ring, whatever the source wrote, so no record read later can
@@ -67,7 +68,13 @@ class Agent(HostLoop):
         self.last_pump = 0.0
         self.ring = Ring(ring_slots)
         self.selects = list(selects or [])  # select queries: rows per packet, low_level.kernel.selection
-        self.kernel = Kernel(Tables.build(queries, chunk=chunk), self.selects, nets=self._networks_table())
+        # row-window queries run as selects after them (the filter and words), numbered on draining
+        self.row_queries = list(rows or [])
+        self.kernel = Kernel(
+            Tables.build(queries, chunk=chunk),
+            [*self.selects, *(r.selection for r in self.row_queries)],
+            nets=self._networks_table(),
+        )
         # compile before any source starts: a first packet must not wait seconds for the compiler
         took = self.kernel.warm(self.ring)
         if took > 1.0:
@@ -77,10 +84,17 @@ class Agent(HostLoop):
                 took,
             )
         self.emitter = Emitter(
-            queries, host, bootstrap, producer=producer, selects=self.selects, **(emitter_opts or {})
+            queries,
+            host,
+            bootstrap,
+            producer=producer,
+            selects=self.selects,
+            rows=self.row_queries,
+            **(emitter_opts or {}),
         )
         self._bound_pending()
         self.select_next_timer = [0.0] * len(self.selects)
+        self.row_next_timer = [0.0] * len(self.row_queries)
         self.select_last_on_demand = [0.0] * len(self.selects)
         self.source = None
         if source_spec is not None:
@@ -172,6 +186,8 @@ class Agent(HostLoop):
             rows = self.kernel.sel_buf.drain(k)
             if len(rows):
                 self.emitter.outbox.submit(s.name, rows)
+        for j, rp in enumerate(self.emitter.row_panes):
+            rp.submit(self.kernel.sel_buf.drain(len(self.selects) + j))
 
     def punctuate_select(self, k: int, idle: bool, end_of_stream: bool = False, timer: bool = True) -> None:
         """Select k's mark is its clock: drain what the kernel selected, raise the mark, queue it after the rows
@@ -213,6 +229,9 @@ class Agent(HostLoop):
         super().punctuate_all(idle, timer, end_of_stream)
         for k in range(len(self.selects)):
             self.punctuate_select(k, idle=True, end_of_stream=end_of_stream)
+        self.drain()
+        for rp in self.emitter.row_panes:  # a stop or the end: every counter, so every window closes
+            rp.punctuate(every=True)
 
     def process(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
@@ -254,6 +273,11 @@ class Agent(HostLoop):
             ):
                 self.select_last_on_demand[k] = now  # asked by a blocked join: punctuate as if idle
                 self.punctuate_select(k, idle=True, timer=False)
+        for j, r in enumerate(self.row_queries):
+            if now >= self.row_next_timer[j]:  # after the drain above: the counts cover the rows sent
+                self.row_next_timer[j] = now + r.heartbeat.interval_ns / 1e9
+                self.emitter.row_panes[j].punctuate()
+                self.punctuated = True
         if self.pending_records >= self.pending_max:
             self.submit()  # into the backlog, whose merge and bound (max_records) then apply
         if (
@@ -277,7 +301,8 @@ class Agent(HostLoop):
         idle live-clock mark that moves (its clock crosses a pane), a request the rate limit held back,
         a pump of what is queued. Select queries on demand keep the short wait (their mark follows
         the clock itself, not panes)."""
-        due = min(super().next_due(), *self.select_next_timer) if self.selects else super().next_due()
+        timers = [*self.select_next_timer, *self.row_next_timer]
+        due = min(super().next_due(), *timers) if timers else super().next_due()
         if any(s.heartbeat.on_demand for s in self.selects):
             return min(due, time.monotonic() + self.idle_sleep_max_s)
         now = time.monotonic()
@@ -295,7 +320,12 @@ class Agent(HostLoop):
             for i, asked in enumerate(self.control.pending):
                 if asked and i < len(last):
                     due = min(due, last[i] + self.on_demand_gap_s)
-        if self.pending_records or not self.emitter.outbox.empty or any(self.emitter.backlog.fifos.values()):
+        if (
+            self.pending_records
+            or not self.emitter.outbox.empty
+            or any(self.emitter.backlog.fifos.values())
+            or not all(rp.empty for rp in self.emitter.row_panes)
+        ):
             due = min(due, self.last_pump + self.pump_every_s)
         return due
 

@@ -19,6 +19,7 @@ import numpy as np
 from contract import query as Q
 from contract import wire
 from low_level.host.backlog import Backlog, Block
+from low_level.kernel.rowpanes import RowPanes
 from low_level.kernel.selection import SelectOutbox
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Emitter:
         64 << 20
     )  # unacknowledged bytes handed to the producer; beyond it data waits here
     selects: list[Q.SelectSpec] = field(default_factory=list)  # select queries: rows go through self.outbox
+    rows: list[Q.RowQuerySpec] = field(default_factory=list)  # row-window queries: self.row_panes
 
     def __post_init__(self) -> None:
         self.incarnation = time.time_ns()
@@ -72,6 +74,7 @@ class Emitter:
         self._closing = False
         self.connect_errors = 0
         self.outbox = SelectOutbox(self.selects, self.host, self.incarnation)
+        self.row_panes = [RowPanes(r, self.host, self.incarnation) for r in self.rows]
         self._connector: threading.Thread | None = None
         if self.producer is None and self.bootstrap:
             # connect in the background: Kafka may be down when capture starts, and a blocking
@@ -89,7 +92,7 @@ class Emitter:
         admin = connect(self.bootstrap or "", security, 10)
         try:
             for topic, action in ensure_topics(
-                admin, wanted_topics([*self.queries, *self.selects]), exact=True
+                admin, wanted_topics([*self.queries, *self.selects, *self.rows]), exact=True
             ).items():
                 log.info("topic %s: %s", topic, action)
         finally:
@@ -289,6 +292,8 @@ class Emitter:
                 handed += 1
         if self.inflight_bytes <= self.max_inflight_bytes:
             handed += self.outbox.pump(self._send)
+            for rp in self.row_panes:
+                handed += rp.pump(self._send)
         return handed
 
     def _upto(self, query: str, part: int, pane: int) -> None:
@@ -299,7 +304,12 @@ class Emitter:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.pump()
-            if self.backlog.records == 0 and not any(self.backlog.fifos.values()) and self.outbox.empty:
+            if (
+                self.backlog.records == 0
+                and not any(self.backlog.fifos.values())
+                and self.outbox.empty
+                and all(rp.empty for rp in self.row_panes)
+            ):
                 if self.producer is not None and hasattr(self.producer, "flush"):
                     self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
                 return True

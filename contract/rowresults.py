@@ -1,0 +1,50 @@
+"""The results of a row-window query (``kind: rows``): its files' exact Arrow schema, beside
+:mod:`contract.results`' layout (same directories and file names; a row window has no time span, so its
+rows have columns of their own)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from contract import fields as F
+from contract.query.rows import RowQuerySpec
+from contract.results import CLOSING_FIELDS, FLOAT_FNS, ResultsLayoutError
+
+ROW_WINDOW_FIELDS = (
+    pa.field("window", pa.int64(), nullable=False),
+    pa.field("first_row", pa.int64(), nullable=False),
+    pa.field("end_row", pa.int64(), nullable=False),
+)
+
+
+def row_schema(q: RowQuerySpec) -> pa.Schema:
+    """The Arrow schema of a row-window query's result files (``kind: rows``, same directory layout).
+
+    A row window has no time span: a row is one (capture host incarnation, partition value, window of
+    rows, group): ``host``, ``incarnation`` (a restarted agent numbers its rows from 0 again), the
+    ``partition_by`` fields, ``window`` (its WID), ``first_row`` and ``end_row`` (rows [first, end) of
+    that host's numbering), the ``group_by`` fields, the aggregates, then ``closed_at`` and ``kind``
+    (``final``). Addresses are text, as in :func:`schema`. Filed under the day of ``closed_at``.
+    """
+
+    def kind(n: str) -> pa.DataType:
+        return pa.string() if F.CATALOG[n].kind == "ip" else pa.int64()
+
+    fields = [
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("incarnation", pa.int64(), nullable=False),
+    ]
+    fields += [pa.field(n, kind(n)) for n in q.partition_by]
+    fields += list(ROW_WINDOW_FIELDS)
+    fields += [pa.field(n, kind(n)) for n in q.group_by]
+    fields += [
+        pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64())
+        for a in q.aggregates
+        for n, fn in a.output_columns()
+    ]
+    fields += [CLOSING_FIELDS[0], CLOSING_FIELDS[-1]]
+    names = [f.name for f in fields]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ResultsLayoutError(f"query {q.name!r}: result column names {dup} clash with the row layout")
+    return pa.schema(fields, metadata={b"lowwater.query": q.name.encode()})

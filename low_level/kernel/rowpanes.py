@@ -1,0 +1,151 @@
+"""A row query (``kind: rows``) at the capture host: number its rows, sub-aggregate them per row pane, send.
+
+The compiled per-packet pass runs the query as a select (``RowQuerySpec.selection``: its filter, and the
+words of its partition, group and aggregate fields), so its rows leave the kernel in capture order. Per
+drained block (never a Python loop per row): the partition lookup is one ``np.unique`` and the numbering
+the compiled loop of :mod:`low_level.kernel.rownum`; each row's pane is its number // pane rows; the lifted
+state columns are merged per (partition, pane, group) (``low_level.host.backlog.merge_records``). The
+blocks and the row marks (the counters, the host's punctuation) wait in one FIFO per query until Kafka
+takes them: partials always before the marks that cover them, one Kafka partition per host (its order
+is the promise). While Kafka is away the queued blocks are merged in place, so the FIFO is bounded by
+the (partition, pane, group) triples of the rows it holds, not by the rows; nothing is shed.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from contract import aggregates as A
+from contract import wire
+from contract.query.rows import RowQuerySpec
+from low_level.host.backlog import Block, merge_records
+from low_level.kernel.rownum import RowCounter
+
+I64 = np.int64
+MERGE_AT = 1 << 20  # queued partial records from which the FIFO is merged in place
+MAX_BATCH = 65_536  # partial records per Kafka message
+
+
+class RowPanes:
+    """One row query on one capture host incarnation: numbering, pane partials and their Kafka FIFO."""
+
+    def __init__(self, spec: RowQuerySpec, host: str, incarnation: int) -> None:
+        self.spec, self.host, self.incarnation = spec, host, incarnation
+        self.part_cols = spec.words(spec.partition_by)
+        self.key_cols = spec.words(spec.group_by)
+        self.lifts = spec.lift_columns
+        self.ops = np.asarray(spec.ops, I64)
+        self.pane_rows = spec.window.pane_rows
+        self.counter = RowCounter(len(self.part_cols))
+        # one partition per host: its partials and marks stay in order on the way
+        self.partition = zlib.crc32(host.encode()) % spec.kafka.partitions
+        self.fifo: deque = deque()
+        self.queued = 0  # partial records in the FIFO
+        self.seq = 0  # partial records sent
+        self.rows = 0  # rows numbered
+        self.records_sent = 0
+        self.marks_sent = 0
+
+    def submit(self, rows: np.ndarray) -> None:
+        """A drained block of the query's selected rows (int64[n, 1 + width], capture order)."""
+        n = rows.shape[0]
+        if n == 0:
+            return
+        part = rows[:, self.part_cols]
+        number = self.counter.number(part)
+        state = np.column_stack([A.lift(p, rows[:, c]) for c, p in self.lifts]).astype(I64)
+        key = np.column_stack([part, rows[:, self.key_cols]]) if self.part_cols or self.key_cols else None
+        key = np.zeros((n, 1), I64) if key is None else key  # the wire's key has at least one word
+        b = merge_records(number // self.pane_rows, key, state, self.ops)
+        self.fifo.append(b)
+        self.queued += b.n
+        self.rows += n
+        if self.queued > MERGE_AT:
+            self._compact()
+
+    def punctuate(self, every: bool = False) -> None:
+        """Queue the counters numbered since the last marks (``every``: all of them, e.g. at a stop)."""
+        if every:
+            self.counter.touched[:] = True
+        part, count = self.counter.punctuation()
+        if len(count):
+            self.fifo.append(
+                wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, part, count)
+            )
+
+    def _compact(self) -> None:
+        """Merge the queued blocks into one and the queued marks into one (the newest count per value)."""
+        blocks = [b for b in self.fifo if isinstance(b, Block)]
+        marks = [m for m in self.fifo if isinstance(m, wire.RowMarks)]
+        self.fifo.clear()
+        if blocks:
+            merged = merge_records(
+                np.concatenate([b.pane for b in blocks]),
+                np.concatenate([b.key for b in blocks]),
+                np.concatenate([b.state for b in blocks]),
+                self.ops,
+            )
+            self.fifo.append(merged)
+            self.queued = merged.n
+        if marks:
+            part = np.concatenate([m.part for m in marks])
+            rows = np.concatenate([m.rows for m in marks])
+            uniq, inv = np.unique(part, axis=0, return_inverse=True)
+            top = np.zeros(len(uniq), I64)
+            np.maximum.at(top, inv.ravel(), rows)
+            self.fifo.append(
+                wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, uniq, top)
+            )
+
+    def pump(self, send: Any) -> int:
+        """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order."""
+        handed, topic, part = 0, self.spec.topic, self.partition
+        while self.fifo:
+            item = self.fifo[0]
+            if isinstance(item, Block):
+                n = min(item.n, MAX_BATCH)
+                value = wire.encode_partials(
+                    self.spec.name,
+                    self.host,
+                    self.incarnation,
+                    part,
+                    self.seq,
+                    item.pane[:n],
+                    item.key[:n],
+                    item.state[:n],
+                )
+                if not send(topic, part, value):
+                    return handed
+                self.seq += n
+                self.queued -= n
+                self.records_sent += n
+                if n == item.n:
+                    self.fifo.popleft()
+                else:
+                    self.fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
+            else:
+                m = wire.RowMarks(
+                    item.query,
+                    item.host,
+                    item.incarnation,
+                    part,
+                    self.seq,
+                    item.part,
+                    item.rows,
+                    time.time_ns(),
+                )
+                if not send(topic, part, wire.encode_row_marks(m)):
+                    return handed
+                self.marks_sent += 1
+                self.fifo.popleft()
+            handed += 1
+        return handed
+
+    @property
+    def empty(self) -> bool:
+        return not self.fifo
