@@ -48,9 +48,7 @@ class FlowAgent(HostLoop):
     """One flow-collector host: owns the collector, the tables, the weighted kernel and the emitter."""
 
     idle_sleep_s = 0.001
-    # the longest wait after a partial batch (see process): a turn's fixed cost (receive, drain, pump, timers,
-    # ~0.2 ms) over fewer, fuller batches; partials wait for the pump (0.1 s) anyway
-    batch_wait_s = 0.05
+    batch_wait_s = 0.01  # the longest wait after a partial batch (see process)
 
     def __init__(
         self,
