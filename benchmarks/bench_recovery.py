@@ -15,7 +15,13 @@ hosts stream partials and punctuation (real wire batches, punctuation every seco
 
 ``*_recovery_s`` is the time from the kill until the first window whose closing punctuation was handed to
 Kafka after the kill is whole in the store (its rows number the oracle's, read through the API's file index:
-visible files only); ``next_window_s`` until any window not yet whole became whole. At the end the stream is
+visible files only); ``next_window_s`` until any window not yet whole became whole. Before each fault (and
+the end) the run waits for ``steady_windows`` windows closed on input sent after the previous fault's kill
+(before the first: after the job's first window), never an absolute count: a replayed backlog never counts. Each fault's interrupted windows (not whole
+at the kill, up to the recovery's window) are compared with the oracle on their own (``exact_across``), and
+each restart's time is split into Spark session, queries started and first batch committed
+(``restart_phases``: under load the first batch of fresh executors, their JVMs and Python workers, is
+most of it). At the end the stream is
 cut, every window below the hosts' last mark must close, and the store is compared with an offline oracle
 over the same packets: ``rows_written_twice`` (final duplicates, or rows over the oracle's count seen at any
 poll), missing, wrong, and windows closed early (goal: all 0). Writes ``benchmarks/results/reliability.json``
@@ -46,7 +52,13 @@ def chart(res: dict, path: Path) -> None:
     plt = harness.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     tl = res["run"]["timeline"]
-    ax.plot([r["t_s"] for r in tl], [r["close_latency_s"] for r in tl], marker=".", lw=1, label="window")
+    ax.plot(
+        [r["t_s"] for r in tl],
+        [r["close_latency_s"] for r in tl],
+        marker=".",
+        ls="none",
+        label="window (when whole)",
+    )
     colors = {"job": "tab:red", "broker": "tab:orange"}
     seen = set()
     for ev in res["run"]["events"]:
@@ -80,6 +92,15 @@ def summarize(run: dict, head: dict) -> dict:
             "every partition) was handed to the producer after the kill has all the oracle's final rows in "
             "the store's visible files (polled every 0.25 s as the API's file index reads them)",
             "next_window_s": "per fault: from the SIGKILL until any window not yet whole became whole",
+            "windows_across": "per fault: the windows it interrupted (not whole at the kill, up to the first "
+            "window closed on fresh input), each compared with the oracle (exact_across, rows_across)",
+            "steady": "before each fault and before the end: steady_windows windows closed on input sent after "
+            "the previous fault's kill (before the first fault: after the job's first window), never an "
+            "absolute count (a replayed backlog never counts)",
+            "restart_phases": "per job fault, seconds from the restart's launch: session_s (driver JVM and "
+            "its registration with the master), queries_started_s (streams started), first_batch_s (first "
+            "micro-batch committed: the executors' start, their Python workers, the state store's load and "
+            "the replay of the batch in flight at the kill)",
             "rows_written_twice": "final rows of one (window, group) seen more than once in the visible store: "
             "at the end, or at any poll (rows of a window over the oracle's count), whichever is more",
             "exact": "every window below the hosts' last mark, across the faults, equals the oracle (no row "
@@ -93,6 +114,8 @@ def summarize(run: dict, head: dict) -> dict:
         "exact": run["exact"],
         "steady_close_latency_s": run["steady_close_latency_s"],
         "job_first_window_s": run.get("job_first_window_s"),  # the job's first start, stream included
+        "job_first_start_phases": run.get("job_first_start_phases"),
+        "exact_across_each_fault": all(ev.get("exact_across") for ev in run["events"]),
         "faults_skipped": run.get("faults_skipped", []),  # by the budget
         "job_restarts_by_supervisor": run["job_restarts_by_supervisor"],
         "kafka_source_failover": FAILOVER_OPTIONS,  # the job's defaults (high_level/options.py)

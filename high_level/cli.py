@@ -66,6 +66,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], str |
     p.add_argument("--expected-hosts", help="comma list: nothing closes before each has punctuated")
     p.add_argument("--late-policy", choices=LATE_POLICIES)
     p.add_argument("--max-offsets-per-trigger", type=int)
+    p.add_argument(
+        "--expected-rate",
+        type=float,
+        help="partial records/s at peak (all queries): the trigger grows so a micro-batch holds ~5M records "
+        "(the driver's cost per batch is fixed), up to 10 s; windows close up to one trigger later",
+    )
     p.add_argument("--master", help="Spark master (default local[2])")
     p.add_argument(
         "--shuffle-partitions",

@@ -38,6 +38,26 @@ FAILOVER_OPTIONS = {
     "fetchOffset.retryIntervalMs": "1000",
 }
 
+# Amortising the driver. A micro-batch costs the driver a fixed F CPU-s (Spark's planning of the stateful
+# stream and of the task writers, the commit), whatever its records, plus v CPU-s per million records
+# (benchmarks/bench_scaling.py: driver_fixed_cpu_s_per_batch, driver_cpu_s_per_million_records_beyond_fixed).
+# While the job keeps up a batch holds what arrived in one trigger, B = rate x trigger, so the driver's cost
+# per million records is F / B + v. With --expected-rate the trigger is at least RATE_BATCH_RECORDS / rate:
+# batches of about that many records, which keep F / B near 0.05 CPU-s per million at F = 0.25 CPU-s. The
+# price is latency: a window closes up to one trigger after its last punctuation, so the trigger is capped
+# at MAX_RATE_TRIGGER_MS (and a rate under RATE_BATCH_RECORDS / 1 s keeps the 1-s trigger).
+RATE_BATCH_RECORDS = 5_000_000
+MAX_RATE_TRIGGER_MS = 10_000
+
+
+def rate_trigger_ms(trigger_ms: int, expected_rate: float | None) -> int:
+    """The trigger for ``expected_rate`` partial records/s: at least ``trigger_ms``, and at least the time a
+    batch of :data:`RATE_BATCH_RECORDS` takes to arrive, up to :data:`MAX_RATE_TRIGGER_MS`."""
+    if not expected_rate:
+        return trigger_ms
+    want = min(MAX_RATE_TRIGGER_MS, round(1000 * RATE_BATCH_RECORDS / expected_rate))
+    return max(trigger_ms, want)
+
 
 @dataclass(frozen=True)
 class JobOptions:

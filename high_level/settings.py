@@ -20,6 +20,7 @@ from contract import query as Q
 from contract.kafka_security import KafkaSecurity
 from contract.settings import RoleSettings
 from high_level.job import JobOptions
+from high_level.options import rate_trigger_ms
 
 _SECURITY_KEYS = ("kafka.security.", "kafka.sasl.", "kafka.ssl.")
 
@@ -43,6 +44,12 @@ class JobSettings(RoleSettings):
     expected_hosts: list[str] = Field(default_factory=list)
     late_policy: Literal["drop", "correction"] = "drop"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    expected_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="partial records/s at peak over all queries: the trigger grows to batches of about "
+        "5M records (high_level.options.rate_trigger_ms), up to 10 s",
+    )
     master: str = "local[2]"
     shuffle_partitions: int | None = Field(default=None, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
@@ -132,7 +139,7 @@ class JobSettings(RoleSettings):
             results=self.results,
             checkpoint=self.checkpoint,
             mode=self.mode,
-            trigger_ms=ms(self.trigger),
+            trigger_ms=rate_trigger_ms(ms(self.trigger), self.expected_rate),
             idle_trigger_ms=ms(self.idle_trigger),
             host_timeout_ms=ms(self.host_timeout),
             expected_hosts=tuple(self.expected_hosts),

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -206,6 +206,7 @@ class JobProcess:
         self.starts: list[float] = []
         self.restarts: list[str] = []  # why the job exited by itself and was started again
         self._log_from, self._wall_start = 0, 0.0
+        self._spans: list[tuple[int, float]] = []  # per start: (log offset, wall clock) at its launch
 
     def start(self) -> JobProcess:
         self._log_from = self.log.stat().st_size if self.log.exists() else 0
@@ -220,6 +221,7 @@ class JobProcess:
         out.close()
         self.starts.append(time.monotonic())
         self._wall_start = time.time()
+        self._spans.append((self._log_from, self._wall_start))
         return self
 
     def kill(self) -> float:
@@ -247,17 +249,46 @@ class JobProcess:
         self.proc.wait(30)
         return self.proc.returncode
 
+    def _log_lines(self, start: int = -1) -> list[str]:
+        """The log of start number ``start`` (its launch up to the next one's)."""
+        begin = self._spans[start][0] if self._spans else self._log_from
+        end = self._spans[start + 1][0] if -1 != start < len(self._spans) - 1 else None
+        with self.log.open("rb") as f:
+            f.seek(begin)
+            data = f.read() if end is None else f.read(end - begin)
+        return data.decode(errors="replace").splitlines()
+
+    def _since_start(self, line: str, start: int = -1) -> float:
+        wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # logging: local time
+        return round(wall - (self._spans[start][1] if self._spans else self._wall_start), 1)
+
     def query_started_s(self) -> float | None:
         """Seconds from the latest start to the job's ``started ... mode`` line (Spark session up, queries
         started), from the log's own clock; None while it is not written."""
-        with self.log.open("rb") as f:
-            f.seek(self._log_from)
-            text = f.read().decode(errors="replace")
-        for line in text.splitlines():
+        for line in self._log_lines():
             if " INFO " in line and " started " in line and " mode for " in line:
-                wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # logging: local time
-                return round(wall - self._wall_start, 1)
+                return self._since_start(line)
         return None
+
+    def phases(self, checkpoint: Path, start: int = -1) -> dict[str, float | None]:
+        """Where start number ``start``'s time went (read after its first batch committed: a window is in
+        the store before its batch's commit), in seconds from its launch: ``session_s`` the Spark session
+        (driver JVM, registration with the master: the job's first log line comes after it),
+        ``queries_started_s`` the streams started (plans, the state schema's check), ``first_batch_s`` the
+        first micro-batch committed (``checkpoint``'s ``*/commits``: executors' start, their Python workers,
+        the state store's load, the replay of the batch in flight at a kill)."""
+        lines = self._log_lines(start)
+        stamped = [x for x in lines if x[:4].isdigit() and x[4:5] == "-" and x[23:24] == " "]
+        began = [x for x in lines if " INFO " in x and " started " in x and " mode for " in x]
+        wall = self._spans[start][1]
+        until = self._spans[start + 1][1] if -1 != start < len(self._spans) - 1 else np.inf
+        commits = [f.stat().st_mtime for f in checkpoint.glob("*/commits/[0-9]*")]
+        after = [m for m in commits if wall <= m < until]
+        return {
+            "session_s": self._since_start(stamped[0], start) if stamped else None,
+            "queries_started_s": self._since_start(began[0], start) if began else None,
+            "first_batch_s": round(min(after) - wall, 1) if after else None,
+        }
 
     def started_line(self) -> str:
         s = self.query_started_s()
@@ -419,9 +450,12 @@ def oracle_below(q: Q.QuerySpec, t: Traffic, below: int) -> pd.DataFrame:
     return e
 
 
-def exactness(results: Path, q: Q.QuerySpec, expected: pd.DataFrame, below: int) -> dict:
+def exactness(
+    results: Path, q: Q.QuerySpec, expected: pd.DataFrame, below: int, only: Collection[int] | None = None
+) -> dict:
     """The visible store against the oracle over windows ``< below`` (those every host's sent mark passed):
-    rows twice, rows missing, rows wrong, rows of windows that should not have closed."""
+    rows twice, rows missing, rows wrong, rows of windows that should not have closed. ``only``: just
+    those window ids (e.g. the windows a fault interrupted), early rows then not counted."""
     got = visible_rows(results, q)
     fin = got[got["kind"] == "final"].copy() if len(got) else got
     keys = ["window_end", *[p.name for p in q.key_parts]]
@@ -430,9 +464,15 @@ def exactness(results: Path, q: Q.QuerySpec, expected: pd.DataFrame, below: int)
     g = normalised(fin, q)
     wid = window_ids(q, g["window_end"])
     early = int((wid >= below).sum())
-    g = g[wid < below]
+    keep = wid < below
+    exp = expected[expected["wid"] < below]
+    if only is not None:
+        early = 0
+        keep &= wid.isin(list(only))
+        exp = exp[exp["wid"].isin(list(only))]
+    g = g[keep]
     twice = int(g.duplicated(keys).sum())
-    e = normalised(expected[expected["wid"] < below], q)
+    e = normalised(exp, q)
     m = e.merge(g.drop_duplicates(keys), on=keys, how="outer", suffixes=("", "_got"), indicator=True)
     missing = int((m["_merge"] == "left_only").sum())
     extra = int((m["_merge"] == "right_only").sum())
@@ -461,11 +501,21 @@ def recovery_of(
     """From the kill: ``next_window_s`` until any window not yet whole became whole; ``recovery_s`` until the
     first window whose closing punctuation was sent after the kill became whole (the pipeline runs again)."""
     after = [t for w, t in whole_at.items() if t > t_kill]
-    fresh = [t for w, t in whole_at.items() if closing_sent.get(w, -np.inf) >= t_kill]
+    fresh = [(t, w) for w, t in whole_at.items() if closing_sent.get(w, -np.inf) >= t_kill]
+    first = min(fresh) if fresh else None
     return {
         "next_window_s": round(min(after) - t_kill, 2) if after else None,
-        "recovery_s": round(min(fresh) - t_kill, 2) if fresh else None,
+        "recovery_s": round(first[0] - t_kill, 2) if first else None,
+        "recovery_window": int(first[1]) if first else None,
     }
+
+
+def interrupted(t_kill: float, whole_at: dict[int, float], recovery_window: int | None) -> list[int]:
+    """The windows a fault interrupted: not whole at the kill, up to the first window closed on fresh input
+    (its replayed or delayed backlog and the recovery's own window)."""
+    if recovery_window is None:
+        return []
+    return sorted(w for w, t in whole_at.items() if t > t_kill and w <= recovery_window)
 
 
 def close_latency(whole_at: dict[int, float], closing_sent: dict[int, float]) -> dict[int, float]:
@@ -473,28 +523,48 @@ def close_latency(whole_at: dict[int, float], closing_sent: dict[int, float]) ->
     return {w: t - closing_sent[w] for w, t in whole_at.items() if np.isfinite(closing_sent.get(w, np.nan))}
 
 
-def _settle(watch: StoreWatch, n: int, timeout: float, why: str, job: JobProcess, hosts: PacedHosts) -> None:
-    """Wait until ``n`` more windows became whole than now, or the hosts' stream ended (the end's wait for
-    every window below the last mark takes over; a fault after it fails at once in :func:`_wait_recovered`)."""
-    have = len(watch.whole_at)
-    watch.wait_whole(lambda w: len(w) >= have + n or hosts.exhausted(), timeout, why, job)
+def fresh_windows(whole_at: dict[int, float], hosts: PacedHosts, since: float) -> list[int]:
+    """Windows that closed on input handed over at or after ``since``: whole after it, and their closing
+    punctuation (the mark past their end from every host on every partition) was sent after it. A window
+    of the backlog (input sent before ``since``, replayed or caught up) never counts."""
+    new = np.array(sorted(w for w, t in whole_at.items() if t > since), np.int64)
+    if not len(new):
+        return []
+    return new[hosts.closing_sent(new) >= since].tolist()
 
 
-def _wait_recovered(
-    watch: StoreWatch, hosts: PacedHosts, t_kill: float, timeout: float, why: str, job: JobProcess
-) -> None:
-    """Wait until a window whose closing punctuation was handed over after ``t_kill`` is whole."""
+def _wait_fresh(
+    watch: StoreWatch,
+    hosts: PacedHosts,
+    since: float,
+    n: int,
+    timeout: float,
+    why: str,
+    job: JobProcess,
+    *,
+    steady: bool,
+) -> list[int]:
+    """Wait until ``n`` windows closed on input sent after ``since`` (:func:`fresh_windows`); those windows.
 
-    def fresh(whole: dict[int, float]) -> bool:
-        new = np.array(sorted(w for w, t in whole.items() if t > t_kill), np.int64)
-        return bool(len(new)) and bool((hosts.closing_sent(new) >= t_kill).any())
-
+    ``steady`` (the wait before a fault, or before the end; ``since``: the previous fault's kill): a count
+    relative to ``since``, never an absolute number of windows (which a replay's backlog may already reach,
+    or a short stream never), and it ends as well when the hosts' stream ended (the end's wait for every window below the last mark takes over).
+    Otherwise (a recovery) a stream that ended before ``since`` fails at once: nothing can close on fresh input."""
     deadline = time.monotonic() + timeout
-    while not fresh(dict(watch.whole_at)):
+    while True:
+        got = fresh_windows(dict(watch.whole_at), hosts, since)
+        if len(got) >= n:
+            return got
+        if hosts.exhausted():
+            if steady:
+                return got
+            if hosts.sent_at[-1] < since:
+                raise RuntimeError(f"{why}: the hosts' stream ended before the fault (give a longer stream)")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{why}: no window closed on fresh input within {timeout:g} s")
-        if hosts.exhausted() and hosts.sent_at[-1] < t_kill:  # nothing can close on fresh input any more
-            raise RuntimeError(f"{why}: the hosts' stream ended before the fault (give a longer stream)")
+            raise TimeoutError(
+                f"{why}: {len(got)} of {n} windows closed on input sent after it within {timeout:g} s "
+                f"(whole windows: {len(watch.whole_at)}, last poll error: {watch.error})"
+            )
         job.check()
         time.sleep(0.5)
 
@@ -611,7 +681,12 @@ def recovery_run(
         watch.start()
         step(f"hosts streaming ({job.started_line()})")
         first = watch.wait_whole(lambda w: len(w) >= 1, start_timeout, "the job's first window", job)
-        first_started = job.query_started_s()
+        # steady: windows closed on input sent after the job's first window, then after each fault's kill
+        since = first
+
+        def settle(why: str) -> None:  # steady_windows closed on input sent after ``since``
+            _wait_fresh(watch, hosts, since, steady_windows, timeout, why, job, steady=True)
+
         step(f"first window whole {first - t_start:.1f} s after the job's start ({job.started_line()})")
         cycle: dict[str, float] = {}  # the longest fault cycle of each kind so far (s)
         for i, kind in enumerate(faults):
@@ -627,16 +702,18 @@ def recovery_run(
                 step(f"{len(skipped)} faults skipped: the hosts' stream ends in {hosts.left_s():.0f} s")
                 break
             t_cycle = time.monotonic()
-            _settle(watch, steady_windows, timeout, f"steady windows before the {kind} fault", job, hosts)
+            settle(f"steady before the {kind} fault")
             if kind == "job":
                 t_kill = job.kill()
                 step("job fault: driver SIGKILLed (Python + JVM), started again from its checkpoint")
                 job.start()
-                _wait_recovered(watch, hosts, t_kill, start_timeout, "after the driver's SIGKILL", job)
+                _wait_fresh(
+                    watch, hosts, t_kill, 1, start_timeout, "after the driver's SIGKILL", job, steady=False
+                )
                 ev = {
                     "fault": "job",
                     "what": "driver SIGKILLed (Python + JVM), restarted at once",
-                    "queries_started_s": job.query_started_s(),  # of the recovery: the job's own start
+                    "_start": len(job.starts) - 1,  # its phases are read at the end
                 }
                 step(
                     f"windows close again {time.monotonic() - t_kill:.1f} s after the kill ({job.started_line()})"
@@ -649,7 +726,7 @@ def recovery_run(
                 t_kill = time.monotonic()
                 victim.kill()
                 step(f"broker fault: broker {node} (leader of partition 0) SIGKILLed")
-                _wait_recovered(watch, hosts, t_kill, timeout, "after a broker's SIGKILL", job)
+                _wait_fresh(watch, hosts, t_kill, 1, timeout, "after a broker's SIGKILL", job, steady=False)
                 step(
                     f"windows close again {time.monotonic() - t_kill:.1f} s after the kill; broker {node} restarting"
                 )
@@ -666,10 +743,11 @@ def recovery_run(
             ev["t_kill_s"] = round(t_kill - t_start, 2)
             ev["_t_kill"] = t_kill
             events.append(ev)
+            since = t_kill  # the next steady wait counts the windows closed on input sent after this fault
             cycle[kind] = max(cycle.get(kind, 0.0), time.monotonic() - t_cycle)
         for r in restarts:  # a broker rejoins before the next broker fault, and before the end
             r.wait(240)
-        _settle(watch, steady_windows, timeout, "steady windows after the faults", job, hosts)
+        settle("steady after the faults")
         hosts.cut()
         hosts.join(600)
         below = hosts.last_mark()
@@ -691,8 +769,17 @@ def recovery_run(
         raise AssertionError(f"{len(hosts.failed)} sends not acknowledged: {hosts.failed[:3]}")
     wins = np.array(sorted(watch.whole_at), np.int64)
     sent = dict(zip(wins.tolist(), hosts.closing_sent(wins).tolist(), strict=True))
+    expected = oracle_below(q, t, below)
     for ev in events:
-        ev.update(recovery_of(ev.pop("_t_kill"), watch.whole_at, sent))
+        t_kill = ev.pop("_t_kill")
+        ev.update(recovery_of(t_kill, watch.whole_at, sent))
+        across = interrupted(t_kill, watch.whole_at, ev["recovery_window"])
+        exa = exactness(work / "results", q, expected, below, only=across)
+        ev["windows_across"] = len(across)  # not whole at the kill, up to the recovery's window
+        ev["exact_across"] = bool(across) and exa["exact"] and exa["windows_checked"] == len(across)
+        ev["rows_across"] = {k: exa[k] for k in ("rows", "rows_written_twice", "rows_missing", "rows_wrong")}
+        if "_start" in ev:  # where the restart's time went
+            ev["restart_phases"] = job.phases(work / "ckpt", ev.pop("_start"))
         r = ev.pop("_restart", None)
         if r is not None:
             ev["broker_restart_s"] = r.took_s
@@ -701,8 +788,9 @@ def recovery_run(
     step(f"store checked against the oracle ({len(events)} faults)")
     lat = close_latency(watch.whole_at, sent)
     t_first_fault = min((ev["t_kill_s"] for ev in events), default=np.inf) + t_start
-    steady = [v for w, v in lat.items() if watch.whole_at[w] < t_first_fault]
-    ex = exactness(work / "results", q, oracle_below(q, t, below), below)
+    # steady: windows closed on input sent once the job ran (not the backlog of its start), before a fault
+    steady = [v for w, v in lat.items() if sent[w] >= first and watch.whole_at[w] < t_first_fault]
+    ex = exactness(work / "results", q, expected, below)
     transient = sum(n - counts.get(w, 0) for w, n in watch.over.items())
     return {
         "topic_partitions": 2,
@@ -715,7 +803,9 @@ def recovery_run(
         "job_exit_code": code,
         "job_restarts_by_supervisor": job.restarts,
         "job_first_window_s": round(first - t_start, 2),
-        "job_first_queries_started_s": first_started,
+        "job_first_start_phases": job.phases(
+            work / "ckpt", 0
+        ),  # JobProcess.phases: session, queries, first batch
         "stream_generation_s": gen_s,
         "run_s": round(time.monotonic() - t_begin, 1),
         "faults_done": [ev["fault"] for ev in events],

@@ -134,6 +134,30 @@ def free_udp_port() -> int:
     return port
 
 
+def udp_backlog(port: int) -> int | None:
+    """Bytes waiting unread in the receive queues of this namespace's UDP sockets bound to local ``port``
+    (/proc/net/udp, udp6), or None while no socket is bound to it."""
+    total = None
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    total = (total or 0) + int(cols[4].split(":")[1], 16)
+    return total
+
+
+def wait_udp(port: int, read: bool = True, timeout: float = 60.0) -> None:
+    """Wait until a socket is bound to ``port`` (a peer without a ready line is listening) and, with
+    ``read``, until it has read every datagram sent to it (so a stop loses none of them)."""
+    deadline = time.monotonic() + timeout
+    while (left := udp_backlog(port)) is None or (read and left > 0):
+        assert time.monotonic() < deadline, (
+            f"UDP port {port}: {'not bound' if left is None else left} bytes unread"
+        )
+        time.sleep(0.02)
+
+
 PAIRS_AGGREGATES = ["count as packets", "sum(length) as bytes"]
 
 
@@ -200,12 +224,22 @@ def flow_agent(
                 break
         reader = threading.Thread(target=lambda: run.lines.extend(proc.stderr), daemon=True)
         reader.start()
+        if (port := _flows_port(source)) is not None:
+            wait_udp(port, read=False)  # bound: nothing sent from here on is refused
         yield run
     finally:
+        if proc.poll() is None and (port := _flows_port(source)) is not None:
+            wait_udp(port)  # a stop closes the socket: every datagram sent must have been read by then
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         if reader is not None:
             reader.join(10)
+
+
+def _flows_port(source: str) -> int | None:
+    """The UDP port of a ``flows:ADDR:PORT[,opt=...]`` source, None for another one."""
+    kind, _, rest = source.partition(":")
+    return int(rest.split(",", 1)[0].rsplit(":", 1)[1]) if kind == "flows" else None
 
 
 def partials_counts(

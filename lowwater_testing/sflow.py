@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from lowwater_testing.flows import drain, free_udp_port, udp_receiver
+from lowwater_testing.flows import drain, free_udp_port, udp_receiver, wait_udp
 
 
 def u32(*v: int) -> bytes:
@@ -124,10 +124,12 @@ class Sfacctd:
             stderr=subprocess.STDOUT,
             env={**os.environ, "TZ": "UTC"},
         )
+        wait_udp(self.port, read=False)  # no ready line: listening once its socket is bound
 
     def stop(self) -> str:
-        """Stop it (SIGINT flushes its cache to the file) and return its log."""
+        """Stop it once it has read every datagram sent (SIGINT flushes its cache to the file); its log."""
         if self.proc.poll() is None:
+            wait_udp(self.port)
             self.proc.send_signal(signal.SIGINT)
         try:
             return self.proc.communicate(timeout=30)[0].decode(errors="replace")

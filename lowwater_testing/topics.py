@@ -28,6 +28,20 @@ def read_topic(bootstrap: str, topic: str, partitions: int, **client: Any) -> di
     return out
 
 
+class KeyedRecorder:
+    """Stands in for a keyed Kafka producer (the live publisher's) in pure-logic tests: records
+    (topic, key, value) in the order sent, a tombstone's value being None."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None]] = []
+
+    def send(self, topic: str, key: bytes, value: bytes | None) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout: float | None = None) -> None:
+        pass
+
+
 def produce(kafka: Any, items: list[tuple[str, int, bytes]]) -> None:
     """Send (topic, partition, value) in this order (kafka-python keeps per-partition order)."""
     from kafka import KafkaProducer

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -175,3 +176,49 @@ def test_text_bounds_of_filters() -> None:
     assert may_hold(_f("0.0.0.0/0"), "a", "b") and may_hold(_f("10.1.2.3"), None, None)
     assert may_hold(P.KeyFilter("p", "eq", 443, "443"), 80, 8080)
     assert not may_hold(P.KeyFilter("p", "eq", 443, "443"), 1000, 8080)
+
+
+def test_a_cached_listing_sees_files_renamed_in_and_out(
+    tiered: tuple[TestClient, RangeStore], tmp_path: Path
+) -> None:
+    """A date directory's listing is kept while its mtime is unchanged (files enter and leave by
+    rename or unlink only, which set it): a merged file renamed in, then removed, is seen both times."""
+    import os
+    import shutil
+    import time
+
+    _, st = tiered
+    spec = {q.name: q for q in load(st.config.with_name("lowwater-range-tiers.yaml")).stored_queries}[PAIRS]
+    src = max(st.root.glob(f"query={PAIRS}/tier=1h/date=*"), key=lambda d: len(list(d.iterdir())))
+    root = tmp_path / "r"
+    day = root / src.relative_to(st.root)
+    shutil.copytree(src, day)
+    tf = TierFiles(root)
+
+    def settle() -> None:  # the directory last changed a minute ago: its listing is kept
+        ago = time.time_ns() - 60 * 10**9
+        os.utime(day, ns=(ago, ago))
+
+    settle()
+    before = tf.files(spec, "1h", 0, 1 << 62)
+    assert len(before) == 2 and str(day) in tf._listed  # two runs' files
+    ranges = [R.tier_batch_range(Path(p).name) for p in before]
+    merged = day / R.tier_part_name(min(a for a, _ in ranges), max(b for _, b in ranges))
+    T.write_atomic(T.merge_files(spec, "1h", [Path(p) for p in before]), merged)
+    assert tf.files(spec, "1h", 0, 1 << 62) == [str(merged)]  # covers both
+    settle()
+    assert tf.files(spec, "1h", 0, 1 << 62) == [str(merged)] and tf._listed[str(day)][1] == [str(merged)]
+    merged.unlink()
+    assert tf.files(spec, "1h", 0, 1 << 62) == before
+
+
+def test_tier_files_are_written_in_small_row_groups(tmp_path: Path) -> None:
+    """The tier writer (and the compactor's merge of a tier, which writes through it) cuts files into
+    ``ROW_GROUP``-row row groups: what a one-group read's cost rests on."""
+    import pyarrow as pa
+
+    T.write_atomic(pa.table({"a": pa.array(range(2 * T.ROW_GROUP + 5))}), tmp_path / "t.parquet")
+    meta = pq.read_metadata(tmp_path / "t.parquet")
+    rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert rows == [T.ROW_GROUP, T.ROW_GROUP, 5] and T.ROW_GROUP == 4_096
+    assert meta.row_group(0).column(0).compression == "ZSTD"

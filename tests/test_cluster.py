@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from contract import query as Q
@@ -30,13 +31,18 @@ from local_stack.kafka_cluster import KafkaCluster
 from local_stack.spark_cluster import SparkClusterError
 from lowwater_testing.cluster import (
     BrokerRestart,
+    PacedHosts,
     Stream,
+    fresh_windows,
     idempotent_producer,
+    interrupted,
     leader,
+    recovery_of,
     recovery_run,
     start_clusters,
 )
 from lowwater_testing.hosts import HOSTS, traffic_messages
+from lowwater_testing.oracle import Message
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import assert_exact
 from lowwater_testing.topics import read_topic
@@ -89,6 +95,25 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Ka
     finally:
         spark.stop()
         kafka.stop()
+
+
+def test_steady_and_recovery_count_only_windows_closed_on_input_sent_after_the_fault():
+    """Pure logic, no cluster: one host on one partition punctuating each second (mark = window + 1 closes a
+    window), sent at t = 10, 11, ... The kill at 13.5 s: windows 0-2 closed before it on older input; window 3
+    (closing punctuation sent at 13 s, before the kill) is the replayed backlog, whole only after the kill;
+    window 4 (sent at 14 s) is the first closed on fresh input. Neither the steady count nor the recovery may
+    count the backlog, however many windows it holds."""
+    hosts = PacedHosts("unused:0", "t", [Message(i * 10**9, "h0", 0, b"", mark_pane=i + 1) for i in range(8)])
+    hosts.sent = 8
+    hosts.sent_at[:] = 10.0 + np.arange(8)
+    whole = {0: 10.5, 1: 11.5, 2: 12.5, 3: 40.0, 4: 40.0, 5: 41.0}
+    t_kill = 13.5
+    assert fresh_windows(whole, hosts, t_kill) == [4, 5]
+    assert fresh_windows(whole, hosts, 40.5) == []  # steady after the recovery: 5's input was sent before
+    sent = dict(zip(range(6), hosts.closing_sent(np.arange(6)).tolist(), strict=True))
+    rec = recovery_of(t_kill, whole, sent)
+    assert rec == {"next_window_s": 26.5, "recovery_s": 26.5, "recovery_window": 4}
+    assert interrupted(t_kill, whole, rec["recovery_window"]) == [3, 4]
 
 
 def produce_killing_a_leader(cluster: KafkaCluster, topic: str, msgs: list[tuple[str, int, bytes]]):
@@ -191,6 +216,7 @@ def test_driver_sigkilled_mid_stream_restarts_from_its_checkpoint_exactly_once(c
     print(f"\n{summary}")
     (ev,) = res["events"]
     assert ev["recovery_s"] is not None and ev["recovery_s"] > 0, summary
+    assert ev["windows_across"] >= 1 and ev["exact_across"], summary  # the windows the kill interrupted
     assert res["windows_checked"] >= 10, summary
     assert res["rows_written_twice"] == 0, summary
     assert res["rows_missing"] == res["rows_wrong"] == res["rows_of_windows_closed_early"] == 0, summary

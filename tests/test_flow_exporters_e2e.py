@@ -31,7 +31,14 @@ import pytest
 from contract import query as Q
 from local_stack.kafka_broker import free_port
 from lowwater_testing.agent import agent_cmd, metrics_text
-from lowwater_testing.flows import PAIRS_AGGREGATES, flow_pcap, free_udp_port, nfdump_ms, nfdump_records
+from lowwater_testing.flows import (
+    PAIRS_AGGREGATES,
+    flow_pcap,
+    free_udp_port,
+    nfdump_ms,
+    nfdump_records,
+    wait_udp,
+)
 from lowwater_testing.page import chromium
 from lowwater_testing.queries import config, query
 from lowwater_testing.sflow import Sfacctd, counter_sample, datagram, sfprobe_export
@@ -109,6 +116,8 @@ class Nfcapd:
         )
 
     def stop(self) -> None:
+        if self.proc.poll() is None:
+            wait_udp(self.port)  # every datagram read before the stop
         self.proc.terminate()
         self.proc.wait(30)
 
@@ -201,7 +210,7 @@ def pipeline(kafka, spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         reader = threading.Thread(target=lambda: rest.extend(agent.stderr), daemon=True)
         reader.start()
         # nfcapd and sfacctd have no ready line: wait until their sockets are bound
-        _wait(lambda: {nfcapd.port, sfacctd.port} <= _udp_bound(), "nfcapd and sfacctd to listen")
+        wait_udp(nfcapd.port, read=False)  # nfcapd has no ready line (sfacctd's start waits the same way)
         _send(nf_grams, NF_EXPORTER, [port, nfcapd.port])
         # the NetFlow exporter stops holding the mark once the sFlow agent's clock is EXPORTER_TIMEOUT past
         # its export clock: from then on the agent's arrivals (minus slack) close the windows
@@ -256,12 +265,6 @@ def pipeline(kafka, spark, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     res = Path(job.opts.results)
     got_df = read_results(res, "by_iface")
     return {"q": q, "cfg": cfg, "results": res, "want": want, "got": got_df, "tmp": tmp}
-
-
-def _udp_bound() -> set[int]:
-    """The local ports of the host's bound UDP sockets (/proc/net/udp)."""
-    lines = Path("/proc/net/udp").read_text().splitlines()[1:]
-    return {int(x.split()[1].rsplit(":", 1)[1], 16) for x in lines}
 
 
 def _agent_says(port: int, name: str, fold) -> float:

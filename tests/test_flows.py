@@ -35,6 +35,7 @@ from lowwater_testing.flows import (
     softflowd_export,
     template,
     v9,
+    wait_udp,
     write_flow_config,
 )
 
@@ -57,9 +58,9 @@ def _nfdump(datagrams: list[bytes], tmp: Path) -> list[tuple]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(1.0)
+        wait_udp(port, read=False)  # nfcapd has no ready line: listening once its socket is bound
         send_datagrams(datagrams, port, gap_s=0.0005)
-        time.sleep(0.5)
+        wait_udp(port)  # every datagram read before the stop
     finally:
         cap.terminate()
         cap.wait(10)
@@ -348,8 +349,7 @@ def test_flow_agent_to_kafka_matches_nfdump(kafka, topic_factory, tmp_path: Path
     port = free_udp_port()
     source = f"flows:127.0.0.1:{port},inactive=15"
     with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
-        send_datagrams(datagrams, port, gap_s=0.0005)
-        time.sleep(1.5)
+        send_datagrams(datagrams, port, gap_s=0.0005)  # all read before the agent stops (flow_agent)
     assert agent.returncode == 0, agent.log_tail()
     q = Q.load(cfg).queries[0]
     got, marks = partials_counts(kafka.bootstrap_servers, topic, 2, (1, 3))

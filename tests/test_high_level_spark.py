@@ -169,7 +169,8 @@ def test_no_window_closes_before_every_host_punctuates(spark, kafka, topic_facto
 def test_silent_host_stops_blocking_after_timeout_and_late_partials_count(
     spark, kafka, topic_factory, tmp_path, state
 ):
-    """A silent host times out through the step's processing-time timeout (blob) or timer (chunked)."""
+    """A silent host times out through the step's processing-time timeout (blob), or in the batches the live
+    hosts' punctuation brings, at the batch's timestamp (chunked: no timers)."""
     q = variant(topic_factory, "gate", "gate_timeout", 2)
     h = {n: Host(n, q) for n in HOSTS}
     p0 = T0 // q.window.pane_ns

@@ -30,6 +30,7 @@ from high_level.live.queue import Update, UpdateQueue, replay
 from lowwater_testing.hosts import CONFIG, HOSTS, emulated_messages, final_rows
 from lowwater_testing.oracle import window_oracle
 from lowwater_testing.queries import spec
+from lowwater_testing.topics import KeyedRecorder
 from lowwater_testing.traffic import T0, make_traffic, oracle
 
 SETTINGS = Settings(host_timeout_ms=10**9, expected_hosts=HOSTS, live=True)
@@ -177,22 +178,11 @@ def test_contract_refuses_what_does_not_validate(cfg):
         L.check_query(good, cfg.query("nets"))
 
 
-class _Producer:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes]] = []
-
-    def send(self, topic, key, value):
-        self.sent.append((topic, key, value))
-
-    def flush(self, timeout=None):
-        pass
-
-
 def test_publisher_sends_provisionals_then_finals_per_query_topic(cfg, traffic):
     q = cfg.query("ports9x3")
     lay = Layout.of(q)
     proc = PartitionProcessor([lay], 0, SETTINGS)
-    prod = _Producer()
+    prod = KeyedRecorder()
     pub = LivePublisher([q], producer=prod)
     for b, chunk in enumerate(np.array_split(np.arange(len(msgs := emulated_messages(q, traffic, 1))), 30)):
         packed = pa.Table.from_pandas(

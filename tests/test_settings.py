@@ -219,3 +219,21 @@ def test_the_job_takes_its_connector_jars_from_its_launcher(
     assert settings_from(
         ["--results", "/r", "--checkpoint", "/c", "--spark-jars", "/a.jar, /b"]
     ).spark_jars == ["/a.jar", "/b"]
+
+
+def test_expected_rate_sizes_the_trigger_for_the_driver() -> None:
+    """--expected-rate: batches of about RATE_BATCH_RECORDS (the driver's cost per batch is fixed), never a
+    shorter trigger than asked, never longer than MAX_RATE_TRIGGER_MS (a window's latency)."""
+    from high_level.options import MAX_RATE_TRIGGER_MS, RATE_BATCH_RECORDS, rate_trigger_ms
+
+    base = ["--results", "/r", "--checkpoint", "/c"]
+    assert settings_from(base).options().trigger_ms == 1000  # no rate: the trigger as given
+    rate = RATE_BATCH_RECORDS / 4  # 4 s of traffic make a batch
+    assert settings_from([*base, "--expected-rate", str(rate)]).options().trigger_ms == 4000
+    assert (
+        settings_from([*base, "--expected-rate", str(rate), "--trigger", "6s"]).options().trigger_ms == 6000
+    )
+    assert rate_trigger_ms(1000, RATE_BATCH_RECORDS * 10) == 1000  # a high rate fills 1 s batches
+    assert rate_trigger_ms(1000, 1.0) == MAX_RATE_TRIGGER_MS  # a trickle waits no longer than the cap
+    with pytest.raises(ValueError, match="expected_rate"):
+        settings_from([*base, "--expected-rate", "0"])

@@ -202,7 +202,6 @@ def test_sflow_agent_to_kafka_matches_sfacctd(rate: int, kafka, topic_factory, t
     try:
         source = f"flows:127.0.0.1:{port},slack=1"
         with flow_agent(cfg, source, kafka.bootstrap_servers, summary=tmp_path / "summary.json") as agent:
-            time.sleep(1.0)  # sfacctd has no ready line: give it its start
             q = Q.load(cfg).queries[0]
             starts = send_in_bursts(grams, [port, peer.port], q.window.pane_ns / NS * 1)
             time.sleep(1.5)

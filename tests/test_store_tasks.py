@@ -22,6 +22,7 @@ from high_level.results.tasks import write_task
 from lowwater_testing.oracle import host_messages, interleave, split_hosts
 from lowwater_testing.queries import config, query
 from lowwater_testing.spark import read_results
+from lowwater_testing.topics import KeyedRecorder
 from lowwater_testing.traffic import make_traffic
 
 T0 = 1_700_000_000_000_000_000
@@ -172,19 +173,6 @@ def test_tasks_write_what_the_driver_writes_hidden_until_the_commit(batches, tmp
         pd.testing.assert_frame_equal(_rows(a.store.root, q.name), _rows(b.store.root, q.name))
 
 
-class _Producer:
-    """The task's Kafka producer, recording what it sends (the order is what a reader sees)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes | None]] = []
-
-    def send(self, topic, key, value):
-        self.sent.append((topic, key, value))
-
-    def flush(self, timeout=None):
-        pass
-
-
 def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(live_batches, tmp_path):
     """--live: each task publishes its provisional rows, the finals it wrote and the tombstones of its
     old closed windows (their keys kept in files beside the store); the driver only folds the counts.
@@ -195,10 +183,10 @@ def test_tasks_publish_live_values_and_tombstones_and_the_driver_gets_no_row(liv
 
     qs, packed = live_batches
     job = _job(tmp_path / "r", qs)
-    job.sink.live = LivePublisher(qs, producer=_Producer())  # the driver's: must send nothing
+    job.sink.live = LivePublisher(qs, producer=KeyedRecorder())  # the driver's: must send nothing
     local = frozenset(job.store.queries) - job.sink.driver_queries()
     assert local == {q.name for q in qs}
-    prods = {task: _Producer() for task in (0, 1)}
+    prods = {task: KeyedRecorder() for task in (0, 1)}
 
     def tasks(i: int) -> pa.Table:
         return pa.concat_tables(

@@ -81,6 +81,7 @@ from contract.query.model import (
 )
 from contract.query.rows import RowQuerySpec
 from contract.query.selects import SelectSpec
+from contract.query.windows import STRATEGIES, strategy_refusal
 
 __all__ = [
     "ALERT_LABELS",
@@ -120,6 +121,7 @@ __all__ = [
     "SelectSpec",
     "StateColumn",
     "TableSpec",
+    "STRATEGIES",
     "WindowSpec",
     "accuracy_ppb",
     "check_distinct",
@@ -134,6 +136,7 @@ __all__ = [
     "group_width",
     "hll_rank_source",
     "holistic",
+    "strategy_refusal",
     "join_result_query",
     "key_program",
     "key_width",

@@ -23,7 +23,7 @@ from contract.aggregates import DEFAULT_ACCURACY
 from contract.filterlang import FilterError, compile_filter
 from contract.query import tiers
 from contract.query.durations import NS, duration_name, parse_duration_ns
-from contract.query.windows import WindowSpec, _Strict
+from contract.query.windows import WindowSpec, _Strict, strategy_refusal
 
 RAW_TIER = "raw"  # the retention key of the store's own (per micro-batch, then compacted) files
 
@@ -431,6 +431,20 @@ class QuerySpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _window_strategy(self) -> QuerySpec:
+        h = holistic(self)
+        why = strategy_refusal(
+            self.window.strategy,
+            self.window.landmark,
+            self.window.differential is True,
+            h is not None and h.fn == "top" and h.capacity is not None,
+            self.heartbeat.groups,
+        )
+        if why:
+            raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
     def _total_window(self) -> QuerySpec:
         if self.window.landmark_ns is not None and window_totals(self):
             raise ValueError(
@@ -516,6 +530,8 @@ def differential(q: QuerySpec, want: bool | None = None) -> bool:
     per pane. ``want`` overrides the query's own setting."""
     w = q.window
     want = w.differential if want is None else want
+    if want is None and w.strategy != "lazy":
+        return False  # eager and adaptive keep window aggregates of their own (contract.query.windows)
     if not w.sliding or not all(a.fn in A.SUBTRACTABLE for a in q.aggregates) or want is False:
         return False
     return want is True or w.panes_per_window // w.panes_per_slide >= DIFFERENTIAL_FROM

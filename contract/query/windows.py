@@ -14,6 +14,29 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from contract.query.durations import NS, parse_duration_ns
 
+STRATEGIES = ("lazy", "eager", "adaptive")  # window strategies (WindowSpec.strategy); lazy: the default
+
+
+def strategy_refusal(
+    strategy: str, landmark: bool, differential: bool, top_capacity: bool, groups: bool
+) -> str | None:
+    """Why a query with these properties cannot run window ``strategy`` (None: it can). The one rule
+    the loader and the high level's AdaptWID (``high_level/aggregate/adaptwid.py``) both apply: each
+    refused feature keeps its own per-group state, which eager window aggregates would not keep."""
+    if strategy == "lazy":
+        return None
+    if landmark:
+        return f"window.strategy {strategy}: a landmark window keeps one running row per group already"
+    if differential:
+        return f"window.strategy {strategy}: differential sliding windows keep running sums already"
+    if top_capacity:
+        return (
+            f"window.strategy {strategy}: top with a capacity bounds its panes (Misra-Gries), not its windows"
+        )
+    if groups:
+        return f"window.strategy {strategy}: group-wise punctuation (heartbeat.groups) closes a group's panes"
+    return None
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -33,6 +56,11 @@ class WindowSpec(_Strict):
     (:data:`contract.aggregates.SUBTRACTABLE`) and a pane is in enough windows for it to pay
     (:func:`contract.query.model.differential`); ``true`` insists (a query that cannot is refused);
     ``false`` re-merges (the baseline).
+
+    ``strategy`` (dissertation §6.3, ``high_level/aggregate/adaptwid.py``): how the high level keeps a
+    window's state until it closes. ``lazy`` (the default) keeps pane rows and builds the windows at the
+    close; ``eager`` folds every partial into each open window it belongs to; ``adaptive`` (AdaptWID)
+    picks one of the two per group at every close from the memory each would hold. Same results.
     """
 
     range_ns: int = Field(alias="range")
@@ -41,6 +69,7 @@ class WindowSpec(_Strict):
     landmark_ns: int | None = Field(default=None, alias="landmark")
     update_ns: int | None = Field(default=None, alias="update")
     differential: bool | None = None
+    strategy: str = "lazy"
 
     @model_validator(mode="before")
     @classmethod
@@ -87,6 +116,18 @@ class WindowSpec(_Strict):
         if self.pane_ns < 1_000_000:
             raise ValueError("pane (gcd of range and slide) below 1 ms is not supported")
         return self
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, v: str, info: Any) -> str:
+        if v not in STRATEGIES:
+            raise ValueError(f"{v!r} is not a window strategy ({', '.join(STRATEGIES)})")
+        why = strategy_refusal(
+            v, info.data.get("landmark_ns") is not None, info.data.get("differential") is True, False, False
+        )
+        if why:
+            raise ValueError(why)
+        return v
 
     @property
     def slide(self) -> int:

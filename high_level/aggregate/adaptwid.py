@@ -14,8 +14,11 @@ aggregates; eager -> lazy buffers the new rows while the old aggregates stay unt
 (a transitional group's window = its aggregate merged with its buffered rows). Every merge is the
 registry's (``contract/aggregates``), so the three strategies give the same windows exactly.
 
-Vectorised over numpy arrays (per batch and per close, no per-record Python). The caller (the roll-up)
-keeps the frontier rules: rows passed to :meth:`AdaptiveWindows.merge` are not late.
+Vectorised over numpy arrays (per batch and per close, no per-record Python). The caller keeps the
+frontier rules: rows passed to :meth:`AdaptiveWindows.merge` are not late (a late row's pane may be below
+the frontier when it still belongs to an open window: only those windows take it). In the job,
+``window.strategy: eager | adaptive`` runs it through :class:`StrategyRollup`, the roll-up's rules (late
+partials, corrections, end of stream, saved state) around it; ``lazy`` is the roll-up's own pane table.
 """
 
 from __future__ import annotations
@@ -25,20 +28,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from contract import aggregates as A
-from high_level.aggregate.rollup import I64, Layout, Windows, expand_windows, group_reduce, key_codes
+from contract import query as Q
+from contract import wire
+from high_level import codec
+from high_level.aggregate.rollup import (
+    I64,
+    Layout,
+    QueryRollup,
+    Windows,
+    expand_windows,
+    group_reduce,
+    key_codes,
+    touched_pairs,
+)
 
-STRATEGIES = ("lazy", "eager", "adaptive")
+STRATEGIES = Q.STRATEGIES
 
 
-def supports(lay: Layout) -> str | None:
-    """Why ``lay`` cannot run with a window strategy other than lazy (None: it can)."""
-    if lay.landmark:
-        return "landmark windows keep one running row per group already"
-    if lay.differential:
-        return "differential sliding windows keep running sums already"
-    if lay.top_capacity:
-        return "top with a capacity bounds its panes (Misra-Gries), not mergeable per window"
-    return None
+def supports(lay: Layout, strategy: str = "adaptive") -> str | None:
+    """Why ``lay`` cannot run window ``strategy`` (None: it can); the loader's rule
+    (:func:`contract.query.strategy_refusal`)."""
+    return Q.strategy_refusal(strategy, lay.landmark, lay.differential, bool(lay.top_capacity), lay.groups)
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,9 @@ class AdaptiveWindows:
         lay = self.layout
         if self.strategy not in STRATEGIES:
             raise ValueError(f"window strategy {self.strategy!r}: one of {', '.join(STRATEGIES)}")
-        why = supports(lay)
-        if self.strategy != "lazy" and why:
-            raise ValueError(f"window strategy {self.strategy}: {why}")
+        why = supports(lay, self.strategy)
+        if why:
+            raise ValueError(why)
         self.model = self.model or CostModel.of(lay)
         self.buf_key = np.empty((0, lay.kw), I64) if self.buf_key is None else self.buf_key
         self.buf_state = np.empty((0, lay.na), I64) if self.buf_state is None else self.buf_state
@@ -194,6 +204,36 @@ class AdaptiveWindows:
             self.eager_keys = eager_keys
         return out
 
+    def peek(self, w: np.ndarray, wkey: np.ndarray) -> Windows:
+        """The current value of the open (window, group) pairs ``(w, wkey)`` that hold data, in (window,
+        group) order: buffered rows and eager aggregates merged (live provisional rows). A 64-bit hash
+        selects the rows: a collision only adds rows that the exact pair filter drops."""
+        lay = self.layout
+        if len(w) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        sel = np.isin(wire.key_hash(self.buf_key), wire.key_hash(wkey))
+        idx, bw = expand_windows(self.buf_pane[sel], int(w.min()), int(w.max()) + 1, lay.k, lay.s)
+        pairs = wire.key_hash(np.column_stack([w, wkey]))
+        esel = np.isin(wire.key_hash(np.column_stack([self.ew, self.ek])), pairs)
+        keys = np.column_stack(
+            [np.concatenate([bw, self.ew[esel]]), np.concatenate([self.buf_key[sel][idx], self.ek[esel]])]
+        )
+        st = np.concatenate([self.buf_state[sel][idx], self.es[esel, : lay.na]])
+        if len(keys) == 0:
+            return Windows.empty(lay.kw, lay.na)
+        keys, st = group_reduce(keys, st, lay.ops)
+        keep = np.isin(wire.key_hash(keys), pairs)
+        keys, st = keys[keep], st[keep]
+        order = np.lexsort([*(keys[:, j] for j in reversed(range(1, lay.kw + 1))), keys[:, 0]])
+        return Windows(keys[order, 0].copy(), np.ascontiguousarray(keys[order, 1:]), st[order])
+
+    def open_windows(self) -> int:
+        """Windows that hold data and are not emitted yet (buffered rows' windows and eager ones)."""
+        u = np.unique(self.buf_pane)
+        lo = int(u.min()) if self.closed is None and len(u) else (self.closed or 0)
+        _, w = expand_windows(u, lo, int(u.max(initial=lo)) + self.layout.k, self.layout.k, self.layout.s)
+        return len(np.union1d(w, self.ew))
+
     def _plan(self, lo: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Cond. 6.9 per group, measured at the close before the purge (the state at its fullest): winVol
         = the rows the group buffers, or that expire with its eager aggregates (``tupleCnt``), against
@@ -242,3 +282,101 @@ def _member(key: np.ndarray, of: np.ndarray) -> np.ndarray:
         return np.zeros(len(key), bool)
     codes = key_codes(np.concatenate([of, key]))
     return np.isin(codes[len(of) :], codes[: len(of)])
+
+
+class StrategyRollup(QueryRollup):
+    """The job's roll-up of a query with ``window.strategy`` eager or adaptive: :class:`QueryRollup`'s rules
+    (late partials and their corrections, end of stream, saved state) over :class:`AdaptiveWindows`.
+
+    Its pane table (``pane``, ``key``, ``state``) is the lazy groups' buffer, so the partition processor
+    saves and restores it as any pane table (a lazy query's saved table is a valid buffer: a query
+    switched from lazy to adaptive resumes its checkpoint); the eager aggregates, the eager groups and the
+    switch counters are its running state (:meth:`run_arrays`). Group-wise punctuation, landmark,
+    differential and bounded-top queries are refused (:func:`supports`), so the inherited group and
+    landmark paths never run."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.windows = AdaptiveWindows(self.layout, self.layout.strategy)
+        self.top: int | None = None  # newest pane merged since the state was last empty (end of stream)
+
+    def _in(self) -> AdaptiveWindows:
+        aw = self.windows
+        aw.buf_pane, aw.buf_key, aw.buf_state, aw.closed = self.pane, self.key, self.state, self.closed
+        return aw
+
+    def _out(self) -> None:
+        aw = self.windows
+        self.pane, self.key, self.state, self.closed = aw.buf_pane, aw.buf_key, aw.buf_state, aw.closed
+        if len(self) == 0:
+            self.top = None
+
+    def __len__(self) -> int:
+        return int(self.pane.shape[0]) + len(self.windows.ew)
+
+    def merge(self, pane: np.ndarray, key: np.ndarray, state: np.ndarray) -> None:
+        """Partials of open windows (late ones only for their open windows: :meth:`QueryRollup.add`)."""
+        if len(pane):
+            self._in().merge(pane, key, state)
+            self._out()
+            top = int(np.max(pane))
+            self.top = top if self.top is None else max(self.top, top)
+
+    def close_global(self, lwm: int | None, through_pane: int | None = None) -> Windows:
+        """As :meth:`QueryRollup.close_global` (end of stream closes through the newest pane held or shed)."""
+        lay = self.layout
+        if lwm is not None and lwm >= wire.END_OF_STREAM:
+            tops = [self.top] if self.top is not None else []
+            tops += [through_pane] if through_pane is not None else []
+            lwm = max(tops) + lay.k if tops else None
+        if lwm is None or (self.closed is not None and lwm <= self.closed):
+            return Windows.empty(lay.kw, lay.na)
+        out = self._in().close(int(lwm))
+        self._out()
+        return out
+
+    def provisional(self, pane: np.ndarray, key: np.ndarray) -> Windows:
+        """As :meth:`QueryRollup.provisional`: the open windows and groups the partials touched, now."""
+        w, wkey = touched_pairs(self.layout, self.closed, pane, key)
+        if len(w) == 0 or len(self) == 0:
+            return Windows.empty(self.layout.kw, self.layout.na)
+        return self._in().peek(w, wkey)
+
+    def panes(self) -> np.ndarray:
+        return np.unique(self.pane)
+
+    def open_windows(self) -> int:
+        return self._in().open_windows()
+
+    def run_arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The eager aggregates, the eager groups and [lazy->eager, eager->lazy, newest pane] for the saved
+        state."""
+        aw = self.windows
+        top = wire.END_OF_STREAM if self.top is None else self.top
+        return {
+            f"{name}/eager_window": aw.ew,
+            f"{name}/eager_key": aw.ek,
+            f"{name}/eager_state": aw.es,
+            f"{name}/eager_groups": aw.eager_keys,
+            f"{name}/adapt": np.array([*aw.switches, top], I64),
+        }
+
+    def load_run(self, arrays: dict[str, np.ndarray], name: str) -> None:
+        """Restore :meth:`run_arrays`; none saved (a lazy query's state): everything is buffered."""
+        lay, aw = self.layout, self.windows
+        ew, ek, es = (arrays.get(f"{name}/eager_{x}") for x in ("window", "key", "state"))
+        groups, adapt = arrays.get(f"{name}/eager_groups"), arrays.get(f"{name}/adapt")
+        if ew is None or ek is None or es is None or groups is None or adapt is None:
+            aw.ew, aw.ek, aw.es = np.empty(0, I64), np.empty((0, lay.kw), I64), np.empty((0, lay.na + 1), I64)
+            aw.eager_keys, aw.switches = np.empty((0, lay.kw), I64), [0, 0]
+            self.top = int(self.pane.max()) if len(self.pane) else None
+            return
+        if ek.shape[1:] != (lay.kw,) or es.shape[1:] != (lay.na + 1,) or groups.shape[1:] != (lay.kw,):
+            raise codec.CodecError(f"query {lay.name!r}: saved eager aggregates of another layout")
+        aw.ew, aw.ek, aw.es = (
+            np.asarray(ew, I64),
+            np.ascontiguousarray(ek, I64),
+            np.ascontiguousarray(es, I64),
+        )
+        aw.eager_keys, aw.switches = np.ascontiguousarray(groups, I64), [int(adapt[0]), int(adapt[1])]
+        self.top = None if int(adapt[2]) == wire.END_OF_STREAM else int(adapt[2])

@@ -290,4 +290,6 @@ def chunked_unsupported(layouts) -> str | None:  # noqa: ANN001 - Sequence[Layou
             return f"query {lay.name!r} bounds its top per pane after every merge (Misra-Gries)"
         if lay.groups:
             return f"query {lay.name!r} takes group-wise punctuation (per-group frontiers, heartbeat.groups)"
+        if lay.strategy != "lazy":
+            return f"query {lay.name!r} keeps window aggregates (window.strategy {lay.strategy})"
     return None

@@ -12,7 +12,9 @@ from the offset log); a replayed batch starts from the same committed state vers
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -31,6 +33,27 @@ SESSION_CONF = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+
+
+def processing_timers(checkpoint: Path | str) -> bool:
+    """Whether the stream checkpoint ``checkpoint`` holds a step written with processing-time timers (its
+    operator metadata, ``state/<op>/_metadata/v2/<batch>``: a version line, then JSON whose
+    ``operatorPropertiesJson`` names the time mode). A checkpoint that is not on this machine's file
+    system cannot be read: it keeps the timers (a wrong guess would fail its restart)."""
+    if "://" in str(checkpoint) and not str(checkpoint).startswith("file:"):
+        return True
+    root = Path(str(checkpoint).removeprefix("file:").removeprefix("//"))
+    for f in sorted(root.glob("state/*/_metadata/v2/*")):
+        if f.name.startswith("."):
+            continue
+        try:
+            doc = json.loads(f.read_text().splitlines()[1])
+            props = json.loads(doc.get("operatorPropertiesJson") or "{}")
+        except (OSError, IndexError, ValueError) as exc:
+            raise ValueError(f"{f}: unreadable operator metadata of the checkpoint ({exc})") from None
+        if str(props.get("timeMode", "")).lower() == "processingtime":
+            return True
+    return False
 
 
 class MapChunks:
@@ -53,15 +76,28 @@ class MapChunks:
 
 
 class ChunkedStep(StatefulProcessor):
-    """The stateful processor: restore the small state, feed the batch in offset order, save it, re-arm
-    a processing-time timer (so a silent partition is still evaluated and its hosts can time out)."""
+    """The stateful processor: restore the small state, feed the batch in offset order, save it.
 
-    def __init__(self, layouts: Sequence[Layout], settings: Settings, tick_ms: int) -> None:
+    Time: the micro-batch's timestamp from the offset log (the same on a replay), so a host times out
+    identically whenever a batch runs. ``timers=False`` (time mode None, new checkpoints) reads it from the
+    ``now_ms`` column (``current_timestamp()``, which a streaming query resolves to that timestamp) and
+    evaluates a partition only when its topic partition brought messages. Why: Spark rebuilds the
+    processing-time timer encoders every time a planning rule copies the step's plan node, a large part of the
+    driver's fixed CPU per batch (404 -> 272 CPU-ms, docs/design.md). What the timer added: a partition none of whose hosts
+    punctuates any more was still evaluated, so its status showed them dead; without any live host nothing
+    closes there anyway (high_level.aggregate.meld), and every live host punctuates every partition each
+    second, so a partition with a live host is never silent. ``timers=True``: a checkpoint written with
+    processing-time timers keeps them (Spark refuses to change the time mode of a checkpoint)."""
+
+    def __init__(
+        self, layouts: Sequence[Layout], settings: Settings, tick_ms: int, timers: bool = True
+    ) -> None:
         self.by_topic: dict[str, list[Layout]] = {}
         for lay in layouts:
             self.by_topic.setdefault(lay.topic, []).append(lay)
         self.settings = settings
         self.tick_ms = int(tick_ms)
+        self.timers = timers
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -76,6 +112,10 @@ class ChunkedStep(StatefulProcessor):
         if frames:
             df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             values = df.sort_values("offset", kind="stable")["value"].tolist()
+        if not self.timers:
+            if frames:  # no timer, no rows: nothing to evaluate (Spark calls a key with rows only)
+                yield self._run(key, values, int(frames[0]["now_ms"].iat[0]))
+            return
         for t in list(self.handle.listTimers()):  # the data evaluates the partition now: no timer due
             self.handle.deleteTimer(t)
         yield self._run(key, values, int(timerValues.getCurrentProcessingTimeInMs()))
@@ -92,7 +132,8 @@ class ChunkedStep(StatefulProcessor):
             proc = PartitionProcessor(lays, partition, self.settings, self.chunks)
         out = proc.process_packed(values, now_ms)
         self.meta.update((proc.to_bytes(),))
-        self.handle.registerTimer(now_ms + self.tick_ms)
+        if self.timers:
+            self.handle.registerTimer(now_ms + self.tick_ms)
         return out
 
     def close(self) -> None:

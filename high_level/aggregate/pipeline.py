@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lowwater.job")
 CHECKPOINT_DIRS = {"blob": "oop", "chunked": "oop-chunked"}  # the OOP stream's checkpoint per layout
+# Settings of the aggregate stream only (it copies them when it starts), for the driver's planning every
+# micro-batch: its rows are Kafka messages (thousands of partial records each), so whole-stage code generation
+# only costs the driver (generating, compiling and JIT-compiling the classes again each batch); two optimizer
+# rules that never apply to it are skipped. Measured on the standalone cluster (batches of ~3,400 records,
+# load ~30, with 20 progress reports kept instead of 100, left out here: the benchmarks read every batch's):
+# 404 -> 323 driver CPU-ms per batch (docs/design.md).
+PLANNING_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation,"
+    "org.apache.spark.sql.catalyst.optimizer.PropagateEmptyRelation",
+}
 
 
 def state_function(
@@ -67,7 +78,9 @@ def state_function(
     return fn
 
 
-def _blob_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[Any, dict[str, str]]:
+def _blob_step(
+    grouped: Any, layouts: list[Layout], opts: JobOptions, ckpt: Path
+) -> tuple[Any, dict[str, str]]:
     """The blob state: ``applyInPandasWithState``, the processor saved whole every micro-batch."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -81,15 +94,19 @@ def _blob_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[A
     return rolled, {}
 
 
-def _chunked_step(grouped: Any, layouts: list[Layout], opts: JobOptions) -> tuple[Any, dict[str, str]]:
-    """The chunked state: ``transformWithStateInPandas`` over RocksDB, with its state-store settings."""
-    from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep
+def _chunked_step(
+    grouped: Any, layouts: list[Layout], opts: JobOptions, ckpt: Path
+) -> tuple[Any, dict[str, str]]:
+    """The chunked state: ``transformWithStateInPandas`` over RocksDB, with its state-store settings; no
+    timers unless the checkpoint was written with them (:class:`high_level.aggregate.chunkstep.ChunkedStep`)."""
+    from high_level.aggregate.chunkstep import SESSION_CONF, ChunkedStep, processing_timers
 
+    timers = processing_timers(ckpt)
     rolled = grouped.transformWithStateInPandas(
-        ChunkedStep(layouts, opts.settings, opts.trigger_ms),
+        ChunkedStep(layouts, opts.settings, opts.trigger_ms, timers=timers),
         outputStructType=OUTPUT_DDL,
         outputMode="Append",
-        timeMode="ProcessingTime",
+        timeMode="ProcessingTime" if timers else "None",
     )
     return rolled, SESSION_CONF
 
@@ -187,8 +204,12 @@ class AggregatePipeline(Pipeline):
             ).cast("int")
         else:
             salt = F.lit(0)
-        grouped = raw.withColumn("salt", salt).groupBy("topic", "partition", "salt")
-        rolled, conf = STEPS[state](grouped, self.layouts, opts)
+        # now_ms: the batch's timestamp from the offset log (a streaming query resolves current_timestamp()
+        # to it, the same on a replay), the chunked step's clock when it runs without timers
+        raw = raw.withColumn("salt", salt).withColumn("now_ms", F.unix_millis(F.current_timestamp()))
+        grouped = raw.groupBy("topic", "partition", "salt")
+        rolled, step_conf = STEPS[state](grouped, self.layouts, opts, ckpt)
+        conf = {**PLANNING_CONF, **step_conf}
         if opts.idle_trigger_ms > 0 and "://" not in str(ckpt):
             from high_level.aggregate.pacer import IdlePacer
 

@@ -21,6 +21,7 @@ from contract import wire
 from contract.live import PROVISIONAL_KIND
 from contract.status import PartitionStatus
 from high_level import codec
+from high_level.aggregate.adaptwid import StrategyRollup
 from high_level.aggregate.chunks import ChunkedRollup, ChunkStore
 from high_level.aggregate.meld import Meld
 from high_level.aggregate.packed import COMPLETENESS, INCOMPLETE_KIND, OUTPUT_COLUMNS, Part, pack_parts
@@ -113,6 +114,8 @@ class _QueryState:
     def __init__(self, layout: Layout, settings: Settings, store: ChunkStore | None = None) -> None:
         self.layout = layout
         self.rollup = QueryRollup(layout) if store is None else ChunkedRollup(layout, store)
+        if store is None and layout.strategy != "lazy":  # window.strategy eager/adaptive (blob state only)
+            self.rollup = StrategyRollup(layout)
         # an expected host that does not run this query (its `sources`) would hold it open forever
         expected = [h for h in settings.expected_hosts if layout.runs_on(h)]
         self.meld = Meld(settings.host_timeout_ms, expected, settings.max_gap_ms)

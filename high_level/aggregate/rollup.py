@@ -28,6 +28,7 @@ from contract import query as Q
 from contract import wire
 from high_level.aggregate.groups import NO_FRONT, GroupFrontiers
 from high_level.aggregate.merge import ERROR_ITEM, error_rows, group_reduce, key_codes, misra_gries  # noqa: F401
+from high_level.codec import CodecError
 
 I64 = np.int64
 NOTHING_CLOSED = None  # closed frontier before the first close: no window is closed yet
@@ -52,6 +53,9 @@ class Layout:
     top_capacity: int = 0  # top with capacity c: Misra-Gries bound of c items per (pane, group); 0: exact
     differential: bool = False  # sliding windows kept running: new panes in, expired panes out
     groups: bool = False  # group-wise punctuation closes a group's windows early (heartbeat.groups)
+    strategy: str = (
+        "lazy"  # window.strategy: lazy (this pane table), eager or adaptive (aggregate/adaptwid.py)
+    )
 
     def runs_on(self, host: str) -> bool:
         return any(fnmatch.fnmatchcase(host, p) for p in self.sources)
@@ -77,6 +81,7 @@ class Layout:
             int(cap),
             Q.differential(q),
             q.heartbeat.groups,
+            w.strategy,
         )
 
     def first_needed_pane(self, closed: int) -> int:
@@ -518,6 +523,8 @@ class QueryRollup:
     def load_run(self, arrays: dict[str, np.ndarray], name: str) -> None:
         """Restore :meth:`run_arrays` (a state saved without them sums them again at the next close)."""
         lay, key, state = self.layout, arrays.get(f"{name}/run_key"), arrays.get(f"{name}/run_state")
+        if len(arrays.get(f"{name}/eager_window", ())):  # saved by window.strategy eager/adaptive
+            raise CodecError(f"query {lay.name!r} holds eager window aggregates: keep its window.strategy")
         ok = key is not None and state is not None and lay.differential
         if ok and key.shape[1:] == (lay.kw,) and state.shape[1:] == (lay.na + 1,):
             self.run = Windows(np.zeros(len(key), I64), key, state)

@@ -46,6 +46,14 @@ logger.nativeloader.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativeloader.level = error
 """
 
+# The driver JVM of a cluster job (not local mode): its work is a micro-batch's planning and commit, a fixed
+# cost per batch in code that runs a few times a second, where C2's compilations cost more CPU than the
+# code they speed up; C1 only (TieredStopAtLevel=1), the serial collector (no concurrent GC threads on a
+# heap of short-lived plans) and a small code cache cut the driver's CPU per batch
+# (benchmarks/bench_scaling.py, driver_jvm_threads_cpu_seconds). A user's spark.driver.extraJavaOptions
+# (--spark-conf) replaces them.
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=64m"
+
 
 def connector_jars(entries: Sequence[str]) -> list[str]:
     """The jar files of ``entries`` (``--spark-jars``): each a jar file, or a directory whose ``*.jar`` all go.
@@ -117,6 +125,9 @@ def build_spark(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # The driver JVM is launched by this call (local mode), so its Java options still apply here.
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    # On a cluster the driver only plans and commits: see DRIVER_JAVA_OPTIONS. In local mode the same JVM
+    # runs the tasks (Kafka fetch, Arrow, state store), which need the optimising compiler.
+    driver_opts = java_opts if local else f"{java_opts} {DRIVER_JAVA_OPTIONS}"
     conf: dict[str, str] = {
         "spark.jars": ",".join(jars),
         "spark.sql.shuffle.partitions": "4",
@@ -127,7 +138,7 @@ def build_spark(
         "spark.sql.warehouse.dir": str(base / "warehouse"),
         "spark.driver.host": "127.0.0.1" if local else (driver_host or socket.gethostname()),
         "spark.driver.bindAddress": "127.0.0.1" if local else "0.0.0.0",
-        "spark.driver.extraJavaOptions": java_opts,
+        "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.pyspark.python": worker_python,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",

@@ -148,8 +148,6 @@ class ResultSink:
 
         local = frozenset(self.store.queries) - self.driver_queries()
         live = self.live.kafka if self.live is not None else None
-        if self.live is not None and live is None:  # a publisher without clients (tests): driver-side
-            local = frozenset()
         if not local:  # every row goes to the driver anyway (a watcher): no pass over them in the tasks
             self.foreach_packed(df, batch_id)
         else:

@@ -15,9 +15,10 @@ import bisect
 import functools
 import ipaddress
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +38,7 @@ SERIES_COLS = ["kind", "complete", "hosts_expected", "hosts_in_mark", "late_part
 # reads of tier files' row groups for filtered series (pyarrow releases the GIL while decoding)
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lowwater-tier-read")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SETTLED_NS = 2_000_000_000
 
 
 def text_prefix(f: KeyFilter) -> str | None:
@@ -102,6 +104,11 @@ def narrow(table: pa.Table, filters: list[KeyFilter]) -> pa.Table:
     for col, fs in by_col.items():
         if col not in table.column_names:
             continue
+        if not pa.types.is_dictionary(table[col].type):  # one call over every chunk
+            plain = [_keep(f, table[col]) for f in fs]
+            if all(k is not None for k in plain):
+                masks.append(functools.reduce(pc.or_kleene, plain))
+            continue
         parts = []
         for chunk in table[col].chunks:
             dictionary = isinstance(chunk, pa.DictionaryArray)
@@ -123,6 +130,11 @@ def _succ(p: str) -> str:
     return p[:-1] + chr(ord(p[-1]) + 1)
 
 
+def _parsed_bytes(meta: pq.FileMetaData) -> int:
+    """The memory a parsed footer takes, estimated from its serialized size (measured ~9x)."""
+    return 9 * meta.serialized_size
+
+
 VARIES = object()  # KeyStats.constant: the column holds more than one value (or nulls) there
 
 
@@ -136,6 +148,8 @@ class KeyStats:
     spans: dict[str, list[tuple[object, object]]]
     nulls: dict[str, list[bool]]
     lead: str | None
+    lead_lo: list = field(default_factory=list)  # the lead column's mins and maxes, for bisection
+    lead_hi: list = field(default_factory=list)
 
     @classmethod
     def of(cls, meta: pq.FileMetaData, keys: list[str]) -> KeyStats:
@@ -157,12 +171,13 @@ class KeyStats:
             kinds = {type(v) for v in (*lo, *hi)}
             if len(kinds) != 1 or lo != sorted(lo) or hi != sorted(hi):  # type: ignore[type-var]
                 lead = None
+            else:
+                return cls(rows, spans, nulls, lead, lo, hi)
         return cls(rows, spans, nulls, lead)
 
     def _lead_range(self, f: KeyFilter) -> tuple[int, int] | None:
         """The row groups [a, b) of the sorted lead column that may hold ``f``'s rows; None: unsure."""
-        lo = [a for a, _ in self.spans[f.column]]
-        hi = [b for _, b in self.spans[f.column]]
+        lo, hi = self.lead_lo, self.lead_hi
         if f.op == "eq":
             if type(f.value) is not type(lo[0]):
                 return None
@@ -210,7 +225,11 @@ class TierFiles:
         self._footers: OrderedDict[str, tuple[tuple[int, int], pq.FileMetaData, KeyStats, str | None]] = (
             OrderedDict()
         )
-        self.max_footers = 1024
+        # parsed footers take ~9x their serialized size in memory (a day file of the 1h tier of 100K
+        # groups in 4,096-row row groups: 1.1 MB on disk, ~10 MB parsed): kept within this estimate
+        self.max_footer_bytes = 512 << 20
+        self._footer_bytes = 0
+        self._listed: dict[str, tuple[int, list[str]]] = {}  # per date directory: (its mtime, its files)
         self._lock = threading.Lock()
 
     def files(self, spec: QuerySpec, tier: str, start_us: int, end_us: int) -> list[str]:
@@ -223,9 +242,15 @@ class TierFiles:
             if day_us >= end_us or day_us + _DAY_US <= start_us:
                 continue
             try:
+                mtime = d.stat().st_mtime_ns
+                got = self._listed.get(str(d))
+                if got is not None and got[0] == mtime:
+                    out.extend(got[1])
+                    continue
                 names = {p.name: r for p in d.iterdir() if (r := R.tier_batch_range(p.name)) is not None}
             except FileNotFoundError:  # retention removed the day meanwhile
                 continue
+            here = []
             for name in R.visible_files(names):
                 path = d / name
                 try:
@@ -233,7 +258,13 @@ class TierFiles:
                 except FileNotFoundError:
                     continue
                 if self._check(spec, tier, path, (st.st_size, st.st_mtime_ns)) is None:
-                    out.append(str(path))
+                    here.append(str(path))
+            # files enter and leave a directory by rename or unlink only (never rewritten in place), so
+            # its mtime says whether the listing changed; kept once that mtime is older than a change
+            # within its clock's granularity could hide
+            if time.time_ns() - mtime > _SETTLED_NS:
+                self._listed[str(d)] = (mtime, here)
+            out.extend(here)
         return out
 
     def stamp(self, path: str) -> tuple[int, int]:
@@ -264,9 +295,11 @@ class TierFiles:
         meta = pq.read_metadata(path)
         ks = KeyStats.of(meta, keys)
         with self._lock:
+            old = self._footers.pop(path, None)
+            self._footer_bytes += _parsed_bytes(meta) - (_parsed_bytes(old[1]) if old is not None else 0)
             self._footers[path] = (stamp, meta, ks, keys[0] if keys else None)
-            while len(self._footers) > self.max_footers:
-                self._footers.popitem(last=False)
+            while self._footer_bytes > self.max_footer_bytes and len(self._footers) > 1:
+                self._footer_bytes -= _parsed_bytes(self._footers.popitem(last=False)[1][1])
         return meta, ks
 
     def row_groups(
@@ -281,40 +314,62 @@ class TierFiles:
     # footer cannot narrow (a later key column alone) leaves the file to DuckDB's scan
     max_pruned_rows = 8 * 16_384
 
-    def read_groups(self, qi: QueryInfo, path: str, filters: list[KeyFilter]) -> pa.Table | str | None:
-        """The rows of ``path``'s row groups that may hold ``filters``' rows, only the columns a series
-        needs; a column one value in all of them (a tier file's kind, completeness) is made from the
-        footer, not read. None: no row group may; ``path``: too many, for DuckDB to scan."""
+    @staticmethod
+    def series_columns(qi: QueryInfo, filters: list[KeyFilter]) -> list[str]:
+        """The columns a filtered series reads, in order."""
+        return list(
+            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *SERIES_COLS])
+        )
+
+    def read_groups(
+        self, qi: QueryInfo, path: str, filters: list[KeyFilter]
+    ) -> tuple[pa.Table, tuple[tuple[str, object], ...]] | str | None:
+        """The rows of ``path``'s row groups that may hold ``filters``' rows, the columns a series needs
+        but those with one value in all of them (a tier file's kind, completeness), which are returned
+        apart as (column, value) from the footer, not read. None: no row group may; ``path``: too many,
+        for DuckDB to scan."""
         groups, ks, meta = self.row_groups(path, qi.key_names, filters)
         if not groups:
             return None
         if sum(ks.rows[g] for g in groups) > self.max_pruned_rows:
             return path
-        want = list(
-            dict.fromkeys(["window_start", *(f.column for f in filters), *qi.agg_names, *SERIES_COLS])
-        )
-        types = {f.name: f.type for f in qi.schema}
-        consts = {c: v for c in want if c not in qi.key_names and (v := ks.constant(c, groups)) is not VARIES}
-        read = [c for c in want if c not in consts]
-        # a row group's few keys: decoded once (kind stays plain, as when made from the footer)
-        texts = [c for c in read if pa.types.is_string(types[c]) and c in qi.key_names]
-        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie
-        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, read_dictionary=texts, pre_buffer=False)
-        got = narrow(f.read_row_groups(groups, columns=read, use_threads=False), filters)
-        cols = {c: got[c] for c in read}
-        cols.update({c: pa.repeat(pa.scalar(v, types[c]), got.num_rows) for c, v in consts.items()})
-        return pa.table({c: cols[c] for c in want})
+        want = self.series_columns(qi, filters)
+        consts = tuple(
+            (c, v) for c in SERIES_COLS if (v := ks.constant(c, groups)) is not VARIES
+        )  # not window_start: an hour's file would be its own set of constants
+        skip = {c for c, _ in consts}
+        # memory-mapped, without pre-buffering: a few small column chunks, read where they lie; text
+        # plain, so the rows of every file are narrowed by one call per filter (not one per file)
+        f = pq.ParquetFile(pa.memory_map(path), metadata=meta, pre_buffer=False)
+        return f.read_row_groups(
+            groups, columns=[c for c in want if c not in skip], use_threads=False
+        ), consts
 
     def read_candidates(
         self, qi: QueryInfo, paths: list[str], filters: list[KeyFilter]
-    ) -> list[pa.Table | str | None]:
-        """:meth:`read_groups` of every file, on a small thread pool (pyarrow releases the GIL)."""
+    ) -> list[pa.Table | str]:
+        """:meth:`read_groups` of every file, on a small thread pool (pyarrow releases the GIL): the
+        paths left to DuckDB, and the rows read, narrowed (:func:`narrow`) and with their constant
+        columns, one table per set of constants (usually one)."""
         try:
-            return list(_READERS.map(lambda p: self.read_groups(qi, p, filters), paths))
+            got = list(_READERS.map(lambda p: self.read_groups(qi, p, filters), paths))
         except FileNotFoundError:  # compacted or expired since the listing: list again
             raise StoreError("a tier file vanished since it was listed") from None
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"reading the results store failed: {exc}") from None
+        out: list[pa.Table | str] = [g for g in got if isinstance(g, str)]
+        by_consts: dict[tuple, list[pa.Table]] = {}
+        for g in got:
+            if isinstance(g, tuple):
+                by_consts.setdefault(g[1], []).append(g[0])
+        want = self.series_columns(qi, filters)
+        types = {f.name: f.type for f in qi.schema}
+        for consts, tables in by_consts.items():
+            rows = narrow(pa.concat_tables(tables), filters)
+            cols = {c: rows[c] for c in rows.column_names}
+            cols.update({c: pa.repeat(pa.scalar(v, types[c]), rows.num_rows) for c, v in consts})
+            out.append(pa.table({c: cols[c] for c in want}))
+        return out
 
     def rejected(self) -> dict[str, str]:
         """Tier files skipped because they break the layout, with why."""
