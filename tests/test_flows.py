@@ -99,6 +99,11 @@ def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int
         e = min(len(rows), s + chunk)
         k.run(np.ascontiguousarray(rows[s:e]), np.ascontiguousarray(weights[s:e]), e - s)
         parts.append(tables.drain(0))
+    return _merged(k, tables, parts)
+
+
+def _merged(k: FlowKernel, tables: Tables, parts: list[np.ndarray]) -> Counter:
+    """Flush the table, then the drained partials merged: (pane, src, dst) -> [packets, bytes]."""
     k.flush_below(0, wire.END_OF_STREAM)
     parts.append(tables.drain(0))
     pane, key, state = tables.split(0, np.concatenate(parts))
@@ -178,14 +183,7 @@ def test_fused_decode_and_fold_equals_decode_then_fold_and_carries_rows_past_a_f
 
     col.feed(datagrams)
     assert k.take(col, after) == b.n == col.records
-    k.flush_below(0, wire.END_OF_STREAM)
-    parts.append(tables.drain(0))
-    pane, key, state = tables.split(0, np.concatenate(parts))
-    got: Counter = Counter()
-    for p, kk, st in zip(pane, key, state, strict=True):
-        got[(int(p), int(kk[1]), int(kk[3]), "packets")] += int(st[0])
-        got[(int(p), int(kk[1]), int(kk[3]), "bytes")] += int(st[1])
-    assert got == want
+    assert _merged(k, tables, parts) == want
     assert max(carried) > 0 and carried[-1] == 0  # rows did wait for a drain; none are left
     assert col.pending == 0 and col.datagrams == len(datagrams) and col.errs[0] == ref.errs[0]
 

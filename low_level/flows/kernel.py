@@ -111,16 +111,11 @@ def flow_batch(
         if dres[1] == 0 and got == 0:
             stop = 2  # the counter rows cannot take the next datagram: take them first
             break
-    carry[0] = a
-    carry[1] = r
-    res[0] = folded
-    res[1] = i
-    res[2] = nctr
-    res[3] = late
-    res[4] = stop
     pin(buf)
     pin(frows)
+    res[0], res[1], res[2], res[3], res[4] = folded, i, nctr, late, stop
     pin(ctrs)
+    carry[0], carry[1] = a, r
     pin(tmpl)
     pin(doms)
 {pins}
