@@ -99,6 +99,11 @@ def _aggregate(q: Q.QuerySpec, rows: np.ndarray, weights: np.ndarray, chunk: int
         e = min(len(rows), s + chunk)
         k.run(np.ascontiguousarray(rows[s:e]), np.ascontiguousarray(weights[s:e]), e - s)
         parts.append(tables.drain(0))
+    return _merged(k, tables, parts)
+
+
+def _merged(k: FlowKernel, tables: Tables, parts: list[np.ndarray]) -> Counter:
+    """Flush the table, then the drained partials merged: (pane, src, dst) -> [packets, bytes]."""
     k.flush_below(0, wire.END_OF_STREAM)
     parts.append(tables.drain(0))
     pane, key, state = tables.split(0, np.concatenate(parts))
@@ -150,6 +155,37 @@ def test_per_window_totals_per_pair_equal_nfdumps(tmp_path: Path) -> None:
         want[(pane, F.to_int64(src), F.to_int64(dst), "bytes")] += by
     assert got == want
     assert sum(v for k, v in want.items() if k[3] == "packets") == 8000
+
+
+@needs_peers
+def test_fused_decode_and_fold_equals_decode_then_fold_and_carries_rows_past_a_full_output(
+    tmp_path: Path,
+) -> None:
+    """The agent's path (FlowKernel.take: decode and fold in one compiled call) gives exactly the partials
+    of decoding then folding; with a 64-record chunk its output regions fill mid-batch, so decoded rows
+    wait (the carry) for a drain and are folded by the next call, none lost or folded twice."""
+    pcap = tmp_path / "t.pcap"
+    flow_pcap(pcap, 8000, seed=7)
+    datagrams, _ = softflowd_export(pcap, "10", tmp_path)
+    q = flow_query(size=64)
+    ref = FlowCollector()
+    ref.feed(datagrams)
+    b = ref.decode()
+    want = _aggregate(q, b.rows[: b.n].copy(), b.weights[: b.n].copy())
+    tables = Tables.build([q], chunk=64)
+    k = FlowKernel(tables)
+    col = FlowCollector()
+    parts, carried = [], []
+
+    def after() -> None:
+        parts.append(tables.drain(0))
+        carried.append(int(col.carry[1] - col.carry[0]))
+
+    col.feed(datagrams)
+    assert k.take(col, after) == b.n == col.records
+    assert _merged(k, tables, parts) == want
+    assert max(carried) > 0 and carried[-1] == 0  # rows did wait for a drain; none are left
+    assert col.pending == 0 and col.datagrams == len(datagrams) and col.errs[0] == ref.errs[0]
 
 
 def test_weighted_kernel_is_exact_under_disorder() -> None:

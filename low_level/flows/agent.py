@@ -71,6 +71,7 @@ class FlowAgent(HostLoop):
         self.kernel = FlowKernel(Tables.build(queries, chunk=chunk), nets=self._networks_table())
         self.kernel.warm()  # compile before the first datagram, as the packet agent does
         self.collector.warm()
+        self.kernel.warm_take(self.collector)
         self._last_rx: float | None = None  # when the last turn's receive took datagrams (None: it did not)
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
         self._bound_pending()
@@ -117,9 +118,7 @@ class FlowAgent(HostLoop):
         t = time.monotonic()
         since = 0.0 if self._last_rx is None else t - self._last_rx  # 0: no rate seen (idle before)
         self._last_rx = t if got else None
-        n = 0
-        while self.collector.pending:
-            n += self.kernel.fold(self.collector.decode(), self._after_chunk)
+        n = self.kernel.take(self.collector, self._after_chunk)
         now = time.monotonic()
         for i, q in enumerate(self.queries):
             if now >= self.next_timer[i]:

@@ -114,14 +114,15 @@ def decode(
     errs,
     res,
     exp_addr,
+    stop_at,
 ):
     """Decode datagrams 0..n-1 (datagram i is buf[offs[i]:offs[i]+lens[i]], from exporter id exporters[i]
     whose IPv4 address is exp_addr[exporters[i]] as u32 (0 when not IPv4), received at arrival[i] ns).
 
     Writes records to rows / w (packets, sampled-up) / rate_out, at most ``rows.shape[0]``, and sFlow
     interface counters to ctrs; res[0] gets the records written, res[1] the datagrams consumed (less
-    than n only when rows is full: call again), res[2] the counter rows. errs[E_OK] counts the datagrams
-    read whole.
+    than n when rows is full, or once ``stop_at`` records are written: call again), res[2] the counter
+    rows. errs[E_OK] counts the datagrams read whole.
     """
     cap = rows.shape[0]
     r = 0
@@ -129,7 +130,7 @@ def decode(
     res[2] = 0
     row = np.zeros(F.NFIELDS, dtype=np.int64)
     one = np.zeros((1, TW), dtype=np.int64)
-    while i < n:
+    while i < n and r < stop_at:
         p0 = offs[i]
         end = p0 + lens[i]
         if end > buf.shape[0] or p0 < 0:

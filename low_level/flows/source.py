@@ -1,9 +1,10 @@
 """NetFlow v5 / v9 / IPFIX over UDP as a low-level source: datagrams in, weighted flow rows out.
 
 Unlike the packet sources this one does not fill the frame ring: a datagram carries tens of records, so
-datagrams are received a batch per system call into one buffer (``low_level.flows.receive``) and the
-batch is decoded in one Numba call (``low_level.flows.decode``): no Python step per datagram or record.
-The rows go to ``low_level.flows.kernel``.
+datagrams are received a batch per system call into one buffer (``low_level.flows.receive``), and the
+batch is decoded (``low_level.flows.decode``) and folded into the tables in one compiled call
+(``FlowKernel.take``, a thousand records at a time so decoded rows never leave the core's cache): no
+Python step per datagram or record. ``decode`` alone (rows out) serves tests and replays.
 
 **Punctuation.** Each exporter (address, observation domain) is a capture host in OOP terms. Its clock
 is the export time in its datagram headers. An exporter sends a record at the latest ``inactive``
@@ -86,6 +87,9 @@ class FlowCollector:
         self.weights = np.zeros(self.capacity, dtype=np.int64)
         self.rate = np.zeros(self.capacity, dtype=np.int64)
         self.res = np.zeros(4, dtype=np.int64)
+        self.res5 = np.zeros(5, dtype=np.int64)  # FlowKernel.take's results
+        # rows[carry[0]:carry[1]]: decoded by FlowKernel.take, not yet folded (an output region was full)
+        self.carry = np.zeros(2, dtype=np.int64)
         self.datagrams = 0
         self.records = 0
         self.late_records = 0
@@ -197,7 +201,19 @@ class FlowCollector:
 
     @property
     def pending(self) -> int:
-        return self.n - self.first
+        """Datagrams queued, plus decoded records not yet folded (FlowKernel.take's carry)."""
+        return self.n - self.first + int(self.carry[1] - self.carry[0])
+
+    def taken(self, used: int, records: int, nctr: int, late: int) -> None:
+        """Count what one FlowKernel.take call consumed: datagrams, records folded, counter rows, late."""
+        for c in self.ctrs[:nctr]:
+            self.interfaces[(int(c[L.C_DOM]), int(c[L.C_IFINDEX]))] = c.copy()
+        self.first += used
+        if self.first == self.n:
+            self.first = self.n = 0
+        self.datagrams += used
+        self.records += records
+        self.late_records += late
 
     # --- decoding
     def warm(self) -> None:
@@ -213,6 +229,7 @@ class FlowCollector:
 
     def decode(self) -> FlowBatch:
         """Decode the queued datagrams (all of them, or as many as fill one batch of records)."""
+        assert self.carry[0] == self.carry[1], "decode: FlowKernel.take left records to fold"
         s, n = self.first, self.n
         q = self.q
         D.decode(
@@ -232,6 +249,7 @@ class FlowCollector:
             self.errs,
             self.res,
             self.exp_addr,
+            self.capacity,
         )
         for c in self.ctrs[: int(self.res[2])]:
             self.interfaces[(int(c[L.C_DOM]), int(c[L.C_IFINDEX]))] = c.copy()
