@@ -167,9 +167,3 @@ class RowQuerySpec(_Strict):
 def row_query(spec: dict[str, Any]) -> RowQuerySpec:
     """A row query from a plain mapping (tests and benchmarks)."""
     return RowQuerySpec.model_validate({"kind": "rows", **spec})
-
-
-def runs_in_job(spec: RowQuerySpec) -> bool:
-    """Whether the agent and the job run it: row windows yes; slide-by-tuple (FCA bins need every row's
-    timestamp at the job) only at processor level so far."""
-    return isinstance(spec.window, RowWindowSpec)

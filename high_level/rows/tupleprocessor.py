@@ -1,0 +1,147 @@
+"""A slide-by-tuple query in the job: its topic's row batches and marks -> one FCA-bin operator per host
+stream (:class:`high_level.rows.bytuple.SlideByTuple`) -> rows for the store.
+
+The capture host (``low_level.kernel.tuplerows``) sends each row's timestamp, row number and lifted state
+(wire ROWS) and its timestamp mark (PUNCT), all on one Kafka partition, so a host's rows precede the
+marks that cover them. A *stream* is one host incarnation: a restarted agent numbers from 0 again, so its
+windows are new ones; its last mark (``wire.END_OF_STREAM``, sent at a stop or the end of a capture)
+closes every window it has. Windows are per host, so the disorder between hosts does not matter; within
+a host, rows below its mark are late (counted, dropped: the kernel already drops them at the host).
+Pure and serialisable, as :class:`high_level.rows.processor.RowProcessor`, whose Spark step runs it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from contract import aggregates as A
+from contract import results as R
+from contract import wire
+from contract.query.rows import RowQuerySpec
+from contract.rowresults import tuple_schema
+from high_level import codec
+from high_level.rows.bytuple import SlideByTuple
+from high_level.rows.processor import ipc_bytes
+
+I64 = np.int64
+ZMAGIC = b"LWTP"  # a zstd-compressed slide-by-tuple state follows
+
+
+class TupleProcessor:
+    """One slide-by-tuple query's state in the job: an operator per host stream, sequence checks, counters."""
+
+    def __init__(self, spec: RowQuerySpec) -> None:
+        self.spec = spec
+        self.ops: dict[str, SlideByTuple] = {}  # "<host>#<incarnation>" -> its windows
+        self.done: list[str] = []  # streams whose last mark came (their rows are all in)
+        self.seq: dict[str, int] = {}  # "<stream>/<partition>" -> rows seen
+        self.gaps = 0  # rows a sequence gap says were sent and never arrived
+        self.bad = 0  # batches that did not decode (counted, skipped)
+        self.late = 0  # rows of a finished stream (counted, dropped)
+        self.windows = 0  # rows written
+        self.out: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # closed, not yet written
+
+    def _op(self, stream: str) -> SlideByTuple:
+        if stream not in self.ops:
+            self.ops[stream] = SlideByTuple.of(self.spec)
+        return self.ops[stream]
+
+    def feed(self, values: list[bytes]) -> None:
+        """One Kafka partition's batches of a micro-batch, in offset order."""
+        for v in values:
+            try:
+                m = wire.decode(v)
+            except wire.WireError:
+                self.bad += 1
+                continue
+            if m.query != self.spec.name:
+                continue
+            stream = f"{m.host}#{m.incarnation}"
+            at = f"{stream}/{m.partition}"
+            if isinstance(m, wire.Rows):
+                self.gaps += max(0, m.seq - self.seq.get(at, 0))
+                self.seq[at] = max(self.seq.get(at, 0), m.seq + m.n)
+                if stream in self.done:
+                    self.late += m.n
+                    continue
+                cols = np.asarray(m.cols, I64)
+                self._op(stream).add(m.ts, cols[:, 0], np.ascontiguousarray(cols[:, 1:]))
+            elif isinstance(m, wire.Punctuation) and stream not in self.done:
+                self.gaps += max(0, m.seq - self.seq.get(at, 0))
+                self.seq[at] = max(self.seq.get(at, 0), m.seq)
+                ts, row, state = self._op(stream).close(m.mark_ns)
+                if len(ts):
+                    self.out.append((stream, ts, row, state))
+                if m.mark_ns == wire.END_OF_STREAM:  # nothing more comes: its state can go
+                    self.late += self.ops.pop(stream).late
+                    self.done.append(stream)
+
+    def process_packed(self, values: dict[int, list[bytes]], now_ms: int) -> pd.DataFrame:
+        """A micro-batch by Kafka partition -> one output row (``query``, ``ipc``) of the closed windows."""
+        for p in sorted(values):
+            self.feed(values[p])
+        table = self.close(now_ms)
+        return pd.DataFrame({"query": [self.spec.name], "ipc": [ipc_bytes(table) if len(table) else b""]})
+
+    def close(self, now_ms: int) -> pa.Table:
+        """The windows the hosts' marks have passed, as a table of :func:`contract.rowresults.tuple_schema`."""
+        out, self.out = self.out, []
+        schema = tuple_schema(self.spec)
+        if not out:
+            return schema.empty_table()
+        stream = np.concatenate([np.full(len(ts), s, object) for s, ts, _, _ in out])
+        ts = np.concatenate([o[1] for o in out])
+        row = np.concatenate([o[2] for o in out])
+        state = np.vstack([o[3] for o in out])
+        host, _, inc = np.char.partition(stream.astype(str), "#").T
+        n = len(ts)
+        values = A.finalize(self.spec.aggs, state)
+        cols = {
+            "host": pa.array(host, pa.string()),
+            "incarnation": pa.array(inc.astype(I64)),
+            "window": pa.array(row, pa.int64()),
+            "window_end": pa.array(ts, pa.int64()),
+            **{name: pa.array(values[name]) for a in self.spec.aggregates for name, _ in a.output_columns()},
+            "closed_at": pa.array(np.full(n, now_ms * 1000, I64)).cast(R.TIMESTAMP),
+            "kind": pa.array(["final"] * n, pa.string()),
+        }
+        self.windows += n
+        return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+
+    def to_bytes(self) -> bytes:
+        names = sorted(self.ops)
+        blobs = [self.ops[s].snapshot() for s in names]
+        head = {
+            "streams": names,
+            "sizes": [len(b) for b in blobs],
+            "done": self.done,
+            "seq": self.seq,
+            "gaps": self.gaps,
+            "bad": self.bad,
+            "late": self.late,
+            "windows": self.windows,
+        }
+        return codec.compress(json.dumps(head).encode() + b"\n" + b"".join(blobs), ZMAGIC)
+
+    @classmethod
+    def from_bytes(cls, buf: bytes, spec: RowQuerySpec) -> TupleProcessor:
+        tp = cls(spec)
+        head, _, blob = codec.decompress(buf, ZMAGIC).partition(b"\n")
+        h = json.loads(head)
+        tp.done, tp.seq, tp.gaps, tp.bad, tp.late, tp.windows = (
+            h["done"],
+            h["seq"],
+            h["gaps"],
+            h["bad"],
+            h["late"],
+            h["windows"],
+        )
+        at = 0
+        for s, size in zip(h["streams"], h["sizes"], strict=True):
+            tp._op(s).restore(blob[at : at + size])
+            at += size
+        return tp
