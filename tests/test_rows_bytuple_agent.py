@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from contract import fields as F
@@ -21,6 +20,7 @@ from high_level.rows.processor import from_ipc
 from high_level.rows.tupleprocessor import TupleProcessor
 from low_level.kernel.tuplerows import TupleRows, row_stage
 from lowwater_testing.traffic import NS, T0, make_traffic
+from tests.test_rows_agent import selected, through_agents_and_job
 
 CONFIG = """queries:
   - kind: rows
@@ -30,17 +30,6 @@ CONFIG = """queries:
     window: {range: 1s, every: 7}
     kafka: {partitions: 2}
 """
-
-
-def spec_of(text: str = CONFIG) -> Q.RowQuerySpec:
-    (spec,) = Q.load_text(text, "bytuple.yaml").rows
-    return spec
-
-
-def selected(spec: Q.RowQuerySpec, parsed: np.ndarray) -> np.ndarray:
-    """The rows the query's select passes (tcp), as the kernel drains them: timestamp, then its words."""
-    keep = parsed[parsed[:, F.PROTO] == 6]
-    return keep[:, [F.TS] + [c for _, c in spec.selection.columns]]
 
 
 def oracle(spec: Q.RowQuerySpec, streams: dict[tuple[str, int], np.ndarray]) -> dict[tuple, tuple]:
@@ -85,7 +74,7 @@ def test_host_rows_and_marks_through_the_job_processor_equal_the_oracle(seed: in
     """Two hosts (one restarted half-way: a new incarnation numbers from 0), drained blocks of any size, marks
     that the rows still to come never undercut, batches interleaved across hosts, the processor saved and
     restored mid-way: every closed window is the oracle's, once."""
-    spec = spec_of()
+    spec = Q.load_text(CONFIG, "bytuple.yaml").rows[0]
     assert isinstance(row_stage(spec, "h", 1), TupleRows)
     rng = np.random.default_rng(seed)
     a, b = captured(seed * 10), captured(seed * 10 + 1)
@@ -104,13 +93,12 @@ def test_host_rows_and_marks_through_the_job_processor_equal_the_oracle(seed: in
         tr.pump(lambda topic, p, v, sent=sent: sent.append((p, v)) or True)
         assert all(p == tr.partition for p, _ in sent) and tr.empty and tr.seq == len(rows)
     order = rng.permutation(np.repeat(np.arange(2), [len(queues["a"]), len(queues["b"])]))
-    proc, got, cursor = TupleProcessor(spec), [], {"a": 0, "b": 0}
-    for step, chunk in enumerate(np.array_split(order, 6)):
+    each = [iter(queues["a"]), iter(queues["b"])]
+    arrivals = [next(each[w]) for w in order]  # each host's batches in order, the two interleaved
+    proc, got = TupleProcessor(spec), []
+    for step, part in enumerate(np.array_split(np.arange(len(arrivals)), 6)):
         values: dict[int, list[bytes]] = {}
-        for which in chunk:
-            h = "ab"[which]
-            p, v = queues[h][cursor[h]]
-            cursor[h] += 1
+        for p, v in (arrivals[i] for i in part):
             values.setdefault(p, []).append(v)
         out = proc.process_packed(values, 1_700_000_000_000)
         if out["ipc"][0]:
@@ -129,7 +117,7 @@ def test_host_rows_and_marks_through_the_job_processor_equal_the_oracle(seed: in
 def test_rows_below_a_mark_are_late_and_a_gap_is_counted() -> None:
     """A row under its host's mark is counted and dropped (the kernel drops it at the host already); a lost
     batch shows as a sequence gap."""
-    spec = spec_of()
+    spec = Q.load_text(CONFIG, "bytuple.yaml").rows[0]
     tr, sent = TupleRows(spec, "h", 1), []
     block = np.array([[100, 60], [200, 70], [300, 80]], np.int64)
     block = np.column_stack([block[:, 0], np.zeros((3, len(spec.selection.columns)), np.int64)])
@@ -153,33 +141,8 @@ def test_rows_below_a_mark_are_late_and_a_gap_is_counted() -> None:
 def test_slide_by_tuple_through_real_agents_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
     """Two real agents replay a pcap as two capture hosts into real Kafka; the real job stores every window of
     each host, equal to the oracle, each once."""
-    from high_level.job import HighLevelJob
-    from lowwater_testing.agent import spawn_agent, traffic_pcap
-    from lowwater_testing.spark import job_options
-    from tests.test_join import run_to_end
-
-    topic = topic_factory(partitions=2)
-    cfg_path = tmp_path / "bytuple.yaml"
-    cfg_path.write_text(CONFIG.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
-    cfg = Q.load(cfg_path)
-    spec = cfg.rows[0]
-    traffic, pcap = traffic_pcap(tmp_path / "t.pcap", 3000, 30, T0, 10 * NS, seed=5)
-    procs = [
-        spawn_agent(cfg_path, f"pcap:{pcap}", host=host, bootstrap=kafka.bootstrap_servers)
-        for host in ("cap-1", "cap-2")
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-3000:]
-    opts = job_options(kafka.bootstrap_servers, tmp_path, "t-bytuple", create_topics=False)
-    run_to_end(HighLevelJob(spark, [], opts, config=cfg))
-    files = sorted((tmp_path / "res" / f"query={spec.name}").rglob("part-*.parquet"))
-    assert files
-    table = pa.concat_tables([pq.read_table(f) for f in files])
-    assert table.schema.equals(row_schema(spec), check_metadata=False)
+    spec, parsed, table = through_agents_and_job(spark, kafka, topic_factory, tmp_path, CONFIG, 3000)
     got = stored(table)
-    parsed = traffic.rows()
     incs = {h: {k[1] for k in got if k[0] == h} for h in ("cap-1", "cap-2")}
     assert all(len(v) == 1 for v in incs.values()), incs  # one incarnation each
-    want = oracle(spec, {(h, next(iter(incs[h]))): parsed for h in incs})
-    same(got, want)
+    same(got, oracle(spec, {(h, next(iter(incs[h]))): parsed for h in incs}))

@@ -13,9 +13,9 @@ Pure and serialisable, as :class:`high_level.rows.processor.RowProcessor`, whose
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from contract import aggregates as A
@@ -25,7 +25,7 @@ from contract.query.rows import RowQuerySpec
 from contract.rowresults import tuple_schema
 from high_level import codec
 from high_level.rows.bytuple import SlideByTuple
-from high_level.rows.processor import ipc_bytes
+from high_level.rows.processor import RowProcessor
 
 I64 = np.int64
 ZMAGIC = b"LWTP"  # a zstd-compressed slide-by-tuple state follows
@@ -50,42 +50,37 @@ class TupleProcessor:
             self.ops[stream] = SlideByTuple.of(self.spec)
         return self.ops[stream]
 
+    def _seen(self, at: str, seq: int, n: int) -> None:
+        """A batch of ``at`` that follows ``seq`` records and carries ``n``: a sequence gap is counted."""
+        self.gaps += max(0, seq - self.seq.get(at, 0))
+        self.seq[at] = max(self.seq.get(at, 0), seq + n)
+
     def feed(self, values: list[bytes]) -> None:
         """One Kafka partition's batches of a micro-batch, in offset order."""
-        for v in values:
-            try:
-                m = wire.decode(v)
-            except wire.WireError:
+        for m in map(_decoded, values):
+            if m is None:
                 self.bad += 1
-                continue
-            if m.query != self.spec.name:
-                continue
-            stream = f"{m.host}#{m.incarnation}"
-            at = f"{stream}/{m.partition}"
-            if isinstance(m, wire.Rows):
-                self.gaps += max(0, m.seq - self.seq.get(at, 0))
-                self.seq[at] = max(self.seq.get(at, 0), m.seq + m.n)
+            elif m.query == self.spec.name and isinstance(m, wire.Rows | wire.Punctuation):
+                stream = f"{m.host}#{m.incarnation}"
+                self._seen(f"{stream}/{m.partition}", m.seq, m.n if isinstance(m, wire.Rows) else 0)
                 if stream in self.done:
-                    self.late += m.n
-                    continue
-                cols = np.asarray(m.cols, I64)
-                self._op(stream).add(m.ts, cols[:, 0], np.ascontiguousarray(cols[:, 1:]))
-            elif isinstance(m, wire.Punctuation) and stream not in self.done:
-                self.gaps += max(0, m.seq - self.seq.get(at, 0))
-                self.seq[at] = max(self.seq.get(at, 0), m.seq)
-                ts, row, state = self._op(stream).close(m.mark_ns)
-                if len(ts):
-                    self.out.append((stream, ts, row, state))
-                if m.mark_ns == wire.END_OF_STREAM:  # nothing more comes: its state can go
-                    self.late += self.ops.pop(stream).late
-                    self.done.append(stream)
+                    self.late += m.n if isinstance(m, wire.Rows) else 0
+                elif isinstance(m, wire.Rows):
+                    cols = np.asarray(m.cols, I64)
+                    self._op(stream).add(m.ts, cols[:, 0], np.ascontiguousarray(cols[:, 1:]))
+                else:
+                    self._mark(stream, m.mark_ns)
 
-    def process_packed(self, values: dict[int, list[bytes]], now_ms: int) -> pd.DataFrame:
-        """A micro-batch by Kafka partition -> one output row (``query``, ``ipc``) of the closed windows."""
-        for p in sorted(values):
-            self.feed(values[p])
-        table = self.close(now_ms)
-        return pd.DataFrame({"query": [self.spec.name], "ipc": [ipc_bytes(table) if len(table) else b""]})
+    def _mark(self, stream: str, mark: int) -> None:
+        """``stream`` sent every row below ``mark``: its windows below it close (END_OF_STREAM: all)."""
+        ts, row, state = self._op(stream).close(mark)
+        if len(ts):
+            self.out.append((stream, ts, row, state))
+        if mark == wire.END_OF_STREAM:  # nothing more comes: its state can go
+            self.late += self.ops.pop(stream).late
+            self.done.append(stream)
+
+    process_packed = RowProcessor.process_packed  # the row queries' Spark step: feed by partition, close
 
     def close(self, now_ms: int) -> pa.Table:
         """The windows the hosts' marks have passed, as a table of :func:`contract.rowresults.tuple_schema`."""
@@ -145,3 +140,11 @@ class TupleProcessor:
             tp._op(s).restore(blob[at : at + size])
             at += size
         return tp
+
+
+def _decoded(value: bytes) -> Any:
+    """A batch, or None when it does not decode."""
+    try:
+        return wire.decode(value)
+    except wire.WireError:
+        return None

@@ -15,8 +15,7 @@ state column: no Python per row.
 from __future__ import annotations
 
 import time
-import zlib
-from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,27 +25,19 @@ from contract import wire
 from contract.query.rows import RowQuerySpec
 from contract.query.windows import TupleSlideSpec
 from low_level.kernel.rownum import RowCounter
-from low_level.kernel.rowpanes import RowPanes
+from low_level.kernel.rowpanes import HostFifo, RowPanes
 
 I64 = np.int64
 MAX_BATCH = 16_384  # rows per Kafka message
 
 
-class TupleRows:
+class TupleRows(HostFifo):
     """One slide-by-tuple query on one capture host incarnation: numbering, lifted rows and their FIFO."""
 
     def __init__(self, spec: RowQuerySpec, host: str, incarnation: int) -> None:
-        self.spec, self.host, self.incarnation = spec, host, incarnation
+        super().__init__(spec, host, incarnation)  # FIFO: int64[n, 2 + ns] (ts, row, state), wire.Punctuation
         self.lifts = spec.lift_columns
         self.counter = RowCounter(0)
-        # one partition per host: its rows stay before the marks that cover them
-        self.partition = zlib.crc32(host.encode()) % spec.kafka.partitions
-        self.fifo: deque = deque()  # int64[n, 2 + ns] blocks (ts, row, state) and wire.Punctuation
-        self.queued = 0  # rows in the FIFO
-        self.seq = 0  # rows sent
-        self.rows = 0  # rows numbered
-        self.records_sent = 0
-        self.marks_sent = 0
         self.mark: int | None = None  # the last mark queued
 
     def submit(self, rows: np.ndarray) -> None:
@@ -71,48 +62,16 @@ class TupleRows:
             )
         )
 
-    def pump(self, send: Any) -> int:
-        """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order."""
-        handed, topic, part = 0, self.spec.topic, self.partition
-        while self.fifo:
-            item = self.fifo[0]
-            if isinstance(item, np.ndarray):
-                n = min(len(item), MAX_BATCH)
-                value = wire.encode_rows(
-                    self.spec.name, self.host, self.incarnation, part, self.seq, item[:n]
-                )
-                if not send(topic, part, value):
-                    return handed
-                self.seq += n
-                self.queued -= n
-                self.records_sent += n
-                if n == len(item):
-                    self.fifo.popleft()
-                else:
-                    self.fifo[0] = item[n:]
-            else:
-                p = wire.Punctuation(
-                    item.query,
-                    item.host,
-                    item.incarnation,
-                    part,
-                    self.seq,
-                    item.mark_pane,
-                    item.mark_ns,
-                    time.time_ns(),
-                    item.stats,
-                    sent_upto=None,
-                )
-                if not send(topic, part, wire.encode_punctuation(p)):
-                    return handed
-                self.marks_sent += 1
-                self.fifo.popleft()
-            handed += 1
-        return handed
-
-    @property
-    def empty(self) -> bool:
-        return not self.fifo
+    def _batch(self, item: Any) -> tuple[int, bytes, Any]:
+        """(rows, the Kafka value, what of ``item`` is left or None) of the FIFO's head."""
+        if isinstance(item, np.ndarray):
+            n = min(len(item), MAX_BATCH)
+            value = wire.encode_rows(
+                self.spec.name, self.host, self.incarnation, self.partition, self.seq, item[:n]
+            )
+            return n, value, item[n:] if n < len(item) else None
+        p = replace(item, partition=self.partition, seq=self.seq, sent_wall_ns=time.time_ns())
+        return 0, wire.encode_punctuation(p), None
 
 
 def row_stage(spec: RowQuerySpec, host: str, incarnation: int) -> RowPanes | TupleRows:
