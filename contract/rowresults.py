@@ -30,17 +30,13 @@ def row_schema(q: RowQuerySpec) -> pa.Schema:
 
     if isinstance(q.window, TupleSlideSpec):
         return tuple_schema(q)
-
-    def kind(n: str) -> pa.DataType:
-        return pa.string() if F.CATALOG[n].kind == "ip" else pa.int64()
-
     fields = [
         pa.field("host", pa.string(), nullable=False),
         pa.field("incarnation", pa.int64(), nullable=False),
     ]
-    fields += [pa.field(n, kind(n)) for n in q.partition_by]
+    fields += [_field(n) for n in q.partition_by]
     fields += list(ROW_WINDOW_FIELDS)
-    fields += [pa.field(n, kind(n)) for n in q.group_by]
+    fields += [_field(n) for n in q.group_by]
     return _with_aggregates(q, fields)
 
 
@@ -56,14 +52,21 @@ def tuple_schema(q: RowQuerySpec) -> pa.Schema:
     A row is one window of one capture host incarnation: ``host``, ``incarnation``, ``window`` (the number
     of the row that defines it, in that host's numbering: every ``every``-th row), ``window_end`` (that
     row's timestamp, in ns: the window holds the host's rows with ``window_end - range < ts <=
-    window_end``), the aggregates, then ``closed_at`` and ``kind`` (``final``).
+    window_end``), the ``group_by`` fields (one row per group with rows in the window), the aggregates,
+    then ``closed_at`` and ``kind`` (``final``).
     """
     fields = [
         pa.field("host", pa.string(), nullable=False),
         pa.field("incarnation", pa.int64(), nullable=False),
         *TUPLE_WINDOW_FIELDS,
+        *(_field(n) for n in q.group_by),
     ]
     return _with_aggregates(q, fields)
+
+
+def _field(name: str) -> pa.Field:
+    """A partition or group column: addresses as text, as in :func:`contract.results.schema`."""
+    return pa.field(name, pa.string() if F.CATALOG[name].kind == "ip" else pa.int64())
 
 
 def _with_aggregates(q: RowQuerySpec, fields: list[pa.Field]) -> pa.Schema:

@@ -25,23 +25,37 @@ from tests.test_rows_agent import selected, through_agents_and_job
 CONFIG = """queries:
   - kind: rows
     name: recent_tcp_every_7
+    window: {range: 1s, every: 7}     # every 7th tcp packet of a host: its last second, per port
     filter: protocol == tcp
-    aggregates: [{fn: count}, {fn: sum, field: length, as: bytes}, {fn: max, field: length, as: longest}, {fn: avg, field: length, as: mean}]
-    window: {range: 1s, every: 7}
+    group_by: [dst_port]
+    aggregates:
+      - {fn: count}
+      - {fn: sum, field: length, as: bytes}
+      - {fn: max, field: length, as: longest}
+      - {fn: avg, field: length, as: mean}
     kafka: {partitions: 2}
 """
 
 
 def oracle(spec: Q.RowQuerySpec, streams: dict[tuple[str, int], np.ndarray]) -> dict[tuple, tuple]:
-    """(host, incarnation, row) -> (window end ns, count, bytes, max, avg): every ``every``-th row of a
-    stream (its packets in capture order) and the rows of the last ``range`` up to its timestamp."""
+    """(host, incarnation, row, dst_port) -> (window end ns, count, bytes, max, avg): every ``every``-th row of
+    a stream (its packets in capture order) and, per destination port, its rows of the last ``range`` up to
+    that row's timestamp."""
     out, w = {}, spec.window
     for (host, inc), parsed in streams.items():
         rows = parsed[parsed[:, F.PROTO] == 6]
-        ts, ln = rows[:, F.TS], rows[:, F.LEN]
+        ts, ln, port = rows[:, F.TS], rows[:, F.LEN], rows[:, F.DPORT]
         for r in range(w.every - 1, len(rows), w.every):
-            sel = ln[(ts > ts[r] - w.range_ns) & (ts <= ts[r])]
-            out[(host, inc, r)] = (int(ts[r]), len(sel), int(sel.sum()), int(sel.max()), sel.mean())
+            inside = (ts > ts[r] - w.range_ns) & (ts <= ts[r])
+            for p in np.unique(port[inside]):
+                sel = ln[inside & (port == p)]
+                out[(host, inc, r, int(p))] = (
+                    int(ts[r]),
+                    len(sel),
+                    int(sel.sum()),
+                    int(sel.max()),
+                    sel.mean(),
+                )
     return out
 
 
@@ -49,7 +63,7 @@ def stored(table: pa.Table) -> dict[tuple, tuple]:
     d = table.to_pydict()
     out = {}
     for i in range(table.num_rows):
-        key = (d["host"][i], d["incarnation"][i], d["window"][i])
+        key = (d["host"][i], d["incarnation"][i], d["window"][i], d["dst_port"][i])
         assert key not in out, f"window stored twice: {key}"
         end = d["window_end"][i].value if hasattr(d["window_end"][i], "value") else d["window_end"][i]
         out[key] = (int(end), d["count"][i], d["bytes"][i], d["longest"][i], d["mean"][i])
@@ -106,7 +120,7 @@ def test_host_rows_and_marks_through_the_job_processor_equal_the_oracle(seed: in
         if step in (1, 3):  # a restart: the state the checkpoint saved
             proc = TupleProcessor.from_bytes(proc.to_bytes(), spec)
     want = oracle(spec, streams)
-    assert len(want) > 500
+    assert len(want) > 2000
     table = pa.concat_tables(got)
     assert table.schema.equals(row_schema(spec), check_metadata=False)
     same(stored(table), want)

@@ -94,8 +94,6 @@ class RowQuerySpec(_Strict):
     @model_validator(mode="after")
     def _partition(self) -> RowQuerySpec:
         if isinstance(self.window, TupleSlideSpec):
-            if self.group_by:
-                raise ValueError("group_by: a slide-by-tuple window is per capture host (no groups yet)")
             return self
         for n in self.window.partition_by:
             _plain_field(n, "window.partition_by")

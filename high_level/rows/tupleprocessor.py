@@ -25,7 +25,7 @@ from contract.query.rows import RowQuerySpec
 from contract.rowresults import tuple_schema
 from high_level import codec
 from high_level.rows.bytuple import SlideByTuple
-from high_level.rows.processor import RowProcessor
+from high_level.rows.processor import RowProcessor, _columns
 
 I64 = np.int64
 ZMAGIC = b"LWTP"  # a zstd-compressed slide-by-tuple state follows
@@ -36,6 +36,7 @@ class TupleProcessor:
 
     def __init__(self, spec: RowQuerySpec) -> None:
         self.spec = spec
+        self.kw = len(spec.words(spec.group_by))  # a row's group words, after its number
         self.ops: dict[str, SlideByTuple] = {}  # "<host>#<incarnation>" -> its windows
         self.done: list[str] = []  # streams whose last mark came (their rows are all in)
         self.seq: dict[str, int] = {}  # "<stream>/<partition>" -> rows seen
@@ -43,7 +44,7 @@ class TupleProcessor:
         self.bad = 0  # batches that did not decode (counted, skipped)
         self.late = 0  # rows of a finished stream (counted, dropped)
         self.windows = 0  # rows written
-        self.out: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # closed, not yet written
+        self.out: list[tuple] = []  # closed windows not yet written: (stream, ts, row, key, state)
 
     def _op(self, stream: str) -> SlideByTuple:
         if stream not in self.ops:
@@ -66,16 +67,17 @@ class TupleProcessor:
                 if stream in self.done:
                     self.late += m.n if isinstance(m, wire.Rows) else 0
                 elif isinstance(m, wire.Rows):
-                    cols = np.asarray(m.cols, I64)
-                    self._op(stream).add(m.ts, cols[:, 0], np.ascontiguousarray(cols[:, 1:]))
+                    cols, kw = np.asarray(m.cols, I64), self.kw
+                    state = np.ascontiguousarray(cols[:, 1 + kw :])
+                    self._op(stream).add(m.ts, cols[:, 0], state, cols[:, 1 : 1 + kw])
                 else:
                     self._mark(stream, m.mark_ns)
 
     def _mark(self, stream: str, mark: int) -> None:
         """``stream`` sent every row below ``mark``: its windows below it close (END_OF_STREAM: all)."""
-        ts, row, state = self._op(stream).close(mark)
-        if len(ts):
-            self.out.append((stream, ts, row, state))
+        closed = self._op(stream).close(mark)
+        if len(closed[0]):
+            self.out.append((stream, *closed))
         if mark == wire.END_OF_STREAM:  # nothing more comes: its state can go
             self.late += self.ops.pop(stream).late
             self.done.append(stream)
@@ -88,10 +90,9 @@ class TupleProcessor:
         schema = tuple_schema(self.spec)
         if not out:
             return schema.empty_table()
-        stream = np.concatenate([np.full(len(ts), s, object) for s, ts, _, _ in out])
-        ts = np.concatenate([o[1] for o in out])
-        row = np.concatenate([o[2] for o in out])
-        state = np.vstack([o[3] for o in out])
+        stream = np.concatenate([np.full(len(o[1]), o[0], object) for o in out])
+        ts, row = np.concatenate([o[1] for o in out]), np.concatenate([o[2] for o in out])
+        key, state = np.vstack([o[3] for o in out]), np.vstack([o[4] for o in out])
         host, _, inc = np.char.partition(stream.astype(str), "#").T
         n = len(ts)
         values = A.finalize(self.spec.aggs, state)
@@ -100,6 +101,7 @@ class TupleProcessor:
             "incarnation": pa.array(inc.astype(I64)),
             "window": pa.array(row, pa.int64()),
             "window_end": pa.array(ts, pa.int64()),
+            **_columns(self.spec, self.spec.group_by, key),
             **{name: pa.array(values[name]) for a in self.spec.aggregates for name, _ in a.output_columns()},
             "closed_at": pa.array(np.full(n, now_ms * 1000, I64)).cast(R.TIMESTAMP),
             "kind": pa.array(["final"] * n, pa.string()),

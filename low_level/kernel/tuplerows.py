@@ -3,9 +3,9 @@
 Why rows and not panes: a slide-by-tuple window is forward-context aware (dissertation §5.1.5): which
 windows a row belongs to depends on rows still to come, so the host cannot bucket it on arrival. What the
 job's FCA bins (``high_level.rows.bytuple``) need of each row is its timestamp, its row number (every
-``every``-th row defines a window) and its lifted aggregate state, so that is what leaves: wire ROWS
-batches on the query's topic, ``ts`` = the row's timestamp, columns = row number then the state
-columns (``contract.wire``). The punctuation is the host's timestamp mark, as a select query's (PUNCT,
+``every``-th row defines a window), its group words and its lifted aggregate state, so that is what
+leaves: wire ROWS batches on the query's topic, ``ts`` = the row's timestamp, columns = row number, the
+``group_by`` words, then the state columns (``contract.wire``). The punctuation is the host's timestamp mark, as a select query's (PUNCT,
 ``mark_pane == mark_ns``: every row below it was sent before it; the kernel drops and counts later rows
 below it), so the job closes a window once its host's mark passed its timestamp, whatever the arrival
 order. Numbering is :mod:`low_level.kernel.rownum`'s compiled loop; lifting is one vectorised call per
@@ -35,8 +35,9 @@ class TupleRows(HostFifo):
     """One slide-by-tuple query on one capture host incarnation: numbering, lifted rows and their FIFO."""
 
     def __init__(self, spec: RowQuerySpec, host: str, incarnation: int) -> None:
-        super().__init__(spec, host, incarnation)  # FIFO: int64[n, 2 + ns] (ts, row, state), wire.Punctuation
+        super().__init__(spec, host, incarnation)  # FIFO: (ts, row, key, state) blocks, wire.Punctuation
         self.lifts = spec.lift_columns
+        self.key_cols = spec.words(spec.group_by)
         self.counter = RowCounter(0)
         self.mark: int | None = None  # the last mark queued
 
@@ -47,7 +48,7 @@ class TupleRows(HostFifo):
             return
         number = self.counter.number(np.zeros((n, 0), I64))
         state = [A.lift(p, rows[:, c]).astype(I64) for c, p in self.lifts]
-        self.fifo.append(np.column_stack([rows[:, 0], number, *state]).astype(I64))
+        self.fifo.append(np.column_stack([rows[:, 0], number, rows[:, self.key_cols], *state]).astype(I64))
         self.queued += n
         self.rows += n
 
