@@ -109,6 +109,16 @@ def test_state_is_bins_of_the_last_range() -> None:
         assert op.state_rows <= 2 * 100 + 2
 
 
+def test_grouped_state_is_the_groups_of_the_last_range() -> None:
+    """Groups that leave the last RANGE leave no bin and no key behind: the state follows the live groups."""
+    op = SlideByTuple(100, 1, OPS, key_words=1)
+    for k in range(50):
+        ts = np.arange(k * 100, (k + 1) * 100)
+        op.add(ts, ts, _lift(ts), np.full((100, 1), k))  # a new group each RANGE
+        op.close(int(ts[-1]) + 1)
+        assert op.state_rows <= 2 * 100 + 2 + 2 and len(op.keys) <= 2
+
+
 def test_a_row_after_the_purge_starts_from_the_bin_below_the_mark() -> None:
     """Rows at 0, 10, 20 (RANGE 100); the mark at 25 purges their start bins; a row at 30 must still count
     them (its new bin splits the kept bin below the mark)."""

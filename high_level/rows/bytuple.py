@@ -149,7 +149,11 @@ class SlideByTuple:
         last = np.r_[self.gid[1:] != self.gid[:-1], True] | np.r_[~below[1:], True]
         keep = ~below | (last & (self.pa[:, -1] > 0))
         self.gid, self.ids, self.pa = self.gid[keep], self.ids[keep], np.ascontiguousarray(self.pa[keep])
-        return ts[w], row[w], self.keys[g], np.ascontiguousarray(st[:, :-1])
+        key = self.keys[g]
+        live = np.unique(self.gid)
+        if self.keys.shape[1] and len(live) < len(self.keys):  # groups with no bin left are forgotten
+            self.keys, self.gid = self.keys[live], np.searchsorted(live, self.gid).astype(I64)
+        return ts[w], row[w], key, np.ascontiguousarray(st[:, :-1])
 
     def snapshot(self) -> bytes:
         """The whole state (restart: :meth:`restore` into a fresh operator of the same query)."""
@@ -167,8 +171,8 @@ class SlideByTuple:
 
     @property
     def state_rows(self) -> int:
-        """Bins and open windows held."""
-        return int(len(self.ids) + len(self.win_ts))
+        """Bins, open windows and groups held."""
+        return int(len(self.ids) + len(self.win_ts) + len(self.keys))
 
 
 _ARRAYS = ("keys", "gid", "ids", "pa", "win_ts", "win_row")
