@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from contract import fields as F
 from contract.query.rows import RowQuerySpec
+from contract.query.windows import TupleSlideSpec
 from contract.results import CLOSING_FIELDS, FLOAT_FNS, ResultsLayoutError
 
 ROW_WINDOW_FIELDS = (
@@ -27,17 +28,50 @@ def row_schema(q: RowQuerySpec) -> pa.Schema:
     (``final``). Addresses are text, as in :func:`schema`. Filed under the day of ``closed_at``.
     """
 
-    def kind(n: str) -> pa.DataType:
-        return pa.string() if F.CATALOG[n].kind == "ip" else pa.int64()
-
+    if isinstance(q.window, TupleSlideSpec):
+        return tuple_schema(q)
     fields = [
         pa.field("host", pa.string(), nullable=False),
         pa.field("incarnation", pa.int64(), nullable=False),
     ]
-    fields += [pa.field(n, kind(n)) for n in q.partition_by]
+    fields += [_field(n) for n in q.partition_by]
     fields += list(ROW_WINDOW_FIELDS)
-    fields += [pa.field(n, kind(n)) for n in q.group_by]
-    fields += [
+    fields += [_field(n) for n in q.group_by]
+    return _with_aggregates(q, fields)
+
+
+TUPLE_WINDOW_FIELDS = (
+    pa.field("window", pa.int64(), nullable=False),
+    pa.field("window_end", pa.timestamp("ns", tz="UTC"), nullable=False),
+)
+
+
+def tuple_schema(q: RowQuerySpec) -> pa.Schema:
+    """The Arrow schema of a slide-by-tuple query's result files (``window: {range, every}``).
+
+    A row is one window of one capture host incarnation: ``host``, ``incarnation``, ``window`` (the number
+    of the row that defines it, in that host's numbering: every ``every``-th row), ``window_end`` (that
+    row's timestamp, in ns: the window holds the host's rows with ``window_end - range < ts <=
+    window_end``), the ``group_by`` fields (one row per group with rows in the window), the aggregates,
+    then ``closed_at`` and ``kind`` (``final``).
+    """
+    fields = [
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("incarnation", pa.int64(), nullable=False),
+        *TUPLE_WINDOW_FIELDS,
+        *(_field(n) for n in q.group_by),
+    ]
+    return _with_aggregates(q, fields)
+
+
+def _field(name: str) -> pa.Field:
+    """A partition or group column: addresses as text, as in :func:`contract.results.schema`."""
+    return pa.field(name, pa.string() if F.CATALOG[name].kind == "ip" else pa.int64())
+
+
+def _with_aggregates(q: RowQuerySpec, fields: list[pa.Field]) -> pa.Schema:
+    """``fields``, then the aggregates, ``closed_at`` and ``kind``; a clash of names is refused."""
+    fields = fields + [
         pa.field(n, pa.float64() if fn in FLOAT_FNS else pa.int64())
         for a in q.aggregates
         for n, fn in a.output_columns()

@@ -73,6 +73,13 @@ pass its filter per value of ``partition_by`` (``pw`` words; 0: one counter, ``n
 "every row of this partition value numbered below ``rows`` was sent before this batch" (its partials,
 PARTIALS batches on the same topic and partition: pane = row number // pane rows, key = the partition
 words then the group words, one 0 word when both are empty). ``seq`` counts the partial records sent.
+
+A slide-by-tuple query's topic (``window: {range, every}``) reuses ROWS and PUNCT, no kind of its own: a
+ROWS batch carries each row's timestamp as ``ts`` and, as columns, its row number in the host's numbering
+of the query's rows, its ``group_by`` words (none without groups), then its lifted state columns (``contract.aggregates.lift``, the query's state
+order); a PUNCT carries the host's timestamp mark as a select topic's (``mark_pane == mark_ns``: every row
+with timestamp < mark was sent before it; ``END_OF_STREAM``: the incarnation sends no more rows). ``seq``
+counts rows, as on a select topic.
 """
 
 from __future__ import annotations

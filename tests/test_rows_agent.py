@@ -147,10 +147,12 @@ def test_host_partials_and_marks_through_the_job_processor_equal_the_oracle(seed
     assert proc.gaps == 0 and proc.op.late == 0 and proc.windows == len(want)
 
 
-def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
-    """The real agent replays a pcap as two capture hosts (each its own incarnation and row numbers) into
-    real Kafka; the real job stores every closed window of each (host, destination), equal to the oracle,
-    each once (restarts: the processor test above and tests/test_rows.py)."""
+def through_agents_and_job(
+    spark, kafka, topic_factory, tmp_path, config: str, packets: int
+) -> tuple[Q.RowQuerySpec, np.ndarray, pa.Table]:
+    """One row query's config (its ``kafka: {partitions: 2}`` on a fresh topic): two real agents replay one pcap
+    as two capture hosts (each its own incarnation and row numbers) into real Kafka, the real job stores the
+    windows: (the query, the parsed packets, every stored row)."""
     from high_level.job import HighLevelJob
     from lowwater_testing.agent import spawn_agent, traffic_pcap
     from lowwater_testing.spark import job_options
@@ -158,10 +160,10 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
 
     topic = topic_factory(partitions=2)
     cfg_path = tmp_path / "rows.yaml"
-    cfg_path.write_text(CONFIG.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
+    cfg_path.write_text(config.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
     cfg = Q.load(cfg_path)
     spec = cfg.rows[0]
-    traffic, pcap = traffic_pcap(tmp_path / "t.pcap", 4000, 30, T0, 10 * NS, seed=5)
+    traffic, pcap = traffic_pcap(tmp_path / "t.pcap", packets, 30, T0, 10 * NS, seed=5)
     procs = [  # two capture hosts at once (the same capture: each numbers its own rows)
         spawn_agent(cfg_path, f"pcap:{pcap}", host=host, bootstrap=kafka.bootstrap_servers)
         for host in ("cap-1", "cap-2")
@@ -175,5 +177,12 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
     assert files
     table = pa.concat_tables([pq.read_table(f) for f in files])
     assert table.schema.equals(row_schema(spec), check_metadata=False)
-    parsed = traffic.rows()
+    return spec, traffic.rows(), table
+
+
+def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
+    """The real agent replays a pcap as two capture hosts (each its own incarnation and row numbers) into
+    real Kafka; the real job stores every closed window of each (host, destination), equal to the oracle,
+    each once (restarts: the processor test above and tests/test_rows.py)."""
+    spec, parsed, table = through_agents_and_job(spark, kafka, topic_factory, tmp_path, CONFIG, 4000)
     same(stored(spec, table), oracle(spec, {"cap-1": parsed, "cap-2": parsed}))

@@ -31,25 +31,61 @@ MERGE_AT = 1 << 20  # queued partial records from which the FIFO is merged in pl
 MAX_BATCH = 65_536  # partial records per Kafka message
 
 
-class RowPanes:
-    """One row query on one capture host incarnation: numbering, pane partials and their Kafka FIFO."""
+class HostFifo:
+    """A ``kind: rows`` query's batches on one capture host incarnation, in the order Kafka must keep: one
+    partition per host, so its records always precede the marks that cover them."""
 
     def __init__(self, spec: RowQuerySpec, host: str, incarnation: int) -> None:
         self.spec, self.host, self.incarnation = spec, host, incarnation
+        self.partition = zlib.crc32(host.encode()) % spec.kafka.partitions
+        self.fifo: deque = deque()
+        self.queued = 0  # records in the FIFO
+        self.seq = 0  # records sent
+        self.rows = 0  # rows numbered
+        self.records_sent = 0
+        self.marks_sent = 0
+
+    def _batch(self, item: Any) -> tuple[int, bytes, Any]:
+        """(records, the Kafka value, what of ``item`` is left or None) of the FIFO's head."""
+        raise NotImplementedError
+
+    def pump(self, send: Any) -> int:
+        """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order (a host's
+        records and marks in one Kafka partition, in order; ``seq`` counts the records handed)."""
+        handed, topic, part = 0, self.spec.topic, self.partition
+        while self.fifo:
+            n, value, rest = self._batch(self.fifo[0])
+            if not send(topic, part, value):
+                return handed
+            if n:
+                self.seq += n
+                self.queued -= n
+                self.records_sent += n
+            else:
+                self.marks_sent += 1
+            if rest is None:
+                self.fifo.popleft()
+            else:
+                self.fifo[0] = rest
+            handed += 1
+        return handed
+
+    @property
+    def empty(self) -> bool:
+        return not self.fifo
+
+
+class RowPanes(HostFifo):
+    """One row query on one capture host incarnation: numbering, pane partials and their Kafka FIFO."""
+
+    def __init__(self, spec: RowQuerySpec, host: str, incarnation: int) -> None:
+        super().__init__(spec, host, incarnation)
         self.part_cols = spec.words(spec.partition_by)
         self.key_cols = spec.words(spec.group_by)
         self.lifts = spec.lift_columns
         self.ops = np.asarray(spec.ops, I64)
         self.pane_rows = spec.window.pane_rows
         self.counter = RowCounter(len(self.part_cols))
-        # one partition per host: its partials and marks stay in order on the way
-        self.partition = zlib.crc32(host.encode()) % spec.kafka.partitions
-        self.fifo: deque = deque()
-        self.queued = 0  # partial records in the FIFO
-        self.seq = 0  # partial records sent
-        self.rows = 0  # rows numbered
-        self.records_sent = 0
-        self.marks_sent = 0
 
     def submit(self, rows: np.ndarray) -> None:
         """A drained block of the query's selected rows (int64[n, 1 + width], capture order)."""
@@ -102,50 +138,30 @@ class RowPanes:
                 wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, uniq, top)
             )
 
-    def pump(self, send: Any) -> int:
-        """Hand queued batches to ``send(topic, partition, value) -> bool`` in FIFO order."""
-        handed, topic, part = 0, self.spec.topic, self.partition
-        while self.fifo:
-            item = self.fifo[0]
-            if isinstance(item, Block):
-                n = min(item.n, MAX_BATCH)
-                value = wire.encode_partials(
-                    self.spec.name,
-                    self.host,
-                    self.incarnation,
-                    part,
-                    self.seq,
-                    item.pane[:n],
-                    item.key[:n],
-                    item.state[:n],
-                )
-                if not send(topic, part, value):
-                    return handed
-                self.seq += n
-                self.queued -= n
-                self.records_sent += n
-                if n == item.n:
-                    self.fifo.popleft()
-                else:
-                    self.fifo[0] = Block(item.pane[n:], item.key[n:], item.state[n:])
-            else:
-                m = wire.RowMarks(
-                    item.query,
-                    item.host,
-                    item.incarnation,
-                    part,
-                    self.seq,
-                    item.part,
-                    item.rows,
-                    time.time_ns(),
-                )
-                if not send(topic, part, wire.encode_row_marks(m)):
-                    return handed
-                self.marks_sent += 1
-                self.fifo.popleft()
-            handed += 1
-        return handed
-
-    @property
-    def empty(self) -> bool:
-        return not self.fifo
+    def _batch(self, item: Any) -> tuple[int, bytes, Any]:
+        """(partial records, the Kafka value, what of ``item`` is left or None) of the FIFO's head."""
+        if isinstance(item, Block):
+            n = min(item.n, MAX_BATCH)
+            value = wire.encode_partials(
+                self.spec.name,
+                self.host,
+                self.incarnation,
+                self.partition,
+                self.seq,
+                item.pane[:n],
+                item.key[:n],
+                item.state[:n],
+            )
+            rest = Block(item.pane[n:], item.key[n:], item.state[n:]) if n < item.n else None
+            return n, value, rest
+        m = wire.RowMarks(
+            item.query,
+            item.host,
+            item.incarnation,
+            self.partition,
+            self.seq,
+            item.part,
+            item.rows,
+            time.time_ns(),
+        )
+        return 0, wire.encode_row_marks(m), None
