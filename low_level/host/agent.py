@@ -119,6 +119,7 @@ class Agent(HostLoop):
             control.on_request = self.waker.wake
         self.last_on_demand = [0.0] * len(queries)
         self.select_ledgers = [LossLedger() for _ in self.selects]
+        self.row_ledgers = [LossLedger() for _ in self.row_queries]  # only their counts: rows have no panes
         # the time span of the frames the ring dropped, not yet charged by each query / select
         self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
 
@@ -230,8 +231,16 @@ class Agent(HostLoop):
         for k in range(len(self.selects)):
             self.punctuate_select(k, idle=True, end_of_stream=end_of_stream)
         self.drain()
-        for rp in self.emitter.row_panes:  # a stop or the end: every counter, so every window closes
-            rp.punctuate(every=True)
+        for j in range(len(self.row_queries)):  # a stop or the end: every counter, so every window closes
+            self.punctuate_rows(j, every=True)
+
+    def punctuate_rows(self, j: int, every: bool = False) -> None:
+        """Row query j's marks (after a drain: the counts cover the rows sent), with the host's drops since
+        its previous marks (socket, ring, malformed), charged to row slots by the marks (wire ROW_MARKS);
+        frames still in the ring are numbered later, so they widen the slots (``slack``)."""
+        got = self.row_ledgers[j].charge(self.drop_counters(), 0, None, 0, None)
+        losses = tuple((cause, n) for _, _, cause, n in got)
+        self.emitter.row_panes[j].punctuate(every, losses, int(self.ring.fill))
 
     def process(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
@@ -276,7 +285,7 @@ class Agent(HostLoop):
         for j, r in enumerate(self.row_queries):
             if now >= self.row_next_timer[j]:  # after the drain above: the counts cover the rows sent
                 self.row_next_timer[j] = now + r.heartbeat.interval_ns / 1e9
-                self.emitter.row_panes[j].punctuate()
+                self.punctuate_rows(j)
                 self.punctuated = True
         if self.pending_records >= self.pending_max:
             self.submit()  # into the backlog, whose merge and bound (max_records) then apply
