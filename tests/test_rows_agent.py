@@ -127,6 +127,29 @@ def test_row_marks_carry_losses_charged_to_row_slots() -> None:
         wire.decode(body + zlib.crc32(body).to_bytes(4, "little"))
 
 
+def test_marks_merged_while_kafka_is_away_keep_their_losses() -> None:
+    """Row marks queued while Kafka is away are merged in place; the losses they carried survive the merge
+    (causes summed, each counter's slots from its oldest start), so no flag is lost to an outage."""
+    spec = spec_of()
+    rows = selected(spec, make_traffic(600, 5, T0, NS, seed=3).rows())
+    rp = RowPanes(spec, "h", 1)
+    rp.submit(rows[:200])
+    rp.punctuate()
+    before = dict(zip(map(tuple, rp.counter.keys.tolist()), rp.counter.count.tolist(), strict=True))
+    rp.submit(rows[200:300])
+    rp.punctuate(losses=(("ring", 4),), slack=2)
+    rp.submit(rows[300:])
+    rp.punctuate(losses=(("ring", 1), ("socket", 2)))
+    rp._compact()
+    (m,) = [x for x in rp.fifo if isinstance(x, wire.RowMarks)]
+    sent: list[bytes] = []
+    rp.pump(lambda topic, p, v: sent.append(v) or True)
+    got = wire.decode(sent[-1])
+    assert dict(got.losses) == {"ring": 5, "socket": 2} and got.slack == 2
+    for key, since in zip(map(tuple, got.part.tolist()), got.since.tolist(), strict=True):
+        assert since == before.get(key, 0)  # the first lossy marks' start: the count before them
+
+
 def lossy_host(spec: Q.RowQuerySpec, bootstrap: str, host: str = "h-ring", seed: int = 41) -> tuple:
     """A real in-process agent with a small ring: bursts of frames pushed faster than it drains, so its
     ring drops some (each frame pushed as a source does, the dropped ones known); a row punctuation after
