@@ -273,9 +273,8 @@ def router(svc: ApiService) -> APIRouter:
         if (ri := svc.row_infos.get(name)) is not None:
             if top is not None or cursor is not None:
                 rows.refuse(ri, "top" if top is not None else "cursor")
-            return rows.results(
-                svc, ri, request, keys, start, end, filters, order_by, limit, offset, fmt, complete
-            )
+            req = rows.RowRequest.of(ri, keys, filters, order_by, complete, limit, offset, fmt)
+            return rows.results(svc, ri, req, start, end)
         qi = svc.info(name)
         flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)
@@ -333,7 +332,8 @@ def router(svc: ApiService) -> APIRouter:
         if (ri := svc.row_infos.get(name)) is not None:
             if top is not None:
                 rows.refuse(ri, "top")
-            return rows.latest(svc, ri, keys, filters, order_by, limit, offset, fmt, complete)
+            req = rows.RowRequest.of(ri, keys, filters, order_by, complete, limit, offset, fmt)
+            return rows.latest(svc, ri, req)
         qi = svc.info(name)
         flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)

@@ -9,11 +9,13 @@ value: every group of it). Filters on the host, partition and group columns, ``o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
-from fastapi import Request
 from fastapi.responses import Response
 
 from contract import results as R
@@ -66,65 +68,62 @@ def parse_filters(ri: RR.RowInfo, filters: list[str], keys: list[tuple[str, str]
     return host + P.parse_filters([(c, v) for c, v in pairs if c != "host"], kinds)
 
 
-def results(
-    svc: ApiService,
-    ri: RR.RowInfo,
-    request: Request,
-    keys: list[tuple[str, str]],
-    start: str | None,
-    end: str | None,
-    filters: list[str],
-    order_by: str | None,
-    limit: int,
-    offset: int,
-    fmt: str,
-    complete: str | None,
-) -> Response:
-    flt = parse_filters(ri, filters, keys)
-    order = P.parse_order(order_by, ri.order_columns)
-    only = P.parse_complete(complete)
+@dataclass(frozen=True)
+class RowRequest:
+    """The parameters /results and /latest of a row query share, checked before any file is read."""
+
+    filters: list[P.KeyFilter]
+    order: list[P.OrderTerm]
+    order_by: str | None
+    complete: bool | None
+    limit: int
+    offset: int
+    fmt: str
+
+    @classmethod
+    def of(
+        cls,
+        ri: RR.RowInfo,
+        keys: list[tuple[str, str]],
+        filters: list[str],
+        order_by: str | None,
+        complete: str | None,
+        limit: int,
+        offset: int,
+        fmt: str,
+    ) -> RowRequest:
+        order = P.parse_order(order_by, ri.order_columns)
+        flt = parse_filters(ri, filters, keys)
+        return cls(flt, order, order_by, P.parse_complete(complete), limit, offset, fmt)
+
+    def answer(
+        self, svc: ApiService, ri: RR.RowInfo, t: pa.Table, head: dict[str, Any], what: str
+    ) -> Response:
+        rs = RR.select(ri, t, self.filters, self.order, self.complete, self.limit, self.offset)
+        body = {
+            "query": ri.name,
+            "kind": "rows",
+            **head,
+            "order_by": self.order_by,
+            "filters": [f"{f.column}:{f.text}" for f in self.filters],
+            "complete": self.complete,
+            "paging": svc.paging(rs, self.limit, self.offset),
+        }
+        return svc.respond(body, rs, self.fmt, f"{ri.name}-{what}")
+
+
+def results(svc: ApiService, ri: RR.RowInfo, req: RowRequest, start: str | None, end: str | None) -> Response:
+    """The windows whose ``closed_at`` is in the range (default: the hour up to the newest stored)."""
     newest = None
     if start is None and end is None:
         t = svc.rows.newest_day(ri)
         if t.num_rows:
-            newest = t["closed_at"].to_pandas().max().to_pydatetime() + timedelta(microseconds=1)
+            newest = pc.max(t["closed_at"]).as_py() + timedelta(microseconds=1)
     s, e = P.time_range(start, end, svc.now(), newest)
-    rs = RR.select(ri, svc.rows.table(ri, s, e), flt, order, only, limit, offset)
-    body = {
-        "query": ri.name,
-        "kind": "rows",
-        "start": iso_of_us(us_of(s)),
-        "end": iso_of_us(us_of(e)),
-        "order_by": order_by,
-        "filters": [f"{f.column}:{f.text}" for f in flt],
-        "complete": only,
-        "paging": svc.paging(rs, limit, offset),
-    }
-    return svc.respond(body, rs, fmt, f"{ri.name}-results")
+    head = {"start": iso_of_us(us_of(s)), "end": iso_of_us(us_of(e))}
+    return req.answer(svc, ri, svc.rows.table(ri, s, e), head, "results")
 
 
-def latest(
-    svc: ApiService,
-    ri: RR.RowInfo,
-    keys: list[tuple[str, str]],
-    filters: list[str],
-    order_by: str | None,
-    limit: int,
-    offset: int,
-    fmt: str,
-    complete: str | None,
-) -> Response:
-    flt = parse_filters(ri, filters, keys)
-    order = P.parse_order(order_by, ri.order_columns)
-    only = P.parse_complete(complete)
-    t = RR.latest(ri, svc.rows.newest_day(ri))
-    rs = RR.select(ri, t, flt, order, only, limit, offset)
-    body = {
-        "query": ri.name,
-        "kind": "rows",
-        "order_by": order_by,
-        "filters": [f"{f.column}:{f.text}" for f in flt],
-        "complete": only,
-        "paging": svc.paging(rs, limit, offset),
-    }
-    return svc.respond(body, rs, fmt, f"{ri.name}-latest")
+def latest(svc: ApiService, ri: RR.RowInfo, req: RowRequest) -> Response:
+    """The newest window of each stream (host incarnation, partition value) among the newest day's rows."""
+    return req.answer(svc, ri, RR.latest(ri, svc.rows.newest_day(ri)), {}, "latest")
