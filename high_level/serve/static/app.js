@@ -647,7 +647,7 @@ function showError(msg) {
 async function refresh() {
   clearTimeout(state.timer);
   try {
-    if (!state.queries || Date.now() - state.queriesAt > 60000) {
+    if (!state.queries || !state.rowQueries || Date.now() - state.queriesAt > 60000) {
       const all = await api("/queries");
       state.queries = all.queries;
       state.rowQueries = all.row_queries || [];
@@ -663,7 +663,7 @@ async function refresh() {
     renderAlerts(al);
     showError(null);
     document.getElementById("meta").innerHTML = "";
-    document.getElementById("meta").append(`${state.queries.length} queries · updated `,
+    document.getElementById("meta").append(`${state.queries.length + state.rowQueries.length} queries · updated `,
       el("b", { text: fmtTime(Date.now(), true) }), ` UTC · refreshes every ${REFRESH_MS / 1000} s`);
   } catch (e) {
     if (e instanceof AuthError) {
