@@ -3,6 +3,8 @@ value and ships row-pane partials and row marks (``contract.wire`` kind ROW_MARK
 when its host's mark passed its end. Against a brute-force oracle that numbers each host's packets in
 capture order: the host's step and the job's processor in process (two hosts, any block sizes, batches
 interleaved across hosts, a restart from saved state), then a real agent, real Kafka and the real job.
+Completeness: a real agent whose small ring drops frames (charged to row slots on its row marks) and a lost
+partials batch (a sequence gap): every window a lost row would have sat in is flagged.
 Disorder, partitions and restart of the pane operator itself: tests/test_rows.py."""
 
 from __future__ import annotations
