@@ -79,7 +79,8 @@ A ROW_MARKS body may go on with the host's losses since its previous row marks (
 loss is charged to row *slots*: a lost row of counter ``i`` would have been numbered in
 ``[since[i], rows[i] + slack]`` (``since``: the count at the previous row marks; ``slack``: frames still
 in the host's ring, numbered after this batch). A batch with losses lists every counter. Without losses the
-body ends at ``sent_wall_ns`` as before.
+body ends at ``sent_wall_ns`` as before, so only marks with losses change; a reader from before them rejects
+such a batch (its length) and counts it, and the host's next marks move its counters on.
 """
 
 from __future__ import annotations
