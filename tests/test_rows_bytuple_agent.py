@@ -155,7 +155,7 @@ def test_rows_below_a_mark_are_late_and_a_gap_is_counted() -> None:
 def test_slide_by_tuple_through_real_agents_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
     """Two real agents replay a pcap as two capture hosts into real Kafka; the real job stores every window of
     each host, equal to the oracle, each once."""
-    spec, parsed, table = through_agents_and_job(spark, kafka, topic_factory, tmp_path, CONFIG, 3000)
+    spec, parsed, table, _ = through_agents_and_job(spark, kafka, topic_factory, tmp_path, CONFIG, 3000)
     got = stored(table)
     incs = {h: {k[1] for k in got if k[0] == h} for h in ("cap-1", "cap-2")}
     assert all(len(v) == 1 for v in incs.values()), incs  # one incarnation each

@@ -120,6 +120,7 @@ class Agent(HostLoop):
             control.on_request = self.waker.wake
         self.last_on_demand = [0.0] * len(queries)
         self.select_ledgers = [LossLedger() for _ in self.selects]
+        self.row_ledgers = [LossLedger() for _ in self.row_queries]  # only their counts: rows have no panes
         # the time span of the frames the ring dropped, not yet charged by each query / select
         self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
 
@@ -235,11 +236,16 @@ class Agent(HostLoop):
             self.punctuate_row(j, idle=True, last=True)
 
     def punctuate_row(self, j: int, idle: bool, last: bool = False) -> None:
-        """Row query j's punctuation: a row window's counters; a slide-by-tuple window's timestamp mark, its
-        select's clock as a select query's (``last``: this incarnation sends no more rows: every window)."""
+        """Row query j's punctuation (after a drain: the counts cover the rows sent). A row window's counters,
+        with the host's drops since its previous marks (socket, ring, malformed) charged to row slots (wire
+        ROW_MARKS; frames still in the ring are numbered later, so they widen the slots: ``slack``). A
+        slide-by-tuple window's timestamp mark, its select's clock as a select query's. ``last``: this
+        incarnation sends no more rows: every window closes."""
         rp = self.emitter.row_panes[j]
         if not isinstance(rp, TupleRows):
-            rp.punctuate(every=last)
+            got = self.row_ledgers[j].charge(self.drop_counters(), 0, None, 0, None)
+            losses = tuple((cause, n) for _, _, cause, n in got)
+            rp.punctuate(last, losses, int(self.ring.fill))
             return
         k = len(self.selects) + j
         b = self.kernel.sel_buf

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,8 @@ class RowPanes(HostFifo):
         self.ops = np.asarray(spec.ops, I64)
         self.pane_rows = spec.window.pane_rows
         self.counter = RowCounter(len(self.part_cols))
+        # the counters at the previous row marks: where the next losses' row slots start (wire ROW_MARKS)
+        self.prev_keys, self.prev_count = self.counter.keys.copy(), self.counter.count.copy()
 
     def submit(self, rows: np.ndarray) -> None:
         """A drained block of the query's selected rows (int64[n, 1 + width], capture order)."""
@@ -104,15 +107,28 @@ class RowPanes(HostFifo):
         if self.queued > MERGE_AT:
             self._compact()
 
-    def punctuate(self, every: bool = False) -> None:
-        """Queue the counters numbered since the last marks (``every``: all of them, e.g. at a stop)."""
-        if every:
+    def punctuate(
+        self, every: bool = False, losses: tuple[tuple[str, int], ...] = (), slack: int = 0
+    ) -> None:
+        """Queue the counters numbered since the last marks (``every``: all of them, e.g. at a stop).
+
+        ``losses`` ((cause, records), counted by the host since the previous marks) ride on these marks
+        with every counter, charged to the row slots from each counter's previous count to its count plus
+        ``slack`` (frames still in the ring): a dropped packet's partition value is unknown."""
+        if every or losses:
             self.counter.touched[:] = True
         part, count = self.counter.punctuation()
+        since = None
+        if losses and len(count):
+            since = np.zeros(len(count), I64)  # a value first seen since the previous marks: from row 0
+            if len(self.prev_keys):
+                at = _rows_of(self.prev_keys, part)
+                hit = at >= 0
+                since[hit] = self.prev_count[at[hit]]
         if len(count):
-            self.fifo.append(
-                wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, part, count)
-            )
+            m = wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, part, count)
+            self.fifo.append(m if since is None else replace(m, losses=losses, since=since, slack=slack))
+        self.prev_keys, self.prev_count = self.counter.keys.copy(), self.counter.count.copy()
 
     def _compact(self) -> None:
         """Merge the queued blocks into one and the queued marks into one (the newest count per value)."""
@@ -134,9 +150,21 @@ class RowPanes(HostFifo):
             uniq, inv = np.unique(part, axis=0, return_inverse=True)
             top = np.zeros(len(uniq), I64)
             np.maximum.at(top, inv.ravel(), rows)
-            self.fifo.append(
-                wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, uniq, top)
-            )
+            m = wire.RowMarks(self.spec.name, self.host, self.incarnation, self.partition, 0, uniq, top)
+            lossy = [x for x in marks if x.losses]
+            if lossy:  # merged marks keep their losses: from each counter's oldest slot, the causes summed
+                since = top.copy()
+                for x in lossy:
+                    np.minimum.at(since, _rows_of(uniq, x.part), x.since)
+                for x in marks:  # a counter numbered before the first lossy marks starts no later
+                    np.minimum.at(since, _rows_of(uniq, x.part), x.rows)
+                got: dict[str, int] = {}
+                for x in lossy:
+                    for c, r in x.losses:
+                        got[c] = got.get(c, 0) + r
+                slack = max(x.slack for x in lossy)
+                m = replace(m, losses=tuple(got.items()), since=since, slack=slack)
+            self.fifo.append(m)
 
     def _batch(self, item: Any) -> tuple[int, bytes, Any]:
         """(partial records, the Kafka value, what of ``item`` is left or None) of the FIFO's head."""
@@ -154,14 +182,19 @@ class RowPanes(HostFifo):
             )
             rest = Block(item.pane[n:], item.key[n:], item.state[n:]) if n < item.n else None
             return n, value, rest
-        m = wire.RowMarks(
-            item.query,
-            item.host,
-            item.incarnation,
-            self.partition,
-            self.seq,
-            item.part,
-            item.rows,
-            time.time_ns(),
-        )
+        m = replace(item, partition=self.partition, seq=self.seq, sent_wall_ns=time.time_ns())
         return 0, wire.encode_row_marks(m), None
+
+
+def _rows_of(keys: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """Index of each row of ``part`` in the sorted unique rows ``keys`` (-1: not there), vectorised."""
+    part = np.asarray(part, I64).reshape(len(part), keys.shape[1])
+    if len(keys) == 0:
+        return np.full(len(part), -1, I64)
+    if keys.shape[1] == 0:  # one counter
+        return np.zeros(len(part), I64)
+    row = [("", I64)] * keys.shape[1]
+    kv = np.ascontiguousarray(keys, I64).view(row).ravel()
+    pv = np.ascontiguousarray(part).view(row).ravel()
+    at = np.minimum(np.searchsorted(kv, pv), len(kv) - 1)
+    return np.where(kv[at] == pv, at, -1).astype(I64)
