@@ -128,3 +128,24 @@ def test_what_the_socket_buffer_drops_is_counted() -> None:
     finally:
         rx.close()
         tx.close()
+
+
+def test_the_collector_reports_its_socket_drops_also_after_close() -> None:
+    """The flow collector's stats carry the socket's drops (``kernel_drops``: the host loop charges them to
+    panes as socket losses), still readable once the socket is closed."""
+    from low_level.flows.source import FlowCollector
+
+    col = FlowCollector(batch=1024).open()
+    assert col.sock is not None
+    col.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i in range(200):
+            tx.sendto(_payload(i), ("127.0.0.1", col.port))
+        drops = col.stats()["kernel_drops"]
+        assert 0 < drops < 200
+        col.close()
+        assert col.stats()["kernel_drops"] == drops
+    finally:
+        col.close()
+        tx.close()
