@@ -48,7 +48,7 @@ class FlowAgent(HostLoop):
     """One flow-collector host: owns the collector, the tables, the weighted kernel and the emitter."""
 
     idle_sleep_s = 0.001
-    batch_wait_s = 0.01  # the longest wait after a partial batch (see process)
+    batch_wait_s = 0.05  # the longest a receive gathers a batch while export flows (see process)
 
     def __init__(
         self,
@@ -72,7 +72,8 @@ class FlowAgent(HostLoop):
         self.kernel.warm()  # compile before the first datagram, as the packet agent does
         self.collector.warm()
         self.kernel.warm_take(self.collector)
-        self._last_rx: float | None = None  # when the last turn's receive took datagrams (None: it did not)
+        self._flowing = False  # the last turn's receive took datagrams: the next one waits for a batch
+        self._due = 0.0  # the earliest query timer (next_due), so a turn with none due skips them
         self.emitter = Emitter(queries, host, bootstrap, producer=producer, **(emitter_opts or {}))
         self._bound_pending()
 
@@ -113,26 +114,29 @@ class FlowAgent(HostLoop):
         return super().punctuate(i, idle=True, timer=True, end_of_stream=end_of_stream, clock_ns=clock)
 
     def process(self) -> int:
-        """Receive, decode and fold what the socket holds; punctuate on each query's timer."""
-        got = self.collector.receive()
-        t = time.monotonic()
-        since = 0.0 if self._last_rx is None else t - self._last_rx  # 0: no rate seen (idle before)
-        self._last_rx = t if got else None
-        n = self.kernel.take(self.collector, self._after_chunk)
-        now = time.monotonic()
-        for i, q in enumerate(self.queries):
-            if now >= self.next_timer[i]:
-                self.next_timer[i] = now + q.heartbeat.interval_ns / 1e9
-                self.punctuate(i)
-        self.submit()
-        self.emitter.pump()
+        """Receive, decode and fold a batch; punctuate on each query's timer; emit.
+
+        While export flows (the previous turn took datagrams) the receive gathers a batch until it is full,
+        the export pauses or ``batch_wait_s`` passes (never past the next timer), so a slow export costs
+        one Python turn per batch, not one per short sleep (``low_level.flows.receive``). After an empty
+        turn it only looks (``idle_wait`` waits on the socket)."""
         c = self.collector
-        if 0 < got < c.batch:
-            # export is flowing but slower than a batch a turn: let the socket gather about a batch rather
-            # than spend a Python turn on a few datagrams; at the rate just seen, never more than half
-            # the socket's buffer (records wait at most batch_wait_s)
-            wait = since * min(c.batch / got - 1, c.rcvbuf / (2 * c.last_bytes))
-            time.sleep(max(0.0, min(wait, self.batch_wait_s, self.next_due() - time.monotonic())))
+        wait = 0.0
+        if self._flowing:
+            wait = min(self.batch_wait_s, self.next_due() - time.monotonic())
+        got = c.receive(wait)
+        self._flowing = got > 0
+        n = self.kernel.take(c, self._after_chunk) if c.pending else 0
+        now = time.monotonic()
+        if now >= self._due:
+            for i, q in enumerate(self.queries):
+                if now >= self.next_timer[i]:
+                    self.next_timer[i] = now + q.heartbeat.interval_ns / 1e9
+                    self.punctuate(i)
+            self._due = self.next_due()
+        if self.pending_records:
+            self.submit()
+        self.emitter.pump()
         return n
 
     def idle_wait(self, empty: int) -> float:

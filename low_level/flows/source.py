@@ -30,7 +30,7 @@ import numpy as np
 from contract import fields as F
 from low_level.flows import decode as D
 from low_level.flows import layout as L
-from low_level.flows.receive import NAME, BatchReceiver, sender, slot_for
+from low_level.flows.receive import NAME, BatchReceiver, sender, slot_for, socket_drops
 
 S = 1_000_000_000  # ns per second
 
@@ -97,7 +97,7 @@ class FlowCollector:
         self.sock: socket.socket | None = None
         self.rx: BatchReceiver | None = None
         self.rcvbuf = 0
-        self.last_bytes = 0
+        self.closed_drops = 0  # the socket's drops when it closed (kernel_drops stays readable after)
 
     # --- receiving
     def open(self) -> FlowCollector:
@@ -113,13 +113,15 @@ class FlowCollector:
 
     def close(self) -> None:
         if self.sock is not None:
+            self.closed_drops = socket_drops(self.sock)
             self.sock.close()
             self.sock = None
             self.rx = None
 
-    def receive(self) -> int:
-        """Take what the socket holds (without waiting, at most ``batch`` datagrams, one system call) into
-        the receiver's slots; returns datagrams taken. Takes nothing while datagrams wait to be decoded
+    def receive(self, wait_s: float = 0.0) -> int:
+        """Take at most ``batch`` datagrams (one system call) into the receiver's slots: what the socket
+        holds, or with ``wait_s`` what arrives until the batch is full, wait_s has passed or the export
+        paused (``BatchReceiver.receive``); returns datagrams taken. Takes nothing while datagrams wait to be decoded
         (their slots are in use): decode them first. A datagram longer than its slot is counted
         (``cut_at_receive``) and not decoded; the slots grow to hold the longest datagram seen."""
         rx = self.rx
@@ -129,7 +131,7 @@ class FlowCollector:
         if self.grow_to:
             rx.resize(self.grow_to)
             self.grow_to = 0
-        got = rx.receive()
+        got = rx.receive(wait_s)
         if not got:
             return 0
         # one arrival time per batch (sFlow samples are timed by it)
@@ -146,7 +148,7 @@ class FlowCollector:
             NAME,
             self.take,
         )
-        kept, unknown, cut, longest, nbytes = self.take.tolist()
+        kept, unknown, cut, longest, _ = self.take.tolist()
         if unknown:
             exps = self.q[2, :kept]
             for j in np.flatnonzero(exps < 0):  # senders not seen before: the slow path, once each
@@ -164,10 +166,14 @@ class FlowCollector:
             self.errs[L.E_CUT] += cut
             self.datagrams += cut
             self.grow_to = slot_for(longest)
-        self.last_bytes = nbytes + 1024 * kept  # about what they held of the socket's buffer
         self.qbuf = rx.buf
         self.first, self.n = 0, kept
         return got
+
+    @property
+    def kernel_drops(self) -> int:
+        """Datagrams the socket's buffer overflowed on (the kernel dropped them before any receive)."""
+        return socket_drops(self.sock) if self.sock is not None else self.closed_drops
 
     def _exporter_id(self, exporter: Any) -> int:
         e = self.exporters.get(exporter)
@@ -334,6 +340,7 @@ class FlowCollector:
             "datagrams_ok": int(self.errs[L.E_OK]),
             "records": self.records,
             "late_records": self.late_records,
+            "kernel_drops": self.kernel_drops,
             "exporters": len(self.exporters),
             "sampling_rate": rates,
             "interfaces": interfaces,
