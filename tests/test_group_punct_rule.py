@@ -145,6 +145,12 @@ def test_loader_takes_the_rule_and_refuses_keys_that_name_no_connection(tmp_path
         assert err.value.field == "query 'conns': heartbeat.groups" and why in err.value.reason, str(
             err.value
         )
+    path.write_text(
+        base.format(key=KEY).replace("[{fn: count, as: n}]", "[{fn: count_distinct, field: ttl, as: d}]")
+    )
+    with pytest.raises(Q.ConfigError) as err:  # a holistic aggregate's table keys (group, sub-key)
+        Q.load(path)
+    assert err.value.line == 8 and "holistic" in err.value.reason, str(err.value)
     path.write_text(base.format(key="[src_ip, dst_ip, src_port, dst_port]").replace("tcp_close", "fin"))
     with pytest.raises(Q.ConfigError) as err:
         Q.load(path)

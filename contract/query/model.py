@@ -463,6 +463,8 @@ class QuerySpec(_Strict):
             raise ValueError("heartbeat.groups needs a sliding or tumbling window, not a landmark")
         if self.heartbeat.close is not None:
             why = connection_key_refusal(self.key_parts)
+            if why is None and holistic(self) is not None:  # the table keys (group, sub-key): a FIN
+                why = "needs a query without a holistic aggregate (its table keys each group's sub-keys)"
             if why:
                 raise ValueError(f"heartbeat.groups: on: tcp_close {why}")
         return self

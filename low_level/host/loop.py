@@ -31,6 +31,7 @@ from low_level.host.losses import LossLedger
 from low_level.host.punctuate import Mark, advance
 from low_level.kernel.tables import (
     LATE_NONE,
+    QS_CLOSE_DUE,
     QS_EVICT,
     QS_LATE,
     QS_LATE_MIN,
@@ -332,6 +333,8 @@ class HostLoop:
         clock = int(t.qs[i, QS_MAXTS])
         if self.live_clock and idle:  # an idle live host's clock is the wall clock, as for its mark
             clock = max(clock, time.time_ns() - self.queries[i].heartbeat.skew_ns)
+        if int(t.qs[i, QS_CLOSE_DUE]) > clock:  # the earliest noted close + grace (none: never)
+            return 0
         self.drain()  # room in the output region for the groups' entries
         key, done = self.kernel.close_groups(i, clock)
         if len(done) == 0:
