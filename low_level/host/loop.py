@@ -35,7 +35,6 @@ from low_level.kernel.tables import (
     QS_EVICT,
     QS_LATE,
     QS_LATE_MIN,
-    QS_MARK,
     QS_MATCHED,
     QS_MAXTS,
     QS_STARTED,
@@ -325,8 +324,7 @@ class HostLoop:
     def punctuate_groups(self, i: int, idle: bool) -> int:
         """The built-in group-wise punctuation (``heartbeat.groups: {on: tcp_close}``): the groups whose
         FIN/RST + grace the host's clock has passed leave the table, then go to the emitter as done below
-        their pane (behind their partials); a group the host's own mark already covers needs none.
-        Returns the groups punctuated."""
+        their pane (behind their partials). Returns the groups punctuated."""
         t = self.kernel.t
         if not t.qs[i, QS_STARTED]:
             return 0
@@ -341,9 +339,10 @@ class HostLoop:
             return 0
         self.drain()
         self.submit()
-        ahead = done > int(t.qs[i, QS_MARK])
-        self.emitter.group_done(self.queries[i].name, key[ahead], done[ahead])
-        return int(ahead.sum())
+        # sent even below this host's own mark: the promise is for every host (the job's mark is the
+        # slowest host's), which is what closes the group's windows early
+        self.emitter.group_done(self.queries[i].name, key, done)
+        return len(done)
 
     def close_tables(self) -> None:
         """A graceful stop: nothing more comes from this incarnation, so send everything the tables hold,
