@@ -73,6 +73,7 @@ _ALIASES = {
     "max_disorder_ns": "max_disorder",
     "landmark_ns": "landmark",
     "update_ns": "update",
+    "grace_ns": "grace",
 }
 
 
@@ -189,6 +190,8 @@ def load_text(text: str, path: str = "<string>") -> Config:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = tuple(_ALIASES.get(p, p) if isinstance(p, str) else p for p in err["loc"])
+            if loc[:2] == ("heartbeat", "close"):  # written as heartbeat.groups: {on: ..., grace: ...}
+                loc = ("heartbeat", "groups", *loc[2:])
             line = _line_of(item, loc)
             name = item.get("name", f"#{idx}")
             field = ".".join(str(p) for p in loc) or "query"
@@ -197,6 +200,9 @@ def load_text(text: str, path: str = "<string>") -> Config:
                 reason = "unknown field"
             elif err["type"] == "missing":
                 reason = "required field is missing"
+            elif not loc:  # a query-level reason that names its field points at that field's line
+                loc, reason = _named(item, loc, reason)
+                line, field = _line_of(item, loc), ".".join(str(p) for p in loc) or "query"
             raise ConfigError(path, line, f"query {name!r}: {field}", reason) from None
         _first(seen, q.name, item, path)
         queries.append(q)

@@ -68,6 +68,28 @@ class FlushSpec(_Strict):
         return self
 
 
+# group-by fields that stay the same over a TCP connection: a key of these plus the connection's
+# addresses and ports still names one connection, so its FIN/RST closes the whole group
+CONNECTION_FIELDS = ("src_ip", "dst_ip", "src_port", "dst_port")
+CONNECTION_EXTRA = ("protocol", "ip_version", "vlan", "interface", "ethertype", "src_mac", "dst_mac")
+
+
+class GroupCloseSpec(_Strict):
+    """The agent's built-in group-wise punctuation rule (``heartbeat: {groups: {on: tcp_close, grace: 2s}}``):
+    a group's first RST or FIN, at stream time c, closes it; once the host's clock passes c + grace, the
+    agent drains the group's entries and says "done below the pane holding c + grace". The grace covers
+    what follows a FIN on a directed key (the peer's FIN-ACK, the final ACK) and the disorder such packets
+    may have; a packet of the group below that pane arriving later is a late partial (counted, flagged)."""
+
+    on: Literal["tcp_close"]
+    grace_ns: int = Field(default=2 * NS, alias="grace", ge=0)
+
+    @field_validator("grace_ns", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration_ns(v)
+
+
 class HeartbeatSpec(_Strict):
     """How a capture host punctuates. ``max_disorder``: how far back a busy host's packet timestamps may
     go (capture out of order, e.g. flow-sorted blocks); its mark stays that far behind its data clock,
@@ -85,6 +107,17 @@ class HeartbeatSpec(_Strict):
     max_disorder_ns: int = Field(default=2 * NS, alias="max_disorder", ge=0)
     on_demand: bool = True
     groups: bool = False
+    # the agent's built-in rule that sends it (``groups: {on: tcp_close, grace: 2s}`` sets both)
+    close: GroupCloseSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rule(cls, data: Any) -> Any:
+        g = data.get("groups") if isinstance(data, dict) else None
+        if isinstance(g, dict):  # YAML 1.1 reads a bare ``on`` key as true
+            rule = {("on" if k is True else k): v for k, v in g.items()}
+            data = {**data, "groups": True, "close": rule}
+        return data
 
     @field_validator("interval_ns", "skew_ns", "max_disorder_ns", mode="before")
     @classmethod
@@ -428,6 +461,12 @@ class QuerySpec(_Strict):
             raise ValueError("heartbeat.groups needs a group_by (group-wise punctuation names a group)")
         if self.heartbeat.groups and self.window.landmark_ns is not None:
             raise ValueError("heartbeat.groups needs a sliding or tumbling window, not a landmark")
+        if self.heartbeat.close is not None:
+            why = connection_key_refusal(self.key_parts)
+            if why is None and holistic(self) is not None:  # the table keys (group, sub-key): a FIN
+                why = "needs a query without a holistic aggregate (its table keys each group's sub-keys)"
+            if why:
+                raise ValueError(f"heartbeat.groups: on: tcp_close {why}")
         return self
 
     @model_validator(mode="after")
@@ -476,6 +515,19 @@ class QuerySpec(_Strict):
     @property
     def topic(self) -> str:
         return self.kafka.topic or f"lowwater.{self.name}"
+
+
+def connection_key_refusal(parts: list[KeyPart]) -> str | None:
+    """Why a group key does not name one TCP connection (None when it does): whole addresses and both
+    ports, plus only fields that stay the same over a connection."""
+    whole = {p.field.name for p in parts if p.prefix4 is None or (p.prefix4, p.prefix6) == (32, 128)}
+    missing = [f for f in CONNECTION_FIELDS if f not in whole]
+    other = [p.name for p in parts if p.field.name not in (*CONNECTION_FIELDS, *CONNECTION_EXTRA)]
+    if missing:
+        return f"needs a group_by naming one connection: whole {', '.join(missing)} missing"
+    if other:
+        return f"needs a group_by naming one connection: {', '.join(other)} may change within one"
+    return None
 
 
 def _check_condition(text: str, aggs: list[AggregateSpec] | None) -> None:

@@ -31,6 +31,7 @@ from low_level.host.losses import LossLedger
 from low_level.host.punctuate import Mark, advance
 from low_level.kernel.tables import (
     LATE_NONE,
+    QS_CLOSE_DUE,
     QS_EVICT,
     QS_LATE,
     QS_LATE_MIN,
@@ -279,6 +280,8 @@ class HostLoop:
         """Advance query i's mark, send what it covers, then the mark with the host's counters (on demand
         only when it moved; the timer re-sends it for liveness)."""
         q = self.queries[i]
+        if q.heartbeat.close is not None:
+            self.punctuate_groups(i, idle)
         hold = -(-q.heartbeat.max_disorder_ns // q.window.pane_ns)  # panes the mark waits for disorder
         m = advance(
             self.kernel,
@@ -317,6 +320,29 @@ class HostLoop:
         self.heartbeats[i] += 1
         self.punctuated = True
         return m
+
+    def punctuate_groups(self, i: int, idle: bool) -> int:
+        """The built-in group-wise punctuation (``heartbeat.groups: {on: tcp_close}``): the groups whose
+        FIN/RST + grace the host's clock has passed leave the table, then go to the emitter as done below
+        their pane (behind their partials). Returns the groups punctuated."""
+        t = self.kernel.t
+        if not t.qs[i, QS_STARTED]:
+            return 0
+        clock = int(t.qs[i, QS_MAXTS])
+        if self.live_clock and idle:  # an idle live host's clock is the wall clock, as for its mark
+            clock = max(clock, time.time_ns() - self.queries[i].heartbeat.skew_ns)
+        if int(t.qs[i, QS_CLOSE_DUE]) > clock:  # the earliest noted close + grace (none: never)
+            return 0
+        self.drain()  # room in the output region for the groups' entries
+        key, done = self.kernel.close_groups(i, clock)
+        if len(done) == 0:
+            return 0
+        self.drain()
+        self.submit()
+        # sent even below this host's own mark: the promise is for every host (the job's mark is the
+        # slowest host's), which is what closes the group's windows early
+        self.emitter.group_done(self.queries[i].name, key, done)
+        return len(done)
 
     def close_tables(self) -> None:
         """A graceful stop: nothing more comes from this incarnation, so send everything the tables hold,

@@ -37,6 +37,7 @@ from contract.query import (
 )
 from contract.query import key_program as query_key_program
 from low_level.jit import cache as jitcache
+from low_level.kernel import groupclose
 from low_level.kernel.filter import statements as filter_statements
 from low_level.kernel.parse import EXTRA_COLUMNS
 from low_level.kernel.selection import SS_BASE, SS_LATE, SS_LATE_MIN, SS_MARK, SS_MATCHED, SS_MAXTS, SS_N
@@ -50,8 +51,10 @@ def shape_of(tables: Tables) -> list[dict]:
     shapes = []
     for i, q in enumerate(tables.queries):
         qp = tables.qp[i]
+        close = {"close": True} if q.heartbeat.close is not None else {}  # absent: old shapes' text stays
         shapes.append(
-            {
+            close
+            | {
                 "kw": int(qp[QP_KW]),
                 "na": int(qp[QP_NA]),
                 "stride": int(qp[QP_STRIDE]),
@@ -149,6 +152,11 @@ def _phase1(q: int, shape: dict, ind: str) -> list[str]:
         f"{body}if pos + {window - 1} >= ntab:  # (prefetches never fault, but stay in the array)",
         f"{body}    pos = max(ntab - {window}, 0)",
     ]
+    if shape.get("close"):  # a connection's FIN/RST: note its close (low_level.kernel.groupclose)
+        lines += [
+            f"{body}if row[F.PROTO] == {groupclose.TCP} and (row[F.TCP_FLAGS] & {groupclose.FIN_RST}) != 0:",
+            f"{body}    note_close({q}, row[F.TS], keys, ko, h, qp, qs, tab)",
+        ]
     # every cache line of the probe window: one prefetch per 8 words, and the window's last word
     lines += [f"{body}prefetch_w(tab, pos + {k})" for k in range(0, window, 8)]
     if (window - 1) % 8:
@@ -299,6 +307,7 @@ from numba import njit
 
 from contract import fields as F
 from low_level.kernel import flush
+from low_level.kernel.groupclose import note_close
 from low_level.kernel.lpm import enrich
 from low_level.kernel.parse import PARSE_OK, parse_frame, parse_frame_lean
 from low_level.capture.ring import HEAD, TAIL
@@ -462,6 +471,8 @@ def columns_read(shapes: list[dict]) -> set[int]:
                 cols |= {F.TOS if col == SRC_DSCP else col}
         for src, _ in s["state"]:
             cols |= _source_columns(src)
+        if s.get("close"):
+            cols |= {F.PROTO, F.TCP_FLAGS}
         for op, a0, *_ in s["filter"]:
             if op == OP_LOAD:
                 cols.add(a0)

@@ -39,8 +39,11 @@ MAXKW = 8
     QP_OBASE,
     QP_OCAP,
     QP_RW,
-) = range(16)
-NQP = 16
+    QP_CBASE,
+    QP_CSIZE,
+    QP_GRACE,
+) = range(19)
+NQP = 19
 # qs columns (state, updated by the kernel and by the heartbeat)
 (
     QS_STARTED,
@@ -61,8 +64,12 @@ NQP = 16
     QS_MAXTS,
     QS_BURST_MAX,
     QS_LATE_MIN,
-) = range(18)
-NQS = 18
+    QS_CLOSES,
+    QS_CLOSE_DUE,
+    QS_CLOSE_FULL,
+    QS_GROUPS_DONE,
+) = range(22)
+NQS = 22
 QS_NAMES = (
     "started",
     "cur_pane",
@@ -82,8 +89,13 @@ QS_NAMES = (
     "max_ts",
     "burst_max",
     "late_min_pane",
+    "closes_pending",
+    "close_due_ns",
+    "close_table_full",
+    "groups_done",
 )
 LATE_NONE = np.iinfo(np.int64).max  # QS_LATE_MIN when no packet was late since the agent last took it
+CLOSE_NONE = np.iinfo(np.int64).max  # QS_CLOSE_DUE when no group close is pending
 
 
 def table_memory(words: int) -> np.ndarray:
@@ -139,15 +151,23 @@ class Tables:
             tab_words += size * stride
             out_words += ocap * rw
             soff += na
+        for i, q in enumerate(queries):  # the group-close tables (low_level.kernel.groupclose) come last
+            qp[i, QP_CBASE] = tab_words
+            if q.heartbeat.close is not None:
+                qp[i, QP_CSIZE], qp[i, QP_GRACE] = q.table.size, q.heartbeat.close.grace_ns
+                tab_words += q.table.size * (2 + qp[i, QP_KW])
         tab = table_memory(tab_words)
         for i in range(nq):
             base, size, stride = qp[i, QP_BASE], qp[i, QP_SIZE], qp[i, QP_STRIDE]
             tab[base : base + size * stride : stride] = EMPTY
+            cbase, csize, cw = qp[i, QP_CBASE], qp[i, QP_CSIZE], 2 + qp[i, QP_KW]
+            tab[cbase : cbase + csize * cw : cw] = EMPTY
         qs = np.zeros((nq, NQS), dtype=np.int64)
         qs[:, QS_MARK] = EMPTY
         qs[:, QS_LATE_MIN] = (
             LATE_NONE  # the oldest pane of a late packet (the agent charges late losses to panes)
         )
+        qs[:, QS_CLOSE_DUE] = CLOSE_NONE
         return cls(
             queries=list(queries),
             qp=qp,
