@@ -253,8 +253,13 @@ class AdaptiveWindows:
         bi, bw = expand_windows(self.buf_pane, lo, int(self.buf_pane.max(initial=0)) + lay.k, lay.k, lay.s)
         if len(bi):
             span = int(bw.max() - bw.min()) + 1
-            pair = np.unique(codes[:nb][bi] * span + (bw - bw.min()))
-            wins = np.bincount(pair // span, minlength=g)
+            pair = codes[:nb][bi] * span + (bw - bw.min())
+            if g * span <= _MARKS_MAX:  # a mark per (group, window): linear, no sort or hash of the pairs
+                seen = np.zeros(g * span, bool)
+                seen[pair] = True
+                wins = seen.reshape(g, span).sum(axis=1)
+            else:
+                wins = np.bincount(np.unique(pair) // span, minlength=g)
         else:
             wins = np.zeros(g, I64)
         wins = wins + np.bincount(codes[nb : nb + ne], minlength=g)
@@ -274,6 +279,9 @@ class AdaptiveWindows:
             np.ascontiguousarray(allk[first[np.flatnonzero(new)]]),
             np.ascontiguousarray(allk[first[np.flatnonzero(up)]]),
         )
+
+
+_MARKS_MAX = 1 << 24  # (group, window) marks a close may allocate (16 MB) before it sorts instead
 
 
 def _member(key: np.ndarray, of: np.ndarray) -> np.ndarray:
