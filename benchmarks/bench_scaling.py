@@ -314,6 +314,48 @@ def driver_model(rows: list[dict], all_rows: list[dict]) -> dict:
     return out
 
 
+def executor_model(all_rows: list[dict]) -> dict:
+    """The executors' CPU as a fixed cost per task and micro-batch plus a cost per record, E = T f + R c
+    (T: tasks, one per partition and batch; R: records), solved from the 1-query planning run (small batches)
+    and the (1, 1) scaling runs (large ones). Why: a second partition doubles the fixed part, so at a given
+    batch size (2, 2) costs more executor CPU per record than (1, 1) whatever the machine; the model says
+    how much of per_cpu_efficiency_p2 that explains, and what a batch size would give."""
+    plan = [r for r in all_rows if r["kind"] == "plan" and r["queries"] == 1 and "variant" not in r]
+    big = [r for r in all_rows if r["kind"] == "scale" and (r["workers"], r["partitions"]) == (1, 1)]
+    if not plan or not big:
+        return {}
+
+    def sums(rs: list[dict]) -> tuple[float, float, float]:
+        recs = sum(r["first_batch_records"] + r["sustained_records"] for r in rs) / 1e6
+        return (
+            sum(r["batches"] * r["partitions"] for r in rs),
+            recs,
+            sum(r["executor_cpu_seconds"] for r in rs),
+        )
+
+    (t1, r1, e1), (t2, r2, e2) = sums(plan), sums(big)
+    det = t1 * r2 - t2 * r1
+    if det == 0:
+        return {}
+    f, c = (e1 * r2 - e2 * r1) / det, (t1 * e2 - t2 * e1) / det
+    if f <= 0 or c <= 0:
+        return {}
+    out = {
+        "executor_fixed_cpu_s_per_task_batch": round(f, 3),
+        "executor_cpu_s_per_million_records": round(c, 3),
+    }
+    b = statistics.median(r["batch_records"] for r in big) / 1e6  # M records per batch of the scaling runs
+
+    def eff(batch_m: float) -> float:  # (2, 2) over (1, 1): twice the tasks per batch, the same records
+        return round((f + batch_m * c) / (2 * f + batch_m * c), 3)
+
+    out["per_cpu_efficiency_p2_from_fixed_costs"] = eff(b)
+    out["per_cpu_efficiency_p2_from_fixed_costs_at_batch"] = {
+        f"{m:g}M": eff(m) for m in sorted({b, RATE_BATCH_RECORDS / 1e6, 2 * RATE_BATCH_RECORDS / 1e6})
+    }
+    return out
+
+
 def goal_gaps(res: dict) -> dict:
     """Each goal missed: measured, goal, the factor between them and why, from this run's own figures."""
     out: dict = {}
@@ -357,6 +399,13 @@ def goal_gaps(res: dict) -> dict:
             "why": f"executors kept {busy} cores busy at load {res.get('load_avg')}: on 2 shared cores a second "
             "executor's CPU per record grows with the contention (caches, the other processes)",
         }
+        if "per_cpu_efficiency_p2_from_fixed_costs" in res:
+            gap["why"] += (
+                f"; the executors' fixed cost of {res['executor_fixed_cpu_s_per_task_batch']} CPU-s per task and "
+                f"batch (executor_model: (2, 2) runs twice the tasks of (1, 1) for the same records) alone "
+                f"gives {res['per_cpu_efficiency_p2_from_fixed_costs']} at these batches; larger batches "
+                f"amortise it: {res['per_cpu_efficiency_p2_from_fixed_costs_at_batch']}"
+            )
         ref = res.get("machine_per_cpu_efficiency") or {}
         if "memory" in ref and "compute" in ref:
             m, c = ref["memory"]["per_cpu_efficiency_2_vs_1"], ref["compute"]["per_cpu_efficiency_2_vs_1"]
@@ -441,6 +490,7 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         },
     }
     res.update(driver_model(rows, all_rows))
+    res.update(executor_model(all_rows))
     variants = [r for r in all_rows if r["kind"] == "plan" and "variant" in r]
     if variants:  # --plan-variant: the driver's CPU per batch of the 1-query planning run per set of settings
         by: dict[int, list[dict]] = {}
@@ -616,7 +666,9 @@ def main() -> int:
     if a.driver:
         return driver(a)
     if a.rewrite:
-        old = json.loads((harness.RESULTS / "scaling.json").read_text())
+        old = json.loads(
+            (harness.RESULTS / ("scaling-quick.json" if a.quick else "scaling.json")).read_text()
+        )
         head = {
             k: old[k]
             for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes", "batch_records")

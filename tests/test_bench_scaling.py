@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_scaling import _conf, summarize
+from benchmarks.bench_scaling import _conf, executor_model, summarize
 
 
 def _row(w: int, p: int, exec_cpu: float, rep: int, rate: int = 1_000_000) -> dict:
@@ -65,3 +65,16 @@ def test_spark_conf_flag() -> None:
     assert _conf("spark.a.b=1=2") == ("spark.a.b", "1=2")
     with pytest.raises(Exception, match="KEY=VALUE"):
         _conf("spark.a.b")
+
+
+def test_executor_model_splits_fixed_and_per_record_cost() -> None:
+    """E = tasks x f + records x c from a small-batch and a large-batch run: f = 0.5 CPU-s per task and
+    batch, c = 1 CPU-s per million; (2, 2) doubles the tasks, so at 1M-record batches 1.5 / 2 = 0.75."""
+    plan = {**_row(1, 1, 10 * 0.5 + 1.0, 0), "kind": "plan", "queries": 1, "batches": 10}
+    plan.update(first_batch_records=100_000, sustained_records=900_000, batch_records=100_000)
+    big = {**_row(1, 1, 3 * 0.5 + 3.0, 0), "batch_records": 1_000_000}
+    out = executor_model([plan, big])
+    assert out["executor_fixed_cpu_s_per_task_batch"] == 0.5
+    assert out["executor_cpu_s_per_million_records"] == 1.0
+    assert out["per_cpu_efficiency_p2_from_fixed_costs"] == 0.75
+    assert executor_model([big]) == {}  # no small-batch run: nothing to split
