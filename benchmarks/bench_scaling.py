@@ -158,6 +158,9 @@ def driver(a: argparse.Namespace) -> int:
         # are read over the rest), whatever --batch-records says
         batch_records = min(run.get("batch_records", a.batch_records), total // 3)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
+        execs = executor_pids(spec["worker_pids"])
+        ex_threads0 = _sum_threads(execs)
+        ex_own0 = sum(_own_cpu_seconds(x) for x in execs)
         threads0, py0 = thread_cpu_seconds(jvm_pid), time.process_time()
         prof = cProfile.Profile() if a.profile else None
         d0, m0, t0 = tree_cpu_seconds(os.getpid()), machine_busy_seconds(), time.perf_counter()
@@ -176,6 +179,15 @@ def driver(a: argparse.Namespace) -> int:
             prof.disable()
         took = time.perf_counter() - t0
         r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
+        # where the executors' CPU went: their JVMs' busiest threads (JIT compilers, Kafka, the tasks), and
+        # everything else of the workers' trees (the Python workers, their numba kernels and state work)
+        ex_spent = {n: v - ex_threads0.get(n, 0.0) for n, v in _sum_threads(execs).items()}
+        r["executor_jvm_threads_cpu_seconds"] = {
+            n: round(v, 2) for n, v in sorted(ex_spent.items(), key=lambda x: -x[1])[:8] if v >= 0.01
+        }
+        jvm = sum(_own_cpu_seconds(x) for x in execs) - ex_own0
+        r["executor_jvm_cpu_seconds"] = round(jvm, 2)
+        r["executor_python_cpu_seconds"] = round(r["executor_cpu_seconds"] - jvm, 2)
         # the driver (this process and its JVM) and every process of the machine (broker, master, workers, ...)
         r["driver_cpu_seconds"] = round(tree_cpu_seconds(os.getpid()) - d0, 2)
         # where the driver's CPU went: its Python (this process, all threads) and the JVM's busiest threads
@@ -238,6 +250,44 @@ def _drive(spec: dict, log: Path, t_all: float, timeout_s: float = 3600) -> Iter
                 proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"driver failed ({proc.returncode}), its log {log}:\n{log.read_text()[-4000:]}")
+
+
+def executor_pids(worker_pids: list[int]) -> list[int]:
+    """The executor JVMs the workers started (their child processes running CoarseGrainedExecutorBackend)."""
+    out = []
+    for w in worker_pids:
+        try:
+            kids = [
+                int(c)
+                for t in os.listdir(f"/proc/{w}/task")
+                for c in Path(f"/proc/{w}/task/{t}/children").read_text().split()
+            ]
+        except OSError:
+            continue
+        for k in kids:
+            try:
+                if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{k}/cmdline").read_bytes():
+                    out.append(k)
+            except OSError:
+                continue
+    return out
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    """A process's own CPU seconds (all its threads, not its children)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _sum_threads(pids: list[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid in pids:
+        for n, v in thread_cpu_seconds(pid).items():
+            out[n] = out.get(n, 0.0) + v
+    return out
 
 
 def pin_tree(pid: int, cpu: int) -> None:
