@@ -73,6 +73,21 @@ pass its filter per value of ``partition_by`` (``pw`` words; 0: one counter, ``n
 "every row of this partition value numbered below ``rows`` was sent before this batch" (its partials,
 PARTIALS batches on the same topic and partition: pane = row number // pane rows, key = the partition
 words then the group words, one 0 word when both are empty). ``seq`` counts the partial records sent.
+A ROW_MARKS body may go on with the host's losses since its previous row marks (row windows' completeness):
+``nl u32 | slack i64 | since i64[n] | cause i64[nl] | records i64[nl]`` (``cause`` indexes
+:data:`LOSS_CAUSES`: ``socket``, ``ring``, ``malformed``). A dropped packet never gets a row number, so the
+loss is charged to row *slots*: a lost row of counter ``i`` would have been numbered in
+``[since[i], rows[i] + slack]`` (``since``: the count at the previous row marks; ``slack``: frames still
+in the host's ring, numbered after this batch). A batch with losses lists every counter. Without losses the
+body ends at ``sent_wall_ns`` as before, so only marks with losses change; a reader from before them rejects
+such a batch (its length) and counts it, and the host's next marks move its counters on.
+
+A slide-by-tuple query's topic (``window: {range, every}``) reuses ROWS and PUNCT, no kind of its own: a
+ROWS batch carries each row's timestamp as ``ts`` and, as columns, its row number in the host's numbering
+of the query's rows, its ``group_by`` words (none without groups), then its lifted state columns (``contract.aggregates.lift``, the query's state
+order); a PUNCT carries the host's timestamp mark as a select topic's (``mark_pane == mark_ns``: every row
+with timestamp < mark was sent before it; ``END_OF_STREAM``: the incarnation sends no more rows). ``seq``
+counts rows, as on a select topic.
 """
 
 from __future__ import annotations
@@ -194,6 +209,10 @@ class RowMarks:
     part: np.ndarray  # int64[n, pw]: partition values (pw = 0: the host's one counter)
     rows: np.ndarray  # int64[n]
     sent_wall_ns: int = 0
+    # the host's losses since its previous row marks: (cause, records), charged to slots [since, rows + slack]
+    losses: tuple[tuple[str, int], ...] = ()
+    since: np.ndarray | None = None  # int64[n]: each counter's count at the previous row marks
+    slack: int = 0
 
     @property
     def n(self) -> int:
@@ -342,6 +361,14 @@ def encode_row_marks(m: RowMarks) -> bytes:
         + rows.tobytes()
         + struct.pack("<q", m.sent_wall_ns)
     )
+    if m.losses:
+        since = np.ascontiguousarray(m.since if m.since is not None else np.zeros(n), dtype="<i8").ravel()
+        cause = np.array([LOSS_CAUSES.index(c) for c, _ in m.losses], "<i8")
+        recs = np.array([r for _, r in m.losses], "<i8")
+        if len(since) != n or (since < 0).any() or (since > rows).any() or (recs <= 0).any() or m.slack < 0:
+            raise WireError("row-mark losses need 0 <= since <= rows per counter, records > 0, slack >= 0")
+        body += _COUNT.pack(len(cause)) + struct.pack("<q", m.slack) + since.tobytes()
+        body += cause.tobytes() + recs.tobytes()
     return _frame(KIND_ROW_MARKS, m.query, m.host, m.incarnation, m.partition, m.seq, body)
 
 
@@ -371,6 +398,29 @@ def peek(buf: bytes | memoryview) -> tuple[int, str, str, int]:
     host, pos = _read_str(buf, pos, "host id")
     _need(buf, pos, _MID.size, "batch header")
     return int(kind), query, host, int(_MID.unpack_from(buf, pos)[2])
+
+
+def _row_losses(
+    view: bytes | memoryview, pos: int, end: int, rows: np.ndarray
+) -> tuple[tuple[tuple[str, int], ...], np.ndarray | None, int]:
+    """The optional losses after a ROW_MARKS body's ``sent_wall_ns``: (losses, since, slack)."""
+    if pos == end:
+        return (), None, 0
+    n = len(rows)
+    _need(view, pos, _COUNT.size + 8, "row-mark losses header")
+    (nl,) = _COUNT.unpack_from(view, pos)
+    (slack,) = struct.unpack_from("<q", view, pos + _COUNT.size)
+    pos += _COUNT.size + 8
+    if nl == 0 or nl > len(LOSS_CAUSES) or end - pos != 8 * (n + 2 * nl) or slack < 0:
+        raise WireError(f"row-mark losses are {end - pos} bytes for {n} counters and {nl} causes")
+    arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
+    since, cause, recs = arr[:n], arr[n : n + nl], arr[n + nl :]
+    if (since < 0).any() or (since > rows).any() or (recs <= 0).any() or (cause < 0).any():
+        raise WireError("row-mark losses need 0 <= since <= rows per counter and records > 0")
+    if (cause >= len(LOSS_CAUSES)).any():
+        raise WireError(f"row-mark loss cause out of range (this build knows {len(LOSS_CAUSES)})")
+    losses = tuple((LOSS_CAUSES[int(c)], int(r)) for c, r in zip(cause, recs, strict=True))
+    return losses, since, int(slack)
 
 
 def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunctuation | RowMarks:
@@ -444,14 +494,18 @@ def decode(buf: bytes | memoryview) -> Partials | Punctuation | Rows | GroupPunc
         _need(view, pos, _GROUPS.size, "row marks header")
         n, pw = _GROUPS.unpack_from(view, pos)
         pos += _GROUPS.size
-        if n == 0 or n > MAX_GROUPS or end - pos != 8 * (n * (pw + 1) + 1):
+        base = 8 * (n * (pw + 1) + 1)
+        if n == 0 or n > MAX_GROUPS or end - pos < base:
             raise WireError(f"row marks body is {end - pos} bytes for n={n} counts of pw={pw} words")
-        arr = np.frombuffer(bytes(view[pos:end]), dtype="<i8").astype(np.int64, copy=False)
+        arr = np.frombuffer(bytes(view[pos : pos + base]), dtype="<i8").astype(np.int64, copy=False)
         rows = arr[n * pw : n * pw + n]
         if (rows < 0).any():
             raise WireError("row marks need counts >= 0")
         part = arr[: n * pw].reshape(pw, n).T
-        return RowMarks(query, host, incarnation, partition, seq, part, rows, int(arr[-1]))
+        losses, since, slack = _row_losses(view, pos + base, end, rows)
+        return RowMarks(
+            query, host, incarnation, partition, seq, part, rows, int(arr[-1]), losses, since, slack
+        )
     head = _PUNCT3 if version >= 3 else _PUNCT
     if kind == KIND_PUNCT:
         if end - pos != head.size:

@@ -232,18 +232,19 @@ def test_config_errors_name_file_and_line(old: str, new: str, line: int, reason:
     assert reason in str(err.value) and "rows.yaml" in str(err.value)
 
 
-def test_main_loader_takes_row_windows_and_refuses_slide_by_tuple_with_the_reason() -> None:
-    """Row windows run in the agent and the job: the main loader takes them beside the aggregates; a
-    slide-by-tuple window does not run there yet, and is refused with file, line and reason, never ignored."""
+def test_main_loader_takes_row_windows_and_slide_by_tuple_and_refuses_partitions_with_the_reason() -> None:
+    """Row windows and slide-by-tuple windows (with groups) run in the agent and the job: the main loader
+    takes them beside the aggregates; what does not run (a slide-by-tuple window partitioned: its windows
+    are the host's) is refused with file, line and reason, never ignored."""
     cfg = load_text(ROWS_YAML, "rows.yaml")
     assert [r.name for r in cfg.rows] == ["last_1000_per_source"] and cfg.queries == []
-    by_tuple = ROWS_YAML.replace(
-        "rows: 1000\n      slide: 100\n      partition_by: [src_ip]", "range: 5m\n      every: 10"
-    )
-    by_tuple = by_tuple.replace("    group_by: [dst_port]\n", "")
+    partitioned = ROWS_YAML.replace("rows: 1000\n      slide: 100\n", "range: 5m\n      every: 10\n")
     with pytest.raises(ConfigError) as err:
-        load_text(by_tuple, "rows.yaml")
-    assert err.value.line == 5 and "not run by the agent and the job yet" in str(err.value)
+        load_text(partitioned, "rows.yaml")
+    assert "rows.yaml" in str(err.value) and "unknown field" in str(err.value)
+    assert err.value.line == partitioned.splitlines().index("      partition_by: [src_ip]") + 1
+    (q,) = load_text(partitioned.replace("      partition_by: [src_ip]\n", ""), "rows.yaml").rows
+    assert (q.window.range_ns, q.window.every, q.group_by) == (300 * 10**9, 10, ["dst_port"])
     with pytest.raises(ConfigError) as err:  # one namespace of query names
         load_text(ROWS_YAML + ROWS_YAML.split("queries:\n")[1], "rows.yaml")
     assert err.value.line == 11 and "duplicate query name" in str(err.value)

@@ -3,12 +3,19 @@ value and ships row-pane partials and row marks (``contract.wire`` kind ROW_MARK
 when its host's mark passed its end. Against a brute-force oracle that numbers each host's packets in
 capture order: the host's step and the job's processor in process (two hosts, any block sizes, batches
 interleaved across hosts, a restart from saved state), then a real agent, real Kafka and the real job.
+Completeness: a real agent whose small ring drops frames (charged to row slots on its row marks) and a lost
+partials batch (a sequence gap): every window a lost row would have sat in is flagged.
 Disorder, partitions and restart of the pane operator itself: tests/test_rows.py."""
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 import pytest
 
@@ -104,6 +111,166 @@ def test_row_marks_roundtrip_and_reject_corruption() -> None:
         wire.encode_row_marks(wire.RowMarks("q", "h", 1, 0, 0, np.zeros((0, 1)), np.zeros(0)))
 
 
+def test_row_marks_carry_losses_charged_to_row_slots() -> None:
+    """Losses ride on row marks (additive: marks without them encode as before) and bad ones are refused."""
+    part = np.array([[0, 1], [0, 2]], np.int64)
+    m = wire.RowMarks("q", "h", 1, 0, 5, part, np.array([12, 5], np.int64), 9)
+    plain = wire.encode_row_marks(m)
+    lossy = replace(m, losses=(("ring", 3), ("malformed", 1)), since=np.array([10, 0]), slack=4)
+    got = wire.decode(wire.encode_row_marks(lossy))
+    assert got.losses == (("ring", 3), ("malformed", 1)) and got.slack == 4 and got.since.tolist() == [10, 0]
+    assert len(wire.encode_row_marks(lossy)) == len(plain) + 4 + 8 + 8 * 2 + 8 * 2 * 2
+    assert wire.decode(plain).losses == () and wire.decode(plain).since is None
+    for bad in (dict(since=np.array([13, 0])), dict(losses=(("ring", 0),))):
+        with pytest.raises(wire.WireError, match="row-mark losses"):
+            wire.encode_row_marks(replace(lossy, **bad))
+    cut = bytearray(wire.encode_row_marks(lossy))
+    body = bytes(cut[:-12])  # the last loss count cut off, the checksum made right again
+    with pytest.raises(wire.WireError, match="row-mark losses"):
+        wire.decode(body + zlib.crc32(body).to_bytes(4, "little"))
+
+
+def test_marks_merged_while_kafka_is_away_keep_their_losses() -> None:
+    """Row marks queued while Kafka is away are merged in place; the losses they carried survive the merge
+    (causes summed, each counter's slots from its oldest start), so no flag is lost to an outage."""
+    spec = spec_of()
+    rows = selected(spec, make_traffic(600, 5, T0, NS, seed=3).rows())
+    rp = RowPanes(spec, "h", 1)
+    rp.submit(rows[:200])
+    rp.punctuate()
+    before = dict(zip(map(tuple, rp.counter.keys.tolist()), rp.counter.count.tolist(), strict=True))
+    rp.submit(rows[200:300])
+    rp.punctuate(losses=(("ring", 4),), slack=2)
+    rp.submit(rows[300:])
+    rp.punctuate(losses=(("ring", 1), ("socket", 2)))
+    rp._compact()
+    (m,) = [x for x in rp.fifo if isinstance(x, wire.RowMarks)]
+    sent: list[bytes] = []
+    rp.pump(lambda topic, p, v: sent.append(v) or True)
+    got = wire.decode(sent[-1])
+    assert dict(got.losses) == {"ring": 5, "socket": 2} and got.slack == 2
+    for key, since in zip(map(tuple, got.part.tolist()), got.since.tolist(), strict=True):
+        assert since == before.get(key, 0)  # the first lossy marks' start: the count before them
+
+
+def lossy_host(spec: Q.RowQuerySpec, bootstrap: str, host: str = "h-ring", seed: int = 41) -> tuple:
+    """A real in-process agent with a small ring: bursts of frames pushed faster than it drains, so its
+    ring drops some (each frame pushed as a source does, the dropped ones known); a row punctuation after
+    every drain, as its timer would. Returns (parsed rows, dropped mask, ring drops counted)."""
+    from low_level.capture.ring import ring_push
+    from low_level.host.agent import Agent
+    from lowwater_testing.traffic import build_frames
+
+    traffic = make_traffic(6000, 30, T0, 10 * NS, seed=seed)
+    frames, cap, wl, ts = build_frames(traffic)
+    agent = Agent([], None, host, bootstrap, ring_slots=1 << 8, chunk=256, rows=[spec])
+    arrs, width, flat = agent.ring.arrays(), frames.shape[1], np.ascontiguousarray(frames).ravel()
+    dropped = np.zeros(len(ts), bool)
+    a, k = 0, 0
+    while a < len(ts):
+        b = min(len(ts), a + (400 if k % 16 == 8 else 100))  # now and then a burst the ring cannot hold
+        for i in range(a, b):
+            dropped[i] = not ring_push(arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0)
+        while agent.ring.fill:
+            agent.step()
+        agent.punctuate_rows(0)
+        agent.emitter.pump()
+        a, k = b, k + 1
+    agent.finish()
+    assert agent.emitter.flush(60)
+    agent.emitter.close()
+    return traffic.rows(), dropped, int(agent.ring.drops)
+
+
+def slots_of_drops(parsed: np.ndarray, dropped: np.ndarray) -> dict[tuple, np.ndarray]:
+    """dst_ip words -> the slots of its dropped rows: the numbers they would have had among those received."""
+    tcp = parsed[:, F.PROTO] == 6
+    dst = parsed[:, [F.DST_HI, F.DST_LO]]
+    out = {}
+    for v in np.unique(dst[tcp], axis=0):
+        mine = tcp & (dst == v).all(axis=1)
+        received_before = np.cumsum(mine & ~dropped) - (mine & ~dropped)
+        out[tuple(int(x) for x in v)] = received_before[mine & dropped]
+    return out
+
+
+def check_flags(
+    spec: Q.RowQuerySpec, table: pa.Table, host: str, parsed: np.ndarray, dropped: np.ndarray
+) -> None:
+    """Values exact over the rows the host numbered; every window holding a dropped row's slot flagged;
+    the windows far from any loss complete."""
+    mine = table.filter(pa.compute.equal(table["host"], host))
+    same(stored(spec, mine), oracle(spec, {host: parsed[~dropped]}))
+    d = mine.select(["dst_ip", "first_row", "end_row", "missing_records", "complete"]).to_pandas()
+    assert (d["complete"] == (d["missing_records"] == 0)).all()
+    d["v"] = [F.ip_to_words(x) for x in d["dst_ip"]]
+    slots = slots_of_drops(parsed, dropped)
+    held = 0
+    for v, w in d.groupby("v"):
+        s = slots.get(v, np.zeros(0, np.int64))
+        hold = ((w["first_row"].to_numpy()[:, None] <= s) & (s < w["end_row"].to_numpy()[:, None])).any(
+            axis=1
+        )
+        held += int(hold.sum())
+        assert not w["complete"].to_numpy()[hold].any(), (
+            f"{v}: a window holding a lost row's slot is complete"
+        )
+    flagged = int((~d["complete"]).sum())
+    assert held > 20 and held <= flagged < 0.6 * len(d), (held, flagged, len(d))
+
+
+def test_ring_drops_flag_the_row_windows_holding_their_slots(kafka, topic_factory) -> None:
+    """A real agent whose small ring drops frames, real Kafka, the job's row processor (saved and restored
+    between micro-batches): windows are exact over the rows numbered, and every window a lost row would
+    have sat in says so (``missing_records``, ``complete``)."""
+    from lowwater_testing.faults import consume
+
+    topic = topic_factory(partitions=2)
+    spec = spec_of(CONFIG.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
+    parsed, dropped, counted = lossy_host(spec, kafka.bootstrap_servers)
+    assert dropped.sum() > 50 and counted == dropped.sum()
+    values = consume(kafka.bootstrap_servers, [topic])
+    proc, got = RowProcessor(spec), []
+    for p, vals in values.items():
+        for chunk in np.array_split(np.arange(len(vals)), 5):
+            proc = RowProcessor.from_bytes(proc.to_bytes(), spec)
+            out = proc.process_packed({p[1]: [vals[i] for i in chunk]}, 1_700_000_000_000)
+            if out["ipc"][0]:
+                got.append(from_ipc(out["ipc"][0]))
+    table = pa.concat_tables(got)
+    assert table.schema == row_schema(spec)
+    check_flags(spec, table, "h-ring", parsed, dropped)
+    assert proc.lost["ring"] == counted and proc.gaps == 0 and proc.incomplete > 0
+
+
+def test_a_sequence_gap_flags_every_window_it_leaves_short() -> None:
+    """A partials batch lost between host and job (a sequence gap): every window whose value is not the
+    oracle's says so, and the windows before the gap stay complete (processor level, pure)."""
+    spec = spec_of()
+    parsed = make_traffic(3000, 30, T0, 10 * NS, seed=7).rows()
+    rows, rp, sent = selected(spec, parsed), RowPanes(spec, "a", 5), []
+    for i in range(0, len(rows), 150):
+        rp.submit(rows[i : i + 150])
+        rp.punctuate()
+        rp.pump(lambda topic, p, v: sent.append(v) or True)
+    rp.punctuate(every=True)
+    rp.pump(lambda topic, p, v: sent.append(v) or True)
+    partials = [i for i, v in enumerate(sent) if isinstance(wire.decode(v), wire.Partials)]
+    lost = partials[len(partials) // 2]
+    proc = RowProcessor(spec)
+    out = proc.process_packed({rp.partition: sent[:lost] + sent[lost + 1 :]}, 1_700_000_000_000)
+    table = from_ipc(out["ipc"][0])
+    got, want = stored(spec, table), oracle(spec, {"a": parsed})
+    d = table.to_pydict()
+    complete = {
+        (d["host"][i], F.ip_to_words(d["dst_ip"][i]), d["window"][i], d["dst_port"][i]): d["complete"][i]
+        for i in range(table.num_rows)
+    }
+    wrong = [k for k in want if got.get(k, (None,))[:3] != want[k][:3]]
+    assert wrong and not any(complete.get(k, False) for k in wrong)
+    assert proc.gaps == wire.decode(sent[lost]).n and 0 < proc.incomplete < 0.5 * proc.windows
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_host_partials_and_marks_through_the_job_processor_equal_the_oracle(seed: int) -> None:
     """Two hosts' drained blocks of any size, their batches interleaved (each host's in order, as one Kafka
@@ -147,10 +314,13 @@ def test_host_partials_and_marks_through_the_job_processor_equal_the_oracle(seed
     assert proc.gaps == 0 and proc.op.late == 0 and proc.windows == len(want)
 
 
-def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
-    """The real agent replays a pcap as two capture hosts (each its own incarnation and row numbers) into
-    real Kafka; the real job stores every closed window of each (host, destination), equal to the oracle,
-    each once (restarts: the processor test above and tests/test_rows.py)."""
+def through_agents_and_job(
+    spark, kafka, topic_factory, tmp_path, config: str, packets: int, during: Any = None
+) -> tuple[Q.RowQuerySpec, np.ndarray, pa.Table, Any]:
+    """One row query's config (its ``kafka: {partitions: 2}`` on a fresh topic): two real agents replay one pcap
+    as two capture hosts (each its own incarnation and row numbers) into real Kafka, ``during(spec, bootstrap)``
+    runs while they do, the real job stores the windows: (the query, the parsed packets, every stored row,
+    what ``during`` returned)."""
     from high_level.job import HighLevelJob
     from lowwater_testing.agent import spawn_agent, traffic_pcap
     from lowwater_testing.spark import job_options
@@ -158,14 +328,15 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
 
     topic = topic_factory(partitions=2)
     cfg_path = tmp_path / "rows.yaml"
-    cfg_path.write_text(CONFIG.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
+    cfg_path.write_text(config.replace("kafka: {partitions: 2}", f"kafka: {{topic: {topic}, partitions: 2}}"))
     cfg = Q.load(cfg_path)
     spec = cfg.rows[0]
-    traffic, pcap = traffic_pcap(tmp_path / "t.pcap", 4000, 30, T0, 10 * NS, seed=5)
+    traffic, pcap = traffic_pcap(tmp_path / "t.pcap", packets, 30, T0, 10 * NS, seed=5)
     procs = [  # two capture hosts at once (the same capture: each numbers its own rows)
         spawn_agent(cfg_path, f"pcap:{pcap}", host=host, bootstrap=kafka.bootstrap_servers)
         for host in ("cap-1", "cap-2")
     ]
+    extra = during(spec, kafka.bootstrap_servers) if during else None  # e.g. a third host, in-process
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
@@ -175,5 +346,18 @@ def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_
     assert files
     table = pa.concat_tables([pq.read_table(f) for f in files])
     assert table.schema.equals(row_schema(spec), check_metadata=False)
-    parsed = traffic.rows()
-    same(stored(spec, table), oracle(spec, {"cap-1": parsed, "cap-2": parsed}))
+    return spec, traffic.rows(), table, extra
+
+
+def test_row_windows_through_a_real_agent_kafka_and_the_job(spark, kafka, topic_factory, tmp_path) -> None:
+    """The real agent replays a pcap as two capture hosts (each its own incarnation and row numbers) into
+    real Kafka; the real job stores every closed window of each (host, destination), equal to the oracle,
+    each once, complete (restarts: the processor test above and tests/test_rows.py). A third host's ring
+    drops frames: the job flags the windows its lost rows would have sat in."""
+    spec, parsed, table, (lossy, dropped, _) = through_agents_and_job(
+        spark, kafka, topic_factory, tmp_path, CONFIG, 4000, during=lossy_host
+    )
+    caps = table.filter(pa.compute.not_equal(table["host"], "h-ring"))
+    same(stored(spec, caps), oracle(spec, {"cap-1": parsed, "cap-2": parsed}))
+    assert pa.compute.all(caps["complete"]).as_py() and pa.compute.sum(caps["missing_records"]).as_py() == 0
+    check_flags(spec, table, "h-ring", lossy, dropped)  # the job flags what the host lost

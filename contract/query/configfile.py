@@ -14,7 +14,7 @@ from contract.filterlang import OP_LOAD_NET, compile_filter
 from contract.query.distincts import DistinctSpec, check_distinct, distinct_query
 from contract.query.joins import JoinSpec, check_join, inputs, join_result_query, rows_query
 from contract.query.model import ConfigError, QuerySpec
-from contract.query.rows import WINDOW_TAGS, RowQuerySpec, runs_in_job
+from contract.query.rows import WINDOW_TAGS, RowQuerySpec
 from contract.query.selects import SelectSpec
 
 
@@ -214,7 +214,7 @@ def load_text(text: str, path: str = "<string>") -> Config:
                 )
     if not other:
         return Config(path, queries, networks=networks, source=source)
-    rows = load_row_items([it for it in other if it.get("kind") == "rows"], path, seen, in_job=True)
+    rows = load_row_items([it for it in other if it.get("kind") == "rows"], path, seen)
     distincts = [it for it in other if it.get("kind") == "distinct"]
     other = [it for it in other if it.get("kind") not in ("distinct", "rows")]
     selects, joins = load_selects_joins(other, path, seen, queries)
@@ -331,8 +331,8 @@ def _named(item: dict, loc: tuple, reason: str) -> tuple[tuple, str]:
     return path, rest
 
 
-def load_row_items(items: list[dict], path: str, seen: dict[str, int], in_job: bool = False) -> list:
-    """Validate the ``kind: rows`` items; ``in_job``: refuse what the agent and the job do not run yet."""
+def load_row_items(items: list[dict], path: str, seen: dict[str, int]) -> list:
+    """Validate the ``kind: rows`` items (row windows and slide-by-tuple windows alike)."""
     out: list[RowQuerySpec] = []
     for idx, item in enumerate(items):
         try:
@@ -351,14 +351,6 @@ def load_row_items(items: list[dict], path: str, seen: dict[str, int], in_job: b
                 path, _line_of(item, loc), f"query {item.get('name', f'#{idx}')!r}: {field}", reason
             ) from None
         _first(seen, spec.name, item, path)
-        if in_job and not runs_in_job(spec):
-            raise ConfigError(
-                path,
-                item["__lines__"].get("window"),
-                f"query {spec.name!r}: window",
-                "slide-by-tuple windows ({range, every}) are not run by the agent and the job yet "
-                "(docs/queries.md, 'Row windows'; contract.query.configfile.load_rows validates them)",
-            )
         out.append(spec)
     return out
 

@@ -94,8 +94,6 @@ class RowQuerySpec(_Strict):
     @model_validator(mode="after")
     def _partition(self) -> RowQuerySpec:
         if isinstance(self.window, TupleSlideSpec):
-            if self.group_by:
-                raise ValueError("group_by: a slide-by-tuple window is per capture host (no groups yet)")
             return self
         for n in self.window.partition_by:
             _plain_field(n, "window.partition_by")
@@ -167,9 +165,3 @@ class RowQuerySpec(_Strict):
 def row_query(spec: dict[str, Any]) -> RowQuerySpec:
     """A row query from a plain mapping (tests and benchmarks)."""
     return RowQuerySpec.model_validate({"kind": "rows", **spec})
-
-
-def runs_in_job(spec: RowQuerySpec) -> bool:
-    """Whether the agent and the job run it: row windows yes; slide-by-tuple (FCA bins need every row's
-    timestamp at the job) only at processor level so far."""
-    return isinstance(spec.window, RowWindowSpec)

@@ -20,11 +20,13 @@ import pyarrow.parquet as pq
 from contract import query as Q
 from contract import results as R
 from contract.query.rows import RowQuerySpec
+from contract.query.windows import TupleSlideSpec
 from contract.rowresults import row_schema
 from high_level.join.pipeline import packed_state_function, start_state_stream
 from high_level.pipeline import Pipeline
 from high_level.results.store import atomic_write_bytes
 from high_level.rows.processor import OUTPUT_DDL, RowProcessor, from_ipc
+from high_level.rows.tupleprocessor import TupleProcessor
 
 if TYPE_CHECKING:
     from high_level.options import JobOptions
@@ -68,9 +70,10 @@ class RowPipeline(Pipeline):
         specs = {r.name: r for r in self.config.rows}
         streams = []
         for r in self.config.rows:
+            proc = TupleProcessor if isinstance(r.window, TupleSlideSpec) else RowProcessor
             fn = packed_state_function(
-                lambda r=r: RowProcessor(r),
-                lambda buf, r=r: RowProcessor.from_bytes(buf, r),
+                lambda r=r, proc=proc: proc(r),
+                lambda buf, r=r, proc=proc: proc.from_bytes(buf, r),
                 opts.trigger_ms,
             )
 
@@ -82,5 +85,5 @@ class RowPipeline(Pipeline):
             streams.append(
                 start_state_stream(spark, opts, sink, [r.topic], "rows", r.name, fn, OUTPUT_DDL, write)
             )
-            log.info("row query %s: rows %d slide %d", r.name, r.window.rows, r.window.step)
+            log.info("row query %s: window %s", r.name, r.window)
         return streams

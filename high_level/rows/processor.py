@@ -5,6 +5,13 @@ its batches to one partition, so its partials always arrive before the row marks
 A *stream* of the pane operator is one capture host incarnation (a restarted agent numbers its rows
 from 0 again, so its windows are new ones), or one (incarnation, ``partition_by`` value). Pure and
 serialisable: the Spark step (:mod:`high_level.rows.pipeline`) restores it, feeds a micro-batch, saves it.
+
+Completeness (:func:`contract.rowresults.row_schema`): a host's row marks may carry its losses charged to
+row slots, and a sequence gap (partials sent, never received) is charged to the slots between the marks
+before and after it. Each becomes a *loss range* (stream, partition value, slots [lo, hi], records); a
+range always arrives before any window holding its slots closes (the marks that carry it close them), and
+a window's ``missing_records`` is the sum of the ranges holding one of its slots. A range is dropped once
+every window that could hold its slots has closed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from contract import wire
 from contract.query.rows import RowQuerySpec
 from contract.rowresults import row_schema
 from high_level import codec
+from high_level.aggregate.merge import key_codes
 from high_level.results.store import ip_strings
 from high_level.rows.windows import RowResults, RowWindows
 
@@ -43,6 +51,12 @@ class RowProcessor:
         self.gaps = 0  # partial records a sequence gap says were sent and never arrived
         self.bad = 0  # batches that did not decode (counted, skipped)
         self.windows = 0  # rows written
+        self.lost: dict[
+            str, int
+        ] = {}  # records the hosts reported lost, by wire cause (malformed: not charged)
+        self.pending_gap: dict[str, int] = {}  # stream -> gap records not yet charged (until its next marks)
+        self.ranges = LossRanges(self.pw)
+        self.incomplete = 0  # windows written with missing_records > 0
 
     def feed(self, values: list[bytes]) -> None:
         """One Kafka partition's batches of a micro-batch, in offset order."""
@@ -57,16 +71,34 @@ class RowProcessor:
             stream = f"{m.host}#{m.incarnation}"
             at = f"{stream}/{m.partition}"
             if isinstance(m, wire.Partials):
-                self.gaps += max(0, m.seq - self.seq.get(at, 0))
+                self._gap(stream, max(0, m.seq - self.seq.get(at, 0)))
                 self.seq[at] = max(self.seq.get(at, 0), m.seq + m.n)
                 part, key = m.key[:, : self.pw], m.key[:, self.pw :]
                 if key.shape[1] == 0:
                     key = np.zeros((m.n, 1), I64)
                 self.op.add(stream, part, m.pane, key[:, : self.kw], m.state)
             elif isinstance(m, wire.RowMarks):
-                self.gaps += max(0, m.seq - self.seq.get(at, 0))
+                self._gap(stream, max(0, m.seq - self.seq.get(at, 0)))
                 self.seq[at] = max(self.seq.get(at, 0), m.seq)
+                self._charge(stream, m)
                 self.op.punctuate(stream, m.part, m.rows)
+
+    def _gap(self, stream: str, n: int) -> None:
+        """Partials a host sent that never arrived: their rows lie below its next marks (charged there)."""
+        if n:
+            self.gaps += n
+            self.pending_gap[stream] = self.pending_gap.get(stream, 0) + n
+
+    def _charge(self, stream: str, m: wire.RowMarks) -> None:
+        """The losses these marks carry and the stream's pending gap, as loss ranges of their counters."""
+        for cause, n in m.losses:
+            self.lost[cause] = self.lost.get(cause, 0) + n
+        records = sum(n for c, n in m.losses if c != "malformed") + self.pending_gap.pop(stream, 0)
+        if not records:
+            return
+        old = self.op.counts(stream, m.part)  # the slots below the previous marks are closed already
+        lo = old if m.since is None else np.minimum(old, m.since)
+        self.ranges.add(stream, m.part, lo, m.rows + m.slack, records)
 
     def process_packed(self, values: dict[int, list[bytes]], now_ms: int) -> pd.DataFrame:
         """A micro-batch by Kafka partition -> one output row (:data:`OUTPUT_DDL`) of the closed windows."""
@@ -79,10 +111,22 @@ class RowProcessor:
         """The windows every host's row marks have passed, as a table of :func:`contract.rowresults.row_schema`."""
         res = self.op.close()
         self.windows += len(res)
-        return row_table(self.spec, res, now_ms)
+        missing = self.ranges.missing(res)
+        self.incomplete += int((missing > 0).sum())
+        self.ranges.purge(self.op, self.spec.window.rows + self.spec.window.pane_rows)
+        return row_table(self.spec, res, now_ms, missing)
 
     def to_bytes(self) -> bytes:
-        head = {"seq": self.seq, "gaps": self.gaps, "bad": self.bad, "windows": self.windows}
+        head = {
+            "seq": self.seq,
+            "gaps": self.gaps,
+            "bad": self.bad,
+            "windows": self.windows,
+            "lost": self.lost,
+            "pending_gap": self.pending_gap,
+            "incomplete": self.incomplete,
+            "ranges": self.ranges.to_json(),
+        }
         return codec.compress(json.dumps(head).encode() + b"\n" + self.op.snapshot(), ZMAGIC)
 
     @classmethod
@@ -91,6 +135,8 @@ class RowProcessor:
         head, _, blob = codec.decompress(buf, ZMAGIC).partition(b"\n")
         h = json.loads(head)
         rp.seq, rp.gaps, rp.bad, rp.windows = h["seq"], h["gaps"], h["bad"], h["windows"]
+        rp.lost, rp.pending_gap, rp.incomplete = h["lost"], h["pending_gap"], h["incomplete"]
+        rp.ranges = LossRanges.from_json(rp.pw, h["ranges"])
         rp.op.restore(blob)
         return rp
 
@@ -108,10 +154,82 @@ def _columns(spec: RowQuerySpec, names: list[str], words: np.ndarray) -> dict[st
     return out
 
 
-def row_table(spec: RowQuerySpec, res: RowResults, now_ms: int) -> pa.Table:
+class LossRanges:
+    """Loss ranges of a row query: (stream, partition value) -> row slots [lo, hi] that lost ``records``."""
+
+    def __init__(self, pw: int) -> None:
+        self.pw = pw
+        self.stream = np.zeros(0, object)  # "<host>#<incarnation>"
+        self.part = np.zeros((0, pw), I64)
+        self.lo = np.zeros(0, I64)
+        self.hi = np.zeros(0, I64)
+        self.records = np.zeros(0, I64)
+
+    def __len__(self) -> int:
+        return int(self.lo.shape[0])
+
+    def add(self, stream: str, part: np.ndarray, lo: np.ndarray, hi: np.ndarray, records: int) -> None:
+        n = len(lo)
+        self.stream = np.concatenate([self.stream, np.full(n, stream, object)])
+        self.part = np.vstack([self.part, np.asarray(part, I64).reshape(n, self.pw)])
+        self.lo = np.concatenate([self.lo, np.asarray(lo, I64)])
+        self.hi = np.concatenate([self.hi, np.asarray(hi, I64)])
+        self.records = np.concatenate([self.records, np.full(n, records, I64)])
+
+    def missing(self, res: RowResults) -> np.ndarray:
+        """Per closed window, the records of the ranges holding one of its slots [first_row, end_row)."""
+        out = np.zeros(len(res), I64)
+        if not len(self) or not len(res):
+            return out
+        names = np.concatenate([res.host.astype(str), self.stream.astype(str)])
+        _, sid = np.unique(names, return_inverse=True)
+        code = key_codes(np.column_stack([sid.ravel().astype(I64), np.vstack([res.part, self.part])]))
+        wc, rc = code[: len(res)], code[len(res) :]
+        order = np.argsort(rc, kind="stable")
+        a = np.searchsorted(rc[order], wc, "left")
+        cnt = np.searchsorted(rc[order], wc, "right") - a
+        win = np.repeat(np.arange(len(res)), cnt)  # every (window, range of its stream) pair
+        rng = order[np.repeat(a - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))]
+        hit = (res.first_row[win] <= self.hi[rng]) & (res.end_row[win] > self.lo[rng])
+        np.add.at(out, win[hit], self.records[rng[hit]])
+        return out
+
+    def purge(self, op: RowWindows, reach: int) -> None:
+        """Drop the ranges every window of whose slots has closed (its stream's mark is ``reach`` past)."""
+        if not len(self):
+            return
+        keep = np.ones(len(self), bool)
+        for s in np.unique(self.stream.astype(str)):
+            at = np.flatnonzero(self.stream == s)
+            keep[at] = op.counts(str(s), self.part[at]) < self.hi[at] + reach
+        self.stream, self.part, self.lo = self.stream[keep], self.part[keep], self.lo[keep]
+        self.hi, self.records = self.hi[keep], self.records[keep]
+
+    def to_json(self) -> dict[str, list]:
+        return {
+            "stream": self.stream.astype(str).tolist(),
+            "part": self.part.tolist(),
+            "lo": self.lo.tolist(),
+            "hi": self.hi.tolist(),
+            "records": self.records.tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, pw: int, d: dict[str, list]) -> LossRanges:
+        r = cls(pw)
+        r.stream = np.array(d["stream"], object)
+        r.part = np.array(d["part"], I64).reshape(len(d["lo"]), pw)
+        r.lo, r.hi, r.records = (np.array(d[k], I64) for k in ("lo", "hi", "records"))
+        return r
+
+
+def row_table(
+    spec: RowQuerySpec, res: RowResults, now_ms: int, missing: np.ndarray | None = None
+) -> pa.Table:
     """Closed row windows as stored rows (:func:`contract.rowresults.row_schema`)."""
     schema = row_schema(spec)
     n = len(res)
+    missing = np.zeros(n, I64) if missing is None else missing
     host, _, inc = np.char.partition(res.host.astype(str), "#").T if n else (np.zeros(0, str),) * 3
     cols: dict[str, Any] = {"host": pa.array(host, pa.string()), "incarnation": pa.array(inc.astype(I64))}
     cols |= _columns(spec, spec.partition_by, res.part)
@@ -119,6 +237,8 @@ def row_table(spec: RowQuerySpec, res: RowResults, now_ms: int) -> pa.Table:
     cols |= _columns(spec, spec.group_by, res.key)
     cols |= {a.name: res.values[a.name] for a in spec.aggregates}
     cols["closed_at"] = pa.array(np.full(n, now_ms * 1000, I64)).cast(R.TIMESTAMP)
+    cols["missing_records"] = pa.array(missing, pa.int64())
+    cols["complete"] = pa.array(missing == 0, pa.bool_())
     cols["kind"] = pa.array(["final"] * n, pa.string())
     arrays = [c if isinstance(c := cols[f.name], pa.Array) else pa.array(c) for f in schema]
     return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema, strict=True)], schema=schema)

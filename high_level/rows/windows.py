@@ -100,6 +100,10 @@ class RowWindows:
         codes = self._codes(host, part)
         np.maximum.at(self.mark, codes, np.asarray(rows, I64))
 
+    def counts(self, host: str, part: np.ndarray) -> np.ndarray:
+        """The row marks so far of ``host``'s streams of these partition values (0: not punctuated yet)."""
+        return self.mark[self._codes(host, part)].copy()
+
     def close(self) -> RowResults:
         """Emit every window whose stream's row count passed its end; purge the panes no window needs."""
         hi = self.mark // self.pane  # windows w < hi have ended

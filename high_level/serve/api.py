@@ -19,6 +19,9 @@ Endpoints (all GET; OpenAPI at /docs):
   window's completeness; ``complete=true|false`` keeps the windows whose groups are all complete / not.
   Flagged windows (below) are incomplete here, and one without rows gets a row with no groups and no
   values (``flagged``, ``shed_records``).
+* Row-window queries (``kind: rows``): listed under ``row_queries``; ``/results`` (by ``closed_at``) and
+  ``/latest`` (each stream's newest window) return their windows with ``missing_records`` and ``complete``
+  (:mod:`high_level.serve.routes.rows`); the endpoints that need a time span are a 400 for them.
 * ``/queries/{name}/incomplete``: the flagged windows in a time range: windows the job learned were
   short (panes a capture host's backlog shed, records lost in a sequence gap), *rows or not*: a window
   whose every record was shed has no row to say so. Per window ``incomplete: true``, the shed and

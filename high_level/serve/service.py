@@ -30,8 +30,10 @@ from high_level.serve.ifnames import IfNames, IfNamesCollector
 from high_level.serve.incomplete import IncompleteReader
 from high_level.serve.metrics import ApiMetrics
 from high_level.serve.netnames import NetNames
+from high_level.serve.params import ParamError
 from high_level.serve.ranges import RangeReader
 from high_level.serve.reader import Reader, ResultSet
+from high_level.serve.rowreader import RowInfo, RowReader
 from high_level.serve.tierpick import TierOption
 from high_level.serve.timefmt import iso_of_us
 
@@ -98,6 +100,8 @@ class ApiService:
     alert_reader: AlertReader = field(init=False)
     flagged: IncompleteReader = field(init=False)  # windows known short, rows or not (contract.results)
     ranges: RangeReader = field(init=False)  # stepped series and top-N over long ranges
+    row_infos: dict[str, RowInfo] = field(init=False)  # row-window queries (kind: rows)
+    rows: RowReader = field(init=False)
     warmed: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -108,12 +112,20 @@ class ApiService:
         self.alert_reader = AlertReader(self.results)
         self.flagged = IncompleteReader(self.results)
         self.ranges = RangeReader(self.reader)
+        self.row_infos = {r.name: RowInfo(r) for r in self.cfg.rows}
+        self.rows = RowReader(self.results)
 
     def info(self, name: str) -> QueryInfo:
         """The query called ``name``, or 404 naming the known ones."""
         qi = self.infos.get(name)
+        if qi is None and name in self.row_infos:  # the row routes answer results and latest first
+            raise ParamError(
+                f"query {name!r} has row windows (kind: rows), which have no time span: this endpoint does "
+                f"not apply; ask /queries/{name}/results or /latest"
+            )
         if qi is None:
-            raise HTTPException(404, f"unknown query {name!r}; known: {', '.join(self.infos)}")
+            known = ", ".join([*self.infos, *self.row_infos])
+            raise HTTPException(404, f"unknown query {name!r}; known: {known}")
         return qi
 
     def tier_options(self, qi: QueryInfo) -> list[TierOption]:

@@ -22,6 +22,7 @@ from low_level.host.losses import LossLedger
 from low_level.kernel.fused import Kernel
 from low_level.kernel.parse import PARSE_ERROR_NAMES
 from low_level.kernel.tables import Tables
+from low_level.kernel.tuplerows import TupleRows
 
 log = logging.getLogger("lowwater.agent")
 
@@ -119,6 +120,7 @@ class Agent(HostLoop):
             control.on_request = self.waker.wake
         self.last_on_demand = [0.0] * len(queries)
         self.select_ledgers = [LossLedger() for _ in self.selects]
+        self.row_ledgers = [LossLedger() for _ in self.row_queries]  # only their counts: rows have no panes
         # the time span of the frames the ring dropped, not yet charged by each query / select
         self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
 
@@ -230,8 +232,27 @@ class Agent(HostLoop):
         for k in range(len(self.selects)):
             self.punctuate_select(k, idle=True, end_of_stream=end_of_stream)
         self.drain()
-        for rp in self.emitter.row_panes:  # a stop or the end: every counter, so every window closes
-            rp.punctuate(every=True)
+        for j in range(len(self.row_queries)):  # a stop or the end: every counter, so every window closes
+            self.punctuate_row(j, idle=True, last=True)
+
+    def punctuate_row(self, j: int, idle: bool, last: bool = False) -> None:
+        """Row query j's punctuation (after a drain: the counts cover the rows sent). A row window's counters,
+        with the host's drops since its previous marks (socket, ring, malformed) charged to row slots (wire
+        ROW_MARKS; frames still in the ring are numbered later, so they widen the slots: ``slack``). A
+        slide-by-tuple window's timestamp mark, its select's clock as a select query's. ``last``: this
+        incarnation sends no more rows: every window closes."""
+        rp = self.emitter.row_panes[j]
+        if not isinstance(rp, TupleRows):
+            got = self.row_ledgers[j].charge(self.drop_counters(), 0, None, 0, None)
+            losses = tuple((cause, n) for _, _, cause, n in got)
+            rp.punctuate(last, losses, int(self.ring.fill))
+            return
+        k = len(self.selects) + j
+        b = self.kernel.sel_buf
+        mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream=last)
+        from low_level.kernel.selection import SS_LATE, SS_MATCHED
+
+        rp.punctuate(mark, {"matched": int(b.sst[k, SS_MATCHED]), "late": int(b.sst[k, SS_LATE])})
 
     def process(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""
@@ -276,7 +297,7 @@ class Agent(HostLoop):
         for j, r in enumerate(self.row_queries):
             if now >= self.row_next_timer[j]:  # after the drain above: the counts cover the rows sent
                 self.row_next_timer[j] = now + r.heartbeat.interval_ns / 1e9
-                self.emitter.row_panes[j].punctuate()
+                self.punctuate_row(j, idle)
                 self.punctuated = True
         if self.pending_records >= self.pending_max:
             self.submit()  # into the backlog, whose merge and bound (max_records) then apply

@@ -19,8 +19,8 @@ import numpy as np
 from contract import query as Q
 from contract import wire
 from low_level.host.backlog import Backlog, Block
-from low_level.kernel.rowpanes import RowPanes
 from low_level.kernel.selection import SelectOutbox
+from low_level.kernel.tuplerows import row_stage
 
 log = logging.getLogger(__name__)
 MAX_BATCH_RECORDS = 16384
@@ -74,7 +74,7 @@ class Emitter:
         self._closing = False
         self.connect_errors = 0
         self.outbox = SelectOutbox(self.selects, self.host, self.incarnation)
-        self.row_panes = [RowPanes(r, self.host, self.incarnation) for r in self.rows]
+        self.row_panes = [row_stage(r, self.host, self.incarnation) for r in self.rows]
         self._connector: threading.Thread | None = None
         if self.producer is None and self.bootstrap:
             # connect in the background: Kafka may be down when capture starts, and a blocking

@@ -19,6 +19,7 @@ from high_level.serve.columns import QueryInfo
 from high_level.serve.incomplete import SERIES_COLUMNS, merge_series
 from high_level.serve.ranges import nearest_rank_over_steps
 from high_level.serve.reader import ResultSet, sort_terms
+from high_level.serve.routes import rows
 from high_level.serve.service import ApiService
 from high_level.serve.timefmt import EPOCH, iso_of_us, us_of
 
@@ -238,10 +239,15 @@ def router(svc: ApiService) -> APIRouter:
 
     @r.get("/queries", summary="All queries with definition, window and columns")
     def queries() -> dict[str, Any]:
-        return {"queries": [describe_query(qi, svc.fragments.get(n)) for n, qi in svc.infos.items()]}
+        return {
+            "queries": [describe_query(qi, svc.fragments.get(n)) for n, qi in svc.infos.items()],
+            "row_queries": [rows.describe(ri, svc.fragments.get(n)) for n, ri in svc.row_infos.items()],
+        }
 
     @r.get("/queries/{name}", summary="One query", responses={404: {"description": "unknown query"}})
     def query(name: str) -> dict[str, Any]:
+        if name in svc.row_infos:
+            return rows.describe(svc.row_infos[name], svc.fragments.get(name))
         return describe_query(svc.info(name), svc.fragments.get(name))
 
     @r.get(
@@ -263,8 +269,13 @@ def router(svc: ApiService) -> APIRouter:
         complete: Complete = None,
         cursor: Cursor = None,
     ) -> Response:
-        qi = svc.info(name)
         keys = _check_params(request, _RESULTS_PARAMS)
+        if (ri := svc.row_infos.get(name)) is not None:
+            if top is not None or cursor is not None:
+                rows.refuse(ri, "top" if top is not None else "cursor")
+            req = rows.RowRequest.of(ri, keys, filters, order_by, complete, limit, offset, fmt)
+            return rows.results(svc, ri, req, start, end)
+        qi = svc.info(name)
         flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)
@@ -317,8 +328,13 @@ def router(svc: ApiService) -> APIRouter:
         fmt: Format = "json",
         complete: Complete = None,
     ) -> Response:
-        qi = svc.info(name)
         keys = _check_params(request, _LATEST_PARAMS)
+        if (ri := svc.row_infos.get(name)) is not None:
+            if top is not None:
+                rows.refuse(ri, "top")
+            req = rows.RowRequest.of(ri, keys, filters, order_by, complete, limit, offset, fmt)
+            return rows.latest(svc, ri, req)
+        qi = svc.info(name)
         flt = _parse_filters(qi, filters, keys)
         order = P.parse_order(order_by, qi.order_columns)
         only = P.parse_complete(complete)

@@ -27,6 +27,7 @@ def router(svc: ApiService) -> APIRouter:
             "cache": {"warmed": svc.warmed.is_set(), "bytes": reader.cache.nbytes},
             "rejected_files": {"total": reader.index.rejections, "current": len(reader.index.rejected())},
             "rejected_flagged_window_files": len(svc.flagged.rejected),
+            "rejected_row_window_files": svc.rows.rejected_count,
         }
 
     @r.get("/", include_in_schema=False)

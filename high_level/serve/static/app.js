@@ -10,6 +10,7 @@
 
 const REFRESH_MS = 5000;
 const TOP_N = 10;
+const ROW_TABLE_N = 30;  // rows of a row-window query's table (its streams' newest windows)
 const SVGNS = "http://www.w3.org/2000/svg";
 const state = { queries: null, queriesAt: 0, chartAgg: {}, token: null, timer: null, webhook: false };
 const initialHash = location.hash; // read before the token is taken out of it (live_s, live_query)
@@ -477,6 +478,48 @@ function renderTop(host, q, latest) {
   host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
 }
 
+// ---- a row-window query (kind: rows): a table of each stream's newest window, incomplete ones hatched
+function rowCard(q) {
+  let c = document.getElementById("r-" + q.name);
+  if (c) return c;
+  const w = q.window;
+  const win = w.slide === w.rows ? `tumbling ${w.rows} rows` : `${w.rows} rows sliding every ${w.slide}`;
+  c = el("section", { class: "card query rows", id: "r-" + q.name },
+    el("h2", {}, el("code", { text: q.name })),
+    el("div", { class: "sub" }, el("span", { class: "pill", text: win }),
+      el("span", { class: "pill", text: "numbered per " + (["host", ...w.partition_by].join(", ")) }),
+      q.description || ""),
+    el("h3", {}, "newest window of each host and partition ", el("span", { class: "h3note latest" })),
+    el("div", { class: "rows-host" }));
+  document.getElementById("queries").append(c);
+  return c;
+}
+
+async function refreshRowQuery(q) {
+  const c = rowCard(q);
+  const latest = await api(`/queries/${encodeURIComponent(q.name)}/latest?order_by=-closed_at,host,window&limit=${ROW_TABLE_N}`);
+  const host = c.querySelector(".rows-host");
+  host.textContent = "";
+  const rows = latest.rows || [];
+  c.querySelector(".h3note.latest").textContent = rows.length ? `${latest.paging.total} rows` : "";
+  if (!rows.length) { host.append(el("div", { class: "empty", text: "no closed window yet" })); return; }
+  const keys = q.key_columns.map((k) => k.name), aggs = q.aggregate_columns.map((a) => a.name);
+  const head = el("tr", {}, ...keys.map((k) => el("th", { text: k })), el("th", { text: "window" }),
+    el("th", { text: "rows" }), ...aggs.map((a) => el("th", { class: "num", text: a })), el("th", { text: "closed" }));
+  const tb = el("tbody");
+  for (const r of rows) {
+    const why = r.complete === false
+      ? `incomplete: ${fmtNum(r.missing_records)} records lost where these rows were numbered (capture drops or a sequence gap)` : "";
+    tb.append(el("tr", why ? { class: "row-window incomplete", title: why } : { class: "row-window" },
+      ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })),
+      el("td", { class: "num", text: String(r.window) }),
+      el("td", { class: "num", text: `${r.first_row}–${r.end_row - 1}` }),
+      ...aggs.map((a) => el("td", { class: "num", text: fmtNum(r[a]) })),
+      el("td", { text: fmtTime(Date.parse(r.closed_at), true) })));
+  }
+  host.append(el("table", { class: "topn" }, el("thead", {}, head), tb));
+}
+
 // the group filter of a card as query parameters: "col:value" terms separated by spaces or commas
 function filterParams(q) {
   const text = (view.filter[q.name] || "").trim();
@@ -604,20 +647,23 @@ function showError(msg) {
 async function refresh() {
   clearTimeout(state.timer);
   try {
-    if (!state.queries || Date.now() - state.queriesAt > 60000) {
-      state.queries = (await api("/queries")).queries;
+    if (!state.queries || !state.rowQueries || Date.now() - state.queriesAt > 60000) {
+      const all = await api("/queries");
+      state.queries = all.queries;
+      state.rowQueries = all.row_queries || [];
       state.queriesAt = Date.now();
     }
     const [st, al] = await Promise.all([
       api("/status").catch((e) => { if (e instanceof AuthError) throw e; return { available: false, error: e.message }; }),
       api("/alerts?limit=20").catch((e) => { if (e instanceof AuthError) throw e; return { error: e.message }; }),
       ...state.queries.map((q) => refreshQuery(q)),
+      ...state.rowQueries.map((q) => refreshRowQuery(q)),
     ]);
     renderStatus(st);
     renderAlerts(al);
     showError(null);
     document.getElementById("meta").innerHTML = "";
-    document.getElementById("meta").append(`${state.queries.length} queries · updated `,
+    document.getElementById("meta").append(`${state.queries.length + state.rowQueries.length} queries · updated `,
       el("b", { text: fmtTime(Date.now(), true) }), ` UTC · refreshes every ${REFRESH_MS / 1000} s`);
   } catch (e) {
     if (e instanceof AuthError) {
