@@ -173,7 +173,7 @@ def lossy_host(spec: Q.RowQuerySpec, bootstrap: str, host: str = "h-ring", seed:
             dropped[i] = not ring_push(arrs, flat, i * width, int(cap[i]), int(wl[i]), int(ts[i]), 0)
         while agent.ring.fill:
             agent.step()
-        agent.punctuate_rows(0)
+        agent.punctuate_row(0, idle=False)
         agent.emitter.pump()
         a, k = b, k + 1
     agent.finish()

@@ -242,3 +242,62 @@ def test_the_page_shows_the_row_query_newest_windows_incomplete_ones_hatched(
     bad = sum(not r["complete"] for r in want)
     assert bad and dom.count('class="row-window incomplete"') == bad
     assert "records lost where these rows were numbered" in dom
+
+
+def test_a_slide_by_tuple_query_is_listed_and_served(tmp_path: Path) -> None:
+    """A slide-by-tuple query (``window: {range, every}``) has its own columns (``window_end``, no row
+    numbers): listed with its window, its windows served by /results and /latest, ordered by ``window_end``,
+    each with its completeness, equal to what the job's processor wrote."""
+    from high_level.rows.tupleprocessor import TupleProcessor
+    from low_level.kernel.tuplerows import TupleRows
+    from tests.test_rows_bytuple_agent import CONFIG as TUPLE_CONFIG
+
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(TUPLE_CONFIG + AGG)
+    spec = Q.load(cfg).rows[0]
+    tr, sent = TupleRows(spec, "cap-1", 3), []
+    rows = selected(spec, make_traffic(1500, 20, T0, 10 * NS, seed=9).rows())
+    for a in range(0, len(rows), 100):
+        tr.submit(rows[a : a + 100])
+        if a + 100 < len(rows):
+            mark = int(rows[a + 100 :, 0].min())
+            tr.punctuate(mark, losses=((int(rows[a:, 0].min()), mark - 1, "ring", 3),) if a == 500 else ())
+    tr.punctuate(wire.END_OF_STREAM)
+    tr.pump(lambda topic, p, v: sent.append(v) or True)
+    res = TupleProcessor(spec).process_packed({tr.partition: sent}, CLOSED_MS)
+    table = from_ipc(res["ipc"][0])
+    write_rows(
+        str(tmp_path / "res"), {spec.name: spec}, Batch([{"query": spec.name, "ipc": ipc_bytes(table)}]), 0
+    )
+    with TestClient(create_app(cfg, tmp_path / "res")) as c:
+        (rq,) = get(c, "/queries")["row_queries"]
+        assert rq["window"] == {"range": "1s", "range_ns": NS, "every": 7}
+        assert "window_end" in rq["result_columns"] and "first_row" not in rq["result_columns"]
+        body = get(
+            c,
+            f"/queries/{spec.name}/results",
+            start="2026-11-28T00:00:00Z",
+            end="2026-11-29T00:00:00Z",
+            limit="10000",
+            order_by="window_end",
+        )
+        assert body["paging"]["total"] == table.num_rows > 100
+        got = [(r["window"], r["dst_port"], r["count"], r["complete"]) for r in body["rows"]]
+        want = sorted(table.to_pylist(), key=lambda r: r["window_end"])
+        assert sorted(got) == sorted((w["window"], w["dst_port"], w["count"], w["complete"]) for w in want)
+        ends = [r["window_end"] for r in body["rows"]]
+        assert ends == sorted(ends)
+        assert 0 < sum(not r[3] for r in got) < len(got)  # the host's drop flagged the windows it met
+        latest = get(c, f"/queries/{spec.name}/latest")["rows"]
+        newest = max(w["window"] for w in want)
+        assert latest and {r["window"] for r in latest} == {newest}
+    from lowwater_testing.page import CHROMIUM, chromium, serve_api, stop
+
+    if CHROMIUM is not None:  # the page's card of it (the row windows' page test skips without chromium too)
+        proc, base = serve_api(RowStore(cfg, tmp_path / "res", spec, table))
+        try:
+            dom = chromium(f"{base}/ui", tmp_path / "profile", "--dump-dom").stdout
+        finally:
+            stop(proc)
+        assert f'id="r-{spec.name}"' in dom and "the last 1s, every 7 rows" in dom
+        assert dom.count('class="row-window') == len(latest)

@@ -160,3 +160,48 @@ def test_slide_by_tuple_through_real_agents_kafka_and_the_job(spark, kafka, topi
     incs = {h: {k[1] for k in got if k[0] == h} for h in ("cap-1", "cap-2")}
     assert all(len(v) == 1 for v in incs.values()), incs  # one incarnation each
     same(got, oracle(spec, {(h, next(iter(incs[h]))): parsed for h in incs}))
+
+
+def test_shed_rows_and_host_losses_flag_every_window_they_meet() -> None:
+    """Kafka away: the host's FIFO keeps at most ``max_queued`` rows and sheds the oldest (never a mark), their
+    time range going with the next mark; a mark also carries a host drop range. Every window whose time range
+    meets a range says so (``missing_records`` = the records of the ranges it meets, not ``complete``); every
+    other window is the oracle's; the shed rows count in ``seq`` (no gap)."""
+    spec = Q.load_text(CONFIG, "bytuple.yaml").rows[0]
+    parsed = captured(7)
+    rows = selected(spec, parsed)
+    tr, sent, up = TupleRows(spec, "a", 1), [], True
+    tr.max_queued = 300
+    # a drop the host counted between its marks after blocks 19 and 20 (ranges start at the mark before)
+    drop = (int(rows[2000:, 0].min()), int(rows[2100:, 0].min()) - 1, "ring", 5)
+    for n, i in enumerate(range(0, len(rows), 100)):
+        tr.submit(rows[i : i + 100])
+        later = rows[i + 100 :, 0]
+        if len(later):
+            tr.punctuate(int(later.min()), losses=(drop,) if n == 20 else ())
+        up = not 4 <= n < 12  # Kafka away for eight blocks
+        if up:
+            tr.pump(lambda topic, p, v: sent.append(v) or True)
+    tr.punctuate(wire.END_OF_STREAM)
+    tr.pump(lambda topic, p, v: sent.append(v) or True)
+    assert tr.lost > 0 and tr.seq == len(rows) and tr.empty
+    shed = [r for v in sent if isinstance(m := wire.decode(v), wire.Punctuation) for r in m.shed]
+    assert sum(r[2] for r in shed) == tr.lost
+    proc = TupleProcessor(spec)
+    out = proc.process_packed({tr.partition: sent}, 1_700_000_000_000)
+    table = from_ipc(out["ipc"][0])
+    d = table.to_pydict()
+    ranges = [(lo, hi, n) for lo, hi, n in shed] + [(drop[0], drop[1], drop[3])]
+    want = oracle(spec, {("a", 1): parsed})
+    got = stored(table)
+    flagged = 0
+    for i, key in enumerate(got):
+        end = got[key][0]
+        meets = sum(n for lo, hi, n in ranges if end >= lo and end - spec.window.range_ns < hi)
+        assert d["missing_records"][i] == meets and d["complete"][i] == (meets == 0), key
+        if meets:
+            flagged += 1
+        else:
+            assert got[key][:4] == want[key][:4], key
+    assert flagged and proc.gaps == 0
+    assert any(got[k][:4] != want[k][:4] for k in got if k in want), "the shed rows made no window short"

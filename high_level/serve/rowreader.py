@@ -61,11 +61,11 @@ class RowInfo:
 
     @property
     def order_columns(self) -> list[str]:
+        bounds = [f.name for f in self.schema if f.name in ("first_row", "end_row", "window_end")]
         return [
             "closed_at",
             "window",
-            "first_row",
-            "end_row",
+            *bounds,  # a row window's row numbers, a slide-by-tuple window's end time
             *self.agg_names,
             *self.key_kinds,
             "incarnation",
@@ -191,11 +191,13 @@ def select(
     total = t.num_rows
     page = t.slice(offset, limit)
     cols = [c for c in page.column_names if c != "kind"]
-    rows = [
-        tuple(r[c] for c in cols)
-        for r in page.select(cols).cast(_plain(page.select(cols).schema)).to_pylist()
-    ]
-    return ResultSet(cols, rows, total, frozenset({"closed_at"}))
+    plain = page.select(cols)
+    for i, f in enumerate(plain.schema):  # ns timestamps to us first: the cast to int64 keeps the unit
+        if pa.types.is_timestamp(f.type) and f.type.unit != "us":
+            plain = plain.set_column(i, f.name, plain[f.name].cast(pa.timestamp("us", f.type.tz), safe=False))
+    times = frozenset(f.name for f in plain.schema if pa.types.is_timestamp(f.type))
+    rows = [tuple(r[c] for c in cols) for r in plain.cast(_plain(plain.schema)).to_pylist()]
+    return ResultSet(cols, rows, total, times)
 
 
 def latest(ri: RowInfo, t: pa.Table) -> pa.Table:
@@ -212,8 +214,9 @@ def latest(ri: RowInfo, t: pa.Table) -> pa.Table:
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
-    """closed_at as microseconds since the epoch (the API's time converter formats it), the rest as is."""
-    return pa.schema([pa.field(f.name, pa.int64()) if f.name == "closed_at" else f for f in schema])
+    """Timestamps (``closed_at``; a slide-by-tuple window's ``window_end``, in ns) as microseconds since the
+    epoch (the API's time converter formats them), the rest as is."""
+    return pa.schema([pa.field(f.name, pa.int64()) if pa.types.is_timestamp(f.type) else f for f in schema])
 
 
 def _match(col: pa.ChunkedArray, f: P.KeyFilter) -> pa.ChunkedArray:

@@ -122,7 +122,10 @@ class Agent(HostLoop):
         self.select_ledgers = [LossLedger() for _ in self.selects]
         self.row_ledgers = [LossLedger() for _ in self.row_queries]  # only their counts: rows have no panes
         # the time span of the frames the ring dropped, not yet charged by each query / select
-        self.drop_spans: list[tuple[int, int] | None] = [None] * (len(queries) + len(self.selects))
+        # (then one per row query: a slide-by-tuple query charges its losses in ns, as a select)
+        self.drop_spans: list[tuple[int, int] | None] = [None] * (
+            len(queries) + len(self.selects) + len(self.row_queries)
+        )
 
     def take_drop_span(self, j: int) -> tuple[int, int] | None:
         """The ns span of the ring's dropped frames not yet charged by query j (selects after queries)."""
@@ -200,7 +203,7 @@ class Agent(HostLoop):
         mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream)
         if mark is None or (not timer and mark == prev):
             return
-        from low_level.kernel.selection import SS_LATE, SS_LATE_MIN, SS_MATCHED, SS_MAXTS
+        from low_level.kernel.selection import SS_LATE, SS_MATCHED
 
         stats = {
             "packets": int(self.kernel.hc[0]),
@@ -211,13 +214,25 @@ class Agent(HostLoop):
             "parse_errors": int(self.kernel.err_counts[1:].sum()),
             "workers": self.workers,
         }
+        losses = self.charge_rows(k, self.select_ledgers[k], mark, end_of_stream)
+        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats, losses)
+
+    def charge_rows(
+        self, k: int, ledger: LossLedger, mark: int, end_of_stream: bool
+    ) -> tuple[tuple[int, int, str, int], ...]:
+        """The losses since selected-rows region k's previous punctuation, in ns (a select's, or a
+        slide-by-tuple query's after the selects): the host's drops over the interval's time span (the
+        ring's dropped frames' own span included), late rows from the oldest one to below the mark."""
+        from low_level.kernel.selection import SS_LATE, SS_LATE_MIN, SS_MAXTS
+
+        b = self.kernel.sel_buf
         none, never = np.iinfo(np.int64).max, np.iinfo(np.int64).min
         late_min = int(b.sst[k, SS_LATE_MIN])
         b.sst[k, SS_LATE_MIN] = none
         clock = max(int(b.sst[k, SS_MAXTS]), time.time_ns() if self.live_clock else never)
         clock = None if clock == never else clock
         at = (clock if clock is not None else mark) if end_of_stream else mark
-        losses = self.select_ledgers[k].charge(
+        return ledger.charge(
             self.drop_counters(),
             int(b.sst[k, SS_LATE]),
             None if late_min == none else late_min,
@@ -225,7 +240,6 @@ class Agent(HostLoop):
             clock,
             self.take_drop_span(len(self.queries) + k),
         )
-        self.emitter.outbox.punctuate(self.selects[k].name, mark, stats, losses)
 
     def punctuate_all(self, idle: bool, timer: bool, end_of_stream: bool = False) -> None:
         super().punctuate_all(idle, timer, end_of_stream)
@@ -250,9 +264,12 @@ class Agent(HostLoop):
         k = len(self.selects) + j
         b = self.kernel.sel_buf
         mark = b.advance_mark(k, time.time_ns(), idle, self.live_clock, end_of_stream=last)
+        if mark is None:
+            return
         from low_level.kernel.selection import SS_LATE, SS_MATCHED
 
-        rp.punctuate(mark, {"matched": int(b.sst[k, SS_MATCHED]), "late": int(b.sst[k, SS_LATE])})
+        losses = self.charge_rows(k, self.row_ledgers[j], mark, last)  # in ns: the job flags the windows
+        rp.punctuate(mark, {"matched": int(b.sst[k, SS_MATCHED]), "late": int(b.sst[k, SS_LATE])}, losses)
 
     def process(self) -> int:
         """One loop turn: process what the ring holds, emit, and punctuate by timer or on demand."""

@@ -15,6 +15,7 @@ state column: no Python per row.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,7 @@ from low_level.kernel.rowpanes import HostFifo, RowPanes
 
 I64 = np.int64
 MAX_BATCH = 16_384  # rows per Kafka message
+MAX_QUEUED = 2_000_000  # rows held while Kafka is away, beyond which the oldest are shed (counted)
 
 
 class TupleRows(HostFifo):
@@ -40,6 +42,9 @@ class TupleRows(HostFifo):
         self.key_cols = spec.words(spec.group_by)
         self.counter = RowCounter(0)
         self.mark: int | None = None  # the last mark queued
+        self.max_queued = MAX_QUEUED
+        self.lost = 0  # rows shed while Kafka could not take them
+        self.shed: tuple[int, int, int] | None = None  # (first ts, last ts, rows) shed, for the next mark
 
     def submit(self, rows: np.ndarray) -> None:
         """A drained block of the query's selected rows (int64[n, 1 + width], capture order)."""
@@ -51,15 +56,53 @@ class TupleRows(HostFifo):
         self.fifo.append(np.column_stack([rows[:, 0], number, rows[:, self.key_cols], *state]).astype(I64))
         self.queued += n
         self.rows += n
+        if self.queued > self.max_queued:
+            self._shed(self.queued - self.max_queued)
 
-    def punctuate(self, mark: int | None, stats: dict[str, int] | None = None) -> None:
-        """Queue the host's timestamp mark (None: the host has no clock yet, nothing to say)."""
+    def _shed(self, excess: int) -> None:
+        """Drop the oldest queued rows (never a mark) until ``excess`` are gone; their time range and count
+        go with the next mark, and they count in ``seq`` as if sent (the job sees no gap, the range)."""
+        keep: deque = deque()
+        while self.fifo and excess > 0:
+            item = self.fifo.popleft()
+            if isinstance(item, np.ndarray):
+                cut = min(excess, len(item))
+                ts = item[:cut, 0]
+                lo, hi, r = int(ts.min()), int(ts.max()), self.shed
+                self.shed = (lo, hi, cut) if r is None else (min(r[0], lo), max(r[1], hi), r[2] + cut)
+                excess -= cut
+                self.queued -= cut
+                self.lost += cut
+                self.seq += cut
+                if cut < len(item):
+                    keep.append(item[cut:])
+            else:
+                keep.append(item)
+        self.fifo.extendleft(reversed(keep))
+
+    def punctuate(
+        self,
+        mark: int | None,
+        stats: dict[str, int] | None = None,
+        losses: tuple[tuple[int, int, str, int], ...] = (),
+    ) -> None:
+        """Queue the host's timestamp mark (None: the host has no clock yet, nothing to say) with the
+        host's losses since the previous one (ns ranges, ``low_level.host.losses``)."""
         if mark is None:
             return
         self.mark = mark
         self.fifo.append(
             wire.Punctuation(
-                self.spec.name, self.host, self.incarnation, self.partition, 0, mark, mark, 0, stats or {}
+                self.spec.name,
+                self.host,
+                self.incarnation,
+                self.partition,
+                0,
+                mark,
+                mark,
+                0,
+                stats or {},
+                losses=tuple(losses),
             )
         )
 
@@ -71,7 +114,8 @@ class TupleRows(HostFifo):
                 self.spec.name, self.host, self.incarnation, self.partition, self.seq, item[:n]
             )
             return n, value, item[n:] if n < len(item) else None
-        p = replace(item, partition=self.partition, seq=self.seq, sent_wall_ns=time.time_ns())
+        shed, self.shed = ((self.shed,) if self.shed else ()), None  # rows shed ahead of this mark
+        p = replace(item, partition=self.partition, seq=self.seq, sent_wall_ns=time.time_ns(), shed=shed)
         return 0, wire.encode_punctuation(p), None
 
 

@@ -19,6 +19,7 @@ import yaml
 from fastapi.responses import Response
 
 from contract import results as R
+from contract.query.windows import TupleSlideSpec
 from high_level.serve import params as P
 from high_level.serve import rowreader as RR
 from high_level.serve.service import ApiService
@@ -37,7 +38,11 @@ def describe(ri: RR.RowInfo, fragment: dict[str, Any] | None) -> dict[str, Any]:
         "filter": spec.filter,
         "definition": definition,
         "yaml": yaml.safe_dump(definition, sort_keys=False, default_flow_style=None),
-        "window": {"rows": w.rows, "slide": w.step, "partition_by": list(spec.partition_by)},
+        "window": (
+            {"range": f"{w.range_ns / 1e9:g}s", "range_ns": w.range_ns, "every": w.every}
+            if isinstance(w, TupleSlideSpec)
+            else {"rows": w.rows, "slide": w.step, "partition_by": list(spec.partition_by)}
+        ),
         "key_columns": [
             {"name": n, "kind": k, "type": "string" if k != "int" else "int64"}
             for n, k in ri.key_kinds.items()

@@ -483,11 +483,12 @@ function rowCard(q) {
   let c = document.getElementById("r-" + q.name);
   if (c) return c;
   const w = q.window;
-  const win = w.slide === w.rows ? `tumbling ${w.rows} rows` : `${w.rows} rows sliding every ${w.slide}`;
+  const win = w.every ? `the last ${w.range}, every ${w.every} rows`  // slide-by-tuple
+    : w.slide === w.rows ? `tumbling ${w.rows} rows` : `${w.rows} rows sliding every ${w.slide}`;
   c = el("section", { class: "card query rows", id: "r-" + q.name },
     el("h2", {}, el("code", { text: q.name })),
     el("div", { class: "sub" }, el("span", { class: "pill", text: win }),
-      el("span", { class: "pill", text: "numbered per " + (["host", ...w.partition_by].join(", ")) }),
+      el("span", { class: "pill", text: "numbered per " + (["host", ...(w.partition_by || [])].join(", ")) }),
       q.description || ""),
     el("h3", {}, "newest window of each host and partition ", el("span", { class: "h3note latest" })),
     el("div", { class: "rows-host" }));
@@ -513,7 +514,8 @@ async function refreshRowQuery(q) {
     tb.append(el("tr", why ? { class: "row-window incomplete", title: why } : { class: "row-window" },
       ...keys.map((k) => el("td", { class: "key", text: r[k] === null ? "–" : String(r[k]) })),
       el("td", { class: "num", text: String(r.window) }),
-      el("td", { class: "num", text: `${r.first_row}–${r.end_row - 1}` }),
+      el("td", { class: "num", text: r.window_end ? `to ${fmtTime(Date.parse(r.window_end), true)}`
+        : `${r.first_row}–${r.end_row - 1}` }),
       ...aggs.map((a) => el("td", { class: "num", text: fmtNum(r[a]) })),
       el("td", { text: fmtTime(Date.parse(r.closed_at), true) })));
   }
