@@ -1,7 +1,7 @@
 """Scaling of the roll-up on a Spark standalone cluster: (workers, partitions) pairs, driver CPU, planning.
 
-``.venv/bin/python -m benchmarks.bench_scaling [--records 15000000] [--groups 100000]
-[--pairs 1x1,2x1,2x2,2x4] [--queries 1,7,20] [--zipf 1.2] [--quick]`` starts a Kafka broker and, per
+``.venv/bin/python -m benchmarks.bench_scaling [--records 30000000] [--groups 100000]
+[--pairs 1x1,2x1,2x2,2x4] [--repeat 2] [--queries 1,7,20] [--zipf 1.2] [--pin] [--quick]`` starts a Kafka broker and, per
 worker count W, a standalone cluster (master + W workers of one core each, ``local_stack/spark_cluster.py``,
 the processes ``tests/test_cluster.py`` runs), and drives the real job against it (``--master spark://...``)
 in a process of its own, one executor of one core per worker. The same partial records
@@ -20,6 +20,12 @@ P = 1's CPU per record, ``cores / machine_cores_busy(P = 1)``); Spark's per-trig
 driver's CPU per micro-batch for 1, 7 and 20 queries (``planning_per_batch_vs_queries``, each query on a
 topic of its own, ~10 batches); and the same packets with Zipf(s) groups pre-aggregated per (pane, host)
 as agents do (``zipf``: a hot group is one partial per pane and host) against the uniform run at (1, 1).
+Each (W, P) runs ``--repeat`` times, the pairs alternated (medians; each run in ``*_runs``). Beside the
+broker and the 2-worker cluster, a reference CPU-bound workload run alone and two at once
+(:mod:`benchmarks.cpuref`, ``machine_per_cpu_efficiency``) measures the most ``per_cpu_efficiency_p2`` can
+reach on this machine; ``--pin`` pins worker i (and so its executor and Python workers) to CPU i.
+``--spark-conf K=V`` sets a session setting; ``--plan-variant K=V,...`` A/Bs settings on the 1-query
+planning run (``plan_variants``: the driver's CPU per batch).
 ``--quick``: a smoke run (small topics, 1x1 and 2x2, 1 and 7 queries) that writes ``scaling-quick.json``.
 """
 
@@ -32,6 +38,7 @@ import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +49,7 @@ from pathlib import Path
 
 from benchmarks import harness
 from benchmarks.bench_rollup import QUERY, make_messages, run_config
+from benchmarks.cpuref import per_cpu_efficiency
 from benchmarks.harness import machine
 from benchmarks.proccpu import machine_busy_seconds, thread_cpu_seconds, tree_cpu_seconds
 from contract import query as Q
@@ -108,6 +116,7 @@ def driver(a: argparse.Namespace) -> int:
         "spark.driver.memory": "1g",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        **dict(a.spark_conf),  # an experiment's settings (recorded in the JSON: spark_conf)
     }
     work = Path(spec["work"])
     t_start = time.monotonic()
@@ -149,16 +158,36 @@ def driver(a: argparse.Namespace) -> int:
         # are read over the rest), whatever --batch-records says
         batch_records = min(run.get("batch_records", a.batch_records), total // 3)
         c0 = sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"])
+        execs = executor_pids(spec["worker_pids"])
+        ex_threads0 = _sum_threads(execs)
+        ex_own0 = sum(_own_cpu_seconds(x) for x in execs)
         threads0, py0 = thread_cpu_seconds(jvm_pid), time.process_time()
         prof = cProfile.Profile() if a.profile else None
         d0, m0, t0 = tree_cpu_seconds(os.getpid()), machine_busy_seconds(), time.perf_counter()
         if prof is not None:
             prof.enable()
-        r = run_config(spark, qs, ns, work / f"run{i}", batch_records, total)
+        variant = run.get("conf", {})  # an A/B of session settings (--plan-variant): this run's stream only
+        before = {k: spark.conf.get(k, None) for k in variant}
+        for k, v in variant.items():
+            spark.conf.set(k, v)
+        try:
+            r = run_config(spark, qs, ns, work / f"run{i}", batch_records, total)
+        finally:
+            for k, v in before.items():
+                spark.conf.unset(k) if v is None else spark.conf.set(k, v)
         if prof is not None:
             prof.disable()
         took = time.perf_counter() - t0
         r["executor_cpu_seconds"] = round(sum(tree_cpu_seconds(pid) for pid in spec["worker_pids"]) - c0, 2)
+        # where the executors' CPU went: their JVMs' busiest threads (JIT compilers, Kafka, the tasks), and
+        # everything else of the workers' trees (the Python workers, their numba kernels and state work)
+        ex_spent = {n: v - ex_threads0.get(n, 0.0) for n, v in _sum_threads(execs).items()}
+        r["executor_jvm_threads_cpu_seconds"] = {
+            n: round(v, 2) for n, v in sorted(ex_spent.items(), key=lambda x: -x[1])[:8] if v >= 0.01
+        }
+        jvm = sum(_own_cpu_seconds(x) for x in execs) - ex_own0
+        r["executor_jvm_cpu_seconds"] = round(jvm, 2)
+        r["executor_python_cpu_seconds"] = round(r["executor_cpu_seconds"] - jvm, 2)
         # the driver (this process and its JVM) and every process of the machine (broker, master, workers, ...)
         r["driver_cpu_seconds"] = round(tree_cpu_seconds(os.getpid()) - d0, 2)
         # where the driver's CPU went: its Python (this process, all threads) and the JVM's busiest threads
@@ -184,6 +213,8 @@ def driver(a: argparse.Namespace) -> int:
             kind=run["kind"],
             queries=len(qs),
             packets=run["packets"],
+            rep=run.get("rep", 0),
+            **({"variant": run["variant"], "conf": variant} if "variant" in run else {}),
         )
         print("ROW " + json.dumps(r), flush=True)
     spark.stop()
@@ -219,6 +250,58 @@ def _drive(spec: dict, log: Path, t_all: float, timeout_s: float = 3600) -> Iter
                 proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"driver failed ({proc.returncode}), its log {log}:\n{log.read_text()[-4000:]}")
+
+
+def executor_pids(worker_pids: list[int]) -> list[int]:
+    """The executor JVMs the workers started (their child processes running CoarseGrainedExecutorBackend)."""
+    out = []
+    for w in worker_pids:
+        try:
+            kids = [
+                int(c)
+                for t in os.listdir(f"/proc/{w}/task")
+                for c in Path(f"/proc/{w}/task/{t}/children").read_text().split()
+            ]
+        except OSError:
+            continue
+        for k in kids:
+            try:
+                if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{k}/cmdline").read_bytes():
+                    out.append(k)
+            except OSError:
+                continue
+    return out
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    """A process's own CPU seconds (all its threads, not its children)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _sum_threads(pids: list[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid in pids:
+        for n, v in thread_cpu_seconds(pid).items():
+            out[n] = out.get(n, 0.0) + v
+    return out
+
+
+def pin_tree(pid: int, cpu: int) -> None:
+    """Pin every thread of ``pid`` and of its descendants to ``cpu`` (what ``taskset -a -p`` does, for a
+    tree): processes it starts later inherit the CPU of the thread that starts them."""
+    todo = [pid]
+    while todo:
+        x = todo.pop()
+        try:
+            for t in os.listdir(f"/proc/{x}/task"):
+                os.sched_setaffinity(int(t), {cpu})
+                todo.extend(int(c) for c in Path(f"/proc/{x}/task/{t}/children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
 
 
 def sc_executors(spark) -> int:
@@ -281,6 +364,48 @@ def driver_model(rows: list[dict], all_rows: list[dict]) -> dict:
     return out
 
 
+def executor_model(all_rows: list[dict]) -> dict:
+    """The executors' CPU as a fixed cost per task and micro-batch plus a cost per record, E = T f + R c
+    (T: tasks, one per partition and batch; R: records), solved from the 1-query planning run (small batches)
+    and the (1, 1) scaling runs (large ones). Why: a second partition doubles the fixed part, so at a given
+    batch size (2, 2) costs more executor CPU per record than (1, 1) whatever the machine; the model says
+    how much of per_cpu_efficiency_p2 that explains, and what a batch size would give."""
+    plan = [r for r in all_rows if r["kind"] == "plan" and r["queries"] == 1 and "variant" not in r]
+    big = [r for r in all_rows if r["kind"] == "scale" and (r["workers"], r["partitions"]) == (1, 1)]
+    if not plan or not big:
+        return {}
+
+    def sums(rs: list[dict]) -> tuple[float, float, float]:
+        recs = sum(r["first_batch_records"] + r["sustained_records"] for r in rs) / 1e6
+        return (
+            sum(r["batches"] * r["partitions"] for r in rs),
+            recs,
+            sum(r["executor_cpu_seconds"] for r in rs),
+        )
+
+    (t1, r1, e1), (t2, r2, e2) = sums(plan), sums(big)
+    det = t1 * r2 - t2 * r1
+    if det == 0:
+        return {}
+    f, c = (e1 * r2 - e2 * r1) / det, (t1 * e2 - t2 * e1) / det
+    if f <= 0 or c <= 0:
+        return {}
+    out = {
+        "executor_fixed_cpu_s_per_task_batch": round(f, 3),
+        "executor_cpu_s_per_million_records": round(c, 3),
+    }
+    b = statistics.median(r["batch_records"] for r in big) / 1e6  # M records per batch of the scaling runs
+
+    def eff(batch_m: float) -> float:  # (2, 2) over (1, 1): twice the tasks per batch, the same records
+        return round((f + batch_m * c) / (2 * f + batch_m * c), 3)
+
+    out["per_cpu_efficiency_p2_from_fixed_costs"] = eff(b)
+    out["per_cpu_efficiency_p2_from_fixed_costs_at_batch"] = {
+        f"{m:g}M": eff(m) for m in sorted({b, RATE_BATCH_RECORDS / 1e6, 2 * RATE_BATCH_RECORDS / 1e6})
+    }
+    return out
+
+
 def goal_gaps(res: dict) -> dict:
     """Each goal missed: measured, goal, the factor between them and why, from this run's own figures."""
     out: dict = {}
@@ -316,14 +441,32 @@ def goal_gaps(res: dict) -> dict:
         }
     if eff is not None and eff < 0.9:
         busy = res.get("executor_cores_busy", {})
-        out["per_cpu_efficiency_p2"] = {
+        gap = {
             "measured": eff,
             "goal": 0.9,
             "factor": round(0.9 / eff, 2),
+            "runs": res.get("per_cpu_efficiency_p2_runs"),
             "why": f"executors kept {busy} cores busy at load {res.get('load_avg')}: on 2 shared cores a second "
-            "executor's CPU per record grows with the contention (caches, the other processes): compare "
-            "records_per_executor_cpu_s with a quiet run's",
+            "executor's CPU per record grows with the contention (caches, the other processes)",
         }
+        if "per_cpu_efficiency_p2_from_fixed_costs" in res:
+            gap["why"] += (
+                f"; the executors' fixed cost of {res['executor_fixed_cpu_s_per_task_batch']} CPU-s per task and "
+                f"batch (executor_model: (2, 2) runs twice the tasks of (1, 1) for the same records) alone "
+                f"gives {res['per_cpu_efficiency_p2_from_fixed_costs']} at these batches; larger batches "
+                f"amortise it: {res['per_cpu_efficiency_p2_from_fixed_costs_at_batch']}"
+            )
+        ref = res.get("machine_per_cpu_efficiency") or {}
+        if "memory" in ref and "compute" in ref:
+            m, c = ref["memory"]["per_cpu_efficiency_2_vs_1"], ref["compute"]["per_cpu_efficiency_2_vs_1"]
+            gap["machine_ceiling"] = {"memory": m, "compute": c}
+            gap["of_machine_ceiling"] = round(eff / m, 3)
+            gap["why"] += (
+                f"; the machine itself: a reference workload (benchmarks/cpuref.py) run two at once beside the "
+                f"same broker and cluster did {m} (memory-bound) and {c} (compute-bound) of its lone work per "
+                f"CPU-second, so the system reached {round(eff / m, 3)} of the memory-bound ceiling"
+            )
+        out["per_cpu_efficiency_p2"] = gap
     return out
 
 
@@ -343,8 +486,13 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         r["driver_cpu_s_per_million_records_with_start"] = round(r["driver_cpu_seconds"] / (recs / 1e6), 4)
         r["driver_cpu_s_per_million_records"] = _steady(r)
     rows = [r for r in all_rows if r["kind"] == "scale"]
-    rate = {(r["workers"], r["partitions"]): r["sustained_records_per_s"] for r in rows}
-    per_cpu = {(r["workers"], r["partitions"]): r["records_per_executor_cpu_s"] for r in rows}
+    rate_runs: dict[tuple[int, int], list[float]] = {}
+    per_cpu_runs: dict[tuple[int, int], list[float]] = {}
+    for r in rows:  # each pair's repeats (--repeat): the medians below, the spread in *_runs
+        rate_runs.setdefault((r["workers"], r["partitions"]), []).append(r["sustained_records_per_s"])
+        per_cpu_runs.setdefault((r["workers"], r["partitions"]), []).append(r["records_per_executor_cpu_s"])
+    rate = {k: round(statistics.median(v)) for k, v in rate_runs.items()}
+    per_cpu = {k: round(statistics.median(v)) for k, v in per_cpu_runs.items()}
     wmax = max(w for w, _ in rate)
     load = head["load_avg"]
 
@@ -372,7 +520,12 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         "p4_vs_p1": ratio(rate, (wmax, 4), (wmax, 1)),
         "w2_vs_w1_at_p2": ratio(rate, (2, 2), (1, 2)),
         "records_per_executor_cpu_s": {f"w{w}_p{p}": v for (w, p), v in sorted(per_cpu.items())},
+        "records_per_executor_cpu_s_runs": {f"w{w}_p{p}": v for (w, p), v in sorted(per_cpu_runs.items())},
         "per_cpu_efficiency_p2": ratio(per_cpu, (2, 2), (1, 1)),
+        "per_cpu_efficiency_p2_runs": [  # repeat k's (2, 2) over repeat k's (1, 1)
+            round(a / b, 3)
+            for a, b in zip(per_cpu_runs.get((2, 2), []), per_cpu_runs.get((1, 1), []), strict=False)
+        ],
         # over every scaling run: the driver's CPU per million records, and the rate one driver core caps at
         "driver_cpu_s_per_million_records": round(dcpu / (recs / 1e6), 4) if recs else None,
         "driver_ceiling_records_per_driver_cpu_s": round(recs / dcpu) if dcpu > 0 else None,
@@ -387,7 +540,25 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         },
     }
     res.update(driver_model(rows, all_rows))
-    plan = sorted((r for r in all_rows if r["kind"] == "plan"), key=lambda r: r["queries"])
+    res.update(executor_model(all_rows))
+    variants = [r for r in all_rows if r["kind"] == "plan" and "variant" in r]
+    if variants:  # --plan-variant: the driver's CPU per batch of the 1-query planning run per set of settings
+        by: dict[int, list[dict]] = {}
+        for r in variants:
+            by.setdefault(r["variant"], []).append(r)
+        res["plan_variants"] = [
+            {
+                "conf": rs[0]["conf"],
+                "driver_cpu_ms_per_batch_runs": [
+                    round(1000 * r["sustained_driver_cpu_seconds"] / max(r["batches"] - 1, 1), 1) for r in rs
+                ],
+                "query_planning_ms_per_batch_runs": [_per_batch(r, "queryPlanning") for r in rs],
+            }
+            for _, rs in sorted(by.items())
+        ]
+    plan = sorted(
+        (r for r in all_rows if r["kind"] == "plan" and "variant" not in r), key=lambda r: r["queries"]
+    )
     if plan:  # Spark's per-trigger phases (durationMs) per micro-batch, and the driver's CPU per batch
         res["planning_per_batch_vs_queries"] = {
             str(r["queries"]): {
@@ -423,7 +594,15 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
             "zipf_packets_per_executor_cpu_s": round(z["packets"] / max(z["executor_cpu_seconds"], 1e-9)),
             "hot_group_partials": head["panes"] * head["hosts"],
         }
-    busy = {f"w{r['workers']}_p{r['partitions']}": r["executor_cores_busy"] for r in rows}
+
+    def median_of(key: str) -> dict[str, float | None]:
+        """Per (W, P): the median of ``key`` over the pair's repeats (None if a row lacks it)."""
+        runs: dict[str, list] = {}
+        for r in rows:
+            runs.setdefault(f"w{r['workers']}_p{r['partitions']}", []).append(r.get(key))
+        return {k: None if None in v else round(statistics.median(v), 2) for k, v in runs.items()}
+
+    busy = median_of("executor_cores_busy")
     res["executor_cores_busy"] = busy
     res["limit"] = (
         f"all on {res['machine']['cores']} cores shared with the driver, the Kafka broker and the machine's other "
@@ -431,7 +610,7 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
         f"{max(busy.values()):.2f} cores busy over a run: a second executor only adds what the other processes "
         "leave of the second core"
     )
-    mbusy = {f"w{r['workers']}_p{r['partitions']}": r.get("machine_cores_busy") for r in rows}
+    mbusy = median_of("machine_cores_busy")
     if all(v is not None for v in mbusy.values()):
         res["machine_cores_busy"] = mbusy
         # at the CPU per record of P = 1, the most any P can reach on these cores: cores / cores P = 1 kept busy
@@ -445,6 +624,13 @@ def summarize(all_rows: list[dict], head: dict) -> dict:
             )
     res["goal_gaps"] = goal_gaps(res)
     return res
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--spark-conf wants KEY=VALUE, not {text!r}")
+    return key, value
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -487,6 +673,32 @@ def main() -> int:
         help="a folder: the driver's Python profile per run (cProfile of its main thread: the "
         "sink runs on py4j's callback thread, counted in rows[].driver_python_cpu_seconds)",
     )
+    ap.add_argument(
+        "--spark-conf",
+        type=_conf,
+        action="append",
+        default=[],
+        help="KEY=VALUE, a Spark setting of the driver's session (repeatable; an experiment: in the JSON)",
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=2, help="runs of each (workers, partitions) pair (variance; medians)"
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin worker i's process tree (its executor and Python workers) to CPU i (taskset; in the JSON)",
+    )
+    ap.add_argument(
+        "--plan-variant",
+        type=lambda t: dict(_conf(x) for x in t.split(",")),
+        action="append",
+        default=[],
+        help="K=V[,K=V...]: also run the 1-query planning run with these session settings, alternated with "
+        "the defaults --repeat times (plan_variants in the JSON: the driver's CPU per batch)",
+    )
+    ap.add_argument(
+        "--no-reference", action="store_true", help="skip the reference workload (benchmarks/cpuref.py)"
+    )
     ap.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.quick:  # smaller defaults; what is given on the command line stays
@@ -504,12 +716,28 @@ def main() -> int:
     if a.driver:
         return driver(a)
     if a.rewrite:
-        old = json.loads((harness.RESULTS / "scaling.json").read_text())
+        old = json.loads(
+            (harness.RESULTS / ("scaling-quick.json" if a.quick else "scaling.json")).read_text()
+        )
         head = {
             k: old[k]
             for k in ("machine", "load_avg", "records_per_topic", "groups", "hosts", "panes", "batch_records")
         }
-        head.update({k: old[k] for k in ("batch_records_note", "headline_batch", "quick") if k in old})
+        head.update(
+            {
+                k: old[k]
+                for k in (
+                    "batch_records_note",
+                    "headline_batch",
+                    "quick",
+                    "repeat",
+                    "pinned",
+                    "spark_conf",
+                    "machine_per_cpu_efficiency",
+                )
+                if k in old
+            }
+        )
         head["zipf"] = old["zipf"]["s"] if isinstance(old.get("zipf"), dict) else old.get("zipf")
         return write(summarize(old["rows"], head))
 
@@ -521,6 +749,7 @@ def main() -> int:
     broker = KafkaBroker("bench-scaling", port=0, state=work / "kafka").start()
     print(f"[{time.monotonic() - t_all:6.1f} s] Kafka broker up ({work})", flush=True)
     rows: list[dict] = []
+    reference: dict = {}
     load = [os.getloadavg()[0]]
     workers = sorted({w for w, _ in a.pairs})
     try:
@@ -533,8 +762,15 @@ def main() -> int:
             flush=True,
         )
         for w in workers:
-            runs = [
-                {"kind": "scale", "topics": [f"scaling-{tag}-p{p}"], "partitions": p, "packets": a.records}
+            runs = [  # the pairs in turn, then again (--repeat): drift in the machine's load hits each alike
+                {
+                    "kind": "scale",
+                    "topics": [f"scaling-{tag}-p{p}"],
+                    "partitions": p,
+                    "packets": a.records,
+                    "rep": k,
+                }
+                for k in range(a.repeat)
                 for ww, p in a.pairs
                 if ww == w
             ]
@@ -560,7 +796,33 @@ def main() -> int:
                             "batch_records": max(recs // 10, a.batch),
                         }
                     )
+                q1 = [f"scaling-{tag}-q{a.queries[0]}-{i}" for i in range(a.queries[0])]
+                for k in range(a.repeat if a.plan_variant else 0):  # each variant and the default, in turn
+                    for v, conf in enumerate([{}, *a.plan_variant]):
+                        recs = sum(totals[t] for t in q1)
+                        runs.append(
+                            {
+                                "kind": "plan",
+                                "topics": q1,
+                                "partitions": 1,
+                                "packets": recs,
+                                "batch_records": max(recs // 10, a.batch),
+                                "variant": v,
+                                "conf": conf,
+                                "rep": k,
+                            }
+                        )
             with SparkCluster(work / f"spark-w{w}", workers=w, cores=1, memory="1536m") as cluster:
+                if (
+                    a.pin
+                ):  # before the driver: each executor (and its Python workers) inherits its worker's CPU
+                    for i, proc in enumerate(cluster.procs[1:]):
+                        pin_tree(proc.pid, sorted(os.sched_getaffinity(0))[i % len(os.sched_getaffinity(0))])
+                if w == workers[-1] and not a.no_reference:
+                    reference = per_cpu_efficiency(
+                        pin=a.pin
+                    )  # the machine's ceiling, beside broker and cluster
+                    print(f"[{time.monotonic() - t_all:6.1f} s] reference workload: {reference}", flush=True)
                 spec = {
                     "master": cluster.master,
                     "bootstrap": broker.bootstrap_servers,
@@ -610,6 +872,10 @@ def main() -> int:
             "headline_batch": a.batch_records == RATE_BATCH_RECORDS,
             "zipf": a.zipf,
             "quick": a.quick,
+            "repeat": a.repeat,
+            "pinned": a.pin,
+            "spark_conf": dict(a.spark_conf),
+            "machine_per_cpu_efficiency": reference,
         },
     )
     return write(res)

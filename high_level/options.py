@@ -43,10 +43,12 @@ FAILOVER_OPTIONS = {
 # (benchmarks/bench_scaling.py: driver_fixed_cpu_s_per_batch, driver_cpu_s_per_million_records_beyond_fixed).
 # While the job keeps up a batch holds what arrived in one trigger, B = rate x trigger, so the driver's cost
 # per million records is F / B + v. With --expected-rate the trigger is at least RATE_BATCH_RECORDS / rate:
-# batches of about that many records, which keep F / B near 0.05 CPU-s per million at F = 0.25 CPU-s. The
-# price is latency: a window closes up to one trigger after its last punctuation, so the trigger is capped
-# at MAX_RATE_TRIGGER_MS (and a rate under RATE_BATCH_RECORDS / 1 s keeps the 1-s trigger).
-RATE_BATCH_RECORDS = 5_000_000
+# batches of about that many records. Measured F = 0.318 CPU-s and v = 0.012 (scaling.json, 2026-11-29) need
+# B >= 8.4M for the goal of 0.05 CPU-s per million; 10M gives 0.044 (a driver core's ceiling ~23M records/s),
+# where 5M gave 0.076. The price is latency: a window closes up to one trigger after its last punctuation,
+# so the trigger is capped at MAX_RATE_TRIGGER_MS (a rate under 1M records/s gets smaller batches, and a
+# driver that needs at most F / 10 s = 3 % of a core for them; a rate above 10M/s keeps the 1-s trigger).
+RATE_BATCH_RECORDS = 10_000_000
 MAX_RATE_TRIGGER_MS = 10_000
 
 

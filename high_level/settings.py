@@ -48,7 +48,7 @@ class JobSettings(RoleSettings):
         default=None,
         gt=0,
         description="partial records/s at peak over all queries: the trigger grows to batches of about "
-        "5M records (high_level.options.rate_trigger_ms), up to 10 s",
+        "10M records (high_level.options.rate_trigger_ms), up to 10 s",
     )
     master: str = "local[2]"
     shuffle_partitions: int | None = Field(default=None, gt=0)

@@ -53,6 +53,12 @@ logger.nativeloader.level = error
 # (benchmarks/bench_scaling.py, driver_jvm_threads_cpu_seconds). A user's spark.driver.extraJavaOptions
 # (--spark-conf) replaces them.
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=64m"
+# The executor JVMs of a cluster job: the hot path is the Python step (numba); the JVM fetches from Kafka,
+# converts Arrow, calls RocksDB and loads new generated classes every micro-batch, which C2 compiled again.
+# C1 only: executor CPU per record at (1, 1) 1.05M -> 1.13M records per CPU-s at 10M-record batches, and
+# the fixed cost per task and batch 0.62 -> 0.32 CPU-s (bench_scaling, session 15; docs/design.md). A
+# user's spark.executor.extraJavaOptions replaces it.
+EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def connector_jars(entries: Sequence[str]) -> list[str]:
@@ -139,7 +145,7 @@ def build_spark(
         "spark.driver.host": "127.0.0.1" if local else (driver_host or socket.gethostname()),
         "spark.driver.bindAddress": "127.0.0.1" if local else "0.0.0.0",
         "spark.driver.extraJavaOptions": driver_opts,
-        "spark.executor.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts if local else f"{java_opts} {EXECUTOR_JAVA_OPTIONS}",
         "spark.pyspark.python": worker_python,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Event-time windows must not depend on the machine's time zone.
