@@ -309,6 +309,9 @@ KAFKA_SECRETS_DIR={s.secrets}
 CENTRAL_ENV_FILE={central_env}
 LOWWATER_JOB_SPARK_CONF={{"spark.executor.memory": "1g"}}
 LOWWATER_JOB_TRIGGER=1s
+# the replayed file is old (T0): nothing may close before the replay host has said where it starts, or
+# the live host alone would close those windows and the replay's partials would be late (deploy/README.md)
+LOWWATER_JOB_EXPECTED_HOSTS=replay-01,live-01
 HEALTHCHECK_INTERVAL=10s
 """)
     s.central = Compose(CENTRAL, [REPO / "docker-compose.yml"], central_env, env)
