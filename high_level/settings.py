@@ -9,12 +9,13 @@ provisioning use.
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from contract import query as Q
 from contract.kafka_security import KafkaSecurity
@@ -41,7 +42,8 @@ class JobSettings(RoleSettings):
         description="at rest (no window open), wait for a partial or this long between batches; 0s: off",
     )
     host_timeout: str = "10s"
-    expected_hosts: list[str] = Field(default_factory=list)
+    # NoDecode: the environment's value is taken as written, a comma list or a JSON list (see _hosts)
+    expected_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     late_policy: Literal["drop", "correction"] = "drop"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     expected_rate: float | None = Field(
@@ -102,6 +104,19 @@ class JobSettings(RoleSettings):
     def _duration(cls, v: str) -> str:
         if Q.parse_duration_ns(v) <= 0:
             raise ValueError(f"{v!r} is not a positive duration such as 500ms, 1s, 2m")
+        return v
+
+    @field_validator("expected_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, v: object) -> object:
+        """``capture-01,capture-02`` (as deploy/README.md and env.example write it) or a JSON list."""
+        if isinstance(v, str):
+            text = v.strip()
+            return (
+                json.loads(text)
+                if text.startswith("[")
+                else [h.strip() for h in text.split(",") if h.strip()]
+            )
         return v
 
     @field_validator("idle_trigger")

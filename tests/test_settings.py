@@ -237,3 +237,23 @@ def test_expected_rate_sizes_the_trigger_for_the_driver() -> None:
     assert rate_trigger_ms(1000, 1.0) == MAX_RATE_TRIGGER_MS  # a trickle waits no longer than the cap
     with pytest.raises(ValueError, match="expected_rate"):
         settings_from([*base, "--expected-rate", "0"])
+
+
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (
+            "capture-01,capture-02",
+            ("capture-01", "capture-02"),
+        ),  # as deploy/README.md and env.example write it
+        (" capture-01/w0 , capture-01/w1 ", ("capture-01/w0", "capture-01/w1")),
+        ('["replay-01", "live-01"]', ("replay-01", "live-01")),
+        ("", ()),
+    ],
+)
+def test_expected_hosts_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, want: tuple
+) -> None:
+    """``LOWWATER_JOB_EXPECTED_HOSTS`` takes the comma list the deploy guide shows, or a JSON list."""
+    monkeypatch.setenv("LOWWATER_JOB_EXPECTED_HOSTS", value)
+    assert settings_from(["--results", "/r", "--checkpoint", "/c"]).options().expected_hosts == want
